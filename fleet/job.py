@@ -1,0 +1,158 @@
+"""The small API between the fleet and a job.
+
+A job is a module ``jobs.<name>`` (or a ``fleet.jobs`` entry point) exposing
+``JOB``, an instance of :class:`Job`. The fleet hands a converter the
+documents of one work item and a :class:`Sink` for its outputs; it never
+learns what the job does with them. Outputs must be a pure function of
+(documents, config, item seed) so that a retried item rewrites the same bytes.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+import importlib
+import os
+import typing
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Iterable, Mapping
+
+
+class InputError(Exception):
+    """The item's data is bad: retrying will not help. The message names the file."""
+
+
+class ConfigError(Exception):
+    """A job option is missing or invalid."""
+
+
+class JobNotFound(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ItemContext:
+    item_id: str
+    seed: int  # derived from the run's seed and the item id, never from time or worker
+    source: str  # human-readable origin of the item, for error messages
+
+
+class Sink(abc.ABC):
+    """Where a converter writes an item's outputs; the fleet commits them."""
+
+    @abc.abstractmethod
+    def open(self, suffix: str) -> BinaryIO:
+        """A new binary file that becomes the output ``<item_id><suffix>``."""
+
+
+Opener = Callable[[str], bytes]  # reads a small object by URL or local path
+
+
+class Converter(abc.ABC):
+    @abc.abstractmethod
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        """Turn one item's documents (each a list of lines) into outputs; return counters."""
+
+
+class Job(abc.ABC):
+    name: str
+    config_type: type  # a dataclass whose fields are the job's options
+
+    def parse_config(self, values: Mapping[str, Any]) -> Any:
+        """Build the config from ``--set k=v`` strings or a run.json dict."""
+        return parse_dataclass(self.config_type, values)
+
+    def check(self, config: Any, opener: Opener) -> None:
+        """Fail early, at plan time, on a config that cannot work (e.g. a missing vocab)."""
+
+    @abc.abstractmethod
+    def converter(self, config: Any, opener: Opener) -> Converter:
+        """Per worker process: load what every item needs (a vocab) once."""
+
+    def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
+        """Derived figures for the run summary (ratios of summed counters)."""
+        return {}
+
+
+def item_seed(run_seed: int, item_id: str) -> int:
+    digest = hashlib.sha256(f"{run_seed}:{item_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def _coerce(name: str, tp: Any, value: Any) -> Any:
+    if isinstance(tp, str):
+        tp = {"int": int, "float": float, "bool": bool, "str": str}.get(tp.split("|")[0].strip(), str)
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or value == "":
+            return None
+        tp = args[0]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        s = str(value).strip().lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"option {name}: expected true or false, got {value!r}")
+    if tp in (int, float):
+        try:
+            return tp(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"option {name}: expected a number, got {value!r}") from None
+    return str(value) if value is not None else None
+
+
+def parse_dataclass(cls: type, values: Mapping[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
+    kwargs = {k: _coerce(k, hints.get(k, str), v) for k, v in values.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(str(e)) from None
+
+
+def available_jobs() -> list[str]:
+    import jobs as _jobs_pkg  # noqa: the jobs package is found by discovery, not by name
+
+    names = []
+    for path in _jobs_pkg.__path__:
+        for entry in sorted(os.listdir(path)):
+            if os.path.isfile(os.path.join(path, entry, "__init__.py")):
+                names.append(entry)
+    try:
+        from importlib.metadata import entry_points
+
+        names += [ep.name for ep in entry_points(group="fleet.jobs")]
+    except Exception:
+        pass
+    return sorted(set(names))
+
+
+def load_job(name: str) -> Job:
+    """Discovery: a ``fleet.jobs`` entry point, else the module ``jobs.<name>``."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="fleet.jobs"):
+        if ep.name == name:
+            return ep.load()
+    if not name.replace("_", "").isalnum():
+        raise JobNotFound(f"unknown job {name!r}")
+    try:
+        module = importlib.import_module(f"jobs.{name}")
+    except ModuleNotFoundError as e:
+        if e.name in (f"jobs.{name}", "jobs"):
+            known = ", ".join(available_jobs()) or "none"
+            raise JobNotFound(f"unknown job {name!r} (available: {known})") from None
+        raise
+    job = getattr(module, "JOB", None)
+    if not isinstance(job, Job):
+        raise JobNotFound(f"jobs.{name} does not define JOB, a fleet.job.Job")
+    return job

@@ -1,0 +1,117 @@
+"""One small interface over an object store with generations.
+
+Everything the fleet coordinates goes through these few calls, so the lease
+protocol can be proven on a local folder and run unchanged on Cloud Storage.
+Generations are positive integers that change on every write of an object;
+``if_generation_match=0`` means "only if the object does not exist".
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Iterator
+
+
+class StoreError(Exception):
+    """A store call failed in a way the caller should report, not retry."""
+
+
+class NotFound(StoreError):
+    pass
+
+
+class PreconditionFailed(StoreError):
+    """The object's generation was not the one the write was conditioned on."""
+
+
+class Forbidden(StoreError):
+    pass
+
+
+@dataclass(frozen=True)
+class Blob:
+    name: str
+    generation: int
+    size: int
+
+
+class Store(abc.ABC):
+    """An object store with generation preconditions (GCS semantics)."""
+
+    url: str
+
+    @abc.abstractmethod
+    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of an object; raises NotFound."""
+
+    @abc.abstractmethod
+    def read_generation(self, name: str) -> tuple[bytes, int]:
+        """Whole object and the generation those bytes belong to; raises NotFound."""
+
+    @abc.abstractmethod
+    def write(self, name: str, data: bytes, if_generation_match: int | None = None) -> int:
+        """Write an object, optionally conditioned; returns the new generation."""
+
+    @abc.abstractmethod
+    def upload_file(self, name: str, path: str) -> int:
+        """Upload a local file (large outputs); unconditional, atomic to readers."""
+
+    @abc.abstractmethod
+    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None) -> None:
+        """Copy an object, or bytes [start, end) of it, to a local file."""
+
+    @abc.abstractmethod
+    def stat(self, name: str) -> Blob | None:
+        """Size and generation, or None when absent."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[Blob]:
+        """Objects whose names start with prefix, in name order."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Delete an object; absent is not an error."""
+
+    def join(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """'gs://b/p/q' -> ('gs://b', 'p/q'); a local path -> (its folder root, '')."""
+    if url.startswith("gs://"):
+        rest = url[len("gs://"):]
+        bucket, _, prefix = rest.partition("/")
+        return f"gs://{bucket}", prefix.strip("/")
+    return url, ""
+
+
+def open_store(url: str) -> Store:
+    """A store for ``gs://bucket`` or a local folder (``file://`` or a plain path)."""
+    if url.startswith("gs://"):
+        from fleet.store.gcs import GCSStore
+
+        bucket, prefix = split_url(url)
+        return GCSStore(bucket[len("gs://"):], prefix=prefix)
+    from fleet.store.local import LocalStore
+
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    return LocalStore(url)
+
+
+def locate(url: str) -> tuple[Store, str]:
+    """The store holding one object and its name there: 'gs://b/x/v.txt' or '/d/v.txt'."""
+    if url.startswith("gs://"):
+        bucket, name = split_url(url)
+        return open_store(bucket), name
+    import os
+
+    path = os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
+    return open_store(os.path.dirname(path)), os.path.basename(path)
+
+
+def read_url(url: str) -> bytes:
+    """A small object (a vocab, a config) named by URL or local path."""
+    store, name = locate(url)
+    return store.read(name)

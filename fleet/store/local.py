@@ -1,0 +1,184 @@
+"""A local folder that behaves like a bucket with generations.
+
+Each object is one file that is never modified in place: a write goes to a
+temporary file that is renamed over the name, so a reader holding an open
+file sees one whole version. The generation is stored as that file's
+``mtime`` (in microseconds, unique and increasing per object), so data and
+generation travel together through the rename and a reader needs no lock.
+Conditional writes take an ``flock`` on the object's folder for the
+check-then-rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from typing import Iterator
+
+from fleet.store import Blob, NotFound, PreconditionFailed, Store, StoreError
+
+_TMP_PREFIX = ".fleet-tmp-"
+
+
+class LocalStore(Store):
+    def __init__(self, root: str):
+        self.root = os.path.abspath(root)
+        self.url = self.root
+
+    # -- names ---------------------------------------------------------------
+    def _path(self, name: str) -> str:
+        if not name or name.startswith("/") or "\\" in name or "\x00" in name:
+            raise StoreError(f"{self.root}: invalid object name {name!r}")
+        parts = name.split("/")
+        if any(p in ("", ".", "..") or p.startswith(_TMP_PREFIX) for p in parts):
+            raise StoreError(f"{self.root}: object name {name!r} escapes the store or is not a plain path")
+        return os.path.join(self.root, *parts)
+
+    @contextlib.contextmanager
+    def _locked_dir(self, path: str):
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _generation(st: os.stat_result) -> int:
+        return st.st_mtime_ns // 1000
+
+    def _current(self, path: str) -> int:
+        try:
+            return self._generation(os.stat(path))
+        except FileNotFoundError:
+            return 0
+
+    def _install(self, tmp: str, path: str, old_generation: int) -> int:
+        gen = max(time.time_ns() // 1000, old_generation + 1)
+        os.utime(tmp, ns=(gen * 1000, gen * 1000))
+        os.replace(tmp, path)
+        return gen
+
+    def _tmp_beside(self, path: str) -> str:
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=folder)
+        os.close(fd)
+        os.chmod(tmp, 0o644)
+        return tmp
+
+    # -- reads ---------------------------------------------------------------
+    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
+        path = self._path(name)
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                return f.read() if end is None else f.read(max(0, end - start))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise NotFound(f"{name}: no such object in {self.root}") from None
+
+    def read_generation(self, name: str) -> tuple[bytes, int]:
+        path = self._path(name)
+        try:
+            with open(path, "rb") as f:
+                gen = self._generation(os.fstat(f.fileno()))
+                return f.read(), gen
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise NotFound(f"{name}: no such object in {self.root}") from None
+
+    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None) -> None:
+        src = self._path(name)
+        try:
+            with open(src, "rb") as f, open(path, "wb") as out:
+                f.seek(start)
+                remaining = None if end is None else max(0, end - start)
+                while remaining is None or remaining > 0:
+                    chunk = f.read(1 << 20 if remaining is None else min(1 << 20, remaining))
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    if remaining is not None:
+                        remaining -= len(chunk)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise NotFound(f"{name}: no such object in {self.root}") from None
+
+    def stat(self, name: str) -> Blob | None:
+        try:
+            st = os.stat(self._path(name))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not os.path.isfile(self._path(name)):
+            return None
+        return Blob(name, self._generation(st), st.st_size)
+
+    def list(self, prefix: str = "") -> Iterator[Blob]:
+        # Walk only the deepest folder the prefix names, then filter by prefix.
+        folder_part = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        base = os.path.join(self.root, *folder_part.split("/")) if folder_part else self.root
+        if folder_part:
+            self._path(folder_part)  # validates
+        found = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames.sort()
+            rel_dir = os.path.relpath(dirpath, self.root)
+            rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+            for fn in filenames:
+                if fn.startswith(_TMP_PREFIX):
+                    continue
+                name = rel_dir + fn
+                if not name.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, fn))
+                except FileNotFoundError:
+                    continue
+                found.append(Blob(name, self._generation(st), st.st_size))
+        found.sort(key=lambda b: b.name)
+        return iter(found)
+
+    # -- writes --------------------------------------------------------------
+    def write(self, name: str, data: bytes, if_generation_match: int | None = None) -> int:
+        path = self._path(name)
+        tmp = self._tmp_beside(path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            with self._locked_dir(path):
+                current = self._current(path)
+                if if_generation_match is not None and current != if_generation_match:
+                    raise PreconditionFailed(
+                        f"{name}: generation is {current}, write expected {if_generation_match}"
+                    )
+                return self._install(tmp, path, current)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def upload_file(self, name: str, path: str) -> int:
+        dest = self._path(name)
+        tmp = self._tmp_beside(dest)
+        try:
+            shutil.copyfile(path, tmp)
+            with self._locked_dir(dest):
+                return self._install(tmp, dest, self._current(dest))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def delete(self, name: str) -> None:
+        path = self._path(name)
+        with self._locked_dir(path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno != errno.EISDIR:
+                    raise

@@ -1,0 +1,1 @@
+"""Jobs: one folder each, found by fleet.job.load_job."""
