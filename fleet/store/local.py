@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import time
+from stat import S_ISREG
 from typing import Iterator
 
 from fleet.store import Blob, NotFound, PreconditionFailed, Store, StoreError
@@ -56,19 +57,35 @@ class LocalStore(Store):
 
     def _current(self, path: str) -> int:
         try:
-            return self._generation(os.stat(path))
+            st = os.stat(path)
         except FileNotFoundError:
             return 0
+        return self._generation(st) if S_ISREG(st.st_mode) else 0  # a folder is no object
 
     def _install(self, tmp: str, path: str, old_generation: int) -> int:
         gen = max(time.time_ns() // 1000, old_generation + 1)
         os.utime(tmp, ns=(gen * 1000, gen * 1000))
-        os.replace(tmp, path)
+        if self._generation(os.stat(tmp)) != gen:
+            # A file system with coarse timestamps would merge generations and break
+            # compare-and-swap silently; refuse instead.
+            raise StoreError(f"{self.root}: the file system does not keep microsecond mtimes")
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError:
+            raise self._clash(path) from None
         return gen
+
+    def _clash(self, path: str) -> StoreError:
+        # A bucket may hold both "a" and "a/b"; a folder cannot. Say so instead of an OSError.
+        name = os.path.relpath(path, self.root).replace(os.sep, "/")
+        return StoreError(f"{self.root}: {name!r} cannot be both an object and a folder in a local store")
 
     def _tmp_beside(self, path: str) -> str:
         folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise self._clash(path) from None
         fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=folder)
         os.close(fd)
         os.chmod(tmp, 0o644)
@@ -114,7 +131,7 @@ class LocalStore(Store):
             st = os.stat(self._path(name))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        if not os.path.isfile(self._path(name)):
+        if not S_ISREG(st.st_mode):  # a folder is not an object
             return None
         return Blob(name, self._generation(st), st.st_size)
 
@@ -174,6 +191,8 @@ class LocalStore(Store):
 
     def delete(self, name: str) -> None:
         path = self._path(name)
+        if not os.path.isdir(os.path.dirname(path)):
+            return  # absent; taking the folder lock would create the folders (or fail on a file)
         with self._locked_dir(path):
             try:
                 os.unlink(path)

