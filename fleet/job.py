@@ -143,6 +143,15 @@ def load_job(name: str) -> Job:
     for ep in entry_points(group="fleet.jobs"):
         if ep.name == name:
             return ep.load()
+    if ":" in name:  # an out-of-tree job: "package.module:ATTR"
+        module_name, _, attr = name.partition(":")
+        try:
+            job = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise JobNotFound(f"job {name!r}: {e}") from None
+        if not isinstance(job, Job):
+            raise JobNotFound(f"job {name!r} is not a fleet.job.Job")
+        return job
     if not name.replace("_", "").isalnum():
         raise JobNotFound(f"unknown job {name!r}")
     try:

@@ -1,0 +1,162 @@
+"""Leases: one small object per item, rewritten only under generation match.
+
+The lease object is the single source of truth for an item's state, as a
+Terraform GCS state lock is for a state file: whoever wrote the generation
+you read holds it. Every lease carries a fresh claim token, so a write whose
+response was lost (the library retries it and sees 412) is recognised as
+our own on the read that follows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fleet.store import NotFound, PreconditionFailed, Store
+
+LEASED, DONE, FAILED = "leased", "done", "failed"
+
+
+@dataclass
+class Lease:
+    state: str
+    worker: str
+    attempt: int
+    expires: float
+    token: str = ""
+    error: str | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=dict)
+    started: float = 0.0
+    finished: float = 0.0
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Lease":
+        d = json.loads(data)
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in (DONE, FAILED)
+
+    def live(self, now: float) -> bool:
+        return self.state == LEASED and self.expires > now
+
+
+@dataclass
+class Held:
+    """A lease this worker holds: the generation it last wrote."""
+
+    item: str
+    generation: int
+    lease: Lease
+
+
+class Lost(Exception):
+    """The lease was taken over: stop the item and discard its work."""
+
+
+class Leases:
+    def __init__(
+        self,
+        store: Store,
+        prefix: str,
+        worker: str,
+        ttl: float,
+        max_attempts: int,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.store, self.prefix, self.worker = store, prefix, worker
+        self.ttl, self.max_attempts, self.clock = ttl, max_attempts, clock
+
+    def name(self, item: str) -> str:
+        return self.prefix + item
+
+    def read(self, item: str) -> tuple[Lease, int] | None:
+        try:
+            data, gen = self.store.read_generation(self.name(item))
+        except NotFound:
+            return None
+        return Lease.from_json(data), gen
+
+    def _write(self, item: str, lease: Lease, generation: int) -> int | None:
+        """Conditional write; None if someone else's write got there first."""
+        try:
+            return self.store.write(self.name(item), lease.to_json(), if_generation_match=generation)
+        except PreconditionFailed:
+            seen = self.read(item)
+            if seen and seen[0].token == lease.token and seen[0].to_json() == lease.to_json():
+                return seen[1]  # our own write, whose response was lost and retried
+            return None
+
+    def _fresh(self, attempt: int, error: str | None = None) -> Lease:
+        now = self.clock()
+        return Lease(LEASED, self.worker, attempt, now + self.ttl, uuid.uuid4().hex, error, started=now)
+
+    def claim(self, item: str, current: tuple[Lease, int] | None = None) -> Held | Lease | None:
+        """Take the item if it is free or its lease expired.
+
+        Returns the Held lease, or the Lease that stands in the way (done,
+        failed or live), or None when another worker won a race just now.
+        """
+        if current is None:
+            lease = self._fresh(1)
+            gen = self._write(item, lease, 0)
+            if gen is not None:
+                return Held(item, gen, lease)
+            current = self.read(item)
+            if current is None:
+                return None
+        old, old_gen = current
+        if old.terminal or old.live(self.clock()):
+            return old
+        if old.attempt >= self.max_attempts:
+            why = old.error or f"lease of {old.worker} expired (worker died or hung)"
+            failed = dataclasses.replace(old, state=FAILED, error=f"gave up after {old.attempt} attempts: {why}",
+                                         token=uuid.uuid4().hex, finished=self.clock())
+            return failed if self._write(item, failed, old_gen) is not None else None
+        lease = self._fresh(old.attempt + 1, old.error)
+        gen = self._write(item, lease, old_gen)
+        return Held(item, gen, lease) if gen is not None else None
+
+    def renew(self, held: Held) -> None:
+        """Push expiry out; raises Lost if another worker took the item."""
+        lease = dataclasses.replace(held.lease, expires=self.clock() + self.ttl)
+        gen = self._write(held.item, lease, held.generation)
+        if gen is None:
+            raise Lost(f"item {held.item}: lease taken over")
+        held.generation, held.lease = gen, lease
+
+    def commit(self, held: Held, outputs: list[dict[str, Any]], stats: dict[str, float]) -> None:
+        lease = dataclasses.replace(held.lease, state=DONE, outputs=outputs, stats=stats, error=None,
+                                    finished=self.clock())
+        gen = self._write(held.item, lease, held.generation)
+        if gen is None:
+            raise Lost(f"item {held.item}: lease taken over before commit")
+        held.generation, held.lease = gen, lease
+
+    def fail(self, held: Held, error: str, retry: bool = True) -> bool:
+        """Record an error; release for another attempt, or mark failed. True if final."""
+        final = not retry or held.lease.attempt >= self.max_attempts
+        if final:
+            lease = dataclasses.replace(held.lease, state=FAILED, error=error, finished=self.clock())
+        else:
+            lease = dataclasses.replace(held.lease, expires=0.0, error=error)
+        gen = self._write(held.item, lease, held.generation)
+        if gen is not None:
+            held.generation, held.lease = gen, lease
+        return final
+
+    def release(self, held: Held) -> None:
+        """Give the item back at once (shutdown, preemption) without spending an attempt."""
+        lease = dataclasses.replace(held.lease, expires=0.0, attempt=held.lease.attempt - 1)
+        gen = self._write(held.item, lease, held.generation)
+        if gen is not None:
+            held.generation, held.lease = gen, lease

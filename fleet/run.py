@@ -1,0 +1,185 @@
+"""A run: its spec (run.json) and its immutable list of work items.
+
+Both are written once, create-only, by ``fleet plan``; every worker reads
+them, so a worker never needs anything but the bucket URL and the run name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.inputs import InputFile, Slice, cut_ranges, describe, find_inputs
+from fleet.job import load_job
+from fleet.store import PreconditionFailed, Store, open_store, read_url
+
+
+class PlanError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    url: str
+    name: str
+    start: int
+    end: int
+    format: str
+    compression: str
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def slice(self) -> Slice:
+        return Slice(self.url, self.name, self.start, self.end, self.format, self.compression)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run: str
+    job: str
+    config: dict[str, Any]
+    output: str
+    code_version: str
+    lease_ttl: float = 300.0
+    max_attempts: int = 3
+    items: int = 0
+    input_bytes: int = 0
+    created: float = field(default=0.0, compare=False)
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "RunSpec":
+        d = json.loads(data)
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+def run_prefix(run: str) -> str:
+    return f"runs/{run}"
+
+
+def spec_name(run: str) -> str:
+    return f"runs/{run}/run.json"
+
+
+def items_name(run: str) -> str:
+    return f"runs/{run}/items.jsonl"
+
+
+def lease_prefix(run: str) -> str:
+    return f"runs/{run}/leases/"
+
+
+def worker_prefix(run: str) -> str:
+    return f"runs/{run}/workers/"
+
+
+def check_run_name(run: str) -> None:
+    if not run or not all(c.isalnum() or c in "-_." for c in run) or run.startswith("."):
+        raise PlanError(f"run name {run!r}: use letters, digits, '-', '_' and '.' only")
+
+
+def make_items(inputs: list[InputFile], item_bytes: int) -> list[Item]:
+    """Cut every input into items of about item_bytes, at document boundaries."""
+    pieces: list[tuple[InputFile, int, int, str, str]] = []
+    stores: dict[str, Store] = {}
+    for inp in inputs:
+        fmt, compression = describe(inp.name)
+        if compression != "none":
+            pieces.append((inp, 0, inp.size, fmt, compression))
+            continue
+        store = stores.setdefault(inp.url, open_store(inp.url))
+        for start, end in cut_ranges(store, inp.name, inp.size, fmt, item_bytes):
+            pieces.append((inp, start, end, fmt, compression))
+    width = max(5, len(str(len(pieces) - 1)))
+    return [
+        Item(f"{i:0{width}d}", inp.url, inp.name, start, end, fmt, comp)
+        for i, (inp, start, end, fmt, comp) in enumerate(pieces)
+    ]
+
+
+def plan(
+    bucket: str,
+    run: str,
+    job_name: str,
+    inputs: list[str],
+    output: str,
+    settings: dict[str, str],
+    code_version: str,
+    lease_ttl: float = 300.0,
+    max_attempts: int = 3,
+    item_bytes: int = 64 << 20,
+) -> tuple[RunSpec, list[Item], bool]:
+    """Write run.json and the items; returns (spec, items, created_now).
+
+    Planning the same run again with the same inputs and options is a no-op,
+    so `fleet local` can resume; different options are refused rather than
+    mixed into one run.
+    """
+    check_run_name(run)
+    job = load_job(job_name)
+    config = job.parse_config(settings)
+    job.check(config, read_url)
+    found = find_inputs(inputs)
+    items = make_items(found, item_bytes)
+    if not items:
+        raise PlanError(f"{', '.join(inputs)}: the inputs hold no data")
+    spec = RunSpec(
+        run=run,
+        job=job_name,
+        config=dataclasses.asdict(config),
+        output=output,
+        code_version=code_version,
+        lease_ttl=lease_ttl,
+        max_attempts=max_attempts,
+        items=len(items),
+        input_bytes=sum(i.size for i in items),
+        created=time.time(),
+    )
+    store = open_store(bucket)
+    items_blob = b"".join(json.dumps(dataclasses.asdict(i), sort_keys=True).encode() + b"\n" for i in items)
+    created = True
+    try:
+        store.write(items_name(run), items_blob, if_generation_match=0)
+    except PreconditionFailed:
+        created = False
+        if store.read(items_name(run)) != items_blob:
+            raise PlanError(f"run {run!r} in {store.url} was planned with other inputs; use another run name") from None
+    try:
+        store.write(spec_name(run), spec.to_json(), if_generation_match=0)
+    except PreconditionFailed:
+        old = load_spec(store, run)
+        if old != spec:
+            changed = [f.name for f in dataclasses.fields(RunSpec) if f.compare and getattr(old, f.name) != getattr(spec, f.name)]
+            raise PlanError(
+                f"run {run!r} in {store.url} was planned with other {', '.join(changed)}; "
+                "use another run name (or output folder)"
+            ) from None
+        return old, items, False
+    return spec, items, created
+
+
+def load_spec(store: Store, run: str) -> RunSpec:
+    from fleet.store import NotFound
+
+    try:
+        return RunSpec.from_json(store.read(spec_name(run)))
+    except NotFound:
+        raise PlanError(f"no run {run!r} in {store.url} (plan it first with `fleet plan`)") from None
+
+
+def load_items(store: Store, run: str) -> list[Item]:
+    data = store.read(items_name(run))
+    return [Item(**json.loads(line)) for line in data.splitlines() if line.strip()]
+
+
+def list_runs(store: Store) -> list[str]:
+    return sorted({b.name.split("/")[1] for b in store.list("runs/") if b.name.endswith("/run.json")})

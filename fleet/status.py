@@ -1,0 +1,112 @@
+"""Where a run stands, read from its leases and worker heartbeats."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fleet.lease import DONE, FAILED, Lease
+from fleet.run import Item, RunSpec, lease_prefix, load_items, load_spec, worker_prefix
+from fleet.store import NotFound, Store
+
+
+@dataclass
+class RunStatus:
+    run: str
+    job: str
+    items: int
+    input_bytes: int
+    pending: int = 0
+    leased: int = 0
+    done: int = 0
+    failed: int = 0
+    bytes_done: int = 0
+    totals: dict[str, float] = field(default_factory=dict)
+    failures: list[dict[str, str]] = field(default_factory=list)
+    retrying: list[dict[str, str]] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    first_start: float = 0.0
+    last_finish: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.done + self.failed == self.items
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class StatusReader:
+    """Reads a run's state; caches leases by generation so --watch stays cheap."""
+
+    def __init__(self, store: Store, run: str):
+        self.store, self.run = store, run
+        self.spec: RunSpec = load_spec(store, run)
+        self.items: list[Item] = load_items(store, run)
+        self._cache: dict[str, tuple[int, Lease]] = {}
+
+    def _read(self, name: str, gen: int) -> tuple[str, int, Lease | None]:
+        try:
+            data, real_gen = self.store.read_generation(name)
+        except NotFound:
+            return name, gen, None
+        return name, real_gen, Lease.from_json(data)
+
+    def leases(self) -> dict[str, Lease]:
+        prefix = lease_prefix(self.run)
+        listing = {b.name: b.generation for b in self.store.list(prefix)}
+        stale = [(n, g) for n, g in listing.items() if n not in self._cache or self._cache[n][0] != g]
+        if stale:
+            with ThreadPoolExecutor(16) as pool:
+                for name, gen, lease in pool.map(lambda ng: self._read(*ng), stale):
+                    if lease is not None:
+                        self._cache[name] = (gen, lease)
+        return {n[len(prefix):]: self._cache[n][1] for n in listing if n in self._cache}
+
+    def workers(self) -> list[dict[str, Any]]:
+        out = []
+        for blob in self.store.list(worker_prefix(self.run)):
+            try:
+                out.append(json.loads(self.store.read(blob.name)))
+            except (NotFound, ValueError):
+                continue
+        return out
+
+    def collect(self, with_workers: bool = False) -> RunStatus:
+        now = time.time()
+        st = RunStatus(self.run, self.spec.job, len(self.items), self.spec.input_bytes)
+        leases = self.leases()
+        by_id = {i.id: i for i in self.items}
+        starts, finishes = [], []
+        for item in self.items:
+            lease = leases.get(item.id)
+            if lease is None:
+                st.pending += 1
+                continue
+            starts.append(lease.started)
+            if lease.state == DONE:
+                st.done += 1
+                st.bytes_done += item.size
+                finishes.append(lease.finished)
+                for k, v in lease.stats.items():
+                    if isinstance(v, (int, float)):
+                        st.totals[k] = st.totals.get(k, 0) + v
+                st.outputs += [o["name"] for o in lease.outputs]
+            elif lease.state == FAILED:
+                st.failed += 1
+                st.failures.append({"item": item.id, "source": by_id[item.id].slice.display, "error": lease.error or ""})
+            elif lease.live(now):
+                st.leased += 1
+            else:
+                st.pending += 1
+                if lease.error:
+                    st.retrying.append({"item": item.id, "attempt": str(lease.attempt), "error": lease.error})
+        st.first_start = min((s for s in starts if s), default=0.0)
+        st.last_finish = max(finishes, default=0.0)
+        if with_workers:
+            st.workers = self.workers()
+        return st

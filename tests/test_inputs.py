@@ -1,0 +1,138 @@
+"""Inputs: formats, compression, and cutting files at document boundaries."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import os
+
+import pytest
+import zstandard
+
+from fleet.inputs import cut_ranges, describe, find_inputs, iter_documents, iter_path_documents, read_all
+from fleet.job import InputError
+from fleet.run import make_items
+from fleet.store.local import LocalStore
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "corpus")
+
+
+def docs_of(path: str) -> list[list[str]]:
+    with open(path, "rb") as f:
+        return list(iter_documents(f, "text", "none", path))
+
+
+def test_describe_formats_and_compression():
+    assert describe("a.txt") == ("text", "none")
+    assert describe("a.jsonl.gz") == ("jsonl", "gz")
+    assert describe("wiki_00") == ("text", "none")
+    assert describe("x.TXT.ZST") == ("text", "zst")
+    assert describe("b.json.bz2") == ("jsonl", "bz2")
+
+
+def test_text_documents_split_on_blank_lines():
+    data = b"a1\na2\n\n  \nb1\n\n\nc1\nc2 no newline"
+    assert read_all(data, "x.txt") == [["a1", "a2"], ["b1"], ["c1", "c2 no newline"]]
+
+
+def test_empty_file_has_no_documents():
+    assert read_all(b"", "x.txt") == []
+    assert read_all(b"\n\n\n", "x.txt") == []
+
+
+@pytest.mark.parametrize("suffix,compress", [
+    (".gz", gzip.compress), (".bz2", bz2.compress), (".zst", zstandard.ZstdCompressor().compress)])
+def test_compressed_inputs_read_like_plain(suffix, compress):
+    data = "第一行\nline two\n\ndoc two\n".encode()
+    assert read_all(compress(data), "c.txt" + suffix) == [["第一行", "line two"], ["doc two"]]
+
+
+def test_jsonl_text_field_is_a_document():
+    data = b'{"text": "l1\\nl2"}\n\n{"text": "only", "id": 3}\n'
+    assert read_all(data, "d.jsonl") == [["l1", "l2"], ["only"]]
+
+
+def test_jsonl_bad_record_names_file_and_record():
+    with pytest.raises(InputError, match=r"d.jsonl: record 2 is not JSON"):
+        read_all(b'{"text": "ok"}\n{not json\n', "d.jsonl")
+    with pytest.raises(InputError, match=r"d.jsonl: record 1 has no string field 'text'"):
+        read_all(b'{"body": "x"}\n', "d.jsonl")
+
+
+def test_invalid_utf8_names_the_byte_offset():
+    with pytest.raises(InputError, match=r"bad.txt: invalid UTF-8 at byte 6"):
+        read_all(b"hello\n\xff\xfe\n", "bad.txt")
+
+
+def test_truncated_gzip_is_an_input_error():
+    data = gzip.compress(b"some text\n" * 1000)[:-20]
+    with pytest.raises(InputError, match=r"t.txt.gz: corrupt or truncated gz"):
+        read_all(data, "t.txt.gz")
+
+
+def test_folder_inputs_skip_readmes_code_and_hidden(tmp_path):
+    (tmp_path / "a.txt").write_text("x\n")
+    (tmp_path / "wiki_00").write_text("y\n")
+    (tmp_path / "README.md").write_text("z\n")
+    (tmp_path / "make.py").write_text("print(1)\n")
+    (tmp_path / ".hidden.txt").write_text("h\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "t"}\n'))
+    names = [f.name for f in find_inputs([str(tmp_path)])]
+    assert names == ["a.txt", "sub/b.jsonl.gz", "wiki_00"]
+
+
+def test_missing_input_is_one_clear_error(tmp_path):
+    with pytest.raises(InputError, match="no such file or folder"):
+        find_inputs([str(tmp_path / "nope")])
+
+
+@pytest.mark.parametrize("target", [1000, 7919, 50_000, 300_000])
+def test_cut_ranges_never_split_a_document_and_lose_no_line(target):
+    path = os.path.abspath(os.path.join(CORPUS, "sample_en.txt"))
+    size = os.path.getsize(path)
+    store = LocalStore(os.path.dirname(path))
+    ranges = cut_ranges(store, "sample_en.txt", size, "text", target)
+    assert ranges[0][0] == 0 and ranges[-1][1] == size
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    if target < size // 2:
+        assert len(ranges) > 1
+    pieces = []
+    for start, end in ranges:
+        data = store.read("sample_en.txt", start, end)
+        pieces += read_all(data, "sample_en.txt")
+    assert pieces == docs_of(path)
+
+
+def test_cut_ranges_jsonl_cuts_at_line_ends(tmp_path):
+    lines = [json.dumps({"text": f"doc {i} " + "w" * (i % 50)}) for i in range(500)]
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
+    store = LocalStore(str(tmp_path))
+    size = os.path.getsize(tmp_path / "c.jsonl")
+    ranges = cut_ranges(store, "c.jsonl", size, "jsonl", 997)
+    got = [d for s, e in ranges for d in read_all(store.read("c.jsonl", s, e), "c.jsonl")]
+    assert len(ranges) > 5
+    assert got == [[json.loads(line)["text"]] for line in lines]
+
+
+def test_a_single_huge_document_is_one_item(tmp_path):
+    (tmp_path / "one.txt").write_text("line\n" * 10000)
+    store = LocalStore(str(tmp_path))
+    assert cut_ranges(store, "one.txt", 50000, "text", 1000) == [(0, 50000)]
+
+
+def test_items_cover_every_input(tmp_path):
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"x\n\ny\n"))
+    found = find_inputs([CORPUS, str(tmp_path)])
+    items = make_items(found, 100_000)
+    assert [i.id for i in items] == [f"{n:05d}" for n in range(len(items))]
+    assert sum(i.size for i in items) == sum(f.size for f in found)
+    gz = [i for i in items if i.compression == "gz"]
+    assert len(gz) == 1 and gz[0].start == 0
+
+
+def test_iter_path_documents_reads_folders(tmp_path):
+    (tmp_path / "a.txt").write_text("a\n\nb\n")
+    (tmp_path / "b.jsonl").write_text('{"text": "c"}\n')
+    assert list(iter_path_documents([str(tmp_path)])) == [["a"], ["b"], ["c"]]
