@@ -1,0 +1,95 @@
+"""Tools around the job: train a vocab, tokenize a file (to check a vocab by eye).
+
+    python -m jobs.electra_zh_en vocab INPUT... --size 21128 --out vocab.txt
+    python -m jobs.electra_zh_en tokenize --vocab vocab.txt INPUT
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Iterator, List
+
+import typer
+
+from fleet.job import InputError
+
+from .tokenization import BertTokenizer, VocabError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _lines(paths: list[str]) -> Iterator[str]:
+    from fleet.inputs import iter_path_documents
+
+    for document in iter_path_documents(paths):
+        yield from document
+
+
+@app.command()
+def vocab(
+    inputs: List[str] = typer.Argument(
+        ..., metavar="INPUT", help="Files or folders: .txt (blank line between documents) or .jsonl, maybe .gz/.bz2/.zst."
+    ),
+    size: int = typer.Option(21128, help="Vocab size (at most; a small corpus gives fewer)."),
+    out: str = typer.Option("vocab.txt", help="Where to write the vocab, one token per line."),
+    lowercase: bool = typer.Option(True, help="Lower-case and strip accents, as do_lower_case."),
+    limit_alphabet: int = typer.Option(10000, help="Most single characters kept; Chinese needs thousands."),
+    min_frequency: int = typer.Option(2, help="Fewest occurrences for a merged piece."),
+) -> None:
+    """Train a BERT WordPiece vocab ([PAD] [UNK] [CLS] [SEP] [MASK] first)."""
+    from .vocab import train_vocab, write_vocab
+
+    try:
+        tokens = train_vocab(
+            _lines(inputs), size, lowercase=lowercase, limit_alphabet=limit_alphabet, min_frequency=min_frequency
+        )
+    except InputError as e:
+        _fail(str(e))
+    try:
+        write_vocab(tokens, out)
+    except OSError as e:
+        _fail(f"{out}: cannot write ({e.strerror})")
+    typer.echo(f"wrote {len(tokens)} tokens to {out}", err=True)
+
+
+@app.command()
+def tokenize(
+    input: str = typer.Argument(
+        ..., metavar="INPUT", help="A UTF-8 text file; one JSON list of ids is printed per non-blank line."
+    ),
+    vocab: str = typer.Option(..., "--vocab", help="The vocab.txt to use."),
+    lowercase: bool = typer.Option(True, help="do_lower_case (must match how the vocab was made)."),
+) -> None:
+    """Print the token ids of every non-blank line of INPUT."""
+    try:
+        tokenizer = BertTokenizer.from_file(vocab, do_lower_case=lowercase)
+    except OSError as e:
+        _fail(f"{vocab}: cannot read vocab ({e.strerror})")
+    except VocabError as e:
+        _fail(str(e))
+    try:
+        f = open(input, "rb")
+    except OSError as e:
+        _fail(f"{input}: cannot read ({e.strerror})")
+    with f:
+        write = sys.stdout.write
+        for number, raw in enumerate(f, 1):  # binary lines split at "\n" only, as the fleet reads text
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                _fail(f"{input}: invalid UTF-8 on line {number} (byte {e.start} of the line)")
+            if line.strip():
+                write(json.dumps(tokenizer.tokenize_ids(line)) + "\n")
+
+def main() -> None:
+    app(prog_name="python -m jobs.electra_zh_en")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Pack token-id sentences into ELECTRA pre-training examples.
+
+Same packing as google-research/electra's ``ExampleBuilder``, so models see
+the data they were tuned on: sentences (lines) accumulate until the target
+length is reached or the document ends; the first segment takes about half
+(10% of the time all) of them; 5% of examples get a random shorter target.
+Randomness comes only from the ``random.Random`` passed in, drawn in the
+same order as ELECTRA, so one seed gives one output.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterable, Iterator, NamedTuple
+
+
+class Example(NamedTuple):
+    """``[CLS] a [SEP] b [SEP]`` zero-padded; the lists convert with ``np.asarray``.
+
+    The mask and segment ids follow from the two lengths, so they are made
+    only when asked for (the TFRecord writer encodes them from the lengths).
+    """
+
+    input_ids: list[int]
+    length: int  # non-padding positions, [CLS] and [SEP]s included
+    first_length: int  # positions of "[CLS] a [SEP]" (segment id 0)
+
+    @property
+    def input_mask(self) -> list[int]:
+        return [1] * self.length + [0] * (len(self.input_ids) - self.length)
+
+    @property
+    def segment_ids(self) -> list[int]:
+        n0, n = self.first_length, self.length
+        return [0] * n0 + [1] * (n - n0) + [0] * (len(self.input_ids) - n)
+
+
+class ExampleBuilder:
+    def __init__(self, max_length: int, cls_id: int, sep_id: int, rng: random.Random, pad_id: int = 0):
+        if max_length < 5:
+            raise ValueError(f"max_length must be at least 5, got {max_length}")
+        self.max_length = max_length
+        self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
+        self.rng = rng
+        self._sentences: list[list[int]] = []
+        self._length = 0
+        self._target = max_length
+
+    def add_sentence(self, ids: list[int]) -> Example | None:
+        """Add one line's ids; returns an example when the target length is reached."""
+        self._sentences.append(ids)
+        self._length += len(ids)
+        if self._length >= self._target:
+            return self._create()
+        return None
+
+    def end_document(self) -> Example | None:
+        """A document boundary: flush what is pending (nothing if it holds no token)."""
+        if self._length:
+            return self._create()
+        self._sentences = []  # only empty sentences: drop them, as ELECTRA would carry them harmlessly
+        return None
+
+    def add_document(self, sentences: Iterable[list[int]]) -> list[Example]:
+        out = []
+        for ids in sentences:
+            self._sentences.append(ids)
+            self._length += len(ids)
+            if self._length >= self._target:
+                out.append(self._create())
+        last = self.end_document()
+        if last is not None:
+            out.append(last)
+        return out
+
+    def _create(self) -> Example:
+        rng, max_length = self.rng, self.max_length
+        first_target = 100000 if rng.random() < 0.1 else (self._target - 3) // 2
+        first: list[int] = []
+        second: list[int] = []
+        for sentence in self._sentences:
+            # a: when empty, when the sentence fits, or on a coin flip while b is empty.
+            # As in ELECTRA, a later short sentence can still join a after one went to b.
+            if (
+                not first
+                or len(first) + len(sentence) < first_target
+                or (not second and len(first) < first_target and rng.random() < 0.5)
+            ):
+                first += sentence
+            else:
+                second += sentence
+        del first[max_length - 2 :]
+        del second[max(0, max_length - len(first) - 3) :]
+
+        self._sentences = []
+        self._length = 0
+        self._target = rng.randint(5, max_length) if rng.random() < 0.05 else max_length
+
+        input_ids = [self.cls_id, *first, self.sep_id]
+        n_first = len(input_ids)
+        if second:
+            input_ids += second
+            input_ids.append(self.sep_id)
+        n = len(input_ids)
+        input_ids += [self.pad_id] * (max_length - n)
+        return Example(input_ids, n, n_first)
+
+
+def build_examples(
+    documents: Iterable[Iterable[list[int]]], max_length: int, cls_id: int, sep_id: int, rng: random.Random
+) -> Iterator[Example]:
+    """Examples from documents given as sequences of per-line id lists."""
+    builder = ExampleBuilder(max_length, cls_id, sep_id, rng)
+    for document in documents:
+        yield from builder.add_document(document)

@@ -1,0 +1,249 @@
+"""BERT's WordPiece tokenization (``FullTokenizer`` semantics), made fast.
+
+BERT's reference walks every character in Python (0.5 MB/s). The same result
+comes from whole-string C operations: delete the characters BERT drops with
+one regex, ``str.lower``, NFD only when the text is not already NFD, one
+``re.findall`` that yields BERT's basic tokens (a CJK character alone, a
+punctuation character alone, or a run of anything else that is not
+whitespace), and a cache from basic token to ids, since real text is Zipfian
+and WordPiece proper rarely runs.
+
+Why whole-string processing equals BERT's per-token processing:
+``str.lower`` is context-sensitive only for the Greek final sigma, whose
+context never crosses whitespace or a CJK character; canonical reordering
+never crosses a starter; and ``lower``/NFD neither create nor remove CJK
+characters, whitespace or newlines (checked over all of Unicode).
+
+Where this deliberately follows BERT rather than Hugging Face ``tokenizers``:
+private-use (Co) and unassigned (Cn) characters are kept (so a word holding
+one usually becomes ``[UNK]``; ``tokenizers`` deletes them, and so does
+ELECTRA's copy of this tokenizer, which drops every C* category), a final
+capital sigma lower-cases to ``ς`` as Python does (``tokenizers`` gives
+``σ``), and U+2B820..U+2B91F are CJK (``tokenizers`` starts that range at
+U+2B920). A word over 200 characters becomes ``[UNK]`` as in BERT's
+``WordpieceTokenizer`` (``tokenizers`` defaults to 100; the tests set it to 200).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from itertools import chain
+from typing import Iterable, Mapping, Sequence
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
+
+# BERT's "Chinese character" blocks (CJK ideographs; not kana or hangul).
+CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
+
+
+class VocabError(ValueError):
+    """The vocab file is unusable; the message names it."""
+
+
+def _is_ascii_punct(cp: int) -> bool:
+    return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
+
+
+def _char_class(codepoints: Iterable[int]) -> str:
+    """A regex character class body from sorted code points, as compact ranges."""
+    parts, start, prev = [], None, None
+    for cp in codepoints:
+        if start is not None and cp == prev + 1:
+            prev = cp
+            continue
+        if start is not None:
+            parts.append(f"\\U{start:08x}" if start == prev else f"\\U{start:08x}-\\U{prev:08x}")
+        start = prev = cp
+    if start is not None:
+        parts.append(f"\\U{start:08x}" if start == prev else f"\\U{start:08x}-\\U{prev:08x}")
+    return "".join(parts)
+
+
+class _Patterns:
+    """The compiled regexes for the code points below ``limit``.
+
+    A character class holding characters beyond U+FFFF is matched by a linear
+    scan of its ranges (about 50x slower), so text without such characters,
+    nearly all text, uses patterns limited to the BMP.
+    """
+
+    def __init__(self, limit: int, drop: list[int], marks: list[int], punct: list[int]):
+        cjk = "".join(f"\\U{a:08x}-\\U{min(b, limit - 1):08x}" for a, b in CJK_RANGES if a < limit)
+        p = _char_class(c for c in punct if c < limit)
+        self.drop = re.compile(_char_class(c for c in drop if c < limit).join("[]"))
+        self.marks = re.compile(_char_class(c for c in marks if c < limit).join("[]"))
+        # Word runs first: most tokens are words, and the three branches never start alike.
+        self.tokens = re.compile(f"[^\\s{cjk}{p}]+|[{cjk}]|[{p}]")
+
+
+@functools.cache
+def _patterns() -> tuple[_Patterns, _Patterns]:
+    """(BMP, all of Unicode); built on first use, as scanning Unicode takes ~0.2 s."""
+    drop, marks, punct = [], [], []
+    for cp in range(0x110000):
+        cat = unicodedata.category(chr(cp))
+        if cp == 0 or cp == 0xFFFD or (cat in ("Cc", "Cf") and cp not in (9, 10, 13)):
+            drop.append(cp)
+        elif cat == "Mn":
+            marks.append(cp)
+        if cat[0] == "P" or _is_ascii_punct(cp):
+            punct.append(cp)
+    return _Patterns(0x10000, drop, marks, punct), _Patterns(0x110000, drop, marks, punct)
+
+
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+_ASCII_DROP = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def load_vocab(data: bytes | str, source: str = "vocab") -> dict[str, int]:
+    """Parse a BERT vocab (one token per line, id = line number), as BERT reads it."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise VocabError(f"{source}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    lines = data.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise VocabError(f"{source}: the vocab file is empty")
+    vocab = {token.strip(): i for i, token in enumerate(lines)}
+    missing = [t for t in REQUIRED_TOKENS if t not in vocab]
+    if missing:
+        raise VocabError(f"{source}: not a BERT vocab, missing {' '.join(missing)}")
+    if vocab["[PAD]"] != 0:
+        raise VocabError(f"{source}: [PAD] must have id 0 (examples are padded with 0), it has {vocab['[PAD]']}")
+    return vocab
+
+
+class _IdCache(dict):
+    """basic token -> tuple of ids; a miss runs WordPiece. Cleared when too big."""
+
+    __slots__ = ("wordpiece", "limit")
+
+    def __missing__(self, word: str) -> tuple[int, ...]:
+        ids = self.wordpiece(word)
+        if len(self) >= self.limit:
+            self.clear()
+        self[word] = ids
+        return ids
+
+
+class BertTokenizer:
+    """Text -> WordPiece ids, equal to BERT's ``FullTokenizer`` (see module doc)."""
+
+    def __init__(
+        self,
+        vocab: Mapping[str, int],
+        do_lower_case: bool = True,
+        unk_token: str = "[UNK]",
+        max_input_chars_per_word: int = 200,
+        cache_limit: int = 1 << 18,
+    ):
+        self.vocab = dict(vocab)
+        self.do_lower_case = do_lower_case
+        self.unk_id = self.vocab[unk_token]
+        self.max_input_chars_per_word = max_input_chars_per_word
+        self.inv_vocab = {i: t for t, i in self.vocab.items()}
+        self._bmp, self._all = _patterns()
+        # Longest pieces worth trying, so WordPiece does not test hopeless substrings.
+        self._max_head = max((len(t) for t in self.vocab if not t.startswith("##")), default=1)
+        self._max_tail = max((len(t) - 2 for t in self.vocab if t.startswith("##")), default=1)
+        self._cache = _IdCache()
+        self._cache.wordpiece = self._wordpiece
+        self._cache.limit = cache_limit
+
+    @classmethod
+    def from_bytes(cls, data: bytes | str, source: str = "vocab", **kwargs) -> "BertTokenizer":
+        return cls(load_vocab(data, source), **kwargs)
+
+    @classmethod
+    def from_file(cls, path: str, **kwargs) -> "BertTokenizer":
+        with open(path, "rb") as f:
+            return cls.from_bytes(f.read(), path, **kwargs)
+
+    # -- the pipeline -------------------------------------------------------
+
+    def _normalize(self, text: str) -> tuple[str, re.Pattern]:
+        """BERT's cleaning, lower-casing and accent stripping, and the token regex that fits."""
+        if text.isascii():
+            if _ASCII_DROP.search(text):
+                text = _ASCII_DROP.sub("", text)
+            return (text.lower() if self.do_lower_case else text), self._bmp.tokens
+        pats = self._all if _ASTRAL.search(text) else self._bmp
+        text = pats.drop.sub("", text)
+        if self.do_lower_case:
+            text = text.lower()
+            if not unicodedata.is_normalized("NFD", text):
+                text = unicodedata.normalize("NFD", text)
+                if pats is self._bmp and _ASTRAL.search(text):  # U+FA6C and a few others
+                    pats = self._all
+            text = pats.marks.sub("", text)
+        return text, pats.tokens
+
+    def normalize(self, text: str) -> str:
+        return self._normalize(text)[0]
+
+    def basic_tokens(self, text: str) -> list[str]:
+        """What BERT's BasicTokenizer returns."""
+        text, tokens = self._normalize(text)
+        return tokens.findall(text)
+
+    def _wordpiece(self, word: str) -> tuple[int, ...]:
+        n = len(word)
+        if n > self.max_input_chars_per_word:
+            return (self.unk_id,)
+        vocab, ids, start = self.vocab, [], 0
+        while start < n:
+            if start:
+                end = min(n, start + self._max_tail)
+                while end > start and "##" + word[start:end] not in vocab:
+                    end -= 1
+                piece = "##" + word[start:end]
+            else:
+                end = min(n, self._max_head)
+                while end > start and word[:end] not in vocab:
+                    end -= 1
+                piece = word[:end]
+            if end == start:
+                return (self.unk_id,)
+            ids.append(vocab[piece])
+            start = end
+        return tuple(ids)
+
+    def tokenize_ids(self, text: str) -> list[int]:
+        text, tokens = self._normalize(text)
+        return list(chain.from_iterable(map(self._cache.__getitem__, tokens.findall(text))))
+
+    def tokenize_lines(self, lines: Sequence[str]) -> list[list[int]]:
+        """Ids per line; normalizes all lines in one pass to save per-call overhead."""
+        if not lines:
+            return []
+        text, tokens = self._normalize("\n".join(lines))
+        parts = text.split("\n")
+        if len(parts) != len(lines):  # a line held its own "\n": go line by line
+            return [self.tokenize_ids(line) for line in lines]
+        findall, get = tokens.findall, self._cache.__getitem__
+        return [list(chain.from_iterable(map(get, findall(part)))) for part in parts]
+
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece strings, like ``FullTokenizer.tokenize``."""
+        return self.convert_ids_to_tokens(self.tokenize_ids(text))
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        return [self.vocab[t] for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.inv_vocab[i] for i in ids]

@@ -1,0 +1,154 @@
+"""The electra_zh_en job through the fleet's job API, with an in-memory sink."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+
+import pytest
+
+from fleet.job import ConfigError, ItemContext, Sink, load_job
+from jobs.electra_zh_en import JOB, ElectraConfig
+from jobs.electra_zh_en import tfrecord
+from jobs.electra_zh_en.builder import build_examples
+from jobs.electra_zh_en.tokenization import BertTokenizer
+from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class MemorySink(Sink):
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+
+    def open(self, suffix):
+        sink = self
+
+        class File(io.BytesIO):
+            def close(self):
+                sink.files[suffix] = self.getvalue()
+                super().close()
+
+        assert suffix not in self.files
+        return File()
+
+
+def read_documents(name: str) -> list[list[str]]:
+    with open(os.path.join(ROOT, "corpus", name), encoding="utf-8") as f:
+        return [block.split("\n") for block in f.read().split("\n\n") if block.strip()]
+
+
+@pytest.fixture(scope="module")
+def documents() -> list[list[str]]:
+    return read_documents("sample_zh.txt")[:20] + read_documents("sample_en.txt")[:10]
+
+
+@pytest.fixture(scope="module")
+def vocab_path(tmp_path_factory, documents) -> str:
+    path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
+    write_vocab(train_vocab((line for doc in documents for line in doc), 8000), path)
+    return path
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def convert(config, documents, seed=99):
+    sink = MemorySink()
+    stats = JOB.converter(config, read_file).convert(iter(documents), ItemContext("item-1", seed, "test"), sink)
+    assert list(sink.files) == [".tfrecord"]
+    return stats, sink.files[".tfrecord"]
+
+
+def test_discovered_by_the_fleet():
+    assert load_job("electra_zh_en") is JOB
+    assert JOB.name == "electra_zh_en" and JOB.config_type is ElectraConfig
+
+
+def test_parse_config():
+    config = JOB.parse_config({"vocab_file": "v.txt", "max_seq_length": "64", "do_lower_case": "false"})
+    assert config == ElectraConfig(vocab_file="v.txt", max_seq_length=64, do_lower_case=False)
+    with pytest.raises(ConfigError):
+        JOB.parse_config({"vocab": "v.txt"})
+
+
+def test_check(tmp_path, vocab_path):
+    JOB.check(ElectraConfig(vocab_file=vocab_path), read_file)
+    bad = {
+        "required": ElectraConfig(),
+        "cannot read vocab_file": ElectraConfig(vocab_file=str(tmp_path / "nope.txt")),
+        "not supported": ElectraConfig(vocab_file=vocab_path, format="bert"),
+        "max_seq_length": ElectraConfig(vocab_file=vocab_path, max_seq_length=4),
+    }
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "partial.txt").write_text("[PAD]\n[UNK]\nhello\n")
+    bad["empty.txt: the vocab file is empty"] = ElectraConfig(vocab_file=str(tmp_path / "empty.txt"))
+    bad["partial.txt: not a BERT vocab, missing [CLS] [SEP]"] = ElectraConfig(vocab_file=str(tmp_path / "partial.txt"))
+    for message, config in bad.items():
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as e:
+            JOB.check(config, read_file)
+        assert "\n" not in str(e.value)
+        with pytest.raises(ConfigError):
+            JOB.converter(config, read_file)
+
+
+def test_convert_counts_and_layout(vocab_path, documents):
+    config = ElectraConfig(vocab_file=vocab_path, max_seq_length=128)
+    docs = documents + [["", "   ", "\x01\x02"]]  # a document with no tokens yields no example
+    stats, data = convert(config, docs)
+    records = list(tfrecord.iter_records(data))
+    assert stats["documents"] == len(docs)
+    assert stats["lines"] == sum(map(len, docs))
+    assert stats["text_bytes"] == sum(len(line.encode()) for doc in docs for line in doc)
+    assert stats["examples"] == len(records) > 30
+    assert stats["positions"] == 128 * len(records)
+    assert 0.5 < JOB.summarize(stats)["fill_ratio"] == stats["tokens"] / stats["positions"] <= 1
+
+    # The same records, built the slow, generic way.
+    tokenizer = BertTokenizer.from_file(vocab_path)
+    examples = list(build_examples((tokenizer.tokenize_lines(d) for d in docs), 128, tokenizer.vocab["[CLS]"],
+                                   tokenizer.vocab["[SEP]"], random.Random(99)))
+    assert stats["tokens"] == sum(ex.length for ex in examples)
+    assert records == [
+        tfrecord.int64_example({"input_ids": ex.input_ids, "input_mask": ex.input_mask, "segment_ids": ex.segment_ids})
+        for ex in examples
+    ]
+
+
+def test_output_is_a_pure_function_of_documents_config_and_seed(vocab_path, documents):
+    config = ElectraConfig(vocab_file=vocab_path)
+    _, first = convert(config, documents, seed=5)
+    _, again = convert(config, [list(d) for d in documents], seed=5)
+    _, other = convert(config, documents, seed=6)
+    _, shorter = convert(ElectraConfig(vocab_file=vocab_path, max_seq_length=64), documents, seed=5)
+    assert first == again
+    assert first != other and first != shorter
+
+
+def test_no_documents_gives_an_empty_file(vocab_path):
+    stats, data = convert(ElectraConfig(vocab_file=vocab_path), [])
+    assert data == b"" and stats["examples"] == 0 and stats["positions"] == 0
+    assert JOB.summarize(stats) == {"fill_ratio": 0.0}
+
+
+def test_vocab_is_read_once_per_converter(vocab_path, documents):
+    calls = []
+
+    def opener(path):
+        calls.append(path)
+        return read_file(path)
+
+    converter = JOB.converter(ElectraConfig(vocab_file=vocab_path), opener)
+    for i in range(3):
+        converter.convert(documents[:2], ItemContext(f"i{i}", i, "test"), MemorySink())
+    assert calls == [vocab_path]
+
+
+def test_lower_case_option(vocab_path):
+    docs = [["HELLO World Café"]]
+    lower = convert(ElectraConfig(vocab_file=vocab_path), docs)[1]
+    cased = convert(ElectraConfig(vocab_file=vocab_path, do_lower_case=False), docs)[1]
+    assert lower != cased

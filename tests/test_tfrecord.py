@@ -1,0 +1,109 @@
+"""Hand-encoded Examples and TFRecord framing read back by TensorFlow itself."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from jobs.electra_zh_en import tfrecord
+from jobs.electra_zh_en.builder import build_examples
+
+
+@pytest.fixture(scope="module")
+def tf():
+    return pytest.importorskip("tensorflow")
+
+
+def tf_example(tf, features: list[tuple[str, str, list]]) -> "tf.train.Example":
+    example = tf.train.Example()
+    example.features.SetInParent()
+    for name, kind, values in features:
+        holder = example.features.feature[name]
+        getattr(holder, kind).SetInParent()  # an empty list is still a present feature
+        getattr(holder, kind).value.extend(values)
+    return example
+
+
+def electra_examples(max_length: int, n_docs: int = 6, seed: int = 1):
+    rng = random.Random(seed)
+    docs = [[[rng.randrange(5, 70000) for _ in range(rng.randrange(0, 90))] for _ in range(rng.randrange(1, 12))]
+            for _ in range(n_docs)]
+    return list(build_examples(docs, max_length, 2, 3, random.Random(seed)))
+
+
+def test_varints():
+    assert tfrecord.encode_varint(0) == b"\x00"
+    assert tfrecord.encode_varint(127) == b"\x7f"
+    assert tfrecord.encode_varint(128) == b"\x80\x01"
+    assert tfrecord.encode_varint(300) == b"\xac\x02"
+    assert tfrecord.encode_varint(-1) == b"\xff" * 9 + b"\x01"
+    assert all(tfrecord.VARINTS[i] == tfrecord.encode_varint(i) for i in range(0, 1 << 16, 7))
+    assert tfrecord.varints([1, 300, -2, 1 << 40]) == b"".join(map(tfrecord.encode_varint, [1, 300, -2, 1 << 40]))
+
+
+def test_tensorflow_reads_back_electra_records(tf, tmp_path):
+    max_length = 128
+    examples = electra_examples(max_length)
+    path = tmp_path / "x.tfrecord"
+    with open(path, "wb") as f:
+        for ex in examples:
+            f.write(tfrecord.frame(tfrecord.int64_example(
+                {"input_ids": ex.input_ids, "input_mask": ex.input_mask, "segment_ids": ex.segment_ids})))
+    spec = {name: tf.io.FixedLenFeature([max_length], tf.int64) for name in ("input_ids", "input_mask", "segment_ids")}
+    read = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(str(path))]
+    assert len(read) == len(examples) > 5
+    for parsed, ex in zip(read, examples):
+        assert parsed["input_ids"].numpy().tolist() == ex.input_ids
+        assert parsed["input_mask"].numpy().tolist() == ex.input_mask
+        assert parsed["segment_ids"].numpy().tolist() == ex.segment_ids
+
+
+ENCODERS = {
+    "int64_list": tfrecord.int64_feature,
+    "float_list": tfrecord.float_feature,
+    "bytes_list": tfrecord.bytes_feature,
+}
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        [("input_ids", "int64_list", [2, 1000, 70000, 3, 0]), ("input_mask", "int64_list", [1, 1, 1, 1, 0])],
+        [("neg", "int64_list", [-1, -(1 << 63), (1 << 63) - 1]), ("empty", "int64_list", []),
+         ("one", "int64_list", [5])],
+        [("f", "float_list", [0.5, -1.25, 3.0e38]), ("fe", "float_list", []), ("i", "int64_list", list(range(300))),
+         ("b", "bytes_list", [b"abc", b"", bytes(range(256)) * 3]), ("be", "bytes_list", [])],
+        [],
+    ],
+)
+def test_equals_tensorflow_example(tf, features):
+    ours = tfrecord.example({name: ENCODERS[kind](values) for name, kind, values in features})
+    assert tf.train.Example.FromString(ours) == tf_example(tf, features)
+
+
+def test_packed_feature_equals_generic():
+    mask = [1] * 100 + [0] * 28
+    assert tfrecord.packed_int64_feature(bytes(mask)) == tfrecord.int64_feature(mask)
+    assert tfrecord.packed_int64_feature(b"") == tfrecord.int64_feature([])
+
+
+def test_framing_equals_tensorflow_writer(tf, tmp_path):
+    records = [b"", b"x", bytes(range(256)) * 40, tfrecord.int64_example({"a": [1, 2, 3]})]
+    path = tmp_path / "tf.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for r in records:
+            w.write(r)
+    ours = b"".join(map(tfrecord.frame, records))
+    assert path.read_bytes() == ours
+    assert list(tfrecord.iter_records(ours)) == records
+
+
+def test_iter_records_detects_corruption():
+    data = tfrecord.frame(b"hello") + tfrecord.frame(b"world")
+    with pytest.raises(ValueError, match="data checksum"):
+        list(tfrecord.iter_records(data[:14] + b"J" + data[15:]))
+    with pytest.raises(ValueError, match="length checksum"):
+        list(tfrecord.iter_records(b"\x06" + data[1:]))
+    with pytest.raises(ValueError, match="truncated"):
+        list(tfrecord.iter_records(data[:-1]))
