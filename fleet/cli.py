@@ -23,7 +23,7 @@ USER_ERRORS = (PlanError, ConfigError, InputError, JobNotFound, StoreError)
 
 
 def fail(message: str, code: int = 2) -> None:
-    console.print(f"[red]fleet: error:[/red] {message}", highlight=False)
+    console.print(f"[red]fleet: error:[/red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
