@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fleet.config import ConfigError as FleetConfigError
 from fleet.job import ConfigError, InputError, JobNotFound
 from fleet.run import PlanError, list_runs
 from fleet.store import StoreError, open_store
@@ -19,7 +20,7 @@ from fleet.store import StoreError, open_store
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Corpus to BERT/ELECTRA pre-training TFRecords on a fleet of short-lived VMs.")
 console = Console(stderr=True)
-USER_ERRORS = (PlanError, ConfigError, InputError, JobNotFound, StoreError)
+USER_ERRORS = (PlanError, ConfigError, InputError, JobNotFound, StoreError, FleetConfigError)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -39,7 +40,8 @@ def parse_settings(pairs: list[str]) -> dict[str, str]:
 
 @app.command("plan")
 def plan_cmd(
-    bucket: str = typer.Option(..., help="gs://BUCKET or a local folder that holds the run's state"),
+    bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or a local folder that holds the run's state "
+                                         "(default: fleet.toml's bucket)"),
     run: str = typer.Option(..., help="Run name"),
     job: str = typer.Option(..., help="Job name (a folder under jobs/)"),
     input: List[str] = typer.Option(..., "--input", help="Input file or folder (repeatable)"),
@@ -54,7 +56,10 @@ def plan_cmd(
     from fleet.run import plan
 
     try:
-        spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), code_version(),
+        cfg = _config()
+        bucket = _bucket(bucket, cfg)
+        version = code_version(paths=cfg.code_paths) if cfg else code_version()
+        spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), version,
                                     lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6))
     except USER_ERRORS as e:
         fail(str(e))
@@ -65,16 +70,21 @@ def plan_cmd(
 
 @app.command("work")
 def work_cmd(
-    bucket: str = typer.Option(..., help="gs://BUCKET or local folder holding the run"),
+    bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or local folder holding the run "
+                                         "(default: fleet.toml's bucket)"),
     run: str = typer.Option(..., help="Run name"),
     procs: int = typer.Option(0, help="Worker processes (0 = one per core)"),
     log_dir: Optional[str] = typer.Option(None, help="Write each process's log here instead of stderr"),
+    name_prefix: Optional[str] = typer.Option(None, help="Workers are named PREFIX-w0, -w1...: a VM passes its name"),
+    standby: Optional[int] = typer.Option(None, min=0, help="Leave once nothing is left to claim and this many "
+                                          "idle workers stay on standby (default: stay until the run is drained)"),
 ) -> None:
     """Claim, convert and commit items until the run is drained (what each VM runs)."""
     from fleet.spawner import work
 
     try:
-        code = work(bucket, run, procs or os.cpu_count() or 1, log_dir)
+        bucket = _bucket(bucket, _config())
+        code = work(bucket, run, procs or os.cpu_count() or 1, log_dir, name_prefix, standby)
     except USER_ERRORS as e:
         fail(str(e))
     raise typer.Exit(code)
@@ -112,6 +122,9 @@ def _resolve(target: Optional[str], bucket: Optional[str], run: Optional[str]) -
         local_state = os.path.join(target, STATE_DIR)
         bucket = local_state if os.path.isdir(local_state) else target
     if not bucket:
+        cfg = _config()
+        bucket = cfg.bucket if cfg else None
+    if not bucket:
         fail("give an output folder of `fleet local`, or --bucket URL --run NAME")
     store = open_store(bucket)
     if not run:
@@ -141,11 +154,15 @@ def status_cmd(
         reader = StatusReader(open_store(bucket), run)
         while True:
             st = reader.collect(with_workers=True)
+            fleet_view = _fleet_view(open_store(bucket), run, st.workers)
             if as_json:
-                print(json.dumps(st.to_dict(), indent=1, sort_keys=True))
+                print(json.dumps({**st.to_dict(), **({"fleet": fleet_view} if fleet_view else {})},
+                                 indent=1, sort_keys=True))
             else:
                 render_status(st)
-            if not watch or st.finished:
+                if fleet_view:
+                    render_fleet(fleet_view)
+            if not watch or (st.finished and not (fleet_view or {}).get("mig")):
                 break
             time.sleep(5)
     except USER_ERRORS as e:
@@ -175,9 +192,210 @@ def render_status(st) -> None:
     table.add_row("live workers", str(len(live)))
     out.print(table)
     for f in st.failures:
-        out.print(f"[red]failed[/red] item {f['item']} ({f['source']}): {f['error']}", highlight=False)
+        out.print(f"[red]failed[/red] item {f['item']} ({f['source']}): {f['error']}", highlight=False, soft_wrap=True)
     for r in st.retrying:
-        out.print(f"[yellow]retrying[/yellow] item {r['item']} after attempt {r['attempt']}: {r['error']}", highlight=False)
+        out.print(f"[yellow]retrying[/yellow] item {r['item']} after attempt {r['attempt']}: {r['error']}",
+                  highlight=False, soft_wrap=True)
+
+
+# -- the fleet on Google Cloud ---------------------------------------------------------------------
+def _config():
+    """fleet.toml if there is one: it only supplies defaults here."""
+    from fleet.config import load_optional
+
+    return load_optional()
+
+
+def _bucket(bucket: Optional[str], cfg) -> str:
+    if bucket:
+        return bucket
+    if cfg is None:
+        fail("give --bucket, or write fleet.toml with `fleet init`")
+    return cfg.bucket
+
+
+def _required_config():
+    from fleet.config import load
+
+    try:
+        return load()
+    except FleetConfigError as e:
+        fail(str(e))
+
+
+@app.command("init")
+def init_cmd(
+    project: str = typer.Option(..., help="Google Cloud project id"),
+    bucket: str = typer.Option(..., help="gs://BUCKET for code, run state, logs"),
+    zone: Optional[str] = typer.Option(None, help="Zone of a zonal MIG, e.g. us-central1-a"),
+    region: Optional[str] = typer.Option(None, help="Region of a regional MIG (VMs in any of its zones)"),
+    service_account: str = typer.Option("", help="Email of the workers' service account"),
+    machine_type: str = typer.Option("e2-standard-4", help="VM machine type"),
+    image: str = typer.Option("projects/debian-cloud/global/images/family/debian-12",
+                              help="Boot image or family (the Packer image family skips installs at boot)"),
+    spot: bool = typer.Option(True, help="Spot VMs (preemptible, much cheaper)"),
+    disk_gb: int = typer.Option(20, help="Boot disk size"),
+    workers_per_vm: int = typer.Option(0, help="Worker processes per VM (0 = one per core)"),
+    standby: int = typer.Option(2, help="Idle workers kept in the tail to take over expired leases"),
+    max_run_hours: float = typer.Option(24.0, help="Every VM is deleted after this long (0 = no limit)"),
+    force: bool = typer.Option(False, help="Overwrite an existing fleet.toml"),
+) -> None:
+    """Write fleet.toml: where the fleet runs and what its VMs look like."""
+    from fleet.config import FleetConfig, write
+
+    try:
+        cfg = FleetConfig(project=project, bucket=bucket, zone=zone or "", region=region or "",
+                          service_account=service_account, machine_type=machine_type, image=image, spot=spot,
+                          disk_gb=disk_gb, workers_per_vm=workers_per_vm, standby=standby,
+                          max_run_hours=max_run_hours)
+        path = write(cfg, force=force)
+    except FleetConfigError as e:
+        fail(str(e))
+    console.print(f"wrote {path}: project {cfg.project}, {cfg.location}, {cfg.bucket}, {cfg.machine_type}"
+                  f"{' (Spot)' if cfg.spot else ''}. Next: fleet sync", highlight=False)
+
+
+@app.command("sync")
+def sync_cmd(
+    bucket: Optional[str] = typer.Option(None, help="gs://BUCKET (default: fleet.toml's)"),
+    root: Optional[str] = typer.Option(None, help="Project root (default: the one this fleet runs from)"),
+) -> None:
+    """Upload the code to gs://BUCKET/code/<version>/: only files whose content is new."""
+    from fleet.codesync import CodeError, sync
+    from fleet.config import DEFAULT_CODE_PATHS
+
+    cfg = _config()
+    try:
+        result = sync(_bucket(bucket, cfg), root, cfg.code_paths if cfg else list(DEFAULT_CODE_PATHS))
+    except (CodeError, *USER_ERRORS) as e:
+        fail(str(e))
+    console.print(f"code {result.version}: {result.files} files, {result.uploaded} new "
+                  f"({result.uploaded_bytes / 1e3:,.1f} kB uploaded)"
+                  + ("" if result.manifest_created else "; this version was already synced"), highlight=False)
+    print(result.version)
+
+
+@app.command("launch")
+def launch_cmd(
+    run: str = typer.Option(..., help="Run name (planned with `fleet plan`)"),
+    workers: int = typer.Option(..., help="Number of VMs"),
+    template: Optional[str] = typer.Option(None, help="Instance template name (default: the MIG's name)"),
+    spot: Optional[bool] = typer.Option(None, "--spot/--no-spot", help="Spot VMs (default: fleet.toml's)"),
+    max_run_hours: Optional[float] = typer.Option(None, help="Each VM is deleted after this long (default: fleet.toml's)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the requests instead of sending them"),
+) -> None:
+    """Create (or reuse) the instance template and the MIG of VMs that work on the run."""
+    from fleet import gcp
+    from fleet.compute import ComputeError
+
+    cfg = _required_config()
+    try:
+        plan = gcp.plan_launch(cfg, run, workers, template, spot, max_run_hours)
+        if dry_run:
+            for request in plan.requests:
+                print(request.render())
+            console.print(f"dry run: nothing sent; `fleet launch` would also write {cfg.bucket}/{gcp.launch_name(run)}",
+                          highlight=False)
+            return
+        gcp.launch(cfg, plan, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
+    except (ComputeError, *USER_ERRORS) as e:
+        fail(str(e))
+    console.print(f"watch it with: fleet status --run {run} --watch", highlight=False)
+
+
+def _fleet_view(store, run: str, workers: list) -> dict | None:
+    """The MIG side of a launched run, for `fleet status`; None for a run never launched."""
+    if not store.url.startswith("gs://"):
+        return None
+    from fleet import gcp  # imports the Compute client: only for buckets that can have a fleet
+
+    record, state, problem = gcp.fleet_state(store, run)
+    if record is None:
+        return None
+    vms, hours = gcp.vm_usage(workers)
+    return {"mig": state.__dict__ if state else None, "launch": record.__dict__, "problem": problem,
+            "vms_seen": vms, "vm_hours": round(hours, 3)}
+
+
+def render_fleet(view: dict) -> None:
+    out = Console()
+    launch = view["launch"]
+    mig = view["mig"]
+    title = f"fleet {launch['mig']} ({launch['zone'] or launch['region']}, {launch['machine_type']}" \
+            f"{', Spot' if launch['spot'] else ''})"
+    table = Table(title=title, show_header=True)
+    for col in ("VM", "zone", "status", "action", "last error"):
+        table.add_column(col)
+    for vm in (mig or {}).get("instances", []):
+        table.add_row(vm["name"], vm["zone"], vm["status"], vm["action"], "; ".join(vm["errors"]))
+    out.print(table)
+    if mig:
+        out.print(f"target size {mig['target_size']}, template {mig['template']}", highlight=False)
+    elif not view["problem"]:
+        out.print("the MIG is gone (the run's VMs have all left)", highlight=False)
+    if view["problem"]:
+        out.print(f"[yellow]cannot read the MIG:[/yellow] {view['problem']}", highlight=False, soft_wrap=True)
+    for e in (mig or {}).get("errors", [])[:10]:
+        out.print(f"[red]{e['action'].lower()} {e['instance']}[/red] {e['time']}: {e['code']}: {e['message']}",
+                  highlight=False, soft_wrap=True)
+    out.print(f"VM-hours so far: {view['vm_hours']:,.2f} over {view['vms_seen']} VMs (from heartbeats; boot not counted)",
+              highlight=False)
+
+
+@app.command("logs")
+def logs_cmd(
+    worker: Optional[str] = typer.Argument(None, help="A VM (or worker) name; without it, list the logs"),
+    run: str = typer.Option(..., help="Run name"),
+    bucket: Optional[str] = typer.Option(None, help="gs://BUCKET (default: fleet.toml's)"),
+) -> None:
+    """The logs the VMs stream to the bucket: list them, or print one VM's."""
+    from fleet import gcp
+
+    try:
+        store = open_store(_bucket(bucket, _config()))
+        prefix = gcp.log_prefix(run)
+        logs = {b.name[len(prefix):].removesuffix(".log"): b for b in store.list(prefix)}
+        if worker is None:
+            if not logs:
+                fail(f"no logs for run {run!r} in {store.url} yet")
+            for name, blob in sorted(logs.items()):
+                print(f"{name}\t{blob.size:,} bytes")
+            return
+        vm = worker if worker in logs else gcp.vm_of(worker)
+        if vm not in logs:
+            fail(f"no log of {worker!r} for run {run!r} (known: {', '.join(sorted(logs)) or 'none'})")
+        sys.stdout.write(store.read(logs[vm].name).decode(errors="replace"))
+    except USER_ERRORS as e:
+        fail(str(e))
+
+
+@app.command("down")
+def down_cmd(
+    run: str = typer.Option(..., help="Run name"),
+    bucket: Optional[str] = typer.Option(None, help="gs://BUCKET (default: fleet.toml's)"),
+) -> None:
+    """Delete the run's MIG (its VMs give their items back) and its instance template."""
+    from fleet import gcp
+    from fleet.compute import ComputeError
+
+    cfg = _config()
+    try:
+        gcp.down(open_store(_bucket(bucket, cfg)), run, cfg, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
+    except (ComputeError, *USER_ERRORS) as e:
+        fail(str(e))
+
+
+@app.command("leave", hidden=True)
+def leave_cmd() -> None:
+    """On a worker VM (startup.sh): remove this VM from its MIG; the last one out deletes MIG and template."""
+    from fleet import gcp
+    from fleet.compute import ComputeError
+    from fleet.metadata import MetadataError
+
+    try:
+        gcp.leave(echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
+    except (ComputeError, MetadataError) as e:
+        fail(str(e), code=1)
 
 
 def main() -> None:

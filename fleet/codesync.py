@@ -1,38 +1,214 @@
-"""Code versions: a content hash of the code a run is planned with.
+"""Code versions and `fleet sync`: a content-addressed snapshot of the code in the bucket.
 
-A run pins this version so that a fleet never mixes two versions of the
-converter in one output (outputs are a pure function of code and input).
+A snapshot is a manifest in ``sha256sum`` format (``<sha256>  <path>`` per
+line, sorted by path) and one object per distinct file content:
+
+    code/<version>/manifest.sha256     the manifest; <version> = its sha256, first 16 hex
+    code/objects/<sha256>              a file's bytes, shared by every version that has it
+
+So syncing again uploads only files whose content is new, and a VM can check
+what it downloaded with nothing but ``sha256sum --check`` (startup.sh does).
+A run pins the version it was planned with, so a fleet never mixes two
+versions of the converter in one output.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 
-PACKAGES = ("fleet", "jobs")
+from fleet.config import DEFAULT_CODE_PATHS
+from fleet.run import PlanError
+
+MANIFEST = "MANIFEST.sha256"  # the manifest's name inside a downloaded snapshot
+OBJECTS = "code/objects/"
+_SKIP_DIRS = {"__pycache__", "node_modules"}
+_SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
+
+
+class CodeError(PlanError):
+    """The code on disk or in the bucket is not what it claims to be (a worker reports it and stops)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str  # relative to the project root, '/'-separated
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    version: str
+    files: int
+    uploaded: int
+    uploaded_bytes: int
+    manifest_created: bool
 
 
 def project_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def code_files(root: str | None = None) -> list[str]:
-    """Source files of the fleet and its jobs, relative to the project root, sorted."""
+def manifest_name(version: str) -> str:
+    return f"code/{version}/manifest.sha256"
+
+
+def _is_venv(path: str) -> bool:
+    return os.path.exists(os.path.join(path, "pyvenv.cfg"))
+
+
+def _skipped(name: str) -> bool:
+    # Dot-names cover .git, .venv, .fleet state folders, .pytest_cache and editor files.
+    return name.startswith(".") or name in _SKIP_DIRS or name.endswith(_SKIP_SUFFIXES)
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def code_files(root: str | None = None, paths: tuple[str, ...] | list[str] = DEFAULT_CODE_PATHS) -> list[str]:
+    """Files of the snapshot, relative to root, sorted; leaves out VCS folders, venvs and caches."""
     root = root or project_root()
     found = []
-    for package in PACKAGES:
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, package)):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__pycache__")))
+    for top in paths:
+        start = os.path.join(root, top)
+        if os.path.isfile(start):
+            found.append(top)
+            continue
+        if not os.path.isdir(start):
+            continue  # a project without e.g. startup/ still syncs
+        for dirpath, dirnames, filenames in os.walk(start):
+            dirnames[:] = sorted(d for d in dirnames if not _skipped(d) and not _is_venv(os.path.join(dirpath, d)))
             for fn in filenames:
-                if fn.endswith(".py"):
-                    found.append(os.path.relpath(os.path.join(dirpath, fn), root).replace(os.sep, "/"))
-    return sorted(found)
+                if _skipped(fn) or not os.path.isfile(os.path.join(dirpath, fn)):
+                    continue
+                found.append(os.path.relpath(os.path.join(dirpath, fn), root).replace(os.sep, "/"))
+    for rel in found:
+        if any(c in rel for c in "\n\r\\") or rel.startswith("/") or ".." in rel.split("/"):
+            raise CodeError(f"{rel!r}: a file name that cannot go into a manifest")
+    return sorted(set(found))
 
 
-def code_version(root: str | None = None) -> str:
+def snapshot(root: str | None = None, paths: tuple[str, ...] | list[str] = DEFAULT_CODE_PATHS) -> list[Entry]:
     root = root or project_root()
-    h = hashlib.sha256()
-    for rel in code_files(root):
-        with open(os.path.join(root, rel), "rb") as f:
-            h.update(rel.encode() + b"\0" + hashlib.sha256(f.read()).digest())
-    return h.hexdigest()[:16]
+    return [Entry(rel, _sha256_file(os.path.join(root, rel)), os.path.getsize(os.path.join(root, rel)))
+            for rel in code_files(root, paths)]
+
+
+def manifest_bytes(entries: list[Entry]) -> bytes:
+    return "".join(f"{e.sha256}  {e.path}\n" for e in sorted(entries, key=lambda e: e.path)).encode()
+
+
+def version_of(manifest: bytes) -> str:
+    return hashlib.sha256(manifest).hexdigest()[:16]
+
+
+def parse_manifest(data: bytes) -> list[tuple[str, str]]:
+    out = []
+    for n, line in enumerate(data.decode().splitlines(), 1):
+        sha, sep, path = line.partition("  ")
+        if not sep or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha) or not path \
+                or path.startswith("/") or ".." in path.split("/"):
+            raise CodeError(f"manifest line {n}: not '<sha256>  <relative path>': {line[:80]!r}")
+        out.append((sha, path))
+    return out
+
+
+def verify(root: str) -> str:
+    """Check every file of a downloaded snapshot against its manifest; return its version."""
+    try:
+        with open(os.path.join(root, MANIFEST), "rb") as f:
+            manifest = f.read()
+    except FileNotFoundError:
+        raise CodeError(f"{root}: no {MANIFEST}; not a synced snapshot") from None
+    for sha, path in parse_manifest(manifest):
+        full = os.path.join(root, path)
+        if not os.path.isfile(full):
+            raise CodeError(f"{full}: listed in {MANIFEST} but missing")
+        if _sha256_file(full) != sha:
+            raise CodeError(f"{full}: content does not match its hash in {MANIFEST}; refusing to run it")
+    return version_of(manifest)
+
+
+def code_version(root: str | None = None, paths: tuple[str, ...] | list[str] = DEFAULT_CODE_PATHS) -> str:
+    """The version a run pins: the manifest's hash.
+
+    In a downloaded snapshot (it has MANIFEST.sha256) that is the verified
+    manifest's hash; in a working tree, the hash of the manifest `fleet sync`
+    would upload.
+    """
+    root = root or project_root()
+    if os.path.exists(os.path.join(root, MANIFEST)):
+        return verify(root)
+    return version_of(manifest_bytes(snapshot(root, paths)))
+
+
+def check_pinned(pinned: str, root: str | None = None) -> None:
+    """Refuse to work on a run pinned to other code; a development tree (no manifest) is trusted."""
+    root = root or project_root()
+    if not os.path.exists(os.path.join(root, MANIFEST)):
+        return
+    have = verify(root)
+    if have != pinned:
+        raise CodeError(f"this code is version {have} ({root}) but the run pins {pinned}; refusing to work on it")
+
+
+def sync(bucket: str, root: str | None = None, paths: tuple[str, ...] | list[str] = DEFAULT_CODE_PATHS,
+         threads: int = 16) -> SyncResult:
+    """Upload the files the bucket lacks (in parallel), then the manifest, create-only."""
+    from fleet.store import PreconditionFailed, open_store
+
+    root = root or project_root()
+    entries = snapshot(root, paths)
+    if not entries:
+        raise CodeError(f"{root}: no files under {', '.join(paths)}")
+    manifest = manifest_bytes(entries)
+    version = version_of(manifest)
+    store = open_store(bucket)
+    have = {b.name[len(OBJECTS):] for b in store.list(OBJECTS)}
+    new: dict[str, str] = {}
+    for e in entries:
+        if e.sha256 not in have:
+            new.setdefault(e.sha256, os.path.join(root, e.path))
+    if new:
+        _upload(store, new, threads)
+    created = True
+    try:
+        store.write(manifest_name(version), manifest, if_generation_match=0)
+    except PreconditionFailed:
+        created = False
+        if store.read(manifest_name(version)) != manifest:  # cannot happen unless the bucket was tampered with
+            raise CodeError(f"{store.url}/{manifest_name(version)} differs from the manifest it is named after") from None
+    return SyncResult(version, len(entries), len(new), sum(os.path.getsize(p) for p in new.values()), created)
+
+
+def _upload(store, files: dict[str, str], threads: int) -> None:
+    """Objects are named by content, so a create-only upload that finds one present is harmless."""
+    from fleet.store.gcs import GCSStore
+
+    if isinstance(store, GCSStore):
+        from google.cloud.storage import transfer_manager
+
+        pairs = [(path, store.bucket.blob(store._full(OBJECTS + sha))) for sha, path in files.items()]
+        results = transfer_manager.upload_many(pairs, skip_if_exists=True, max_workers=threads,
+                                               worker_type=transfer_manager.THREAD)
+        errors = [(path, r) for (path, _), r in zip(pairs, results) if isinstance(r, Exception)
+                  and getattr(r, "code", None) != 412]
+        if errors:
+            path, err = errors[0]
+            raise CodeError(f"uploading {path} to {store.url}: {err}".splitlines()[0])
+        return
+    for sha, path in files.items():
+        store.upload_file(OBJECTS + sha, path)
+
+
+def has_version(bucket: str, version: str) -> bool:
+    from fleet.store import open_store
+
+    return open_store(bucket).stat(manifest_name(version)) is not None

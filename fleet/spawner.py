@@ -26,13 +26,27 @@ import uuid
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable, Iterator
 
+from fleet.codesync import check_pinned
 from fleet.inputs import read_slice
-from fleet.job import InputError, ItemContext, Sink, item_seed, load_job
+from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, item_seed, load_job
 from fleet.lease import Held, Lease, Leases, Lost
-from fleet.run import Item, RunSpec, lease_prefix, load_items, load_spec, worker_prefix
-from fleet.store import Store, open_store, read_url
+from fleet.run import Item, PlanError, RunSpec, lease_prefix, load_items, load_spec, worker_prefix
+from fleet.store import Store, StoreError, open_store, read_url
 
 log = logging.getLogger("fleet.worker")
+
+
+def _test_pause(point: str, item: str) -> None:
+    """Test-only hook, off unless FLEET_TEST_PAUSE is set (e.g. "claimed=0.5,uploaded=0.5"):
+    log that this worker reached a named point, then sleep there, so a test can SIGKILL
+    or SIGSTOP it at that moment. Points: claimed (lease written, no work yet),
+    converting (first document read), uploaded (outputs written, renewal stopped, lease not
+    yet done)."""
+    for part in os.environ.get("FLEET_TEST_PAUSE", "").split(","):
+        name, _, seconds = part.partition("=")
+        if name == point:
+            log.info("test pause at %s, item %s", point, item)
+            time.sleep(float(seconds or 0))
 
 
 class Shutdown(BaseException):
@@ -101,11 +115,21 @@ class Counters:
     started: float = field(default_factory=time.time)
 
 
+def standby_rank(name: str) -> str:
+    """Workers agree on who stays on standby by this order: a hash, so standbys spread over VMs."""
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
 class Worker:
-    def __init__(self, bucket: str, run: str, name: str | None = None, poll: float | None = None):
+    def __init__(self, bucket: str, run: str, name: str | None = None, poll: float | None = None,
+                 standby: int | None = None):
         self.store: Store = open_store(bucket)
         self.run = run
         self.spec: RunSpec = load_spec(self.store, run)
+        check_pinned(self.spec.code_version)  # a snapshot of other code must not touch this run
+        # None: stay until every item is done or failed. A number: leave once nothing is claimable
+        # and that many idle workers ranked before this one stay to take over expiring leases.
+        self.standby = standby
         self.items: list[Item] = load_items(self.store, run)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.leases = Leases(self.store, lease_prefix(run), self.name, self.spec.lease_ttl, self.spec.max_attempts)
@@ -116,24 +140,30 @@ class Worker:
         self.config = self.job.parse_config(self.spec.config)
         self.converter = self.job.converter(self.config, read_url)
         self.current: str | None = None
+        self.holding: Held | None = None  # from claim to the end of process(), for a SIGTERM in between
+        self.live_window = max(4 * self.poll + 1.0, 3.0)  # an idle worker beats every poll
 
     # -- heartbeat -------------------------------------------------------------
     def beat(self, state: str) -> None:
         body = {"worker": self.name, "host": socket.gethostname(), "pid": os.getpid(), "state": state,
                 "item": self.current, "updated": time.time(), **self.counters.__dict__}
         try:
-            self.store.write(worker_prefix(self.run) + self.name, json.dumps(body, sort_keys=True).encode())
+            self.store.write(worker_prefix(self.run) + self.name, json.dumps(body, sort_keys=True).encode(),
+                             idempotent=True)  # only this worker writes it: a replay is harmless
         except Exception as e:  # a heartbeat is advisory; never let it stop the work
             log.warning("heartbeat failed: %s", e)
 
     # -- one item ----------------------------------------------------------------
     def _documents(self, item: Item, workdir: str, renewer: _Renewer) -> Iterator[list[str]]:
-        for doc in read_slice(item.slice, workdir):
+        for n, doc in enumerate(read_slice(item.slice, workdir)):
+            if n == 0:
+                _test_pause("converting", item.id)
             if renewer.lost.is_set():
                 raise Lost(f"item {item.id}: lease taken over")
             yield doc
 
     def process(self, item: Item, held: Held) -> None:
+        _test_pause("claimed", item.id)
         self.current = item.id
         self.beat("working")
         t0 = time.time()
@@ -154,6 +184,7 @@ class Worker:
             renewer.finish()
             if renewer.lost.is_set():
                 raise Lost(f"item {item.id}: lease taken over")
+            _test_pause("uploaded", item.id)  # no renewal from here to the commit: the risky gap
             stats.update(input_bytes=item.size, seconds=round(time.time() - t0, 3))
             self.leases.commit(held, outputs, stats)
             self.counters.items_done += 1
@@ -178,8 +209,10 @@ class Worker:
             final = self.leases.fail(held, message, retry=True)
             if final:
                 self.counters.items_failed += 1
-            log.error("item %s attempt %d failed%s: %s\n%s", item.id, held.lease.attempt,
-                      " for good" if final else "", message, traceback.format_exc())
+            # A store error (403, bucket gone) is explained by its one line; anything else is a bug: keep the trace.
+            trace = "" if isinstance(e, StoreError) else "\n" + traceback.format_exc()
+            log.error("item %s attempt %d failed%s: %s%s", item.id, held.lease.attempt,
+                      " for good" if final else "", message, trace)
         finally:
             self.current = None
 
@@ -222,7 +255,9 @@ class Worker:
                             continue
                 got = self.leases.claim(item.id, current)
                 if isinstance(got, Held):
+                    self.holding = got
                     self.process(item, got)
+                    self.holding = None
                     worked = True
                     known[item.id] = (got.lease, got.generation)
                     if got.lease.terminal:
@@ -233,8 +268,35 @@ class Worker:
                 self.beat("exited")
                 return self.counters
             if not worked:
+                if self.standby is not None and self.standbys_ahead() >= self.standby:
+                    self.beat("exited")
+                    log.info("leaving: nothing to claim, and %d standby worker(s) stay", self.standby)
+                    return self.counters
                 self.beat("idle")
                 time.sleep(self.poll * random.uniform(0.8, 1.2))
+
+    def standbys_ahead(self) -> int:
+        """Live idle workers ranked before this one, counted up to `standby`.
+
+        Every worker ranks all by the same hash, so when many go idle at once the
+        first `standby` of them stay and the rest leave: a bounded tail that is
+        never empty while an item is unfinished (a standby that dies stops
+        beating, and the next in rank stops leaving). Reads stop at `standby` hits.
+        """
+        prefix = worker_prefix(self.run)
+        mine = standby_rank(self.name)
+        ahead = sorted((b.name[len(prefix):] for b in self.store.list(prefix)), key=standby_rank)
+        found, now = 0, time.time()
+        for name in ahead:
+            if found >= (self.standby or 0) or standby_rank(name) >= mine:
+                break
+            try:
+                beat = json.loads(self.store.read(prefix + name))
+            except Exception:  # gone or half-written: not a standby
+                continue
+            if beat.get("state") == "idle" and now - float(beat.get("updated", 0)) < self.live_window:
+                found += 1
+        return found
 
 
 def _setup_logging(name: str, log_file: str | None) -> None:
@@ -246,30 +308,49 @@ def _setup_logging(name: str, log_file: str | None) -> None:
 
 
 def _on_sigterm(signum, frame):
+    # Once only: a second SIGTERM (a VM's shutdown signals every process, and startup.sh forwards
+    # its own) must not interrupt the release of the item it is giving back.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Shutdown()
 
 
-def work_one(bucket: str, run: str, name: str | None = None, log_file: str | None = None) -> int:
-    """One worker process until the run is drained; exit code 0 unless it crashed."""
-    worker = Worker(bucket, run, name)
+def work_one(bucket: str, run: str, name: str | None = None, log_file: str | None = None,
+             standby: int | None = None) -> int:
+    """One worker process until the run is drained; exit code 0 unless it crashed.
+
+    A problem that is the user's or the store's (no such run or bucket, 403, a bad
+    vocab, an unknown job) is one log line and exit code 2, never a traceback."""
+    try:
+        worker = Worker(bucket, run, name, standby=standby)
+    except (PlanError, ConfigError, JobNotFound, StoreError) as e:
+        _setup_logging(name or "worker", log_file)
+        log.error("cannot start: %s", e)
+        return 2
     _setup_logging(worker.name, log_file)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         counters = worker.run_until_drained()
     except Shutdown:
+        held = worker.holding
+        if held is not None and held.lease.live(time.time()):
+            worker.leases.release(held)  # SIGTERM came after the claim, before process() could give it back
         worker.beat("stopped")
         log.info("stopped by SIGTERM")
         return 0
+    except StoreError as e:  # retries (fleet.store.gcs) are spent: the store is gone or refuses us
+        log.error("stopped: %s", e)
+        worker.beat("stopped")
+        return 2
     log.info("drained: %d done, %d failed here", counters.items_done, counters.items_failed)
     return 0
 
 
-def _child(bucket: str, run: str, name: str, log_file: str | None) -> None:
-    raise SystemExit(work_one(bucket, run, name, log_file))
+def _child(bucket: str, run: str, name: str, log_file: str | None, standby: int | None = None) -> None:
+    raise SystemExit(work_one(bucket, run, name, log_file, standby))
 
 
 def start_workers(bucket: str, run: str, procs: int, log_dir: str | None = None,
-                  prefix: str | None = None) -> list[multiprocessing.process.BaseProcess]:
+                  prefix: str | None = None, standby: int | None = None) -> list[multiprocessing.process.BaseProcess]:
     """Start worker processes (spawned, so no client state is shared across a fork)."""
     base = prefix or f"{socket.gethostname()}-{uuid.uuid4().hex[:4]}"
     if log_dir:
@@ -279,7 +360,7 @@ def start_workers(bucket: str, run: str, procs: int, log_dir: str | None = None,
     for i in range(procs):
         name = f"{base}-w{i}"
         log_file = os.path.join(log_dir, f"{name}.log") if log_dir else None
-        child = ctx.Process(target=_child, args=(bucket, run, name, log_file), name=name)
+        child = ctx.Process(target=_child, args=(bucket, run, name, log_file, standby), name=name)
         child.start()
         children.append(child)
     return children
@@ -299,12 +380,13 @@ def stop_workers(children: list, timeout: float = 10.0) -> None:
             c.join()
 
 
-def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, prefix: str | None = None) -> int:
+def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, prefix: str | None = None,
+         standby: int | None = None) -> int:
     """Run `procs` worker processes (one per core is right: conversion is CPU-bound)."""
     if procs == 1:
         name = f"{prefix or socket.gethostname() + '-' + uuid.uuid4().hex[:4]}-w0"
-        return work_one(bucket, run, name, os.path.join(log_dir, f"{name}.log") if log_dir else None)
-    children = start_workers(bucket, run, procs, log_dir, prefix)
+        return work_one(bucket, run, name, os.path.join(log_dir, f"{name}.log") if log_dir else None, standby)
+    children = start_workers(bucket, run, procs, log_dir, prefix, standby)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop_workers(children))
     try:
         for c in children:

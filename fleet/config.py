@@ -1,0 +1,181 @@
+"""fleet.toml: where and on what the fleet runs, written once by `fleet init`.
+
+The file holds no secret (VMs authenticate through their service account), so
+it can be committed beside the code. Commands that need a bucket or a project
+take them from here unless given on the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+import typing
+from dataclasses import dataclass, field
+
+CONFIG_FILE = "fleet.toml"
+CONFIG_ENV = "FLEET_CONFIG"  # another path for the file (tests, several projects)
+
+DEFAULT_CODE_PATHS = ("fleet", "jobs", "startup", "pyproject.toml")
+
+_PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_BUCKET = re.compile(r"^gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]+$")
+
+
+class ConfigError(Exception):
+    """fleet.toml is missing, unreadable or has a bad value; the message names the field."""
+
+
+@dataclass
+class FleetConfig:
+    project: str
+    bucket: str  # gs://NAME: code, run state and logs live here
+    zone: str = ""  # a zonal MIG here...
+    region: str = ""  # ...or a regional MIG spread over this region's zones (exactly one of the two)
+    service_account: str = ""  # email of the workers' service account
+    machine_type: str = "e2-standard-4"
+    image: str = "projects/debian-cloud/global/images/family/debian-12"  # or the Packer image family
+    spot: bool = True
+    disk_gb: int = 20
+    workers_per_vm: int = 0  # worker processes per VM; 0 = one per core
+    standby: int = 2  # idle workers kept in the tail to take over expired leases
+    max_run_hours: float = 24.0  # scheduling.maxRunDuration of every VM; 0 = no limit
+    network: str = "global/networks/default"
+    subnetwork: str = ""
+    external_ip: bool = True  # False needs Private Google Access (and a baked image: no PyPI)
+    code_paths: list[str] = field(default_factory=lambda: list(DEFAULT_CODE_PATHS))
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def bucket_name(self) -> str:
+        return self.bucket[len("gs://"):]
+
+    @property
+    def location(self) -> str:
+        return self.zone or self.region
+
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"{CONFIG_FILE}: {name} = {getattr(self, name)!r}: {why}")
+
+        if not _PROJECT.match(self.project):
+            raise bad("project", "not a project id (6-30 lowercase letters, digits, '-')")
+        if not _BUCKET.match(self.bucket):
+            raise bad("bucket", "expected gs://NAME (a bucket, no folder)")
+        if bool(self.zone) == bool(self.region):
+            raise ConfigError(f"{CONFIG_FILE}: set exactly one of zone (zonal MIG) or region (regional MIG)")
+        if self.zone and not _ZONE.match(self.zone):
+            raise bad("zone", "not a zone name like us-central1-a")
+        if self.region and not _REGION.match(self.region):
+            raise bad("region", "not a region name like us-central1")
+        if self.service_account and not _EMAIL.match(self.service_account):
+            raise bad("service_account", "not an email address")
+        if not self.machine_type or "/" in self.machine_type:
+            raise bad("machine_type", "give a machine type name like e2-standard-4")
+        if not self.image:
+            raise bad("image", "give an image or image family URL")
+        if not 10 <= self.disk_gb <= 65536:
+            raise bad("disk_gb", "must be between 10 and 65536")
+        if self.workers_per_vm < 0:
+            raise bad("workers_per_vm", "must be 0 (one per core) or more")
+        if self.standby < 0:
+            raise bad("standby", "must be 0 or more")
+        if not 0 <= self.max_run_hours <= 24 * 120:
+            raise bad("max_run_hours", "must be between 0 (no limit) and 2880 (120 days)")
+        if not self.code_paths or any(p.startswith(("/", "..")) or not p for p in self.code_paths):
+            raise bad("code_paths", "give paths relative to the project root")
+
+
+def config_path(path: str | None = None) -> str:
+    return path or os.environ.get(CONFIG_ENV) or CONFIG_FILE
+
+
+def _coerce(name: str, tp: typing.Any, value: typing.Any) -> typing.Any:
+    want = {int: int, float: (int, float), bool: bool, str: str}.get(tp)
+    if typing.get_origin(tp) is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{CONFIG_FILE}: {name}: expected a list of strings, got {value!r}")
+        return list(value)
+    if want is None or not isinstance(value, want) or (tp in (int, float) and isinstance(value, bool)):
+        raise ConfigError(f"{CONFIG_FILE}: {name}: expected {tp.__name__}, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def from_dict(values: dict[str, typing.Any]) -> FleetConfig:
+    hints = typing.get_type_hints(FleetConfig)
+    known = {f.name for f in dataclasses.fields(FleetConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{CONFIG_FILE}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    missing = [k for k in ("project", "bucket") if k not in values]
+    if missing:
+        raise ConfigError(f"{CONFIG_FILE}: missing {', '.join(missing)}")
+    return FleetConfig(**{k: _coerce(k, hints[k], v) for k, v in values.items()})
+
+
+def load(path: str | None = None) -> FleetConfig:
+    path = config_path(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file (write one with `fleet init`)") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return from_dict(data)
+
+
+def load_optional(path: str | None = None) -> FleetConfig | None:
+    """The config if there is one, for commands where it only supplies defaults."""
+    return load(path) if os.path.exists(config_path(path)) else None
+
+
+def _toml_value(value: typing.Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_COMMENTS = {
+    "zone": "a zonal MIG here, or set region instead for a regional one",
+    "service_account": "the workers' identity: needs roles/storage.objectUser on the bucket and "
+                       "roles/compute.instanceAdmin.v1 (to remove its own VM)",
+    "image": "a Packer-built family (images/packer/) skips the pip install at boot",
+    "workers_per_vm": "0 = one worker process per core",
+    "standby": "idle workers kept alive in the tail to take over expired leases",
+    "max_run_hours": "every VM is deleted after this long whatever it is doing (0 = never)",
+    "code_paths": "what `fleet sync` uploads, relative to the project root",
+}
+
+
+def dumps(config: FleetConfig) -> str:
+    lines = ["# fleet.toml: written by `fleet init`; holds no secrets.", ""]
+    for f in dataclasses.fields(FleetConfig):
+        value = getattr(config, f.name)
+        if f.name in ("zone", "region") and not value:
+            continue
+        if f.name in _COMMENTS:
+            lines.append(f"# {_COMMENTS[f.name]}")
+        lines.append(f"{f.name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def write(config: FleetConfig, path: str | None = None, force: bool = False) -> str:
+    path = config_path(path)
+    if os.path.exists(path) and not force:
+        raise ConfigError(f"{path} exists; use --force to overwrite it")
+    text = dumps(config)
+    assert from_dict(tomllib.loads(text)) == config  # what we write reads back the same
+    with open(path, "w") as f:
+        f.write(text)
+    return path

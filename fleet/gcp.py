@@ -1,0 +1,208 @@
+"""A run's fleet on Google Cloud: launch it, look at it, tear it down, and leave it from a VM.
+
+The bucket is the only shared state: `fleet launch` writes ``runs/<run>/launch.json``
+(where the MIG and template are), so `status`, `logs` and `down` need only the
+bucket and the run name. All Compute calls go through fleet.compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from fleet import compute
+from fleet.codesync import code_version, has_version, project_root
+from fleet.config import FleetConfig
+from fleet.run import PlanError, load_items, load_spec, run_prefix
+from fleet.store import NotFound, Store, open_store
+
+STARTUP_SCRIPT = os.path.join("startup", "startup.sh")
+MAX_WORKERS = 2000  # a MIG's size limit is about this; more wants several runs
+
+
+def launch_name(run: str) -> str:
+    return f"{run_prefix(run)}/launch.json"
+
+
+def log_prefix(run: str) -> str:
+    return f"{run_prefix(run)}/logs/"
+
+
+@dataclass
+class LaunchRecord:
+    run: str
+    project: str
+    zone: str
+    region: str
+    mig: str
+    template: str
+    workers: int
+    spot: bool
+    machine_type: str
+    max_run_hours: float
+    code_version: str
+    launched: float = field(default_factory=time.time)
+
+    @property
+    def place(self) -> compute.Place:
+        return compute.Place(self.project, self.zone, self.region)
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "LaunchRecord":
+        d = json.loads(data)
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+def load_record(store: Store, run: str) -> LaunchRecord | None:
+    try:
+        return LaunchRecord.from_json(store.read(launch_name(run)))
+    except NotFound:
+        return None
+
+
+def read_startup_script(root: str | None = None) -> str:
+    path = os.path.join(root or project_root(), STARTUP_SCRIPT)
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        raise PlanError(f"{path}: missing; the VMs need it as their startup script") from None
+
+
+@dataclass
+class LaunchPlan:
+    record: LaunchRecord
+    spec: compute.FleetSpec
+    template: object  # compute_v1.InstanceTemplate
+    mig: object  # compute_v1.InstanceGroupManager
+    requests: list[compute.Request]
+
+
+def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None = None, spot: bool | None = None,
+                max_run_hours: float | None = None) -> LaunchPlan:
+    """Check the run can go to VMs and build the exact requests; sends nothing to Compute."""
+    if not 1 <= workers <= MAX_WORKERS:
+        raise PlanError(f"--workers {workers}: give 1 to {MAX_WORKERS}")
+    if not cfg.service_account:
+        raise PlanError("fleet.toml: service_account is empty; the VMs need one to reach the bucket "
+                        "(docs/gcp.md, step 2)")
+    hours = cfg.max_run_hours if max_run_hours is None else max_run_hours
+    if not 0 <= hours <= 24 * 120:
+        raise PlanError(f"--max-run-hours {hours}: give 0 (no limit) to 2880")
+    store = open_store(cfg.bucket)
+    spec = load_spec(store, run)
+    for what, url in (("output", spec.output), ("input", load_items(store, run)[0].url)):
+        if not url.startswith("gs://"):
+            raise PlanError(f"run {run!r}: its {what} {url} is a local path; VMs can read and write only gs:// URLs")
+    if not has_version(cfg.bucket, spec.code_version):
+        raise PlanError(f"code version {spec.code_version} (pinned by run {run!r}) is not in {cfg.bucket}: "
+                        "run `fleet sync` with the code the run was planned with")
+    mig = compute.mig_name(run)
+    fspec = compute.FleetSpec(
+        run=run, bucket=cfg.bucket, code_version=spec.code_version, template=template or mig,
+        machine_type=cfg.machine_type, image=cfg.image, service_account=cfg.service_account,
+        startup_script=read_startup_script(), spot=cfg.spot if spot is None else spot, max_run_hours=hours,
+        disk_gb=cfg.disk_gb, workers_per_vm=cfg.workers_per_vm, standby=cfg.standby, network=cfg.network,
+        subnetwork=cfg.subnetwork, external_ip=cfg.external_ip)
+    place = compute.Place(cfg.project, cfg.zone, cfg.region)
+    tpl = compute.template_resource(fspec)
+    mig_res = compute.mig_resource(fspec, place, mig, workers)
+    record = LaunchRecord(run, cfg.project, cfg.zone, cfg.region, mig, fspec.template, workers, fspec.spot,
+                          cfg.machine_type, hours, spec.code_version)
+    return LaunchPlan(record, fspec, tpl, mig_res, compute.launch_requests(tpl, mig_res, place))
+
+
+def launch(cfg: FleetConfig, plan: LaunchPlan, echo: Callable[[str], None] = print) -> LaunchRecord:
+    comp = compute.Compute(plan.record.place)
+    how = comp.ensure_template(plan.template)
+    echo(f"instance template {plan.record.template}: {how}")
+    how = comp.create_mig(plan.mig)
+    echo(f"managed instance group {plan.record.mig} in {plan.record.place.scope}: {how} "
+         f"({plan.record.workers} VMs{', Spot' if plan.record.spot else ''})")
+    open_store(cfg.bucket).write(launch_name(plan.record.run), plan.record.to_json())
+    return plan.record
+
+
+def fleet_state(store: Store, run: str) -> tuple[LaunchRecord | None, compute.MigState | None, str]:
+    """The launch record, the MIG's live state (None once deleted) and a problem reaching it, if any."""
+    record = load_record(store, run)
+    if record is None:
+        return None, None, ""
+    try:
+        return record, compute.Compute(record.place).state(record.mig), ""
+    except Exception as e:  # no credentials, no network, an API error: status still shows the run
+        return record, None, str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def down(store: Store, run: str, cfg: FleetConfig | None, echo: Callable[[str], None] = print) -> None:
+    """Delete the run's MIG (its VMs get SIGTERM and give their items back) and then its template."""
+    record = load_record(store, run)
+    if record is None:
+        if cfg is None:
+            raise PlanError(f"run {run!r} was never launched from this bucket and there is no fleet.toml to say where")
+        record = LaunchRecord(run, cfg.project, cfg.zone, cfg.region, compute.mig_name(run), compute.mig_name(run),
+                              0, cfg.spot, cfg.machine_type, cfg.max_run_hours, "")
+    comp = compute.Compute(record.place)
+    gone = comp.delete_mig(record.mig)
+    echo(f"managed instance group {record.mig}: {'deleted' if gone else 'not there (already deleted)'}")
+    gone = comp.delete_template(record.template, in_use_timeout=120)
+    echo(f"instance template {record.template}: {'deleted' if gone else 'not there (already deleted)'}")
+
+
+_WORKER_SUFFIX = re.compile(r"-w\d+$")
+
+
+def vm_of(worker: str) -> str:
+    """Worker processes are named <vm>-w<i> (fleet.spawner)."""
+    return _WORKER_SUFFIX.sub("", worker)
+
+
+def vm_usage(workers: list[dict]) -> tuple[int, float]:
+    """(VMs seen, VM-hours) from heartbeats: per VM, first start to last beat. Boot time is not counted."""
+    spans: dict[str, tuple[float, float]] = {}
+    for w in workers:
+        vm = vm_of(str(w.get("worker", "")))
+        start, end = float(w.get("started", 0) or 0), float(w.get("updated", 0) or 0)
+        if not start or not end:
+            continue
+        lo, hi = spans.get(vm, (start, end))
+        spans[vm] = (min(lo, start), max(hi, end))
+    return len(spans), sum(hi - lo for lo, hi in spans.values()) / 3600
+
+
+def leave(echo: Callable[[str], None] = print) -> None:
+    """On a VM whose workers have finished: remove it from its MIG; the last one out deletes the MIG and template.
+
+    Through the MIG's deleteInstances, which lowers the target size: a plain
+    instances.delete would be undone by the MIG. SIGTERM is ignored meanwhile,
+    since the deletion itself starts the VM's shutdown.
+    """
+    from fleet import metadata
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    me = metadata.identity()
+    comp = compute.Compute(compute.Place.from_scope(me.project, me.mig_scope), credentials=metadata.credentials())
+    comp.delete_instances(me.mig, [me.instance_url])
+    echo(f"{me.name} (code {code_version()} in {project_root()}): removed from {me.mig} through deleteInstances")
+    mig = comp.get_mig(me.mig)
+    if mig is None:
+        echo(f"{me.mig}: already deleted")
+        return
+    if mig.target_size > 0:
+        echo(f"{me.mig}: {mig.target_size} VM(s) remain; leaving it to them")
+        return
+    template = mig.instance_template.rsplit("/", 1)[-1]
+    echo(f"{me.name}: last one out: deleting {me.mig} and template {template}")
+    comp.delete_mig(me.mig, wait=False)
+    # The template stays "in use" until the MIG is gone; keep asking while this VM shuts down.
+    comp.delete_template(template, in_use_timeout=120)
+    echo(f"{me.mig} and {template} deleted")

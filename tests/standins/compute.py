@@ -1,0 +1,667 @@
+"""A local Compute Engine REST stand-in: instance templates, MIGs, their VMs, operations.
+
+Only the endpoints the fleet calls, reached by the real `google-cloud-compute`
+client through ``client_options={"api_endpoint": url}``. It validates names
+(RFC 1035, at most 63 characters) and bodies as GCE does, answers int64 fields
+as JSON strings, and returns creating operations as RUNNING so that callers
+must poll them through an operations client.
+
+A MIG here behaves as a real one for what the fleet relies on: it keeps
+``targetSize`` VMs, each started by a *launcher* (in the end-to-end test a
+local process running the template's startup script); ``deleteInstances``
+lowers the target size, shuts the VM down (SIGTERM to its process group, then
+SIGKILL after a grace period) and never replaces it; a preempted VM is killed
+and recreated under the same name; creation failures injected with
+:meth:`ComputeStandin.fail_creations` show up in ``listErrors``.
+
+Deleting a MIG completes once each of its VMs is gone or was already being
+deleted through ``deleteInstances`` before; then the template is no longer in
+use. (On GCE a group's last VM may not outlive the group's deletion; the
+fleet's last-one-out step is best effort there and `fleet down` is the backstop.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+from urllib.parse import urlparse
+
+API = "https://www.googleapis.com/compute/v1"
+NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+BASE_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,57})$")
+ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+METADATA_KEY = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+LABEL = re.compile(r"^[a-z0-9_-]{0,63}$")
+SCOPE_PREFIX = "https://www.googleapis.com/auth/"
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _id() -> str:
+    return str(uuid.uuid4().int % 10**19)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+    def body(self) -> dict:
+        return {"error": {"code": self.status, "message": self.message,
+                          "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
+
+
+def invalid(field_name: str, message: str) -> ApiError:
+    return ApiError(400, "invalid", f"Invalid value for field '{field_name}': {message}")
+
+
+def check_name(field_name: str, name) -> None:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise invalid(field_name, f"'{name}'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'")
+
+
+def int64(field_name: str, value) -> int:
+    """GCE takes int64 fields as JSON strings (the client sends them so) or numbers."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).lstrip("-").isdigit():
+        raise invalid(field_name, f"'{value}'. Expected an int64 (a JSON string of digits).")
+    return int(value)
+
+
+def last(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+# -- body validation ---------------------------------------------------------------
+def validate_template(body: dict) -> None:
+    check_name("resource.name", body.get("name"))
+    props = body.get("properties")
+    if not isinstance(props, dict):
+        raise ApiError(400, "required", "Required field 'resource.properties' not specified")
+    mt = props.get("machineType")
+    if not mt:
+        raise ApiError(400, "required", "Required field 'resource.properties.machineType' not specified")
+    if "/" in mt or not NAME.match(mt):
+        raise invalid("resource.properties.machineType", f"'{mt}'. Instance templates take a machine type name.")
+    disks = props.get("disks") or []
+    boots = [d for d in disks if d.get("boot")]
+    if len(boots) != 1:
+        raise invalid("resource.properties.disks", "exactly one boot disk is required")
+    init = boots[0].get("initializeParams") or {}
+    if not init.get("sourceImage"):
+        raise ApiError(400, "required", "Required field 'resource.properties.disks[0].initializeParams.sourceImage' not specified")
+    if "diskSizeGb" in init and int64("resource.properties.disks[0].initializeParams.diskSizeGb", init["diskSizeGb"]) < 10:
+        raise invalid("resource.properties.disks[0].initializeParams.diskSizeGb", "must be at least 10")
+    nics = props.get("networkInterfaces") or []
+    if not nics or not all(n.get("network") or n.get("subnetwork") for n in nics):
+        raise invalid("resource.properties.networkInterfaces", "at least one interface with a network is required")
+    accounts = props.get("serviceAccounts") or []
+    if len(accounts) > 1:
+        raise invalid("resource.properties.serviceAccounts", "at most one service account")
+    for a in accounts:
+        if "@" not in (a.get("email") or ""):
+            raise invalid("resource.properties.serviceAccounts[0].email", f"'{a.get('email')}'")
+        for s in a.get("scopes") or []:
+            if not s.startswith(SCOPE_PREFIX):
+                raise invalid("resource.properties.serviceAccounts[0].scopes", f"'{s}'")
+    items = (props.get("metadata") or {}).get("items") or []
+    keys = [i.get("key") for i in items]
+    if len(set(keys)) != len(keys):
+        raise invalid("resource.properties.metadata", "Duplicate keys.")
+    total = 0
+    for i in items:
+        if not isinstance(i.get("key"), str) or not METADATA_KEY.match(i["key"]):
+            raise invalid("resource.properties.metadata.items.key", f"'{i.get('key')}'")
+        size = len((i.get("value") or "").encode())
+        if size > 256 * 1024:
+            raise invalid(f"resource.properties.metadata.items[{i['key']}].value", "longer than 256 KiB")
+        total += size
+    if total > 512 * 1024:
+        raise invalid("resource.properties.metadata", "total size exceeds 512 KiB")
+    for k, v in (props.get("labels") or {}).items():
+        if not LABEL.match(k) or not k or not LABEL.match(v):
+            raise invalid("resource.properties.labels", f"'{k}': '{v}'")
+    sch = props.get("scheduling") or {}
+    model = sch.get("provisioningModel", "STANDARD")
+    if model not in ("STANDARD", "SPOT"):
+        raise invalid("resource.properties.scheduling.provisioningModel", f"'{model}'")
+    action = sch.get("instanceTerminationAction")
+    if action not in (None, "STOP", "DELETE"):
+        raise invalid("resource.properties.scheduling.instanceTerminationAction", f"'{action}'")
+    if model == "SPOT":
+        if sch.get("automaticRestart", True):
+            raise invalid("resource.properties.scheduling.automaticRestart", "Spot VMs cannot restart automatically.")
+        if sch.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+            raise invalid("resource.properties.scheduling.onHostMaintenance", "Spot VMs must TERMINATE on host maintenance.")
+    if "maxRunDuration" in sch:
+        seconds = int64("resource.properties.scheduling.maxRunDuration.seconds", sch["maxRunDuration"].get("seconds"))
+        if not 30 <= seconds <= 120 * 86400:
+            raise invalid("resource.properties.scheduling.maxRunDuration", "must be between 30 s and 120 days")
+        if action is None:
+            raise invalid("resource.properties.scheduling.instanceTerminationAction",
+                          "must be set when maxRunDuration is set")
+    elif action is not None and model != "SPOT" and "terminationTime" not in sch:
+        raise invalid("resource.properties.scheduling.instanceTerminationAction",
+                      "only for Spot VMs or VMs with a run duration limit")
+
+
+def validate_mig(body: dict, regional: bool, templates: dict) -> str:
+    check_name("resource.name", body.get("name"))
+    base = body.get("baseInstanceName")
+    if not isinstance(base, str) or not BASE_NAME.match(base):
+        raise invalid("resource.baseInstanceName", f"'{base}'. Must be a match of regex '[a-z](?:[-a-z0-9]{{0,57}})'")
+    tpl = body.get("instanceTemplate") or ""
+    m = re.search(r"(?:^|/)projects/[^/]+/global/instanceTemplates/([^/]+)$", tpl) or \
+        re.match(r"^global/instanceTemplates/([^/]+)$", tpl)
+    if not m:
+        raise invalid("resource.instanceTemplate", f"'{tpl}'")
+    if m.group(1) not in templates:
+        raise ApiError(404, "notFound", f"The resource '{tpl}' was not found")
+    size = body.get("targetSize", 0)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise invalid("resource.targetSize", f"'{size}'")
+    policy = body.get("distributionPolicy")
+    if policy is not None and not regional:
+        raise invalid("resource.distributionPolicy", "only regional managed instance groups have one")
+    if policy:
+        shape = policy.get("targetShape", "EVEN")
+        if shape not in ("EVEN", "BALANCED", "ANY", "ANY_SINGLE_ZONE"):
+            raise invalid("resource.distributionPolicy.targetShape", f"'{shape}'")
+        redistribution = (body.get("updatePolicy") or {}).get("instanceRedistributionType", "PROACTIVE")
+        if shape != "EVEN" and redistribution != "NONE":
+            raise invalid("resource.updatePolicy.instanceRedistributionType",
+                          f"must be NONE when the target distribution shape is {shape}")
+    return m.group(1)
+
+
+# -- state -----------------------------------------------------------------------------
+@dataclass
+class VM:
+    name: str
+    zone: str
+    mig: str
+    id: str = field(default_factory=_id)
+    status: str = "PROVISIONING"
+    action: str = "CREATING"
+    proc: subprocess.Popen | None = None
+    boot: int = 0
+    errors: list[dict] = field(default_factory=list)
+    deleted_via: str | None = None
+    term_at: float | None = None
+    kill_at: float | None = None
+    termed: bool = False
+    next_try: float = 0.0
+    extra: dict = field(default_factory=dict)  # for the launcher (metadata server, work dir)
+
+
+@dataclass
+class Mig:
+    scope: str  # zones/<z> or regions/<r>
+    name: str
+    body: dict
+    template: str
+    target: int
+    zones: list[str]
+    id: str = field(default_factory=_id)
+    created: str = field(default_factory=_now_iso)
+    vms: dict[str, VM] = field(default_factory=dict)
+    errors: list[dict] = field(default_factory=list)
+    deleting: bool = False
+    counter: int = 0
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    body: dict | None
+    auth: str | None
+
+
+Launcher = Callable[["ComputeStandin", VM, Mig, dict], subprocess.Popen]
+Stopper = Callable[["ComputeStandin", VM], None]
+
+
+class ComputeStandin:
+    def __init__(self, project: str, launcher: Launcher | None = None, on_gone: Stopper | None = None,
+                 stop_delay: float = 0.3, grace: float = 30.0, op_delay: float = 0.2):
+        self.project = project
+        self.launcher, self.on_gone = launcher, on_gone
+        self.stop_delay, self.grace, self.op_delay = stop_delay, grace, op_delay
+        self.templates: dict[str, dict] = {}
+        self.migs: dict[tuple[str, str], Mig] = {}
+        self.orphans: list[VM] = []  # VMs still shutting down after their MIG went away
+        self.ops: dict[str, dict] = {}
+        self._ready: dict[str, Callable[[], bool]] = {}
+        self.calls: list[Call] = []
+        self.events: list[tuple[float, str, str, str]] = []  # (time, kind, vm or resource, detail)
+        self._fail: list[tuple[str, str]] = []
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        handler = type("Handler", (_Handler,), {"standin": self})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self._threads = [threading.Thread(target=self.httpd.serve_forever, daemon=True),
+                         threading.Thread(target=self._reconcile_forever, daemon=True)]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def start(self) -> "ComputeStandin":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        with self.lock:
+            vms = [vm for mig in self.migs.values() for vm in mig.vms.values()] + self.orphans
+        for vm in vms:
+            self._signal(vm, signal.SIGKILL)
+            if vm.proc is not None:
+                vm.proc.wait()
+            if self.on_gone:
+                self.on_gone(self, vm)
+
+    # -- test controls -----------------------------------------------------------------
+    def event(self, kind: str, who: str, detail: str = "") -> None:
+        with self.lock:
+            self.events.append((time.time(), kind, who, detail))
+
+    def events_of(self, kind: str) -> list[str]:
+        with self.lock:
+            return [who for _, k, who, _ in self.events if k == kind]
+
+    def fail_creations(self, count: int, code: str = "ZONE_RESOURCE_POOL_EXHAUSTED",
+                       message: str = "The zone does not have enough resources available to fulfill the request.") -> None:
+        """The next `count` VM creations fail, as a stock-out or quota error would; the MIG retries."""
+        with self.lock:
+            self._fail += [(code, message)] * count
+
+    def preempt(self, name: str) -> VM:
+        """Kill a VM at once (SIGKILL, as a preemption) and recreate it under the same name."""
+        with self.lock:
+            vm = self.find(name)
+            assert vm is not None and vm.deleted_via is None, f"no running VM {name}"
+            vm.action, vm.status = "RECREATING", "STOPPING"
+        self._signal(vm, signal.SIGKILL)
+        self.event("preempt", name)
+        return vm
+
+    def find(self, name: str) -> VM | None:
+        with self.lock:
+            for mig in self.migs.values():
+                if name in mig.vms:
+                    return mig.vms[name]
+        return None
+
+    def running(self) -> list[VM]:
+        with self.lock:
+            return [vm for mig in self.migs.values() for vm in mig.vms.values()] + list(self.orphans)
+
+    # -- the MIG's control loop -----------------------------------------------------------
+    def _signal(self, vm: VM, sig: int) -> None:
+        if vm.proc is not None and vm.proc.poll() is None:
+            try:
+                os.killpg(vm.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _start(self, mig: Mig, vm: VM) -> None:
+        vm.boot += 1
+        vm.errors = []
+        vm.proc = self.launcher(self, vm, mig, self.templates[mig.template]) if self.launcher else None
+        vm.status, vm.action = "RUNNING", "NONE"
+
+    def _reconcile_forever(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                self.reconcile()
+            except Exception as e:  # keep the loop alive; a test sees the symptom
+                self.event("standin-error", "", repr(e))
+
+    def _shutdown_step(self, vm: VM, now: float) -> bool:
+        """Drive a deleting VM toward gone; True once it is."""
+        if vm.proc is None or vm.proc.poll() is not None:
+            return True
+        if not vm.termed and now >= vm.term_at:
+            vm.termed, vm.status = True, "STOPPING"
+            self._signal(vm, signal.SIGTERM)
+        elif now >= vm.kill_at:
+            self._signal(vm, signal.SIGKILL)
+        return False
+
+    def reconcile(self) -> None:
+        now = time.time()
+        gone: list[VM] = []
+        with self.lock:
+            for vm in list(self.orphans):
+                if self._shutdown_step(vm, now):
+                    self.orphans.remove(vm)
+                    gone.append(vm)
+            for key, mig in list(self.migs.items()):
+                for vm in list(mig.vms.values()):
+                    if vm.action == "DELETING":
+                        if self._shutdown_step(vm, now):
+                            del mig.vms[vm.name]
+                            gone.append(vm)
+                    elif vm.action == "RECREATING":
+                        if vm.proc is None or vm.proc.poll() is not None:
+                            if self.on_gone:
+                                self.on_gone(self, vm)
+                            self._start(mig, vm)
+                            self.event("recreate", vm.name, str(vm.boot))
+                    elif vm.action == "CREATING" and now >= vm.next_try:
+                        if self._fail:
+                            code, message = self._fail.pop(0)
+                            err = {"code": code, "message": message}
+                            vm.errors = [err]
+                            vm.next_try = now + 0.5
+                            mig.errors.append({"error": err, "timestamp": _now_iso(), "instanceActionDetails": {
+                                "action": "CREATING", "instance": self.instance_url(vm),
+                                "version": {"instanceTemplate": self.template_url(mig.template)}}})
+                            self.event("create-failed", vm.name, code)
+                        else:
+                            self._start(mig, vm)
+                            self.event("create", vm.name)
+                    elif vm.proc is not None and vm.proc.poll() is not None and "exited" not in vm.extra:
+                        vm.extra["exited"] = vm.proc.returncode  # the script ended; the VM idles on
+                        self.event("script-exited", vm.name, str(vm.proc.returncode))
+                if not mig.deleting:
+                    alive = [vm for vm in mig.vms.values() if vm.action != "DELETING"]
+                    for _ in range(mig.target - len(alive)):
+                        mig.counter += 1
+                        name = f"{mig.body['baseInstanceName']}-{uuid.uuid4().hex[:4]}"
+                        zone = mig.zones[mig.counter % len(mig.zones)]
+                        mig.vms[name] = VM(name, zone, mig.name)
+                elif all(vm.deleted_via == "deleteInstances" for vm in mig.vms.values()):
+                    del self.migs[key]
+                    self.orphans += list(mig.vms.values())
+                    self.event("mig-gone", mig.name)
+        for vm in gone:
+            self.event("gone", vm.name, vm.deleted_via or "")
+            if self.on_gone:
+                self.on_gone(self, vm)
+
+    # -- URLs and resources -------------------------------------------------------------------
+    def template_url(self, name: str) -> str:
+        return f"{API}/projects/{self.project}/global/instanceTemplates/{name}"
+
+    def instance_url(self, vm: VM) -> str:
+        return f"{API}/projects/{self.project}/zones/{vm.zone}/instances/{vm.name}"
+
+    def mig_url(self, mig: Mig) -> str:
+        return f"{API}/projects/{self.project}/{mig.scope}/instanceGroupManagers/{mig.name}"
+
+    def mig_json(self, mig: Mig) -> dict:
+        actions = {a: 0 for a in ("none", "creating", "deleting", "recreating", "abandoning", "refreshing",
+                                  "restarting", "verifying", "creatingWithoutRetries")}
+        for vm in mig.vms.values():
+            key = vm.action.lower()
+            actions[key] = actions.get(key, 0) + 1
+        body = dict(mig.body)
+        body.update({
+            "kind": "compute#instanceGroupManager", "id": mig.id, "creationTimestamp": mig.created,
+            "selfLink": self.mig_url(mig), "targetSize": mig.target, "currentActions": actions,
+            "instanceTemplate": self.template_url(mig.template), "fingerprint": "standin=",
+            "status": {"isStable": all(vm.action == "NONE" for vm in mig.vms.values())},
+            "instanceGroup": self.mig_url(mig).replace("instanceGroupManagers", "instanceGroups"),
+            ("region" if mig.scope.startswith("regions/") else "zone"): f"{API}/projects/{self.project}/{mig.scope}",
+        })
+        return body
+
+    def managed_instance_json(self, mig: Mig, vm: VM) -> dict:
+        out = {"instance": self.instance_url(vm), "id": vm.id, "name": vm.name, "instanceStatus": vm.status,
+               "currentAction": vm.action, "version": {"instanceTemplate": self.template_url(mig.template)}}
+        if vm.errors:
+            out["lastAttempt"] = {"errors": {"errors": vm.errors}}
+        return out
+
+    # -- operations ----------------------------------------------------------------------------
+    def operation(self, scope: str, kind: str, target: str, ready: Callable[[], bool] | None = None,
+                  error: dict | None = None) -> dict:
+        name = f"operation-{int(time.time() * 1000)}-{uuid.uuid4().hex[:12]}"
+        op = {"kind": "compute#operation", "id": _id(), "name": name, "operationType": kind,
+              "targetLink": target, "status": "RUNNING" if ready else "DONE", "progress": 0 if ready else 100,
+              "insertTime": _now_iso(), "user": "standin"}
+        if scope != "global":
+            op["zone" if scope.startswith("zones/") else "region"] = f"{API}/projects/{self.project}/{scope}"
+        op["selfLink"] = f"{API}/projects/{self.project}/{scope}/operations/{name}"
+        if error:
+            op["error"] = {"errors": [error]}
+        with self.lock:
+            self.ops[f"{scope}/{name}"] = op
+            if ready:
+                self._ready[f"{scope}/{name}"] = ready
+        return dict(op)
+
+    def poll_operation(self, scope: str, name: str, wait: float) -> dict:
+        key = f"{scope}/{name}"
+        deadline = time.time() + wait
+        while True:
+            with self.lock:
+                op = self.ops.get(key)
+                if op is None:
+                    raise ApiError(404, "notFound", f"The resource 'projects/{self.project}/{key}' was not found")
+                ready = self._ready.get(key)
+                if ready is not None and ready():
+                    op.update(status="DONE", progress=100, endTime=_now_iso())
+                    del self._ready[key]
+                if op["status"] == "DONE" or time.time() >= deadline:
+                    return dict(op)
+            time.sleep(0.05)
+
+    def _after(self, seconds: float) -> Callable[[], bool]:
+        at = time.time() + seconds
+        return lambda: time.time() >= at
+
+    # -- request handling ----------------------------------------------------------------------
+    def handle(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
+        prefix = f"/compute/v1/projects/{self.project}/"
+        if not path.startswith(prefix):
+            m = re.match(r"^/compute/v1/projects/([^/]+)/", path)
+            if m:
+                raise ApiError(404, "notFound", f"The resource 'projects/{m.group(1)}' was not found")
+            raise ApiError(404, "notFound", f"no such endpoint: {path}")
+        rest = path[len(prefix):]
+        routes: list[tuple[str, str, Callable]] = [
+            ("POST", r"global/instanceTemplates", self.insert_template),
+            ("GET", r"global/instanceTemplates/([^/]+)", self.get_template),
+            ("DELETE", r"global/instanceTemplates/([^/]+)", self.delete_template),
+            ("GET", r"(global)/operations/([^/]+)", lambda s, n, b: self.poll_operation(s, n, 0)),
+            ("POST", r"(global)/operations/([^/]+)/wait", lambda s, n, b: self.poll_operation(s, n, 30)),
+            ("GET", r"((?:zones|regions)/[^/]+)/operations/([^/]+)", lambda s, n, b: self.poll_operation(s, n, 0)),
+            ("POST", r"((?:zones|regions)/[^/]+)/operations/([^/]+)/wait", lambda s, n, b: self.poll_operation(s, n, 30)),
+            ("POST", r"((?:zones|regions)/[^/]+)/instanceGroupManagers", self.insert_mig),
+            ("GET", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)", self.get_mig),
+            ("DELETE", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)", self.delete_mig),
+            ("POST", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/listManagedInstances", self.list_managed),
+            ("POST", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/deleteInstances", self.delete_instances),
+            ("GET", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/listErrors", self.list_errors),
+        ]
+        for verb, pattern, fn in routes:
+            m = re.fullmatch(pattern, rest)
+            if m and verb == method:
+                args = m.groups()
+                if args and args[0].startswith(("zones/", "regions/")):
+                    self._check_scope(args[0])
+                return 200, fn(*args, body)
+        raise ApiError(404, "notFound", f"no such endpoint: {method} {path}")
+
+    def _check_scope(self, scope: str) -> None:
+        kind, where = scope.split("/")
+        if not (ZONE if kind == "zones" else REGION).match(where):
+            raise ApiError(400, "invalid", f"Invalid value for field '{kind[:-1]}': '{where}'. Unknown {kind[:-1]}.")
+
+    def insert_template(self, body: dict | None) -> dict:
+        body = body or {}
+        validate_template(body)
+        with self.lock:
+            if body["name"] in self.templates:
+                raise ApiError(409, "alreadyExists",
+                               f"The resource 'projects/{self.project}/global/instanceTemplates/{body['name']}' already exists")
+            stored = json.loads(json.dumps(body))
+            props = stored["properties"]
+            for i, nic in enumerate(props.get("networkInterfaces", [])):  # what GCE fills in
+                nic.setdefault("name", f"nic{i}")
+            for i, d in enumerate(props.get("disks", [])):
+                d.setdefault("deviceName", f"persistent-disk-{i}")
+                d.setdefault("mode", "READ_WRITE")
+                d.setdefault("index", i)
+            props.setdefault("metadata", {})["fingerprint"] = "standin="
+            stored.update(kind="compute#instanceTemplate", id=_id(), creationTimestamp=_now_iso(),
+                          selfLink=self.template_url(body["name"]))
+            self.templates[body["name"]] = stored
+        self.event("template-created", body["name"])
+        return self.operation("global", "insert", self.template_url(body["name"]), self._after(self.op_delay))
+
+    def get_template(self, name: str, body) -> dict:
+        with self.lock:
+            if name not in self.templates:
+                raise ApiError(404, "notFound",
+                               f"The resource 'projects/{self.project}/global/instanceTemplates/{name}' was not found")
+            return self.templates[name]
+
+    def delete_template(self, name: str, body) -> dict:
+        with self.lock:
+            if name not in self.templates:
+                raise ApiError(404, "notFound",
+                               f"The resource 'projects/{self.project}/global/instanceTemplates/{name}' was not found")
+            users = [m for m in self.migs.values() if m.template == name]
+            if users:
+                raise ApiError(400, "resourceInUseByAnotherResource",
+                               f"The instance_template resource 'projects/{self.project}/global/instanceTemplates/{name}' "
+                               f"is already being used by '{self.mig_url(users[0])[len(API) + 1:]}'")
+            del self.templates[name]
+        self.event("template-deleted", name)
+        return self.operation("global", "delete", self.template_url(name))
+
+    def _mig(self, scope: str, name: str) -> Mig:
+        mig = self.migs.get((scope, name))
+        if mig is None:
+            raise ApiError(404, "notFound",
+                           f"The resource 'projects/{self.project}/{scope}/instanceGroupManagers/{name}' was not found")
+        return mig
+
+    def insert_mig(self, scope: str, body: dict | None) -> dict:
+        body = body or {}
+        regional = scope.startswith("regions/")
+        with self.lock:
+            template = validate_mig(body, regional, self.templates)
+            if (scope, body["name"]) in self.migs:
+                raise ApiError(409, "alreadyExists",
+                               f"The resource 'projects/{self.project}/{scope}/instanceGroupManagers/{body['name']}' already exists")
+            where = scope.split("/")[1]
+            if regional:
+                zones = [last(z["zone"]) for z in (body.get("distributionPolicy") or {}).get("zones", [])] \
+                    or [f"{where}-a", f"{where}-b", f"{where}-c"]
+            else:
+                zones = [where]
+            mig = Mig(scope, body["name"], json.loads(json.dumps(body)), template, body.get("targetSize", 0), zones)
+            self.migs[(scope, body["name"])] = mig
+        self.event("mig-created", mig.name, str(mig.target))
+        return self.operation(scope, "insert", self.mig_url(mig), self._after(self.op_delay))
+
+    def get_mig(self, scope: str, name: str, body) -> dict:
+        with self.lock:
+            return self.mig_json(self._mig(scope, name))
+
+    def delete_mig(self, scope: str, name: str, body) -> dict:
+        with self.lock:
+            mig = self._mig(scope, name)
+            if not mig.deleting:
+                mig.deleting, mig.target = True, 0
+                now = time.time()
+                for vm in mig.vms.values():
+                    if vm.action != "DELETING":
+                        vm.action, vm.deleted_via = "DELETING", "mig-delete"
+                        vm.term_at, vm.kill_at = now + self.stop_delay, now + self.stop_delay + self.grace
+        self.event("mig-delete", name)
+        key = (scope, name)
+        return self.operation(scope, "delete", self.mig_url(mig), lambda: key not in self.migs)
+
+    def list_managed(self, scope: str, name: str, body) -> dict:
+        with self.lock:
+            mig = self._mig(scope, name)
+            return {"managedInstances": [self.managed_instance_json(mig, vm) for vm in mig.vms.values()]}
+
+    def list_errors(self, scope: str, name: str, body) -> dict:
+        with self.lock:
+            return {"items": list(reversed(self._mig(scope, name).errors))}
+
+    def delete_instances(self, scope: str, name: str, body: dict | None) -> dict:
+        body = body or {}
+        urls = body.get("instances") or []
+        if not isinstance(urls, list) or not urls:
+            raise ApiError(400, "required", "Required field 'instances' not specified")
+        if len(urls) > 1000:
+            raise invalid("instances", "at most 1000 instances per request")
+        skip = bool(body.get("skipInstancesOnValidationError"))
+        now = time.time()
+        with self.lock:
+            mig = self._mig(scope, name)
+            for url in urls:
+                m = re.search(r"(?:^|/)zones/([^/]+)/instances/([^/]+)$", url)
+                vm = mig.vms.get(m.group(2)) if m else None
+                if vm is None or vm.zone != m.group(1):
+                    if skip:
+                        continue
+                    raise ApiError(400, "invalid", f"Instance '{url}' is not a member of the managed instance group")
+                if vm.action == "DELETING":
+                    continue
+                vm.action, vm.deleted_via = "DELETING", "deleteInstances"
+                vm.term_at, vm.kill_at = now + self.stop_delay, now + self.stop_delay + self.grace
+                mig.target = max(0, mig.target - 1)
+                self.event("deleteInstances", vm.name, mig.name)
+        return self.operation(scope, "deleteInstances", self.mig_url(mig))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    standin: ComputeStandin
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _body(self) -> dict | None:
+        n = int(self.headers.get("Content-Length") or 0)
+        if not n:
+            return None
+        return json.loads(self.rfile.read(n))
+
+    def _dispatch(self) -> None:
+        url = urlparse(self.path)
+        try:
+            body = self._body()
+        except ValueError:
+            status, payload = 400, ApiError(400, "parseError", "This API does not support parsing form-encoded input.").body()
+        else:
+            with self.standin.lock:
+                self.standin.calls.append(Call(self.command, url.path, body, self.headers.get("Authorization")))
+            try:
+                status, payload = self.standin.handle(self.command, url.path, body)
+            except ApiError as e:
+                status, payload = e.status, e.body()
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = _dispatch

@@ -1,0 +1,191 @@
+"""fleet.compute through the real google-cloud-compute client against the local Compute stand-in.
+
+VMs here are placeholders (no process); tests/test_gcp_e2e.py runs real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from google.cloud import compute_v1
+from typer.testing import CliRunner
+
+from fleet import compute
+from fleet.cli import app
+from fleet.codesync import sync
+from fleet.run import plan
+from fleet.store import open_store
+from tests.standins.compute import ComputeStandin
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "fleet-test-1"
+ZONAL, REGIONAL = compute.Place(PROJECT, zone="us-central1-a"), compute.Place(PROJECT, region="us-central1")
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    s = ComputeStandin(PROJECT).start()
+    monkeypatch.setenv(compute.ENDPOINT_ENV, s.url)
+    yield s
+    s.stop()
+
+
+def spec(**changes) -> compute.FleetSpec:
+    base = dict(run="r1", bucket="gs://bkt", code_version="0123456789abcdef", template="t-r1",
+                machine_type="e2-standard-4", image="projects/debian-cloud/global/images/family/debian-12",
+                service_account=f"w@{PROJECT}.iam.gserviceaccount.com", startup_script="#!/bin/bash\ntrue\n")
+    return compute.FleetSpec(**{**base, **changes})
+
+
+def test_template_request_has_only_the_scopes_workers_need_and_a_safety_net():
+    body = compute.to_dict(compute.template_resource(spec(max_run_hours=6)))
+    props = body["properties"]
+    assert props["serviceAccounts"] == [{"email": f"w@{PROJECT}.iam.gserviceaccount.com", "scopes": [
+        "https://www.googleapis.com/auth/devstorage.read_write", "https://www.googleapis.com/auth/compute"]}]
+    assert props["scheduling"] == {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
+                                   "automaticRestart": False, "onHostMaintenance": "TERMINATE",
+                                   "maxRunDuration": {"seconds": "21600"}}  # int64 as a JSON string
+    items = {i["key"]: i["value"] for i in props["metadata"]["items"]}
+    assert set(items) == {"startup-script", "fleet-bucket", "fleet-run", "fleet-code-version",
+                          "fleet-workers-per-vm", "fleet-standby"}  # nothing secret
+    standard = compute.to_dict(compute.template_resource(spec(spot=False, max_run_hours=0)))["properties"]
+    assert standard["scheduling"] == {"provisioningModel": "STANDARD"}
+
+
+@pytest.mark.parametrize("run, mig", [("wiki-zh-en", "fleet-wiki-zh-en"), ("Wiki_ZH.v2", None), ("x" * 80, None)])
+def test_mig_names_are_valid_gce_names(run, mig):
+    name = compute.mig_name(run)
+    compute.check_name("managed instance group", name)
+    assert mig is None or name == mig
+    assert compute.mig_name(run) == name and compute.mig_name(run + "x") != name
+
+
+def test_bad_names_are_refused_before_any_request():
+    with pytest.raises(compute.ComputeError, match=r"instance template name 'T_1': use 1-63 lowercase"):
+        spec(template="T_1")
+
+
+@pytest.mark.parametrize("place", [ZONAL, REGIONAL], ids=["zonal", "regional"])
+def test_template_and_mig_lifecycle(standin, place):
+    comp = compute.Compute(place)
+    tpl = compute.template_resource(spec())
+    assert comp.ensure_template(tpl) == "created"
+    assert comp.ensure_template(tpl) == "reused"  # identical: kept, whatever defaults the API filled in
+    with pytest.raises(compute.ComputeError, match="exists with other settings"):
+        comp.ensure_template(compute.template_resource(spec(machine_type="n2d-standard-8")))
+    mig = compute.mig_resource(spec(), place, "fleet-r1", 3)
+    assert comp.create_mig(mig) == "created" and comp.create_mig(mig) == "exists"
+    # Creating operations came back RUNNING and were waited on through the operations clients.
+    waits = [c.path for c in standin.calls if c.path.endswith("/wait")]
+    assert any("/global/operations/" in p for p in waits)
+    assert any(f"/{place.scope}/operations/" in p for p in waits)
+    deadline = time.time() + 10
+    while (st := comp.state("fleet-r1")) and sum(i["action"] == "NONE" for i in st.instances) < 3:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    assert st.target_size == 3 and st.template == "t-r1"
+    victim = st.instances[0]
+    comp.delete_instances("fleet-r1", [f"zones/{victim['zone']}/instances/{victim['name']}"])
+    assert comp.get_mig("fleet-r1").target_size == 2  # the MIG will not replace it
+    with pytest.raises(compute.ComputeError, match="already being used by"):
+        comp.delete_template("t-r1")
+    assert comp.delete_mig("fleet-r1") is True and comp.get_mig("fleet-r1") is None
+    assert comp.delete_template("t-r1") is True
+    assert comp.delete_mig("fleet-r1") is False and comp.delete_template("t-r1") is False
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda t: setattr(t.properties.scheduling, "automatic_restart", True), "Spot VMs cannot restart"),
+    (lambda t: setattr(t.properties.scheduling, "on_host_maintenance", "MIGRATE"), "must TERMINATE"),
+    (lambda t: setattr(t.properties, "scheduling", compute_v1.Scheduling(
+        provisioning_model="STANDARD", max_run_duration=compute_v1.Duration(seconds=3600))),
+     "must be set when maxRunDuration"),
+    (lambda t: setattr(t.properties, "machine_type", "zones/us-central1-a/machineTypes/e2-small"), "machine type name"),
+    (lambda t: t.properties.metadata.items.append(compute_v1.Items(key="fleet-run", value="x")), "Duplicate keys"),
+    (lambda t: setattr(t, "name", "a" * 64), "resource.name"),
+])
+def test_the_standin_validates_templates_as_gce_does(standin, mutate, message):
+    tpl = compute.template_resource(spec())
+    mutate(tpl)
+    with pytest.raises(compute.ComputeError, match=message):
+        compute.Compute(ZONAL).ensure_template(tpl)
+
+
+def test_a_regional_any_shape_mig_needs_redistribution_off(standin):
+    comp = compute.Compute(REGIONAL)
+    comp.ensure_template(compute.template_resource(spec()))
+    mig = compute.mig_resource(spec(), REGIONAL, "fleet-r1", 1)
+    mig.update_policy.instance_redistribution_type = "PROACTIVE"
+    with pytest.raises(compute.ComputeError, match="instanceRedistributionType.*must be NONE"):
+        comp.create_mig(mig)
+    zonal = compute.mig_resource(spec(), ZONAL, "fleet-r1", 1)
+    zonal.distribution_policy = compute_v1.DistributionPolicy(target_shape="ANY")
+    with pytest.raises(compute.ComputeError, match="only regional"):
+        compute.Compute(ZONAL).create_mig(zonal)
+
+
+@pytest.fixture
+def launched(fake_gcs, gcs_bucket, standin, tmp_path, monkeypatch):
+    """A planned, synced run and a fleet.toml for it."""
+    bucket = f"gs://{gcs_bucket}"
+    monkeypatch.setenv("FLEET_CONFIG", str(tmp_path / "fleet.toml"))
+    (tmp_path / "fleet.toml").write_text(
+        f'project = "{PROJECT}"\nbucket = "{bucket}"\nzone = "us-central1-a"\n'
+        f'service_account = "w@{PROJECT}.iam.gserviceaccount.com"\n')
+    store = open_store(bucket)
+    store.upload_file("corpus/sample_en.txt", str(ROOT / "corpus" / "sample_en.txt"))
+    version = sync(bucket).version
+    plan(bucket, "r1", "tests.helpers.linejob:JOB", [f"{bucket}/corpus/"], f"{bucket}/out/", {}, version,
+         item_bytes=200_000)
+    return bucket, standin
+
+
+def fleet(*args: str, code: int = 0) -> str:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def test_status_shows_the_migs_instances_and_its_stock_out_errors(launched):
+    bucket, standin = launched
+    standin.fail_creations(2)
+    fleet("launch", "--run", "r1", "--workers", "2")
+    deadline = time.time() + 10
+    while len(standin.events_of("create")) < 2:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    view = json.loads(fleet("status", "--run", "r1", "--json"))["fleet"]
+    assert view["launch"]["mig"] == "fleet-r1" and view["mig"]["target_size"] == 2
+    assert len(view["mig"]["errors"]) == 2 and {e["code"] for e in view["mig"]["errors"]} == {"ZONE_RESOURCE_POOL_EXHAUSTED"}
+    text = fleet("status", "--run", "r1")
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in text and "fleet-r1" in text and "VM-hours" in text
+    fleet("down", "--run", "r1")
+    assert not standin.migs and not standin.templates
+    assert "not there (already deleted)" in fleet("down", "--run", "r1")
+    assert json.loads(fleet("status", "--run", "r1", "--json"))["fleet"]["mig"] is None
+
+
+def test_launch_refuses_what_vms_cannot_run(launched, tmp_path):
+    bucket, standin = launched
+    plan(bucket, "localout", "tests.helpers.linejob:JOB", [f"{bucket}/corpus/"], str(tmp_path / "out"), {},
+         "0123456789abcdef")
+    out = fleet("launch", "--run", "localout", "--workers", "2", code=2)
+    assert "is a local path; VMs can read and write only gs:// URLs" in out
+    plan(bucket, "unsynced", "tests.helpers.linejob:JOB", [f"{bucket}/corpus/"], f"{bucket}/o2/", {}, "0123456789abcdef")
+    assert "code version 0123456789abcdef (pinned by run 'unsynced') is not in" in \
+        fleet("launch", "--run", "unsynced", "--workers", "2", code=2)
+    assert "--workers 0: give 1 to 2000" in fleet("launch", "--run", "r1", "--workers", "0", code=2)
+    assert "no run 'nope'" in fleet("launch", "--run", "nope", "--workers", "1", code=2)
+    assert not standin.calls
+
+
+def test_dry_run_prints_the_requests_and_sends_nothing(launched):
+    bucket, standin = launched
+    out = fleet("launch", "--run", "r1", "--workers", "5", "--no-spot", "--max-run-hours", "2", "--dry-run")
+    assert f"POST {standin.url}/compute/v1/projects/{PROJECT}/global/instanceTemplates\n" in out
+    assert f"POST {standin.url}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instanceGroupManagers\n" in out
+    assert '"provisioningModel": "STANDARD"' in out and '"seconds": "7200"' in out and '"targetSize": 5' in out
+    assert not standin.calls and open_store(bucket).stat("runs/r1/launch.json") is None

@@ -1,0 +1,250 @@
+"""The whole GCP path on local stand-ins: sync, plan, launch; VMs run the real startup.sh.
+
+fake-gcs-server is the bucket, tests/standins/compute.py the Compute API (its MIG
+starts each VM as a local process running the template's startup script), and a
+metadata server per VM tells it who it is. Nothing reaches Google.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from fleet.cli import app
+from fleet.lease import DONE, Lease
+from fleet.run import lease_prefix
+from fleet.status import StatusReader
+from fleet.store import open_store
+from tests.standins.compute import ComputeStandin
+from tests.standins.vm import LocalVMs
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "corpus"
+PROJECT, ZONE = "fleet-test-1", "us-central1-a"
+
+
+@dataclass
+class Cloud:
+    bucket: str  # gs://NAME
+    standin: ComputeStandin
+    vms: LocalVMs
+    tmp: Path
+
+    def fleet(self, *args: str) -> str:
+        result = CliRunner().invoke(app, list(args))
+        assert result.exit_code == 0, f"fleet {' '.join(args)} -> {result.exit_code}\n{result.output}\n{result.exception!r}"
+        return result.output
+
+    def wait_until_gone(self, run_mig: str, template: str, timeout: float = 150) -> None:
+        """Until the MIG and the template are gone and every VM has stopped."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with self.standin.lock:
+                done = (not self.standin.migs and template not in self.standin.templates
+                        and not self.standin.orphans)
+            if done:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"fleet {run_mig} did not finish within {timeout}s; events "
+                             f"{[(k, w) for _, k, w, _ in self.standin.events]}\n{self.vms.console()}")
+
+
+@pytest.fixture
+def cloud(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
+    vm_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "FLEET_CONFIG"))}
+    vm_env.pop("PYTHONPATH", None)
+    vm_env.update(FLEET_PYTHON=sys.executable, FLEET_SKIP_INSTALL="1", FLEET_LOG_INTERVAL="1")
+    vms = LocalVMs(tmp_path / "vms", vm_env)
+    standin = ComputeStandin(PROJECT, launcher=vms, on_gone=vms.gone, grace=30).start()
+    vm_env["FLEET_COMPUTE_ENDPOINT"] = standin.url  # the VMs' `fleet leave` talks to the stand-in too
+    monkeypatch.setenv("FLEET_COMPUTE_ENDPOINT", standin.url)
+    monkeypatch.setenv("FLEET_CONFIG", str(tmp_path / "fleet.toml"))
+    store = open_store(f"gs://{gcs_bucket}")
+    for f in ("sample_en.txt", "sample_zh.txt"):
+        store.upload_file(f"corpus/{f}", str(CORPUS / f))
+    try:
+        yield Cloud(f"gs://{gcs_bucket}", standin, vms, tmp_path)
+    finally:
+        standin.stop()
+
+
+def init(cloud: Cloud, *extra: str) -> None:
+    cloud.fleet("init", "--project", PROJECT, "--zone", ZONE, "--bucket", cloud.bucket,
+                "--service-account", f"fleet-worker@{PROJECT}.iam.gserviceaccount.com",
+                "--workers-per-vm", "1", "--standby", "1", "--max-run-hours", "1", *extra)
+
+
+def output_digests(url: str) -> dict[str, str]:
+    store = open_store(url)
+    return {b.name: hashlib.sha256(store.read(b.name)).hexdigest() for b in store.list("")
+            if b.name.startswith("part-")}
+
+
+def local_digests(out: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir() if p.name.startswith("part-")}
+
+
+def check_clean_exit(cloud: Cloud, run: str) -> None:
+    """Every VM that ever booted left through deleteInstances; the last one deleted MIG and template."""
+    st = cloud.standin
+    created = set(st.events_of("create"))
+    assert len(created) >= 3
+    assert set(st.events_of("deleteInstances")) == created
+    assert sorted(st.events_of("gone")) == sorted(created)
+    gone_via = {w: d for _, k, w, d in st.events if k == "gone"}
+    assert set(gone_via.values()) == {"deleteInstances"}, gone_via
+    assert st.events_of("mig-gone") == [f"fleet-{run}"] and st.events_of("template-deleted") == [f"t-{run}"]
+    # Each VM removed itself with the token its own metadata server gave it, never anonymously.
+    removals = [c for c in st.calls if c.path.endswith("/deleteInstances")]
+    assert removals and all(c.auth and c.auth.split()[-1] in cloud.vms.tokens for c in removals)
+    assert not [c for c in st.calls if "/instances/" in c.path and c.method == "DELETE"]  # never instances.delete
+    assert cloud.vms.world_writable() == []
+
+
+def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    subprocess.run([sys.executable, "-m", "jobs.electra_zh_en", "vocab", str(CORPUS), "--size", "8000",
+                    "--out", str(vocab)], cwd=ROOT, check=True, capture_output=True)
+    open_store(cloud.bucket).upload_file("vocab.txt", str(vocab))
+    init(cloud)
+    synced = cloud.fleet("sync")
+    version = synced.strip().splitlines()[-1]
+    assert "files" in synced and len(version) == 16
+    again = cloud.fleet("sync")
+    assert " 0 new" in again and "already synced" in again  # content-addressed: nothing re-uploaded
+    cloud.fleet("plan", "--run", "e2e", "--job", "electra_zh_en", "--input", f"{cloud.bucket}/corpus/",
+                "--output", f"{cloud.bucket}/out/", "--set", f"vocab_file={cloud.bucket}/vocab.txt",
+                "--item-mb", "0.15", "--lease-ttl", "20")
+    dry = cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "t-e2e", "--dry-run")
+    assert f"POST {cloud.standin.url}/compute/v1/projects/{PROJECT}/global/instanceTemplates" in dry
+    assert not cloud.standin.calls  # a dry run sends nothing
+    cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "t-e2e")
+    # What the dry run printed is exactly what was sent.
+    sent = [c for c in cloud.standin.calls if c.method == "POST" and c.path.endswith(("instanceTemplates", "instanceGroupManagers"))]
+    assert [c.body for c in sent] == _bodies(dry)
+
+    cloud.wait_until_gone("fleet-e2e", "t-e2e")
+    st = StatusReader(open_store(cloud.bucket), "e2e").collect(with_workers=True)
+    assert st.done == st.items and st.items >= 6 and not st.failed
+    check_clean_exit(cloud, "e2e")
+
+    # The same outputs, byte for byte, as `fleet local` on this machine.
+    from fleet.local import run_local
+
+    out = tmp_path / "local-out"
+    result = run_local([str(CORPUS)], str(out), "electra_zh_en", 2, {"vocab_file": str(vocab)},
+                       item_bytes=int(0.15e6), console=Console(file=io.StringIO()))
+    assert result.exit_code == 0
+    assert output_digests(f"{cloud.bucket}/out") == local_digests(out) and len(local_digests(out)) == st.items
+
+    # Logs were streamed; the VMs ran the downloaded, verified snapshot, not this tree.
+    listing = cloud.fleet("logs", "--run", "e2e")
+    assert len(listing.strip().splitlines()) == 3
+    vm = listing.split()[0]
+    text = cloud.fleet("logs", "--run", "e2e", vm + "-w0")
+    assert f"code {version}: " in text and "downloaded and verified" in text
+    assert f"(code {version} in {cloud.vms.root}/{vm}-boot1/disk/code/{version}): removed from" in text
+
+    status = json.loads(cloud.fleet("status", "--run", "e2e", "--json"))
+    assert status["fleet"]["mig"] is None and status["fleet"]["vms_seen"] == 3 and status["fleet"]["vm_hours"] > 0
+
+
+def _bodies(dry: str) -> list[dict]:
+    """The JSON bodies in `fleet launch --dry-run` output, in order."""
+    bodies, decoder, i = [], json.JSONDecoder(), 0
+    while (i := dry.find("\n{", i)) != -1:
+        body, end = decoder.raw_decode(dry, i + 1)
+        bodies.append(body)
+        i = end
+    return bodies
+
+
+def _victim(store, run: str, vm_names: set[str]) -> tuple[str, str] | None:
+    """An item leased right now by a worker on one of these VMs: (item, VM)."""
+    prefix = lease_prefix(run)
+    for blob in store.list(prefix):
+        lease = Lease.from_json(store.read(blob.name))
+        vm = lease.worker.rsplit("-w", 1)[0]
+        if lease.state == "leased" and vm in vm_names and lease.expires > time.time():
+            return blob.name[len(prefix):], vm
+    return None
+
+
+def test_a_preempted_vm_is_recreated_and_the_run_still_completes(cloud, tmp_path):
+    # The slow test job (a delay per document) makes items long enough to kill one midway;
+    # it travels in the code snapshot like any job.
+    init(cloud, "--no-spot")
+    config = Path(os.environ["FLEET_CONFIG"])
+    default_paths = 'code_paths = ["fleet", "jobs", "startup", "pyproject.toml"]'
+    assert default_paths in config.read_text()
+    config.write_text(config.read_text().replace(default_paths, default_paths[:-1] + ', "tests/__init__.py", "tests/helpers"]'))
+    cloud.fleet("sync")
+    job = "tests.helpers.linejob:JOB"
+    cloud.fleet("plan", "--run", "pre", "--job", job, "--input", f"{cloud.bucket}/corpus/sample_en.txt",
+                "--output", f"{cloud.bucket}/out-pre/", "--set", "delay=0.04", "--item-mb", "0.1",
+                "--lease-ttl", "3")
+    cloud.fleet("launch", "--run", "pre", "--workers", "3", "--template", "t-pre")
+    store = open_store(cloud.bucket)
+    found, deadline = None, time.time() + 90
+    while found is None and time.time() < deadline:
+        names = {vm.name for vm in cloud.standin.running() if vm.action == "NONE"}
+        found = _victim(store, "pre", names)
+        time.sleep(0.1)
+    assert found, f"no item was ever leased\n{cloud.vms.console()}"
+    item, vm = found
+    cloud.standin.preempt(vm)  # SIGKILL of the whole VM, then the MIG recreates it
+
+    cloud.wait_until_gone("fleet-pre", "t-pre")
+    assert cloud.standin.events_of("recreate") == [vm]
+    leases = StatusReader(store, "pre").leases()
+    assert all(lease.state == DONE for lease in leases.values())
+    assert leases[item].attempt >= 2  # the killed worker's lease expired and was taken over
+    check_clean_exit(cloud, "pre")
+
+    # Same bytes as an undisturbed local run of the same plan.
+    from fleet.local import run_local
+
+    out = tmp_path / "local-pre"
+    result = run_local([str(CORPUS / "sample_en.txt")], str(out), job, 2, {"delay": "0"},
+                       item_bytes=int(0.1e6), console=Console(file=io.StringIO()))
+    assert result.exit_code == 0
+    assert output_digests(f"{cloud.bucket}/out-pre") == local_digests(out)
+
+
+def test_fleet_down_mid_run_stops_the_vms_and_they_give_their_items_back(cloud):
+    init(cloud)
+    config = Path(os.environ["FLEET_CONFIG"])
+    default_paths = 'code_paths = ["fleet", "jobs", "startup", "pyproject.toml"]'
+    config.write_text(config.read_text().replace(default_paths, default_paths[:-1] + ', "tests/__init__.py", "tests/helpers"]'))
+    cloud.fleet("sync")
+    cloud.fleet("plan", "--run", "dn", "--job", "tests.helpers.linejob:JOB", "--input", f"{cloud.bucket}/corpus/",
+                "--output", f"{cloud.bucket}/out-dn/", "--set", "delay=0.2", "--item-mb", "0.1", "--lease-ttl", "300")
+    cloud.fleet("launch", "--run", "dn", "--workers", "2", "--template", "t-dn")
+    store = open_store(cloud.bucket)
+    deadline = time.time() + 90
+    while StatusReader(store, "dn").collect().leased < 2:
+        assert time.time() < deadline, cloud.vms.console()
+        time.sleep(0.1)
+    out = cloud.fleet("down", "--run", "dn")
+    assert "fleet-dn: deleted" in out and "t-dn: deleted" in out
+    st = cloud.standin
+    assert not st.migs and "t-dn" not in st.templates
+    assert st.events_of("deleteInstances") == []  # stopped by the platform: they do not leave on their own
+    assert {d for _, k, _, d in st.events if k == "gone"} == {"mig-delete"}
+    status = StatusReader(store, "dn").collect()
+    assert status.leased == 0 and status.done < status.items  # in-flight items were given back at once, not left for 300 s
+    logs = cloud.fleet("logs", "--run", "dn")
+    assert len(logs.strip().splitlines()) == 2
+    text = cloud.fleet("logs", "--run", "dn", logs.split()[0])
+    assert "SIGTERM: the platform is stopping this VM" in text and "left to the MIG" in text

@@ -1,0 +1,111 @@
+"""startup/startup.sh as a local process against fake-gcs-server, a metadata server and the Compute stand-in.
+
+The happy path (work, then leave the MIG) runs in tests/test_gcp_e2e.py; here: the
+checks that keep a VM from running code that is not what the run pinned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fleet.codesync import OBJECTS, manifest_name, parse_manifest, sync
+from fleet.run import plan
+from fleet.store import open_store
+from tests.standins.compute import ComputeStandin
+from tests.standins.metadata import Instance, MetadataServer
+
+ROOT = Path(__file__).resolve().parent.parent
+STARTUP = ROOT / "startup" / "startup.sh"
+
+
+@dataclass
+class Boot:
+    returncode: int
+    log: str  # the VM's log, as streamed to the bucket
+    disk: Path
+
+
+@pytest.fixture
+def vm(fake_gcs, gcs_bucket, tmp_path):
+    bucket = f"gs://{gcs_bucket}"
+    version = sync(bucket).version
+    standin = ComputeStandin("fleet-test-1").start()
+    servers = []
+
+    def boot(run: str, code_version: str = version, disk: Path | None = None) -> Boot:
+        attributes = {"fleet-bucket": bucket, "fleet-run": run, "fleet-code-version": code_version,
+                      "fleet-workers-per-vm": "1", "fleet-standby": "1",
+                      "created-by": "projects/1/zones/us-central1-a/instanceGroupManagers/fleet-x"}
+        server = MetadataServer(Instance("fleet-x-abcd", "fleet-test-1", "us-central1-a", attributes)).start()
+        servers.append(server)
+        disk = disk or tmp_path / f"disk{len(servers)}"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(FLEET_PYTHON=sys.executable, FLEET_SKIP_INSTALL="1", FLEET_WORK_DIR=str(disk),
+                   FLEET_LOG_INTERVAL="1", GCE_METADATA_HOST=server.host, FLEET_COMPUTE_ENDPOINT=standin.url)
+        proc = subprocess.run(["bash", str(STARTUP)], env=env, cwd=tmp_path, capture_output=True, timeout=120)
+        log = open_store(bucket).read(f"runs/{run}/logs/fleet-x-abcd.log").decode()
+        return Boot(proc.returncode, log, disk)
+
+    try:
+        yield bucket, version, boot
+    finally:
+        standin.stop()
+        for s in servers:
+            s.stop()
+
+
+def plan_pinned_to(bucket: str, run: str, code_version: str) -> None:
+    plan(bucket, run, "tests.helpers.linejob:JOB", [str(ROOT / "corpus" / "sample_en.txt")], f"{bucket}/out-{run}",
+         {}, code_version, item_bytes=200_000)
+
+
+def test_syntax_and_strict_mode():
+    assert subprocess.run(["bash", "-n", str(STARTUP)]).returncode == 0
+    code = [line for line in STARTUP.read_text().splitlines() if line and not line.startswith("#")]
+    assert code[:2] == ["set -euo pipefail", "umask 022"]  # strict before anything runs; nothing world-writable
+
+
+def test_a_worker_refuses_a_run_pinned_to_other_code_and_a_second_boot_reuses_the_code(vm):
+    bucket, version, boot = vm
+    plan_pinned_to(bucket, "other", "0123456789abcdef")
+    first = boot("other")
+    assert first.returncode == 2, first.log
+    assert f"code {version}: " in first.log and "downloaded and verified" in first.log
+    assert f"this code is version {version}" in first.log and "the run pins 0123456789abcdef; refusing" in first.log
+    assert "could not remove this VM from its MIG" in first.log  # no such MIG in the stand-in
+    again = boot("other", disk=first.disk)  # a reboot: same disk
+    assert again.returncode == 2
+    assert f"code {version}: already here and verified" in again.log
+    files = [p for p in first.disk.rglob("*") if not p.is_symlink()]
+    assert files and not [p for p in files if p.stat().st_mode & 0o002]  # nothing world-writable
+
+
+def test_a_tampered_code_object_is_refused(vm):
+    bucket, version, boot = vm
+    store = open_store(bucket)
+    sha = dict((path, sha) for sha, path in parse_manifest(store.read(manifest_name(version))))["fleet/spawner.py"]
+    store.write(OBJECTS + sha, b"raise SystemExit('not the real spawner')\n")
+    plan_pinned_to(bucket, "tampered", version)
+    result = boot("tampered")
+    assert result.returncode == 1
+    assert "the downloaded code does not match its manifest; refusing to run it" in result.log
+    assert "fleet work" not in result.log and not (result.disk / "code" / version).exists()
+
+
+def test_a_tampered_manifest_is_refused(vm):
+    bucket, version, boot = vm
+    store = open_store(bucket)
+    manifest = store.read(manifest_name(version))
+    store.write(manifest_name(version), manifest.replace(b"fleet/cli.py", b"fleet/cli2.py"))
+    plan_pinned_to(bucket, "badmanifest", version)
+    result = boot("badmanifest")
+    assert result.returncode == 1
+    assert f"the manifest of code {version} does not hash to its name; refusing it" in result.log
+    assert hashlib.sha256(manifest).hexdigest()[:16] == version
