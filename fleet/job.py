@@ -74,6 +74,10 @@ class Job(abc.ABC):
         """Derived figures for the run summary (ratios of summed counters)."""
         return {}
 
+    def report(self, output_url: str, config: Any) -> str | None:
+        """Optional: a human-readable look at a finished run's outputs (``fleet local`` prints it)."""
+        return None
+
 
 def item_seed(run_seed: int, item_id: str) -> int:
     digest = hashlib.sha256(f"{run_seed}:{item_id}".encode()).digest()

@@ -73,7 +73,18 @@ def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     table.add_row("outputs", f"{len(summary['outputs'])} files in {out_dir}")
     console.print(table)
     for f in summary["failures"]:
-        console.print(f"[red]failed[/red] item {f['item']} ({f['source']}): {f['error']}")
+        console.print(f"[red]failed[/red] item {f['item']} ({f['source']}): {f['error']}", highlight=False, soft_wrap=True)
+
+
+def print_report(console: Console, job_name: str, config: dict, out_dir: str) -> None:
+    """The job's own look at its outputs, if it has one; a failing report never fails the run."""
+    job = load_job(job_name)
+    try:
+        text = job.report(out_dir, job.parse_config(config))
+    except Exception as e:  # the run is done; a report is advice
+        text = f"report: {type(e).__name__}: {e}"
+    if text:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def run_local(
@@ -122,6 +133,7 @@ def run_local(
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print_summary(console, summary, out_dir)
+    print_report(console, job, spec.config, out_dir)
     if not st.finished:
         console.print(f"[red]workers stopped with {st.items - st.done - st.failed} items unfinished; "
                       f"see their logs in {os.path.join(bucket, 'logs')}[/red]")

@@ -80,7 +80,7 @@ def test_check(tmp_path, vocab_path):
     bad = {
         "required": ElectraConfig(),
         "cannot read vocab_file": ElectraConfig(vocab_file=str(tmp_path / "nope.txt")),
-        "not supported": ElectraConfig(vocab_file=vocab_path, format="bert"),
+        "not supported": ElectraConfig(vocab_file=vocab_path, format="t5"),
         "max_seq_length": ElectraConfig(vocab_file=vocab_path, max_seq_length=4),
     }
     (tmp_path / "empty.txt").write_bytes(b"")

@@ -1,12 +1,14 @@
-"""Tools around the job: train a vocab, tokenize a file (to check a vocab by eye).
+"""Tools around the job: train a vocab, tokenize a file (to check a vocab by eye), look at a run's records.
 
     python -m jobs.electra_zh_en vocab INPUT... --size 21128 --out vocab.txt
     python -m jobs.electra_zh_en tokenize --vocab vocab.txt INPUT
+    python -m jobs.electra_zh_en report OUT_DIR [--png report.png] [--vocab vocab.txt]
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Iterator, List
 
@@ -86,6 +88,42 @@ def tokenize(
                 _fail(f"{input}: invalid UTF-8 on line {number} (byte {e.start} of the line)")
             if line.strip():
                 write(json.dumps(tokenizer.tokenize_ids(line)) + "\n")
+
+@app.command()
+def report(
+    out_dir: str = typer.Argument(..., metavar="OUT_DIR", help="A folder of .tfrecord / .tfrecord.gz files."),
+    png: str = typer.Option(None, "--png", help="Also draw the histograms into this PNG file."),
+    vocab: str = typer.Option(None, "--vocab", help="The run's vocab.txt, for the [UNK] share "
+                              "(default: the vocab_file of the fleet local run in OUT_DIR)."),
+    max_records: int = typer.Option(100_000, help="Read at most this many records (from the first files)."),
+) -> None:
+    """Summarise a run's records: lengths, fill ratio, segments, masking, [UNK] share."""
+    from .report import ReportError, read_report, record_files, vocab_ids, vocab_of_run
+
+    if not os.path.isdir(out_dir):
+        _fail(f"{out_dir}: not a folder")
+    if not record_files(out_dir):
+        _fail(f"{out_dir}: no .tfrecord or .tfrecord.gz files")
+    vocab_path = vocab or vocab_of_run(out_dir)
+    ids = None
+    if vocab_path:
+        ids = vocab_ids(vocab_path)
+        if ids is None and vocab:
+            _fail(f"{vocab}: cannot read it as a BERT vocab")
+    try:
+        stats = read_report(out_dir, ids, max_records)
+    except ReportError as e:
+        _fail(str(e))
+    typer.echo(stats.text())
+    if png:
+        try:
+            stats.png(png)
+        except ImportError as e:
+            _fail(f"{png}: {e}")
+        except OSError as e:
+            _fail(f"{png}: cannot write ({e.strerror})")
+        typer.echo(f"wrote {png}", err=True)
+
 
 def main() -> None:
     app(prog_name="python -m jobs.electra_zh_en")

@@ -62,15 +62,21 @@ class ExampleBuilder:
         return None
 
     def add_document(self, sentences: Iterable[list[int]]) -> list[Example]:
+        out = self.add_sentences(sentences)
+        last = self.end_document()
+        if last is not None:
+            out.append(last)
+        return out
+
+    def add_sentences(self, sentences: Iterable[list[int]]) -> list[Example]:
+        """Add lines without ending the document: with ``pack_documents`` the next document's
+        lines fill the same example, so short documents do not leave examples half empty."""
         out = []
         for ids in sentences:
             self._sentences.append(ids)
             self._length += len(ids)
             if self._length >= self._target:
                 out.append(self._create())
-        last = self.end_document()
-        if last is not None:
-            out.append(last)
         return out
 
     def _create(self) -> Example:

@@ -1,7 +1,9 @@
 """The fleet glue: options, plan-time checks, and the per-item conversion.
 
-An item becomes one ``.tfrecord`` file of ELECTRA examples. Seeds come from
-the item (``ctx.seed``), so a retried item rewrites the same bytes.
+An item becomes one ``.tfrecord`` file (``.tfrecord.gz`` with GZIP) of
+ELECTRA examples (``format=electra``, the default) or BERT masked-LM examples
+(``format=bert``, see ``bert_converter``). Seeds come from the item
+(``ctx.seed``), so a retried item rewrites the same bytes.
 Within a document, blank lines carry no tokens and do not split it: the
 fleet's inputs already cut documents (for ``.txt`` at blank lines, which is
 what ELECTRA's builder does with ``--blanks-separate-docs``).
@@ -9,20 +11,32 @@ what ELECTRA's builder does with ``--blanks-separate-docs``).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import gzip
 import hashlib
+import os
 import random
+import tempfile
 from dataclasses import dataclass
-from typing import Iterable
+
+import numpy as np
+from typing import BinaryIO, Iterable, Iterator
 
 from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
 
 from . import tfrecord
+from .bert_builder import DocBatch
+from .bert_converter import BertCounters, BertExamples, BertOptions
 from .builder import Example, ExampleBuilder
 from .tfrecord import VARINTS
 from .tokenization import BertTokenizer, VocabError
 
-FORMATS = ("electra",)
+FORMATS = ("electra", "bert")
+COMPRESSIONS = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}  # option value (any case) -> file suffix
+GZIP_LEVEL = 6  # zlib's default, as TensorFlow's TFRecordWriter uses for GZIP
+REPORT_RECORDS = 20_000  # records the report at the end of fleet local reads (a few seconds at most)
 
 
 @dataclass
@@ -31,7 +45,20 @@ class ElectraConfig:
     max_seq_length: int = 128
     do_lower_case: bool = True
     seed: int = 12345  # the run's seed; each item's own seed derives from it and the item id
-    format: str = "electra"
+    format: str = "electra"  # electra | bert
+    compression: str = "none"  # none | GZIP (files end .tfrecord.gz; TFRecordDataset(compression_type="GZIP"))
+    pack_documents: bool = False  # fill examples across document boundaries (corpora of short documents)
+    # format=bert only (google-research/bert's create_pretraining_data.py flags; dupe_factor 1, not its 10):
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int = 20
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 1  # build the item's examples this many times, each with other randomness
+    whole_word_masking: bool = True  # ## pieces with their word; Chinese words (rjieba) all characters
+    v2_feature_names: bool = False  # tf-models' input_word_ids / input_type_ids
+
+
+BERT_ONLY = ("masked_lm_prob", "max_predictions_per_seq", "short_seq_prob", "dupe_factor", "whole_word_masking",
+             "v2_feature_names")
 
 
 def _validate(config: ElectraConfig) -> None:
@@ -43,6 +70,36 @@ def _validate(config: ElectraConfig) -> None:
         raise ConfigError(f"option format: {config.format!r} is not supported (known: {', '.join(FORMATS)})")
     if not 5 <= config.max_seq_length <= 1 << 16:
         raise ConfigError(f"option max_seq_length: must be between 5 and 65536, got {config.max_seq_length}")
+    if str(config.compression).lower() not in COMPRESSIONS:
+        raise ConfigError(f"option compression: {config.compression!r} is not supported (known: none, GZIP)")
+    if config.format != "bert":
+        defaults = ElectraConfig()
+        for name in BERT_ONLY:
+            if getattr(config, name) != getattr(defaults, name):
+                raise ConfigError(f"option {name} applies to format=bert only (format is {config.format})")
+        return
+    if not 0 < config.masked_lm_prob <= 1:
+        raise ConfigError(f"option masked_lm_prob: must be in (0, 1], got {config.masked_lm_prob}")
+    if not 1 <= config.max_predictions_per_seq <= 1 << 16:
+        raise ConfigError(f"option max_predictions_per_seq: must be between 1 and 65536, "
+                          f"got {config.max_predictions_per_seq}")
+    if not 0 <= config.short_seq_prob <= 1:
+        raise ConfigError(f"option short_seq_prob: must be in [0, 1], got {config.short_seq_prob}")
+    if not 1 <= config.dupe_factor <= 1000:
+        raise ConfigError(f"option dupe_factor: must be between 1 and 1000, got {config.dupe_factor}")
+
+
+@contextlib.contextmanager
+def _output(sink: Sink, config: ElectraConfig) -> Iterator[BinaryIO]:
+    """The item's record file; with GZIP a gzip stream whose bytes depend on the data only
+    (no time stamp, no file name), so a retried item still rewrites identical bytes."""
+    suffix = COMPRESSIONS[str(config.compression).lower()]
+    with sink.open(suffix) as raw:
+        if suffix.endswith(".gz"):
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0) as out:
+                yield out
+        else:
+            yield raw
 
 
 # Per process, keyed by (vocab digest, do_lower_case): a tokenizer's cache stays warm across converters.
@@ -60,7 +117,10 @@ def _load_tokenizer(config: ElectraConfig, opener: Opener) -> BertTokenizer:
             _TOKENIZERS[key] = BertTokenizer.from_bytes(data, config.vocab_file, do_lower_case=config.do_lower_case)
         except VocabError as e:
             raise ConfigError(str(e)) from None
-    return _TOKENIZERS[key]
+    tokenizer = _TOKENIZERS[key]
+    if config.format == "bert" and "[MASK]" not in tokenizer.vocab:
+        raise ConfigError(f"{config.vocab_file}: format=bert needs a [MASK] token in the vocab")
+    return tokenizer
 
 
 class ElectraConverter(Converter):
@@ -96,18 +156,24 @@ class ElectraConverter(Converter):
         max_length = self.config.max_seq_length
         builder = ExampleBuilder(max_length, self.cls_id, self.sep_id, random.Random(ctx.seed))
         tokenize_lines = self.tokenizer.tokenize_lines
+        add = builder.add_sentences if self.config.pack_documents else builder.add_document
         record = self.record
         n_docs = n_lines = n_examples = n_tokens = n_bytes = 0
-        with sink.open(".tfrecord") as out:
+        with _output(sink, self.config) as out:
             for document in documents:
                 n_docs += 1
                 n_lines += len(document)
                 n_bytes += sum(map(len, map(str.encode, document)))
-                examples = builder.add_document(tokenize_lines(document))
+                examples = add(tokenize_lines(document))
                 n_tokens += sum([ex.length for ex in examples])
                 records = list(map(record, examples))
                 n_examples += len(records)
                 out.write(b"".join(records))
+            last = builder.end_document()  # packing: what the last documents left pending
+            if last is not None:
+                n_tokens += last.length
+                n_examples += 1
+                out.write(record(last))
         return {
             "documents": n_docs,
             "lines": n_lines,
@@ -118,6 +184,72 @@ class ElectraConverter(Converter):
         }
 
 
+class BertConverter(Converter):
+    """format=bert: BERT masked-LM + next-sentence records (see ``bert_converter``)."""
+
+    def __init__(self, config: ElectraConfig, tokenizer: BertTokenizer):
+        self.config = config
+        options = BertOptions(config.max_seq_length, config.masked_lm_prob, config.max_predictions_per_seq,
+                              config.short_seq_prob, config.dupe_factor, config.whole_word_masking,
+                              config.v2_feature_names, config.pack_documents)
+        self.examples = BertExamples(tokenizer, options, _chinese_words() if config.whole_word_masking else None)
+
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        counters = BertCounters()
+        with _output(sink, self.config) as out, SpillingBatches() as keep:
+            for chunk in self.examples.records(documents, ctx.seed, counters, keep):
+                out.write(chunk)
+        return {**dataclasses.asdict(counters), "positions": counters.examples * self.config.max_seq_length}
+
+
+class SpillingBatches:
+    """An item's token batches for dupe_factor > 1: in memory up to ``limit`` bytes (a 64 MB
+    item needs about 80 MB), then in a temporary file, so a worker's memory stays bounded
+    whatever the item size."""
+
+    def __init__(self, limit: int = 256 << 20):
+        self.limit = limit
+        self.in_memory: list[DocBatch] = []
+        self.bytes = 0
+        self.spilled = 0
+        self.file: BinaryIO | None = None
+
+    def __enter__(self) -> "SpillingBatches":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def append(self, batch: DocBatch) -> None:
+        arrays = (batch.ids, batch.sentence_starts, batch.doc_starts, batch.doc_numbers)
+        size = sum(a.nbytes for a in arrays)
+        if self.file is None and self.bytes + size <= self.limit:  # (once spilling, always: keep the order)
+            self.in_memory.append(batch)
+            self.bytes += size
+            return
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="fleet-bert-")
+        self.file.seek(0, os.SEEK_END)
+        for a in arrays:
+            np.save(self.file, a, allow_pickle=False)
+        self.spilled += 1
+
+    def __iter__(self) -> Iterator[DocBatch]:
+        yield from self.in_memory
+        if self.file is not None:
+            self.file.seek(0)
+            for _ in range(self.spilled):  # np.load leaves the file at the end of the array it read
+                yield DocBatch(*(np.load(self.file, allow_pickle=False) for _ in range(4)))
+
+
+def _chinese_words():
+    """rjieba's ``cut`` (jieba in Rust: fast where plain jieba is pure Python), loaded once."""
+    import rjieba
+
+    return rjieba.cut
+
+
 class ElectraJob(Job):
     name = "electra_zh_en"
     config_type = ElectraConfig
@@ -126,10 +258,28 @@ class ElectraJob(Job):
         _validate(config)
         _load_tokenizer(config, opener)
 
-    def converter(self, config: ElectraConfig, opener: Opener) -> ElectraConverter:
+    def converter(self, config: ElectraConfig, opener: Opener) -> Converter:
         _validate(config)
-        return ElectraConverter(config, _load_tokenizer(config, opener))
+        tokenizer = _load_tokenizer(config, opener)
+        if config.format == "bert":
+            return BertConverter(config, tokenizer)
+        return ElectraConverter(config, tokenizer)
 
     def summarize(self, totals) -> dict[str, float]:
         positions = totals.get("positions", 0)
-        return {"fill_ratio": totals.get("tokens", 0) / positions if positions else 0.0}
+        derived = {"fill_ratio": totals.get("tokens", 0) / positions if positions else 0.0}
+        if "masked_lm_predictions" in totals:
+            tokens, examples = totals.get("tokens", 0), totals.get("examples", 0)
+            derived["masked_share"] = totals["masked_lm_predictions"] / tokens if tokens else 0.0
+            derived["random_next_share"] = totals.get("random_next", 0) / examples if examples else 0.0
+        return derived
+
+    def report(self, output_url: str, config: ElectraConfig) -> str | None:
+        """The records' summary (``python -m jobs.electra_zh_en report``) for a local output folder."""
+        from .report import read_report, vocab_ids
+
+        path = output_url[len("file://"):] if output_url.startswith("file://") else output_url
+        if "://" in path or not os.path.isdir(path):
+            return None
+        ids = vocab_ids(config.vocab_file) if "://" not in config.vocab_file else None
+        return read_report(path, ids, max_records=REPORT_RECORDS).text()

@@ -17,6 +17,7 @@ import struct
 from typing import Iterable, Mapping, Sequence
 
 import google_crc32c
+import numpy as np
 
 
 def encode_varint(value: int) -> bytes:
@@ -105,6 +106,70 @@ def int64_example(features: Mapping[str, Sequence[int]]) -> bytes:
     return example({name: int64_feature(values) for name, values in features.items()})
 
 
+def varint_rows(values: np.ndarray) -> tuple[bytes, list[int]]:
+    """Packed varints of every row of a 2-D array of values in [0, 2**35), in one pass:
+    one buffer and the row offsets into it (row i is ``buffer[offsets[i]:offsets[i + 1]]``).
+
+    Values below 2**16 (token ids, positions) are looked up in a table of their varint
+    bytes (``np.take`` and ``np.compress`` on flat arrays are the fast numpy paths)."""
+    v = np.asarray(values)
+    if v.size and (v.min() < 0 or v.max() >= 1 << 16):
+        return _varint_rows_wide(v.astype(np.int64))
+    table, table_lengths = _varint_table()
+    n_bytes = np.take(table_lengths, v)
+    parts = np.take(table, v.ravel(), axis=0)  # (values, 3) bytes
+    keep = np.ones(parts.shape, bool)
+    keep[:, 1] = n_bytes.ravel() >= 2
+    keep[:, 2] = n_bytes.ravel() >= 3
+    data = np.compress(keep.ravel(), parts.ravel()).tobytes()
+    offsets = np.zeros(len(v) + 1, np.int64)
+    np.cumsum(n_bytes.sum(axis=1, dtype=np.int64), out=offsets[1:])
+    return data, offsets.tolist()
+
+
+@functools.cache
+def _varint_table() -> tuple[np.ndarray, np.ndarray]:
+    """(varint bytes, padded to 3, of every value below 2**16; their lengths)."""
+    a = np.arange(1 << 16)
+    lengths = (1 + (a >= 1 << 7) + (a >= 1 << 14)).astype(np.int8)
+    table = np.stack([(a & 0x7F) | np.where(a >= 1 << 7, 0x80, 0),
+                      ((a >> 7) & 0x7F) | np.where(a >= 1 << 14, 0x80, 0),
+                      a >> 14], axis=1).astype(np.uint8)
+    return table, lengths
+
+
+def _varint_rows_wide(v: np.ndarray) -> tuple[bytes, list[int]]:
+    if v.size and (v.min() < 0 or v.max() >= 1 << 35):
+        raise ValueError("varint_rows takes values in [0, 2**35)")
+    n_bytes = np.ones(v.shape, np.int64)
+    for k in range(1, 5):
+        n_bytes += v >= 1 << (7 * k)
+    width = int(n_bytes.max()) if v.size else 1
+    parts = np.empty(v.shape + (width,), np.uint8)
+    for k in range(width):
+        parts[..., k] = ((v >> (7 * k)) & 0x7F) | np.where(n_bytes > k + 1, 0x80, 0)
+    data = parts[np.arange(width) < n_bytes[..., None]].tobytes()
+    offsets = np.zeros(len(v) + 1, np.int64)
+    np.cumsum(n_bytes.sum(axis=1), out=offsets[1:])
+    return data, offsets.tolist()
+
+
+@functools.lru_cache(maxsize=4096)
+def int64_entry_prefix(name: str, payload_length: int) -> bytes:
+    """The bytes of ``feature_entry(name, packed_int64_feature(payload))`` before the payload,
+    for a non-empty payload of that length: the entry is this prefix plus the payload."""
+    inner = VARINTS[1 << 3 | 2] + _varint(payload_length)
+    mid = VARINTS[3 << 3 | 2] + _varint(len(inner) + payload_length) + inner
+    value = VARINTS[2 << 3 | 2] + _varint(len(mid) + payload_length) + mid
+    key = _key(name)
+    return VARINTS[1 << 3 | 2] + _varint(len(key) + len(value) + payload_length) + key + value
+
+
+def example_prefix(body_length: int) -> bytes:
+    """What ``example_from_entries`` puts before the joined entries."""
+    return VARINTS[1 << 3 | 2] + _varint(body_length)
+
+
 def masked_crc32c(data: bytes) -> int:
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
@@ -112,8 +177,13 @@ def masked_crc32c(data: bytes) -> int:
 
 def frame(record: bytes) -> bytes:
     """One TFRecord: length (uint64 LE), its masked crc32c, the data, the data's masked crc32c."""
-    length = struct.pack("<Q", len(record))
-    return length + struct.pack("<I", masked_crc32c(length)) + record + struct.pack("<I", masked_crc32c(record))
+    return _frame_header(len(record)) + record + struct.pack("<I", masked_crc32c(record))
+
+
+@functools.lru_cache(maxsize=8192)
+def _frame_header(length: int) -> bytes:
+    header = struct.pack("<Q", length)
+    return header + struct.pack("<I", masked_crc32c(header))
 
 
 def iter_records(data: bytes) -> Iterable[bytes]:
@@ -135,3 +205,101 @@ def iter_records(data: bytes) -> Iterable[bytes]:
             raise ValueError(f"bad data checksum at byte {pos}")
         yield record
         pos = end + 4
+
+
+# -- reading (for the report and checks; TensorFlow not needed) ------------------------------
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(data: bytes, start: int, end: int) -> Iterable[tuple[int, int, int, int]]:
+    """(field number, wire type, start, end) of each field; for varints start is the value."""
+    pos = start
+    while pos < end:
+        tag, pos = _read_varint(data, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = _read_varint(data, pos)
+            yield number, wire, value, pos
+        elif wire == 2:
+            length, pos = _read_varint(data, pos)
+            if pos + length > end:
+                raise ValueError("truncated field")
+            yield number, wire, pos, pos + length
+            pos += length
+        elif wire == 5:
+            yield number, wire, pos, pos + 4
+            pos += 4
+        elif wire == 1:
+            yield number, wire, pos, pos + 8
+            pos += 8
+        else:
+            raise ValueError(f"unexpected wire type {wire}")
+
+
+def decode_varints(payload: bytes) -> np.ndarray:
+    """Packed varints -> int64 values (two's complement for ten-byte negatives)."""
+    b = np.frombuffer(payload, np.uint8)
+    if not len(b):
+        return np.zeros(0, np.int64)
+    last = b < 0x80
+    if not last[-1]:
+        raise ValueError("truncated varint")
+    if last.all():
+        return b.astype(np.int64)
+    group = np.zeros(len(b), np.int64)
+    np.cumsum(last[:-1], out=group[1:])
+    starts = np.flatnonzero(np.concatenate([[True], last[:-1]]))
+    shift = (7 * (np.arange(len(b)) - starts[group])).astype(np.uint64)
+    values = np.zeros(len(starts), np.uint64)
+    np.add.at(values, group, (b & 0x7F).astype(np.uint64) << shift)
+    return values.view(np.int64)
+
+
+def parse_example(data: bytes) -> dict[str, "np.ndarray | list[bytes]"]:
+    """A serialized ``tf.train.Example`` -> {name: int64 or float32 array, or list of bytes}."""
+    features: dict[str, np.ndarray | list[bytes]] = {}
+    for number, wire, start, end in _fields(data, 0, len(data)):
+        if number != 1 or wire != 2:
+            continue
+        for entry_number, entry_wire, es, ee in _fields(data, start, end):
+            if entry_number != 1 or entry_wire != 2:
+                continue
+            name, value = "", None
+            for key_number, _, ks, ke in _fields(data, es, ee):
+                if key_number == 1:
+                    name = data[ks:ke].decode("utf-8")
+                elif key_number == 2:
+                    value = _parse_feature(data, ks, ke)
+            features[name] = value if value is not None else np.zeros(0, np.int64)
+    return features
+
+
+def _parse_feature(data: bytes, start: int, end: int) -> "np.ndarray | list[bytes]":
+    result: np.ndarray | list[bytes] = np.zeros(0, np.int64)
+    for kind, _, ls, le in _fields(data, start, end):
+        if kind == 1:  # BytesList
+            result = [data[s:e] for n, _, s, e in _fields(data, ls, le) if n == 1]
+        elif kind == 2:  # FloatList: packed, or one fixed32 per value
+            parts = [data[s:e] for n, _, s, e in _fields(data, ls, le) if n == 1]
+            result = np.frombuffer(b"".join(parts), "<f4").astype(np.float32)
+        elif kind == 3:  # Int64List: packed, or one varint per value
+            packed, single = [], []
+            for n, wire, s, e in _fields(data, ls, le):
+                if n == 1 and wire == 2:
+                    packed.append(decode_varints(data[s:e]))
+                elif n == 1 and wire == 0:
+                    single.append(np.array([s], np.uint64).view(np.int64))
+            result = np.concatenate(packed + single) if packed or single else np.zeros(0, np.int64)
+    return result

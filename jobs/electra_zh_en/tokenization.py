@@ -30,9 +30,16 @@ import functools
 import re
 import unicodedata
 from itertools import chain
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+# Flag bit on an id from ``tokenize_lines_words``: the token continues the previous token's
+# word (a ``##`` piece, or a later character of a Chinese word). Ids stay below it.
+WORD_CONTINUES = 1 << 30
+_MARK = "\x00"  # never in normalized text (BERT's cleaning drops it): marks a word-continuing CJK character
 REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 
 # BERT's "Chinese character" blocks (CJK ideographs; not kana or hangul).
@@ -86,6 +93,10 @@ class _Patterns:
         self.marks = re.compile(_char_class(c for c in marks if c < limit).join("[]"))
         # Word runs first: most tokens are words, and the three branches never start alike.
         self.tokens = re.compile(f"[^\\s{cjk}{p}]+|[{cjk}]|[{p}]")
+        # For whole-word masking: runs of CJK characters to segment, and the same tokens as
+        # above from text where a marker precedes each CJK character that continues a word.
+        self.cjk_runs = re.compile(f"([{cjk}]{{2,}})")
+        self.marked_tokens = re.compile(f"[^\\s{_MARK}{cjk}{p}]+|[{cjk}]|{_MARK}[{cjk}]|[{p}]")
 
 
 @functools.cache
@@ -164,6 +175,9 @@ class BertTokenizer:
         self._cache = _IdCache()
         self._cache.wordpiece = self._wordpiece
         self._cache.limit = cache_limit
+        self._word_cache = _IdCache()  # the same, with WORD_CONTINUES flags (tokenize_lines_words)
+        self._word_cache.wordpiece = self._wordpiece_flagged
+        self._word_cache.limit = cache_limit
 
     @classmethod
     def from_bytes(cls, data: bytes | str, source: str = "vocab", **kwargs) -> "BertTokenizer":
@@ -178,10 +192,14 @@ class BertTokenizer:
 
     def _normalize(self, text: str) -> tuple[str, re.Pattern]:
         """BERT's cleaning, lower-casing and accent stripping, and the token regex that fits."""
+        text, pats = self._normalize_pats(text)
+        return text, pats.tokens
+
+    def _normalize_pats(self, text: str) -> tuple[str, _Patterns]:
         if text.isascii():
             if _ASCII_DROP.search(text):
                 text = _ASCII_DROP.sub("", text)
-            return (text.lower() if self.do_lower_case else text), self._bmp.tokens
+            return (text.lower() if self.do_lower_case else text), self._bmp
         pats = self._all if _ASTRAL.search(text) else self._bmp
         text = pats.drop.sub("", text)
         if self.do_lower_case:
@@ -191,7 +209,7 @@ class BertTokenizer:
                 if pats is self._bmp and _ASTRAL.search(text):  # U+FA6C and a few others
                     pats = self._all
             text = pats.marks.sub("", text)
-        return text, pats.tokens
+        return text, pats
 
     def normalize(self, text: str) -> str:
         return self._normalize(text)[0]
@@ -222,6 +240,58 @@ class BertTokenizer:
             ids.append(vocab[piece])
             start = end
         return tuple(ids)
+
+    def _wordpiece_flagged(self, token: str) -> tuple[int, ...]:
+        """Ids of a basic token, flagged when they continue a word: ``##`` pieces, and a
+        CJK character the segmenter put after another one of the same word (marked)."""
+        if token[0] == _MARK:
+            return tuple(i | WORD_CONTINUES for i in self._cache[token[1:]])
+        first, *rest = self._cache[token]
+        return (first, *(i | WORD_CONTINUES for i in rest))
+
+    def _mark_words(self, text: str, pats: _Patterns, cut: Callable[[str], list[str]]) -> str:
+        """Put ``_MARK`` before every CJK character that continues a word of ``cut``.
+
+        Only runs of CJK characters are segmented, all in one call (runs joined by
+        newlines, which a segmenter never joins to a word): a word is then either
+        all CJK or a newline, and ASCII words next to Chinese stay whole for WordPiece.
+        """
+        pieces = pats.cjk_runs.split(text)  # [other, run, other, run, ..., other]
+        if len(pieces) == 1:
+            return text
+        runs = "\n".join(pieces[1::2])
+        words = cut(runs)
+        lengths = np.fromiter(map(len, words), np.int64, len(words))
+        if lengths.sum() != len(runs):
+            raise ValueError("the word segmenter did not return its input cut into words")
+        continues = np.ones(len(runs), bool)
+        continues[np.cumsum(lengths) - lengths] = False  # word starts ("\n" is a word of its own)
+        chars = np.frombuffer(runs.encode("utf-32-le"), np.uint32)
+        marked = np.insert(chars, np.flatnonzero(continues), ord(_MARK)).tobytes().decode("utf-32-le")
+        pieces[1::2] = marked.split("\n")
+        return "".join(pieces)
+
+    def tokenize_lines_words(self, lines: Sequence[str], cut: Callable[[str], list[str]] | None = None
+                             ) -> list[list[int]]:
+        """``tokenize_lines`` with ``WORD_CONTINUES`` set on ids that continue a word, for
+        whole-word masking: ``##`` pieces, and with ``cut`` (a Chinese word segmenter such
+        as ``rjieba.cut``) the second and later characters of a Chinese word. Chinese stays
+        one token per character: ``id & (WORD_CONTINUES - 1)`` is what ``tokenize_lines`` gives."""
+        if not lines:
+            return []
+        text, pats = self._normalize_pats("\n".join(lines))
+        if text.count("\n") != len(lines) - 1:  # a line held its own "\n": go line by line
+            return [self._tokenize_words(line, cut) for line in lines]
+        if cut is not None and not text.isascii():
+            text = self._mark_words(text, pats, cut)
+        findall, get = pats.marked_tokens.findall, self._word_cache.__getitem__
+        return [list(chain.from_iterable(map(get, findall(part)))) for part in text.split("\n")]
+
+    def _tokenize_words(self, line: str, cut: Callable[[str], list[str]] | None) -> list[int]:
+        text, pats = self._normalize_pats(line)
+        if cut is not None and not text.isascii():
+            text = self._mark_words(text, pats, cut)
+        return list(chain.from_iterable(map(self._word_cache.__getitem__, pats.marked_tokens.findall(text))))
 
     def tokenize_ids(self, text: str) -> list[int]:
         text, tokens = self._normalize(text)

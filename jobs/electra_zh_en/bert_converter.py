@@ -1,0 +1,157 @@
+"""One item's documents to BERT pre-training records: tokenize, pair, mask, encode.
+
+Documents are tokenized as they stream in and collected into batches of
+about 256k tokens (``DocBatcher``); each batch becomes examples with a few
+numpy passes (``bert_builder``, ``masking``, ``bert_records``). Memory is
+bounded by the batch, the negative pool and, when ``dupe_factor`` > 1, the
+item's token ids kept as compact arrays (about 4 bytes per token: 80 MB for a
+64 MB item) to build its examples again with other randomness; the job's
+converter moves them to a temporary file beyond 256 MB (``SpillingBatches``).
+
+Randomness: pass ``d`` (of ``dupe_factor``) uses ``random.Random`` and a numpy
+``Generator`` seeded from (item seed, d), so the output is a pure function of
+the documents, the config and the item seed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Protocol
+
+import numpy as np
+
+from .bert_builder import DocBatch, DocBatcher, NegativePool, PairOptions, assemble, build_spans, truncate_pairs
+from .bert_records import BertLayout, BertRecordEncoder
+from .masking import MaskingOptions, mask_batch
+from .tokenization import BertTokenizer
+
+ROWS_PER_CHUNK = 1024  # examples assembled, masked and encoded together
+LINE_CHARS_PER_CALL = 1 << 20  # a huge document is tokenized in parts this big (bounded Python lists)
+
+
+@dataclass(frozen=True)
+class BertOptions:
+    max_seq_length: int = 128
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int = 20
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 1
+    whole_word_masking: bool = True
+    v2_feature_names: bool = False
+    pack_documents: bool = False
+
+
+@dataclass
+class BertCounters:
+    documents: int = 0
+    lines: int = 0
+    text_bytes: int = 0
+    examples: int = 0
+    tokens: int = 0
+    masked_lm_predictions: int = 0
+    random_next: int = 0
+
+
+def random_ids(vocab: dict[str, int]) -> np.ndarray:
+    """Ids a random replacement may take: the vocab minus bracketed tokens ([PAD], [CLS], [unused0]...)."""
+    ids = [i for token, i in vocab.items() if not (token.startswith("[") and token.endswith("]") and len(token) > 2)]
+    return np.array(sorted(ids) or sorted(vocab.values()), np.int32)
+
+
+def _line_groups(document: list[str]) -> Iterator[list[str]]:
+    """The document's lines in groups of about LINE_CHARS_PER_CALL characters (one group if smaller)."""
+    if sum(map(len, document)) <= LINE_CHARS_PER_CALL:
+        yield document
+        return
+    group: list[str] = []
+    size = 0
+    for line in document:
+        group.append(line)
+        size += len(line)
+        if size >= LINE_CHARS_PER_CALL:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
+class KeptBatches(Protocol):
+    """Where an item's batches wait for the dupe_factor passes: a list, or a store that spills."""
+
+    def append(self, batch: DocBatch) -> None: ...
+
+    def __iter__(self) -> Iterator[DocBatch]: ...
+
+
+class BertExamples:
+    """The pure text -> records core: no I/O; randomness only from the seed given."""
+
+    def __init__(self, tokenizer: BertTokenizer, opts: BertOptions, cut: Callable[[str], list[str]] | None):
+        self.tokenizer = tokenizer
+        self.opts = opts
+        self.cut = cut
+        vocab = tokenizer.vocab
+        self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
+        self.pairs = PairOptions(opts.max_seq_length, opts.short_seq_prob, opts.pack_documents)
+        self.masking = MaskingOptions(vocab["[MASK]"], random_ids(vocab), opts.masked_lm_prob,
+                                      opts.max_predictions_per_seq, opts.whole_word_masking)
+        self.encoder = BertRecordEncoder(BertLayout(opts.max_seq_length, opts.max_predictions_per_seq,
+                                                    opts.v2_feature_names))
+
+    def tokenize(self, lines: list[str]) -> list[list[int]]:
+        if self.opts.whole_word_masking:
+            return self.tokenizer.tokenize_lines_words(lines, self.cut)
+        return self.tokenizer.tokenize_lines(lines)
+
+    def records(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
+                keep: KeptBatches | None = None) -> Iterator[bytes]:
+        """Framed TFRecords, a batch at a time (each yield is the bytes of many records).
+        With dupe_factor > 1 the item's batches go to ``keep`` (default: a list in memory)."""
+        if self.opts.dupe_factor > 1 and keep is None:
+            keep = []
+        elif self.opts.dupe_factor == 1:
+            keep = None
+        batcher = DocBatcher()
+        rngs = self._rngs(seed, 0)
+        pool = NegativePool()
+        for number, document in enumerate(documents):
+            counters.documents += 1
+            counters.lines += len(document)
+            counters.text_bytes += sum(map(len, map(str.encode, document)))
+            for lines in _line_groups(document):
+                batcher.add(number, self.tokenize(lines))
+                if batcher.full:
+                    yield from self._batch_records(batcher.take(), pool, rngs, counters, keep)
+        yield from self._batch_records(batcher.take(), pool, rngs, counters, keep)
+        for dupe in range(1, self.opts.dupe_factor):
+            rngs, pool = self._rngs(seed, dupe), NegativePool()
+            for batch in keep:
+                yield from self._batch_records(batch, pool, rngs, counters, None)
+
+    @staticmethod
+    def _rngs(seed: int, dupe: int) -> tuple[random.Random, np.random.Generator]:
+        return random.Random(f"{seed}:{dupe}"), np.random.default_rng([seed & (2**64 - 1), dupe])
+
+    def _batch_records(self, batch: DocBatch, pool: NegativePool, rngs, counters: BertCounters,
+                       keep: KeptBatches | None) -> Iterator[bytes]:
+        if not batch.n_docs:
+            return
+        if keep is not None:
+            keep.append(batch)
+        rng, gen = rngs
+        merged, first = pool.merge(batch)
+        spans = build_spans(merged, first, self.pairs, rng)
+        spans = truncate_pairs(spans, self.opts.max_seq_length - 3, gen).take(gen.permutation(len(spans)))
+        pool.keep(merged)
+        for start in range(0, len(spans), ROWS_PER_CHUNK):
+            pairs = assemble(merged.ids, spans.take(np.arange(start, min(len(spans), start + ROWS_PER_CHUNK))),
+                             self.opts.max_seq_length, self.cls_id, self.sep_id)
+            masked = mask_batch(pairs.tokens, pairs.lengths, pairs.first_lengths, self.masking, gen)
+            records = self.encoder.encode(masked, pairs.lengths, pairs.first_lengths, pairs.random_next)
+            counters.examples += len(records)
+            counters.tokens += int(pairs.lengths.sum())
+            counters.masked_lm_predictions += int(masked.counts.sum())
+            counters.random_next += int(pairs.random_next.sum())
+            yield b"".join(records)
+

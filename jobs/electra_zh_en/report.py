@@ -1,0 +1,257 @@
+"""A picture of a run's records, to catch a bad vocab or a broken split before training.
+
+Reads the records back with ``tfrecord.iter_records`` / ``parse_example`` (no
+TensorFlow) and summarises: real sequence lengths and the fill ratio,
+segments per example, masked positions per example and how they were
+replaced, next-sentence labels, and the share of ``[UNK]`` among text tokens
+(a vocab that misses characters shows up here first).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from . import tfrecord
+from .tokenization import VocabError, load_vocab
+
+MAX_RECORDS = 100_000  # enough for the shares; a big run is sampled from its first files
+
+
+class ReportError(Exception):
+    """The folder or a record cannot be read; the message names it."""
+
+
+@dataclass(frozen=True)
+class VocabIds:
+    unk: int
+    mask: int | None
+
+
+def vocab_ids(path: str) -> VocabIds | None:
+    """The ids the report needs from a local vocab file; None if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            vocab = load_vocab(f.read(), path)
+    except (OSError, VocabError):
+        return None
+    return VocabIds(vocab["[UNK]"], vocab.get("[MASK]"))
+
+
+def vocab_of_run(folder: str) -> str | None:
+    """The vocab_file a ``fleet local`` run in ``folder`` was planned with, if any."""
+    for spec in sorted(glob.glob(os.path.join(folder, ".fleet", "runs", "*", "run.json"))):
+        try:
+            with open(spec, encoding="utf-8") as f:
+                return json.load(f)["config"]["vocab_file"] or None
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def record_files(folder: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(folder, "*.tfrecord")) + glob.glob(os.path.join(folder, "*.tfrecord.gz")))
+
+
+def _records(path: str) -> Iterator[bytes]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if path.endswith(".gz"):
+            data = gzip.decompress(data)
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise ReportError(f"{path}: cannot read ({e})") from None
+    try:
+        yield from tfrecord.iter_records(data)
+    except ValueError as e:
+        raise ReportError(f"{path}: {e}") from None
+
+
+@dataclass
+class RecordStats:
+    folder: str
+    files: int = 0
+    files_read: int = 0
+    records: int = 0
+    truncated: bool = False  # stopped at max_records
+    max_seq_length: int = 0
+    layout: str = ""  # bert, bert (v2 names) or electra
+    max_predictions: int = 0
+    lengths: list[int] = field(default_factory=list)
+    second_lengths: list[int] = field(default_factory=list)  # 0: one segment
+    masked: list[int] = field(default_factory=list)
+    random_next: list[int] = field(default_factory=list)
+    replaced: dict[str, int] = field(default_factory=lambda: {"[MASK]": 0, "random": 0, "unchanged": 0})
+    unk: int | None = None
+    text_tokens: int = 0
+
+    # -- figures -------------------------------------------------------------
+    @property
+    def fill_ratio(self) -> float:
+        return sum(self.lengths) / (len(self.lengths) * self.max_seq_length) if self.lengths else 0.0
+
+    def text(self, histogram: bool = True) -> str:
+        if not self.records:
+            return f"report: no records in {self.folder}"
+        lengths = np.array(self.lengths)
+        second = np.array(self.second_lengths)
+        where = (f"from the first {self.files_read} of {self.files} files (max_records reached" if self.truncated
+                 else f"in {self.files} files (")
+        lines = [
+            f"records: {self.records:,} {where}{'; ' if self.truncated else ''}{self.layout}, "
+            f"max_seq_length {self.max_seq_length})",
+            f"real length: mean {lengths.mean():.1f} of {self.max_seq_length}, fill ratio {self.fill_ratio:.3f}",
+            *(_histogram(lengths, self.max_seq_length) if histogram else []),
+            f"segments per example: two {np.mean(second > 0):.1%}, one {np.mean(second == 0):.1%}; "
+            f"second segment mean {second[second > 0].mean() if (second > 0).any() else 0:.1f} tokens",
+        ]
+        if self.masked:
+            masked = np.array(self.masked)
+            total = max(1, masked.sum())
+            r = self.replaced
+            split = (f"; [MASK] {r['[MASK]'] / total:.1%}, random {r['random'] / total:.1%}, "
+                     f"unchanged {r['unchanged'] / total:.1%}") if self.unk is not None else ""
+            lines.append(f"masked per example: mean {masked.mean():.1f} (min {masked.min()}, max {masked.max()} "
+                         f"of {self.max_predictions}), {masked.sum() / max(1, lengths.sum()):.1%} of real tokens"
+                         f"{split}")
+            lines.append(f"next_sentence_labels: 1 (random next) {np.mean(self.random_next):.1%}")
+        if self.unk is None:
+            lines.append("[UNK]: unknown (no vocab: pass --vocab)")
+        else:
+            share = self.unk / max(1, self.text_tokens)
+            warn = "  <- high: does the vocab cover the text?" if share > 0.01 else ""
+            lines.append(f"[UNK]: {share:.3%} of text tokens ({self.unk:,} of {self.text_tokens:,}){warn}")
+        return "\n".join(lines)
+
+    def png(self, path: str) -> None:
+        try:
+            import matplotlib
+        except ImportError:
+            raise ImportError("the PNG needs matplotlib: pip install -e '.[report]'") from None
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+        lengths = np.array(self.lengths)
+        ax = axes[0, 0]
+        ax.hist(lengths, bins=min(64, self.max_seq_length), range=(0, self.max_seq_length), color="#4878a8")
+        ax.set_title(f"real sequence length (fill ratio {self.fill_ratio:.3f})")
+        ax.set_xlabel("tokens incl. [CLS]/[SEP]")
+        ax.set_yscale("log")  # the full-length bar would hide the rest
+        ax.set_ylabel("examples (log scale)")
+        ax = axes[0, 1]
+        if self.masked:
+            top = self.max_predictions
+            ax.hist(self.masked, bins=np.arange(top + 2) - 0.5, color="#c06030")
+            ax.set_title("masked positions per example")
+            ax.set_xlabel(f"predictions (max_predictions_per_seq {top})")
+        else:
+            ax.hist(self.second_lengths, bins=32, color="#c06030")
+            ax.set_title("second segment length (0 = one segment)")
+            ax.set_xlabel("tokens")
+        ax.set_ylabel("examples")
+        ax = axes[1, 0]
+        second = np.array(self.second_lengths)
+        bars = {"one segment": float(np.mean(second == 0)), "two segments": float(np.mean(second > 0))}
+        if self.random_next:
+            bars["NSP label 1"] = float(np.mean(self.random_next))
+        ax.bar(list(bars), list(bars.values()), color=["#4878a8", "#4878a8", "#60a060"][:len(bars)])
+        ax.set_ylim(0, 1.12)
+        ax.set_title("segments per example, next-sentence labels")
+        ax.set_ylabel("share of examples")
+        for i, v in enumerate(bars.values()):
+            ax.text(i, v + 0.02, f"{v:.1%}", ha="center")
+        ax = axes[1, 1]
+        ax.axis("off")
+        ax.text(0, 1, self.text(histogram=False).replace("; ", ";\n    ").replace(", fill", ",\n    fill"),
+                va="top", ha="left", family="monospace", fontsize=8)
+        fig.suptitle(f"records in {self.folder}")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+
+def _histogram(values: np.ndarray, top: int, bins: int = 8, width: int = 30) -> list[str]:
+    counts, edges = np.histogram(values, bins=bins, range=(0, top))
+    share = counts / max(1, counts.sum())
+    scale = width / max(share.max(), 1e-9)
+    return [f"  {int(lo):4d}-{int(hi) - (i < bins - 1):4d} {'#' * int(round(s * scale)):<{width}} {s:6.1%}"
+            for i, (lo, hi, s) in enumerate(zip(edges[:-1], edges[1:], share))]
+
+
+def _layout(features: dict) -> tuple[str, str, str]:
+    """(description, ids feature, segments feature)."""
+    if "input_word_ids" in features:
+        return "bert (v2 feature names)", "input_word_ids", "input_type_ids"
+    if "masked_lm_positions" in features:
+        return "bert", "input_ids", "segment_ids"
+    return "electra", "input_ids", "segment_ids"
+
+
+def read_report(folder: str, vocab: VocabIds | None = None, max_records: int = MAX_RECORDS) -> RecordStats:
+    """Summarise the records of ``folder`` (``*.tfrecord``, ``*.tfrecord.gz``), at most ``max_records``."""
+    if not os.path.isdir(folder):
+        raise ReportError(f"{folder}: not a folder")
+    files = record_files(folder)
+    stats = RecordStats(folder, files=len(files))
+    ids_name = segments_name = ""
+    for path in files:
+        if stats.records >= max_records:
+            stats.truncated = True
+            break
+        stats.files_read += 1
+        for raw in _records(path):
+            if stats.records >= max_records:
+                stats.truncated = True
+                break
+            try:
+                ex = tfrecord.parse_example(raw)
+            except ValueError as e:
+                raise ReportError(f"{path}: record {stats.records + 1} is not a tf.train.Example ({e})") from None
+            if not stats.layout:
+                stats.layout, ids_name, segments_name = _layout(ex)
+            try:
+                _add(stats, ex, ids_name, segments_name, vocab)
+            except (KeyError, IndexError, ValueError) as e:
+                raise ReportError(f"{path}: record {stats.records + 1} lacks a feature or is malformed ({e})") from None
+            stats.records += 1
+    if vocab is not None:
+        stats.unk = stats.unk or 0
+    return stats
+
+
+def _add(stats: RecordStats, ex: dict, ids_name: str, segments_name: str, vocab: VocabIds | None) -> None:
+    ids, mask, segments = ex[ids_name], ex["input_mask"], ex[segments_name]
+    n = int(mask.sum())
+    stats.max_seq_length = len(mask)
+    stats.lengths.append(n)
+    stats.second_lengths.append(max(0, int(segments[:n].sum()) - 1))  # B's tokens, without its [SEP]
+    original = ids[:n].copy()
+    if "masked_lm_positions" in ex:
+        weights = ex["masked_lm_weights"]
+        k = int((weights > 0).sum())
+        stats.max_predictions = len(weights)
+        positions, labels = ex["masked_lm_positions"][:k], ex["masked_lm_ids"][:k]
+        stats.masked.append(k)
+        stats.random_next.append(int(ex["next_sentence_labels"][0]))
+        if vocab is not None and k:
+            now = ids[positions]
+            is_mask = now == vocab.mask if vocab.mask is not None else np.zeros(k, bool)
+            unchanged = now == labels
+            stats.replaced["[MASK]"] += int(is_mask.sum())
+            stats.replaced["unchanged"] += int((unchanged & ~is_mask).sum())
+            stats.replaced["random"] += int((~unchanged & ~is_mask).sum())
+        original[positions] = labels
+    if vocab is not None:
+        n_first = int(n - segments[:n].sum())
+        text = np.ones(n, bool)
+        text[[0, n_first - 1, n - 1]] = False  # [CLS] and the [SEP]s
+        stats.unk = (stats.unk or 0) + int((original[text] == vocab.unk).sum())
+        stats.text_tokens += int(text.sum())

@@ -1,0 +1,402 @@
+"""format=bert through the job API on the sample corpus: records BERT's run_pretraining.py parses,
+masking statistics, whole words in Chinese and English, NSP labels, packing, GZIP, v2 names."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import random
+import re
+
+import numpy as np
+import pytest
+import rjieba
+
+from fleet.job import ConfigError, ItemContext, Sink
+from jobs.electra_zh_en import JOB, ElectraConfig, tfrecord
+from jobs.electra_zh_en.bert_builder import DocBatcher, PairOptions, assemble, build_spans, truncate_pairs
+from jobs.electra_zh_en.bert_records import feature_names
+from jobs.electra_zh_en.masking import mask_batch
+from jobs.electra_zh_en.tokenization import CJK_RANGES, WORD_CONTINUES, BertTokenizer
+from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEQ, PREDS = 128, 20
+
+
+class MemorySink(Sink):
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+
+    def open(self, suffix):
+        sink = self
+
+        class File(io.BytesIO):
+            def close(self):
+                sink.files[suffix] = self.getvalue()
+                super().close()
+
+        return File()
+
+
+def read_documents(name: str) -> list[list[str]]:
+    with open(os.path.join(ROOT, "corpus", name), encoding="utf-8") as f:
+        return [block.split("\n") for block in f.read().split("\n\n") if block.strip()]
+
+
+@pytest.fixture(scope="module")
+def documents() -> dict[str, list[list[str]]]:
+    return {"zh": read_documents("sample_zh.txt"), "en": read_documents("sample_en.txt")}
+
+
+@pytest.fixture(scope="module")
+def vocab_path(tmp_path_factory, documents) -> str:
+    path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
+    lines = (line for docs in documents.values() for doc in docs for line in doc)
+    write_vocab(train_vocab(lines, 21128), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(vocab_path) -> BertTokenizer:
+    return BertTokenizer.from_file(vocab_path)
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def convert(vocab_path, docs, seed=7, **options) -> tuple[dict, str, bytes]:
+    config = JOB.parse_config({"vocab_file": vocab_path, "format": "bert", **options})
+    sink = MemorySink()
+    stats = JOB.converter(config, read_file).convert(iter(docs), ItemContext("item", seed, "test"), sink)
+    (suffix, data), = sink.files.items()
+    return stats, suffix, data
+
+
+@pytest.fixture(scope="module")
+def sample_run(vocab_path, documents):
+    """The whole sample corpus (both languages), format=bert, default options."""
+    stats, suffix, data = convert(vocab_path, documents["zh"] + documents["en"])
+    return stats, data
+
+
+def parse_all(data: bytes) -> list[dict]:
+    return [tfrecord.parse_example(r) for r in tfrecord.iter_records(data)]
+
+
+# -- the records ---------------------------------------------------------------------------
+
+
+def test_tensorflow_parses_records_with_run_pretrainings_spec(sample_run, tokenizer):
+    tf = pytest.importorskip("tensorflow")
+    stats, data = sample_run
+    spec = {
+        "input_ids": tf.io.FixedLenFeature([SEQ], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([SEQ], tf.int64),
+        "segment_ids": tf.io.FixedLenFeature([SEQ], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([PREDS], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([PREDS], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([PREDS], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
+    raw = list(tfrecord.iter_records(data))
+    parsed = tf.io.parse_example(tf.constant(raw), spec)  # every record, all at once
+    ids, mask, seg = (parsed[k].numpy() for k in ("input_ids", "input_mask", "segment_ids"))
+    pos, mlm_ids, weights = (parsed[k].numpy() for k in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"))
+    labels = parsed["next_sentence_labels"].numpy()[:, 0]
+    assert len(raw) == stats["examples"] > 2000 and set(map(len, parsed.values())) == {len(raw)}
+    vocab = tokenizer.vocab
+    for i in range(len(raw)):
+        n = int(mask[i].sum())
+        n0 = n - int(seg[i].sum())
+        k = int(weights[i].sum())
+        assert (mask[i, :n] == 1).all() and (ids[i, n:] == 0).all() and (seg[i, n:] == 0).all()
+        assert (seg[i, :n0] == 0).all() and (seg[i, n0:n] == 1).all() and n0 < n
+        assert ids[i, 0] == vocab["[CLS]"] and ids[i, n0 - 1] == vocab["[SEP]"] and ids[i, n - 1] == vocab["[SEP]"]
+        assert weights[i].tolist() == [1.0] * k + [0.0] * (PREDS - k) and k >= 1
+        p = pos[i, :k]
+        assert (np.diff(p) > 0).all() and (pos[i, k:] == 0).all() and (mlm_ids[i, k:] == 0).all()
+        assert not np.isin(p, [0, n0 - 1, n - 1]).any() and (p < n).all()
+        assert k <= min(PREDS, max(1, round(n * 0.15)))
+    assert set(labels.tolist()) == {0, 1}
+    assert stats["tokens"] == mask.sum() and stats["masked_lm_predictions"] == weights.sum()
+    assert stats["random_next"] == labels.sum()
+
+
+def test_records_are_exactly_what_the_generic_encoder_writes(sample_run):
+    _, data = sample_run
+    records = list(tfrecord.iter_records(data))
+    for raw in records[:: max(1, len(records) // 200)]:
+        ex = tfrecord.parse_example(raw)
+        features = {name: (tfrecord.float_feature(v.tolist()) if v.dtype == np.float32 else
+                           tfrecord.int64_feature(v.tolist())) for name, v in ex.items()}
+        assert tfrecord.example(features) == raw
+        assert sorted(ex) == sorted(feature_names(False).values())
+
+
+def test_masking_statistics_on_the_sample(sample_run, tokenizer):
+    stats, data = sample_run
+    examples = parse_all(data)
+    mask_id = tokenizer.vocab["[MASK]"]
+    masked = replaced_by_mask = unchanged = 0
+    special = {tokenizer.vocab[t] for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")}
+    for ex in examples:
+        k = int(ex["masked_lm_weights"].sum())
+        now = ex["input_ids"][ex["masked_lm_positions"][:k]]
+        was = ex["masked_lm_ids"][:k]
+        masked += k
+        replaced_by_mask += int((now == mask_id).sum())
+        unchanged += int((now == was).sum())
+        randoms = now[(now != mask_id) & (now != was)]
+        assert not special & set(randoms.tolist()), "a random replacement is never a special token"
+    share = masked / stats["tokens"]
+    assert 0.14 < share < 0.152  # 15% of each length, rounded, at most 20 (19 of 128)
+    assert abs(replaced_by_mask / masked - 0.8) < 0.015
+    assert abs(unchanged / masked - 0.1) < 0.015
+    assert abs((masked - replaced_by_mask - unchanged) / masked - 0.1) < 0.015
+
+
+def test_next_sentence_labels_about_half_on_long_documents(sample_run, documents):
+    stats, _ = sample_run
+    assert min(map(len, documents["zh"] + documents["en"])) > 1  # documents of many lines
+    assert 0.45 < stats["random_next"] / stats["examples"] < 0.62  # one-line chunks are always random, as in BERT
+    assert 0.85 < JOB.summarize(stats)["fill_ratio"] <= 1
+
+
+# -- whole words ---------------------------------------------------------------------------
+
+CJK = re.compile("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in CJK_RANGES) + "]")
+
+
+def reference_flags(tokenizer: BertTokenizer, line: str) -> list[int]:
+    """WORD_CONTINUES per token, spelled out: a CJK character continues a word when rjieba puts it
+    after another character of the same run; a ## piece continues its word."""
+    text = tokenizer.normalize(line)
+    continues = [False] * len(text)
+    for run in re.finditer(CJK.pattern + "{2,}", text):
+        at = run.start()
+        for word in rjieba.cut(run.group()):
+            for j in range(1, len(word)):
+                continues[at + j] = True
+            at += len(word)
+    pattern = tokenizer._all.tokens  # BERT's basic tokens, with their positions
+    flags = []
+    for m in pattern.finditer(text):
+        if CJK.match(m.group()):
+            flags.append(int(continues[m.start()]))
+        else:
+            flags += [0] + [1] * (len(tokenizer._wordpiece(m.group())) - 1)
+    return flags
+
+
+def test_tokenizer_marks_whole_words_in_both_languages(tokenizer, documents):
+    lines = [line for docs in documents.values() for doc in docs[::4] for line in doc]
+    lines += ["服务器性能测试工具 unaffordable 中文", "我们在野生动物园玩", "", "   ", "㐀㐁中文\U00020000\U00020001"]
+    flagged = tokenizer.tokenize_lines_words(lines, rjieba.cut)
+    plain = tokenizer.tokenize_lines(lines)
+    n_cjk_continuing = 0
+    for line, got, want in zip(lines, flagged, plain):
+        assert [i & (WORD_CONTINUES - 1) for i in got] == want, line  # one token per Chinese character still
+        flags = [i >> 30 for i in got]
+        assert flags == reference_flags(tokenizer, line), line
+        n_cjk_continuing += sum(f for f, t in zip(flags, tokenizer.convert_ids_to_tokens(want)) if CJK.match(t))
+    assert n_cjk_continuing > 1000
+    ids = tokenizer.tokenize_lines_words(["服务器性能测试工具 unaffordable"], rjieba.cut)[0]
+    tokens = tokenizer.convert_ids_to_tokens([i & (WORD_CONTINUES - 1) for i in ids])
+    words, current = [], []
+    for t, i in zip(tokens, ids):
+        if not i & WORD_CONTINUES and current:
+            words.append("".join(current))
+            current = []
+        current.append(t.removeprefix("##"))
+    words.append("".join(current))
+    assert words[:3] == ["服务器", "性能", "测试工具"] and "".join(words[3:]) == "unaffordable" and len(words) == 4
+
+
+def test_whole_words_are_masked_together_in_the_sample(tokenizer, documents):
+    """The converter's pieces on real text: every word (rjieba's for Chinese, ## pieces for English)
+    is masked whole or not at all, and multi-character words do get masked."""
+    from jobs.electra_zh_en.bert_converter import BertExamples, BertOptions
+
+    ex = BertExamples(tokenizer, BertOptions(), rjieba.cut)
+    batcher = DocBatcher()
+    for number, doc in enumerate(documents["zh"][:40] + documents["en"][:20]):
+        batcher.add(number, ex.tokenize(doc))
+    batch = batcher.take()
+    gen = np.random.default_rng(1)
+    spans = truncate_pairs(build_spans(batch, 0, PairOptions(), random.Random(1)), SEQ - 3, gen)
+    pairs = assemble(batch.ids, spans, SEQ, tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"])
+    masked = mask_batch(pairs.tokens, pairs.lengths, pairs.first_lengths, ex.masking, gen)
+    multi = {"zh": 0, "en": 0}
+    for i in range(len(pairs.tokens)):
+        n, n0, k = int(pairs.lengths[i]), int(pairs.first_lengths[i]), int(masked.counts[i])
+        chosen = set(masked.positions[i, :k].tolist())
+        row = pairs.tokens[i]
+        word: list[int] = []
+        for p in list(range(1, n0 - 1)) + [-1] + list(range(n0, n - 1)) + [-1]:
+            if p >= 0 and word and row[p] & WORD_CONTINUES:
+                word.append(p)
+                continue
+            if word:
+                inside = {q in chosen for q in word}
+                assert len(inside) == 1, f"example {i}: word at {word} partly masked"
+                if len(word) > 1 and True in inside:
+                    first = tokenizer.inv_vocab[int(row[word[0]] & (WORD_CONTINUES - 1))]
+                    multi["zh" if CJK.match(first) else "en"] += 1
+            word = [p] if p >= 0 else []
+    assert multi["zh"] > 100 and multi["en"] > 50
+
+
+# -- options -----------------------------------------------------------------------------------
+
+
+def test_same_seed_same_bytes(vocab_path, documents):
+    docs = documents["zh"][:15] + documents["en"][:8]
+    a = convert(vocab_path, docs, seed=3)[2]
+    assert a == convert(vocab_path, [list(d) for d in docs], seed=3)[2]
+    assert a != convert(vocab_path, docs, seed=4)[2]
+
+
+def test_gzip(vocab_path, documents):
+    tf = pytest.importorskip("tensorflow")
+    docs = documents["zh"][:10] + documents["en"][:5]
+    _, suffix, plain = convert(vocab_path, docs, seed=5)
+    _, gz_suffix, packed = convert(vocab_path, docs, seed=5, compression="GZIP")
+    assert (suffix, gz_suffix) == (".tfrecord", ".tfrecord.gz")
+    assert gzip.decompress(packed) == plain and len(packed) < len(plain) / 2
+    assert convert(vocab_path, docs, seed=5, compression="gzip")[2] == packed  # no time stamp in the bytes
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bert-gzip-{os.getpid()}.tfrecord.gz")
+    with open(path, "wb") as f:
+        f.write(packed)
+    try:
+        read = [r.numpy() for r in tf.data.TFRecordDataset(path, compression_type="GZIP")]
+    finally:
+        os.unlink(path)
+    assert read == list(tfrecord.iter_records(plain))
+
+
+def test_v2_feature_names(vocab_path, documents):
+    tf = pytest.importorskip("tensorflow")
+    docs = documents["en"][:5]
+    _, _, v1 = convert(vocab_path, docs)
+    _, _, v2 = convert(vocab_path, docs, v2_feature_names="true")
+    names = feature_names(True)
+    assert names["input_ids"] == "input_word_ids" and names["segment_ids"] == "input_type_ids"
+    # tf-models' BertPretrainDataLoader with use_v2_feature_names
+    spec = {"input_word_ids": tf.io.FixedLenFeature([SEQ], tf.int64),
+            "input_type_ids": tf.io.FixedLenFeature([SEQ], tf.int64),
+            "input_mask": tf.io.FixedLenFeature([SEQ], tf.int64),
+            "masked_lm_positions": tf.io.FixedLenFeature([PREDS], tf.int64),
+            "masked_lm_ids": tf.io.FixedLenFeature([PREDS], tf.int64),
+            "masked_lm_weights": tf.io.FixedLenFeature([PREDS], tf.float32),
+            "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64)}
+    first1, first2 = parse_all(v1), parse_all(v2)
+    assert len(first1) == len(first2) > 10
+    for a, b in zip(first1, first2):
+        assert set(b) == set(spec) and "input_ids" not in b
+        assert (a["input_ids"] == b["input_word_ids"]).all() and (a["segment_ids"] == b["input_type_ids"]).all()
+    parsed = tf.io.parse_example(tf.constant(list(tfrecord.iter_records(v2))), spec)
+    assert parsed["input_word_ids"].shape == (len(first2), SEQ)
+
+
+def test_dupe_factor_builds_the_item_again_with_other_randomness(vocab_path, documents):
+    docs = documents["zh"][:6] + documents["en"][:4]
+    one, _, data1 = convert(vocab_path, docs)
+    three, _, data3 = convert(vocab_path, docs, dupe_factor=3)
+    assert data3.startswith(data1)  # the first pass is the dupe_factor=1 output
+    records = list(tfrecord.iter_records(data3))
+    assert len(records) == three["examples"] and 2.5 * one["examples"] < three["examples"] < 3.5 * one["examples"]
+    assert three["documents"] == one["documents"]  # the documents are read once
+    passes = [parse_all(data1), parse_all(b"".join(tfrecord.frame(r) for r in records[one["examples"]:]))]
+    positions = [{tuple(ex["masked_lm_positions"]) for ex in p} for p in passes]
+    assert len(positions[0] & positions[1]) < len(positions[0]) / 10  # masked elsewhere
+
+
+def test_dupe_factor_spills_to_a_file_beyond_its_memory_limit(vocab_path, documents, monkeypatch):
+    import functools
+
+    from jobs.electra_zh_en import bert_converter, job
+
+    docs = documents["zh"][:12] + documents["en"][:8]
+    monkeypatch.setattr(bert_converter, "DocBatcher", functools.partial(bert_converter.DocBatcher, batch_tokens=5000))
+    _, _, in_memory = convert(vocab_path, docs, dupe_factor=2)
+    spilled = []
+
+    class Recording(job.SpillingBatches):
+        def __exit__(self, *exc):
+            spilled.append((len(self.in_memory), self.spilled))
+            super().__exit__(*exc)
+
+    monkeypatch.setattr(job, "SpillingBatches", functools.partial(Recording, limit=100_000))
+    _, _, on_disk = convert(vocab_path, docs, dupe_factor=2)
+    assert on_disk == in_memory
+    assert spilled[0][0] >= 1 and spilled[0][1] >= 2, spilled  # some batches in memory, the rest in the file
+
+
+def test_pack_documents_fills_sequences_of_short_documents(vocab_path, documents):
+    lines = [line for doc in documents["zh"][:30] + documents["en"][:20] for line in doc]
+    rng = random.Random(0)
+    short, i = [], 0
+    while i < len(lines):  # documents of one to three lines
+        n = rng.randint(1, 3)
+        short.append(lines[i:i + n])
+        i += n
+    fill = {}
+    for fmt in ("electra", "bert"):
+        for pack in (False, True):
+            config = JOB.parse_config({"vocab_file": vocab_path, "format": fmt, "pack_documents": str(pack)})
+            sink = MemorySink()
+            stats = JOB.converter(config, read_file).convert(short, ItemContext("i", 1, "t"), sink)
+            fill[fmt, pack] = JOB.summarize(stats)["fill_ratio"]
+            if fmt == "bert" and pack:
+                assert 0.4 < stats["random_next"] / stats["examples"] < 0.65
+    assert fill["electra", False] < 0.5 and fill["bert", False] < 0.55  # measured: 42-44% on short documents
+    assert fill["electra", True] > 0.9 and fill["bert", True] > 0.9
+
+
+def test_a_huge_document_is_tokenized_in_parts(vocab_path, documents, monkeypatch):
+    from jobs.electra_zh_en import bert_converter
+
+    doc = [line for d in documents["zh"][:20] for line in d]
+    stats, _, whole = convert(vocab_path, [doc])
+    monkeypatch.setattr(bert_converter, "LINE_CHARS_PER_CALL", 2000)
+    stats_parts, _, parts = convert(vocab_path, [doc])
+    assert parts == whole and stats_parts == stats  # same document, same examples
+    assert stats["random_next"] == 0  # one document: no other to draw from
+
+
+def test_config_errors(vocab_path, tmp_path):
+    bad = {
+        "option masked_lm_prob applies to format=bert only": {"format": "electra", "masked_lm_prob": "0.2"},
+        "option dupe_factor applies to format=bert only": {"dupe_factor": "2"},
+        "option compression: 'zip' is not supported": {"compression": "zip"},
+        "option masked_lm_prob: must be in (0, 1]": {"format": "bert", "masked_lm_prob": "0"},
+        "option max_predictions_per_seq": {"format": "bert", "max_predictions_per_seq": "0"},
+        "option short_seq_prob": {"format": "bert", "short_seq_prob": "1.5"},
+        "option dupe_factor: must be between": {"format": "bert", "dupe_factor": "0"},
+        "option whole_word_masking: expected true or false": {"format": "bert", "whole_word_masking": "maybe"},
+    }
+    for message, options in bad.items():
+        with pytest.raises(ConfigError) as e:
+            JOB.check(JOB.parse_config({"vocab_file": vocab_path, **options}), read_file)
+        assert message in str(e.value) and "\n" not in str(e.value)
+    no_mask = tmp_path / "no_mask.txt"
+    no_mask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\na\n")
+    with pytest.raises(ConfigError, match="no_mask.txt: format=bert needs a \\[MASK\\] token"):
+        JOB.check(ElectraConfig(vocab_file=str(no_mask), format="bert"), read_file)
+    JOB.check(ElectraConfig(vocab_file=str(no_mask)), read_file)  # ELECTRA does not mask
+    JOB.check(JOB.parse_config({"vocab_file": vocab_path, "compression": "GZIP", "pack_documents": "true"}), read_file)
+
+
+def test_electra_with_gzip_and_packing(vocab_path, documents):
+    docs = documents["en"][:5]
+    config = JOB.parse_config({"vocab_file": vocab_path})
+    plain = MemorySink()
+    JOB.converter(config, read_file).convert(docs, ItemContext("i", 1, "t"), plain)
+    packed = MemorySink()
+    config = JOB.parse_config({"vocab_file": vocab_path, "compression": "GZIP"})
+    JOB.converter(config, read_file).convert(docs, ItemContext("i", 1, "t"), packed)
+    assert gzip.decompress(packed.files[".tfrecord.gz"]) == plain.files[".tfrecord"]
