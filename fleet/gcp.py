@@ -94,7 +94,7 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
         raise PlanError(f"--workers {workers}: give 1 to {MAX_WORKERS}")
     if not cfg.service_account:
         raise PlanError("fleet.toml: service_account is empty; the VMs need one to reach the bucket "
-                        "(docs/gcp.md, step 2)")
+                        "(README: Run it on GCP, step 2)")
     hours = cfg.max_run_hours if max_run_hours is None else max_run_hours
     if not 0 <= hours <= 24 * 120:
         raise PlanError(f"--max-run-hours {hours}: give 0 (no limit) to 2880")
