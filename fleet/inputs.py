@@ -6,6 +6,13 @@ compressed with gzip, bzip2 or zstd. A plain file is cut into byte ranges
 that start and end at a document boundary, so a document is never split and
 every line is read exactly once. Compressed files cannot be entered in the
 middle, so each is one item.
+
+Input that cannot be right fails its item with an InputError naming the file
+and the byte offset: invalid UTF-8, a NUL byte (a binary file, or UTF-16
+text), a line longer than MAX_LINE_BYTES (no newlines: not line-oriented
+text; one line is tokenized as one string), a corrupt or truncated
+compressed stream, a .jsonl line that is not a JSON object with a string
+``text``. A UTF-8 byte order mark at the start of a file is skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ import io
 import json
 import os
 import tempfile
-import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
@@ -25,6 +31,8 @@ from fleet.store import NotFound, Store, open_store, split_url
 
 COMPRESSIONS = {".gz": "gz", ".gzip": "gz", ".bz2": "bz2", ".zst": "zst", ".zstd": "zst"}
 _BLOCK = 4 << 20
+MAX_LINE_BYTES = 16 << 20
+_BOM = b"\xef\xbb\xbf"
 _SCAN = 64 << 10
 
 
@@ -175,14 +183,22 @@ def _text_lines(raw: BinaryIO, source: str, base_offset: int, compression: str) 
     while True:
         try:
             block = stream.read(_BLOCK)
-        except (EOFError, OSError, zlib.error) as e:
-            raise InputError(f"{source}: corrupt or truncated {compression} data ({e})") from None
-        except Exception as e:  # zstd raises its own ZstdError
+        except Exception as e:  # EOFError, OSError, zlib.error; zstd raises its own ZstdError
             raise InputError(f"{source}: corrupt or truncated {compression} data ({e})") from None
         if not block:
             break
+        if offset == 0 and not carry and block.startswith(_BOM):
+            block, offset = block[len(_BOM):], len(_BOM)
+        nul = block.find(b"\x00")
+        if nul >= 0:
+            raise InputError(f"{source}: NUL byte at {where} {offset + len(carry) + nul} "
+                             "(a binary file, or text that is not UTF-8?)")
         data = carry + block
         cut = data.rfind(b"\n") + 1
+        first = data.find(b"\n") if carry else 0
+        if cut == 0 and len(data) > MAX_LINE_BYTES or first > MAX_LINE_BYTES:
+            raise InputError(f"{source}: the line at {where} {offset} is longer than {MAX_LINE_BYTES >> 20} MiB "
+                             "(not line-oriented text?)")
         if cut == 0:
             carry = data
             continue
@@ -206,16 +222,20 @@ def iter_documents(raw: BinaryIO, fmt: str, compression: str, source: str, base_
     """Documents (lists of lines) from an open binary file."""
     lines = _text_lines(raw, source, base_offset, compression)
     if fmt == "jsonl":
+        at = base_offset  # offset of the line's first byte (in the decompressed stream, if compressed)
+        unit = "decompressed byte" if compression != "none" else "byte"
         for number, line in enumerate(lines, 1):
+            start, at = at, at + len(line.encode()) + 1
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except ValueError as e:
-                raise InputError(f"{source}: record {number} is not JSON ({e.__class__.__name__}: {str(e)[:80]})") from None
+                raise InputError(f"{source}: record {number} is not JSON at {unit} {start} "
+                                 f"({e.__class__.__name__}: {str(e)[:80]})") from None
             text = record.get("text") if isinstance(record, dict) else None
             if not isinstance(text, str):
-                raise InputError(f"{source}: record {number} has no string field 'text'")
+                raise InputError(f"{source}: record {number} has no string field 'text' ({unit} {start})")
             yield text.split("\n")
         return
     doc: list[str] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,9 @@ from typing import Any
 from fleet.inputs import InputFile, Slice, cut_ranges, describe, find_inputs
 from fleet.job import load_job
 from fleet.store import PreconditionFailed, Store, open_store, read_url
+
+
+log = logging.getLogger("fleet.plan")
 
 
 class PlanError(Exception):
@@ -92,6 +96,9 @@ def make_items(inputs: list[InputFile], item_bytes: int) -> list[Item]:
     pieces: list[tuple[InputFile, int, int, str, str]] = []
     stores: dict[str, Store] = {}
     for inp in inputs:
+        if inp.size == 0:  # shown on stderr even where logging is not set up (logging.lastResort)
+            log.warning("warning: %s: empty file, nothing to convert; skipped", inp.display)
+            continue
         fmt, compression = describe(inp.name)
         if compression != "none":
             pieces.append((inp, 0, inp.size, fmt, compression))
@@ -129,6 +136,9 @@ def plan(
     config = job.parse_config(settings)
     job.check(config, read_url)
     found = find_inputs(inputs)
+    if output.startswith("gs://"):
+        # A missing or unreadable output bucket would otherwise show only at each item's upload.
+        next(iter(open_store(output).list("")), None)
     items = make_items(found, item_bytes)
     if not items:
         raise PlanError(f"{', '.join(inputs)}: the inputs hold no data")
@@ -168,10 +178,12 @@ def plan(
 
 
 def load_spec(store: Store, run: str) -> RunSpec:
-    from fleet.store import NotFound
+    from fleet.store import BucketNotFound, NotFound
 
     try:
         return RunSpec.from_json(store.read(spec_name(run)))
+    except BucketNotFound:
+        raise
     except NotFound:
         raise PlanError(f"no run {run!r} in {store.url} (plan it first with `fleet plan`)") from None
 

@@ -29,6 +29,10 @@ class Forbidden(StoreError):
     pass
 
 
+class BucketNotFound(NotFound):
+    """The bucket itself does not exist (not just the object)."""
+
+
 @dataclass(frozen=True)
 class Blob:
     name: str
@@ -50,8 +54,15 @@ class Store(abc.ABC):
         """Whole object and the generation those bytes belong to; raises NotFound."""
 
     @abc.abstractmethod
-    def write(self, name: str, data: bytes, if_generation_match: int | None = None) -> int:
-        """Write an object, optionally conditioned; returns the new generation."""
+    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,
+              idempotent: bool = False) -> int:
+        """Write an object, optionally conditioned; returns the new generation.
+
+        A conditional write is retried on transient errors (a replay that finds its own
+        write comes back as PreconditionFailed, which the caller checks). An unconditional
+        one is retried only if ``idempotent``: the object has a single writer (a worker's
+        heartbeat or log), so replaying it cannot overwrite someone else's newer write.
+        """
 
     @abc.abstractmethod
     def upload_file(self, name: str, path: str) -> int:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import http.client
 import os
 from typing import Iterator
 
 from google.api_core import exceptions as gexc
+from google.auth.exceptions import TransportError
+from google.cloud.storage.exceptions import DataCorruption
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY, DEFAULT_RETRY_IF_GENERATION_SPECIFIED
 
-from fleet.store import Blob, Forbidden, NotFound, PreconditionFailed, Store, StoreError
+from fleet.store import Blob, BucketNotFound, Forbidden, NotFound, PreconditionFailed, Store, StoreError
 
 
 def make_client() -> storage.Client:
@@ -41,7 +44,17 @@ def _client(emulator: str | None, project: str | None, pid: int) -> storage.Clie
     return storage.Client(project=project)
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+
+
 def _one_line(e: gexc.GoogleAPICallError) -> str:
+    # The service's own words ("x does not have storage.objects.get access ..."), not the request line.
+    with contextlib.suppress(Exception):
+        message = e.response.json()["error"]["message"]
+        if isinstance(message, str) and message.strip():
+            return message.strip().splitlines()[0][:300]
     text = (getattr(e, "message", None) or str(e)).strip()
     return text.splitlines()[0][:300] if text else ""
 
@@ -82,13 +95,38 @@ class GCSStore(Store):
         try:
             yield
         except gexc.NotFound as e:
-            raise NotFound(f"{where}: not found (no such object, or no bucket {self.bucket_name!r})") from e
+            missing = self._bucket_missing()
+            if missing:
+                raise BucketNotFound(f"gs://{self.bucket_name}: no such bucket") from e
+            if missing is None:
+                raise NotFound(f"{where}: not found (no such object, or no bucket {self.bucket_name!r})") from e
+            raise NotFound(f"{where}: no such object") from e
         except gexc.PreconditionFailed as e:
             raise PreconditionFailed(f"{where}: generation precondition failed") from e
         except (gexc.Forbidden, gexc.Unauthorized) as e:
             raise Forbidden(f"{where}: access denied ({e.code}): {_one_line(e)}") from e
         except gexc.GoogleAPICallError as e:
             raise StoreError(f"{where}: {e.code} {_one_line(e)}") from e
+        except gexc.RetryError as e:  # the retry deadline passed
+            raise StoreError(f"{where}: gave up retrying: {_first_line(e.cause or e)}") from e
+        except (OSError, http.client.HTTPException, TransportError, DataCorruption) as e:
+            # Transport failures the retry policy did not cover (an unconditional write is not
+            # retried) or that outlasted it: still a store error, in one line.
+            raise StoreError(f"{where}: {_first_line(e)}") from e
+
+    _bucket_seen = False
+
+    def _bucket_missing(self) -> bool | None:
+        """After a 404: is it the bucket that is missing? None when we may not ask
+        (a worker may lack storage.buckets.get) or cannot tell right now."""
+        if self._bucket_seen:
+            return False
+        try:
+            exists = self.bucket.exists(retry=DEFAULT_RETRY)
+        except Exception:
+            return None
+        self._bucket_seen = exists
+        return not exists
 
     @staticmethod
     def _range(start: int, end: int | None) -> dict:
@@ -150,17 +188,19 @@ class GCSStore(Store):
                 yield Blob(b.name[cut:], b.generation, b.size)
 
     # -- writes --------------------------------------------------------------------
-    def write(self, name: str, data: bytes, if_generation_match: int | None = None) -> int:
+    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,
+              idempotent: bool = False) -> int:
         """A multipart upload (up to 8 MiB; no chunk_size), where preconditions are atomic
-        (fake-gcs-server enforces them nowhere else). Retried only when conditional:
-        an unconditional replay could overwrite a newer write by someone else."""
+        (fake-gcs-server enforces them nowhere else). Retried when conditional, or when
+        the caller says a replay is harmless (``idempotent``): otherwise an unconditional
+        replay could overwrite a newer write by someone else."""
         blob = self._blob(name)
         with self._errors(name):
             blob.upload_from_string(
                 data,
                 content_type="application/octet-stream",
                 if_generation_match=if_generation_match,
-                retry=DEFAULT_RETRY_IF_GENERATION_SPECIFIED,
+                retry=DEFAULT_RETRY if idempotent else DEFAULT_RETRY_IF_GENERATION_SPECIFIED,
             )
         return blob.generation
 

@@ -161,7 +161,8 @@ class LocalStore(Store):
         return iter(found)
 
     # -- writes --------------------------------------------------------------
-    def write(self, name: str, data: bytes, if_generation_match: int | None = None) -> int:
+    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,
+              idempotent: bool = False) -> int:  # a local write has nothing to retry
         path = self._path(name)
         tmp = self._tmp_beside(path)
         try:

@@ -1,0 +1,133 @@
+"""Worker processes for tests that kill, stop or starve them: each logs to its own file.
+
+Shared by the chaos, fault and bad-input tests. A worker is the real
+``fleet.spawner.work_one`` in a fresh interpreter; its log file tells the test
+where it is (see ``FLEET_TEST_PAUSE`` in fleet/spawner.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from fleet.lease import DONE
+from fleet.run import plan
+from fleet.status import StatusReader
+from fleet.store import open_store
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LINEJOB = "tests.helpers.linejob:JOB"
+_PAUSE = re.compile(r"test pause at (\w+), item (\S+)$")
+
+
+def write_corpus(path: str, docs: int, lines_per_doc: int = 5, seed: int = 0) -> str:
+    """A small deterministic text corpus: `docs` documents separated by blank lines."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "épsilon", "数据", "模型", "训练", "zeta", "eta"]
+    with open(path, "w", encoding="utf-8") as f:
+        for d in range(docs):
+            for i in range(lines_per_doc):
+                f.write(f"doc {d} line {i}: " + " ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + "\n")
+            f.write("\n")
+    return path
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: str
+    stderr: str
+    env: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_lines(self) -> list[str]:
+        try:
+            with open(self.log, encoding="utf-8", errors="replace") as f:
+                return f.read().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def at(self) -> tuple[str, str] | None:
+        """(point, item) when the last thing this worker logged is a test pause marker."""
+        lines = self.log_lines()
+        m = _PAUSE.search(lines[-1]) if lines else None
+        return (m.group(1), m.group(2)) if m else None
+
+    def stderr_text(self) -> str:
+        with open(self.stderr, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+
+def start_worker(bucket: str, run: str, name: str, log_dir: str, env: dict | None = None) -> Proc:
+    os.makedirs(log_dir, exist_ok=True)
+    log = os.path.join(log_dir, f"{name}.log")
+    err = os.path.join(log_dir, f"{name}.stderr")
+    full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+    code = ("from fleet.spawner import work_one; "
+            f"raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}, {log!r}))")
+    with open(err, "wb") as stderr:
+        popen = subprocess.Popen([sys.executable, "-c", code], env=full_env, cwd=ROOT,
+                                 stdout=subprocess.DEVNULL, stderr=stderr)
+    return Proc(name, popen, log, err, env or {})
+
+
+def wait_exit(procs, timeout: float) -> None:
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            p.popen.wait(max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.alive():
+                    q.popen.kill()
+            raise AssertionError(f"worker {p.name} still running after {timeout} s; log tail: {p.log_lines()[-5:]}")
+
+
+def plan_lines(bucket: str, run: str, corpus: str, item_bytes: int, ttl: float, attempts: int = 10,
+               output: str | None = None, **settings) -> list:
+    _, items, _ = plan(bucket, run, LINEJOB, [corpus], output or f"{bucket}/out-{run}",
+                       {k: str(v) for k, v in settings.items()}, "test",
+                       lease_ttl=ttl, max_attempts=attempts, item_bytes=item_bytes)
+    return items
+
+
+def committed(bucket: str, run: str) -> dict[str, str]:
+    """Output name -> sha256 over the run's leases; every lease must be done."""
+    reader = StatusReader(open_store(bucket), run)
+    out = {}
+    for item, lease in sorted(reader.leases().items()):
+        assert lease.state == DONE, (run, item, lease)
+        for o in lease.outputs:
+            out[o["name"]] = o["sha256"]
+    return out
+
+
+def listed_outputs(output_url: str) -> dict[str, str]:
+    """Every object under an output prefix, name -> sha256 of its bytes."""
+    store = open_store(output_url)
+    return {b.name: hashlib.sha256(store.read(b.name)).hexdigest() for b in store.list("")}
+
+
+def clean_run(bucket: str, run: str, corpus: str, item_bytes: int, log_dir: str, **settings) -> dict[str, str]:
+    """One worker, no faults, no delays: the digests every other run must reproduce."""
+    plan_lines(bucket, run, corpus, item_bytes, ttl=30, **settings)
+    w = start_worker(bucket, run, f"{run}-solo", log_dir)
+    wait_exit([w], 120)
+    assert w.popen.returncode == 0, w.stderr_text()
+    digests = committed(bucket, run)
+    assert listed_outputs(f"{bucket}/out-{run}") == digests
+    return digests
