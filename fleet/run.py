@@ -26,14 +26,10 @@ class PlanError(Exception):
 
 
 @dataclass(frozen=True)
-class Item:
-    id: str
-    url: str
-    name: str
-    start: int
-    end: int
-    format: str
-    compression: str
+class Item(Slice):
+    """A work item: a slice of an input file, with the id its lease and outputs are named by."""
+
+    id: str = ""
 
     @property
     def size(self) -> int:
@@ -82,6 +78,11 @@ def lease_prefix(run: str) -> str:
     return f"runs/{run}/leases/"
 
 
+def final_prefix(run: str) -> str:
+    """Create-once markers of finished items: one listing tells every worker what is left."""
+    return f"runs/{run}/final/"
+
+
 def worker_prefix(run: str) -> str:
     return f"runs/{run}/workers/"
 
@@ -108,7 +109,7 @@ def make_items(inputs: list[InputFile], item_bytes: int) -> list[Item]:
             pieces.append((inp, start, end, fmt, compression))
     width = max(5, len(str(len(pieces) - 1)))
     return [
-        Item(f"{i:0{width}d}", inp.url, inp.name, start, end, fmt, comp)
+        Item(inp.url, inp.name, start, end, fmt, comp, id=f"{i:0{width}d}")
         for i, (inp, start, end, fmt, comp) in enumerate(pieces)
     ]
 

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable, Iterator
 
 from fleet.codesync import check_pinned
+from fleet.codesync import sha256_file
 from fleet.inputs import read_slice
 from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, item_seed, load_job
 from fleet.lease import Held, Lease, Leases, Lost
-from fleet.run import Item, PlanError, RunSpec, lease_prefix, load_items, load_spec, worker_prefix
+from fleet.run import Item, PlanError, RunSpec, final_prefix, lease_prefix, load_items, load_spec, worker_prefix
 from fleet.store import Store, StoreError, open_store, read_url
 
 log = logging.getLogger("fleet.worker")
@@ -68,14 +69,6 @@ class DirSink(Sink):
 
 def output_name(item: str, suffix: str) -> str:
     return f"part-{item}{suffix}"
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _Renewer(threading.Thread):
@@ -180,7 +173,7 @@ class Worker:
                         raise Lost(f"item {item.id}: lease taken over")
                     name = output_name(item.id, suffix)
                     self.output.upload_file(name, path)
-                    outputs.append({"name": name, "size": os.path.getsize(path), "sha256": _sha256(path)})
+                    outputs.append({"name": name, "size": os.path.getsize(path), "sha256": sha256_file(path)})
             renewer.finish()
             if renewer.lost.is_set():
                 raise Lost(f"item {item.id}: lease taken over")
@@ -221,19 +214,23 @@ class Worker:
 
     # -- the loop ------------------------------------------------------------------
     def run_until_drained(self) -> Counters:
-        """Visit items until all are done or failed.
+        """Visit items until all are done or failed (or this worker may leave).
 
-        One listing per pass gives every lease's generation; a lease is read
-        again only when its generation changed, so an idle pass costs one
-        list call, and an expired lease is taken over on the generation seen.
+        Coordination is kept to a few requests per item, whatever the fleet size:
+        finished items are known from one listing of ``final/`` markers (never by
+        reading their leases); a lease held by another worker is read again only
+        after the expiry last seen in it has passed, so renewals cost others
+        nothing; and after each item the pass starts again from fresh listings,
+        so a worker does not walk a stale list of items that others have taken.
         """
         order = list(self.items)
         random.Random(self.name).shuffle(order)
         terminal: set[str] = set()
         known: dict[str, tuple[Lease, int]] = {}
-        prefix = lease_prefix(self.run)
+        prefix, final = lease_prefix(self.run), final_prefix(self.run)
         self.beat("starting")
         while True:
+            terminal.update(b.name[len(final):] for b in self.store.list(final))
             listing = {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
             worked = False
             for item in order:
@@ -243,12 +240,15 @@ class Worker:
                 gen = listing.get(item.id)
                 if gen is not None:
                     current = known.get(item.id)
+                    if current is not None and current[1] != gen and current[0].live(time.time()):
+                        continue  # renewed since we read it, and not due to expire yet
                     if current is None or current[1] != gen:
                         current = self.leases.read(item.id)
                         if current is not None:
                             known[item.id] = current
                     if current is not None:
                         if current[0].terminal:
+                            self.mark_final(item.id, current[0])
                             terminal.add(item.id)
                             continue
                         if current[0].live(time.time()):
@@ -261,9 +261,15 @@ class Worker:
                     worked = True
                     known[item.id] = (got.lease, got.generation)
                     if got.lease.terminal:
+                        self.mark_final(item.id, got.lease)
                         terminal.add(item.id)
-                elif isinstance(got, Lease) and got.terminal:
-                    terminal.add(item.id)
+                    break  # look at fresh listings before the next claim
+                if isinstance(got, Lease):
+                    if got.terminal:
+                        self.mark_final(item.id, got)
+                        terminal.add(item.id)
+                    else:
+                        known.pop(item.id, None)  # someone else's now: read it afresh when due
             if len(terminal) == len(self.items):
                 self.beat("exited")
                 return self.counters
@@ -274,6 +280,13 @@ class Worker:
                     return self.counters
                 self.beat("idle")
                 time.sleep(self.poll * random.uniform(0.8, 1.2))
+
+    def mark_final(self, item: str, lease: Lease) -> None:
+        """A marker that lets every worker (and status) see the item is finished from a listing."""
+        try:
+            self.store.write(final_prefix(self.run) + item, lease.state.encode(), idempotent=True)
+        except Exception as e:  # advisory: the lease stays the truth, and readers fall back to it
+            log.warning("final marker for %s not written: %s", item, e)
 
     def standbys_ahead(self) -> int:
         """Live idle workers ranked before this one, counted up to `standby`.
