@@ -64,7 +64,7 @@ def _skipped(name: str) -> bool:
     return name.startswith(".") or name in _SKIP_DIRS or name.endswith(_SKIP_SUFFIXES)
 
 
-def _sha256_file(path: str) -> str:
+def sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -97,7 +97,7 @@ def code_files(root: str | None = None, paths: tuple[str, ...] | list[str] = DEF
 
 def snapshot(root: str | None = None, paths: tuple[str, ...] | list[str] = DEFAULT_CODE_PATHS) -> list[Entry]:
     root = root or project_root()
-    return [Entry(rel, _sha256_file(os.path.join(root, rel)), os.path.getsize(os.path.join(root, rel)))
+    return [Entry(rel, sha256_file(os.path.join(root, rel)), os.path.getsize(os.path.join(root, rel)))
             for rel in code_files(root, paths)]
 
 
@@ -131,7 +131,7 @@ def verify(root: str) -> str:
         full = os.path.join(root, path)
         if not os.path.isfile(full):
             raise CodeError(f"{full}: listed in {MANIFEST} but missing")
-        if _sha256_file(full) != sha:
+        if sha256_file(full) != sha:
             raise CodeError(f"{full}: content does not match its hash in {MANIFEST}; refusing to run it")
     return version_of(manifest)
 

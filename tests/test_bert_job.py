@@ -20,24 +20,11 @@ from jobs.electra_zh_en.bert_records import feature_names
 from jobs.electra_zh_en.masking import mask_batch
 from jobs.electra_zh_en.tokenization import CJK_RANGES, WORD_CONTINUES, BertTokenizer
 from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+from tests.helpers.sinks import MemorySink
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, PREDS = 128, 20
-
-
-class MemorySink(Sink):
-    def __init__(self):
-        self.files: dict[str, bytes] = {}
-
-    def open(self, suffix):
-        sink = self
-
-        class File(io.BytesIO):
-            def close(self):
-                sink.files[suffix] = self.getvalue()
-                super().close()
-
-        return File()
 
 
 def read_documents(name: str) -> list[list[str]]:

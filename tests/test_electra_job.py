@@ -14,24 +14,10 @@ from jobs.electra_zh_en import tfrecord
 from jobs.electra_zh_en.builder import build_examples
 from jobs.electra_zh_en.tokenization import BertTokenizer
 from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+from tests.helpers.sinks import MemorySink
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class MemorySink(Sink):
-    def __init__(self):
-        self.files: dict[str, bytes] = {}
-
-    def open(self, suffix):
-        sink = self
-
-        class File(io.BytesIO):
-            def close(self):
-                sink.files[suffix] = self.getvalue()
-                super().close()
-
-        assert suffix not in self.files
-        return File()
 
 
 def read_documents(name: str) -> list[list[str]]:
