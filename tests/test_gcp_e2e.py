@@ -159,6 +159,15 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     status = json.loads(cloud.fleet("status", "--run", "e2e", "--json"))
     assert status["fleet"]["mig"] is None and status["fleet"]["vms_seen"] == 3 and status["fleet"]["vm_hours"] > 0
 
+    # Nothing secret reached the bucket (logs, heartbeats, leases, run spec) or the template's metadata.
+    tokens = [t.encode() for t in cloud.vms.tokens]
+    assert tokens
+    store = open_store(cloud.bucket)
+    for blob in store.list("runs/"):
+        data = store.read(blob.name)
+        assert not any(t in data for t in tokens), blob.name
+    assert not any(t in json.dumps([c.body for c in sent]).encode() for t in tokens)
+
 
 def _bodies(dry: str) -> list[dict]:
     """The JSON bodies in `fleet launch --dry-run` output, in order."""
