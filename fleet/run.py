@@ -67,24 +67,24 @@ def run_prefix(run: str) -> str:
 
 
 def spec_name(run: str) -> str:
-    return f"runs/{run}/run.json"
+    return f"{run_prefix(run)}/run.json"
 
 
 def items_name(run: str) -> str:
-    return f"runs/{run}/items.jsonl"
+    return f"{run_prefix(run)}/items.jsonl"
 
 
 def lease_prefix(run: str) -> str:
-    return f"runs/{run}/leases/"
+    return f"{run_prefix(run)}/leases/"
 
 
 def final_prefix(run: str) -> str:
     """Create-once markers of finished items: one listing tells every worker what is left."""
-    return f"runs/{run}/final/"
+    return f"{run_prefix(run)}/final/"
 
 
 def worker_prefix(run: str) -> str:
-    return f"runs/{run}/workers/"
+    return f"{run_prefix(run)}/workers/"
 
 
 def check_run_name(run: str) -> None:
