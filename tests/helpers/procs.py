@@ -7,6 +7,7 @@ where it is (see ``FLEET_TEST_PAUSE`` in fleet/spawner.py).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 import re
@@ -22,7 +23,7 @@ from fleet.store import open_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LINEJOB = "tests.helpers.linejob:JOB"
-_PAUSE = re.compile(r"test pause at (\w+), item (\S+)$")
+_PAUSE = re.compile(r"^(\S+ \S+) .*test pause at (\w+), item (\S+)$")
 
 
 def write_corpus(path: str, docs: int, lines_per_doc: int = 5, seed: int = 0) -> str:
@@ -63,9 +64,18 @@ class Proc:
 
     def at(self) -> tuple[str, str] | None:
         """(point, item) when the last thing this worker logged is a test pause marker."""
+        paused = self.paused()
+        return paused[:2] if paused else None
+
+    def paused(self) -> tuple[str, str, float] | None:
+        """(point, item, seconds since the worker got there) when its last log line is a
+        pause marker. The age lets a test kill only inside the pause, not after it."""
         lines = self.log_lines()
         m = _PAUSE.search(lines[-1]) if lines else None
-        return (m.group(1), m.group(2)) if m else None
+        if not m:
+            return None
+        when = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        return m.group(2), m.group(3), time.time() - when
 
     def stderr_text(self) -> str:
         with open(self.stderr, encoding="utf-8", errors="replace") as f:
