@@ -26,13 +26,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable, Iterator
 
-from fleet.codesync import check_pinned
-from fleet.codesync import sha256_file
+from fleet.codesync import check_pinned, sha256_file
 from fleet.inputs import read_slice
 from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, item_seed, load_job
 from fleet.lease import Held, Lease, Leases, Lost
 from fleet.run import Item, PlanError, RunSpec, final_prefix, lease_prefix, load_items, load_spec, worker_prefix
-from fleet.store import Store, StoreError, open_store, read_url
+from fleet.store import PreconditionFailed, Store, StoreError, open_store, read_url
 
 log = logging.getLogger("fleet.worker")
 
@@ -216,43 +215,62 @@ class Worker:
     def run_until_drained(self) -> Counters:
         """Visit items until all are done or failed (or this worker may leave).
 
-        Coordination is kept to a few requests per item, whatever the fleet size:
-        finished items are known from one listing of ``final/`` markers (never by
-        reading their leases); a lease held by another worker is read again only
-        after the expiry last seen in it has passed, so renewals cost others
-        nothing; and after each item the pass starts again from fresh listings,
-        so a worker does not walk a stale list of items that others have taken.
+        Coordination costs a few requests per item, whatever the fleet size,
+        because a worker decides from two listings and reads almost nothing:
+        finished items are the ``final/`` markers; an item with no lease is
+        claimed by create-only write; and a lease is read only when its
+        generation has stood still, by this worker's own clock, for half a
+        TTL, while holders rewrite theirs every third of one. So only dead,
+        released or failed-for-retry leases are ever read, and clock skew
+        between machines cannot make a worker read or take a live lease early.
+        A worker that stays idle (a standby, bounded by ``standby``) also reads
+        leases it has not seen at their current generation, so an item given
+        back on SIGTERM is taken at once. After each item the pass starts again
+        from fresh listings.
         """
         order = list(self.items)
         random.Random(self.name).shuffle(order)
         terminal: set[str] = set()
-        known: dict[str, tuple[Lease, int]] = {}
+        known: dict[str, tuple[Lease, int]] = {}  # leases read: (lease, its generation)
+        since: dict[str, tuple[int, float]] = {}  # item -> (generation listed, monotonic time first listed)
+        still = self.spec.lease_ttl / 2
+        idle = 0  # passes in a row with nothing to claim
         prefix, final = lease_prefix(self.run), final_prefix(self.run)
         self.beat("starting")
         while True:
             terminal.update(b.name[len(final):] for b in self.store.list(final))
             listing = {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
+            now = time.monotonic()
+            for name, gen in listing.items():
+                if since.get(name, (None, 0.0))[0] != gen:
+                    since[name] = (gen, now)
+            todo = [item for item in order if item.id not in terminal]
+            if not todo:
+                self.beat("exited")
+                return self.counters
+            unleased = [item for item in todo if item.id not in listing]
+            # Idle for two passes: the other idle workers have had a pass to see this one's
+            # beat and leave (standbys_ahead), so only standbys get here and read more.
+            watch = 0.0 if idle >= (1 if self.standby is None else 2) else still
+            stalled = [item for item in todo if item.id in listing
+                       and (now - since[item.id][1] >= watch or self._free(known.get(item.id), listing[item.id]))]
             worked = False
-            for item in order:
-                if item.id in terminal:
-                    continue
+            for item in unleased + stalled:
                 current = None
                 gen = listing.get(item.id)
                 if gen is not None:
                     current = known.get(item.id)
-                    if current is not None and current[1] != gen and current[0].live(time.time()):
-                        continue  # renewed since we read it, and not due to expire yet
                     if current is None or current[1] != gen:
                         current = self.leases.read(item.id)
                         if current is not None:
                             known[item.id] = current
                     if current is not None:
-                        if current[0].terminal:
+                        if current[0].terminal:  # its committer died before writing the marker
                             self.mark_final(item.id, current[0])
                             terminal.add(item.id)
                             continue
                         if current[0].live(time.time()):
-                            continue
+                            continue  # a slow renewal, not a dead holder: wait for its expiry
                 got = self.leases.claim(item.id, current)
                 if isinstance(got, Held):
                     self.holding = got
@@ -269,10 +287,11 @@ class Worker:
                         self.mark_final(item.id, got)
                         terminal.add(item.id)
                     else:
-                        known.pop(item.id, None)  # someone else's now: read it afresh when due
+                        known.pop(item.id, None)  # someone else's now: read it afresh if it stalls
             if len(terminal) == len(self.items):
                 self.beat("exited")
                 return self.counters
+            idle = 0 if worked else idle + 1
             if not worked:
                 if self.standby is not None and self.standbys_ahead() >= self.standby:
                     self.beat("exited")
@@ -281,10 +300,17 @@ class Worker:
                 self.beat("idle")
                 time.sleep(self.poll * random.uniform(0.8, 1.2))
 
+    @staticmethod
+    def _free(known: tuple[Lease, int] | None, generation: int) -> bool:
+        """Known claimable at the listed generation, e.g. an item this worker failed for a retry."""
+        return known is not None and known[1] == generation and not known[0].live(time.time())
+
     def mark_final(self, item: str, lease: Lease) -> None:
         """A marker that lets every worker (and status) see the item is finished from a listing."""
-        try:
-            self.store.write(final_prefix(self.run) + item, lease.state.encode(), idempotent=True)
+        try:  # create-only: a finished item never changes, so the marker is never rewritten
+            self.store.write(final_prefix(self.run) + item, lease.state.encode(), if_generation_match=0)
+        except PreconditionFailed:
+            pass  # already there (or our own write, replayed after a lost response)
         except Exception as e:  # advisory: the lease stays the truth, and readers fall back to it
             log.warning("final marker for %s not written: %s", item, e)
 
