@@ -87,6 +87,11 @@ def worker_prefix(run: str) -> str:
     return f"{run_prefix(run)}/workers/"
 
 
+def idle_prefix(run: str) -> str:
+    """An empty object per idle worker: one listing finds the standby candidates."""
+    return f"{run_prefix(run)}/idle/"
+
+
 def check_run_name(run: str) -> None:
     if not run or not all(c.isalnum() or c in "-_." for c in run) or run.startswith("."):
         raise PlanError(f"run name {run!r}: use letters, digits, '-', '_' and '.' only")

@@ -30,7 +30,8 @@ from fleet.codesync import check_pinned, sha256_file
 from fleet.inputs import read_slice
 from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, item_seed, load_job
 from fleet.lease import Held, Lease, Leases, Lost
-from fleet.run import Item, PlanError, RunSpec, final_prefix, lease_prefix, load_items, load_spec, worker_prefix
+from fleet.run import (Item, PlanError, RunSpec, final_prefix, idle_prefix, lease_prefix, load_items, load_spec,
+                       worker_prefix)
 from fleet.store import PreconditionFailed, Store, StoreError, open_store, read_url
 
 log = logging.getLogger("fleet.worker")
@@ -134,6 +135,7 @@ class Worker:
         self.current: str | None = None
         self.holding: Held | None = None  # from claim to the end of process(), for a SIGTERM in between
         self.live_window = max(4 * self.poll + 1.0, 3.0)  # an idle worker beats every poll
+        self.idle_marked = False
 
     # -- heartbeat -------------------------------------------------------------
     def beat(self, state: str) -> None:
@@ -221,8 +223,8 @@ class Worker:
         claimed by create-only write; and a lease is read only when its
         generation has stood still, by this worker's own clock, for half a
         TTL, while holders rewrite theirs every third of one. So only dead,
-        released or failed-for-retry leases are ever read, and clock skew
-        between machines cannot make a worker read or take a live lease early.
+        released or failed-for-retry leases are ever read, and a lease whose
+        holder keeps renewing is never taken, whatever the skew between clocks.
         A worker that stays idle (a standby, bounded by ``standby``) also reads
         leases it has not seen at their current generation, so an item given
         back on SIGTERM is taken at once. After each item the pass starts again
@@ -246,8 +248,7 @@ class Worker:
                     since[name] = (gen, now)
             todo = [item for item in order if item.id not in terminal]
             if not todo:
-                self.beat("exited")
-                return self.counters
+                return self.leave()
             unleased = [item for item in todo if item.id not in listing]
             # Idle for two passes: the other idle workers have had a pass to see this one's
             # beat and leave (standbys_ahead), so only standbys get here and read more.
@@ -273,6 +274,7 @@ class Worker:
                             continue  # a slow renewal, not a dead holder: wait for its expiry
                 got = self.leases.claim(item.id, current)
                 if isinstance(got, Held):
+                    self.mark_idle(False)
                     self.holding = got
                     self.process(item, got)
                     self.holding = None
@@ -289,16 +291,35 @@ class Worker:
                     else:
                         known.pop(item.id, None)  # someone else's now: read it afresh if it stalls
             if len(terminal) == len(self.items):
-                self.beat("exited")
-                return self.counters
+                return self.leave()
             idle = 0 if worked else idle + 1
             if not worked:
                 if self.standby is not None and self.standbys_ahead() >= self.standby:
-                    self.beat("exited")
                     log.info("leaving: nothing to claim, and %d standby worker(s) stay", self.standby)
-                    return self.counters
+                    return self.leave()
+                self.mark_idle(True)
                 self.beat("idle")
                 time.sleep(self.poll * random.uniform(0.8, 1.2))
+
+    def leave(self) -> Counters:
+        self.mark_idle(False)
+        self.beat("exited")
+        return self.counters
+
+    def mark_idle(self, idle: bool) -> None:
+        """Keep this worker's idle/ marker in step with its state (advisory: the heartbeat
+        says whether it is alive, so a marker left by a dead worker misleads no one)."""
+        if idle == self.idle_marked:
+            return
+        name = idle_prefix(self.run) + self.name
+        try:
+            if idle:
+                self.store.write(name, b"", idempotent=True)
+            else:
+                self.store.delete(name)
+            self.idle_marked = idle
+        except Exception as e:
+            log.warning("idle marker not %s: %s", "written" if idle else "removed", e)
 
     @staticmethod
     def _free(known: tuple[Lease, int] | None, generation: int) -> bool:
@@ -320,17 +341,19 @@ class Worker:
         Every worker ranks all by the same hash, so when many go idle at once the
         first `standby` of them stay and the rest leave: a bounded tail that is
         never empty while an item is unfinished (a standby that dies stops
-        beating, and the next in rank stops leaving). Reads stop at `standby` hits.
+        beating, and the next in rank stops leaving). One listing of idle/
+        markers, then heartbeat reads that stop at `standby` live ones.
         """
-        prefix = worker_prefix(self.run)
+        prefix = idle_prefix(self.run)
         mine = standby_rank(self.name)
-        ahead = sorted((b.name[len(prefix):] for b in self.store.list(prefix)), key=standby_rank)
+        idle = (b.name[len(prefix):] for b in self.store.list(prefix))
+        ahead = sorted((name for name in idle if standby_rank(name) < mine), key=standby_rank)
         found, now = 0, time.time()
         for name in ahead:
-            if found >= (self.standby or 0) or standby_rank(name) >= mine:
+            if found >= (self.standby or 0):
                 break
             try:
-                beat = json.loads(self.store.read(prefix + name))
+                beat = json.loads(self.store.read(worker_prefix(self.run) + name))
             except Exception:  # gone or half-written: not a standby
                 continue
             if beat.get("state") == "idle" and now - float(beat.get("updated", 0)) < self.live_window:
@@ -373,6 +396,7 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
         held = worker.holding
         if held is not None and held.lease.live(time.time()):
             worker.leases.release(held)  # SIGTERM came after the claim, before process() could give it back
+        worker.mark_idle(False)
         worker.beat("stopped")
         log.info("stopped by SIGTERM")
         return 0

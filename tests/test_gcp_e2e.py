@@ -185,7 +185,8 @@ def _victim(store, run: str, vm_names: set[str]) -> tuple[str, str] | None:
     for blob in store.list(prefix):
         lease = Lease.from_json(store.read(blob.name))
         vm = lease.worker.rsplit("-w", 1)[0]
-        if lease.state == "leased" and vm in vm_names and lease.expires > time.time():
+        # Claimed under a second ago, so seconds of work remain: the kill cannot land after its commit.
+        if lease.state == "leased" and vm in vm_names and time.time() - lease.started < 1.0:
             return blob.name[len(prefix):], vm
     return None
 
@@ -201,8 +202,8 @@ def test_a_preempted_vm_is_recreated_and_the_run_still_completes(cloud, tmp_path
     cloud.fleet("sync")
     job = "tests.helpers.linejob:JOB"
     cloud.fleet("plan", "--run", "pre", "--job", job, "--input", f"{cloud.bucket}/corpus/sample_en.txt",
-                "--output", f"{cloud.bucket}/out-pre/", "--set", "delay=0.04", "--item-mb", "0.1",
-                "--lease-ttl", "3")
+                "--output", f"{cloud.bucket}/out-pre/", "--set", "delay=0.4", "--item-mb", "0.1",
+                "--lease-ttl", "3")  # about 8 documents an item: 3 s of work
     cloud.fleet("launch", "--run", "pre", "--workers", "3", "--template", "t-pre")
     store = open_store(cloud.bucket)
     found, deadline = None, time.time() + 90
@@ -218,7 +219,7 @@ def test_a_preempted_vm_is_recreated_and_the_run_still_completes(cloud, tmp_path
     assert cloud.standin.events_of("recreate") == [vm]
     leases = StatusReader(store, "pre").leases()
     assert all(lease.state == DONE for lease in leases.values())
-    assert leases[item].attempt >= 2  # the killed worker's lease expired and was taken over
+    assert leases[item].attempt >= 2, leases[item]  # the killed worker's lease expired and was taken over
     check_clean_exit(cloud, "pre")
 
     # Same bytes as an undisturbed local run of the same plan.
