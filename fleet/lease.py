@@ -88,13 +88,17 @@ class Leases:
 
     def _write(self, item: str, lease: Lease, generation: int) -> int | None:
         """Conditional write; None if someone else's write got there first."""
+        return self._write_or_see(item, lease, generation)[0]
+
+    def _write_or_see(self, item: str, lease: Lease, generation: int) -> tuple[int | None, tuple[Lease, int] | None]:
+        """(our generation, None), or (None, the lease that won) when the write lost."""
         try:
-            return self.store.write(self.name(item), lease.to_json(), if_generation_match=generation)
+            return self.store.write(self.name(item), lease.to_json(), if_generation_match=generation), None
         except PreconditionFailed:
             seen = self.read(item)
             if seen and seen[0].token == lease.token and seen[0].to_json() == lease.to_json():
-                return seen[1]  # our own write, whose response was lost and retried
-            return None
+                return seen[1], None  # our own write, whose response was lost and retried
+            return None, seen
 
     def _fresh(self, attempt: int, error: str | None = None) -> Lease:
         now = self.clock()
@@ -108,10 +112,9 @@ class Leases:
         """
         if current is None:
             lease = self._fresh(1)
-            gen = self._write(item, lease, 0)
+            gen, current = self._write_or_see(item, lease, 0)
             if gen is not None:
                 return Held(item, gen, lease)
-            current = self.read(item)
             if current is None:
                 return None
         old, old_gen = current

@@ -227,8 +227,9 @@ class Worker:
         holder keeps renewing is never taken, whatever the skew between clocks.
         A worker that stays idle (a standby, bounded by ``standby``) also reads
         leases it has not seen at their current generation, so an item given
-        back on SIGTERM is taken at once. After each item the pass starts again
-        from fresh listings.
+        back on SIGTERM is taken at once. After an item a worker goes on to the
+        next item that had no lease in its listing, and lists again as soon as
+        one turns out taken: listings are taken about as often as they go stale.
         """
         order = list(self.items)
         random.Random(self.name).shuffle(order)
@@ -256,7 +257,10 @@ class Worker:
             stalled = [item for item in todo if item.id in listing
                        and (now - since[item.id][1] >= watch or self._free(known.get(item.id), listing[item.id]))]
             worked = False
-            for item in unleased + stalled:
+            for n, item in enumerate(unleased + stalled):
+                fresh = n < len(unleased)  # no lease when listed
+                if worked and not fresh:
+                    break  # stalled leases are judged from fresh listings only
                 current = None
                 gen = listing.get(item.id)
                 if gen is not None:
@@ -283,13 +287,15 @@ class Worker:
                     if got.lease.terminal:
                         self.mark_final(item.id, got.lease)
                         terminal.add(item.id)
-                    break  # look at fresh listings before the next claim
+                    continue  # the next unleased item of this listing, until one turns out taken
                 if isinstance(got, Lease):
                     if got.terminal:
                         self.mark_final(item.id, got)
                         terminal.add(item.id)
                     else:
                         known.pop(item.id, None)  # someone else's now: read it afresh if it stalls
+                if fresh and worked:
+                    break  # this listing has gone stale while we worked: take fresh ones
             if len(terminal) == len(self.items):
                 return self.leave()
             idle = 0 if worked else idle + 1
@@ -456,4 +462,7 @@ def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, pref
             c.join()
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return 0 if all(c.exitcode == 0 for c in children) else 1
+    failed = [c.exitcode for c in children if c.exitcode]
+    if not failed:
+        return 0
+    return 2 if all(code == 2 for code in failed) else 1  # 2: each said why in one line (work_one)

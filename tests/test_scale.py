@@ -42,3 +42,8 @@ def test_thirty_workers_two_hundred_items_no_double_commit_none_stranded(fake_gc
         assert out.read(o["name"]).startswith(f"{item} 1 ".encode())  # one document per item, its own
     # The drain logic let workers leave without waiting for the last item.
     assert len(fig.tail_idle) == 30
+    # Coordination does not grow with the crowd: live leases are never read, so a worker's
+    # requests per item stay a handful (a loop that reads the leases it passes makes
+    # O(workers) requests per item: ~30 here).
+    assert fig.requests.get("lease read", 0) / 200 < 2, fig.requests
+    assert fig.coordination_requests / 200 < 15, fig.requests
