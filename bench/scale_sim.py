@@ -20,11 +20,11 @@ leases for 3-minute items: --ttl 50 at 30 s). Coordination per item hardly
 depends on the item's length, so the share at realistic lengths is printed
 as a projection from the measured coordination time per item. Shorter items
 make 200 workers ask for more requests per second than one emulator and
-one Python process serve (about 100/s here), and the figures then measure
+one Python process serve (65 to 95 requests/s measured here), and the figures then measure
 that queue rather than the protocol.
 
     .venv/bin/python bench/scale_sim.py                    # 200 workers, 2,000 items: ~6 min
-    .venv/bin/python bench/scale_sim.py --workers 30 --items 200 --seconds 0.5
+    .venv/bin/python bench/scale_sim.py --workers 30 --items 200 --seconds 0.5 --ttl 20
 
 All threads share one storage client (one process); a fleet has one per VM.
 The figures say where fake-gcs-server and this one Python process are the
