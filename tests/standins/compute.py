@@ -393,8 +393,9 @@ class ComputeStandin:
                     del self.migs[key]
                     self.orphans += list(mig.vms.values())
                     self.event("mig-gone", mig.name)
+            for vm in gone:  # under the lock: whoever sees a VM gone from the MIG sees its event
+                self.event("gone", vm.name, vm.deleted_via or "")
         for vm in gone:
-            self.event("gone", vm.name, vm.deleted_via or "")
             if self.on_gone:
                 self.on_gone(self, vm)
 
