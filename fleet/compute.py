@@ -304,13 +304,19 @@ class Compute:
             raise ComputeError(f"{what}: {e.code} {_one_line(e)}") from e
 
     # -- templates -------------------------------------------------------------------
-    def get_template(self, name: str) -> compute_v1.InstanceTemplate | None:
+    @staticmethod
+    def _get_or_none(fn, what: str, **kwargs):
+        """A get that says None for absent, and one line for anything else."""
         try:
-            return _retrying(self.templates.get)(project=self.place.project, instance_template=name)
+            return _retrying(fn)(**kwargs)
         except gexc.NotFound:
             return None
         except gexc.GoogleAPICallError as e:
-            raise ComputeError(f"get instance template {name}: {e.code} {_one_line(e)}") from e
+            raise ComputeError(f"get {what}: {e.code} {_one_line(e)}") from e
+
+    def get_template(self, name: str) -> compute_v1.InstanceTemplate | None:
+        return self._get_or_none(self.templates.get, f"instance template {name}",
+                                 project=self.place.project, instance_template=name)
 
     def ensure_template(self, template: compute_v1.InstanceTemplate) -> str:
         """Create the template, or reuse an existing one made from the same spec; 'created' or 'reused'."""
@@ -352,12 +358,8 @@ class Compute:
 
     # -- managed instance groups -------------------------------------------------------
     def get_mig(self, name: str) -> compute_v1.InstanceGroupManager | None:
-        try:
-            return _retrying(self.migs.get)(instance_group_manager=name, **self._where())
-        except gexc.NotFound:
-            return None
-        except gexc.GoogleAPICallError as e:
-            raise ComputeError(f"get managed instance group {name}: {e.code} {_one_line(e)}") from e
+        return self._get_or_none(self.migs.get, f"managed instance group {name}",
+                                 instance_group_manager=name, **self._where())
 
     def create_mig(self, mig: compute_v1.InstanceGroupManager) -> str:
         """Create the MIG; 'exists' if it already does with the same template (a repeated launch)."""

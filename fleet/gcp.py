@@ -7,8 +7,6 @@ bucket and the run name. All Compute calls go through fleet.compute.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import re
 import signal
@@ -19,6 +17,7 @@ from typing import Callable
 from fleet import compute
 from fleet.codesync import code_version, has_version, project_root
 from fleet.config import FleetConfig
+from fleet.records import JsonRecord
 from fleet.run import PlanError, load_items, load_spec, run_prefix
 from fleet.store import NotFound, Store, open_store
 
@@ -35,7 +34,7 @@ def log_prefix(run: str) -> str:
 
 
 @dataclass
-class LaunchRecord:
+class LaunchRecord(JsonRecord):
     run: str
     project: str
     zone: str
@@ -52,14 +51,6 @@ class LaunchRecord:
     @property
     def place(self) -> compute.Place:
         return compute.Place(self.project, self.zone, self.region)
-
-    def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> "LaunchRecord":
-        d = json.loads(data)
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 def load_record(store: Store, run: str) -> LaunchRecord | None:

@@ -10,19 +10,19 @@ our own on the read that follows.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from fleet.records import JsonRecord
 from fleet.store import NotFound, PreconditionFailed, Store
 
 LEASED, DONE, FAILED = "leased", "done", "failed"
 
 
 @dataclass
-class Lease:
+class Lease(JsonRecord):
     state: str
     worker: str
     attempt: int
@@ -34,13 +34,7 @@ class Lease:
     started: float = 0.0
     finished: float = 0.0
 
-    def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> "Lease":
-        d = json.loads(data)
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+    json_indent = None  # rewritten at every renewal: compact
 
     @property
     def terminal(self) -> bool:

@@ -15,8 +15,8 @@ from typing import Any
 
 from fleet.inputs import InputFile, Slice, cut_ranges, describe, find_inputs
 from fleet.job import load_job
+from fleet.records import JsonRecord
 from fleet.store import PreconditionFailed, Store, open_store, read_url
-
 
 log = logging.getLogger("fleet.plan")
 
@@ -41,7 +41,7 @@ class Item(Slice):
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class RunSpec(JsonRecord):
     run: str
     job: str
     config: dict[str, Any]
@@ -52,14 +52,6 @@ class RunSpec:
     items: int = 0
     input_bytes: int = 0
     created: float = field(default=0.0, compare=False)
-
-    def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> "RunSpec":
-        d = json.loads(data)
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 def run_prefix(run: str) -> str:

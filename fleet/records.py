@@ -1,0 +1,25 @@
+"""JSON for the small dataclass records kept in the bucket (run spec, leases, launch record).
+
+Reading keeps only the fields this code knows, so a record written by a newer
+version with an extra field still loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import ClassVar, TypeVar
+
+R = TypeVar("R", bound="JsonRecord")
+
+
+class JsonRecord:
+    json_indent: ClassVar[int | None] = 1  # None: compact, for records rewritten often
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), indent=self.json_indent, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls: type[R], data: bytes) -> R:
+        d = json.loads(data)
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
