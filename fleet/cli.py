@@ -116,7 +116,7 @@ def local_cmd(
 
 
 def _resolve(target: Optional[str], bucket: Optional[str], run: Optional[str]) -> tuple[str, str]:
-    from fleet.local import RUN, STATE_DIR
+    from fleet.local import STATE_DIR
 
     if target and not bucket:
         local_state = os.path.join(target, STATE_DIR)

@@ -24,7 +24,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO, Iterator
 
 from fleet.codesync import check_pinned, sha256_file
 from fleet.inputs import read_slice
