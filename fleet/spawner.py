@@ -248,8 +248,6 @@ class Worker:
                 if since.get(name, (None, 0.0))[0] != gen:
                     since[name] = (gen, now)
             todo = [item for item in order if item.id not in terminal]
-            if not todo:
-                return self.leave()
             unleased = [item for item in todo if item.id not in listing]
             # Idle for two passes: the other idle workers have had a pass to see this one's
             # beat and leave (standbys_ahead), so only standbys get here and read more.
