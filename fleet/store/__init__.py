@@ -9,7 +9,7 @@ Generations are positive integers that change on every write of an object;
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 
@@ -33,11 +33,19 @@ class BucketNotFound(NotFound):
     """The bucket itself does not exist (not just the object)."""
 
 
+class Changed(StoreError):
+    """The object is no longer the version the caller pinned (rewritten, truncated, replaced)."""
+
+
 @dataclass(frozen=True)
 class Blob:
     name: str
     generation: int
     size: int
+    # What identifies this content for a reader that must notice a change: on GCS the
+    # generation, in a local folder size, mtime and inode (a copy that keeps the mtime
+    # is still a new inode). Compared as an opaque string.
+    version: str = field(default="", compare=False)
 
 
 class Store(abc.ABC):
@@ -69,8 +77,12 @@ class Store(abc.ABC):
         """Upload a local file (large outputs); unconditional, atomic to readers."""
 
     @abc.abstractmethod
-    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None) -> None:
-        """Copy an object, or bytes [start, end) of it, to a local file."""
+    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None,
+                      version: str | None = None) -> None:
+        """Copy an object, or bytes [start, end) of it, to a local file.
+
+        With ``version`` (a ``Blob.version`` seen earlier), raises Changed unless the
+        bytes copied belong to exactly that version of the object."""
 
     @abc.abstractmethod
     def stat(self, name: str) -> Blob | None:
@@ -108,7 +120,14 @@ def open_store(url: str) -> Store:
 
     if url.startswith("file://"):
         url = url[len("file://"):]
+    _check_scheme(url)
     return LocalStore(url)
+
+
+def _check_scheme(url: str) -> None:
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme.isalnum():  # s3://, http://...: never a local folder named "s3:"
+        raise StoreError(f"{url}: unsupported URL scheme {scheme}:// (use gs://BUCKET[/PATH] or a local path)")
 
 
 def locate(url: str) -> tuple[Store, str]:
@@ -118,6 +137,8 @@ def locate(url: str) -> tuple[Store, str]:
         return open_store(bucket), name
     import os
 
+    if not url.startswith("file://"):
+        _check_scheme(url)
     path = os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
     return open_store(os.path.dirname(path)), os.path.basename(path)
 

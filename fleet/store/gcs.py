@@ -15,12 +15,12 @@ import os
 from typing import Iterator
 
 from google.api_core import exceptions as gexc
-from google.auth.exceptions import TransportError
+from google.auth.exceptions import DefaultCredentialsError, TransportError
 from google.cloud.storage.exceptions import DataCorruption
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY, DEFAULT_RETRY_IF_GENERATION_SPECIFIED
 
-from fleet.store import Blob, BucketNotFound, Forbidden, NotFound, PreconditionFailed, Store, StoreError
+from fleet.store import Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed, Store, StoreError
 
 
 def make_client() -> storage.Client:
@@ -59,6 +59,18 @@ def _one_line(e: gexc.GoogleAPICallError) -> str:
     return text.splitlines()[0][:300] if text else ""
 
 
+def _version(generation: int, size: int) -> str:
+    return f"size={size},generation={generation}"
+
+
+def _generation_of(version: str) -> int:
+    fields = dict(part.partition("=")[::2] for part in version.split(","))
+    try:
+        return int(fields["generation"])
+    except (KeyError, ValueError):
+        raise StoreError(f"not a Cloud Storage object version: {version!r}") from None
+
+
 class GCSStore(Store):
     """Objects ``gs://<bucket>/<prefix>/<name>``; names given and returned are relative to prefix."""
 
@@ -73,7 +85,14 @@ class GCSStore(Store):
     @functools.cached_property
     def client(self) -> storage.Client:
         # Built on first use so that opening a store never touches the network or credentials.
-        return self._given_client or make_client()
+        if self._given_client is not None:
+            return self._given_client
+        try:
+            return make_client()
+        except DefaultCredentialsError:
+            raise StoreError(f"gs://{self.bucket_name}: no Google credentials on this machine; log in with "
+                             "`gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS "
+                             "to a key file)") from None
 
     @functools.cached_property
     def bucket(self) -> storage.Bucket:
@@ -157,23 +176,42 @@ class GCSStore(Store):
             raise StoreError(f"gs://{self.bucket_name}/{self._full(name)}: download carried no x-goog-generation")
         return data, blob.generation
 
-    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None) -> None:
-        blob = self._blob(name)
-        with self._errors(name):
-            if end is not None and end <= start:
-                blob.reload()
-            else:
-                try:
-                    blob.download_to_filename(path, **self._range(start, end))
-                    return
-                except gexc.RequestRangeNotSatisfiable:
-                    pass
-        open(path, "wb").close()  # an empty range
+    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None,
+                      version: str | None = None) -> None:
+        generation = _generation_of(version) if version is not None else None
+        # Pinned to the generation planned: GCS serves exactly it (or 404 once it was replaced),
+        # and the generation the response carries is checked too.
+        blob = self.bucket.blob(self._full(name), generation=generation)
+        where = f"gs://{self.bucket_name}/{self._full(name)}"
+        try:
+            with self._errors(name):
+                if end is not None and end <= start:
+                    blob.reload()
+                else:
+                    try:
+                        blob.download_to_filename(path, **self._range(start, end))
+                    except gexc.RequestRangeNotSatisfiable:
+                        open(path, "wb").close()  # an empty range
+                        blob.reload()
+                    else:
+                        if generation is not None and blob.generation not in (None, generation):
+                            raise Changed(f"{where}: changed since it was planned (generation {generation} then, "
+                                          f"{blob.generation} now)")
+                        return
+        except NotFound:
+            if generation is None:
+                raise
+            now = self.stat(name)
+            if now is None:
+                raise
+            raise Changed(f"{where}: changed since it was planned (generation {generation} then, "
+                          f"{now.generation} now)") from None
+        open(path, "wb").close()
 
     def stat(self, name: str) -> Blob | None:
         with self._errors(name):
             blob = self.bucket.get_blob(self._full(name))
-        return None if blob is None else Blob(name, blob.generation, blob.size)
+        return None if blob is None else Blob(name, blob.generation, blob.size, _version(blob.generation, blob.size))
 
     def list(self, prefix: str = "") -> Iterator[Blob]:
         cut = len(self.prefix) + 1 if self.prefix else 0
@@ -185,7 +223,7 @@ class GCSStore(Store):
                 page_size=self.page_size,
                 fields="items(name,generation,size),nextPageToken",
             ):
-                yield Blob(b.name[cut:], b.generation, b.size)
+                yield Blob(b.name[cut:], b.generation, b.size, _version(b.generation, b.size))
 
     # -- writes --------------------------------------------------------------------
     def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,

@@ -21,9 +21,14 @@ import time
 from stat import S_ISREG
 from typing import Iterator
 
-from fleet.store import Blob, NotFound, PreconditionFailed, Store, StoreError
+from fleet.store import Blob, Changed, NotFound, PreconditionFailed, Store, StoreError
 
 _TMP_PREFIX = ".fleet-tmp-"
+
+
+def file_version(st: os.stat_result) -> str:
+    """A local file's ``Blob.version``: what changes when the file is rewritten, truncated or replaced."""
+    return f"size={st.st_size},mtime_ns={st.st_mtime_ns},inode={st.st_ino}"
 
 
 class LocalStore(Store):
@@ -80,6 +85,18 @@ class LocalStore(Store):
         name = os.path.relpath(path, self.root).replace(os.sep, "/")
         return StoreError(f"{self.root}: {name!r} cannot be both an object and a folder in a local store")
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _naming(path: str):
+        """An OSError of a write (a full disk, a read-only mount) names the object's file,
+        not a temporary file or nothing."""
+        try:
+            yield
+        except OSError as e:
+            if e.errno is None or e.filename == path:
+                raise
+            raise type(e)(e.errno, e.strerror, path) from None
+
     def _tmp_beside(self, path: str) -> str:
         folder = os.path.dirname(path)
         try:
@@ -110,10 +127,13 @@ class LocalStore(Store):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise NotFound(f"{name}: no such object in {self.root}") from None
 
-    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None) -> None:
+    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None,
+                      version: str | None = None) -> None:
         src = self._path(name)
         try:
             with open(src, "rb") as f, open(path, "wb") as out:
+                if version is not None:
+                    self._check_version(name, os.fstat(f.fileno()), version)
                 f.seek(start)
                 remaining = None if end is None else max(0, end - start)
                 while remaining is None or remaining > 0:
@@ -123,8 +143,15 @@ class LocalStore(Store):
                     out.write(chunk)
                     if remaining is not None:
                         remaining -= len(chunk)
+                if version is not None:  # rewritten in place while we copied?
+                    self._check_version(name, os.fstat(f.fileno()), version)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise NotFound(f"{name}: no such object in {self.root}") from None
+
+    def _check_version(self, name: str, st: os.stat_result, version: str) -> None:
+        now = file_version(st)
+        if now != version:
+            raise Changed(f"{os.path.join(self.root, name)}: changed since it was planned ({version} then, {now} now)")
 
     def stat(self, name: str) -> Blob | None:
         try:
@@ -133,7 +160,7 @@ class LocalStore(Store):
             return None
         if not S_ISREG(st.st_mode):  # a folder is not an object
             return None
-        return Blob(name, self._generation(st), st.st_size)
+        return Blob(name, self._generation(st), st.st_size, file_version(st))
 
     def list(self, prefix: str = "") -> Iterator[Blob]:
         # Walk only the deepest folder the prefix names, then filter by prefix.
@@ -156,7 +183,7 @@ class LocalStore(Store):
                     st = os.stat(os.path.join(dirpath, fn))
                 except FileNotFoundError:
                     continue
-                found.append(Blob(name, self._generation(st), st.st_size))
+                found.append(Blob(name, self._generation(st), st.st_size, file_version(st)))
         found.sort(key=lambda b: b.name)
         return iter(found)
 
@@ -164,31 +191,33 @@ class LocalStore(Store):
     def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,
               idempotent: bool = False) -> int:  # a local write has nothing to retry
         path = self._path(name)
-        tmp = self._tmp_beside(path)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            with self._locked_dir(path):
-                current = self._current(path)
-                if if_generation_match is not None and current != if_generation_match:
-                    raise PreconditionFailed(
-                        f"{name}: generation is {current}, write expected {if_generation_match}"
-                    )
-                return self._install(tmp, path, current)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        with self._naming(path):
+            tmp = self._tmp_beside(path)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                with self._locked_dir(path):
+                    current = self._current(path)
+                    if if_generation_match is not None and current != if_generation_match:
+                        raise PreconditionFailed(
+                            f"{name}: generation is {current}, write expected {if_generation_match}"
+                        )
+                    return self._install(tmp, path, current)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
 
     def upload_file(self, name: str, path: str) -> int:
         dest = self._path(name)
-        tmp = self._tmp_beside(dest)
-        try:
-            shutil.copyfile(path, tmp)
-            with self._locked_dir(dest):
-                return self._install(tmp, dest, self._current(dest))
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        with self._naming(dest):
+            tmp = self._tmp_beside(dest)
+            try:
+                shutil.copyfile(path, tmp)
+                with self._locked_dir(dest):
+                    return self._install(tmp, dest, self._current(dest))
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
 
     def delete(self, name: str) -> None:
         path = self._path(name)
