@@ -13,6 +13,14 @@ text), a line longer than MAX_LINE_BYTES (no newlines: not line-oriented
 text; one line is tokenized as one string), a corrupt or truncated
 compressed stream, a .jsonl line that is not a JSON object with a string
 ``text``. A UTF-8 byte order mark at the start of a file is skipped.
+
+Memory stays bounded whatever the data: a document longer than
+MAX_DOCUMENT_CHARS is handed on in parts cut at line boundaries (counted as
+``documents_cut``), and a document longer than an item is cut between items
+at a line boundary too. Each item pins the version of its input file (size,
+mtime and inode of a local file, the generation of a ``gs://`` object), so a
+file that changes under a run fails its items instead of feeding them other
+bytes.
 """
 
 from __future__ import annotations
@@ -21,19 +29,31 @@ import bz2
 import gzip
 import io
 import json
+import logging
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, MutableMapping
 
 from fleet.job import InputError
-from fleet.store import NotFound, Store, open_store, split_url
+from fleet.store import Changed, NotFound, Store, open_store, split_url
+from fleet.store.local import file_version
+
+log = logging.getLogger("fleet.inputs")
 
 COMPRESSIONS = {".gz": "gz", ".gzip": "gz", ".bz2": "bz2", ".zst": "zst", ".zstd": "zst"}
 _BLOCK = 4 << 20
 MAX_LINE_BYTES = 16 << 20
+MAX_DOCUMENT_CHARS = 4 << 20  # longer documents reach the job in parts: bounded memory per document
 _BOM = b"\xef\xbb\xbf"
 _SCAN = 64 << 10
+
+
+def printable(text: str) -> str:
+    """A file name fit for a log line or a terminal: bytes that are not UTF-8 (kept by
+    the OS as surrogate escapes) shown as \\xNN instead of crashing the writer."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 @dataclass(frozen=True)
@@ -41,10 +61,11 @@ class InputFile:
     url: str  # store URL (a local folder or gs://bucket[/prefix])
     name: str  # object name inside that store
     size: int
+    version: str = ""  # Blob.version when found: what a worker checks before reading
 
     @property
     def display(self) -> str:
-        return f"{self.url.rstrip('/')}/{self.name}"
+        return printable(f"{self.url.rstrip('/')}/{self.name}")
 
 
 def describe(name: str) -> tuple[str, str]:
@@ -78,49 +99,137 @@ def _corpus_file(name: str) -> bool:
     return base.endswith(TEXT_EXTENSIONS) or "." not in base
 
 
-def find_inputs(paths: list[str]) -> list[InputFile]:
-    """Expand files and folders (local or gs://) into input files, in a stable order."""
+def _warn(message: str) -> None:
+    log.warning("warning: %s", message)  # on stderr even where logging is not set up (logging.lastResort)
+
+
+def _readable(path: str, display: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise InputError(f"{display}: cannot read it ({e.strerror or e})") from None
+
+
+def _walk(root: str, exclude: tuple[str, ...]) -> Iterator[tuple[str, os.stat_result]]:
+    """Corpus files under a folder, following symbolic links to files and folders.
+
+    A folder reached twice (a link loop, or two links to one folder) is read once; a
+    broken or looping link, a FIFO or a device is named in a warning and skipped."""
+    seen: set[tuple[int, int]] = set()
+
+    def visit(folder: str, rel: str) -> Iterator[tuple[str, os.stat_result]]:
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:
+            _warn(f"{printable(folder)}: a folder already read (a symbolic link loop or a second link to it); "
+                  "read once")
+            return
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(os.listdir(folder))
+        except OSError as e:
+            raise InputError(f"{printable(folder)}: cannot list it ({e.strerror or e})") from None
+        for entry in entries:
+            if entry.startswith((".", "_")):
+                continue
+            path = os.path.join(folder, entry)
+            name = f"{rel}{entry}"
+            real = os.path.realpath(path)
+            if any(real == x or real.startswith(x + os.sep) for x in exclude):
+                continue
+            try:
+                st = os.stat(path)
+            except OSError as e:
+                target = os.readlink(path) if os.path.islink(path) else "?"
+                why = "a symbolic link loop" if e.errno == 40 else f"a broken symbolic link (to {target})" \
+                    if os.path.islink(path) else e.strerror
+                _warn(f"{printable(path)}: {printable(why)}; skipped")
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                yield from visit(path, name + "/")
+            elif not _corpus_file(name):
+                continue
+            elif not stat.S_ISREG(st.st_mode):
+                _warn(f"{printable(path)}: not a regular file (a FIFO, socket or device); skipped")
+            else:
+                yield name, st
+
+    yield from visit(root, "")
+
+
+def find_inputs(paths: list[str], exclude: list[str] = ()) -> list[InputFile]:
+    """Expand files and folders (local or gs://) into input files, in a stable order.
+
+    Each file is planned once, however often it is named (directly, inside a named
+    folder, or through links): the same corpus twice would be converted twice. Paths
+    under ``exclude`` (the output folder of `fleet local`) are never inputs."""
     found: list[InputFile] = []
+    seen: dict[str, str] = {}  # resolved path or URL -> how it was first found
+    excluded = tuple(os.path.realpath(x) for x in exclude)
+
+    def add(inp: InputFile, key: str) -> None:
+        if key in seen:
+            if seen[key] != inp.display:
+                _warn(f"{inp.display}: the same file as {seen[key]}; planned once")
+            else:
+                _warn(f"{inp.display}: named twice; planned once")
+            return
+        seen[key] = inp.display
+        found.append(inp)
+
     for path in paths:
         if path.startswith("gs://"):
             root, prefix = split_url(path)
             store = open_store(root)
             blob = store.stat(prefix) if prefix else None
             if blob is not None:
-                found.append(InputFile(root, prefix, blob.size))
+                add(InputFile(root, prefix, blob.size, blob.version), f"{root}/{prefix}")
                 continue
             folder = prefix + "/" if prefix else ""
             blobs = [b for b in store.list(folder) if _corpus_file(b.name[len(folder):]) and b.size > 0]
             if not blobs:
                 raise InputError(f"{path}: no input files there")
-            found += [InputFile(root, b.name, b.size) for b in blobs]
+            for b in blobs:
+                add(InputFile(root, b.name, b.size, b.version), f"{root}/{b.name}")
             continue
+        if "://" in path and not path.startswith("file://"):
+            raise InputError(f"{path}: unsupported URL (inputs are local paths or gs://BUCKET/PATH)")
         local = os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
         if os.path.isfile(local):
-            found.append(InputFile(os.path.dirname(local), os.path.basename(local), os.path.getsize(local)))
+            st = os.stat(local)
+            inp = InputFile(os.path.dirname(local), os.path.basename(local), st.st_size, file_version(st))
+            _readable(local, inp.display)
+            add(inp, os.path.realpath(local))
         elif os.path.isdir(local):
-            files = []
-            for dirpath, dirnames, filenames in os.walk(local):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_")))
-                for fn in sorted(filenames):
-                    rel = os.path.relpath(os.path.join(dirpath, fn), local).replace(os.sep, "/")
-                    if not _corpus_file(rel):
-                        continue
-                    files.append(InputFile(local, rel, os.path.getsize(os.path.join(dirpath, fn))))
+            files = [InputFile(local, rel, st.st_size, file_version(st)) for rel, st in _walk(local, excluded)]
             if not files:
-                raise InputError(f"{path}: no input files there")
-            found += sorted(files, key=lambda f: f.name)
+                raise InputError(f"{printable(path)}: no input files there")
+            for inp in files:
+                real = os.path.realpath(os.path.join(local, inp.name))
+                if any(real == x or real.startswith(x + os.sep) for x in excluded):
+                    continue  # a link into the output folder
+                _readable(real, inp.display)
+                add(inp, real)
+        elif os.path.islink(local):
+            raise InputError(f"{printable(path)}: a broken symbolic link (to {printable(os.readlink(local))})")
+        elif os.path.exists(local):
+            raise InputError(f"{printable(path)}: not a regular file or folder")
         else:
-            raise InputError(f"{path}: no such file or folder")
+            raise InputError(f"{printable(path)}: no such file or folder")
     return found
 
 
-def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str) -> int:
-    """The first document boundary at or after pos (an offset where a document starts)."""
+def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str, limit: int) -> tuple[int, bool]:
+    """(offset, True) of the first document boundary at or after pos (an offset where a
+    document starts), looking no further than ``limit`` bytes past pos; failing that,
+    (the first line boundary after pos, False): a document longer than an item is cut
+    between lines rather than make one item (and one worker's memory) as big as it."""
     # Step back one byte so that a line starting exactly at pos is seen as a line start.
     offset = max(0, pos - 1)
+    stop = min(size, pos + limit)
     carry = b""
     at_line_start = offset == 0
+    first_line_end = None
     while offset < size:
         chunk = store.read(name, offset, min(size, offset + _SCAN))
         if not chunk:
@@ -136,30 +245,90 @@ def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str) -> in
             i = nl + 1
             at_line_start = True
             if fmt == "jsonl":
-                return base + i
+                return base + i, True
         while True:
             nl = data.find(b"\n", i)
             if nl < 0:
                 carry = data[i:]
                 break
+            if first_line_end is None:
+                first_line_end = base + nl + 1
             if fmt == "jsonl" or not data[i:nl].decode("utf-8", "ignore").strip():
-                return base + nl + 1
+                return base + nl + 1, True
             i = nl + 1
         offset += len(chunk)
-    return size
+        if offset >= stop and first_line_end is not None:
+            return first_line_end, False
+    return size, True
 
 
-def cut_ranges(store: Store, name: str, size: int, fmt: str, target: int) -> list[tuple[int, int]]:
-    """Byte ranges of about ``target`` bytes, each ending at a document boundary."""
+def plan_ranges(store: Store, name: str, size: int, fmt: str, target: int) -> list[tuple[int, int, bool]]:
+    """Byte ranges of about ``target`` bytes: (start, end, ends inside a document).
+
+    Each ends at a document boundary when there is one within ``target`` bytes of where
+    it would end; otherwise at a line boundary, inside a document longer than an item."""
     ranges, start = [], 0
     while start < size:
         if size - start <= target * 1.25:
-            ranges.append((start, size))
+            ranges.append((start, size, False))
             break
-        end = _next_boundary(store, name, start + target, size, fmt)
-        ranges.append((start, end))
+        end, clean = _next_boundary(store, name, start + target, size, fmt, target)
+        ranges.append((start, end, not clean))
         start = end
     return ranges
+
+
+def cut_ranges(store: Store, name: str, size: int, fmt: str, target: int) -> list[tuple[int, int]]:
+    """Byte ranges of about ``target`` bytes, each ending at a document boundary (or inside
+    a document longer than ``target``, at a line boundary)."""
+    return [(start, end) for start, end, _ in plan_ranges(store, name, size, fmt, target)]
+
+
+class _ZstdFrames(io.RawIOBase):
+    """A zstd stream of one or more frames that ends only where a frame ends.
+
+    zstandard's own stream reader returns a short read at a truncated frame as if the
+    data had ended there; this one raises EOFError, as gzip and bz2 do."""
+
+    _FEED = 16 << 10  # compressed bytes per step: bounds the output of one step
+
+    def __init__(self, raw: BinaryIO):
+        import zstandard
+
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._raw = raw
+        self._frame = None  # the frame being decoded, None between frames
+        self._input = b""
+        self._output = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._output:
+            if not self._input:
+                self._input = self._raw.read(1 << 20)
+                if not self._input:
+                    if self._frame is not None:
+                        raise EOFError("the zstd stream ends inside a frame (truncated)")
+                    return b""
+            if self._frame is None:
+                self._frame = self._new()
+            feed, self._input = self._input[:self._FEED], self._input[self._FEED:]
+            self._output = self._frame.decompress(feed)
+            if self._frame.eof:  # the next frame starts in what this one did not use
+                self._input = self._frame.unused_data + self._input
+                self._frame = None
+        if 0 <= size < len(self._output):
+            out, self._output = self._output[:size], self._output[size:]
+        else:
+            out, self._output = self._output, b""
+        return out
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
 
 
 def _decompressed(f: BinaryIO, compression: str) -> BinaryIO:
@@ -168,9 +337,7 @@ def _decompressed(f: BinaryIO, compression: str) -> BinaryIO:
     if compression == "bz2":
         return bz2.BZ2File(f)  # type: ignore[return-value]
     if compression == "zst":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)  # type: ignore[return-value]
+        return _ZstdFrames(f)  # type: ignore[return-value]
     return f
 
 
@@ -218,35 +385,71 @@ def _text_lines(raw: BinaryIO, source: str, base_offset: int, compression: str) 
             raise InputError(f"{source}: invalid UTF-8 at {where} {offset + e.start}") from None
 
 
-def iter_documents(raw: BinaryIO, fmt: str, compression: str, source: str, base_offset: int = 0) -> Iterator[list[str]]:
-    """Documents (lists of lines) from an open binary file."""
-    lines = _text_lines(raw, source, base_offset, compression)
-    if fmt == "jsonl":
-        at = base_offset  # offset of the line's first byte (in the decompressed stream, if compressed)
-        unit = "decompressed byte" if compression != "none" else "byte"
-        for number, line in enumerate(lines, 1):
-            start, at = at, at + len(line.encode()) + 1
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise InputError(f"{source}: record {number} is not JSON at {unit} {start} "
-                                 f"({e.__class__.__name__}: {str(e)[:80]})") from None
-            text = record.get("text") if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise InputError(f"{source}: record {number} has no string field 'text' ({unit} {start})")
-            yield text.split("\n")
-        return
-    doc: list[str] = []
-    for line in lines:
-        if line.strip():
-            doc.append(line)
-        elif doc:
+def iter_documents(raw: BinaryIO, fmt: str, compression: str, source: str, base_offset: int = 0,
+                   counts: MutableMapping[str, int] | None = None) -> Iterator[list[str]]:
+    """Documents (lists of lines) from an open binary file.
+
+    A document of more than MAX_DOCUMENT_CHARS characters comes in parts cut at line
+    boundaries, so that no document costs more memory than that whatever the input;
+    ``counts["documents_cut"]`` counts the documents cut so."""
+    cut = 0
+    try:
+        if fmt == "jsonl":
+            for text in _json_texts(raw, compression, source, base_offset):
+                for n, part in enumerate(_parts(text.split("\n"))):
+                    cut += n == 1
+                    yield part
+            return
+        doc: list[str] = []
+        size, was_cut = 0, False
+        for line in _text_lines(raw, source, base_offset, compression):
+            if line.strip():
+                if doc and size + len(line) > MAX_DOCUMENT_CHARS:
+                    yield doc
+                    doc, size, was_cut = [], 0, True
+                doc.append(line)
+                size += len(line)
+            elif doc:
+                yield doc
+                cut += was_cut
+                doc, size, was_cut = [], 0, False
+        if doc:
             yield doc
-            doc = []
-    if doc:
-        yield doc
+            cut += was_cut
+    finally:
+        if counts is not None and cut:
+            counts["documents_cut"] = counts.get("documents_cut", 0) + cut
+
+
+def _parts(lines: list[str]) -> Iterator[list[str]]:
+    """A record's lines in parts of at most MAX_DOCUMENT_CHARS characters (at least one line each)."""
+    part: list[str] = []
+    size = 0
+    for line in lines:
+        if part and size + len(line) > MAX_DOCUMENT_CHARS:
+            yield part
+            part, size = [], 0
+        part.append(line)
+        size += len(line)
+    yield part
+
+
+def _json_texts(raw: BinaryIO, compression: str, source: str, base_offset: int) -> Iterator[str]:
+    at = base_offset  # offset of the line's first byte (in the decompressed stream, if compressed)
+    unit = "decompressed byte" if compression != "none" else "byte"
+    for number, line in enumerate(_text_lines(raw, source, base_offset, compression), 1):
+        start, at = at, at + len(line.encode()) + 1
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise InputError(f"{source}: record {number} is not JSON at {unit} {start} "
+                             f"({e.__class__.__name__}: {str(e)[:80]})") from None
+        text = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise InputError(f"{source}: record {number} has no string field 'text' ({unit} {start})")
+        yield text
 
 
 @dataclass(frozen=True)
@@ -259,33 +462,49 @@ class Slice:
     end: int
     format: str
     compression: str
+    version: str = ""  # the file's Blob.version when planned ("" in runs planned before versions)
+    cuts_document: bool = False  # ends inside a document longer than an item
 
     @property
     def display(self) -> str:
         where = f"{self.url.rstrip('/')}/{self.name}"
         if self.compression == "none" and self.start:
             where += f" (from byte {self.start})"
-        return where
+        return printable(where)
 
 
-def read_slice(piece: Slice, workdir: str) -> Iterator[list[str]]:
-    """Download a slice to a local file, then stream its documents."""
+def read_slice(piece: Slice, workdir: str, counts: MutableMapping[str, int] | None = None) -> Iterator[list[str]]:
+    """Download a slice to a local file, then stream its documents.
+
+    The bytes read must be the bytes planned: a file that was rewritten, truncated or
+    replaced since (another version, or fewer bytes than the slice) fails the item
+    with an InputError rather than feed it other data or nothing."""
     store = open_store(piece.url)
+    source = printable(f"{piece.url.rstrip('/')}/{piece.name}")
     fd, tmp = tempfile.mkstemp(prefix="input-", dir=workdir)
     os.close(fd)
     try:
         try:
             if piece.compression == "none":
-                store.download_file(piece.name, tmp, piece.start, piece.end)
+                store.download_file(piece.name, tmp, piece.start, piece.end, version=piece.version or None)
             else:
-                store.download_file(piece.name, tmp)
+                store.download_file(piece.name, tmp, version=piece.version or None)
         except NotFound:
             raise InputError(f"{piece.display}: input file is gone") from None
+        except Changed as e:
+            raise InputError(f"{printable(str(e))}; plan a new run for the new contents") from None
+        got = os.path.getsize(tmp)
+        if piece.compression == "none" and got != piece.end - piece.start:
+            raise InputError(f"{source}: changed since it was planned (bytes {piece.start}-{piece.end} planned, "
+                             f"{got} there now); plan a new run for the new contents")
         with open(tmp, "rb") as f:
             base = piece.start if piece.compression == "none" else 0
-            yield from iter_documents(f, piece.format, piece.compression, f"{piece.url.rstrip('/')}/{piece.name}", base)
+            yield from iter_documents(f, piece.format, piece.compression, source, base, counts)
     finally:
-        os.unlink(tmp)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:  # a failed download removes its own file
+            pass
 
 
 def iter_path_documents(paths: list[str]) -> Iterator[list[str]]:

@@ -10,10 +10,12 @@ import os
 import pytest
 import zstandard
 
-from fleet.inputs import cut_ranges, describe, find_inputs, iter_documents, iter_path_documents, read_all
+from fleet.inputs import (describe, find_inputs, iter_documents, iter_path_documents, plan_ranges,
+                          read_all)
 from fleet.job import InputError
 from fleet.run import make_items
 from fleet.store.local import LocalStore
+from tests.test_properties import assert_pieces_are_the_documents
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "corpus")
 
@@ -89,20 +91,23 @@ def test_missing_input_is_one_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("target", [1000, 7919, 50_000, 300_000])
-def test_cut_ranges_never_split_a_document_and_lose_no_line(target):
+def test_cut_ranges_split_only_documents_longer_than_an_item_and_lose_no_line(target):
     path = os.path.abspath(os.path.join(CORPUS, "sample_en.txt"))
     size = os.path.getsize(path)
     store = LocalStore(os.path.dirname(path))
-    ranges = cut_ranges(store, "sample_en.txt", size, "text", target)
+    ranges = plan_ranges(store, "sample_en.txt", size, "text", target)
     assert ranges[0][0] == 0 and ranges[-1][1] == size
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     if target < size // 2:
         assert len(ranges) > 1
-    pieces = []
-    for start, end in ranges:
-        data = store.read("sample_en.txt", start, end)
-        pieces += read_all(data, "sample_en.txt")
-    assert pieces == docs_of(path)
+    if target >= 300_000:  # longer than any man page of the sample (160 kB at most): no document is cut
+        assert not any(cuts for _, _, cuts in ranges)
+        pieces = []
+        for start, end, _ in ranges:
+            pieces += read_all(store.read("sample_en.txt", start, end), "sample_en.txt")
+        assert pieces == docs_of(path)
+    with open(path, "rb") as f:
+        assert_pieces_are_the_documents(f.read(), "sample_en.txt", ranges, target)
 
 
 def test_cut_ranges_jsonl_cuts_at_line_ends(tmp_path):
@@ -110,16 +115,21 @@ def test_cut_ranges_jsonl_cuts_at_line_ends(tmp_path):
     (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
     store = LocalStore(str(tmp_path))
     size = os.path.getsize(tmp_path / "c.jsonl")
-    ranges = cut_ranges(store, "c.jsonl", size, "jsonl", 997)
+    ranges = [(s, e) for s, e, _ in plan_ranges(store, "c.jsonl", size, "jsonl", 997)]
     got = [d for s, e in ranges for d in read_all(store.read("c.jsonl", s, e), "c.jsonl")]
     assert len(ranges) > 5
     assert got == [[json.loads(line)["text"]] for line in lines]
 
 
-def test_a_single_huge_document_is_one_item(tmp_path):
+def test_a_document_longer_than_an_item_is_cut_between_lines(tmp_path):
+    # It used to be one item whatever the item size: a 30 MB file with no blank line took
+    # one worker 447 MB, and a 1 GB one would have taken it down.
     (tmp_path / "one.txt").write_text("line\n" * 10000)
     store = LocalStore(str(tmp_path))
-    assert cut_ranges(store, "one.txt", 50000, "text", 1000) == [(0, 50000)]
+    ranges = plan_ranges(store, "one.txt", 50000, "text", 1000)
+    assert len(ranges) >= 40 and all(cuts for _, _, cuts in ranges[:-1]) and not ranges[-1][2]
+    assert all(end % 5 == 0 and end - start <= 2000 for start, end, _ in ranges)  # at line ends
+    assert_pieces_are_the_documents((tmp_path / "one.txt").read_bytes(), "one.txt", ranges, 1000)
 
 
 def test_items_cover_every_input(tmp_path):

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from fleet.inputs import cut_ranges, iter_documents, read_all
+from fleet.inputs import iter_documents, plan_ranges, read_all
 from fleet.job import ConfigError, InputError, ItemContext, Sink
 from fleet.store import StoreError
 from fleet.store.local import LocalStore
@@ -232,13 +232,27 @@ def test_items_cover_every_document_exactly_once(tmp_path_factory, lines, target
     with open(os.path.join(folder, name), "wb") as f:
         f.write(data)
     store = LocalStore(folder)
-    ranges = cut_ranges(store, name, len(data), "jsonl" if jsonl else "text", target)
+    ranges = plan_ranges(store, name, len(data), "jsonl" if jsonl else "text", target)
     assert ranges[0][0] == 0 and ranges[-1][1] == len(data)
-    assert all(a < b for a, b in ranges) and all(r[1] == s[0] for r, s in zip(ranges, ranges[1:]))
-    pieces = []
-    for start, end in ranges:
-        pieces += list(iter_documents(io.BytesIO(data[start:end]), "jsonl" if jsonl else "text", "none", name, start))
-    assert pieces == read_all(data, name)
+    assert all(a < b for a, b, _ in ranges) and all(r[1] == s[0] for r, s in zip(ranges, ranges[1:]))
+    assert_pieces_are_the_documents(data, name, ranges, target)
+
+
+def assert_pieces_are_the_documents(data: bytes, name: str, ranges, target: int) -> None:
+    """Read range by range, then joined again where a range ends inside a document, the
+    pieces are the file's documents; and a document is cut only when it is longer than an item."""
+    fmt = "jsonl" if name.endswith(".jsonl") else "text"
+    merged: list[list[str]] = []
+    glue = False
+    for start, end, cuts in ranges:
+        docs = list(iter_documents(io.BytesIO(data[start:end]), fmt, "none", name, start))
+        if glue and docs and merged:
+            merged[-1] = merged[-1] + docs.pop(0)
+            assert sum(len(line.encode()) + 1 for line in merged[-1]) >= target
+        merged += docs
+        glue = cuts
+        assert not (cuts and fmt == "jsonl")
+    assert merged == read_all(data, name)
 
 
 # -- the local store's names -----------------------------------------------------------------------
