@@ -66,6 +66,13 @@ class Job(abc.ABC):
     def check(self, config: Any, opener: Opener) -> None:
         """Fail early, at plan time, on a config that cannot work (e.g. a missing vocab)."""
 
+    def files(self, config: Any) -> dict[str, str]:
+        """The files the outputs depend on, by option name: a run pins their digests at plan
+        time and refuses to go on with other contents. By default every non-empty option
+        whose name ends in ``_file`` (``vocab_file``); a job with others says so here."""
+        return {f.name: value for f in dataclasses.fields(config)
+                if f.name.endswith("_file") and isinstance(value := getattr(config, f.name), str) and value}
+
     @abc.abstractmethod
     def converter(self, config: Any, opener: Opener) -> Converter:
         """Per worker process: load what every item needs (a vocab) once."""

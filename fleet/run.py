@@ -7,16 +7,17 @@ them, so a worker never needs anything but the bucket URL and the run name.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from fleet.inputs import InputFile, Slice, cut_ranges, describe, find_inputs
-from fleet.job import load_job
+from fleet.inputs import InputFile, Slice, describe, find_inputs, plan_ranges, printable
+from fleet.job import ConfigError, Job, Opener, load_job
 from fleet.records import JsonRecord
-from fleet.store import PreconditionFailed, Store, open_store, read_url
+from fleet.store import BucketNotFound, NotFound, PreconditionFailed, Store, open_store, read_url
 
 log = logging.getLogger("fleet.plan")
 
@@ -37,7 +38,12 @@ class Item(Slice):
 
     @property
     def slice(self) -> Slice:
-        return Slice(self.url, self.name, self.start, self.end, self.format, self.compression)
+        return Slice(self.url, self.name, self.start, self.end, self.format, self.compression, self.version,
+                     self.cuts_document)
+
+    @property
+    def file(self) -> str:
+        return printable(f"{self.url.rstrip('/')}/{self.name}")
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,10 @@ class RunSpec(JsonRecord):
     max_attempts: int = 3
     items: int = 0
     input_bytes: int = 0
+    # What the outputs depend on besides the inputs (pinned in the items): the sha256 of
+    # every file a job option names, by option. A run refuses to go on with other contents.
+    files: dict[str, str] = field(default_factory=dict)
+    item_bytes: int = field(default=0, compare=False)  # the target the items were cut to
     created: float = field(default=0.0, compare=False)
 
 
@@ -91,7 +101,7 @@ def check_run_name(run: str) -> None:
 
 def make_items(inputs: list[InputFile], item_bytes: int) -> list[Item]:
     """Cut every input into items of about item_bytes, at document boundaries."""
-    pieces: list[tuple[InputFile, int, int, str, str]] = []
+    pieces: list[tuple[InputFile, int, int, str, str, bool]] = []
     stores: dict[str, Store] = {}
     for inp in inputs:
         if inp.size == 0:  # shown on stderr even where logging is not set up (logging.lastResort)
@@ -99,16 +109,110 @@ def make_items(inputs: list[InputFile], item_bytes: int) -> list[Item]:
             continue
         fmt, compression = describe(inp.name)
         if compression != "none":
-            pieces.append((inp, 0, inp.size, fmt, compression))
+            pieces.append((inp, 0, inp.size, fmt, compression, False))
             continue
         store = stores.setdefault(inp.url, open_store(inp.url))
-        for start, end in cut_ranges(store, inp.name, inp.size, fmt, item_bytes):
-            pieces.append((inp, start, end, fmt, compression))
+        ranges = plan_ranges(store, inp.name, inp.size, fmt, item_bytes)
+        cuts = sum(cut for _, _, cut in ranges)
+        if cuts:
+            log.warning("warning: %s: %d document(s) longer than an item (%s bytes) cut between items at a "
+                        "line boundary", inp.display, cuts, f"{item_bytes:,}")
+        for start, end, cut in ranges:
+            pieces.append((inp, start, end, fmt, compression, cut))
     width = max(5, len(str(len(pieces) - 1)))
     return [
-        Item(inp.url, inp.name, start, end, fmt, comp, id=f"{i:0{width}d}")
-        for i, (inp, start, end, fmt, comp) in enumerate(pieces)
+        Item(inp.url, inp.name, start, end, fmt, comp, inp.version, cut, id=f"{i:0{width}d}")
+        for i, (inp, start, end, fmt, comp, cut) in enumerate(pieces)
     ]
+
+
+def check_numbers(lease_ttl: float, max_attempts: int, item_bytes: int) -> None:
+    """The numbers a plan is made of, checked before they can loop, starve or fail workers."""
+    if not lease_ttl >= 1:  # (also catches NaN)
+        raise PlanError(f"lease TTL {lease_ttl} s: give at least 1 second (the default is 300 on GCP, 60 locally)")
+    if max_attempts < 1:
+        raise PlanError(f"max attempts {max_attempts}: give 1 or more")
+    if not item_bytes >= 1:
+        raise PlanError(f"item size {item_bytes / 1e6:g} MB: give a positive size (a few MB to 64 MB is usual)")
+
+
+def digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def pin_files(job: Job, config: Any, opener: Opener = read_url) -> dict[str, str]:
+    """The digest of every file the job's options name (a vocab), by option."""
+    pins = {}
+    for option, url in job.files(config).items():
+        try:
+            pins[option] = digest(opener(url))
+        except Exception as e:  # the opener's errors differ by store; all mean "cannot read it"
+            raise ConfigError(f"cannot read {option} {url}: {e}") from None
+    return pins
+
+
+def pinned_opener(spec: RunSpec, job: Job, config: Any, opener: Opener = read_url) -> Opener:
+    """An opener for workers that refuses a file whose contents differ from what the run pinned:
+    a vocab replaced mid-run would otherwise mix records of two vocabularies in one run."""
+    pins = {url: (option, spec.files[option]) for option, url in job.files(config).items() if option in spec.files}
+
+    def open_pinned(url: str) -> bytes:
+        data = opener(url)
+        if url in pins:
+            option, want = pins[url]
+            got = digest(data)
+            if got != want:
+                raise ConfigError(f"{option} {url} changed since run {spec.run!r} was planned "
+                                  f"({want[:19]}... then, {got[:19]}... now); restore it, or plan a new run")
+        return data
+
+    return open_pinned
+
+
+def _short(version: str) -> str:
+    return version.replace(",", ", ") if version else "unknown"
+
+
+def _item_differences(old: list[Item], new: list[Item]) -> list[str]:
+    """What differs between two item lists, by input file, in words."""
+    def by_file(items: list[Item]) -> dict[str, list[Item]]:
+        out: dict[str, list[Item]] = {}
+        for item in items:
+            out.setdefault(item.file, []).append(item)
+        return out
+
+    before, after = by_file(old), by_file(new)
+    out = []
+    for name in sorted(set(before) | set(after)):
+        a, b = before.get(name), after.get(name)
+        if a is None:
+            out.append(f"{name} is a new input")
+        elif b is None:
+            out.append(f"{name} is no longer an input")
+        elif a[0].version != b[0].version:
+            out.append(f"{name} changed ({_short(a[0].version)} then; {_short(b[0].version)} now)")
+        elif [(i.start, i.end, i.id) for i in a] != [(i.start, i.end, i.id) for i in b]:
+            out.append(f"{name} is cut into other items ({len(a)} then, {len(b)} now: another item size?)")
+    return out or ["the item list differs"]
+
+
+def _spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
+    out = []
+    for option in sorted(set(old.config) | set(new.config)):
+        a, b = old.config.get(option), new.config.get(option)
+        if a != b:
+            out.append(f"option {option} is {b!r}, was {a!r}")
+    for option in sorted(set(old.files) | set(new.files)):
+        a, b = old.files.get(option), new.files.get(option)
+        if a != b and old.config.get(option) == new.config.get(option):
+            out.append(f"{option} {new.config.get(option)} has other contents ({(a or 'none')[:19]}... then, "
+                       f"{(b or 'none')[:19]}... now)")
+    for f in dataclasses.fields(RunSpec):
+        if f.compare and f.name not in ("config", "files", "items", "input_bytes", "run"):
+            a, b = getattr(old, f.name), getattr(new, f.name)
+            if a != b:
+                out.append(f"{f.name.replace('_', ' ')} is {b!r}, was {a!r}")
+    return out
 
 
 def plan(
@@ -121,25 +225,32 @@ def plan(
     code_version: str,
     lease_ttl: float = 300.0,
     max_attempts: int = 3,
-    item_bytes: int = 64 << 20,
+    item_bytes: int | Callable[[int], int] = 64 << 20,
+    exclude: list[str] = (),
+    again: str = "plan it under another run name",
 ) -> tuple[RunSpec, list[Item], bool]:
     """Write run.json and the items; returns (spec, items, created_now).
 
-    Planning the same run again with the same inputs and options is a no-op,
-    so `fleet local` can resume; different options are refused rather than
-    mixed into one run.
+    Planning the same run again with the same inputs, file contents and options is a
+    no-op, so `fleet local` can resume; anything else is refused, naming what differs
+    (``again`` says what to do instead), rather than mixed into one run.
+    ``item_bytes`` may be a function of the inputs' total size.
     """
     check_run_name(run)
+    check_numbers(lease_ttl, max_attempts, item_bytes if isinstance(item_bytes, int) else 1)
     job = load_job(job_name)
     config = job.parse_config(settings)
     job.check(config, read_url)
-    found = find_inputs(inputs)
+    files = pin_files(job, config)
+    found = find_inputs(inputs, exclude)
+    if not isinstance(item_bytes, int):  # chosen from the corpus size (fleet local: a few items per worker)
+        item_bytes = item_bytes(sum(f.size for f in found))
     if output.startswith("gs://"):
         # A missing or unreadable output bucket would otherwise show only at each item's upload.
         next(iter(open_store(output).list("")), None)
     items = make_items(found, item_bytes)
     if not items:
-        raise PlanError(f"{', '.join(inputs)}: the inputs hold no data")
+        raise PlanError(f"{', '.join(map(printable, inputs))}: the inputs hold no data")
     spec = RunSpec(
         run=run,
         job=job_name,
@@ -150,45 +261,87 @@ def plan(
         max_attempts=max_attempts,
         items=len(items),
         input_bytes=sum(i.size for i in items),
+        files=files,
+        item_bytes=item_bytes,
         created=time.time(),
     )
     store = open_store(bucket)
     items_blob = b"".join(json.dumps(dataclasses.asdict(i), sort_keys=True).encode() + b"\n" for i in items)
-    created = True
-    try:
-        store.write(items_name(run), items_blob, if_generation_match=0)
-    except PreconditionFailed:
-        created = False
-        if store.read(items_name(run)) != items_blob:
-            raise PlanError(f"run {run!r} in {store.url} was planned with other inputs; use another run name") from None
-    try:
-        store.write(spec_name(run), spec.to_json(), if_generation_match=0)
-    except PreconditionFailed:
-        old = load_spec(store, run)
-        if old != spec:
-            changed = [f.name for f in dataclasses.fields(RunSpec) if f.compare and getattr(old, f.name) != getattr(spec, f.name)]
-            raise PlanError(
-                f"run {run!r} in {store.url} was planned with other {', '.join(changed)}; "
-                "use another run name (or output folder)"
-            ) from None
-        return old, items, False
-    return spec, items, created
+    old_spec = _read_spec(store, run)
+    old_items = store.read(items_name(run)) if old_spec is not None or store.stat(items_name(run)) else None
+    differences = []
+    if old_spec is not None and old_spec != spec:
+        differences += _spec_differences(old_spec, spec)
+    if old_items is not None and old_items != items_blob:
+        differences += _item_differences(_parse_items(store, run, old_items), items)
+    if differences:
+        shown = differences[:6] + ([f"and {len(differences) - 6} more"] if len(differences) > 6 else [])
+        raise PlanError(f"run {run!r} in {store.url} was planned differently: {'; '.join(shown)}. "
+                        f"Its outputs must not mix with these: {again}")
+    if old_spec is None and old_items is None:
+        _check_output_is_free(output)
+    created = old_items is None
+    if old_items is None:
+        try:
+            store.write(items_name(run), items_blob, if_generation_match=0)
+        except PreconditionFailed:  # another planner got there first: theirs must be ours
+            created = False
+            if store.read(items_name(run)) != items_blob:
+                raise PlanError(f"run {run!r} in {store.url} was just planned with other inputs; {again}") from None
+    if old_spec is None:
+        try:
+            store.write(spec_name(run), spec.to_json(), if_generation_match=0)
+        except PreconditionFailed:
+            old_spec = _read_spec(store, run)
+            if old_spec != spec:
+                raise PlanError(f"run {run!r} in {store.url} was just planned with other options; {again}") from None
+    return (old_spec or spec), items, created
 
 
-def load_spec(store: Store, run: str) -> RunSpec:
-    from fleet.store import BucketNotFound, NotFound
-
+def _check_output_is_free(output: str) -> None:
+    """A new run must not write among another run's outputs: names repeat (part-00000...),
+    and leftovers of a bigger run would be read as this one's."""
     try:
-        return RunSpec.from_json(store.read(spec_name(run)))
+        store = open_store(output)
+        taken = next((b.name for b in store.list("part-")), None)
+    except NotFound:
+        return
+    if taken is not None:
+        raise PlanError(f"{printable(output.rstrip('/'))}/{taken}: the output place already holds outputs of another "
+                        "run; give an empty or new output folder or prefix")
+
+
+def _read_spec(store: Store, run: str) -> RunSpec | None:
+    try:
+        data = store.read(spec_name(run))
     except BucketNotFound:
         raise
     except NotFound:
-        raise PlanError(f"no run {run!r} in {store.url} (plan it first with `fleet plan`)") from None
+        return None
+    try:
+        return RunSpec.from_json(data)
+    except (ValueError, TypeError) as e:
+        raise PlanError(f"{store.url}/{spec_name(run)}: not a run spec ({e}); the bucket's run state is damaged") \
+            from None
+
+
+def load_spec(store: Store, run: str) -> RunSpec:
+    spec = _read_spec(store, run)
+    if spec is None:
+        raise PlanError(f"no run {run!r} in {store.url} (plan it first with `fleet plan`)")
+    return spec
 
 
 def load_items(store: Store, run: str) -> list[Item]:
-    data = store.read(items_name(run))
-    return [Item(**json.loads(line)) for line in data.splitlines() if line.strip()]
+    return _parse_items(store, run, store.read(items_name(run)))
+
+
+def _parse_items(store: Store, run: str, data: bytes) -> list[Item]:
+    try:
+        return [Item(**json.loads(line)) for line in data.splitlines() if line.strip()]
+    except (ValueError, TypeError) as e:
+        raise PlanError(f"{store.url}/{items_name(run)}: not an item list ({e}); the bucket's run state is damaged") \
+            from None
 
 
 def list_runs(store: Store) -> list[str]:

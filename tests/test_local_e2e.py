@@ -100,7 +100,9 @@ def test_rerun_with_other_options_is_refused_in_one_line(demo, vocab):
     out, _ = demo
     proc = run(FLEET + ["local", CORPUS, out, "--item-mb", "0.2", "--set", f"vocab_file={vocab}", "--set", "seed=1"])
     assert proc.returncode == 2
-    assert "planned with other config" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1, line
+    assert "planned differently: option seed is 1, was 12345" in line and "another OUT_DIR" in line
 
 
 def test_missing_vocab_option_is_one_clear_line(tmp_path):
