@@ -19,6 +19,7 @@ from fleet.records import JsonRecord
 from fleet.store import NotFound, PreconditionFailed, Store
 
 LEASED, DONE, FAILED = "leased", "done", "failed"
+DAMAGED = "damaged"  # the token of a lease read from an object that was not a lease
 
 
 @dataclass
@@ -35,6 +36,25 @@ class Lease(JsonRecord):
     finished: float = 0.0
 
     json_indent = None  # rewritten at every renewal: compact
+
+    @classmethod
+    def parse(cls, data: bytes, where: str) -> "Lease":
+        """A lease from its object; a damaged one (not JSON, not a lease) reads as released,
+        with the damage as its error, so the item is converted again instead of crashing
+        every reader. Outputs are deterministic, so converting again is always safe."""
+        try:
+            lease = cls.from_json(data)
+            if lease.state not in (LEASED, DONE, FAILED) or not isinstance(lease.attempt, int) \
+                    or not isinstance(lease.expires, (int, float)) or not isinstance(lease.outputs, list):
+                raise ValueError("unexpected field values")
+            return lease
+        except (ValueError, TypeError, AttributeError, KeyError) as e:
+            return cls(LEASED, "", 0, 0.0, token=DAMAGED,
+                       error=f"{where}: damaged lease object ({type(e).__name__}); the item is converted again")
+
+    @property
+    def damaged(self) -> bool:
+        return self.token == DAMAGED
 
     @property
     def terminal(self) -> bool:
@@ -78,7 +98,7 @@ class Leases:
             data, gen = self.store.read_generation(self.name(item))
         except NotFound:
             return None
-        return Lease.from_json(data), gen
+        return Lease.parse(data, f"{self.store.url}/{self.name(item)}"), gen
 
     def _write(self, item: str, lease: Lease, generation: int) -> int | None:
         """Conditional write; None if someone else's write got there first."""

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fleet.lease import DONE, FAILED, Lease
+from fleet.liveness import worker_alive
 from fleet.run import Item, RunSpec, lease_prefix, load_items, load_spec, worker_prefix
 from fleet.store import NotFound, Store
 
@@ -28,6 +29,7 @@ class RunStatus:
     failures: list[dict[str, str]] = field(default_factory=list)
     retrying: list[dict[str, str]] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
+    live_workers: int = 0
     outputs: list[str] = field(default_factory=list)
     first_start: float = 0.0
     last_finish: float = 0.0
@@ -54,7 +56,7 @@ class StatusReader:
             data, real_gen = self.store.read_generation(name)
         except NotFound:
             return name, gen, None
-        return name, real_gen, Lease.from_json(data)
+        return name, real_gen, Lease.parse(data, f"{self.store.url}/{name}")
 
     def leases(self) -> dict[str, Lease]:
         prefix = lease_prefix(self.run)
@@ -109,4 +111,5 @@ class StatusReader:
         st.last_finish = max(finishes, default=0.0)
         if with_workers:
             st.workers = self.workers()
+            st.live_workers = sum(worker_alive(w, self.spec.lease_ttl, now) for w in st.workers)
         return st
