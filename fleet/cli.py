@@ -19,13 +19,32 @@ from fleet.store import StoreError, open_store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Corpus to BERT/ELECTRA pre-training TFRecords on a fleet of short-lived VMs.")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # a message is one line, however long
 USER_ERRORS = (PlanError, ConfigError, InputError, JobNotFound, StoreError, FleetConfigError)
 
 
 def fail(message: str, code: int = 2) -> None:
-    console.print(f"[red]fleet: error:[/red] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[red]fleet: error:[/red] {message}", highlight=False, soft_wrap=True, markup=True)
     raise typer.Exit(code)
+
+
+def explain(e: Exception) -> str:
+    """One line for a user error; an OSError (a full disk, a file where a folder should be)
+    names its file, as the store's own errors do."""
+    if isinstance(e, OSError) and not isinstance(e, StoreError):
+        where = e.filename if e.filename is not None else ""
+        return f"{where}: {e.strerror or e}" if where else str(e.strerror or e)
+    return str(e)
+
+
+def at_least(option: str, value: float, low: float) -> None:
+    if not value >= low:  # NaN too
+        fail(f"{option} {value:g}: give {low:g} or more")
+
+
+def positive(option: str, value: float) -> None:
+    if not value > 0:  # NaN too
+        fail(f"{option} {value:g}: give a positive number")
 
 
 def parse_settings(pairs: list[str]) -> dict[str, str]:
@@ -55,14 +74,17 @@ def plan_cmd(
     from fleet.codesync import code_version
     from fleet.run import plan
 
+    positive("--item-mb", item_mb)
+    at_least("--lease-ttl", lease_ttl, 1)
+    at_least("--max-attempts", max_attempts, 1)
     try:
         cfg = _config()
         bucket = _bucket(bucket, cfg)
         version = code_version(paths=cfg.code_paths) if cfg else code_version()
         spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), version,
                                     lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6))
-    except USER_ERRORS as e:
-        fail(str(e))
+    except (*USER_ERRORS, OSError) as e:
+        fail(explain(e))
     verb = "planned" if created else "already planned (unchanged)"
     console.print(f"run {run} {verb}: {len(items)} items, {spec.input_bytes / 1e6:,.1f} MB, "
                   f"job {job}, code {spec.code_version}")
@@ -76,18 +98,35 @@ def work_cmd(
     procs: int = typer.Option(0, help="Worker processes (0 = one per core)"),
     log_dir: Optional[str] = typer.Option(None, help="Write each process's log here instead of stderr"),
     name_prefix: Optional[str] = typer.Option(None, help="Workers are named PREFIX-w0, -w1...: a VM passes its name"),
-    standby: Optional[int] = typer.Option(None, min=0, help="Leave once nothing is left to claim and this many "
+    standby: Optional[int] = typer.Option(None, help="Leave once nothing is left to claim and this many "
                                           "idle workers stay on standby (default: stay until the run is drained)"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Give failed items new attempts first "
+                                      "(run it from one place only)"),
 ) -> None:
     """Claim, convert and commit items until the run is drained (what each VM runs)."""
     from fleet.spawner import work
 
+    at_least("--procs", procs, 0)
+    if standby is not None:
+        at_least("--standby", standby, 0)
     try:
         bucket = _bucket(bucket, _config())
+        if retry_failed:
+            _retry_failed(bucket, run)
         code = work(bucket, run, procs or os.cpu_count() or 1, log_dir, name_prefix, standby)
-    except USER_ERRORS as e:
-        fail(str(e))
+    except (*USER_ERRORS, OSError) as e:
+        fail(explain(e))
     raise typer.Exit(code)
+
+
+def _retry_failed(bucket: str, run: str) -> None:
+    from fleet.status import StatusReader
+    from fleet.verify import reopen
+
+    store = open_store(bucket)
+    failed = [f["item"] for f in StatusReader(store, run).collect().failures]
+    reopen(store, run, failed)
+    console.print(f"retrying {len(failed)} failed item(s)", highlight=False)
 
 
 @app.command("local", context_settings={"allow_interspersed_args": True})
@@ -98,20 +137,31 @@ def local_cmd(
     set_: List[str] = typer.Option([], "--set", help="Job option key=value (repeatable)"),
     lease_ttl: float = typer.Option(60.0, help="Seconds a lease lives without renewal"),
     max_attempts: int = typer.Option(3, help="Attempts per item"),
-    item_mb: Optional[float] = typer.Option(None, help="Target item size in MB (default: a few items per worker)"),
+    item_mb: Optional[float] = typer.Option(None, help="Target item size in MB (default: a few items per worker; "
+                                            "a resumed run keeps its own)"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Give the failed items of a resumed run new attempts"),
 ) -> None:
     """Run the whole job on this machine: plan, N workers, progress, summary."""
-    from fleet.local import run_local
+    from fleet.local import Interrupted, run_local
 
     if len(paths) < 2:
         fail("give at least one input and an output folder: fleet local INPUT... OUT_DIR")
+    at_least("--workers", workers, 0)
+    at_least("--lease-ttl", lease_ttl, 1)
+    at_least("--max-attempts", max_attempts, 1)
+    if item_mb is not None:
+        positive("--item-mb", item_mb)
     *inputs, out_dir = paths
     try:
         result = run_local(inputs, out_dir, job, workers or os.cpu_count() or 1, parse_settings(set_),
                            lease_ttl=lease_ttl, max_attempts=max_attempts,
-                           item_bytes=int(item_mb * 1e6) if item_mb else None, console=console)
-    except USER_ERRORS as e:
-        fail(str(e))
+                           item_bytes=int(item_mb * 1e6) if item_mb else None, console=console,
+                           retry_failed=retry_failed)
+    except Interrupted as e:
+        console.print(str(e), highlight=False, soft_wrap=True)
+        raise typer.Exit(130)
+    except (*USER_ERRORS, OSError) as e:
+        fail(explain(e))
     raise typer.Exit(result.exit_code)
 
 
@@ -145,6 +195,9 @@ def status_cmd(
     run: Optional[str] = typer.Option(None, help="Run name"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON"),
     watch: bool = typer.Option(False, help="Refresh every few seconds until the run finishes"),
+    verify: bool = typer.Option(False, "--verify", help="Read every done item's outputs and check them against "
+                                "the digests their leases recorded; send items whose outputs are gone or changed "
+                                "back to pending"),
 ) -> None:
     """Counts of items pending/leased/done/failed, throughput, failures, workers."""
     from fleet.status import StatusReader
@@ -152,6 +205,8 @@ def status_cmd(
     try:
         bucket, run = _resolve(target, bucket, run)
         reader = StatusReader(open_store(bucket), run)
+        if verify:
+            _verify(open_store(bucket), reader, run)
         while True:
             st = reader.collect(with_workers=True)
             fleet_view = _fleet_view(open_store(bucket), run, st.workers)
@@ -165,8 +220,30 @@ def status_cmd(
             if not watch or (st.finished and not (fleet_view or {}).get("mig")):
                 break
             time.sleep(5)
-    except USER_ERRORS as e:
-        fail(str(e))
+    except (*USER_ERRORS, OSError) as e:
+        fail(explain(e))
+
+
+def _verify(store, reader, run: str) -> None:
+    from fleet.verify import check_outputs, reopen
+
+    leases = reader.leases()
+    done = sum(1 for lease in leases.values() if lease.state == "done")
+    damage = check_outputs(reader.spec, leases, deep=True)
+    for d in damage:
+        console.print(f"[yellow]output lost:[/yellow] {d}", highlight=False, soft_wrap=True)
+    damaged = [item for item, lease in leases.items() if lease.damaged]
+    for item in damaged:
+        console.print(f"[yellow]damaged lease:[/yellow] item {item}: {leases[item].error}", highlight=False,
+                      soft_wrap=True)
+    items = sorted({d.item for d in damage} | set(damaged))
+    if items:
+        reopen(store, run, items)
+        console.print(f"verify: {len(items)} of {done} done items sent back to pending (outputs gone or changed); "
+                      "resume the run to convert them again (`fleet local` with the same arguments, "
+                      "`fleet work`, or `fleet launch`)", highlight=False, soft_wrap=True)
+    else:
+        console.print(f"verify: the outputs of all {done} done items match their digests", highlight=False)
 
 
 def render_status(st) -> None:
@@ -186,10 +263,11 @@ def render_status(st) -> None:
         if span > 0:
             rate = st.bytes_done / span
             table.add_row("MB/s", f"{rate / 1e6:,.2f}")
-            if not st.finished and rate > 0:
+            if not st.finished and rate > 0 and st.live_workers:
                 table.add_row("ETA", f"{(st.input_bytes - st.bytes_done) / rate:,.0f} s")
-    live = [w for w in st.workers if w.get("state") not in ("exited", "stopped") and time.time() - w.get("updated", 0) < 120]
-    table.add_row("live workers", str(len(live)))
+    if not st.finished and not st.live_workers:
+        table.add_row("ETA", "none: no live worker (resume the run to go on)")
+    table.add_row("live workers", str(st.live_workers))
     out.print(table)
     for f in st.failures:
         out.print(f"[red]failed[/red] item {f['item']} ({f['source']}): {f['error']}", highlight=False, soft_wrap=True)

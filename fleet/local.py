@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass
 
@@ -17,12 +18,12 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from fleet.codesync import code_version
-from fleet.inputs import find_inputs
 from fleet.job import load_job
-from fleet.run import plan
+from fleet.run import PlanError, load_spec, plan, spec_name
 from fleet.spawner import start_workers, stop_workers
 from fleet.status import RunStatus, StatusReader
 from fleet.store import open_store
+from fleet.verify import check_outputs, reopen
 
 STATE_DIR = ".fleet"
 RUN = "local"
@@ -38,6 +39,10 @@ class LocalResult:
     status: RunStatus
     summary: dict
     exit_code: int
+
+
+class Interrupted(Exception):
+    """Ctrl-C: the workers gave their items back; the message says how to resume."""
 
 
 def summarize(st: RunStatus, job_name: str, wall: float, workers: int) -> dict:
@@ -61,19 +66,23 @@ def summarize(st: RunStatus, job_name: str, wall: float, workers: int) -> dict:
         "outputs": sorted(st.outputs),
         "failures": st.failures,
     }
+    if st.failed:
+        summary["hint"] = "failed items stay failed when the run resumes; run again with --retry-failed to retry them"
     return summary
 
 
 def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     table = Table(title=f"fleet local: {summary['done']}/{summary['items']} items done", show_header=False)
     for key, value in summary.items():
-        if key in ("outputs", "failures", "run"):
+        if key in ("outputs", "failures", "run", "hint"):
             continue
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value))
     table.add_row("outputs", f"{len(summary['outputs'])} files in {out_dir}")
     console.print(table)
     for f in summary["failures"]:
         console.print(f"[red]failed[/red] item {f['item']} ({f['source']}): {f['error']}", highlight=False, soft_wrap=True)
+    if summary.get("hint"):
+        console.print(summary["hint"], highlight=False, soft_wrap=True)
 
 
 def print_report(console: Console, job_name: str, config: dict, out_dir: str) -> None:
@@ -87,6 +96,18 @@ def print_report(console: Console, job_name: str, config: dict, out_dir: str) ->
         console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _existing_item_bytes(bucket: str) -> int | None:
+    """The item size a run in this folder was planned with: a resumed run keeps its items."""
+    store = open_store(bucket)
+    if store.stat(spec_name(RUN)) is None:
+        return None
+    return load_spec(store, RUN).item_bytes or None
+
+
 def run_local(
     inputs: list[str],
     out_dir: str,
@@ -97,25 +118,59 @@ def run_local(
     max_attempts: int = 3,
     item_bytes: int | None = None,
     console: Console | None = None,
+    retry_failed: bool = False,
 ) -> LocalResult:
     console = console or Console(stderr=True)
+    if workers < 1:
+        raise PlanError(f"--workers {workers}: give 1 or more (0 means one per core)")
     out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise PlanError(f"{out_dir}: the output folder is an existing file; give a folder")
     bucket = os.path.join(out_dir, STATE_DIR)
     if item_bytes is None:
-        item_bytes = auto_item_bytes(sum(f.size for f in find_inputs(inputs)), workers)
+        item_bytes = _existing_item_bytes(bucket)
+    size_for = item_bytes if item_bytes is not None else (lambda total: auto_item_bytes(total, workers))
     spec, items, created = plan(bucket, RUN, job, inputs, out_dir, settings, code_version(),
-                                lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=item_bytes)
-    reader = StatusReader(open_store(bucket), RUN)
+                                lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=size_for,
+                                exclude=[out_dir],
+                                again="write to another OUT_DIR, or restore what changed to resume this one")
+    store = open_store(bucket)
+    reader = StatusReader(store, RUN)
     st = reader.collect()
     if not created:
-        console.print(f"resuming the run in {out_dir}: {st.done} of {st.items} items already done")
+        damaged = [item for item, lease in reader.leases().items() if lease.damaged]
+        if damaged:
+            console.print(f"{len(damaged)} damaged lease object(s) ({', '.join(damaged[:5])}): converting those "
+                          "items again", highlight=False)
+            reopen(store, RUN, damaged)
+        freed = release_dead(store, reader)
+        if freed:
+            console.print(f"{freed} item(s) held by workers of an earlier run that died are given back", highlight=False)
+        damage = check_outputs(spec, reader.leases())
+        if damage:
+            items_hit = sorted({d.item for d in damage})
+            for d in damage[:10]:
+                console.print(f"[yellow]output lost:[/yellow] {d}", highlight=False, soft_wrap=True)
+            console.print(f"{len(items_hit)} done item(s) whose outputs are gone or changed are converted again",
+                          highlight=False)
+            reopen(store, RUN, items_hit)
+        if retry_failed and st.failed:
+            failed = [f["item"] for f in st.failures]
+            console.print(f"retrying {len(failed)} failed item(s) (--retry-failed)", highlight=False)
+            reopen(store, RUN, failed)
+        st = reader.collect()
+        console.print(f"resuming the run in {out_dir}: {st.done} of {st.items} items already done"
+                      + (f", {st.failed} failed (--retry-failed retries them)" if st.failed else ""),
+                      highlight=False)
     t0 = time.time()
     children = []
-    if not st.finished:
-        children = start_workers(bucket, RUN, workers, log_dir=os.path.join(bucket, "logs"), prefix="local")
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TextColumn("ETA"), TimeRemainingColumn())
+    interrupted = False
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM to this process: as Ctrl-C
     try:
+        if not st.finished:
+            children = start_workers(bucket, RUN, workers, log_dir=os.path.join(bucket, "logs"), prefix="local")
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TextColumn("ETA"), TimeRemainingColumn())
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task("", total=spec.input_bytes, completed=st.bytes_done)
             while True:
@@ -125,17 +180,87 @@ def run_local(
                 if st.finished or not any(c.is_alive() for c in children):
                     break
                 time.sleep(0.3)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
-        stop_workers(children)
+        try:
+            stop_workers(children)  # SIGTERM: each gives its item back
+        except KeyboardInterrupt:  # a second Ctrl-C: stop at once
+            stop_workers(children, timeout=0)
+            interrupted = True
+        signal.signal(signal.SIGTERM, previous)
+    if interrupted:
+        st = reader.collect()
+        raise Interrupted(f"interrupted: {st.done} of {st.items} items done, the others given back; "
+                          "run the same command again to resume")
     st = reader.collect()
     wall = time.time() - t0
     summary = summarize(st, job, wall, workers)
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    path = os.path.join(out_dir, "summary.json")
+    try:
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=1)
+    except OSError as e:  # the table below still says it all
+        console.print(f"[yellow]{path}: not written ({e.strerror})[/yellow]", highlight=False)
     print_summary(console, summary, out_dir)
     print_report(console, job, spec.config, out_dir)
     if not st.finished:
-        console.print(f"[red]workers stopped with {st.items - st.done - st.failed} items unfinished; "
-                      f"see their logs in {os.path.join(bucket, 'logs')}[/red]")
+        reasons = stopped_reasons(os.path.join(bucket, "logs"))
+        console.print(f"[red]workers stopped with {st.items - st.done - st.failed} items unfinished"
+                      + (f": {reasons[0]}" if reasons else "")
+                      + f"; see their logs in {os.path.join(bucket, 'logs')}[/red]", highlight=False, soft_wrap=True)
         return LocalResult(st, summary, 1)
     return LocalResult(st, summary, 1 if st.failed else 0)
+
+
+def release_dead(store, reader: StatusReader) -> int:
+    """Leases still held by workers of an earlier `fleet local` that no longer run (a kill -9,
+    a crash) are given back now, instead of making the resumed run wait out their TTL. Their
+    attempt stays counted: an item that kills its worker must still end failed."""
+    import dataclasses
+
+    from fleet.lease import LEASED, Lease
+    from fleet.run import lease_prefix
+    from fleet.liveness import worker_alive
+    from fleet.store import NotFound, PreconditionFailed
+
+    now = time.time()
+    beats = {w.get("worker"): w for w in reader.workers()}
+    freed = 0
+    for item, lease in reader.leases().items():
+        if lease.state != LEASED or not lease.live(now):
+            continue
+        beat = beats.get(lease.worker)
+        if beat is not None and worker_alive(beat, reader.spec.lease_ttl, now):
+            continue
+        name = lease_prefix(RUN) + item
+        try:
+            data, gen = store.read_generation(name)
+            if Lease.parse(data, name) != lease:
+                continue  # it moved on since we looked
+            store.write(name, dataclasses.replace(lease, expires=0.0).to_json(), if_generation_match=gen)
+            freed += 1
+        except (PreconditionFailed, NotFound):
+            continue
+    return freed
+
+
+def stopped_reasons(log_dir: str) -> list[str]:
+    """The one-line reasons workers gave for stopping early (a full disk, a changed vocab)."""
+    reasons = []
+    try:
+        names = sorted(os.listdir(log_dir))
+    except OSError:
+        return reasons
+    for name in names:
+        try:
+            with open(os.path.join(log_dir, name), encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    for marker in (" ERROR cannot start: ", " ERROR stopped: "):
+                        if marker in line:
+                            reason = line.split(marker, 1)[1].strip()
+                            if reason not in reasons:
+                                reasons.append(reason)
+        except OSError:
+            continue
+    return reasons

@@ -10,12 +10,14 @@ document and its work discarded, so a stale worker never commits.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import socket
 import tempfile
@@ -30,9 +32,10 @@ from fleet.codesync import check_pinned, sha256_file
 from fleet.inputs import read_slice
 from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, item_seed, load_job
 from fleet.lease import Held, Lease, Leases, Lost
+from fleet.liveness import pid_alive
 from fleet.run import (Item, PlanError, RunSpec, final_prefix, idle_prefix, lease_prefix, load_items, load_spec,
-                       worker_prefix)
-from fleet.store import PreconditionFailed, Store, StoreError, open_store, read_url
+                       pinned_opener, worker_prefix)
+from fleet.store import PreconditionFailed, Store, StoreError, open_store
 
 log = logging.getLogger("fleet.worker")
 
@@ -51,7 +54,43 @@ def _test_pause(point: str, item: str) -> None:
 
 
 class Shutdown(BaseException):
-    """SIGTERM (preemption, `fleet down`): give the item back and leave."""
+    """SIGTERM (preemption, `fleet down`) or Ctrl-C: give the item back and leave."""
+
+
+class Environment(Exception):
+    """This worker's surroundings fail, not the item: a full disk, a read-only or forbidden
+    output place. Every item would fail alike, so the item is given back (no attempt
+    spent) and the worker stops with this one-line reason; a rerun after the fix finishes."""
+
+
+# Errors of the machine, not of the data: retrying the item elsewhere (or later) is the cure.
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EMFILE,
+                      errno.ENFILE, errno.ENOMEM, errno.EIO}
+
+
+def environmental(e: BaseException) -> str | None:
+    """The one-line reason if ``e`` is the machine's fault, else None."""
+    if isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS:
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror or os.strerror(e.errno)}"
+    return None
+
+
+SCRATCH_PREFIX = "fleet-scratch-"
+
+
+def make_scratch() -> str:
+    """This process's scratch folder; first, sweep those of workers that died without cleaning up
+    (SIGKILL, OOM), recognised by a pid in the name that no longer runs."""
+    root = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(root):
+            if not entry.startswith(SCRATCH_PREFIX):
+                continue
+            pid = entry[len(SCRATCH_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+                shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
 
 
 class DirSink(Sink):
@@ -72,11 +111,12 @@ def output_name(item: str, suffix: str) -> str:
 
 
 class _Renewer(threading.Thread):
-    """Renews a held lease every ttl/3 until stopped; flags loss of the lease."""
+    """Renews a held lease every ttl/3 until stopped, beating the worker's heartbeat with it
+    (so a busy worker looks alive as long as it holds a live lease); flags loss of the lease."""
 
-    def __init__(self, leases: Leases, held: Held):
+    def __init__(self, leases: Leases, held: Held, beat=None):
         super().__init__(daemon=True)
-        self.leases, self.held = leases, held
+        self.leases, self.held, self.beat = leases, held, beat
         self.stop = threading.Event()
         self.lost = threading.Event()
 
@@ -85,6 +125,8 @@ class _Renewer(threading.Thread):
         while not self.stop.wait(interval):
             try:
                 self.leases.renew(self.held)
+                if self.beat is not None:
+                    self.beat("working")
             except Lost:
                 self.lost.set()
                 return
@@ -131,7 +173,9 @@ class Worker:
         self.counters = Counters()
         self.job = load_job(self.spec.job)
         self.config = self.job.parse_config(self.spec.config)
-        self.converter = self.job.converter(self.config, read_url)
+        # The files the run pinned (a vocab) must still be what was planned, or records would mix.
+        self.converter = self.job.converter(self.config, pinned_opener(self.spec, self.job, self.config))
+        self.scratch = make_scratch()
         self.current: str | None = None
         self.holding: Held | None = None  # from claim to the end of process(), for a SIGTERM in between
         self.live_window = max(4 * self.poll + 1.0, 3.0)  # an idle worker beats every poll
@@ -148,8 +192,8 @@ class Worker:
             log.warning("heartbeat failed: %s", e)
 
     # -- one item ----------------------------------------------------------------
-    def _documents(self, item: Item, workdir: str, renewer: _Renewer) -> Iterator[list[str]]:
-        for n, doc in enumerate(read_slice(item.slice, workdir)):
+    def _documents(self, item: Item, workdir: str, renewer: _Renewer, counts: dict) -> Iterator[list[str]]:
+        for n, doc in enumerate(read_slice(item.slice, workdir, counts)):
             if n == 0:
                 _test_pause("converting", item.id)
             if renewer.lost.is_set():
@@ -161,20 +205,28 @@ class Worker:
         self.current = item.id
         self.beat("working")
         t0 = time.time()
-        renewer = _Renewer(self.leases, held)
+        renewer = _Renewer(self.leases, held, self.beat)
         renewer.start()
         try:
-            with tempfile.TemporaryDirectory(prefix=f"fleet-{item.id}-") as workdir:
+            with tempfile.TemporaryDirectory(prefix=f"item-{item.id}-", dir=self.scratch) as workdir:
                 sink = DirSink(workdir)
                 ctx = ItemContext(item.id, item_seed(self.config_seed(), item.id), item.slice.display)
-                stats = dict(self.converter.convert(self._documents(item, workdir, renewer), ctx, sink))
+                counts: dict[str, int] = {}
+                stats = dict(self.converter.convert(self._documents(item, workdir, renewer, counts), ctx, sink))
+                cut = counts.get("documents_cut", 0) + int(item.cuts_document)
+                if cut:
+                    stats["documents_cut"] = cut
                 outputs = []
                 for suffix, path in sink.files:
                     if renewer.lost.is_set():
                         raise Lost(f"item {item.id}: lease taken over")
                     name = output_name(item.id, suffix)
-                    self.output.upload_file(name, path)
-                    outputs.append({"name": name, "size": os.path.getsize(path), "sha256": sha256_file(path)})
+                    try:
+                        generation = self.output.upload_file(name, path)
+                    except StoreError as e:  # the output place refuses every item alike
+                        raise Environment(f"writing outputs: {e}") from None
+                    outputs.append({"name": name, "size": os.path.getsize(path), "sha256": sha256_file(path),
+                                    "generation": generation})
             renewer.finish()
             if renewer.lost.is_set():
                 raise Lost(f"item {item.id}: lease taken over")
@@ -199,6 +251,10 @@ class Worker:
             raise
         except Exception as e:
             renewer.finish()
+            reason = str(e) if isinstance(e, Environment) else environmental(e)
+            if reason is not None:
+                self._give_back(held)
+                raise Environment(reason) from None
             message = f"{item.slice.display}: {type(e).__name__}: {e}".splitlines()[0]
             final = self.leases.fail(held, message, retry=True)
             if final:
@@ -209,6 +265,15 @@ class Worker:
                       " for good" if final else "", message, trace)
         finally:
             self.current = None
+
+    def _give_back(self, held: Held) -> None:
+        """Release an item without spending an attempt; if even that cannot be written (the
+        full disk holds the bucket too), its lease simply expires."""
+        try:
+            self.leases.release(held)
+        except Exception as e:
+            log.warning("could not give item %s back (%s); its lease expires in %.0f s", held.item,
+                        environmental(e) or e, max(0.0, held.lease.expires - time.time()))
 
     def config_seed(self) -> int:
         return int(getattr(self.config, "seed", 0) or 0)
@@ -310,6 +375,9 @@ class Worker:
         self.beat("exited")
         return self.counters
 
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
     def mark_idle(self, idle: bool) -> None:
         """Keep this worker's idle/ marker in step with its state (advisory: the heartbeat
         says whether it is alive, so a marker left by a dead worker misleads no one)."""
@@ -375,8 +443,9 @@ def _setup_logging(name: str, log_file: str | None) -> None:
 
 def _on_sigterm(signum, frame):
     # Once only: a second SIGTERM (a VM's shutdown signals every process, and startup.sh forwards
-    # its own) must not interrupt the release of the item it is giving back.
+    # its own) or a second Ctrl-C must not interrupt the release of the item it is giving back.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise Shutdown()
 
 
@@ -384,30 +453,52 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
              standby: int | None = None) -> int:
     """One worker process until the run is drained; exit code 0 unless it crashed.
 
-    A problem that is the user's or the store's (no such run or bucket, 403, a bad
-    vocab, an unknown job) is one log line and exit code 2, never a traceback."""
+    A problem that is the user's, the store's or the machine's (no such run or bucket, 403,
+    a bad or changed vocab, an unknown job, a full disk) is one log line and exit code 2,
+    never a traceback; an item in hand is given back first."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches every process of the group: same as SIGTERM
     try:
         worker = Worker(bucket, run, name, standby=standby)
+    except Shutdown:
+        return 0
     except (PlanError, ConfigError, JobNotFound, StoreError) as e:
         _setup_logging(name or "worker", log_file)
         log.error("cannot start: %s", e)
         return 2
-    _setup_logging(worker.name, log_file)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        counters = worker.run_until_drained()
-    except Shutdown:
-        held = worker.holding
-        if held is not None and held.lease.live(time.time()):
-            worker.leases.release(held)  # SIGTERM came after the claim, before process() could give it back
-        worker.mark_idle(False)
-        worker.beat("stopped")
-        log.info("stopped by SIGTERM")
-        return 0
-    except StoreError as e:  # retries (fleet.store.gcs) are spent: the store is gone or refuses us
-        log.error("stopped: %s", e)
-        worker.beat("stopped")
+    except OSError as e:
+        _setup_logging(name or "worker", log_file)
+        log.error("cannot start: %s", environmental(e) or e)
         return 2
+    _setup_logging(worker.name, log_file)
+    try:
+        try:
+            counters = worker.run_until_drained()
+        except Shutdown:
+            held = worker.holding
+            if held is not None and held.lease.live(time.time()):
+                worker.leases.release(held)  # the signal came after the claim, before process() could give it back
+            worker.mark_idle(False)
+            worker.beat("stopped")
+            log.info("stopped by a signal; items given back")
+            return 0
+        except Environment as e:
+            log.error("stopped: %s", e)
+            worker.mark_idle(False)
+            worker.beat("stopped")
+            return 2
+        except StoreError as e:  # retries (fleet.store.gcs) are spent: the store is gone or refuses us
+            log.error("stopped: %s", e)
+            worker.beat("stopped")
+            return 2
+        except OSError as e:
+            reason = environmental(e)
+            if reason is None:
+                raise
+            log.error("stopped: %s", reason)
+            return 2
+    finally:
+        worker.close()
     log.info("drained: %d done, %d failed here", counters.items_done, counters.items_failed)
     return 0
 
@@ -456,11 +547,33 @@ def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, pref
     children = start_workers(bucket, run, procs, log_dir, prefix, standby)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop_workers(children))
     try:
-        for c in children:
-            c.join()
+        pending = list(children)
+        while pending:
+            for c in list(pending):
+                c.join(0.2)
+                if c.is_alive():
+                    continue
+                pending.remove(c)
+                if c.exitcode == 0 and pending and drained(bucket, run):
+                    # The others can only be idle now, waiting out a poll: let them go at once.
+                    stop_workers(pending)
+                    pending = []
+                    break
+    except KeyboardInterrupt:  # Ctrl-C reached the children too: they give their items back
+        stop_workers(children)
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    failed = [c.exitcode for c in children if c.exitcode]
+    failed = [c.exitcode for c in children if c.exitcode and c.exitcode != -signal.SIGTERM]
     if not failed:
         return 0
     return 2 if all(code == 2 for code in failed) else 1  # 2: each said why in one line (work_one)
+
+
+def drained(bucket: str, run: str) -> bool:
+    """Every item finished: one listing of the final/ markers."""
+    try:
+        store = open_store(bucket)
+        return len(list(store.list(final_prefix(run)))) >= load_spec(store, run).items
+    except Exception:  # then the workers find out themselves
+        return False

@@ -7,6 +7,7 @@ job's, so digests of a run with crashes can be compared with a clean run.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -30,7 +31,10 @@ class LineConverter(Converter):
         rng = random.Random(ctx.seed)
         out = sink.open(".txt")
         docs = lines = 0
+        crash_now = os.environ.get("LINEJOB_CRASH", "")  # a crash that goes away when the variable does
         for doc in documents:
+            if crash_now and any(crash_now in line for line in doc):
+                raise RuntimeError("simulated crash (LINEJOB_CRASH)")
             if self.config.poison and any(self.config.poison in line for line in doc):
                 raise InputError(f"{ctx.source}: poisoned document")
             if self.config.crash and any(self.config.crash in line for line in doc):
