@@ -10,33 +10,15 @@ import gzip
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from fleet.inputs import MAX_LINE_BYTES
-from tests.helpers.procs import ROOT, start_worker, wait_exit
+from tests.helpers.cli import fleet, one_line_error
+from tests.helpers.procs import start_worker, wait_exit
 from tests.standins.faultproxy import FaultProxy
 
-FLEET = [sys.executable, "-m", "fleet.cli"]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-
-
-def fleet(*args, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run(FLEET + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, **(env or {})))
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
-    return proc
-
-
-def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 @pytest.fixture

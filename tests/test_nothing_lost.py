@@ -25,30 +25,10 @@ import zstandard
 from fleet.inputs import find_inputs, read_all
 from fleet.job import InputError
 from fleet.lease import DONE, FAILED, LEASED, Lease
+from tests.helpers.cli import FLEET, fleet, one_line_error
 from tests.helpers.procs import LINEJOB, ROOT, write_corpus
 
-FLEET = [sys.executable, "-m", "fleet.cli"]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-
-
-def fleet(*args, env: dict | None = None, timeout: float = 180, tmp: Path | None = None) -> subprocess.CompletedProcess:
-    environ = dict(os.environ, **(env or {}))
-    if tmp is not None:  # the workers' scratch folders go here, not in everybody's /tmp
-        environ["TMPDIR"] = str(tmp)
-    proc = subprocess.run(FLEET + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=environ)
-    for stream in (proc.stderr, proc.stdout):
-        assert "Traceback" not in stream and "Logging error" not in stream, stream
-    return proc
-
-
-def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def local(inputs, out, *extra, env=None, tmp=None) -> subprocess.CompletedProcess:

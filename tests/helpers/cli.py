@@ -1,0 +1,33 @@
+"""The `fleet` command in a subprocess, as a user runs it: never a traceback, errors in one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers.procs import ROOT
+
+FLEET = [sys.executable, "-m", "fleet.cli"]
+
+
+def fleet(*args, env: dict | None = None, timeout: float = 180, tmp: Path | str | None = None) -> subprocess.CompletedProcess:
+    """Run `fleet ARGS`; ``tmp`` is the TMPDIR of its workers (their scratch stays out of /tmp)."""
+    environ = dict(os.environ, **(env or {}))
+    if tmp is not None:
+        environ["TMPDIR"] = str(tmp)
+    proc = subprocess.run(FLEET + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=environ)
+    for stream in (proc.stderr, proc.stdout):
+        assert "Traceback" not in stream and "Logging error" not in stream, stream
+    return proc
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
