@@ -443,10 +443,16 @@ def _setup_logging(name: str, log_file: str | None) -> None:
 
 def _on_sigterm(signum, frame):
     # Once only: a second SIGTERM (a VM's shutdown signals every process, and startup.sh forwards
-    # its own) or a second Ctrl-C must not interrupt the release of the item it is giving back.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # its own), or SIGTERM after Ctrl-C (fleet local stops its workers), must not interrupt the
+    # release of the item being given back. A handler that does nothing, not SIG_IGN: a signal
+    # already pending when the handler changes would otherwise raise "ignored due to race condition".
+    signal.signal(signal.SIGTERM, _ignore)
+    signal.signal(signal.SIGINT, _ignore)
     raise Shutdown()
+
+
+def _ignore(signum, frame):
+    pass
 
 
 def work_one(bucket: str, run: str, name: str | None = None, log_file: str | None = None,
