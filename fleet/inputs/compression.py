@@ -1,0 +1,67 @@
+"""Compressed inputs: gzip, bzip2 and zstd streams that say so when they end early."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+from typing import BinaryIO
+
+COMPRESSIONS = {".gz": "gz", ".gzip": "gz", ".bz2": "bz2", ".zst": "zst", ".zstd": "zst"}
+
+
+class _ZstdFrames(io.RawIOBase):
+    """A zstd stream of one or more frames that ends only where a frame ends.
+
+    zstandard's own stream reader returns a short read at a truncated frame as if the
+    data had ended there; this one raises EOFError, as gzip and bz2 do."""
+
+    _FEED = 16 << 10  # compressed bytes per step: bounds the output of one step
+
+    def __init__(self, raw: BinaryIO):
+        import zstandard
+
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._raw = raw
+        self._frame = None  # the frame being decoded, None between frames
+        self._input = b""
+        self._output = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._output:
+            if not self._input:
+                self._input = self._raw.read(1 << 20)
+                if not self._input:
+                    if self._frame is not None:
+                        raise EOFError("the zstd stream ends inside a frame (truncated)")
+                    return b""
+            if self._frame is None:
+                self._frame = self._new()
+            feed, self._input = self._input[:self._FEED], self._input[self._FEED:]
+            self._output = self._frame.decompress(feed)
+            if self._frame.eof:  # the next frame starts in what this one did not use
+                self._input = self._frame.unused_data + self._input
+                self._frame = None
+        if 0 <= size < len(self._output):
+            out, self._output = self._output[:size], self._output[size:]
+        else:
+            out, self._output = self._output, b""
+        return out
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def decompressed(f: BinaryIO, compression: str) -> BinaryIO:
+    if compression == "gz":
+        return gzip.GzipFile(fileobj=f)  # type: ignore[return-value]
+    if compression == "bz2":
+        return bz2.BZ2File(f)  # type: ignore[return-value]
+    if compression == "zst":
+        return _ZstdFrames(f)  # type: ignore[return-value]
+    return f

@@ -1,0 +1,185 @@
+"""Finding a corpus's files: folders walked (links followed once), each file planned once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from typing import Iterator
+
+from fleet.inputs.compression import COMPRESSIONS
+from fleet.job import InputError
+from fleet.store import open_store, split_url
+from fleet.store.local import file_version
+
+log = logging.getLogger("fleet.inputs")
+
+
+def printable(text: str) -> str:
+    """A file name fit for a log line or a terminal: bytes that are not UTF-8 (kept by
+    the OS as surrogate escapes) shown as \\xNN instead of crashing the writer."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    url: str  # store URL (a local folder or gs://bucket[/prefix])
+    name: str  # object name inside that store
+    size: int
+    version: str = ""  # Blob.version when found: what a worker checks before reading
+
+    @property
+    def display(self) -> str:
+        return printable(f"{self.url.rstrip('/')}/{self.name}")
+
+
+def describe(name: str) -> tuple[str, str]:
+    """(format, compression) from a file name: 'a.jsonl.gz' -> ('jsonl', 'gz')."""
+    base = name.lower()
+    compression = "none"
+    for ext, comp in COMPRESSIONS.items():
+        if base.endswith(ext):
+            compression, base = comp, base[: -len(ext)]
+            break
+    fmt = "jsonl" if base.endswith((".jsonl", ".json", ".ndjson")) else "text"
+    return fmt, compression
+
+
+TEXT_EXTENSIONS = (".txt", ".text", ".jsonl", ".json", ".ndjson")
+
+
+def _hidden(name: str) -> bool:
+    return any(part.startswith((".", "_")) for part in name.split("/"))
+
+
+def _corpus_file(name: str) -> bool:
+    """Inside a folder, take text files and extension-less shards (wiki_00); skip READMEs and code."""
+    if _hidden(name):
+        return False
+    base = name.rsplit("/", 1)[-1].lower()
+    for ext in COMPRESSIONS:
+        if base.endswith(ext):
+            base = base[: -len(ext)]
+            break
+    return base.endswith(TEXT_EXTENSIONS) or "." not in base
+
+
+def _warn(message: str) -> None:
+    log.warning("warning: %s", message)  # on stderr even where logging is not set up (logging.lastResort)
+
+
+def _readable(path: str, display: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise InputError(f"{display}: cannot read it ({e.strerror or e})") from None
+
+
+def _walk(root: str, exclude: tuple[str, ...]) -> Iterator[tuple[str, os.stat_result]]:
+    """Corpus files under a folder, following symbolic links to files and folders.
+
+    A folder reached twice (a link loop, or two links to one folder) is read once; a
+    broken or looping link, a FIFO or a device is named in a warning and skipped."""
+    seen: set[tuple[int, int]] = set()
+
+    def visit(folder: str, rel: str) -> Iterator[tuple[str, os.stat_result]]:
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:
+            _warn(f"{printable(folder)}: a folder already read (a symbolic link loop or a second link to it); "
+                  "read once")
+            return
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(os.listdir(folder))
+        except OSError as e:
+            raise InputError(f"{printable(folder)}: cannot list it ({e.strerror or e})") from None
+        for entry in entries:
+            if entry.startswith((".", "_")):
+                continue
+            path = os.path.join(folder, entry)
+            name = f"{rel}{entry}"
+            real = os.path.realpath(path)
+            if any(real == x or real.startswith(x + os.sep) for x in exclude):
+                continue
+            try:
+                st = os.stat(path)
+            except OSError as e:
+                target = os.readlink(path) if os.path.islink(path) else "?"
+                why = "a symbolic link loop" if e.errno == 40 else f"a broken symbolic link (to {target})" \
+                    if os.path.islink(path) else e.strerror
+                _warn(f"{printable(path)}: {printable(why)}; skipped")
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                yield from visit(path, name + "/")
+            elif not _corpus_file(name):
+                continue
+            elif not stat.S_ISREG(st.st_mode):
+                _warn(f"{printable(path)}: not a regular file (a FIFO, socket or device); skipped")
+            else:
+                yield name, st
+
+    yield from visit(root, "")
+
+
+def find_inputs(paths: list[str], exclude: list[str] = ()) -> list[InputFile]:
+    """Expand files and folders (local or gs://) into input files, in a stable order.
+
+    Each file is planned once, however often it is named (directly, inside a named
+    folder, or through links): the same corpus twice would be converted twice. Paths
+    under ``exclude`` (the output folder of `fleet local`) are never inputs."""
+    found: list[InputFile] = []
+    seen: dict[str, str] = {}  # resolved path or URL -> how it was first found
+    excluded = tuple(os.path.realpath(x) for x in exclude)
+
+    def add(inp: InputFile, key: str) -> None:
+        if key in seen:
+            if seen[key] != inp.display:
+                _warn(f"{inp.display}: the same file as {seen[key]}; planned once")
+            else:
+                _warn(f"{inp.display}: named twice; planned once")
+            return
+        seen[key] = inp.display
+        found.append(inp)
+
+    for path in paths:
+        if path.startswith("gs://"):
+            root, prefix = split_url(path)
+            store = open_store(root)
+            blob = store.stat(prefix) if prefix else None
+            if blob is not None:
+                add(InputFile(root, prefix, blob.size, blob.version), f"{root}/{prefix}")
+                continue
+            folder = prefix + "/" if prefix else ""
+            blobs = [b for b in store.list(folder) if _corpus_file(b.name[len(folder):]) and b.size > 0]
+            if not blobs:
+                raise InputError(f"{path}: no input files there")
+            for b in blobs:
+                add(InputFile(root, b.name, b.size, b.version), f"{root}/{b.name}")
+            continue
+        if "://" in path and not path.startswith("file://"):
+            raise InputError(f"{path}: unsupported URL (inputs are local paths or gs://BUCKET/PATH)")
+        local = os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
+        if os.path.isfile(local):
+            st = os.stat(local)
+            inp = InputFile(os.path.dirname(local), os.path.basename(local), st.st_size, file_version(st))
+            _readable(local, inp.display)
+            add(inp, os.path.realpath(local))
+        elif os.path.isdir(local):
+            files = [InputFile(local, rel, st.st_size, file_version(st)) for rel, st in _walk(local, excluded)]
+            if not files:
+                raise InputError(f"{printable(path)}: no input files there")
+            for inp in files:
+                real = os.path.realpath(os.path.join(local, inp.name))
+                if any(real == x or real.startswith(x + os.sep) for x in excluded):
+                    continue  # a link into the output folder
+                _readable(real, inp.display)
+                add(inp, real)
+        elif os.path.islink(local):
+            raise InputError(f"{printable(path)}: a broken symbolic link (to {printable(os.readlink(local))})")
+        elif os.path.exists(local):
+            raise InputError(f"{printable(path)}: not a regular file or folder")
+        else:
+            raise InputError(f"{printable(path)}: no such file or folder")
+    return found
