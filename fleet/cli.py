@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleet.config import ConfigError as FleetConfigError
+from fleet.render import print_skipped
 from fleet.job import ConfigError, InputError, JobNotFound
 from fleet.run import PlanError, list_runs
 from fleet.store import StoreError, open_store
@@ -69,9 +70,14 @@ def plan_cmd(
     lease_ttl: float = typer.Option(300.0, help="Seconds a lease lives without renewal"),
     max_attempts: int = typer.Option(3, help="Attempts per item before it is marked failed"),
     item_mb: float = typer.Option(64.0, help="Target size of a work item (MB of input)"),
+    text_column: str = typer.Option("text", help="The text field of JSON records / column of Parquet files"),
+    keep_titles: bool = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line"),
+    max_bad_share: float = typer.Option(0.5, help="An item fails when more of its records than this share are bad "
+                                        "(fewer are skipped and counted)"),
 ) -> None:
     """Write a run's spec and work items to the bucket."""
     from fleet.codesync import code_version
+    from fleet.inputs import ReadOptions
     from fleet.run import plan
 
     positive("--item-mb", item_mb)
@@ -82,7 +88,8 @@ def plan_cmd(
         bucket = _bucket(bucket, cfg)
         version = code_version(paths=cfg.code_paths) if cfg else code_version()
         spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), version,
-                                    lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6))
+                                    lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6),
+                                    read=ReadOptions(text_column, keep_titles, max_bad_share))
     except (*USER_ERRORS, OSError) as e:
         fail(explain(e))
     verb = "planned" if created else "already planned (unchanged)"
@@ -140,8 +147,13 @@ def local_cmd(
     item_mb: Optional[float] = typer.Option(None, help="Target item size in MB (default: a few items per worker; "
                                             "a resumed run keeps its own)"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Give the failed items of a resumed run new attempts"),
+    text_column: str = typer.Option("text", help="The text field of JSON records / column of Parquet files"),
+    keep_titles: bool = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line"),
+    max_bad_share: float = typer.Option(0.5, help="An item fails when more of its records than this share are bad "
+                                        "(fewer are skipped and counted)"),
 ) -> None:
     """Run the whole job on this machine: plan, N workers, progress, summary."""
+    from fleet.inputs import ReadOptions
     from fleet.local import Interrupted, run_local
 
     if len(paths) < 2:
@@ -156,7 +168,7 @@ def local_cmd(
         result = run_local(inputs, out_dir, job, workers or os.cpu_count() or 1, parse_settings(set_),
                            lease_ttl=lease_ttl, max_attempts=max_attempts,
                            item_bytes=int(item_mb * 1e6) if item_mb else None, console=console,
-                           retry_failed=retry_failed)
+                           retry_failed=retry_failed, read=ReadOptions(text_column, keep_titles, max_bad_share))
     except Interrupted as e:
         console.print(str(e), highlight=False, soft_wrap=True)
         raise typer.Exit(130)
@@ -186,6 +198,32 @@ def _resolve(target: Optional[str], bucket: Optional[str], run: Optional[str]) -
         else:
             fail(f"several runs in {bucket}: {', '.join(runs)}; pick one with --run")
     return bucket, run
+
+
+@app.command("follow")
+def follow_cmd(
+    bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or local folder holding the run "
+                                         "(or an output folder of `fleet local`)"),
+    run: Optional[str] = typer.Option(None, help="Run name (needed when the bucket holds several)"),
+    from_start: bool = typer.Option(False, "--from-start", help="Also the outputs committed before now"),
+    poll: float = typer.Option(2.0, help="Seconds between looks at the bucket"),
+) -> None:
+    """Print each committed output's URL once, in commit order, as items finish; exit when the run drains.
+
+    Exits 0 when every item is done, 1 (listing them) when some failed."""
+    from fleet.follow import follow
+
+    positive("--poll", poll)
+    try:
+        bucket, run = _resolve(bucket, None, run)
+        follower = follow(bucket, run, from_start=from_start, poll=poll)
+        for out in follower:
+            print(out.url, flush=True)
+    except (*USER_ERRORS, OSError) as e:
+        fail(explain(e))
+    for item, error in follower.failed:
+        console.print(f"[red]failed[/red] item {item}: {error}", highlight=False)
+    raise typer.Exit(1 if follower.failed else 0)
 
 
 @app.command("status")
@@ -271,6 +309,7 @@ def render_status(st) -> None:
     out.print(table)
     for f in st.failures:
         out.print(f"[red]failed[/red] item {f['item']} ({f['source']}): {f['error']}", highlight=False, soft_wrap=True)
+    print_skipped(out, st.bad_records, int(st.totals.get("bad_records", 0)))
     for r in st.retrying:
         out.print(f"[yellow]retrying[/yellow] item {r['item']} after attempt {r['attempt']}: {r['error']}",
                   highlight=False, soft_wrap=True)

@@ -18,7 +18,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from fleet.codesync import code_version
+from fleet.inputs import ReadOptions
 from fleet.job import load_job
+from fleet.render import print_skipped
 from fleet.run import PlanError, load_spec, plan, spec_name
 from fleet.spawner import start_workers, stop_workers
 from fleet.status import RunStatus, StatusReader
@@ -65,6 +67,7 @@ def summarize(st: RunStatus, job_name: str, wall: float, workers: int) -> dict:
         **job.summarize(totals),
         "outputs": sorted(st.outputs),
         "failures": st.failures,
+        "skipped": st.bad_records,
     }
     if st.failed:
         summary["hint"] = "failed items stay failed when the run resumes; run again with --retry-failed to retry them"
@@ -74,13 +77,14 @@ def summarize(st: RunStatus, job_name: str, wall: float, workers: int) -> dict:
 def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     table = Table(title=f"fleet local: {summary['done']}/{summary['items']} items done", show_header=False)
     for key, value in summary.items():
-        if key in ("outputs", "failures", "run", "hint"):
+        if key in ("outputs", "failures", "run", "hint", "skipped"):
             continue
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value))
     table.add_row("outputs", f"{len(summary['outputs'])} files in {out_dir}")
     console.print(table)
     for f in summary["failures"]:
         console.print(f"[red]failed[/red] item {f['item']} ({f['source']}): {f['error']}", highlight=False, soft_wrap=True)
+    print_skipped(console, summary["skipped"], int(summary.get("bad_records", 0)))
     if summary.get("hint"):
         console.print(summary["hint"], highlight=False, soft_wrap=True)
 
@@ -119,6 +123,7 @@ def run_local(
     item_bytes: int | None = None,
     console: Console | None = None,
     retry_failed: bool = False,
+    read: ReadOptions = ReadOptions(),
 ) -> LocalResult:
     console = console or Console(stderr=True)
     if workers < 1:
@@ -132,7 +137,7 @@ def run_local(
     size_for = item_bytes if item_bytes is not None else (lambda total: auto_item_bytes(total, workers))
     spec, items, created = plan(bucket, RUN, job, inputs, out_dir, settings, code_version(),
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=size_for,
-                                exclude=[out_dir],
+                                exclude=[out_dir], read=read,
                                 again="write to another OUT_DIR, or restore what changed to resume this one")
     store = open_store(bucket)
     reader = StatusReader(store, RUN)

@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from fleet.inputs import InputFile, Slice, describe, find_inputs, plan_ranges, printable
+from fleet.inputs import InputFile, ReadOptions, Slice, describe, file_format, find_inputs, plan_ranges, printable
+from fleet.inputs.parquet import plan_row_groups, row_groups
 from fleet.job import ConfigError, Job, Opener, load_job
 from fleet.records import JsonRecord
 from fleet.store import BucketNotFound, NotFound, PreconditionFailed, Store, open_store, read_url
@@ -33,13 +34,9 @@ class Item(Slice):
     id: str = ""
 
     @property
-    def size(self) -> int:
-        return self.end - self.start
-
-    @property
     def slice(self) -> Slice:
         return Slice(self.url, self.name, self.start, self.end, self.format, self.compression, self.version,
-                     self.cuts_document)
+                     self.cuts_document, self.text_bytes)
 
     @property
     def file(self) -> str:
@@ -60,8 +57,13 @@ class RunSpec(JsonRecord):
     # What the outputs depend on besides the inputs (pinned in the items): the sha256 of
     # every file a job option names, by option. A run refuses to go on with other contents.
     files: dict[str, str] = field(default_factory=dict)
+    read: dict[str, Any] = field(default_factory=dict)  # ReadOptions: how documents are read from the inputs
     item_bytes: int = field(default=0, compare=False)  # the target the items were cut to
     created: float = field(default=0.0, compare=False)
+
+
+def read_options(spec: "RunSpec") -> ReadOptions:
+    return ReadOptions(**spec.read) if spec.read else ReadOptions()
 
 
 def run_prefix(run: str) -> str:
@@ -99,30 +101,45 @@ def check_run_name(run: str) -> None:
         raise PlanError(f"run name {run!r}: use letters, digits, '-', '_' and '.' only")
 
 
-def make_items(inputs: list[InputFile], item_bytes: int) -> list[Item]:
-    """Cut every input into items of about item_bytes, at document boundaries."""
-    pieces: list[tuple[InputFile, int, int, str, str, bool]] = []
-    stores: dict[str, Store] = {}
+def _pieces(inp: InputFile, item_bytes: int, read: ReadOptions) -> list[tuple[InputFile, int, int, str, str, bool, int]]:
+    """One file's items: byte ranges of a plain file, the whole of a compressed one, ranges of
+    row groups of a Parquet file."""
+    store = open_store(inp.url)
+    _, compression = describe(inp.name)
+    fmt = file_format(store, inp.name, inp.size)
+    if fmt == "parquet":
+        groups = row_groups(store, inp.name, inp.size, inp.version or None, read.text_column, inp.display)
+        return [(inp, first, end, fmt, "none", False, max(1, size))
+                for first, end, size in plan_row_groups(groups, item_bytes)]
+    if compression != "none":
+        return [(inp, 0, inp.size, fmt, compression, False, 0)]
+    ranges = plan_ranges(store, inp.name, inp.size, fmt, item_bytes)
+    cuts = sum(cut for _, _, cut in ranges)
+    if cuts:
+        log.warning("warning: %s: %d document(s) longer than an item (%s bytes) cut between items at a "
+                    "line boundary", inp.display, cuts, f"{item_bytes:,}")
+    return [(inp, start, end, fmt, compression, cut, 0) for start, end, cut in ranges]
+
+
+def make_items(inputs: list[InputFile], item_bytes: int, read: ReadOptions = ReadOptions()) -> list[Item]:
+    """Cut every input into items of about item_bytes, at document boundaries.
+
+    Files are looked at in parallel: telling a file's format reads its first bytes, and on
+    gs:// a corpus of thousands of shards would otherwise plan at one request at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    nonempty = []
     for inp in inputs:
         if inp.size == 0:  # shown on stderr even where logging is not set up (logging.lastResort)
             log.warning("warning: %s: empty file, nothing to convert; skipped", inp.display)
-            continue
-        fmt, compression = describe(inp.name)
-        if compression != "none":
-            pieces.append((inp, 0, inp.size, fmt, compression, False))
-            continue
-        store = stores.setdefault(inp.url, open_store(inp.url))
-        ranges = plan_ranges(store, inp.name, inp.size, fmt, item_bytes)
-        cuts = sum(cut for _, _, cut in ranges)
-        if cuts:
-            log.warning("warning: %s: %d document(s) longer than an item (%s bytes) cut between items at a "
-                        "line boundary", inp.display, cuts, f"{item_bytes:,}")
-        for start, end, cut in ranges:
-            pieces.append((inp, start, end, fmt, compression, cut))
+        else:
+            nonempty.append(inp)
+    with ThreadPoolExecutor(max(1, min(16, len(nonempty)))) as pool:
+        pieces = [p for ps in pool.map(lambda inp: _pieces(inp, item_bytes, read), nonempty) for p in ps]
     width = max(5, len(str(len(pieces) - 1)))
     return [
-        Item(inp.url, inp.name, start, end, fmt, comp, inp.version, cut, id=f"{i:0{width}d}")
-        for i, (inp, start, end, fmt, comp, cut) in enumerate(pieces)
+        Item(inp.url, inp.name, start, end, fmt, comp, inp.version, cut, text, id=f"{i:0{width}d}")
+        for i, (inp, start, end, fmt, comp, cut, text) in enumerate(pieces)
     ]
 
 
@@ -207,8 +224,11 @@ def _spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
         if a != b and old.config.get(option) == new.config.get(option):
             out.append(f"{option} {new.config.get(option)} has other contents ({(a or 'none')[:19]}... then, "
                        f"{(b or 'none')[:19]}... now)")
+    for key in sorted(set(old.read) | set(new.read)):
+        if old.read.get(key) != new.read.get(key):
+            out.append(f"{key.replace('_', ' ')} is {new.read.get(key)!r}, was {old.read.get(key)!r}")
     for f in dataclasses.fields(RunSpec):
-        if f.compare and f.name not in ("config", "files", "items", "input_bytes", "run"):
+        if f.compare and f.name not in ("config", "files", "items", "input_bytes", "run", "read"):
             a, b = getattr(old, f.name), getattr(new, f.name)
             if a != b:
                 out.append(f"{f.name.replace('_', ' ')} is {b!r}, was {a!r}")
@@ -228,6 +248,7 @@ def plan(
     item_bytes: int | Callable[[int], int] = 64 << 20,
     exclude: list[str] = (),
     again: str = "plan it under another run name",
+    read: ReadOptions = ReadOptions(),
 ) -> tuple[RunSpec, list[Item], bool]:
     """Write run.json and the items; returns (spec, items, created_now).
 
@@ -238,6 +259,8 @@ def plan(
     """
     check_run_name(run)
     check_numbers(lease_ttl, max_attempts, item_bytes if isinstance(item_bytes, int) else 1)
+    if not 0 <= read.max_bad_share <= 1:
+        raise PlanError(f"--max-bad-share {read.max_bad_share:g}: give a share from 0 to 1")
     job = load_job(job_name)
     config = job.parse_config(settings)
     job.check(config, read_url)
@@ -248,7 +271,7 @@ def plan(
     if output.startswith("gs://"):
         # A missing or unreadable output bucket would otherwise show only at each item's upload.
         next(iter(open_store(output).list("")), None)
-    items = make_items(found, item_bytes)
+    items = make_items(found, item_bytes, read)
     if not items:
         raise PlanError(f"{', '.join(map(printable, inputs))}: the inputs hold no data")
     spec = RunSpec(
@@ -262,6 +285,7 @@ def plan(
         items=len(items),
         input_bytes=sum(i.size for i in items),
         files=files,
+        read=dataclasses.asdict(read),
         item_bytes=item_bytes,
         created=time.time(),
     )

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
 
 from fleet.codesync import check_pinned, sha256_file
-from fleet.inputs import read_slice
+from fleet.inputs import Tally, read_slice
 from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, item_seed, load_job
 from fleet.lease import Held, Lease, Leases, Lost
 from fleet.liveness import pid_alive
 from fleet.run import (Item, PlanError, RunSpec, final_prefix, idle_prefix, lease_prefix, load_items, load_spec,
-                       pinned_opener, worker_prefix)
+                       pinned_opener, read_options, worker_prefix)
 from fleet.store import PreconditionFailed, Store, StoreError, open_store
 
 log = logging.getLogger("fleet.worker")
@@ -175,6 +175,7 @@ class Worker:
         self.config = self.job.parse_config(self.spec.config)
         # The files the run pinned (a vocab) must still be what was planned, or records would mix.
         self.converter = self.job.converter(self.config, pinned_opener(self.spec, self.job, self.config))
+        self.read_options = read_options(self.spec)
         self.scratch = make_scratch()
         self.current: str | None = None
         self.holding: Held | None = None  # from claim to the end of process(), for a SIGTERM in between
@@ -192,8 +193,8 @@ class Worker:
             log.warning("heartbeat failed: %s", e)
 
     # -- one item ----------------------------------------------------------------
-    def _documents(self, item: Item, workdir: str, renewer: _Renewer, counts: dict) -> Iterator[list[str]]:
-        for n, doc in enumerate(read_slice(item.slice, workdir, counts)):
+    def _documents(self, item: Item, workdir: str, renewer: _Renewer, tally: Tally) -> Iterator[list[str]]:
+        for n, doc in enumerate(read_slice(item.slice, workdir, tally, self.read_options)):
             if n == 0:
                 _test_pause("converting", item.id)
             if renewer.lost.is_set():
@@ -211,11 +212,10 @@ class Worker:
             with tempfile.TemporaryDirectory(prefix=f"item-{item.id}-", dir=self.scratch) as workdir:
                 sink = DirSink(workdir)
                 ctx = ItemContext(item.id, item_seed(self.config_seed(), item.id), item.slice.display)
-                counts: dict[str, int] = {}
-                stats = dict(self.converter.convert(self._documents(item, workdir, renewer, counts), ctx, sink))
-                cut = counts.get("documents_cut", 0) + int(item.cuts_document)
-                if cut:
-                    stats["documents_cut"] = cut
+                tally = Tally()
+                stats = dict(self.converter.convert(self._documents(item, workdir, renewer, tally), ctx, sink))
+                tally.documents_cut += int(item.cuts_document)
+                stats.update(tally.stats())
                 outputs = []
                 for suffix, path in sink.files:
                     if renewer.lost.is_set():

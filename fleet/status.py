@@ -27,6 +27,7 @@ class RunStatus:
     bytes_done: int = 0
     totals: dict[str, float] = field(default_factory=dict)
     failures: list[dict[str, str]] = field(default_factory=list)
+    bad_records: list[dict[str, str]] = field(default_factory=list)  # skipped records of done items: item, where
     retrying: list[dict[str, str]] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
     live_workers: int = 0
@@ -98,6 +99,8 @@ class StatusReader:
                     if isinstance(v, (int, float)):
                         st.totals[k] = st.totals.get(k, 0) + v
                 st.outputs += [o["name"] for o in lease.outputs]
+                for where in lease.stats.get("bad_examples") or ():
+                    st.bad_records.append({"item": item.id, "where": str(where)})
             elif lease.state == FAILED:
                 st.failed += 1
                 st.failures.append({"item": item.id, "source": by_id[item.id].slice.display, "error": lease.error or ""})

@@ -61,17 +61,17 @@ def make_bad_inputs(folder) -> dict[str, str]:
         chunk = b"y" * (1 << 20)
         for _ in range(50):
             f.write(chunk)
-    return {
+    return {  # a record of a file that is mostly bad fails its item; one among good ones is skipped
         "good.txt": None,
         "good.jsonl": None,
-        "bad_utf8.txt": r"bad_utf8\.txt: invalid UTF-8 at byte 14$",
-        "binary.dat": r"binary\.dat: NUL byte at byte 7 ",
-        "nul.txt": r"nul\.txt: NUL byte at byte 17 ",
-        "truncated.txt.gz": r"truncated\.txt\.gz: corrupt or truncated gz data \(",
-        "not_json.jsonl": r"not_json\.jsonl: record 2 is not JSON at byte 15 \(JSONDecodeError",
-        "no_text.jsonl": r"no_text\.jsonl: record 2 has no string field 'text' \(byte 15\)$",
-        "long_line.txt": rf"long_line\.txt: the line at byte 7 is longer than {MAX_LINE_BYTES >> 20} MiB",
-        "sliced.txt": rf"sliced\.txt: invalid UTF-8 at byte {SLICED_BAD_AT}$",
+        "nul.txt": None,  # NUL is text: BERT's cleaning drops it
+        "bad_utf8.txt": ("failed", r"bad_utf8\.txt: 1 of 1 records are bad.*\(first: \S*bad_utf8\.txt: byte 14: invalid UTF-8\)$"),
+        "binary.dat": ("failed", r"binary\.dat: 1 of 1 records are bad.*: invalid UTF-8\)$"),
+        "truncated.txt.gz": ("failed", r"truncated\.txt\.gz: 1 of 1 records are bad.*corrupt or truncated gz data \("),
+        "not_json.jsonl": ("skipped", r"not_json\.jsonl: byte 15: record 2 is not JSON \(JSONDecodeError"),
+        "no_text.jsonl": ("skipped", r"no_text\.jsonl: byte 15: record 2 has no string field 'text'$"),
+        "long_line.txt": ("skipped", rf"long_line\.txt: byte 7: a line longer than {MAX_LINE_BYTES >> 20} MiB"),
+        "sliced.txt": ("skipped", rf"sliced\.txt: byte {SLICED_BAD_AT}: invalid UTF-8$"),
     }
 
 
@@ -87,26 +87,35 @@ def test_a_run_over_bad_files_fails_just_those_items_and_says_why(tmp_path, voca
 
     status = json.loads(fleet("status", out, "--json").stdout)
     failures = {os.path.basename(f["source"].split(" (from byte")[0]): f["error"] for f in status["failures"]}
-    bad = {name: pattern for name, pattern in expect.items() if pattern}
-    assert sorted(failures) == sorted(bad), failures
-    for name, pattern in bad.items():
+    failed = {name: e[1] for name, e in expect.items() if e and e[0] == "failed"}
+    skipped = {name: e[1] for name, e in expect.items() if e and e[0] == "skipped"}
+    assert sorted(failures) == sorted(failed), failures
+    for name, pattern in failed.items():
         error = failures[name]
         assert "\n" not in error and os.path.join(inputs, name) in error, error
         assert re.search(pattern, error), (name, error)
-    # Only the one slice of sliced.txt holding the bad byte failed; its other slices are done.
-    assert status["failed"] == len(bad) and status["leased"] == status["pending"] == 0
-    assert status["done"] == status["items"] - len(bad) >= 4
+    # A bad record among good ones is skipped, and named with its place, in its item's stats.
+    bad = {os.path.basename(b["where"].split(":")[0]): b["where"] for b in status["bad_records"]}
+    assert sorted(bad) == sorted(skipped), status["bad_records"]
+    for name, pattern in skipped.items():
+        assert os.path.join(inputs, name) in bad[name] and re.search(pattern, bad[name]), (name, bad[name])
+    assert status["totals"]["bad_records"] == len(skipped)
+    assert status["failed"] == len(failed) and status["leased"] == status["pending"] == 0
+    assert status["done"] == status["items"] - len(failed) >= 4
     assert len(status["outputs"]) == status["done"]
     for name in status["outputs"]:
         assert os.path.getsize(os.path.join(out, name)) > 0
     # The same reasons in the human summary and in `fleet status`, one line each.
     text = fleet("status", out).stdout
-    for name, pattern in bad.items():
+    for name, pattern in failed.items():
         lines = [line for line in text.splitlines() if f"{name}:" in line and line.startswith("failed item")]
         assert len(lines) == 1 and re.search(pattern.rstrip("$"), lines[0]), (name, text)
-    for name in names:
-        if expect.get(name):
-            assert sum(f"{name}:" in line for line in proc.stderr.splitlines() if line.startswith("failed item")) >= 1
+    for name, pattern in skipped.items():
+        lines = [line for line in text.splitlines() if f"{name}:" in line and line.startswith("skipped")]
+        assert len(lines) == 1 and re.search(pattern.rstrip("$"), lines[0]), (name, text)
+        assert sum(f"{name}:" in line for line in proc.stderr.splitlines() if line.startswith("skipped")) == 1
+    for name in failed:
+        assert sum(f"{name}:" in line for line in proc.stderr.splitlines() if line.startswith("failed item")) >= 1
     # Bad input is expected, not a bug: the worker logs hold one line per failure, no trace.
     logs = os.path.join(out, ".fleet", "logs")
     for log in os.listdir(logs):

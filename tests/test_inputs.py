@@ -55,22 +55,44 @@ def test_jsonl_text_field_is_a_document():
     assert read_all(data, "d.jsonl") == [["l1", "l2"], ["only"]]
 
 
-def test_jsonl_bad_record_names_file_and_record():
-    with pytest.raises(InputError, match=r"d.jsonl: record 2 is not JSON"):
-        read_all(b'{"text": "ok"}\n{not json\n', "d.jsonl")
-    with pytest.raises(InputError, match=r"d.jsonl: record 1 has no string field 'text'"):
-        read_all(b'{"body": "x"}\n', "d.jsonl")
+def test_jsonl_bad_records_are_skipped_and_named_until_most_are_bad():
+    from fleet.inputs import Tally
+
+    tally = Tally()
+    data = b'{"text": "ok"}\n{not json\n{"text": "fine"}\n{"body": "x"}\n{"text": "also"}\n'
+    assert read_all(data, "d.jsonl", tally=tally) == [["ok"], ["fine"], ["also"]]
+    assert tally.bad == 2 and tally.documents == 3
+    assert tally.examples[0].startswith("d.jsonl: byte 15: record 2 is not JSON")
+    assert tally.examples[1] == "d.jsonl: byte 42: record 4 has no string field 'text'"
+    with pytest.raises(InputError, match=r"d.jsonl: 2 of 3 records are bad, more than the 50% allowed"):
+        read_all(b'{"body": "x"}\n{"text": "ok"}\n[1]\n', "d.jsonl")
 
 
-def test_invalid_utf8_names_the_byte_offset():
-    with pytest.raises(InputError, match=r"bad.txt: invalid UTF-8 at byte 6"):
+def test_invalid_utf8_skips_its_document_naming_the_byte_offset():
+    from fleet.inputs import Tally
+
+    tally = Tally()
+    assert read_all(b"good\n\nhello\n\xff\xfe\nmore\n\nfine\nend\n", "bad.txt", tally=tally) == [["good"], ["fine", "end"]]
+    assert tally.examples == ["bad.txt: byte 12: invalid UTF-8"]
+    with pytest.raises(InputError, match=r"bad.txt: 1 of 1 records are bad.*\(first: bad.txt: byte 6: invalid UTF-8\)"):
         read_all(b"hello\n\xff\xfe\n", "bad.txt")
 
 
-def test_truncated_gzip_is_an_input_error():
-    data = gzip.compress(b"some text\n" * 1000)[:-20]
-    with pytest.raises(InputError, match=r"t.txt.gz: corrupt or truncated gz"):
-        read_all(data, "t.txt.gz")
+def test_nul_and_control_characters_are_text():
+    assert read_all(b"a\x00b\x01c\n\nd\x7f\n", "c.txt") == [["a\x00b\x01c"], ["d\x7f"]]
+
+
+def test_a_truncated_gzip_keeps_the_documents_before_the_damage():
+    from fleet.inputs import Tally
+
+    data = gzip.compress(b"".join(b"doc %d line\nsecond line\n\n" % i for i in range(3000)))
+    tally = Tally()
+    docs = read_all(data[: len(data) // 2], "t.txt.gz", tally=tally)
+    assert 100 < len(docs) < 3000 and docs == [[f"doc {i} line", "second line"] for i in range(len(docs))]
+    assert tally.bad == 1 and "t.txt.gz: decompressed byte" in tally.examples[0]
+    assert "corrupt or truncated gz data" in tally.examples[0] and "the documents before it are kept" in tally.examples[0]
+    with pytest.raises(InputError, match=r"t.txt.gz: 1 of 1 records are bad.*corrupt or truncated gz"):
+        read_all(gzip.compress(b"some text\n" * 1000)[:-20], "t.txt.gz")
 
 
 def test_folder_inputs_skip_readmes_code_and_hidden(tmp_path):

@@ -68,26 +68,42 @@ def vocab(tmp_path) -> Path:
 
 # -- 1. a truncated .zst is not "done" -----------------------------------------------------------
 @pytest.mark.parametrize("keep", [0.02, 0.45, 0.97])
-def test_a_truncated_zst_is_an_error_wherever_it_is_cut(keep):
+def test_a_truncated_zst_says_so_wherever_it_is_cut(keep):
     import random
+
+    from fleet.inputs import Tally
 
     rng = random.Random(5)
     text = "".join(" ".join(rng.choice(["alpha", "beta", "数据", "模型", str(i)]) for _ in range(9)) + "\n\n"
-                   for i in range(400))
+                   for i in range(6000))  # 300 kB a frame: zstd blocks of 128 kB decode one by one
     data = b"".join(zstandard.ZstdCompressor().compress(text.encode()) for _ in range(2))
-    assert len(read_all(data, "x.txt.zst")) == 800  # two frames, both read
-    with pytest.raises(InputError, match=r"x.txt.zst: corrupt or truncated zst data .*truncated"):
-        read_all(data[:int(len(data) * keep)], "x.txt.zst")
+    whole = read_all(data, "x.txt.zst")
+    assert len(whole) == 12000  # two frames, both read
+    tally = Tally()
+    try:
+        docs = read_all(data[:int(len(data) * keep)], "x.txt.zst", tally=tally)
+    except InputError as e:  # nothing good before the break: the item fails, saying why
+        assert keep < 0.1 and "the zstd stream ends inside a frame (truncated)" in str(e)
+        return
+    # The documents before the break are kept, and the break is reported with its place.
+    assert 0 < len(docs) < 12000 and docs == whole[:len(docs)]
+    assert tally.bad == 1 and "x.txt.zst: decompressed byte" in tally.examples[0]
+    assert "the zstd stream ends inside a frame (truncated)" in tally.examples[0]
 
 
-def test_a_run_with_a_truncated_zst_fails_that_item_and_converts_the_rest(tmp_path, corpus):
-    data = zstandard.ZstdCompressor().compress((corpus / "a.txt").read_bytes())
+def test_a_run_with_a_truncated_zst_reports_the_break_and_keeps_what_came_before(tmp_path, corpus):
+    big = write_corpus(str(tmp_path / "big.txt"), 3000)  # 900 kB: several zstd blocks, decoded one by one
+    data = zstandard.ZstdCompressor().compress(Path(big).read_bytes())
     (corpus / "x.txt.zst").write_bytes(data[: len(data) // 2])
     proc = local(corpus, tmp_path / "out", tmp=tmp_path)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 0, proc.stderr
     s = summary(tmp_path / "out")
-    assert (s["done"], s["failed"]) == (2, 1)
-    assert "x.txt.zst" in s["failures"][0]["source"] and "truncated" in s["failures"][0]["error"]
+    assert (s["done"], s["failed"], s["bad_records"]) == (3, 0, 1)
+    [skipped] = s["skipped"]
+    assert "x.txt.zst: decompressed byte" in skipped["where"] and "truncated" in skipped["where"]
+    assert "skipped a bad record" in proc.stderr and "x.txt.zst" in proc.stderr
+    status = json.loads(fleet("status", tmp_path / "out", "--json").stdout)
+    assert status["bad_records"] == s["skipped"]
 
 
 # -- 2. a run pins contents, not paths -----------------------------------------------------------

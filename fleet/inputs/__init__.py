@@ -22,10 +22,11 @@ bytes.
 
 from fleet.inputs.compression import COMPRESSIONS, decompressed
 from fleet.inputs.files import InputFile, describe, find_inputs, printable
-from fleet.inputs.formats import MAX_DOCUMENT_CHARS, MAX_LINE_BYTES, iter_documents, read_all
+from fleet.inputs.formats import (FORMATS, MAX_DOCUMENT_CHARS, MAX_LINE_BYTES, ReadOptions, Tally, iter_documents,
+                                  read_all)
 from fleet.inputs.ranges import cut_ranges, plan_ranges
-from fleet.inputs.slices import Slice, iter_path_documents, read_slice
+from fleet.inputs.slices import Slice, file_format, iter_path_documents, read_slice
 
-__all__ = ["COMPRESSIONS", "MAX_DOCUMENT_CHARS", "MAX_LINE_BYTES", "InputFile", "Slice", "cut_ranges", "decompressed",
-           "describe", "find_inputs", "iter_documents", "iter_path_documents", "plan_ranges", "printable", "read_all",
-           "read_slice"]
+__all__ = ["COMPRESSIONS", "FORMATS", "MAX_DOCUMENT_CHARS", "MAX_LINE_BYTES", "InputFile", "ReadOptions", "Slice",
+           "Tally", "cut_ranges", "decompressed", "describe", "file_format", "find_inputs", "iter_documents",
+           "iter_path_documents", "plan_ranges", "printable", "read_all", "read_slice"]

@@ -65,3 +65,22 @@ def decompressed(f: BinaryIO, compression: str) -> BinaryIO:
     if compression == "zst":
         return _ZstdFrames(f)  # type: ignore[return-value]
     return f
+
+
+def head_of(prefix: bytes, compression: str, limit: int = 64 << 10) -> bytes:
+    """The first decompressed bytes of a file's first bytes, for telling its format: as much as
+    the prefix holds (never an error for a prefix that ends mid-stream, nor for a damaged one)."""
+    import zlib
+
+    try:
+        if compression == "gz":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(prefix, limit)
+        if compression == "bz2":
+            return bz2.BZ2Decompressor().decompress(prefix, max_length=limit)
+        if compression == "zst":
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompressobj().decompress(prefix)[:limit]
+    except Exception:  # damaged: the reader will say so, item by item
+        return b""
+    return prefix[:limit]

@@ -42,11 +42,13 @@ def describe(name: str) -> tuple[str, str]:
         if base.endswith(ext):
             compression, base = comp, base[: -len(ext)]
             break
+    if base.endswith(".parquet"):
+        return "parquet", compression
     fmt = "jsonl" if base.endswith((".jsonl", ".json", ".ndjson")) else "text"
     return fmt, compression
 
 
-TEXT_EXTENSIONS = (".txt", ".text", ".jsonl", ".json", ".ndjson")
+TEXT_EXTENSIONS = (".txt", ".text", ".jsonl", ".json", ".ndjson", ".parquet")
 
 
 def _hidden(name: str) -> bool:

@@ -7,14 +7,20 @@ from fleet.store import Store
 _SCAN = 64 << 10
 
 
+# Where a document starts, in formats that mark it on its first line.
+_MARKS = {"jsonl": b"", "cirrus": b'{"index"', "wikiextractor": b"<doc"}
+
+
 def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str, limit: int) -> tuple[int, bool]:
     """(offset, True) of the first document boundary at or after pos (an offset where a
     document starts), looking no further than ``limit`` bytes past pos; failing that,
-    (the first line boundary after pos, False): a document longer than an item is cut
-    between lines rather than make one item (and one worker's memory) as big as it."""
+    (the first line boundary after pos, False): a plain-text document longer than an item is
+    cut between lines rather than make one item (and one worker's memory) as big as it.
+    Documents of the other formats are never cut (a <doc> or a JSON record must stay whole)."""
+    mark = _MARKS.get(fmt)
     # Step back one byte so that a line starting exactly at pos is seen as a line start.
     offset = max(0, pos - 1)
-    stop = min(size, pos + limit)
+    stop = min(size, pos + limit) if mark is None else size
     carry = b""
     at_line_start = offset == 0
     first_line_end = None
@@ -32,20 +38,20 @@ def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str, limit
                 continue
             i = nl + 1
             at_line_start = True
-            if fmt == "jsonl":
-                return base + i, True
         while True:
+            if mark is not None and base + i >= pos and data.startswith(mark, i):
+                return base + i, True
             nl = data.find(b"\n", i)
             if nl < 0:
                 carry = data[i:]
                 break
             if first_line_end is None:
                 first_line_end = base + nl + 1
-            if fmt == "jsonl" or not data[i:nl].decode("utf-8", "ignore").strip():
+            if mark is None and not data[i:nl].decode("utf-8", "ignore").strip():
                 return base + nl + 1, True
             i = nl + 1
         offset += len(chunk)
-        if offset >= stop and first_line_end is not None:
+        if offset >= stop and first_line_end is not None and mark is None:
             return first_line_end, False
     return size, True
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Iterator, MutableMapping
+from typing import Iterator
 
+from fleet.inputs.compression import head_of
 from fleet.inputs.files import describe, find_inputs, printable
-from fleet.inputs.formats import iter_documents
+from fleet.inputs.formats import ReadOptions, Tally, decide, iter_documents
+from fleet.inputs.parquet import parquet_documents, row_groups
 from fleet.job import InputError
-from fleet.store import Changed, NotFound, open_store
+from fleet.store import Changed, NotFound, Store, open_store
 
 
 @dataclass(frozen=True)
@@ -25,16 +27,26 @@ class Slice:
     compression: str
     version: str = ""  # the file's Blob.version when planned ("" in runs planned before versions)
     cuts_document: bool = False  # ends inside a document longer than an item
+    # Parquet: start and end count row groups, and this is the text they hold (bytes of the
+    # text column); otherwise 0 and the slice's size is end - start.
+    text_bytes: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.text_bytes or self.end - self.start
 
     @property
     def display(self) -> str:
         where = f"{self.url.rstrip('/')}/{self.name}"
-        if self.compression == "none" and self.start:
+        if self.format == "parquet":
+            where += f" (row groups {self.start}-{self.end - 1})"
+        elif self.compression == "none" and self.start:
             where += f" (from byte {self.start})"
         return printable(where)
 
 
-def read_slice(piece: Slice, workdir: str, counts: MutableMapping[str, int] | None = None) -> Iterator[list[str]]:
+def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
+               options: ReadOptions = ReadOptions()) -> Iterator[list[str]]:
     """Download a slice to a local file, then stream its documents.
 
     The bytes read must be the bytes planned: a file that was rewritten, truncated or
@@ -42,6 +54,13 @@ def read_slice(piece: Slice, workdir: str, counts: MutableMapping[str, int] | No
     with an InputError rather than feed it other data or nothing."""
     store = open_store(piece.url)
     source = printable(f"{piece.url.rstrip('/')}/{piece.name}")
+    if piece.format == "parquet":  # ranged reads of its row groups, no download
+        blob = store.stat(piece.name)
+        if blob is None:
+            raise InputError(f"{piece.display}: input file is gone")
+        yield from parquet_documents(store, piece.name, blob.size, piece.version or None, piece.start, piece.end,
+                                     source, tally if tally is not None else Tally(), options)
+        return
     fd, tmp = tempfile.mkstemp(prefix="input-", dir=workdir)
     os.close(fd)
     try:
@@ -60,7 +79,7 @@ def read_slice(piece: Slice, workdir: str, counts: MutableMapping[str, int] | No
                              f"{got} there now); plan a new run for the new contents")
         with open(tmp, "rb") as f:
             base = piece.start if piece.compression == "none" else 0
-            yield from iter_documents(f, piece.format, piece.compression, source, base, counts)
+            yield from iter_documents(f, piece.format, piece.compression, source, base, tally, options)
     finally:
         try:
             os.unlink(tmp)
@@ -68,13 +87,29 @@ def read_slice(piece: Slice, workdir: str, counts: MutableMapping[str, int] | No
             pass
 
 
-def iter_path_documents(paths: list[str]) -> Iterator[list[str]]:
+def file_format(store: Store, name: str, size: int) -> str:
+    """A file's format: what its name says, or its first bytes show (formats.decide)."""
+    by_name, compression = describe(name)
+    if by_name == "parquet":
+        return by_name
+    prefix = store.read(name, 0, min(size, (1 << 20) if compression != "none" else (64 << 10)))
+    return decide(by_name, name, head_of(prefix, compression))
+
+
+def iter_path_documents(paths: list[str], options: ReadOptions = ReadOptions()) -> Iterator[list[str]]:
     """Every document under some files or folders (for vocab training and tools)."""
     for inp in find_inputs(paths):
-        fmt, compression = describe(inp.name)
+        store = open_store(inp.url)
+        fmt, (_, compression) = file_format(store, inp.name, inp.size), describe(inp.name)
+        if fmt == "parquet":
+            groups = row_groups(store, inp.name, inp.size, inp.version or None, options.text_column, inp.display)
+            yield from parquet_documents(store, inp.name, inp.size, inp.version or None, 0, len(groups), inp.display,
+                                         Tally(), options)
+            continue
         if not inp.url.startswith("gs://"):
             with open(os.path.join(inp.url, inp.name), "rb") as f:
-                yield from iter_documents(f, fmt, compression, inp.display)
+                yield from iter_documents(f, fmt, compression, inp.display, options=options)
             continue
         with tempfile.TemporaryDirectory() as d:
-            yield from read_slice(Slice(inp.url, inp.name, 0, inp.size, fmt, compression), d)
+            yield from read_slice(Slice(inp.url, inp.name, 0, inp.size, fmt, compression), d, options=options)
+

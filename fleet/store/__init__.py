@@ -54,8 +54,9 @@ class Store(abc.ABC):
     url: str
 
     @abc.abstractmethod
-    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
-        """Bytes [start, end) of an object; raises NotFound."""
+    def read(self, name: str, start: int = 0, end: int | None = None, version: str | None = None) -> bytes:
+        """Bytes [start, end) of an object; raises NotFound, and Changed when ``version`` (a
+        ``Blob.version``) is given and the object is no longer that version."""
 
     @abc.abstractmethod
     def read_generation(self, name: str) -> tuple[bytes, int]:

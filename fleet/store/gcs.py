@@ -154,16 +154,21 @@ class GCSStore(Store):
         return {"start": start or None, "end": None if end is None else end - 1}
 
     # -- reads -------------------------------------------------------------------
-    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
-        blob = self._blob(name)
-        with self._errors(name):
-            if end is not None and end <= start:  # an HTTP Range cannot ask for nothing
-                blob.reload()  # still NotFound when absent
-                return b""
-            try:
-                return blob.download_as_bytes(**self._range(start, end))
-            except gexc.RequestRangeNotSatisfiable:  # start at or past the end, as a slice would
-                return b""
+    def read(self, name: str, start: int = 0, end: int | None = None, version: str | None = None) -> bytes:
+        generation = _generation_of(version) if version is not None else None
+        blob = self.bucket.blob(self._full(name), generation=generation)
+        try:
+            with self._errors(name):
+                if end is not None and end <= start:  # an HTTP Range cannot ask for nothing
+                    blob.reload()  # still NotFound when absent
+                    return b""
+                try:
+                    return blob.download_as_bytes(**self._range(start, end))
+                except gexc.RequestRangeNotSatisfiable:  # start at or past the end, as a slice would
+                    return b""
+        except NotFound:
+            self._changed_or_gone(name, generation)
+            raise
 
     def read_generation(self, name: str) -> tuple[bytes, int]:
         """One download: the library fills ``generation`` from its ``x-goog-generation``
@@ -199,14 +204,18 @@ class GCSStore(Store):
                                           f"{blob.generation} now)")
                         return
         except NotFound:
-            if generation is None:
-                raise
-            now = self.stat(name)
-            if now is None:
-                raise
-            raise Changed(f"{where}: changed since it was planned (generation {generation} then, "
-                          f"{now.generation} now)") from None
+            self._changed_or_gone(name, generation)
+            raise
         open(path, "wb").close()
+
+    def _changed_or_gone(self, name: str, generation: int | None) -> None:
+        """After a 404 on a pinned generation: Changed if the object is there as another one."""
+        if generation is None:
+            return
+        now = self.stat(name)
+        if now is not None:
+            raise Changed(f"gs://{self.bucket_name}/{self._full(name)}: changed since it was planned (generation "
+                          f"{generation} then, {now.generation} now)") from None
 
     def stat(self, name: str) -> Blob | None:
         with self._errors(name):

@@ -109,12 +109,17 @@ class LocalStore(Store):
         return tmp
 
     # -- reads ---------------------------------------------------------------
-    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
+    def read(self, name: str, start: int = 0, end: int | None = None, version: str | None = None) -> bytes:
         path = self._path(name)
         try:
             with open(path, "rb") as f:
+                if version is not None:
+                    self._check_version(name, os.fstat(f.fileno()), version)
                 f.seek(start)
-                return f.read() if end is None else f.read(max(0, end - start))
+                data = f.read() if end is None else f.read(max(0, end - start))
+                if version is not None:
+                    self._check_version(name, os.fstat(f.fileno()), version)
+                return data
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise NotFound(f"{name}: no such object in {self.root}") from None
 
