@@ -31,9 +31,12 @@ STATE_DIR = ".fleet"
 RUN = "local"
 
 
-def auto_item_bytes(total: int, workers: int) -> int:
-    """Several items per worker for balance; at most 64 MiB so a retry costs little."""
-    return int(min(64 << 20, max(256 << 10, total // max(1, workers * 4))))
+def auto_item_bytes(total: int) -> int:
+    """Items of 1/16 of the corpus, from 256 KiB to 64 MiB: enough items for a few workers to
+    share, few enough to keep retries cheap. The size depends on the corpus only, never on the
+    number of workers, since items are what the records are seeded by: a rerun with other
+    --workers writes the same records."""
+    return int(min(64 << 20, max(256 << 10, total // 16)))
 
 
 @dataclass
@@ -134,7 +137,7 @@ def run_local(
     bucket = os.path.join(out_dir, STATE_DIR)
     if item_bytes is None:
         item_bytes = _existing_item_bytes(bucket)
-    size_for = item_bytes if item_bytes is not None else (lambda total: auto_item_bytes(total, workers))
+    size_for = item_bytes if item_bytes is not None else auto_item_bytes
     spec, items, created = plan(bucket, RUN, job, inputs, out_dir, settings, code_version(),
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=size_for,
                                 exclude=[out_dir], read=read,

@@ -86,6 +86,15 @@ def test_same_input_and_config_give_byte_identical_output_with_other_worker_coun
     proc = run(FLEET + ["local", CORPUS, other, "--workers", "1", "--item-mb", "0.2", "--set", f"vocab_file={vocab}"])
     assert proc.returncode == 0, proc.stderr
     assert digests(other)[1] == digests(out)[1]
+    # The default item size too: it used to be chosen from the worker count, so --workers 1
+    # and --workers 2 cut the corpus differently and wrote other records.
+    runs = []
+    for workers in ("1", "2"):
+        folder = str(tmp_path / f"default-{workers}")
+        proc = run(FLEET + ["local", CORPUS, folder, "--workers", workers, "--set", f"vocab_file={vocab}"])
+        assert proc.returncode == 0, proc.stderr
+        runs.append(digests(folder)[1])
+    assert runs[0] == runs[1] and len(runs[0]) > 2
 
 
 def test_rerun_on_the_same_out_dir_resumes(demo, vocab):
