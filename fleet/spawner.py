@@ -28,6 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
 
+from fleet.claims import ClaimPolicy
 from fleet.codesync import check_pinned, sha256_file
 from fleet.inputs import Tally, read_slice
 from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, item_seed, load_job
@@ -282,86 +283,63 @@ class Worker:
     def run_until_drained(self) -> Counters:
         """Visit items until all are done or failed (or this worker may leave).
 
-        Coordination costs a few requests per item, whatever the fleet size,
-        because a worker decides from two listings and reads almost nothing:
-        finished items are the ``final/`` markers; an item with no lease is
-        claimed by create-only write; and a lease is read only when its
-        generation has stood still, by this worker's own clock, for half a
-        TTL, while holders rewrite theirs every third of one. So only dead,
-        released or failed-for-retry leases are ever read, and a lease whose
-        holder keeps renewing is never taken, whatever the skew between clocks.
-        A worker that stays idle (a standby, bounded by ``standby``) also reads
-        leases it has not seen at their current generation, so an item given
-        back on SIGTERM is taken at once. After an item a worker goes on to the
-        next item that had no lease in its listing, and lists again as soon as
-        one turns out taken: listings are taken about as often as they go stale.
+        Coordination costs a few requests per item, whatever the fleet size: each pass
+        takes two listings, and fleet.claims decides from them which items to try and
+        which leases are worth reading. After an item a worker goes on to the next item
+        that had no lease in its listing, and lists again as soon as one turns out taken:
+        listings are taken about as often as they go stale.
         """
-        order = list(self.items)
-        random.Random(self.name).shuffle(order)
-        terminal: set[str] = set()
-        known: dict[str, tuple[Lease, int]] = {}  # leases read: (lease, its generation)
-        since: dict[str, tuple[int, float]] = {}  # item -> (generation listed, monotonic time first listed)
-        still = self.spec.lease_ttl / 2
-        idle = 0  # passes in a row with nothing to claim
+        policy = ClaimPolicy([item.id for item in self.items], self.name, self.spec.lease_ttl,
+                             standby=self.standby is not None)
+        by_id = {item.id: item for item in self.items}
         prefix, final = lease_prefix(self.run), final_prefix(self.run)
         self.beat("starting")
         while True:
-            terminal.update(b.name[len(final):] for b in self.store.list(final))
-            listing = {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
-            now = time.monotonic()
-            for name, gen in listing.items():
-                if since.get(name, (None, 0.0))[0] != gen:
-                    since[name] = (gen, now)
-            todo = [item for item in order if item.id not in terminal]
-            unleased = [item for item in todo if item.id not in listing]
-            # Idle for two passes: the other idle workers have had a pass to see this one's
-            # beat and leave (standbys_ahead), so only standbys get here and read more.
-            watch = 0.0 if idle >= (1 if self.standby is None else 2) else still
-            stalled = [item for item in todo if item.id in listing
-                       and (now - since[item.id][1] >= watch or self._free(known.get(item.id), listing[item.id]))]
+            finals = [b.name[len(final):] for b in self.store.list(final)]
+            policy.observe(finals, {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)},
+                           time.monotonic())
             worked = False
-            for n, item in enumerate(unleased + stalled):
-                fresh = n < len(unleased)  # no lease when listed
+            for item_id, fresh in policy.candidates(time.monotonic(), time.time()):
                 if worked and not fresh:
                     break  # stalled leases are judged from fresh listings only
+                item = by_id[item_id]
                 current = None
-                gen = listing.get(item.id)
-                if gen is not None:
-                    current = known.get(item.id)
-                    if current is None or current[1] != gen:
-                        current = self.leases.read(item.id)
+                if not fresh:
+                    current = policy.current(item_id)
+                    if current is None:
+                        current = self.leases.read(item_id)
                         if current is not None:
-                            known[item.id] = current
+                            policy.remember(item_id, *current)
                     if current is not None:
                         if current[0].terminal:  # its committer died before writing the marker
-                            self.mark_final(item.id, current[0])
-                            terminal.add(item.id)
+                            self.mark_final(item_id, current[0])
+                            policy.finished(item_id)
                             continue
                         if current[0].live(time.time()):
                             continue  # a slow renewal, not a dead holder: wait for its expiry
-                got = self.leases.claim(item.id, current)
+                got = self.leases.claim(item_id, current)
                 if isinstance(got, Held):
                     self.mark_idle(False)
                     self.holding = got
                     self.process(item, got)
                     self.holding = None
                     worked = True
-                    known[item.id] = (got.lease, got.generation)
+                    policy.remember(item_id, got.lease, got.generation)
                     if got.lease.terminal:
-                        self.mark_final(item.id, got.lease)
-                        terminal.add(item.id)
+                        self.mark_final(item_id, got.lease)
+                        policy.finished(item_id)
                     continue  # the next unleased item of this listing, until one turns out taken
                 if isinstance(got, Lease):
                     if got.terminal:
-                        self.mark_final(item.id, got)
-                        terminal.add(item.id)
+                        self.mark_final(item_id, got)
+                        policy.finished(item_id)
                     else:
-                        known.pop(item.id, None)  # someone else's now: read it afresh if it stalls
+                        policy.forget(item_id)
                 if fresh and worked:
                     break  # this listing has gone stale while we worked: take fresh ones
-            if len(terminal) == len(self.items):
+            if policy.drained():
                 return self.leave()
-            idle = 0 if worked else idle + 1
+            policy.end_pass(worked)
             if not worked:
                 if self.standby is not None and self.standbys_ahead() >= self.standby:
                     log.info("leaving: nothing to claim, and %d standby worker(s) stay", self.standby)
@@ -392,11 +370,6 @@ class Worker:
             self.idle_marked = idle
         except Exception as e:
             log.warning("idle marker not %s: %s", "written" if idle else "removed", e)
-
-    @staticmethod
-    def _free(known: tuple[Lease, int] | None, generation: int) -> bool:
-        """Known claimable at the listed generation, e.g. an item this worker failed for a retry."""
-        return known is not None and known[1] == generation and not known[0].live(time.time())
 
     def mark_final(self, item: str, lease: Lease) -> None:
         """A marker that lets every worker (and status) see the item is finished from a listing."""

@@ -1,0 +1,79 @@
+"""Which item a worker tries next: the claim policy, apart from the I/O that feeds it.
+
+A worker decides from two listings and reads almost nothing: finished items are the
+``final/`` markers; an item with no lease is tried first (claimed by a create-only
+write); a lease is read only when its generation has stood still, by this worker's own
+clock, for half a TTL, while holders rewrite theirs every third of one. So only dead,
+released or failed-for-retry leases are ever read, and a lease whose holder keeps
+renewing is never taken, whatever the skew between clocks. A worker idle for a pass or
+two (a standby) also reads leases it has not seen at their current generation, so an
+item given back on SIGTERM is taken at once.
+
+Pure: the worker loop (fleet.spawner) lists, reads and writes; this decides.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterable, Sequence
+
+from fleet.lease import Lease
+
+
+class ClaimPolicy:
+    def __init__(self, items: Sequence[str], worker: str, lease_ttl: float, standby: bool):
+        self.order = list(items)
+        random.Random(worker).shuffle(self.order)  # each worker its own order: 200 do not queue on one lease
+        self.terminal: set[str] = set()
+        self.known: dict[str, tuple[Lease, int]] = {}  # leases read: (lease, its generation)
+        self.since: dict[str, tuple[int, float]] = {}  # item -> (generation listed, monotonic time first listed)
+        self.listing: dict[str, int] = {}
+        self.still = lease_ttl / 2
+        # Idle for this many passes, a worker reads unseen leases at once: with standbys, two,
+        # so that the other idle workers have had a pass to see its beat and leave.
+        self.watch_after = 2 if standby else 1
+        self.idle = 0  # passes in a row with nothing claimed
+
+    def observe(self, finals: Iterable[str], listing: dict[str, int], now: float) -> None:
+        """A pass's two listings: finished items, and every lease's generation (``now``: monotonic)."""
+        self.terminal.update(finals)
+        self.listing = listing
+        for name, gen in listing.items():
+            if self.since.get(name, (None, 0.0))[0] != gen:
+                self.since[name] = (gen, now)
+
+    def candidates(self, now: float, wall: float) -> list[tuple[str, bool]]:
+        """Items to try this pass, in order, each with True when it had no lease when listed.
+        Unleased ones first; then leases that stood still long enough to be read."""
+        todo = [item for item in self.order if item not in self.terminal]
+        unleased = [(item, True) for item in todo if item not in self.listing]
+        watch = 0.0 if self.idle >= self.watch_after else self.still
+        stalled = [(item, False) for item in todo if item in self.listing
+                   and (now - self.since[item][1] >= watch or self._free(item, wall))]
+        return unleased + stalled
+
+    def _free(self, item: str, wall: float) -> bool:
+        """Known claimable at the listed generation, e.g. an item this worker failed for a retry."""
+        known = self.known.get(item)
+        return known is not None and known[1] == self.listing.get(item) and not known[0].live(wall)
+
+    def current(self, item: str) -> tuple[Lease, int] | None:
+        """The lease as known at the generation listed, or None: read it (or, unlisted, claim it)."""
+        known = self.known.get(item)
+        return known if known is not None and known[1] == self.listing.get(item) else None
+
+    def remember(self, item: str, lease: Lease, generation: int) -> None:
+        self.known[item] = (lease, generation)
+
+    def forget(self, item: str) -> None:
+        """Someone else's now: read it afresh if it stalls."""
+        self.known.pop(item, None)
+
+    def finished(self, item: str) -> None:
+        self.terminal.add(item)
+
+    def end_pass(self, worked: bool) -> None:
+        self.idle = 0 if worked else self.idle + 1
+
+    def drained(self) -> bool:
+        return len(self.terminal) >= len(self.order)
