@@ -25,6 +25,7 @@ import threading
 import time
 import traceback
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
 
@@ -178,6 +179,8 @@ class Worker:
         self.converter = self.job.converter(self.config, pinned_opener(self.spec, self.job, self.config))
         self.read_options = read_options(self.spec)
         self.scratch = make_scratch()
+        # Removed with the worker, however it ends short of a kill (a worker made in-process by a test too).
+        self._sweep = weakref.finalize(self, shutil.rmtree, self.scratch, True)
         self.current: str | None = None
         self.holding: Held | None = None  # from claim to the end of process(), for a SIGTERM in between
         self.live_window = max(4 * self.poll + 1.0, 3.0)  # an idle worker beats every poll
@@ -354,7 +357,7 @@ class Worker:
         return self.counters
 
     def close(self) -> None:
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        self._sweep()
 
     def mark_idle(self, idle: bool) -> None:
         """Keep this worker's idle/ marker in step with its state (advisory: the heartbeat
