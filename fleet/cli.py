@@ -200,6 +200,28 @@ def _resolve(target: Optional[str], bucket: Optional[str], run: Optional[str]) -
     return bucket, run
 
 
+@app.command("jobs")
+def jobs_cmd(
+    name: Optional[str] = typer.Argument(None, help="A job: show only its options"),
+) -> None:
+    """The jobs this fleet knows, each with its options (--set key=value): type, default, help."""
+    from fleet.job import available_jobs, describe_options, load_job
+
+    try:
+        names = [name] if name else available_jobs()
+        for job_name in names:
+            job = load_job(job_name)
+            doc = (type(job).__doc__ or (job.__doc__ or "")).strip().splitlines()
+            table = Table(title=f"{job_name}" + (f": {doc[0]}" if doc else ""), show_header=True, title_justify="left")
+            for col in ("option", "type", "default", "meaning"):
+                table.add_column(col)
+            for opt in describe_options(job.config_type):
+                table.add_row(opt.name, opt.type, repr(opt.default), opt.help)
+            Console().print(table)
+    except (*USER_ERRORS, OSError) as e:
+        fail(explain(e))
+
+
 @app.command("follow")
 def follow_cmd(
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or local folder holding the run "

@@ -66,6 +66,11 @@ class Job(abc.ABC):
     def check(self, config: Any, opener: Opener) -> None:
         """Fail early, at plan time, on a config that cannot work (e.g. a missing vocab)."""
 
+    def seed(self, config: Any) -> int:
+        """The run's seed, from which each item's seed (``ItemContext.seed``) is derived. By
+        default the option ``seed`` if the job has one, else 0; a job names its own here."""
+        return int(getattr(config, "seed", 0) or 0)
+
     def files(self, config: Any) -> dict[str, str]:
         """The files the outputs depend on, by option name: a run pins their digests at plan
         time and refuses to go on with other contents. By default every non-empty option
@@ -131,13 +136,18 @@ def parse_dataclass(cls: type, values: Mapping[str, Any]) -> Any:
 
 
 def available_jobs() -> list[str]:
-    import jobs as _jobs_pkg  # noqa: the jobs package is found by discovery, not by name
+    """Jobs by discovery: the packages under jobs/ that define JOB (a shared library there,
+    which defines none, is not a job), and ``fleet.jobs`` entry points."""
+    import jobs as _jobs_pkg  # the jobs package is found by discovery, not by name
 
     names = []
     for path in _jobs_pkg.__path__:
         for entry in sorted(os.listdir(path)):
-            if os.path.isfile(os.path.join(path, entry, "__init__.py")):
-                names.append(entry)
+            init = os.path.join(path, entry, "__init__.py")
+            if os.path.isfile(init) and not entry.startswith(("_", ".")):
+                with open(init, encoding="utf-8") as f:
+                    if "JOB" in f.read():
+                        names.append(entry)
     try:
         from importlib.metadata import entry_points
 
@@ -176,3 +186,43 @@ def load_job(name: str) -> Job:
     if not isinstance(job, Job):
         raise JobNotFound(f"jobs.{name} does not define JOB, a fleet.job.Job")
     return job
+
+
+@dataclass(frozen=True)
+class OptionHelp:
+    name: str
+    type: str
+    default: Any
+    help: str
+
+
+def describe_options(config_type: type) -> list[OptionHelp]:
+    """A job's options from its config dataclass: name, type, default and one line of help,
+    from ``field(metadata={"help": ...})`` or else the comment at the end of the field's line."""
+    import inspect
+    import io
+    import textwrap
+    import tokenize
+
+    comments: dict[str, str] = {}
+    try:
+        source = textwrap.dedent(inspect.getsource(config_type))
+        pending = None
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.NAME and tok.start[1] == 4 and pending is None:
+                pending = (tok.string, tok.start[0])
+            elif tok.type == tokenize.COMMENT and pending and tok.start[0] == pending[1]:
+                comments[pending[0]] = tok.string[1:].strip()
+            if tok.type == tokenize.NEWLINE:
+                pending = None
+    except (OSError, TypeError, tokenize.TokenError, IndentationError):
+        pass
+    hints = typing.get_type_hints(config_type)
+    out = []
+    for f in dataclasses.fields(config_type):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
+        kind = hints.get(f.name, str)
+        name = getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
+        out.append(OptionHelp(f.name, name, default, f.metadata.get("help") or comments.get(f.name, "")))
+    return out

@@ -215,7 +215,7 @@ class Worker:
         try:
             with tempfile.TemporaryDirectory(prefix=f"item-{item.id}-", dir=self.scratch) as workdir:
                 sink = DirSink(workdir)
-                ctx = ItemContext(item.id, item_seed(self.config_seed(), item.id), item.slice.display)
+                ctx = ItemContext(item.id, item_seed(self.job.seed(self.config), item.id), item.slice.display)
                 tally = Tally()
                 stats = dict(self.converter.convert(self._documents(item, workdir, renewer, tally), ctx, sink))
                 tally.documents_cut += int(item.cuts_document)
@@ -278,9 +278,6 @@ class Worker:
         except Exception as e:
             log.warning("could not give item %s back (%s); its lease expires in %.0f s", held.item,
                         environmental(e) or e, max(0.0, held.lease.expires - time.time()))
-
-    def config_seed(self) -> int:
-        return int(getattr(self.config, "seed", 0) or 0)
 
     # -- the loop ------------------------------------------------------------------
     def run_until_drained(self) -> Counters:

@@ -1,0 +1,47 @@
+"""The job API as a plug-in author meets it: discovery, options listed, the run's seed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fleet.job import available_jobs, describe_options, item_seed, load_job
+from tests.helpers.cli import fleet
+from tests.helpers.linejob import JOB as LINEJOB, LineConfig
+
+
+def test_fleet_jobs_lists_each_job_with_its_options_types_defaults_and_help():
+    proc = fleet("jobs", env={"COLUMNS": "250"})
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") == 5}
+    assert "electra_zh_en" in proc.stdout
+    assert "int" in rows["max_seq_length"] and "128" in rows["max_seq_length"]
+    assert "URL or path of a BERT vocab.txt" in rows["vocab_file"]
+    assert "## pieces with their word" in rows["whole_word_masking"]
+    proc = fleet("jobs", "tests.helpers.linejob:JOB", env={"COLUMNS": "250"})
+    assert proc.returncode == 0 and "seconds per document" in proc.stdout and "electra_zh_en" not in proc.stdout
+    assert fleet("jobs", "nope").returncode == 2
+
+
+def test_discovery_lists_packages_that_define_a_job_only():
+    assert "electra_zh_en" in available_jobs()
+    assert all(not name.startswith("_") for name in available_jobs())
+
+
+def test_option_help_from_metadata_or_the_fields_comment():
+    @dataclasses.dataclass
+    class Config:
+        size: int = 3  # how big
+        name: str = dataclasses.field(default="x", metadata={"help": "what it is called"})
+        bare: float = 0.5
+
+    got = {o.name: o for o in describe_options(Config)}
+    assert (got["size"].type, got["size"].default, got["size"].help) == ("int", 3, "how big")
+    assert got["name"].help == "what it is called" and got["bare"].help == ""
+
+
+def test_the_item_seed_comes_from_the_job_api():
+    assert LINEJOB.seed(LineConfig(seed=9)) == 9
+    electra = load_job("electra_zh_en")
+    config = electra.parse_config({"vocab_file": "v.txt", "seed": "5"})
+    assert electra.seed(config) == 5
+    assert item_seed(5, "00001") != item_seed(5, "00002") and item_seed(5, "00001") == item_seed(5, "00001")
