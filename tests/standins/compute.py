@@ -9,10 +9,18 @@ must poll them through an operations client.
 A MIG here behaves as a real one for what the fleet relies on: it keeps
 ``targetSize`` VMs, each started by a *launcher* (in the end-to-end test a
 local process running the template's startup script); ``deleteInstances``
-lowers the target size, shuts the VM down (SIGTERM to its process group, then
-SIGKILL after a grace period) and never replaces it; a preempted VM is killed
-and recreated under the same name; creation failures injected with
-:meth:`ComputeStandin.fail_creations` show up in ``listErrors``.
+lowers the target size, stops the VM and never replaces it; a preempted VM is
+stopped and recreated under the same name, and so (the worst case, which GCE
+does not rule out) is a VM that reaches its template's ``maxRunDuration``;
+creation failures injected with :meth:`ComputeStandin.fail_creations` show up in
+``listErrors``.
+
+A stop is what a GCE guest sees (tests/standins/guest.py models the inside): the
+*machine* (what the launcher returns) is asked to stop, which signals only the
+startup script's runner and runs the template's ``shutdown-script``; it powers off
+when that ends, and the stand-in powers it off (SIGKILL of every process of the
+VM) when the stop's window ends first: ``preempt_window`` (30 s on GCE) after a
+preemption, ``stop_window`` (about 90 s) after any other stop.
 
 Deleting a MIG completes once each of its VMs is gone or was already being
 deleted through ``deleteInstances`` before; then the template is no longer in
@@ -23,17 +31,14 @@ fleet's last-one-out step is best effort there and `fleet down` is the backstop.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Protocol
 from urllib.parse import urlparse
 
 API = "https://www.googleapis.com/compute/v1"
@@ -195,13 +200,14 @@ class VM:
     id: str = field(default_factory=_id)
     status: str = "PROVISIONING"
     action: str = "CREATING"
-    proc: subprocess.Popen | None = None
+    proc: "Machine | None" = None
     boot: int = 0
     errors: list[dict] = field(default_factory=list)
     deleted_via: str | None = None
     term_at: float | None = None
     kill_at: float | None = None
     termed: bool = False
+    deadline: float | None = None  # maxRunDuration of this boot, as a time
     next_try: float = 0.0
     extra: dict = field(default_factory=dict)  # for the launcher (metadata server, work dir)
 
@@ -230,16 +236,31 @@ class Call:
     auth: str | None
 
 
-Launcher = Callable[["ComputeStandin", VM, Mig, dict], subprocess.Popen]
+class Machine(Protocol):
+    """A running VM as the launcher gives it (tests/standins/vm.py): the stand-in only stops it."""
+
+    def alive(self) -> bool: ...
+
+    def stop(self, preempted: bool) -> None: ...  # the platform's soft stop: runner SIGTERM, shutdown-script
+
+    def power_off(self) -> None: ...  # SIGKILL of everything; returns once it is gone
+
+    def script_exit(self) -> int | None: ...  # the startup script's status once it has ended
+
+
+Launcher = Callable[["ComputeStandin", VM, Mig, dict], Machine]
 Stopper = Callable[["ComputeStandin", VM], None]
 
 
 class ComputeStandin:
     def __init__(self, project: str, launcher: Launcher | None = None, on_gone: Stopper | None = None,
-                 stop_delay: float = 0.3, grace: float = 30.0, op_delay: float = 0.2):
+                 stop_delay: float = 0.3, stop_window: float = 90.0, preempt_window: float = 30.0,
+                 op_delay: float = 0.2, run_duration_scale: float = 1.0):
         self.project = project
         self.launcher, self.on_gone = launcher, on_gone
-        self.stop_delay, self.grace, self.op_delay = stop_delay, grace, op_delay
+        self.stop_delay, self.stop_window, self.op_delay = stop_delay, stop_window, op_delay
+        self.preempt_window = preempt_window
+        self.run_duration_scale = run_duration_scale  # a test's maxRunDuration of 30 s can last 3
         self.templates: dict[str, dict] = {}
         self.migs: dict[tuple[str, str], Mig] = {}
         self.orphans: list[VM] = []  # VMs still shutting down after their MIG went away
@@ -272,9 +293,8 @@ class ComputeStandin:
         with self.lock:
             vms = [vm for mig in self.migs.values() for vm in mig.vms.values()] + self.orphans
         for vm in vms:
-            self._signal(vm, signal.SIGKILL)
             if vm.proc is not None:
-                vm.proc.wait()
+                vm.proc.power_off()
             if self.on_gone:
                 self.on_gone(self, vm)
 
@@ -294,14 +314,21 @@ class ComputeStandin:
             self._fail += [(code, message)] * count
 
     def preempt(self, name: str) -> VM:
-        """Kill a VM at once (SIGKILL, as a preemption) and recreate it under the same name."""
+        """Preempt a VM as Spot does: a stop with ``preempt_window`` to power-off, then recreate it."""
         with self.lock:
             vm = self.find(name)
             assert vm is not None and vm.deleted_via is None, f"no running VM {name}"
-            vm.action, vm.status = "RECREATING", "STOPPING"
-        self._signal(vm, signal.SIGKILL)
+            self._recreate(vm, self.preempt_window, preempted=True)
         self.event("preempt", name)
         return vm
+
+    def _recreate(self, vm: VM, window: float, preempted: bool = False) -> None:
+        """Stop the VM (the MIG recreates it under the same name once it is off)."""
+        now = time.time()
+        vm.action, vm.status = "RECREATING", "STOPPING"
+        vm.termed, vm.term_at, vm.kill_at = True, now, now + window
+        if vm.proc is not None:
+            vm.proc.stop(preempted)
 
     def find(self, name: str) -> VM | None:
         with self.lock:
@@ -315,17 +342,15 @@ class ComputeStandin:
             return [vm for mig in self.migs.values() for vm in mig.vms.values()] + list(self.orphans)
 
     # -- the MIG's control loop -----------------------------------------------------------
-    def _signal(self, vm: VM, sig: int) -> None:
-        if vm.proc is not None and vm.proc.poll() is None:
-            try:
-                os.killpg(vm.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
     def _start(self, mig: Mig, vm: VM) -> None:
         vm.boot += 1
         vm.errors = []
-        vm.proc = self.launcher(self, vm, mig, self.templates[mig.template]) if self.launcher else None
+        template = self.templates[mig.template]
+        vm.termed, vm.term_at, vm.kill_at = False, None, None
+        vm.extra.pop("exited", None)
+        limit = ((template["properties"].get("scheduling") or {}).get("maxRunDuration") or {}).get("seconds")
+        vm.deadline = time.time() + int(limit) * self.run_duration_scale if limit else None
+        vm.proc = self.launcher(self, vm, mig, template) if self.launcher else None
         vm.status, vm.action = "RUNNING", "NONE"
 
     def _reconcile_forever(self) -> None:
@@ -337,13 +362,15 @@ class ComputeStandin:
 
     def _shutdown_step(self, vm: VM, now: float) -> bool:
         """Drive a deleting VM toward gone; True once it is."""
-        if vm.proc is None or vm.proc.poll() is not None:
+        if vm.proc is None or not vm.proc.alive():
             return True
         if not vm.termed and now >= vm.term_at:
             vm.termed, vm.status = True, "STOPPING"
-            self._signal(vm, signal.SIGTERM)
+            vm.proc.stop(False)
         elif now >= vm.kill_at:
-            self._signal(vm, signal.SIGKILL)
+            self.event("power-off", vm.name, "the stop's window ended")
+            vm.proc.power_off()
+            return True
         return False
 
     def reconcile(self) -> None:
@@ -361,7 +388,7 @@ class ComputeStandin:
                             del mig.vms[vm.name]
                             gone.append(vm)
                     elif vm.action == "RECREATING":
-                        if vm.proc is None or vm.proc.poll() is not None:
+                        if self._shutdown_step(vm, now):
                             if self.on_gone:
                                 self.on_gone(self, vm)
                             self._start(mig, vm)
@@ -379,9 +406,13 @@ class ComputeStandin:
                         else:
                             self._start(mig, vm)
                             self.event("create", vm.name)
-                    elif vm.proc is not None and vm.proc.poll() is not None and "exited" not in vm.extra:
-                        vm.extra["exited"] = vm.proc.returncode  # the script ended; the VM idles on
-                        self.event("script-exited", vm.name, str(vm.proc.returncode))
+                    elif vm.deadline is not None and now >= vm.deadline:
+                        # maxRunDuration: GCE deletes the VM; assume the worst, that the MIG recreates it.
+                        self.event("max-run-duration", vm.name, str(vm.boot))
+                        self._recreate(vm, self.stop_window)
+                    elif vm.proc is not None and "exited" not in vm.extra and vm.proc.script_exit() is not None:
+                        vm.extra["exited"] = vm.proc.script_exit()  # the script ended; the VM idles on
+                        self.event("script-exited", vm.name, str(vm.extra["exited"]))
                 if not mig.deleting:
                     alive = [vm for vm in mig.vms.values() if vm.action != "DELETING"]
                     for _ in range(mig.target - len(alive)):
@@ -591,7 +622,7 @@ class ComputeStandin:
                 for vm in mig.vms.values():
                     if vm.action != "DELETING":
                         vm.action, vm.deleted_via = "DELETING", "mig-delete"
-                        vm.term_at, vm.kill_at = now + self.stop_delay, now + self.stop_delay + self.grace
+                        vm.term_at, vm.kill_at = now + self.stop_delay, now + self.stop_delay + self.stop_window
         self.event("mig-delete", name)
         key = (scope, name)
         return self.operation(scope, "delete", self.mig_url(mig), lambda: key not in self.migs)
@@ -626,7 +657,7 @@ class ComputeStandin:
                 if vm.action == "DELETING":
                     continue
                 vm.action, vm.deleted_via = "DELETING", "deleteInstances"
-                vm.term_at, vm.kill_at = now + self.stop_delay, now + self.stop_delay + self.grace
+                vm.term_at, vm.kill_at = now + self.stop_delay, now + self.stop_delay + self.stop_window
                 mig.target = max(0, mig.target - 1)
                 self.event("deleteInstances", vm.name, mig.name)
         return self.operation(scope, "deleteInstances", self.mig_url(mig))
