@@ -103,6 +103,7 @@ class FleetSpec:
     image: str
     service_account: str
     startup_script: str
+    shutdown_script: str = ""  # startup/shutdown.sh: has the workers give their items back when the VM stops
     spot: bool = True
     max_run_hours: float = 24.0
     disk_gb: int = 20
@@ -146,6 +147,8 @@ def template_resource(spec: FleetSpec) -> compute_v1.InstanceTemplate:
         MD_PROCS: str(spec.workers_per_vm),
         MD_STANDBY: str(spec.standby),
     }
+    if spec.shutdown_script:
+        items["shutdown-script"] = spec.shutdown_script
     scheduling = compute_v1.Scheduling(provisioning_model="SPOT" if spec.spot else "STANDARD")
     if spec.spot:
         # Spot VMs are deleted, not stopped, when preempted: the MIG then recreates them.

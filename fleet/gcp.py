@@ -22,6 +22,7 @@ from fleet.run import PlanError, load_items, load_spec, run_prefix
 from fleet.store import NotFound, Store, open_store
 
 STARTUP_SCRIPT = os.path.join("startup", "startup.sh")
+SHUTDOWN_SCRIPT = os.path.join("startup", "shutdown.sh")
 MAX_WORKERS = 2000  # a MIG's size limit is about this; more wants several runs
 
 
@@ -60,13 +61,13 @@ def load_record(store: Store, run: str) -> LaunchRecord | None:
         return None
 
 
-def read_startup_script(root: str | None = None) -> str:
-    path = os.path.join(root or project_root(), STARTUP_SCRIPT)
+def read_startup_script(root: str | None = None, script: str = STARTUP_SCRIPT) -> str:
+    path = os.path.join(root or project_root(), script)
     try:
         with open(path) as f:
             return f.read()
     except FileNotFoundError:
-        raise PlanError(f"{path}: missing; the VMs need it as their startup script") from None
+        raise PlanError(f"{path}: missing; the VMs need it as their {os.path.basename(script)[:-3]} script") from None
 
 
 @dataclass
@@ -101,7 +102,7 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     fspec = compute.FleetSpec(
         run=run, bucket=cfg.bucket, code_version=spec.code_version, template=template or mig,
         machine_type=cfg.machine_type, image=cfg.image, service_account=cfg.service_account,
-        startup_script=read_startup_script(), spot=cfg.spot if spot is None else spot, max_run_hours=hours,
+        startup_script=read_startup_script(), shutdown_script=read_startup_script(script=SHUTDOWN_SCRIPT), spot=cfg.spot if spot is None else spot, max_run_hours=hours,
         disk_gb=cfg.disk_gb, workers_per_vm=cfg.workers_per_vm, standby=cfg.standby, network=cfg.network,
         subnetwork=cfg.subnetwork, external_ip=cfg.external_ip)
     place = compute.Place(cfg.project, cfg.zone, cfg.region)
