@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 CONFIG_FILE = "fleet.toml"
 CONFIG_ENV = "FLEET_CONFIG"  # another path for the file (tests, several projects)
 
-DEFAULT_CODE_PATHS = ("fleet", "jobs", "startup", "pyproject.toml")
+DEFAULT_CODE_PATHS = ("fleet", "jobs", "startup", "pyproject.toml", "requirements.lock")
 
 _PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")

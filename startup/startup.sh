@@ -1,81 +1,263 @@
 #!/usr/bin/env bash
 # fleet worker VM startup script (GCE runs it as root at every boot; running it again is safe).
 #
+#   0. arm the way out first: whatever fails from here on, the EXIT trap records this boot in
+#      the bucket and removes the VM from its MIG with nothing but bash, curl and the metadata
+#      server's token (REST deleteInstances); when a few boots in a row have failed with no item
+#      finished in between, it deletes the MIG and the template instead: the run stops itself
 #   1. read the run, bucket and code version from instance metadata
 #   2. download the pinned code snapshot and check every file against its manifest
-#   3. make sure Python and the dependencies are there (a Packer image already has them)
-#   4. run `fleet work`, one process per core, streaming this log to the bucket
-#   5. on exit, remove this VM from its MIG through deleteInstances (`fleet leave`);
-#      the last one out deletes the MIG and the template. Not when the platform
-#      stops the VM (preemption, `fleet down`): then the MIG decides.
+#   3. make sure Python and the locked dependencies are there (a Packer image already has them)
+#   4. run `fleet work` as an unprivileged user, one process per core, in its own process group
+#      (recorded for shutdown.sh), streaming this log to the bucket
+#   5. on exit, leave the MIG through deleteInstances; the last one out deletes the MIG and
+#      the template. Not when the platform stops the VM (preemption, `fleet down`): then the
+#      MIG decides, and startup/shutdown.sh has the workers give their items back.
 #
 # Production defaults; a test overrides what differs on a laptop:
 #   FLEET_PYTHON        python with the dependencies (default /opt/fleet/venv/bin/python)
 #   FLEET_SKIP_INSTALL  1 = only check that FLEET_PYTHON has the dependencies, never install
 #   FLEET_WORK_DIR      code, logs and lock (default /var/lib/fleet)
 #   FLEET_LOG_INTERVAL  seconds between log uploads (default 30)
-#   FLEET_INSTALL_ONLY  path of a pyproject.toml: install Python and its dependencies, then stop (Packer)
-#   GCE_METADATA_HOST, STORAGE_EMULATOR_HOST  as google-auth and google-cloud-storage read them
+#   FLEET_RUN_AS        the system user the workers run as (default fleet; empty = this user)
+#   FLEET_MAX_FAILED_BOOTS  failed boots with no item finished in between that stop the run (default 3)
+#   FLEET_INSTALL_ONLY  path of a requirements.lock: install Python and exactly it, then stop (Packer)
+#   FLEET_COMPUTE_ENDPOINT, GCE_METADATA_HOST, STORAGE_EMULATOR_HOST  as fleet, google-auth and
+#                       google-cloud-storage read them
 set -euo pipefail
 umask 022
 
 PY=${FLEET_PYTHON:-/opt/fleet/venv/bin/python}
 VENV=$(dirname "$(dirname "$PY")")
-STAMP=/opt/fleet/deps.sha256 # sha256 of the dependency list the venv was built from
+STAMP=/opt/fleet/deps.sha256 # sha256 of the lock file the venv was installed from
+LOCK=requirements.lock       # in the code snapshot: exact versions and hashes of the dependencies
 WORK_DIR=${FLEET_WORK_DIR:-/var/lib/fleet}
 SKIP_INSTALL=${FLEET_SKIP_INSTALL:-0}
 LOG_INTERVAL=${FLEET_LOG_INTERVAL:-30}
+RUN_AS=${FLEET_RUN_AS-fleet}
+MAX_FAILED_BOOTS=${FLEET_MAX_FAILED_BOOTS:-3}
 MD=http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1
 GCS=${STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}
+CE=${FLEET_COMPUTE_ENDPOINT:-https://compute.googleapis.com}
 IMPORTS="google.cloud.storage, google.cloud.compute_v1, google.auth, typer, rich, tenacity"
+LOG=$WORK_DIR/logs/startup.log
+STARTED=$(date +%s)
 
 log() { echo "$(date -u +%FT%TZ) startup: $*"; }
-die() { log "error: $*"; exit 1; }
+fail() { # REASON: record why this boot failed (a step in a subshell too), then exit through on_exit
+  log "error: $*"
+  echo "$*" >"$WORK_DIR/reason" 2>/dev/null || true
+  exit 1
+}
 
 md() { curl -fsS --retry 5 --retry-connrefused --noproxy '*' -H 'Metadata-Flavor: Google' "$MD/$1"; }
 token() { md instance/service-accounts/default/token | sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p'; }
+json() { # STRING as a JSON string
+  local s=${1//\\/\\\\}
+  s=${s//\"/\\\"}
+  s=${s//$'\n'/\\n}
+  s=${s//$'\t'/ }
+  printf '"%s"' "$(printf '%s' "$s" | tr -d '\000-\037')"
+}
 gs_get() { # OBJECT FILE
   curl -fsS --retry 5 --retry-connrefused -H "Authorization: Bearer $TOKEN" -o "$2" \
     "$GCS/storage/v1/b/$BUCKET/o/${1//\//%2F}?alt=media"
 }
-gs_put() { # FILE OBJECT
-  curl -fsS --retry 3 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: text/plain' \
+gs_put() { # FILE OBJECT [CONTENT-TYPE]
+  curl -fsS --retry 3 -X POST -H "Authorization: Bearer $(token)" -H "Content-Type: ${3:-text/plain}" \
     --data-binary "@$1" "$GCS/upload/storage/v1/b/$BUCKET/o?uploadType=media&name=${2//\//%2F}" >/dev/null
 }
-
-deps() { # PYPROJECT: the project's dependencies, one per line
-  python3 -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' "$1"
+gs_count() { # PREFIX: how many objects it holds
+  local n=0 page="" out
+  while :; do
+    out=$(curl -fsS --retry 5 --retry-connrefused -H "Authorization: Bearer $(token)" \
+      "$GCS/storage/v1/b/$BUCKET/o?prefix=${1//\//%2F}&fields=items(name),nextPageToken${page:+&pageToken=$page}") || return 1
+    n=$((n + $(grep -o '"name"' <<<"$out" | wc -l)))
+    page=$(sed -n 's/.*"nextPageToken": *"\([^"]*\)".*/\1/p' <<<"$out")
+    [[ -n $page ]] || break
+  done
+  echo "$n"
 }
 
-install_deps() { # PYPROJECT
+api() { # METHOD PATH [BODY]: one Compute Engine REST call as this VM; answer in API_OUT, 0 if it succeeded
+  local args=(-sS --retry 5 --retry-connrefused -X "$1" -o "$WORK_DIR/api.out" -w '%{http_code}'
+    -H "Authorization: Bearer $(token)")
+  [[ -z ${3:-} ]] || args+=(-H 'Content-Type: application/json' --data-binary "$3")
+  API_CODE=$(curl "${args[@]}" "$CE/compute/v1/projects/$PROJECT/$2") || API_CODE=${API_CODE:-000}
+  API_OUT=$(cat "$WORK_DIR/api.out" 2>/dev/null || true)
+  [[ $API_CODE == 2* ]] && ! grep -q '"error"' <<<"$API_OUT"
+}
+api_error() { echo "HTTP $API_CODE $(sed -n 's/.*"message": *"\([^"]*\)".*/\1/p' <<<"$API_OUT" | head -n 1)"; }
+api_wait() { # wait (up to a minute) for the operation in API_OUT; 0 if it ended without error
+  local name i
+  name=$(sed -n 's/.*"name": *"\(operation-[^"]*\)".*/\1/p' <<<"$API_OUT" | head -n 1)
+  for ((i = 0; i < 60; i++)); do
+    grep -q '"status": *"DONE"' <<<"$API_OUT" && break
+    sleep 1
+    api GET "global/operations/$name" || return 1
+  done
+  grep -q '"status": *"DONE"' <<<"$API_OUT" && ! grep -q '"error"' <<<"$API_OUT"
+}
+
+delete_fleet() { # the MIG (its VMs stop) and then the template, which stays in use until the MIG is gone
+  if api DELETE "$SCOPE/instanceGroupManagers/$MIG"; then log "$MIG: deleting"
+  elif [[ $API_CODE == 404 ]]; then log "$MIG: already deleted"
+  else log "could not delete $MIG: $(api_error)"; fi
+  [[ -n $TEMPLATE ]] || { log "no instance-template in metadata: \`fleet down\` deletes the template"; return; }
+  local i
+  for ((i = 0; i < 60; i++)); do
+    if api DELETE "global/instanceTemplates/$TEMPLATE" && api_wait; then
+      log "$TEMPLATE: deleted"
+      return
+    elif [[ $API_CODE == 404 ]]; then
+      log "$TEMPLATE: already deleted"
+      return
+    elif ! grep -q resourceInUseByAnotherResource <<<"$API_OUT"; then
+      log "could not delete $TEMPLATE: $(api_error)"
+      return
+    fi
+    sleep 2 # still used by the MIG being deleted
+  done
+  log "$TEMPLATE still in use after 2 minutes: \`fleet down\` deletes it"
+}
+
+leave() { # remove this VM from its MIG (deleteInstances lowers the target size; a plain delete would be undone)
+  local body="{\"instances\": [\"zones/$ZONE/instances/$INSTANCE\"], \"skipInstancesOnValidationError\": true}"
+  if api POST "$SCOPE/instanceGroupManagers/$MIG/deleteInstances" "$body"; then
+    log "$INSTANCE: removed from $MIG through deleteInstances"
+  else
+    log "could not remove this VM from its MIG ($(api_error)); it ends at the template's maxRunDuration"
+  fi
+  if [[ ${STOP_RUN:-0} == 1 ]]; then
+    log "stopping the run: deleting $MIG and its template"
+    delete_fleet
+  elif ! api GET "$SCOPE/instanceGroupManagers/$MIG"; then
+    [[ $API_CODE == 404 ]] && log "$MIG: already deleted" || log "could not read $MIG: $(api_error)"
+  else
+    local size
+    size=$(grep -o '"targetSize": *"\?[0-9]*' <<<"$API_OUT" | grep -o '[0-9]*$' | head -n 1)
+    if [[ ${size:-1} == 0 ]]; then
+      log "$INSTANCE: last one out: deleting $MIG and template $TEMPLATE"
+      delete_fleet
+    else
+      log "$MIG: ${size:-?} VM(s) remain; leaving it to them"
+    fi
+  fi
+}
+
+record_boot() { # OUTCOME REASON: this boot's record, runs/<run>/boots/<instance>-<boot> (never another boot's)
+  local f=$WORK_DIR/boot.json
+  printf '{"instance": %s, "boot": %s, "zone": %s, "code_version": %s, "started": %s, "updated": %s, "outcome": %s, "reason": %s, "log_tail": %s}\n' \
+    "$(json "$INSTANCE")" "$(json "$BOOT")" "$(json "$ZONE")" "$(json "${VERSION:-}")" "$STARTED" "$(date +%s)" \
+    "$(json "$1")" "$(json "$2")" "$(json "$(tail -n 20 "$LOG" 2>/dev/null)")" >"$f"
+  gs_put "$f" "runs/$RUN/boots/$INSTANCE-$BOOT" application/json || log "boot record upload failed"
+}
+
+count_failure() { # REASON: a failed boot; after MAX_FAILED_BOOTS of them with no item finished in between, stop the run
+  local finished failed f=$WORK_DIR/stopped.json
+  finished=$(gs_count "runs/$RUN/final/") || { log "cannot list runs/$RUN/final/"; return; }
+  gs_put /dev/null "runs/$RUN/failed-boots/$finished/$INSTANCE-$BOOT" || { log "cannot record the failure"; return; }
+  failed=$(gs_count "runs/$RUN/failed-boots/$finished/") || return
+  log "$failed failed boot(s) with $finished item(s) finished, none since; the run stops at $MAX_FAILED_BOOTS"
+  if ((failed >= MAX_FAILED_BOOTS)); then
+    STOP_RUN=1
+    printf '{"time": %s, "instance": %s, "failed_boots": %s, "items_finished": %s, "reason": %s}\n' "$(date +%s)" \
+      "$(json "$INSTANCE-$BOOT")" "$failed" "$finished" "$(json "$1")" >"$f"
+    gs_put "$f" "runs/$RUN/stopped.json" application/json || log "could not write runs/$RUN/stopped.json"
+  fi
+}
+
+ship_log() { gs_put "$LOG" "runs/$RUN/logs/$INSTANCE.log" || log "log upload failed"; }
+
+run() { # COMMAND...: one step of the boot, in the background so that a stop (SIGTERM) interrupts it at once
+  "$@" &
+  CHILD=$!
+  local rc=0
+  wait "$CHILD" || rc=$?
+  if [[ ${STOPPING:-0} == 1 ]]; then wait "$CHILD" 2>/dev/null || true; fi
+  CHILD=
+  return "$rc"
+}
+
+on_term() { # from shutdown.sh: the platform is stopping this VM
+  STOPPING=1
+  log "SIGTERM: the VM is stopping; workers give their items back"
+  if [[ -n ${CHILD:-} ]]; then kill -TERM "$CHILD" 2>/dev/null || true; fi
+  if [[ -n ${WORKER:-} ]]; then kill -TERM -- "-$WORKER" 2>/dev/null || true; fi
+}
+
+on_exit() { # the way out: record the boot, then leave the MIG (or stop the run), whatever happened before
+  local rc=$? outcome reason=""
+  set +e
+  trap '' TERM
+  if [[ -n ${WORKER:-} ]]; then wait "$WORKER" 2>/dev/null; fi
+  if [[ -n ${SHIPPER:-} ]]; then kill "$SHIPPER" 2>/dev/null; fi
+  [[ -f $WORK_DIR/stopping ]] && STOPPING=1
+  if [[ ${STOPPING:-0} == 1 ]]; then
+    outcome=stopped
+  elif [[ $rc == 0 ]]; then
+    outcome=done
+  else
+    outcome=failed
+    reason=$(cat "$WORK_DIR/reason" 2>/dev/null)
+    reason=${reason:-exit status $rc}
+  fi
+  log "exiting ($rc): this boot $outcome${reason:+: $reason}"
+  if [[ -z ${MIG:-} ]]; then
+    log "cannot leave the MIG (its name, zone or project is unreadable from metadata); this VM ends at maxRunDuration"
+    return
+  fi
+  if [[ -n ${RUN:-} && -n ${BUCKET:-} ]]; then
+    record_boot "$outcome" "$reason"
+    if [[ $outcome == failed ]]; then count_failure "$reason"; fi
+    ship_log
+  fi
+  if [[ $outcome == stopped ]]; then
+    log "left to the MIG: it recreates a preempted VM, or finishes deleting this one"
+  else
+    leave # its deletion starts this VM's shutdown: the log went up first, and goes once more if there is time
+  fi
+  if [[ -n ${RUN:-} && -n ${BUCKET:-} ]]; then ship_log; fi
+}
+
+apt_install() { # PACKAGE...: waiting for the dpkg lock (unattended-upgrades at boot) instead of failing on it
+  local wait=(-o DPkg::Lock::Timeout=600) i
+  export DEBIAN_FRONTEND=noninteractive
+  for ((i = 1; ; i++)); do # the lists lock is not the dpkg lock: update is retried instead
+    run apt-get "${wait[@]}" update -qq && break
+    ((i < 5)) || fail "apt-get update failed 5 times"
+    sleep 10
+  done
+  run apt-get "${wait[@]}" install -y -qq --no-install-recommends "$@" >/dev/null || fail "apt-get install $* failed"
+}
+
+install_deps() { # LOCK: Python and exactly the locked dependencies (versions and hashes)
+  [[ -f $1 ]] || fail "$1: no lock file; this code snapshot cannot be installed"
   if [[ $SKIP_INSTALL == 1 ]]; then
-    "$PY" -c "import $IMPORTS" || die "$PY cannot import $IMPORTS (and FLEET_SKIP_INSTALL=1)"
+    "$PY" -c "import $IMPORTS" || fail "$PY cannot import $IMPORTS (and FLEET_SKIP_INSTALL=1)"
     log "python: $PY has the dependencies"
     return
   fi
-  if ! python3 -c 'import venv, ensurepip, tomllib' 2>/dev/null; then
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
     log "installing python3 and python3-venv"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
+    apt_install python3 python3-venv
   fi
   local want
-  want=$(deps "$1" | sha256sum | cut -c1-64)
+  want=$(sha256sum <"$1" | cut -c1-64)
   if [[ -x $PY && -f $STAMP && $(cat "$STAMP") == "$want" ]]; then
-    log "python: dependencies already installed (image or earlier boot)"
+    log "python: the locked dependencies are installed (image or earlier boot)"
     return
   fi
-  log "python: installing the dependencies into $VENV"
-  python3 -m venv "$VENV"
-  "$PY" -m pip install -q --upgrade pip
-  local pkgs
-  mapfile -t pkgs < <(deps "$1")
-  "$PY" -m pip install -q "${pkgs[@]}"
-  "$PY" -c "import $IMPORTS"
+  log "python: installing the locked dependencies into $VENV"
+  run python3 -m venv "$VENV" || fail "python3 -m venv $VENV failed"
+  run "$PY" -m pip install -q --no-input --require-hashes --no-deps --only-binary=:all: -r "$1" ||
+    fail "pip could not install $1 (--require-hashes)"
+  "$PY" -c "import $IMPORTS" || fail "$PY cannot import $IMPORTS after installing $1"
   mkdir -p "$(dirname "$STAMP")"
   echo "$want" >"$STAMP"
 }
 
 fetch_code() { # the pinned snapshot into $CODE, every file checked against the manifest
-  CODE=$WORK_DIR/code/$VERSION
   if [[ -f $CODE/MANIFEST.sha256 ]] && (cd "$CODE" && sha256sum --quiet --strict -c MANIFEST.sha256 >/dev/null 2>&1); then
     log "code $VERSION: already here and verified"
     return
@@ -84,88 +266,102 @@ fetch_code() { # the pinned snapshot into $CODE, every file checked against the 
   TOKEN=$(token)
   local tmp sum path n=0
   tmp=$(mktemp -d "$WORK_DIR/code/.incoming-XXXXXX")
-  gs_get "code/$VERSION/manifest.sha256" "$tmp/MANIFEST.sha256" || die "no code $VERSION in gs://$BUCKET (fleet sync)"
+  gs_get "code/$VERSION/manifest.sha256" "$tmp/MANIFEST.sha256" || fail "no code $VERSION in gs://$BUCKET (fleet sync)"
   [[ $(sha256sum <"$tmp/MANIFEST.sha256" | cut -c1-16) == "$VERSION" ]] ||
-    die "the manifest of code $VERSION does not hash to its name; refusing it"
+    fail "the manifest of code $VERSION does not hash to its name; refusing it"
   while read -r sum path; do
-    [[ $sum =~ ^[0-9a-f]{64}$ && -n $path && $path != /* && /$path/ != */../* ]] || die "bad manifest line: $sum $path"
+    [[ $sum =~ ^[0-9a-f]{64}$ && -n $path && $path != /* && /$path/ != */../* ]] || fail "bad manifest line: $sum $path"
     mkdir -p "$tmp/$(dirname "$path")"
-    gs_get "code/objects/$sum" "$tmp/$path"
+    gs_get "code/objects/$sum" "$tmp/$path" || fail "code object $sum ($path) is missing from gs://$BUCKET"
     n=$((n + 1))
   done <"$tmp/MANIFEST.sha256"
   (cd "$tmp" && sha256sum --quiet --strict -c MANIFEST.sha256) ||
-    die "the downloaded code does not match its manifest; refusing to run it"
+    fail "the downloaded code does not match its manifest; refusing to run it"
   chmod 755 "$tmp"
   rm -rf "$CODE"
   mv "$tmp" "$CODE"
   log "code $VERSION: $n files downloaded and verified"
 }
 
-ship_log() { gs_put "$LOG" "runs/$RUN/logs/$INSTANCE.log" || log "log upload failed"; }
-
-on_term() {
-  STOPPING=1
-  log "SIGTERM: the platform is stopping this VM; workers give their items back"
-  if [[ -n ${WORKER:-} ]]; then kill -TERM "$WORKER" 2>/dev/null || true; fi
-}
-
-on_exit() {
-  local rc=$?
-  trap '' TERM
-  if [[ -n ${WORKER:-} ]]; then wait "$WORKER" 2>/dev/null || true; fi
-  if [[ -n ${SHIPPER:-} ]]; then kill "$SHIPPER" 2>/dev/null || true; fi
-  log "exiting ($rc)"
-  if [[ ${STOPPING:-0} == 1 ]]; then
-    log "left to the MIG: it recreates a preempted VM, or finishes deleting this one"
-  elif [[ -n ${CODE:-} && -f ${CODE}/MANIFEST.sha256 ]]; then
-    ship_log # removing this VM starts its shutdown: the log goes up first, then once more if there is time
-    (cd "$CODE" && PYTHONPATH=$CODE "$PY" -m fleet.cli leave) ||
-      log "could not remove this VM from its MIG; it ends at the template's maxRunDuration"
-  else
-    log "no code to leave the MIG with; this VM ends at the template's maxRunDuration"
+start_workers() { # `fleet work` in its own process group (its id in work.pgid, for shutdown.sh)
+  local as=()
+  if [[ -n $RUN_AS ]]; then
+    id -u "$RUN_AS" >/dev/null 2>&1 ||
+      useradd --system --user-group --home-dir "$WORK_DIR/home" --shell /usr/sbin/nologin "$RUN_AS" ||
+      fail "cannot create the system user $RUN_AS"
+    install -d -o "$RUN_AS" -g "$RUN_AS" -m 0700 "$WORK_DIR/home"
+    as=(setpriv "--reuid=$RUN_AS" "--regid=$RUN_AS" --init-groups env "HOME=$WORK_DIR/home" "USER=$RUN_AS")
+    log "workers run as $RUN_AS (uid $(id -u "$RUN_AS"))"
   fi
-  ship_log
+  # Not a process-group leader (no job control), so setsid makes the session in place: its pid is the group's id.
+  setsid "${as[@]}" "$PY" -m fleet.cli work --bucket "$BUCKET_URL" --run "$RUN" --procs "$PROCS" \
+    --name-prefix "$INSTANCE" --standby "$STANDBY" 9>&- &
+  WORKER=$!
+  echo "$WORKER" >"$WORK_DIR/work.pgid"
 }
 
-if [[ -n ${FLEET_INSTALL_ONLY:-} ]]; then # image build: Python and the dependencies, nothing else
+if [[ -n ${FLEET_INSTALL_ONLY:-} ]]; then # image build: Python and the locked dependencies, nothing else
+  WORK_DIR=$(mktemp -d)
+  run() { "$@"; }
   install_deps "$FLEET_INSTALL_ONLY"
   exit 0
 fi
 
-INSTANCE=$(md instance/name)
-BUCKET_URL=$(md instance/attributes/fleet-bucket)
-BUCKET=${BUCKET_URL#gs://}
-RUN=$(md instance/attributes/fleet-run)
-VERSION=$(md instance/attributes/fleet-code-version)
-PROCS=$(md instance/attributes/fleet-workers-per-vm)
-STANDBY=$(md instance/attributes/fleet-standby)
-[[ $VERSION =~ ^[0-9a-f]{16}$ ]] || die "metadata fleet-code-version '$VERSION' is not a code version"
-[[ $PROCS =~ ^[0-9]+$ && $STANDBY =~ ^[0-9]+$ ]] || die "metadata fleet-workers-per-vm/fleet-standby must be numbers"
-if [[ $PROCS == 0 ]]; then PROCS=$(nproc); fi
-
 mkdir -p "$WORK_DIR/logs"
 exec 9>"$WORK_DIR/startup.lock"
 flock -n 9 || { log "another startup.sh is running on this VM"; exit 0; }
-LOG=$WORK_DIR/logs/$INSTANCE.log
-log "VM $INSTANCE: run $RUN, code $VERSION, $PROCS worker(s); log in $LOG and gs://$BUCKET/runs/$RUN/logs/"
+rm -f "$WORK_DIR/stopping" "$WORK_DIR/reason" "$WORK_DIR/work.pgid"
+echo $$ >"$WORK_DIR/startup.pid"
 exec >>"$LOG" 2>&1
-log "VM $INSTANCE boots: run $RUN from $BUCKET_URL, code $VERSION, $PROCS worker(s), $STANDBY standby"
-
-(while sleep "$LOG_INTERVAL"; do ship_log; done) &
-SHIPPER=$!
 trap on_exit EXIT
 trap on_term TERM
 
-fetch_code
-install_deps "$CODE/pyproject.toml"
+# Who this VM is: all the way out needs. Without it, only maxRunDuration ends the VM.
+INSTANCE=$(md instance/name) || fail "metadata instance/name is unreadable"
+ZONE=$(md instance/zone) || fail "metadata instance/zone is unreadable"
+ZONE=${ZONE##*/}
+PROJECT=$(md project/project-id) || fail "metadata project/project-id is unreadable"
+CREATED_BY=$(md instance/attributes/created-by) || fail "metadata created-by is unreadable"
+TEMPLATE=$(md instance/attributes/instance-template || true) && TEMPLATE=${TEMPLATE##*/}
+BOOT=$( (md instance/id || true; cat /proc/sys/kernel/random/boot_id) | sha256sum | cut -c1-12)
+[[ $CREATED_BY =~ ^projects/[^/]+/((zones|regions)/[a-z0-9-]+)/instanceGroupManagers/([a-z0-9-]+)$ ]] ||
+  fail "created-by '$CREATED_BY': this VM was not created by a managed instance group"
+SCOPE=${BASH_REMATCH[1]}
+MIG=${BASH_REMATCH[3]}
+
+BUCKET_URL=$(md instance/attributes/fleet-bucket) || fail "metadata fleet-bucket is unreadable"
+[[ $BUCKET_URL =~ ^gs://[a-z0-9][-a-z0-9_.]*$ ]] || fail "metadata fleet-bucket '$BUCKET_URL' is not gs://BUCKET"
+BUCKET=${BUCKET_URL#gs://}
+RUN=$(md instance/attributes/fleet-run) || fail "metadata fleet-run is unreadable"
+[[ $RUN =~ ^[A-Za-z0-9_][-A-Za-z0-9_.]*$ ]] || { RUN=; fail "metadata fleet-run is not a run name"; }
+log "VM $INSTANCE (boot $BOOT) of $MIG: run $RUN; log in $LOG and gs://$BUCKET/runs/$RUN/logs/$INSTANCE.log"
+record_boot booting ""
+(while sleep "$LOG_INTERVAL"; do ship_log; done) 9>&- &
+SHIPPER=$!
+
+VERSION=$(md instance/attributes/fleet-code-version) || fail "metadata fleet-code-version is unreadable"
+PROCS=$(md instance/attributes/fleet-workers-per-vm) || fail "metadata fleet-workers-per-vm is unreadable"
+STANDBY=$(md instance/attributes/fleet-standby) || fail "metadata fleet-standby is unreadable"
+[[ $VERSION =~ ^[0-9a-f]{16}$ ]] || fail "metadata fleet-code-version '$VERSION' is not a code version"
+[[ $PROCS =~ ^[0-9]+$ && $STANDBY =~ ^[0-9]+$ ]] || fail "metadata fleet-workers-per-vm/fleet-standby must be numbers"
+if [[ $PROCS == 0 ]]; then PROCS=$(nproc); fi
+log "VM $INSTANCE boots: run $RUN from $BUCKET_URL, code $VERSION, $PROCS worker(s), $STANDBY standby"
+
+CODE=$WORK_DIR/code/$VERSION
+run fetch_code || fail "$(cat "$WORK_DIR/reason" 2>/dev/null || echo "downloading code $VERSION failed")"
+run install_deps "$CODE/$LOCK" || fail "$(cat "$WORK_DIR/reason" 2>/dev/null || echo "installing the dependencies failed")"
 cd "$CODE"
 export PYTHONPATH=$CODE
-"$PY" -m fleet.cli work --bucket "$BUCKET_URL" --run "$RUN" --procs "$PROCS" --name-prefix "$INSTANCE" \
-  --standby "$STANDBY" &
-WORKER=$!
+start_workers
 rc=0
 wait "$WORKER" || rc=$?
-if [[ ${STOPPING:-0} == 1 ]]; then wait "$WORKER" || true; fi
+if [[ ${STOPPING:-0} == 1 ]]; then
+  rc=0
+  wait "$WORKER" || rc=$?
+fi
 log "fleet work finished ($rc)"
 WORKER=
-exit "$rc"
+if [[ $rc != 0 && ${STOPPING:-0} != 1 ]]; then
+  fail "fleet work exited $rc: $(grep -E ' (ERROR|CRITICAL) |Error:|error:' "$LOG" | tail -n 1 | cut -c1-300)"
+fi
+exit 0
