@@ -448,12 +448,16 @@ def _fleet_view(store, run: str, workers: list) -> dict | None:
         return None
     from fleet import gcp  # imports the Compute client: only for buckets that can have a fleet
 
+    from fleet import boots
+
     record, state, problem = gcp.fleet_state(store, run)
     if record is None:
         return None
     vms, hours = gcp.vm_usage(workers)
+    stop = boots.load_stop(store, run)
     return {"mig": state.__dict__ if state else None, "launch": record.__dict__, "problem": problem,
-            "vms_seen": vms, "vm_hours": round(hours, 3)}
+            "vms_seen": vms, "vm_hours": round(hours, 3), "stopped": stop.line() if stop else None,
+            "boots": boots.summary(boots.boot_records(store, run))}
 
 
 def render_fleet(view: dict) -> None:
@@ -470,6 +474,8 @@ def render_fleet(view: dict) -> None:
     out.print(table)
     if mig:
         out.print(f"target size {mig['target_size']}, template {mig['template']}", highlight=False)
+    elif view.get("stopped"):
+        out.print(f"[red]{view['stopped']}[/red]", highlight=False, soft_wrap=True)
     elif not view["problem"]:
         out.print("the MIG is gone (the run's VMs have all left)", highlight=False)
     if view["problem"]:
@@ -479,6 +485,9 @@ def render_fleet(view: dict) -> None:
                   highlight=False, soft_wrap=True)
     out.print(f"VM-hours so far: {view['vm_hours']:,.2f} over {view['vms_seen']} VMs (from heartbeats; boot not counted)",
               highlight=False)
+    if view.get("boots"):
+        out.print("VM boots: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(view["boots"].items())),
+                  highlight=False)
 
 
 @app.command("logs")
@@ -522,19 +531,6 @@ def down_cmd(
         gcp.down(open_store(_bucket(bucket, cfg)), run, cfg, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
     except (ComputeError, *USER_ERRORS) as e:
         fail(str(e))
-
-
-@app.command("leave", hidden=True)
-def leave_cmd() -> None:
-    """On a worker VM (startup.sh): remove this VM from its MIG; the last one out deletes MIG and template."""
-    from fleet import gcp
-    from fleet.compute import ComputeError
-    from fleet.metadata import MetadataError
-
-    try:
-        gcp.leave(echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
-    except (ComputeError, MetadataError) as e:
-        fail(str(e), code=1)
 
 
 def main() -> None:

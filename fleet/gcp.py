@@ -1,21 +1,22 @@
-"""A run's fleet on Google Cloud: launch it, look at it, tear it down, and leave it from a VM.
+"""A run's fleet on Google Cloud: launch it, look at it, tear it down.
 
 The bucket is the only shared state: `fleet launch` writes ``runs/<run>/launch.json``
 (where the MIG and template are), so `status`, `logs` and `down` need only the
-bucket and the run name. All Compute calls go through fleet.compute.
+bucket and the run name. All Compute calls go through fleet.compute; a VM leaves its MIG
+from startup/startup.sh (curl and the metadata server's token: it must work when Python or
+the code is what failed).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from fleet import compute
-from fleet.codesync import code_version, has_version, project_root
+from fleet import boots, compute
+from fleet.codesync import has_version, project_root
 from fleet.config import FleetConfig
 from fleet.records import JsonRecord
 from fleet.run import PlanError, load_items, load_spec, run_prefix
@@ -115,6 +116,7 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
 
 def launch(cfg: FleetConfig, plan: LaunchPlan, echo: Callable[[str], None] = print) -> LaunchRecord:
     comp = compute.Compute(plan.record.place)
+    boots.clear_stop(open_store(cfg.bucket), plan.record.run)  # a run that stopped itself counts failures afresh
     how = comp.ensure_template(plan.template)
     echo(f"instance template {plan.record.template}: {how}")
     how = comp.create_mig(plan.mig)
@@ -169,32 +171,3 @@ def vm_usage(workers: list[dict]) -> tuple[int, float]:
         lo, hi = spans.get(vm, (start, end))
         spans[vm] = (min(lo, start), max(hi, end))
     return len(spans), sum(hi - lo for lo, hi in spans.values()) / 3600
-
-
-def leave(echo: Callable[[str], None] = print) -> None:
-    """On a VM whose workers have finished: remove it from its MIG; the last one out deletes the MIG and template.
-
-    Through the MIG's deleteInstances, which lowers the target size: a plain
-    instances.delete would be undone by the MIG. SIGTERM is ignored meanwhile,
-    since the deletion itself starts the VM's shutdown.
-    """
-    from fleet import metadata
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    me = metadata.identity()
-    comp = compute.Compute(compute.Place.from_scope(me.project, me.mig_scope), credentials=metadata.credentials())
-    comp.delete_instances(me.mig, [me.instance_url])
-    echo(f"{me.name} (code {code_version()} in {project_root()}): removed from {me.mig} through deleteInstances")
-    mig = comp.get_mig(me.mig)
-    if mig is None:
-        echo(f"{me.mig}: already deleted")
-        return
-    if mig.target_size > 0:
-        echo(f"{me.mig}: {mig.target_size} VM(s) remain; leaving it to them")
-        return
-    template = mig.instance_template.rsplit("/", 1)[-1]
-    echo(f"{me.name}: last one out: deleting {me.mig} and template {template}")
-    comp.delete_mig(me.mig, wait=False)
-    # The template stays "in use" until the MIG is gone; keep asking while this VM shuts down.
-    comp.delete_template(template, in_use_timeout=120)
-    echo(f"{me.mig} and {template} deleted")

@@ -29,7 +29,7 @@ umask 022
 
 PY=${FLEET_PYTHON:-/opt/fleet/venv/bin/python}
 VENV=$(dirname "$(dirname "$PY")")
-STAMP=/opt/fleet/deps.sha256 # sha256 of the lock file the venv was installed from
+STAMP=$VENV/fleet-lock.sha256 # sha256 of the lock file the venv was installed from
 LOCK=requirements.lock       # in the code snapshot: exact versions and hashes of the dependencies
 WORK_DIR=${FLEET_WORK_DIR:-/var/lib/fleet}
 SKIP_INSTALL=${FLEET_SKIP_INSTALL:-0}
@@ -82,7 +82,8 @@ gs_count() { # PREFIX: how many objects it holds
 api() { # METHOD PATH [BODY]: one Compute Engine REST call as this VM; answer in API_OUT, 0 if it succeeded
   local args=(-sS --retry 5 --retry-connrefused -X "$1" -o "$WORK_DIR/api.out" -w '%{http_code}'
     -H "Authorization: Bearer $(token)")
-  [[ -z ${3:-} ]] || args+=(-H 'Content-Type: application/json' --data-binary "$3")
+  if [[ -n ${3:-} ]]; then args+=(-H 'Content-Type: application/json' --data-binary "$3")
+  elif [[ $1 == POST ]]; then args+=(-H 'Content-Length: 0'); fi
   API_CODE=$(curl "${args[@]}" "$CE/compute/v1/projects/$PROJECT/$2") || API_CODE=${API_CODE:-000}
   API_OUT=$(cat "$WORK_DIR/api.out" 2>/dev/null || true)
   [[ $API_CODE == 2* ]] && ! grep -q '"error"' <<<"$API_OUT"
@@ -99,7 +100,28 @@ api_wait() { # wait (up to a minute) for the operation in API_OUT; 0 if it ended
   grep -q '"status": *"DONE"' <<<"$API_OUT" && ! grep -q '"error"' <<<"$API_OUT"
 }
 
-delete_fleet() { # the MIG (its VMs stop) and then the template, which stays in use until the MIG is gone
+remove_all() { # deleteInstances on every VM of the MIG (1000 a call), so that none holds up the MIG's deletion
+  local page="" urls=() i body
+  while :; do
+    api POST "$SCOPE/instanceGroupManagers/$MIG/listManagedInstances${page:+?pageToken=$page}" ||
+      { log "could not list the VMs of $MIG: $(api_error)"; return; }
+    mapfile -t -O "${#urls[@]}" urls < <(grep -o '"instance": *"[^"]*"' <<<"$API_OUT" | sed 's/.*"\([^"]*\)"$/\1/')
+    page=$(sed -n 's/.*"nextPageToken": *"\([^"]*\)".*/\1/p' <<<"$API_OUT" | head -n 1)
+    [[ -n $page ]] || break
+  done
+  for ((i = 0; i < ${#urls[@]}; i += 1000)); do
+    body=$(printf '"%s", ' "${urls[@]:i:1000}")
+    api POST "$SCOPE/instanceGroupManagers/$MIG/deleteInstances" \
+      "{\"instances\": [${body%, }], \"skipInstancesOnValidationError\": true}" ||
+      log "could not remove the VMs of $MIG: $(api_error)"
+  done
+  log "$MIG: deleteInstances on its ${#urls[@]} VM(s)"
+}
+
+delete_fleet() { # the MIG and then the template, which stays in use until the MIG is gone
+  # Every VM leaves through deleteInstances first: a MIG none of whose VMs it must stop itself is gone at once
+  # (a VM stopped by the MIG's deletion would hold it up, and with it the template, until it powers off).
+  remove_all
   if api DELETE "$SCOPE/instanceGroupManagers/$MIG"; then log "$MIG: deleting"
   elif [[ $API_CODE == 404 ]]; then log "$MIG: already deleted"
   else log "could not delete $MIG: $(api_error)"; fi
