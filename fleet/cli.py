@@ -264,7 +264,11 @@ def status_cmd(
 
     try:
         bucket, run = _resolve(target, bucket, run)
-        reader = StatusReader(open_store(bucket), run)
+        try:
+            reader = StatusReader(open_store(bucket), run)
+        except PlanError:  # a damaged run spec: say so, after why the run stopped itself if it did
+            _print_stop(open_store(bucket), run)
+            raise
         if verify:
             _verify(open_store(bucket), reader, run)
         while True:
@@ -458,6 +462,14 @@ def _fleet_view(store, run: str, workers: list) -> dict | None:
     return {"mig": state.__dict__ if state else None, "launch": record.__dict__, "problem": problem,
             "vms_seen": vms, "vm_hours": round(hours, 3), "stopped": stop.line() if stop else None,
             "boots": boots.summary(boots.boot_records(store, run))}
+
+
+def _print_stop(store, run: str) -> None:
+    from fleet.boots import load_stop
+
+    stop = load_stop(store, run) if store.url.startswith("gs://") else None
+    if stop is not None:
+        console.print(f"[red]{stop.line()}[/red]", highlight=False, soft_wrap=True)
 
 
 def render_fleet(view: dict) -> None:
