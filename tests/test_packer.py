@@ -55,7 +55,8 @@ def test_template_builds_an_image_family_with_googlecompute(packer):
 def test_image_holds_what_startup_sh_expects(packer):
     local = packer["locals"][0]
     assert local["python"] == startup_default(r"^PY=\$\{FLEET_PYTHON:-([^}]+)\}")
-    assert local["stamp_file"] == startup_default(r"^STAMP=(\S+)")
+    venv = str(Path(local["python"]).parent.parent)
+    assert local["stamp_file"] == startup_default(r"^STAMP=(\S+)").replace("$VENV", venv)
     provisioners = packer["build"][0]["provisioner"]
     uploads = {}
     for p in provisioners:
@@ -63,11 +64,12 @@ def test_image_holds_what_startup_sh_expects(packer):
             if kind == "file":
                 src = body["source"].replace("${path.root}", str(TEMPLATE.parent))
                 uploads[body["destination"]] = Path(src).resolve()
-    assert uploads == {"/tmp/startup.sh": STARTUP, "/tmp/pyproject.toml": ROOT / "pyproject.toml"}
+    assert uploads == {"/tmp/startup.sh": STARTUP, "/tmp/requirements.lock": ROOT / "requirements.lock"}
     assert all(path.is_file() for path in uploads.values())
     shell = [line for p in provisioners for kind, body in p.items() if kind == "shell" for line in body["inline"]]
-    install = [line for line in shell if "startup.sh" in line and "FLEET_INSTALL_ONLY=/tmp/pyproject.toml" in line]
+    install = [line for line in shell if "startup.sh" in line and "FLEET_INSTALL_ONLY=/tmp/requirements.lock" in line]
     assert install and "FLEET_PYTHON=${local.python}" in install[0]
     # ...and startup.sh does have that install-only mode, using the same stamp.
     text = STARTUP.read_text()
     assert 'install_deps "$FLEET_INSTALL_ONLY"' in text and 'echo "$want" >"$STAMP"' in text
+    assert "--require-hashes" in text  # exactly the lock, as every VM that installs at boot

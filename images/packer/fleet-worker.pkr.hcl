@@ -1,6 +1,7 @@
-# A worker image: Debian 12 with Python, a venv holding the fleet's dependencies and the
-# startup script baked in, so a VM's boot skips apt-get and pip (startup.sh sees the
-# stamp /opt/fleet/deps.sha256 match the dependency list of the code it downloads).
+# A worker image: Debian 12 with Python, a venv holding exactly the fleet's locked dependencies
+# (requirements.lock, installed with --require-hashes) and the startup script baked in, so a
+# VM's boot skips apt-get and pip (startup.sh sees the stamp in the venv match the lock of the
+# code it downloads; code with another lock installs it at boot).
 #
 #   packer init images/packer && packer build -var project_id=MY_PROJECT images/packer
 #
@@ -39,7 +40,7 @@ locals {
   stamp = formatdate("YYYYMMDDhhmmss", timestamp())
   # What startup.sh expects (its FLEET_PYTHON default and its stamp file): tests/test_packer.py checks both.
   python = "/opt/fleet/venv/bin/python"
-  stamp_file = "/opt/fleet/deps.sha256"
+  stamp_file = "/opt/fleet/venv/fleet-lock.sha256"
 }
 
 source "googlecompute" "worker" {
@@ -67,8 +68,8 @@ build {
   }
 
   provisioner "file" {
-    source      = "${path.root}/../../pyproject.toml"
-    destination = "/tmp/pyproject.toml"
+    source      = "${path.root}/../../requirements.lock"
+    destination = "/tmp/requirements.lock"
   }
 
   # The same install step a stock VM runs at boot, so the image holds exactly what startup.sh checks for.
@@ -76,9 +77,9 @@ build {
     inline = [
       "sudo install -d -m 0755 /opt/fleet",
       "sudo install -m 0755 /tmp/startup.sh /opt/fleet/startup.sh",
-      "sudo env FLEET_INSTALL_ONLY=/tmp/pyproject.toml FLEET_PYTHON=${local.python} bash /opt/fleet/startup.sh",
+      "sudo env FLEET_INSTALL_ONLY=/tmp/requirements.lock FLEET_PYTHON=${local.python} bash /opt/fleet/startup.sh",
       "test -x ${local.python} && test -s ${local.stamp_file}",
-      "rm -f /tmp/startup.sh /tmp/pyproject.toml",
+      "rm -f /tmp/startup.sh /tmp/requirements.lock",
     ]
   }
 }
