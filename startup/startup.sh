@@ -344,7 +344,7 @@ ZONE=$(md instance/zone) || fail "metadata instance/zone is unreadable"
 ZONE=${ZONE##*/}
 PROJECT=$(md project/project-id) || fail "metadata project/project-id is unreadable"
 CREATED_BY=$(md instance/attributes/created-by) || fail "metadata created-by is unreadable"
-TEMPLATE=$(md instance/attributes/instance-template || true) && TEMPLATE=${TEMPLATE##*/}
+TEMPLATE=$(md instance/attributes/instance-template 2>/dev/null || true) && TEMPLATE=${TEMPLATE##*/}
 BOOT=$( (md instance/id || true; cat /proc/sys/kernel/random/boot_id) | sha256sum | cut -c1-12)
 [[ $CREATED_BY =~ ^projects/[^/]+/((zones|regions)/[a-z0-9-]+)/instanceGroupManagers/([a-z0-9-]+)$ ]] ||
   fail "created-by '$CREATED_BY': this VM was not created by a managed instance group"

@@ -7,6 +7,7 @@ checks that keep a VM from running code that is not what the run pinned.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -39,21 +40,23 @@ def vm(fake_gcs, gcs_bucket, tmp_path):
     standin = ComputeStandin("fleet-test-1").start()
     servers = []
 
-    def boot(run: str, code_version: str = version, disk: Path | None = None) -> Boot:
+    def boot(run: str, code_version: str = version, disk: Path | None = None, drop: tuple[str, ...] = ()) -> Boot:
         attributes = {"fleet-bucket": bucket, "fleet-run": run, "fleet-code-version": code_version,
                       "fleet-workers-per-vm": "1", "fleet-standby": "1",
                       "created-by": "projects/1/zones/us-central1-a/instanceGroupManagers/fleet-x"}
+        attributes = {k: v for k, v in attributes.items() if k not in drop}
         server = MetadataServer(Instance("fleet-x-abcd", "fleet-test-1", "us-central1-a", attributes)).start()
         servers.append(server)
         disk = disk or tmp_path / f"disk{len(servers)}"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env.update(FLEET_PYTHON=sys.executable, FLEET_SKIP_INSTALL="1", FLEET_WORK_DIR=str(disk),
+        env.update(FLEET_PYTHON=sys.executable, FLEET_SKIP_INSTALL="1", FLEET_WORK_DIR=str(disk), FLEET_RUN_AS="",
                    FLEET_LOG_INTERVAL="1", GCE_METADATA_HOST=server.host, FLEET_COMPUTE_ENDPOINT=standin.url)
         proc = subprocess.run(["bash", str(STARTUP)], env=env, cwd=tmp_path, capture_output=True, timeout=120)
         log = open_store(bucket).read(f"runs/{run}/logs/fleet-x-abcd.log").decode()
         return Boot(proc.returncode, log, disk)
 
     try:
+        boot.standin = standin
         yield bucket, version, boot
     finally:
         standin.stop()
@@ -76,12 +79,13 @@ def test_a_worker_refuses_a_run_pinned_to_other_code_and_a_second_boot_reuses_th
     bucket, version, boot = vm
     plan_pinned_to(bucket, "other", "0123456789abcdef")
     first = boot("other")
-    assert first.returncode == 2, first.log
+    assert first.returncode == 1, first.log
+    assert "this boot failed: fleet work exited 2: " in first.log
     assert f"code {version}: " in first.log and "downloaded and verified" in first.log
     assert f"this code is version {version}" in first.log and "the run pins 0123456789abcdef; refusing" in first.log
     assert "could not remove this VM from its MIG" in first.log  # no such MIG in the stand-in
     again = boot("other", disk=first.disk)  # a reboot: same disk
-    assert again.returncode == 2
+    assert again.returncode == 1
     assert f"code {version}: already here and verified" in again.log
     files = [p for p in first.disk.rglob("*") if not p.is_symlink()]
     assert files and not [p for p in files if p.stat().st_mode & 0o002]  # nothing world-writable
@@ -109,3 +113,22 @@ def test_a_tampered_manifest_is_refused(vm):
     assert result.returncode == 1
     assert f"the manifest of code {version} does not hash to its name; refusing it" in result.log
     assert hashlib.sha256(manifest).hexdigest()[:16] == version
+
+
+def test_unreadable_metadata_still_leaves_the_mig(vm):
+    """Before anything that can fail, startup.sh arms its way out: curl and the metadata token."""
+    bucket, version, boot = vm
+    plan_pinned_to(bucket, "nomd", version)
+    result = boot("nomd", drop=("fleet-code-version",))
+    assert result.returncode == 1
+    assert "this boot failed: metadata fleet-code-version is unreadable" in result.log
+    removals = [c for c in boot.standin.calls if c.path.endswith("/instanceGroupManagers/fleet-x/deleteInstances")]
+    assert len(removals) == 1 and removals[0].auth.startswith("Bearer ya29.standin-")
+    assert removals[0].body == {"instances": ["zones/us-central1-a/instances/fleet-x-abcd"],
+                                "skipInstancesOnValidationError": True}
+    record = json.loads(open_store(bucket).read(next(b.name for b in open_store(bucket).list("runs/nomd/boots/"))))
+    assert record["outcome"] == "failed" and record["instance"] == "fleet-x-abcd"
+
+
+def test_shutdown_script_syntax():
+    assert subprocess.run(["bash", "-n", str(ROOT / "startup" / "shutdown.sh")]).returncode == 0
