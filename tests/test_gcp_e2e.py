@@ -21,6 +21,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from fleet.boots import boot_records
 from fleet.cli import app
 from fleet.lease import DONE, Lease
 from fleet.run import lease_prefix
@@ -163,7 +164,10 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     vm = listing.split()[0]
     text = cloud.fleet("logs", "--run", "e2e", vm + "-w0")
     assert f"code {version}: " in text and "downloaded and verified" in text
-    assert f"(code {version} in {cloud.vms.root}/{vm}-boot1/disk/code/{version}): removed from" in text
+    assert f"{vm}: removed from fleet-e2e through deleteInstances" in text
+    records = boot_records(open_store(cloud.bucket), "e2e")
+    assert sorted(r.instance for r in records) == sorted(cloud.standin.events_of("create"))
+    assert {r.outcome for r in records} == {"done"} and all(r.code_version == version for r in records)
 
     status = json.loads(cloud.fleet("status", "--run", "e2e", "--json"))
     assert status["fleet"]["mig"] is None and status["fleet"]["vms_seen"] == 3 and status["fleet"]["vm_hours"] > 0
