@@ -103,7 +103,8 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     fspec = compute.FleetSpec(
         run=run, bucket=cfg.bucket, code_version=spec.code_version, template=template or mig,
         machine_type=cfg.machine_type, image=cfg.image, service_account=cfg.service_account,
-        startup_script=read_startup_script(), shutdown_script=read_startup_script(script=SHUTDOWN_SCRIPT), spot=cfg.spot if spot is None else spot, max_run_hours=hours,
+        startup_script=read_startup_script(), shutdown_script=read_startup_script(script=SHUTDOWN_SCRIPT),
+        spot=cfg.spot if spot is None else spot, max_run_hours=hours,
         disk_gb=cfg.disk_gb, workers_per_vm=cfg.workers_per_vm, standby=cfg.standby, network=cfg.network,
         subnetwork=cfg.subnetwork, external_ip=cfg.external_ip)
     place = compute.Place(cfg.project, cfg.zone, cfg.region)

@@ -61,8 +61,8 @@ class Cloud:
                              f"{[(k, w) for _, k, w, _ in self.standin.events]}\n{self.vms.console()}")
 
 
-@pytest.fixture
-def cloud(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
+@pytest.fixture(name="cloud")
+def cloud_fixture(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
     vm_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "FLEET_CONFIG"))}
     vm_env.pop("PYTHONPATH", None)
     # Workers run as this user here: a test must not add system users to the machine (tests/test_debian.py does, in a chroot).

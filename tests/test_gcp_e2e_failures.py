@@ -21,7 +21,7 @@ from fleet.boots import boot_records, load_stop
 from fleet.codesync import OBJECTS, manifest_name, parse_manifest
 from fleet.config import load
 from fleet.store import open_store
-from tests.test_gcp_e2e import Cloud, cloud, init, ship_test_jobs  # noqa: F401 (cloud is the fixture)
+from tests.test_gcp_e2e import Cloud, cloud_fixture, init, ship_test_jobs  # noqa: F401 (the `cloud` fixture)
 
 LIMIT = 240.0  # seconds to zero VMs; each takes well under a minute here
 
