@@ -79,7 +79,7 @@ def unmount(points: list[Path]) -> bool:
     return ok
 
 
-def test_startup_sh_installs_and_works_on_a_bare_debian_12(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
+def test_startup_sh_installs_and_works_on_a_bare_debian_12(fake_gcs, gcs_bucket, tmp_path, monkeypatch, capsys):
     t0 = time.time()
     rootfs = tmp_path / "debian12"
     no_proxy = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}  # conftest's dead proxy
@@ -156,8 +156,9 @@ def test_startup_sh_installs_and_works_on_a_bare_debian_12(fake_gcs, gcs_bucket,
         locked = {norm(line.split(" ")[0]) for line in (ROOT / "requirements.lock").read_text().splitlines()
                   if "==" in line and not line.startswith(" ")}
         assert locked <= {norm(line) for line in frozen.splitlines()}  # exactly the locked versions
-        print(f"\nDebian 12 root file system {t_rootfs:.0f}s; startup.sh from bare system to left the MIG "
-              f"{t_boot:.0f}s ({status.items} items)")
+        with capsys.disabled():
+            print(f"\nDebian 12 root file system {t_rootfs:.0f}s; startup.sh from bare system to left the MIG "
+                  f"{t_boot:.0f}s ({status.items} items)")
     finally:
         unmounted = unmount(points)
         standin.stop()

@@ -204,7 +204,7 @@ def _victim(store, run: str, vm_names: set[str]) -> tuple[str, str] | None:
     return None
 
 
-def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_path):
+def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_path, capsys):
     """Spot preemption as GCE does it: only the startup script's runner is signalled, the template's
     shutdown-script runs, power-off follows within 30 s. The shutdown script must reach the workers:
     the item comes back within seconds, and the idle standby takes it, not when its lease (60 s
@@ -237,8 +237,9 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
         if lease.state == DONE or lease.started > t0:
             taken = time.time() - t0
         time.sleep(0.1)
-    print(f"preempted {vm} holding item {item}: given back after {released}s, taken again after {taken}s "
-          f"(lease TTL {ttl:.0f}s)")
+    with capsys.disabled():
+        print(f"\npreempted {vm} holding item {item}: given back after {released and round(released, 1)}s, "
+              f"taken again after {taken and round(taken, 1)}s (lease TTL {ttl:.0f}s)")
     assert released is not None and released < 25, f"the item was not given back\n{cloud.vms.console()}"
     assert taken is not None and taken < 20, f"taken after {taken}s\n{cloud.vms.console()}"
 

@@ -34,7 +34,7 @@ def launch(cloud: Cloud, run: str, job: str = "tests.helpers.linejob:JOB") -> fl
     return started
 
 
-def until_nothing_left(cloud: Cloud, run: str, started: float, what: str) -> None:
+def until_nothing_left(cloud: Cloud, run: str, started: float, what: str, capsys) -> None:
     """Wait for zero VMs, no MIG and no template; print the time and the VM boots it cost."""
     st = cloud.standin
     while True:
@@ -47,7 +47,8 @@ def until_nothing_left(cloud: Cloud, run: str, started: float, what: str) -> Non
                                                f"{list(st.templates)} after {LIMIT:.0f}s\n{cloud.vms.console()}")
         time.sleep(0.2)
     boots = len(st.events_of("create")) + len(st.events_of("recreate"))
-    print(f"\n{what}: zero VMs, no MIG, no template {time.time() - started:.1f}s after launch; {boots} VM boots")
+    with capsys.disabled():  # in the test log, passed or not
+        print(f"\n{what}: zero VMs, no MIG, no template {time.time() - started:.1f}s after launch; {boots} VM boots")
     assert boots == 3  # each VM booted once: nothing was recreated, nothing booted after the stop
     assert not st.events_of("power-off")  # every VM's stop ended with its shutdown script
 
@@ -73,18 +74,18 @@ def check_stopped(cloud: Cloud, run: str, reason: str, run_spec_sound: bool = Tr
     assert len(lines) == 1 and reason in lines[0] and "fleet launch" in lines[0], status
 
 
-def test_code_that_fails_its_hash_check(cloud):
+def test_code_that_fails_its_hash_check(cloud, capsys):
     init(cloud)
     version = cloud.fleet("sync").strip().splitlines()[-1]
     store = open_store(cloud.bucket)
     sha = dict((p, s) for s, p in parse_manifest(store.read(manifest_name(version))))["fleet/spawner.py"]
     store.write(OBJECTS + sha, b"raise SystemExit('not the real spawner')\n")
     started = launch(cloud, "hash")
-    until_nothing_left(cloud, "hash", started, "code that fails its hash check")
+    until_nothing_left(cloud, "hash", started, "code that fails its hash check", capsys)
     check_stopped(cloud, "hash", "the downloaded code does not match its manifest")
 
 
-def test_a_dependency_that_cannot_install(cloud, tmp_path):
+def test_a_dependency_that_cannot_install(cloud, tmp_path, capsys):
     init(cloud)
     cloud.fleet("sync")
     empty = tmp_path / "no-wheels"
@@ -93,22 +94,22 @@ def test_a_dependency_that_cannot_install(cloud, tmp_path):
     cloud.vms.env.update(FLEET_SKIP_INSTALL="0", FLEET_PYTHON=str(tmp_path / "venv" / "bin" / "python"),
                          PIP_NO_INDEX="1", PIP_FIND_LINKS=str(empty), PIP_RETRIES="0")
     started = launch(cloud, "deps")
-    until_nothing_left(cloud, "deps", started, "a dependency that cannot install")
+    until_nothing_left(cloud, "deps", started, "a dependency that cannot install", capsys)
     check_stopped(cloud, "deps", "pip could not install")
 
 
-def test_a_worker_that_crashes_at_start(cloud):
+def test_a_worker_that_crashes_at_start(cloud, capsys):
     init(cloud)
     ship_test_jobs()
     cloud.fleet("sync")
     started = launch(cloud, "crash", job="tests.helpers.crashjob:JOB")
-    until_nothing_left(cloud, "crash", started, "a worker that crashes at start")
+    until_nothing_left(cloud, "crash", started, "a worker that crashes at start", capsys)
     check_stopped(cloud, "crash", "fleet work exited 1")
     assert "simulated crash as the worker starts" in cloud.fleet("logs", "--run", "crash",
                                                                  boot_records(open_store(cloud.bucket), "crash")[0].instance)
 
 
-def test_a_corrupt_run_spec(cloud):
+def test_a_corrupt_run_spec(cloud, capsys):
     init(cloud)
     cloud.fleet("sync")
     cloud.fleet("plan", "--run", "spec", "--job", "tests.helpers.linejob:JOB", "--input",
@@ -118,5 +119,5 @@ def test_a_corrupt_run_spec(cloud):
     open_store(cloud.bucket).write("runs/spec/run.json", b'{"job": "tests.helpers.linejob:JOB", "conf')  # ...then damaged
     started = time.time()
     gcp.launch(cfg, plan, echo=lambda m: None)
-    until_nothing_left(cloud, "spec", started, "a corrupt run spec")
+    until_nothing_left(cloud, "spec", started, "a corrupt run spec", capsys)
     check_stopped(cloud, "spec", "run.json", run_spec_sound=False)
