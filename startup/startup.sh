@@ -50,6 +50,11 @@ fail() { # REASON: record why this boot failed (a step in a subshell too), then 
   exit 1
 }
 
+step_failed() { # WHAT: a step in the background failed; it said why (fail) unless a signal stopped it
+  [[ -s $WORK_DIR/reason ]] && exit 1
+  fail "$1"
+}
+
 md() { curl -fsS --retry 5 --retry-connrefused --noproxy '*' -H 'Metadata-Flavor: Google' "$MD/$1"; }
 token() { md instance/service-accounts/default/token | sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p'; }
 json() { # STRING as a JSON string
@@ -370,8 +375,8 @@ if [[ $PROCS == 0 ]]; then PROCS=$(nproc); fi
 log "VM $INSTANCE boots: run $RUN from $BUCKET_URL, code $VERSION, $PROCS worker(s), $STANDBY standby"
 
 CODE=$WORK_DIR/code/$VERSION
-run fetch_code || fail "$(cat "$WORK_DIR/reason" 2>/dev/null || echo "downloading code $VERSION failed")"
-run install_deps "$CODE/$LOCK" || fail "$(cat "$WORK_DIR/reason" 2>/dev/null || echo "installing the dependencies failed")"
+run fetch_code || step_failed "downloading code $VERSION failed"
+run install_deps "$CODE/$LOCK" || step_failed "installing the dependencies failed"
 cd "$CODE"
 export PYTHONPATH=$CODE
 start_workers

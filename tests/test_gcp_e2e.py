@@ -207,14 +207,15 @@ def _victim(store, run: str, vm_names: set[str]) -> tuple[str, str] | None:
 def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_path, capsys):
     """Spot preemption as GCE does it: only the startup script's runner is signalled, the template's
     shutdown-script runs, power-off follows within 30 s. The shutdown script must reach the workers:
-    the item comes back within seconds, and the idle standby takes it, not when its lease (60 s
-    here) runs out. (In a fleet where every worker is busy, a given-back item is taken when it has
-    stood still for half a TTL: fleet.claims.)"""
+    the item comes back within a second, and is taken again well before its lease (90 s here)
+    would have run out: by the idle standby within a poll, or, when the recreated VM's fresh
+    worker has displaced that standby, once the item has stood still for half a TTL (fleet.claims).
+    A worker killed with its item holds it until the lease expires, 90 s after its last renewal."""
     init(cloud)
     ship_test_jobs()
     cloud.fleet("sync")
     job = "tests.helpers.linejob:JOB"
-    ttl = 60.0
+    ttl = 90.0
     cloud.fleet("plan", "--run", "pre", "--job", job, "--input", f"{cloud.bucket}/corpus/sample_en.txt",
                 "--output", f"{cloud.bucket}/out-pre/", "--set", "delay=0.4", "--item-mb", "0.3",
                 "--lease-ttl", str(ttl))  # 2 items of about 24 documents: 10 s of work each; 3 VMs, one idle
@@ -230,7 +231,7 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
     t0 = time.time()
     cloud.standin.preempt(vm)
     released = taken = None
-    while taken is None and time.time() < t0 + ttl:
+    while taken is None and time.time() < t0 + 80:
         lease = Lease.from_json(store.read(f"{lease_prefix('pre')}{item}"))
         if released is None and (lease.expires == 0.0 or lease.state == DONE or lease.started > t0):
             released = time.time() - t0
@@ -240,8 +241,8 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
     with capsys.disabled():
         print(f"\npreempted {vm} holding item {item}: given back after {released and round(released, 1)}s, "
               f"taken again after {taken and round(taken, 1)}s (lease TTL {ttl:.0f}s)")
-    assert released is not None and released < 25, f"the item was not given back\n{cloud.vms.console()}"
-    assert taken is not None and taken < 20, f"taken after {taken}s\n{cloud.vms.console()}"
+    assert released is not None and released < 10, f"the item was not given back\n{cloud.vms.console()}"
+    assert taken is not None and taken < 80, f"taken after {taken}s\n{cloud.vms.console()}"
 
     cloud.wait_until_gone("fleet-pre", "t-pre")
     assert cloud.standin.events_of("recreate") == [vm]
