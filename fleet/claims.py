@@ -6,8 +6,9 @@ write); a lease is read only when its generation has stood still, by this worker
 clock, for half a TTL, while holders rewrite theirs every third of one. So only dead,
 released or failed-for-retry leases are ever read, and a lease whose holder keeps
 renewing is never taken, whatever the skew between clocks. A worker idle for a pass or
-two (a standby) also reads leases it has not seen at their current generation, so an
-item given back on SIGTERM is taken at once.
+two (a standby) also reads leases it has not seen at their current generation; and an
+item given back (preemption, shutdown, a failure to retry) is announced by a marker in
+``released/`` that every worker lists, so a busy fleet takes it at once too.
 
 Pure: the worker loop (fleet.spawner) lists, reads and writes; this decides.
 """
@@ -28,16 +29,20 @@ class ClaimPolicy:
         self.known: dict[str, tuple[Lease, int]] = {}  # leases read: (lease, its generation)
         self.since: dict[str, tuple[int, float]] = {}  # item -> (generation listed, monotonic time first listed)
         self.listing: dict[str, int] = {}
+        self.released: set[str] = set()  # items announced as given back: read at once
         self.still = lease_ttl / 2
         # Idle for this many passes, a worker reads unseen leases at once: with standbys, two,
         # so that the other idle workers have had a pass to see its beat and leave.
         self.watch_after = 2 if standby else 1
         self.idle = 0  # passes in a row with nothing claimed
 
-    def observe(self, finals: Iterable[str], listing: dict[str, int], now: float) -> None:
-        """A pass's two listings: finished items, and every lease's generation (``now``: monotonic)."""
+    def observe(self, finals: Iterable[str], listing: dict[str, int], now: float,
+                released: Iterable[str] = ()) -> None:
+        """A pass's listings: finished items, every lease's generation (``now``: monotonic), and
+        the items announced as given back."""
         self.terminal.update(finals)
         self.listing = listing
+        self.released = set(released)
         for name, gen in listing.items():
             if self.since.get(name, (None, 0.0))[0] != gen:
                 self.since[name] = (gen, now)
@@ -49,7 +54,7 @@ class ClaimPolicy:
         unleased = [(item, True) for item in todo if item not in self.listing]
         watch = 0.0 if self.idle >= self.watch_after else self.still
         stalled = [(item, False) for item in todo if item in self.listing
-                   and (now - self.since[item][1] >= watch or self._free(item, wall))]
+                   and (now - self.since[item][1] >= watch or item in self.released or self._free(item, wall))]
         return unleased + stalled
 
     def _free(self, item: str, wall: float) -> bool:

@@ -228,7 +228,7 @@ def release_dead(store, reader: StatusReader) -> int:
     import dataclasses
 
     from fleet.lease import LEASED, Lease
-    from fleet.run import lease_prefix
+    from fleet.run import lease_prefix, released_prefix
     from fleet.liveness import worker_alive
     from fleet.store import NotFound, PreconditionFailed
 
@@ -247,6 +247,7 @@ def release_dead(store, reader: StatusReader) -> int:
             if Lease.parse(data, name) != lease:
                 continue  # it moved on since we looked
             store.write(name, dataclasses.replace(lease, expires=0.0).to_json(), if_generation_match=gen)
+            store.write(released_prefix(RUN) + item, b"", idempotent=True)  # taken at once, not after TTL/2
             freed += 1
         except (PreconditionFailed, NotFound):
             continue

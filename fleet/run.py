@@ -87,6 +87,12 @@ def final_prefix(run: str) -> str:
     return f"{run_prefix(run)}/final/"
 
 
+def released_prefix(run: str) -> str:
+    """An empty object per item given back (preemption, shutdown, a retry): workers list these
+    and take the item at once instead of waiting for its lease to stand still."""
+    return f"{run_prefix(run)}/released/"
+
+
 def worker_prefix(run: str) -> str:
     return f"{run_prefix(run)}/workers/"
 

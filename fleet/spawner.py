@@ -36,7 +36,7 @@ from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, i
 from fleet.lease import Held, Lease, Leases, Lost
 from fleet.liveness import pid_alive
 from fleet.run import (Item, PlanError, RunSpec, final_prefix, idle_prefix, lease_prefix, load_items, load_spec,
-                       pinned_opener, read_options, worker_prefix)
+                       pinned_opener, read_options, released_prefix, worker_prefix)
 from fleet.store import PreconditionFailed, Store, StoreError, open_store
 
 log = logging.getLogger("fleet.worker")
@@ -251,7 +251,7 @@ class Worker:
             log.error("item %s failed: %s", item.id, e)
         except Shutdown:
             renewer.finish()
-            self.leases.release(held)
+            self.release(held)
             raise
         except Exception as e:
             renewer.finish()
@@ -263,6 +263,8 @@ class Worker:
             final = self.leases.fail(held, message, retry=True)
             if final:
                 self.counters.items_failed += 1
+            elif held.lease.expires == 0.0:
+                self.announce_release(item.id)
             # A store error (403, bucket gone) is explained by its one line; anything else is a bug: keep the trace.
             trace = "" if isinstance(e, StoreError) else "\n" + traceback.format_exc()
             log.error("item %s attempt %d failed%s: %s%s", item.id, held.lease.attempt,
@@ -274,10 +276,28 @@ class Worker:
         """Release an item without spending an attempt; if even that cannot be written (the
         full disk holds the bucket too), its lease simply expires."""
         try:
-            self.leases.release(held)
+            self.release(held)
         except Exception as e:
             log.warning("could not give item %s back (%s); its lease expires in %.0f s", held.item,
                         environmental(e) or e, max(0.0, held.lease.expires - time.time()))
+
+    def release(self, held: Held) -> None:
+        """Give an item back without spending an attempt, and say so in released/."""
+        self.leases.release(held)
+        if held.lease.expires == 0.0:
+            self.announce_release(held.item)
+
+    def announce_release(self, item: str) -> None:
+        try:  # advisory: without it the item is still taken, once its lease stands still
+            self.store.write(released_prefix(self.run) + item, b"", idempotent=True)
+        except Exception as e:
+            log.warning("released marker for %s not written: %s", item, e)
+
+    def _unannounce(self, item: str) -> None:
+        try:
+            self.store.delete(released_prefix(self.run) + item)
+        except Exception as e:
+            log.warning("released marker for %s not removed: %s", item, e)
 
     # -- the loop ------------------------------------------------------------------
     def run_until_drained(self) -> Counters:
@@ -292,12 +312,12 @@ class Worker:
         policy = ClaimPolicy([item.id for item in self.items], self.name, self.spec.lease_ttl,
                              standby=self.standby is not None)
         by_id = {item.id: item for item in self.items}
-        prefix, final = lease_prefix(self.run), final_prefix(self.run)
+        prefix, final, back = lease_prefix(self.run), final_prefix(self.run), released_prefix(self.run)
         self.beat("starting")
         while True:
             finals = [b.name[len(final):] for b in self.store.list(final)]
-            policy.observe(finals, {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)},
-                           time.monotonic())
+            listing = {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
+            policy.observe(finals, listing, time.monotonic(), [b.name[len(back):] for b in self.store.list(back)])
             worked = False
             for item_id, fresh in policy.candidates(time.monotonic(), time.time()):
                 if worked and not fresh:
@@ -312,13 +332,16 @@ class Worker:
                             policy.remember(item_id, *current)
                     if current is not None:
                         if current[0].terminal:  # its committer died before writing the marker
-                            self.mark_final(item_id, current[0])
-                            policy.finished(item_id)
+                            self._finish(policy, item_id, current[0])
                             continue
                         if current[0].live(time.time()):
+                            if item_id in policy.released and current[0].worker != self.name:
+                                self._unannounce(item_id)  # taken again already: the marker is stale
                             continue  # a slow renewal, not a dead holder: wait for its expiry
                 got = self.leases.claim(item_id, current)
                 if isinstance(got, Held):
+                    if item_id in policy.released:
+                        self._unannounce(item_id)
                     self.mark_idle(False)
                     self.holding = got
                     self.process(item, got)
@@ -326,13 +349,11 @@ class Worker:
                     worked = True
                     policy.remember(item_id, got.lease, got.generation)
                     if got.lease.terminal:
-                        self.mark_final(item_id, got.lease)
-                        policy.finished(item_id)
+                        self._finish(policy, item_id, got.lease)
                     continue  # the next unleased item of this listing, until one turns out taken
                 if isinstance(got, Lease):
                     if got.terminal:
-                        self.mark_final(item_id, got)
-                        policy.finished(item_id)
+                        self._finish(policy, item_id, got)
                     else:
                         policy.forget(item_id)
                 if fresh and worked:
@@ -347,6 +368,12 @@ class Worker:
                 self.mark_idle(True)
                 self.beat("idle")
                 time.sleep(self.poll * random.uniform(0.8, 1.2))
+
+    def _finish(self, policy: ClaimPolicy, item: str, lease: Lease) -> None:
+        self.mark_final(item, lease)
+        policy.finished(item)
+        if item in policy.released:
+            self._unannounce(item)
 
     def leave(self) -> Counters:
         self.mark_idle(False)
@@ -456,7 +483,7 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
         except Shutdown:
             held = worker.holding
             if held is not None and held.lease.live(time.time()):
-                worker.leases.release(held)  # the signal came after the claim, before process() could give it back
+                worker.release(held)  # the signal came after the claim, before process() could give it back
             worker.mark_idle(False)
             worker.beat("stopped")
             log.info("stopped by a signal; items given back")

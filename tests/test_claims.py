@@ -66,3 +66,11 @@ def test_finished_items_are_never_candidates_and_drained_when_all_are():
     assert [item for item, _ in p.candidates(0.0, 0.0)] == ["00002"] and not p.drained()
     p.finished("00002")
     assert p.candidates(0.0, 0.0) == [] and p.drained()
+
+
+def test_an_item_announced_as_given_back_is_read_at_once_by_a_busy_worker():
+    p = ClaimPolicy(ITEMS[:2], "w", TTL, False)
+    p.observe([], {"00000": 3, "00001": 4}, now=0.0)
+    assert p.candidates(1.0, 0.0) == []  # busy, leases just seen: nothing is read
+    p.observe([], {"00000": 5, "00001": 4}, now=1.0, released=["00000"])  # 00000 given back (preempted)
+    assert p.candidates(1.0, 0.0) == [("00000", False)]

@@ -207,10 +207,9 @@ def _victim(store, run: str, vm_names: set[str]) -> tuple[str, str] | None:
 def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_path, capsys):
     """Spot preemption as GCE does it: only the startup script's runner is signalled, the template's
     shutdown-script runs, power-off follows within 30 s. The shutdown script must reach the workers:
-    the item comes back within a second, and is taken again well before its lease (90 s here)
-    would have run out: by the idle standby within a poll, or, when the recreated VM's fresh
-    worker has displaced that standby, once the item has stood still for half a TTL (fleet.claims).
-    A worker killed with its item holds it until the lease expires, 90 s after its last renewal."""
+    the item comes back within a second, announced in released/, and is taken again within a
+    poll of a worker (10 s here), long before its lease (90 s) would have run out. A worker
+    killed with its item would hold it until the lease expires, 90 s after its last renewal."""
     init(cloud)
     ship_test_jobs()
     cloud.fleet("sync")
@@ -231,7 +230,7 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
     t0 = time.time()
     cloud.standin.preempt(vm)
     released = taken = None
-    while taken is None and time.time() < t0 + 80:
+    while taken is None and time.time() < t0 + 60:
         lease = Lease.from_json(store.read(f"{lease_prefix('pre')}{item}"))
         if released is None and (lease.expires == 0.0 or lease.state == DONE or lease.started > t0):
             released = time.time() - t0
@@ -242,7 +241,7 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
         print(f"\npreempted {vm} holding item {item}: given back after {released and round(released, 1)}s, "
               f"taken again after {taken and round(taken, 1)}s (lease TTL {ttl:.0f}s)")
     assert released is not None and released < 10, f"the item was not given back\n{cloud.vms.console()}"
-    assert taken is not None and taken < 80, f"taken after {taken}s\n{cloud.vms.console()}"
+    assert taken is not None and taken < 30, f"taken after {taken}s\n{cloud.vms.console()}"
 
     cloud.wait_until_gone("fleet-pre", "t-pre")
     assert cloud.standin.events_of("recreate") == [vm]
