@@ -378,6 +378,7 @@ def init_cmd(
                               help="Boot image or family (the Packer image family skips installs at boot)"),
     spot: bool = typer.Option(True, help="Spot VMs (preemptible, much cheaper)"),
     disk_gb: int = typer.Option(20, help="Boot disk size"),
+    disk_type: str = typer.Option("", help="Boot disk type, e.g. pd-balanced (default: the machine series' own)"),
     workers_per_vm: int = typer.Option(0, help="Worker processes per VM (0 = one per core)"),
     standby: int = typer.Option(2, help="Idle workers kept in the tail to take over expired leases"),
     max_run_hours: float = typer.Option(24.0, help="Every VM is deleted after this long (0 = no limit)"),
@@ -389,7 +390,7 @@ def init_cmd(
     try:
         cfg = FleetConfig(project=project, bucket=bucket, zone=zone or "", region=region or "",
                           service_account=service_account, machine_type=machine_type, image=image, spot=spot,
-                          disk_gb=disk_gb, workers_per_vm=workers_per_vm, standby=standby,
+                          disk_gb=disk_gb, disk_type=disk_type, workers_per_vm=workers_per_vm, standby=standby,
                           max_run_hours=max_run_hours)
         path = write(cfg, force=force)
     except FleetConfigError as e:

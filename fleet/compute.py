@@ -35,6 +35,8 @@ WORKER_SCOPES = (
     "https://www.googleapis.com/auth/compute",
 )
 _NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+DELETE_INSTANCES_LIMIT = 1000  # instance URLs per deleteInstances request (documented)
+MIG_LIMIT = {"zonal": 1000, "regional": 2000}  # VMs per managed instance group (documented)
 _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
               gexc.GatewayTimeout, ConnectionError)
 
@@ -45,6 +47,10 @@ MD_PROCS, MD_STANDBY = "fleet-workers-per-vm", "fleet-standby"
 
 class ComputeError(Exception):
     """A Compute Engine request failed; the message says which and why in one line."""
+
+    def __init__(self, message: str, code: str = ""):
+        super().__init__(message)
+        self.code = code  # an operation's error code (e.g. RESOURCE_IN_USE_BY_ANOTHER_RESOURCE), when it had one
 
 
 def check_name(kind: str, name: str, max_len: int = 63) -> str:
@@ -107,6 +113,7 @@ class FleetSpec:
     spot: bool = True
     max_run_hours: float = 24.0
     disk_gb: int = 20
+    disk_type: str = ""  # "" = the machine series' default (pd-standard on E2/N2, hyperdisk-balanced on C4/N4)
     workers_per_vm: int = 0
     standby: int = 2
     network: str = "global/networks/default"
@@ -168,8 +175,7 @@ def template_resource(spec: FleetSpec) -> compute_v1.InstanceTemplate:
         machine_type=spec.machine_type,
         disks=[compute_v1.AttachedDisk(
             boot=True, auto_delete=True, type_="PERSISTENT",
-            initialize_params=compute_v1.AttachedDiskInitializeParams(
-                source_image=spec.image, disk_size_gb=spec.disk_gb, disk_type="pd-balanced"),
+            initialize_params=compute_v1.AttachedDiskInitializeParams(source_image=spec.image, disk_size_gb=spec.disk_gb),
         )],
         network_interfaces=[nic],
         metadata=compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in items.items()]),
@@ -178,6 +184,8 @@ def template_resource(spec: FleetSpec) -> compute_v1.InstanceTemplate:
     )
     if spec.service_account:
         properties.service_accounts = [compute_v1.ServiceAccount(email=spec.service_account, scopes=list(WORKER_SCOPES))]
+    if spec.disk_type:  # unset, GCE picks the series' default, which every series can boot from
+        properties.disks[0].initialize_params.disk_type = spec.disk_type
     template = compute_v1.InstanceTemplate(name=spec.template, properties=properties)
     # The description carries a digest of everything above: "identical" is then one comparison,
     # whatever defaults the API fills into the stored template.
@@ -296,7 +304,7 @@ class Compute:
                 op = _retrying(self.global_ops.wait)(project=self.place.project, operation=op.name)
         if op.error and op.error.errors:
             first = op.error.errors[0]
-            raise ComputeError(f"{what}: {first.code}: {first.message}")
+            raise ComputeError(f"{what}: {first.code}: {first.message}", code=first.code)
 
     def _call(self, what: str, fn, *args, **kwargs):
         try:
@@ -342,22 +350,29 @@ class Compute:
         return "reused"
 
     def delete_template(self, name: str, in_use_timeout: float = 0.0) -> bool:
-        """Delete; False if absent. While a MIG still uses it, retry for in_use_timeout seconds."""
+        """Delete; False if absent. While a MIG still uses it, retry for in_use_timeout seconds.
+
+        GCE says "still in use" either at once (a 400 resourceInUseByAnotherResource) or as the
+        error of the delete's operation (RESOURCE_IN_USE_BY_ANOTHER_RESOURCE): both are retried.
+        """
+        what = f"delete instance template {name}"
         deadline = time.monotonic() + in_use_timeout
         while True:
             try:
                 op = _retrying(self.templates.delete_unary)(project=self.place.project, instance_template=name)
+                self.wait(op, what)
+                return True
             except gexc.NotFound:
                 return False
             except gexc.BadRequest as e:
-                if "resourceInUseByAnotherResource" in _reasons(e) and time.monotonic() < deadline:
-                    time.sleep(2.0)
-                    continue
-                raise ComputeError(f"delete instance template {name}: {_one_line(e)}") from None
+                if "resourceInUseByAnotherResource" not in _reasons(e) or time.monotonic() >= deadline:
+                    raise ComputeError(f"{what}: {_one_line(e)}") from None
+            except ComputeError as e:
+                if e.code != "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE" or time.monotonic() >= deadline:
+                    raise
             except gexc.GoogleAPICallError as e:
-                raise ComputeError(f"delete instance template {name}: {e.code} {_one_line(e)}") from e
-            self.wait(op, f"delete instance template {name}")
-            return True
+                raise ComputeError(f"{what}: {e.code} {_one_line(e)}") from e
+            time.sleep(2.0)
 
     # -- managed instance groups -------------------------------------------------------
     def get_mig(self, name: str) -> compute_v1.InstanceGroupManager | None:
@@ -395,19 +410,25 @@ class Compute:
             self.wait(op, f"delete managed instance group {name}")
         return True
 
-    def delete_instances(self, name: str, instances: list[str]) -> None:
-        """Through the MIG, which lowers its target size: a plain instances.delete would be undone."""
-        if self.place.regional:
-            body = {"region_instance_group_managers_delete_instances_request_resource":
-                    compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(
-                        instances=instances, skip_instances_on_validation_error=True)}
-        else:
-            body = {"instance_group_managers_delete_instances_request_resource":
-                    compute_v1.InstanceGroupManagersDeleteInstancesRequest(
-                        instances=instances, skip_instances_on_validation_error=True)}
-        op = self._call(f"deleteInstances on {name}", self.migs.delete_instances_unary,
-                        instance_group_manager=name, **body, **self._where())
-        self.wait(op, f"deleteInstances on {name}")
+    def delete_instances(self, name: str, instances: list[str], skip_invalid: bool = True) -> None:
+        """Through the MIG, which lowers its target size: a plain instances.delete would be undone.
+
+        At most DELETE_INSTANCES_LIMIT URLs go in one request. A URL that is not in the group is
+        skipped unless skip_invalid is False; then GCE fails the operation (not the request).
+        """
+        for i in range(0, len(instances), DELETE_INSTANCES_LIMIT):
+            batch = instances[i:i + DELETE_INSTANCES_LIMIT]
+            if self.place.regional:
+                body = {"region_instance_group_managers_delete_instances_request_resource":
+                        compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(
+                            instances=batch, skip_instances_on_validation_error=skip_invalid)}
+            else:
+                body = {"instance_group_managers_delete_instances_request_resource":
+                        compute_v1.InstanceGroupManagersDeleteInstancesRequest(
+                            instances=batch, skip_instances_on_validation_error=skip_invalid)}
+            op = self._call(f"deleteInstances on {name}", self.migs.delete_instances_unary,
+                            instance_group_manager=name, **body, **self._where())
+            self.wait(op, f"deleteInstances on {name}")
 
     def managed_instances(self, name: str) -> list[compute_v1.ManagedInstance]:
         pager = self._call(f"listManagedInstances of {name}", self.migs.list_managed_instances,

@@ -24,6 +24,9 @@ _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _BUCKET = re.compile(r"^gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]+$")
+_DISK_TYPE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")  # a template takes the name, not a URL
+# Machine series that boot only from Hyperdisk (Compute Engine's machine series pages); pd-* fails there.
+HYPERDISK_ONLY_SERIES = ("c4", "c4a", "c4d", "n4", "n4a", "n4d")
 
 
 class ConfigError(Exception):
@@ -41,6 +44,7 @@ class FleetConfig:
     image: str = "projects/debian-cloud/global/images/family/debian-12"  # or the Packer image family
     spot: bool = True
     disk_gb: int = 20
+    disk_type: str = ""  # boot disk type; "" = the machine series' default (hyperdisk-balanced on C4/N4)
     workers_per_vm: int = 0  # worker processes per VM; 0 = one per core
     standby: int = 2  # idle workers kept in the tail to take over expired leases
     max_run_hours: float = 24.0  # scheduling.maxRunDuration of every VM; 0 = no limit
@@ -82,6 +86,13 @@ class FleetConfig:
             raise bad("image", "give an image or image family URL")
         if not 10 <= self.disk_gb <= 65536:
             raise bad("disk_gb", "must be between 10 and 65536")
+        if self.disk_type and not _DISK_TYPE.match(self.disk_type):
+            raise bad("disk_type", "give a disk type name like pd-balanced or hyperdisk-balanced, or \"\" for the "
+                                   "machine series' default")
+        series = self.machine_type.split("-")[0]
+        if self.disk_type.startswith("pd-") and series in HYPERDISK_ONLY_SERIES:
+            raise bad("disk_type", f"{series} machines boot only from Hyperdisk: use hyperdisk-balanced, or \"\" "
+                                   "for the series' default")
         if self.workers_per_vm < 0:
             raise bad("workers_per_vm", "must be 0 (one per core) or more")
         if self.standby < 0:
@@ -153,6 +164,8 @@ _COMMENTS = {
     "image": "a Packer-built family (images/packer/) skips the pip install at boot",
     "workers_per_vm": "0 = one worker process per core",
     "standby": "idle workers kept alive in the tail to take over expired leases",
+    "disk_type": "boot disk type; empty = the machine series' default (pd-standard on E2/N2, "
+                 "hyperdisk-balanced on C4/N4); e.g. pd-balanced for faster boots on E2",
     "max_run_hours": "every VM is deleted after this long whatever it is doing (0 = never)",
     "code_paths": "what `fleet sync` uploads, relative to the project root",
 }

@@ -24,7 +24,6 @@ from fleet.store import NotFound, Store, open_store
 
 STARTUP_SCRIPT = os.path.join("startup", "startup.sh")
 SHUTDOWN_SCRIPT = os.path.join("startup", "shutdown.sh")
-MAX_WORKERS = 2000  # a MIG's size limit is about this; more wants several runs
 
 
 def launch_name(run: str) -> str:
@@ -83,8 +82,15 @@ class LaunchPlan:
 def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None = None, spot: bool | None = None,
                 max_run_hours: float | None = None) -> LaunchPlan:
     """Check the run can go to VMs and build the exact requests; sends nothing to Compute."""
-    if not 1 <= workers <= MAX_WORKERS:
-        raise PlanError(f"--workers {workers}: give 1 to {MAX_WORKERS}")
+    kind = "zonal" if cfg.zone else "regional"
+    limit = compute.MIG_LIMIT[kind]
+    if workers > limit and cfg.zone:
+        raise PlanError(f"--workers {workers}: a zonal managed instance group holds at most {limit} VMs; "
+                        f"set region = \"{cfg.zone.rpartition('-')[0]}\" in fleet.toml instead of zone "
+                        f"(a regional one holds {compute.MIG_LIMIT['regional']})")
+    if not 1 <= workers <= limit:
+        raise PlanError(f"--workers {workers}: give 1 to {limit} (the limit of a {kind} managed instance group; "
+                        "more needs several runs)")
     if not cfg.service_account:
         raise PlanError("fleet.toml: service_account is empty; the VMs need one to reach the bucket "
                         "(README: Run it on GCP, step 2)")
@@ -105,7 +111,7 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
         machine_type=cfg.machine_type, image=cfg.image, service_account=cfg.service_account,
         startup_script=read_startup_script(), shutdown_script=read_startup_script(script=SHUTDOWN_SCRIPT),
         spot=cfg.spot if spot is None else spot, max_run_hours=hours,
-        disk_gb=cfg.disk_gb, workers_per_vm=cfg.workers_per_vm, standby=cfg.standby, network=cfg.network,
+        disk_gb=cfg.disk_gb, disk_type=cfg.disk_type, workers_per_vm=cfg.workers_per_vm, standby=cfg.standby, network=cfg.network,
         subnetwork=cfg.subnetwork, external_ip=cfg.external_ip)
     place = compute.Place(cfg.project, cfg.zone, cfg.region)
     tpl = compute.template_resource(fspec)
@@ -123,7 +129,8 @@ def launch(cfg: FleetConfig, plan: LaunchPlan, echo: Callable[[str], None] = pri
     how = comp.create_mig(plan.mig)
     echo(f"managed instance group {plan.record.mig} in {plan.record.place.scope}: {how} "
          f"({plan.record.workers} VMs{', Spot' if plan.record.spot else ''})")
-    open_store(cfg.bucket).write(launch_name(plan.record.run), plan.record.to_json())
+    # Unconditional, so the client would not retry it on its own; a replay writes the same record.
+    open_store(cfg.bucket).write(launch_name(plan.record.run), plan.record.to_json(), idempotent=True)
     return plan.record
 
 

@@ -105,7 +105,7 @@ def test_template_and_mig_lifecycle(standin, place):
      "must be set when maxRunDuration"),
     (lambda t: setattr(t.properties, "machine_type", "zones/us-central1-a/machineTypes/e2-small"), "machine type name"),
     (lambda t: t.properties.metadata.items.append(compute_v1.Items(key="fleet-run", value="x")), "Duplicate keys"),
-    (lambda t: setattr(t, "name", "a" * 64), "resource.name"),
+    (lambda t: setattr(t, "name", "a" * 64), r"instanceTemplate.*Must be a match of regex"),  # the get, before the insert
 ])
 def test_the_standin_validates_templates_as_gce_does(standin, mutate, message):
     tpl = compute.template_resource(spec())
@@ -177,7 +177,11 @@ def test_launch_refuses_what_vms_cannot_run(launched, tmp_path):
     plan(bucket, "unsynced", "tests.helpers.linejob:JOB", [f"{bucket}/corpus/"], f"{bucket}/o2/", {}, "0123456789abcdef")
     assert "code version 0123456789abcdef (pinned by run 'unsynced') is not in" in \
         fleet("launch", "--run", "unsynced", "--workers", "2", code=2)
-    assert "--workers 0: give 1 to 2000" in fleet("launch", "--run", "r1", "--workers", "0", code=2)
+    assert "--workers 0: give 1 to 1000 (the limit of a zonal" in fleet("launch", "--run", "r1", "--workers", "0", code=2)
+    # GCE's documented limit: 1000 VMs in a zonal MIG (2000 in a regional one); refused before any call.
+    out = fleet("launch", "--run", "r1", "--workers", "1500", code=2)
+    assert out.count("\n") == 1 and "--workers 1500: a zonal managed instance group holds at most 1000 VMs; " \
+        'set region = "us-central1" in fleet.toml instead of zone (a regional one holds 2000)' in out
     assert "no run 'nope'" in fleet("launch", "--run", "nope", "--workers", "1", code=2)
     assert not standin.calls
 

@@ -30,6 +30,7 @@ fleet's last-one-out step is best effort there and `fleet down` is the backstop.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -39,13 +40,26 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Protocol
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
+
+from tests.standins import discovery
 
 API = "https://www.googleapis.com/compute/v1"
 NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 BASE_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,57})$")
-ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+# Real zones of the regions tests use (Google's "Regions and zones" page): zone letters are not
+# always a, b, c (europe-west1 has b, c, d), so a product that invents "<region>-a" is caught here.
+ZONES = {
+    "us-central1": ("a", "b", "c", "f"),
+    "us-west1": ("a", "b", "c"),
+    "europe-west1": ("b", "c", "d"),
+    "europe-west4": ("a", "b", "c"),
+}
+MIG_LIMIT = {"zonal": 1000, "regional": 2000}  # VMs per MIG, documented
+DELETE_INSTANCES_LIMIT = 1000  # instance URLs per deleteInstances
+METADATA_VALUE_LIMIT, METADATA_TOTAL_LIMIT = 256 * 1024, 512 * 1024  # a value at most; all keys and values below
+# Machine series that take only Hyperdisk (no pd-*), per the machine series pages.
+HYPERDISK_ONLY = ("c4", "c4a", "c4d", "n4", "n4a", "n4d")
 METADATA_KEY = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 LABEL = re.compile(r"^[a-z0-9_-]{0,63}$")
 SCOPE_PREFIX = "https://www.googleapis.com/auth/"
@@ -130,11 +144,12 @@ def validate_template(body: dict) -> None:
         if not isinstance(i.get("key"), str) or not METADATA_KEY.match(i["key"]):
             raise invalid("resource.properties.metadata.items.key", f"'{i.get('key')}'")
         size = len((i.get("value") or "").encode())
-        if size > 256 * 1024:
-            raise invalid(f"resource.properties.metadata.items[{i['key']}].value", "longer than 256 KiB")
-        total += size
-    if total > 512 * 1024:
-        raise invalid("resource.properties.metadata", "total size exceeds 512 KiB")
+        if size > METADATA_VALUE_LIMIT:
+            raise invalid(f"resource.properties.metadata.items[{i['key']}].value",
+                          f"{size} bytes; a value may have at most {METADATA_VALUE_LIMIT} bytes (256 KiB)")
+        total += size + len(i["key"].encode())  # "the total size of all keys and values must be less than 512 KB"
+    if total >= METADATA_TOTAL_LIMIT:
+        raise invalid("resource.properties.metadata", f"keys and values total {total} bytes; must be less than 512 KiB")
     for k, v in (props.get("labels") or {}).items():
         if not LABEL.match(k) or not k or not LABEL.match(v):
             raise invalid("resource.properties.labels", f"'{k}': '{v}'")
@@ -177,6 +192,10 @@ def validate_mig(body: dict, regional: bool, templates: dict) -> str:
     size = body.get("targetSize", 0)
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise invalid("resource.targetSize", f"'{size}'")
+    kind = "regional" if regional else "zonal"
+    if size > MIG_LIMIT[kind]:
+        raise invalid("resource.targetSize", f"'{size}'. A {kind} managed instance group can have at most "
+                                             f"{MIG_LIMIT[kind]} instances.")
     policy = body.get("distributionPolicy")
     if policy is not None and not regional:
         raise invalid("resource.distributionPolicy", "only regional managed instance groups have one")
@@ -234,6 +253,8 @@ class Call:
     path: str
     body: dict | None
     auth: str | None
+    method_id: str = ""  # from the discovery document, e.g. compute.instanceGroupManagers.deleteInstances
+    query: dict = field(default_factory=dict)
 
 
 class Machine(Protocol):
@@ -252,11 +273,18 @@ Launcher = Callable[["ComputeStandin", VM, Mig, dict], Machine]
 Stopper = Callable[["ComputeStandin", VM], None]
 
 
+_IN_USE_TURNS = itertools.cycle(("sync", "operation"))
+
+
 class ComputeStandin:
     def __init__(self, project: str, launcher: Launcher | None = None, on_gone: Stopper | None = None,
                  stop_delay: float = 0.3, stop_window: float = 90.0, preempt_window: float = 30.0,
-                 op_delay: float = 0.2, run_duration_scale: float = 1.0):
+                 op_delay: float = 0.2, run_duration_scale: float = 1.0, in_use_error: str | None = None):
         self.project = project
+        # Where GCE reports a template still used by a MIG: a synchronous 400 or an error in the delete's
+        # operation. Both happen; unless a test chooses, stand-ins take turns so every suite sees both.
+        self.in_use_error = in_use_error or next(_IN_USE_TURNS)
+        assert self.in_use_error in ("sync", "operation"), in_use_error
         self.launcher, self.on_gone = launcher, on_gone
         self.stop_delay, self.stop_window, self.op_delay = stop_delay, stop_window, op_delay
         self.preempt_window = preempt_window
@@ -266,6 +294,7 @@ class ComputeStandin:
         self.orphans: list[VM] = []  # VMs still shutting down after their MIG went away
         self.ops: dict[str, dict] = {}
         self._ready: dict[str, Callable[[], bool]] = {}
+        self._errors: dict[str, dict] = {}  # errors of RUNNING operations, shown once they are DONE
         self.calls: list[Call] = []
         self.events: list[tuple[float, str, str, str]] = []  # (time, kind, vm or resource, detail)
         self._fail: list[tuple[str, str]] = []
@@ -353,6 +382,15 @@ class ComputeStandin:
         vm.proc = self.launcher(self, vm, mig, template) if self.launcher else None
         vm.status, vm.action = "RUNNING", "NONE"
 
+    def _refused(self, mig: Mig) -> tuple[str, str] | None:
+        """Why GCE cannot create a VM from this template at all (it keeps retrying and reporting it)."""
+        props = self.templates[mig.template]["properties"]
+        machine = props.get("machineType", "")
+        disk = (props["disks"][0].get("initializeParams") or {}).get("diskType", "")
+        if disk.startswith("pd-") and machine.split("-")[0] in HYPERDISK_ONLY:
+            return "UNSUPPORTED_OPERATION", f"[{disk}] disk type cannot be used by [{machine}] machine type."
+        return None
+
     def _reconcile_forever(self) -> None:
         while not self._stop.wait(0.05):
             try:
@@ -394,8 +432,9 @@ class ComputeStandin:
                             self._start(mig, vm)
                             self.event("recreate", vm.name, str(vm.boot))
                     elif vm.action == "CREATING" and now >= vm.next_try:
-                        if self._fail:
-                            code, message = self._fail.pop(0)
+                        refused = self._refused(mig)
+                        if refused or self._fail:
+                            code, message = refused or self._fail.pop(0)
                             err = {"code": code, "message": message}
                             vm.errors = [err]
                             vm.next_try = now + 0.5
@@ -474,12 +513,15 @@ class ComputeStandin:
         if scope != "global":
             op["zone" if scope.startswith("zones/") else "region"] = f"{API}/projects/{self.project}/{scope}"
         op["selfLink"] = f"{API}/projects/{self.project}/{scope}/operations/{name}"
-        if error:
-            op["error"] = {"errors": [error]}
         with self.lock:
             self.ops[f"{scope}/{name}"] = op
             if ready:
                 self._ready[f"{scope}/{name}"] = ready
+            if error:  # an operation carries its error once it is DONE
+                if ready:
+                    self._errors[f"{scope}/{name}"] = {"errors": [error]}
+                else:
+                    op["error"] = {"errors": [error]}
         return dict(op)
 
     def poll_operation(self, scope: str, name: str, wait: float) -> dict:
@@ -494,6 +536,8 @@ class ComputeStandin:
                 if ready is not None and ready():
                     op.update(status="DONE", progress=100, endTime=_now_iso())
                     del self._ready[key]
+                    if key in self._errors:
+                        op["error"] = self._errors.pop(key)
                 if op["status"] == "DONE" or time.time() >= deadline:
                     return dict(op)
             time.sleep(0.05)
@@ -537,7 +581,8 @@ class ComputeStandin:
 
     def _check_scope(self, scope: str) -> None:
         kind, where = scope.split("/")
-        if not (ZONE if kind == "zones" else REGION).match(where):
+        region, _, letter = where.rpartition("-") if kind == "zones" else (where, "", "")
+        if region not in ZONES or (kind == "zones" and letter not in ZONES[region]):
             raise ApiError(400, "invalid", f"Invalid value for field '{kind[:-1]}': '{where}'. Unknown {kind[:-1]}.")
 
     def insert_template(self, body: dict | None) -> dict:
@@ -576,9 +621,13 @@ class ComputeStandin:
                                f"The resource 'projects/{self.project}/global/instanceTemplates/{name}' was not found")
             users = [m for m in self.migs.values() if m.template == name]
             if users:
-                raise ApiError(400, "resourceInUseByAnotherResource",
-                               f"The instance_template resource 'projects/{self.project}/global/instanceTemplates/{name}' "
-                               f"is already being used by '{self.mig_url(users[0])[len(API) + 1:]}'")
+                message = (f"The instance_template resource 'projects/{self.project}/global/instanceTemplates/{name}' "
+                           f"is already being used by '{self.mig_url(users[0])[len(API) + 1:]}'")
+                self.event("template-in-use", name, self.in_use_error)
+                if self.in_use_error == "sync":
+                    raise ApiError(400, "resourceInUseByAnotherResource", message)
+                return self.operation("global", "delete", self.template_url(name), self._after(self.op_delay),
+                                      error={"code": "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE", "message": message})
             del self.templates[name]
         self.event("template-deleted", name)
         return self.operation("global", "delete", self.template_url(name))
@@ -600,8 +649,11 @@ class ComputeStandin:
                                f"The resource 'projects/{self.project}/{scope}/instanceGroupManagers/{body['name']}' already exists")
             where = scope.split("/")[1]
             if regional:
-                zones = [last(z["zone"]) for z in (body.get("distributionPolicy") or {}).get("zones", [])] \
-                    or [f"{where}-a", f"{where}-b", f"{where}-c"]
+                real = [f"{where}-{z}" for z in ZONES[where]]
+                zones = [last(z.get("zone", "")) for z in (body.get("distributionPolicy") or {}).get("zones", [])] or real
+                for z in zones:
+                    if z not in real:
+                        raise invalid("resource.distributionPolicy.zones", f"'{z}'. Not a zone of region {where}.")
             else:
                 zones = [where]
             mig = Mig(scope, body["name"], json.loads(json.dumps(body)), template, body.get("targetSize", 0), zones)
@@ -641,19 +693,26 @@ class ComputeStandin:
         urls = body.get("instances") or []
         if not isinstance(urls, list) or not urls:
             raise ApiError(400, "required", "Required field 'instances' not specified")
-        if len(urls) > 1000:
-            raise invalid("instances", "at most 1000 instances per request")
+        if len(urls) > DELETE_INSTANCES_LIMIT:
+            raise invalid("resource.instances", f"{len(urls)} instances; at most {DELETE_INSTANCES_LIMIT} per request")
         skip = bool(body.get("skipInstancesOnValidationError"))
         now = time.time()
         with self.lock:
             mig = self._mig(scope, name)
+            chosen, strangers = [], []
             for url in urls:
                 m = re.search(r"(?:^|/)zones/([^/]+)/instances/([^/]+)$", url)
                 vm = mig.vms.get(m.group(2)) if m else None
                 if vm is None or vm.zone != m.group(1):
-                    if skip:
-                        continue
-                    raise ApiError(400, "invalid", f"Instance '{url}' is not a member of the managed instance group")
+                    strangers.append(url)
+                else:
+                    chosen.append(vm)
+            if strangers and not skip:
+                # GCE accepts the request and reports the failed validation in the operation; nothing is deleted.
+                return self.operation(scope, "deleteInstances", self.mig_url(mig), error={
+                    "code": "RESOURCE_NOT_FOUND", "message": f"Instance '{strangers[0]}' is not a member of "
+                                                             f"the managed instance group '{mig.name}'."})
+            for vm in chosen:
                 if vm.action == "DELETING":
                     continue
                 vm.action, vm.deleted_via = "DELETING", "deleteInstances"
@@ -683,9 +742,15 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             status, payload = 400, ApiError(400, "parseError", "This API does not support parsing form-encoded input.").body()
         else:
+            call = Call(self.command, url.path, body, self.headers.get("Authorization"),
+                        query=parse_qs(url.query, keep_blank_values=True))
             with self.standin.lock:
-                self.standin.calls.append(Call(self.command, url.path, body, self.headers.get("Authorization")))
+                self.standin.calls.append(call)
             try:
+                try:  # first as the published API would: method, path, query and body against the document
+                    call.method_id, _ = discovery.check(self.command, url.path, call.query, body)
+                except discovery.Violation as v:
+                    raise ApiError(v.status, v.reason, v.message) from None
                 status, payload = self.standin.handle(self.command, url.path, body)
             except ApiError as e:
                 status, payload = e.status, e.body()
