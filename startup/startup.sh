@@ -69,7 +69,7 @@ gs_get() { # OBJECT FILE
     "$GCS/storage/v1/b/$BUCKET/o/${1//\//%2F}?alt=media"
 }
 gs_put() { # FILE OBJECT [CONTENT-TYPE]
-  curl -fsS --retry 3 -X POST -H "Authorization: Bearer $(token)" -H "Content-Type: ${3:-text/plain}" \
+  curl -fsS --retry 5 --retry-connrefused -X POST -H "Authorization: Bearer $(token)" -H "Content-Type: ${3:-text/plain}" \
     --data-binary "@$1" "$GCS/upload/storage/v1/b/$BUCKET/o?uploadType=media&name=${2//\//%2F}" >/dev/null
 }
 gs_count() { # PREFIX: how many objects it holds
@@ -139,7 +139,8 @@ delete_fleet() { # the MIG and then the template, which stays in use until the M
     elif [[ $API_CODE == 404 ]]; then
       log "$TEMPLATE: already deleted"
       return
-    elif ! grep -q resourceInUseByAnotherResource <<<"$API_OUT"; then
+    elif ! grep -qE 'resourceInUseByAnotherResource|RESOURCE_IN_USE_BY_ANOTHER_RESOURCE' <<<"$API_OUT"; then
+      # (GCE says "in use" as a 400 or as the error of the delete's operation)
       log "could not delete $TEMPLATE: $(api_error)"
       return
     fi

@@ -131,3 +131,13 @@ def store_url(request, tmp_path):
         path.mkdir()
         return str(path)
     return f"gs://{request.getfixturevalue('gcs_bucket')}"
+
+
+def pytest_report_header(config):
+    """Which published Compute API the stand-in holds requests to (tests/standins/discovery.py)."""
+    try:
+        from tests.standins import discovery
+
+        return f"compute v1 discovery document: revision {discovery.revision()} ({discovery.document_path()})"
+    except Exception as e:  # noqa: BLE001 - a header must never stop the run
+        return f"compute v1 discovery document: unavailable ({e})"

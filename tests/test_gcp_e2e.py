@@ -79,6 +79,9 @@ def cloud_fixture(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
         yield Cloud(f"gs://{gcs_bucket}", standin, vms, tmp_path)
     finally:
         standin.stop()
+    # Every request of the product (fleet launch/status/down, startup.sh on the VMs) was one the
+    # published API accepts: the stand-in checks each against the discovery document.
+    assert standin.violations == []
 
 
 def init(cloud: Cloud, *extra: str) -> None:

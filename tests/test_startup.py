@@ -62,6 +62,7 @@ def vm(fake_gcs, gcs_bucket, tmp_path):
         standin.stop()
         for s in servers:
             s.stop()
+    assert standin.violations == []  # startup.sh's REST calls are ones the published API accepts
 
 
 def plan_pinned_to(bucket: str, run: str, code_version: str) -> None:

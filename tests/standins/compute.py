@@ -296,6 +296,7 @@ class ComputeStandin:
         self._ready: dict[str, Callable[[], bool]] = {}
         self._errors: dict[str, dict] = {}  # errors of RUNNING operations, shown once they are DONE
         self.calls: list[Call] = []
+        self.violations: list[str] = []  # requests the discovery document refuses (answered 400 or 404)
         self.events: list[tuple[float, str, str, str]] = []  # (time, kind, vm or resource, detail)
         self._fail: list[tuple[str, str]] = []
         self.lock = threading.RLock()
@@ -750,6 +751,8 @@ class _Handler(BaseHTTPRequestHandler):
                 try:  # first as the published API would: method, path, query and body against the document
                     call.method_id, _ = discovery.check(self.command, url.path, call.query, body)
                 except discovery.Violation as v:
+                    with self.standin.lock:
+                        self.standin.violations.append(f"{self.command} {self.path}: {v.message}")
                     raise ApiError(v.status, v.reason, v.message) from None
                 status, payload = self.standin.handle(self.command, url.path, body)
             except ApiError as e:
