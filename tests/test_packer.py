@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import hcl2
@@ -73,3 +75,14 @@ def test_image_holds_what_startup_sh_expects(packer):
     text = STARTUP.read_text()
     assert 'install_deps "$FLEET_INSTALL_ONLY"' in text and 'echo "$want" >"$STAMP"' in text
     assert "--require-hashes" in text  # exactly the lock, as every VM that installs at boot
+
+
+def test_template_states_the_packer_version_it_needs(packer):
+    # required_plugins and `packer init` (the README's build command) need Packer 1.7 or later.
+    assert packer["packer"][0]["required_version"] == ">= 1.7.0"
+
+
+@pytest.mark.skipif(not shutil.which("packer"), reason="no packer binary (Debian's `packer` package; .ci/run installs it)")
+def test_packer_fmt_check_passes():
+    proc = subprocess.run(["packer", "fmt", "-check", "-diff", str(TEMPLATE.parent)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -8,6 +8,8 @@
 # Then set image = "projects/MY_PROJECT/global/images/family/fleet-worker" in fleet.toml.
 
 packer {
+  # required_plugins and `packer init` came with Packer 1.7; the googlecompute plugin wants a recent core.
+  required_version = ">= 1.7.0"
   required_plugins {
     googlecompute = {
       version = ">= 1.1.4"
@@ -39,7 +41,7 @@ variable "source_image_family" {
 locals {
   stamp = formatdate("YYYYMMDDhhmmss", timestamp())
   # What startup.sh expects (its FLEET_PYTHON default and its stamp file): tests/test_packer.py checks both.
-  python = "/opt/fleet/venv/bin/python"
+  python     = "/opt/fleet/venv/bin/python"
   stamp_file = "/opt/fleet/venv/fleet-lock.sha256"
 }
 
