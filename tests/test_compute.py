@@ -19,6 +19,7 @@ from fleet.codesync import sync
 from fleet.run import plan
 from fleet.store import open_store
 from tests.standins.compute import ComputeStandin
+from tests.standins.faultproxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "fleet-test-1"
@@ -193,3 +194,20 @@ def test_dry_run_prints_the_requests_and_sends_nothing(launched):
     assert f"POST {standin.url}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instanceGroupManagers\n" in out
     assert '"provisioningModel": "STANDARD"' in out and '"seconds": "7200"' in out and '"targetSize": 5' in out
     assert not standin.calls and open_store(bucket).stat("runs/r1/launch.json") is None
+
+
+def test_launch_json_is_written_even_when_the_first_upload_fails(launched, fake_gcs, monkeypatch):
+    """An unconditional write the client would not retry on its own: `status` and `down` need it."""
+    bucket, standin = launched
+
+    def is_launch_record(method: str, path: str) -> bool:  # launch's one unconditional upload (the name is in the body)
+        return method == "POST" and "/upload/" in path and "ifGenerationMatch" not in path
+
+    with FaultProxy(fake_gcs.url, script=[(is_launch_record, "503", 1), (is_launch_record, "drop", 1)]) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        fleet("launch", "--run", "r1", "--workers", "1")
+    assert proxy.counts["503"] == 1 and proxy.counts["drop"] == 1
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake_gcs.url)
+    assert json.loads(open_store(bucket).read("runs/r1/launch.json"))["mig"] == "fleet-r1"
+    fleet("down", "--run", "r1")
+    assert not standin.migs and not standin.templates
