@@ -142,6 +142,8 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     dry = cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "t-e2e", "--dry-run")
     assert f"POST {cloud.standin.url}/compute/v1/projects/{PROJECT}/global/instanceTemplates" in dry
     assert not cloud.standin.calls  # a dry run sends nothing
+    # GCE may report "template in use" as the error of the delete's operation: the last VM out must retry that too.
+    cloud.standin.in_use_error = "operation"
     cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "t-e2e")
     # What the dry run printed is exactly what was sent.
     sent = [c for c in cloud.standin.calls if c.method == "POST" and c.path.endswith(("instanceTemplates", "instanceGroupManagers"))]
@@ -151,6 +153,7 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     st = StatusReader(open_store(cloud.bucket), "e2e").collect(with_workers=True)
     assert st.done == st.items and st.items >= 6 and not st.failed
     check_clean_exit(cloud, "e2e")
+    assert cloud.standin.events_of("template-in-use")  # startup.sh met the in-use error (in the operation), retried
 
     # The same outputs, byte for byte, as `fleet local` on this machine.
     from fleet.local import run_local

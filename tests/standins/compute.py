@@ -244,6 +244,7 @@ class Mig:
     vms: dict[str, VM] = field(default_factory=dict)
     errors: list[dict] = field(default_factory=list)
     deleting: bool = False
+    gone_after: float = 0.0  # a MIG being deleted lasts at least until then (GCE takes its time)
     counter: int = 0
 
 
@@ -279,8 +280,11 @@ _IN_USE_TURNS = itertools.cycle(("sync", "operation"))
 class ComputeStandin:
     def __init__(self, project: str, launcher: Launcher | None = None, on_gone: Stopper | None = None,
                  stop_delay: float = 0.3, stop_window: float = 90.0, preempt_window: float = 30.0,
-                 op_delay: float = 0.2, run_duration_scale: float = 1.0, in_use_error: str | None = None):
+                 op_delay: float = 0.2, run_duration_scale: float = 1.0, in_use_error: str | None = None,
+                 mig_delete_time: float = 1.0):
         self.project = project
+        # A MIG's deletion takes a while even with no VM left, so its template is still in use meanwhile.
+        self.mig_delete_time = mig_delete_time
         # Where GCE reports a template still used by a MIG: a synchronous 400 or an error in the delete's
         # operation. Both happen; unless a test chooses, stand-ins take turns so every suite sees both.
         self.in_use_error = in_use_error or next(_IN_USE_TURNS)
@@ -460,7 +464,7 @@ class ComputeStandin:
                         name = f"{mig.body['baseInstanceName']}-{uuid.uuid4().hex[:4]}"
                         zone = mig.zones[mig.counter % len(mig.zones)]
                         mig.vms[name] = VM(name, zone, mig.name)
-                elif all(vm.deleted_via == "deleteInstances" for vm in mig.vms.values()):
+                elif now >= mig.gone_after and all(vm.deleted_via == "deleteInstances" for vm in mig.vms.values()):
                     del self.migs[key]
                     self.orphans += list(mig.vms.values())
                     self.event("mig-gone", mig.name)
@@ -672,6 +676,7 @@ class ComputeStandin:
             if not mig.deleting:
                 mig.deleting, mig.target = True, 0
                 now = time.time()
+                mig.gone_after = now + self.mig_delete_time
                 for vm in mig.vms.values():
                     if vm.action != "DELETING":
                         vm.action, vm.deleted_via = "DELETING", "mig-delete"
