@@ -25,6 +25,7 @@ def test_init_writes_a_config_that_reads_back(config_file):
     assert cfg == FleetConfig(project="my-proj-1", bucket="gs://my-bucket", region="europe-west4",
                               service_account="w@my-proj-1.iam.gserviceaccount.com", spot=False, workers_per_vm=4)
     assert "secret" not in config_file.read_text().lower().replace("no secrets", "")
+    assert 'disk_type = ""' in config_file.read_text()  # the series' default, said in the file with its comment
     again = CliRunner().invoke(app, ["init", "--project", "my-proj-1", "--zone", "europe-west4-a", "--bucket", "gs://bkt2"])
     assert again.exit_code == 2 and "exists; use --force" in again.output
 
@@ -33,6 +34,9 @@ def test_init_writes_a_config_that_reads_back(config_file):
     (["--zone", "us-central1-a", "--region", "us-central1"], "set exactly one of zone"),
     (["--zone", "us-central1"], "zone = 'us-central1': not a zone name"),
     (["--zone", "us-central1-a", "--disk-gb", "5"], "disk_gb = 5: must be between 10"),
+    (["--zone", "us-central1-a", "--machine-type", "n4-standard-8", "--disk-type", "pd-balanced"],
+     "disk_type = 'pd-balanced': n4 machines boot only from Hyperdisk"),
+    (["--zone", "us-central1-a", "--disk-type", "Hyperdisk"], "disk_type = 'Hyperdisk': give a disk type name"),
 ])
 def test_init_refuses_bad_values_in_one_line(config_file, args, message):
     result = CliRunner().invoke(app, ["init", "--project", "my-proj-1", "--bucket", "gs://bkt", *args])
