@@ -14,9 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet.job import ItemContext, Sink
-from jobs.electra_zh_en import JOB, tfrecord
+from jobs.electra_zh_en import JOB
+from jobs.text import tfrecord
 from jobs.electra_zh_en.__main__ import app
-from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+from jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "corpus")

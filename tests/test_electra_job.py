@@ -10,10 +10,10 @@ import pytest
 
 from fleet.job import ConfigError, ItemContext, Sink, load_job
 from jobs.electra_zh_en import JOB, ElectraConfig
-from jobs.electra_zh_en import tfrecord
+from jobs.text import tfrecord
 from jobs.electra_zh_en.builder import build_examples
-from jobs.electra_zh_en.tokenization import BertTokenizer
-from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+from jobs.text.tokenization import BertTokenizer
+from jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 

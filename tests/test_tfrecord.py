@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from jobs.electra_zh_en import tfrecord
+from jobs.text import tfrecord
 from jobs.electra_zh_en.builder import build_examples
 
 

@@ -16,7 +16,7 @@ import typer
 
 from fleet.job import InputError
 
-from .tokenization import BertTokenizer, VocabError
+from jobs.text.tokenization import BertTokenizer, VocabError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -45,7 +45,7 @@ def vocab(
     min_frequency: int = typer.Option(2, help="Fewest occurrences for a merged piece."),
 ) -> None:
     """Train a BERT WordPiece vocab ([PAD] [UNK] [CLS] [SEP] [MASK] first)."""
-    from .vocab import train_vocab, write_vocab
+    from jobs.text.vocab import train_vocab, write_vocab
 
     try:
         tokens = train_vocab(
@@ -98,7 +98,7 @@ def report(
     max_records: int = typer.Option(100_000, help="Read at most this many records (from the first files)."),
 ) -> None:
     """Summarise a run's records: lengths, fill ratio, segments, masking, [UNK] share."""
-    from .report import ReportError, read_report, record_files, vocab_ids, vocab_of_run
+    from jobs.text.report import ReportError, read_report, record_files, vocab_ids, vocab_of_run
 
     if not os.path.isdir(out_dir):
         _fail(f"{out_dir}: not a folder")

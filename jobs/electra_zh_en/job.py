@@ -26,12 +26,12 @@ from typing import BinaryIO, Iterable, Iterator
 
 from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
 
-from . import tfrecord
+from jobs.text import tfrecord
 from .bert_builder import DocBatch
 from .bert_converter import BertCounters, BertExamples, BertOptions
 from .builder import Example, ExampleBuilder
-from .tfrecord import VARINTS
-from .tokenization import BertTokenizer, VocabError
+from jobs.text.tfrecord import VARINTS
+from jobs.text.tokenization import BertTokenizer, VocabError
 
 FORMATS = ("electra", "bert")
 COMPRESSIONS = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}  # option value (any case) -> file suffix
@@ -276,7 +276,7 @@ class ElectraJob(Job):
 
     def report(self, output_url: str, config: ElectraConfig) -> str | None:
         """The records' summary (``python -m jobs.electra_zh_en report``) for a local output folder."""
-        from .report import read_report, vocab_ids
+        from jobs.text.report import read_report, vocab_ids
 
         path = output_url[len("file://"):] if output_url.startswith("file://") else output_url
         if "://" in path or not os.path.isdir(path):
