@@ -20,6 +20,7 @@ from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions
 from .tokenizer import DocumentTokenizer, from_bert, from_json
 
 BATCH_CHARS = 1 << 20  # text tokenized per call: amortises the call, bounds memory
+REPORT_RECORDS = 20_000  # records the report at the end of fleet local reads
 
 
 @dataclass
@@ -121,3 +122,9 @@ class CausalLMJob(Job):
         positions, tokens = totals.get("positions", 0), totals.get("tokens", 0)
         return {"fill_ratio": totals.get("real_tokens", 0) / positions if positions else 0.0,
                 "dropped_share": totals.get("dropped_tokens", 0) / tokens if tokens else 0.0}
+
+    def report(self, output_url: str, config: CausalLMConfig) -> str | None:
+        """Block lengths and fill of a local run (``fleet local`` prints it)."""
+        from jobs.text.report import local_report
+
+        return local_report(output_url, config.vocab_file, REPORT_RECORDS)

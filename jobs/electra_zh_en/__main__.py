@@ -91,7 +91,7 @@ def tokenize(
 
 @app.command()
 def report(
-    out_dir: str = typer.Argument(..., metavar="OUT_DIR", help="A folder of .tfrecord / .tfrecord.gz files."),
+    out_dir: str = typer.Argument(..., metavar="OUT_DIR", help="A folder of .tfrecord / .tfrecord.gz / .parquet files."),
     png: str = typer.Option(None, "--png", help="Also draw the histograms into this PNG file."),
     vocab: str = typer.Option(None, "--vocab", help="The run's vocab.txt, for the [UNK] share "
                               "(default: the vocab_file of the fleet local run in OUT_DIR)."),
@@ -103,7 +103,7 @@ def report(
     if not os.path.isdir(out_dir):
         _fail(f"{out_dir}: not a folder")
     if not record_files(out_dir):
-        _fail(f"{out_dir}: no .tfrecord or .tfrecord.gz files")
+        _fail(f"{out_dir}: no .tfrecord, .tfrecord.gz or .parquet files")
     vocab_path = vocab or vocab_of_run(out_dir)
     ids = None
     if vocab_path:

@@ -259,10 +259,6 @@ class ElectraJob(Job):
 
     def report(self, output_url: str, config: ElectraConfig) -> str | None:
         """The records' summary (``python -m jobs.electra_zh_en report``) for a local output folder."""
-        from jobs.text.report import read_report, vocab_ids
+        from jobs.text.report import local_report
 
-        path = output_url[len("file://"):] if output_url.startswith("file://") else output_url
-        if "://" in path or not os.path.isdir(path):
-            return None
-        ids = vocab_ids(config.vocab_file) if "://" not in config.vocab_file else None
-        return read_report(path, ids, max_records=REPORT_RECORDS).text()
+        return local_report(output_url, config.vocab_file, REPORT_RECORDS)
