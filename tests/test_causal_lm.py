@@ -226,3 +226,11 @@ def test_fleet_local_examples_do_not_depend_on_item_size_or_input_format(tmp_pat
     assert len(one) > 100
     assert canonical(folder_examples(str(tmp_path / "many"))) == one
     assert canonical(folder_examples(str(tmp_path / "jsonl"))) == one
+
+    # `fleet status --verify` checks Parquet outputs as it checks TFRecords: a damaged one is found.
+    verify = [sys.executable, "-m", "fleet.cli", "status", str(tmp_path / "jsonl"), "--verify"]
+    proc = subprocess.run(verify, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "part-00000.parquet" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    (tmp_path / "jsonl" / "part-00000.parquet").write_bytes(b"PAR1")
+    proc = subprocess.run(verify, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "part-00000.parquet" in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
