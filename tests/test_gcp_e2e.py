@@ -181,6 +181,30 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
         assert not any(t in data for t in tokens), blob.name
     assert not any(t in json.dumps([c.body for c in sent]).encode() for t in tokens)
 
+    # A second job on the same fleet path: causal_lm with a byte-level BPE read from the bucket,
+    # written as Parquet; the same bytes as `fleet local`.
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train([str(CORPUS / "sample_en.txt")], vocab_size=1000, special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    store.upload_file("tokenizer.json", str(tmp_path / "tokenizer.json"))
+    lm_options = {"tokenizer_file": f"{cloud.bucket}/tokenizer.json", "max_seq_length": "256", "output": "parquet"}
+    cloud.fleet("plan", "--run", "lm", "--job", "causal_lm", "--input", f"{cloud.bucket}/corpus/sample_en.txt",
+                "--output", f"{cloud.bucket}/lm/", *(a for k, v in lm_options.items() for a in ("--set", f"{k}={v}")),
+                "--item-mb", "0.2", "--lease-ttl", "20")
+    cloud.fleet("launch", "--run", "lm", "--workers", "2", "--template", "t-lm")
+    cloud.wait_until_gone("fleet-lm", "t-lm")
+    st = StatusReader(open_store(cloud.bucket), "lm").collect()
+    assert st.done == st.items >= 2 and not st.failed
+    lm_local = tmp_path / "lm-local"
+    result = run_local([str(CORPUS / "sample_en.txt")], str(lm_local), "causal_lm", 2,
+                       {**lm_options, "tokenizer_file": str(tmp_path / "tokenizer.json")},
+                       item_bytes=int(0.2e6), console=Console(file=io.StringIO()))
+    assert result.exit_code == 0
+    lm_outputs = output_digests(f"{cloud.bucket}/lm")
+    assert lm_outputs == local_digests(lm_local) and all(name.endswith(".parquet") for name in lm_outputs)
+
 
 def _bodies(dry: str) -> list[dict]:
     """The JSON bodies in `fleet launch --dry-run` output, in order."""

@@ -16,7 +16,7 @@ import typer
 
 from fleet.job import InputError
 
-from .tokenization import BertTokenizer, VocabError
+from jobs.text.tokenization import BertTokenizer, VocabError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -45,7 +45,7 @@ def vocab(
     min_frequency: int = typer.Option(2, help="Fewest occurrences for a merged piece."),
 ) -> None:
     """Train a BERT WordPiece vocab ([PAD] [UNK] [CLS] [SEP] [MASK] first)."""
-    from .vocab import train_vocab, write_vocab
+    from jobs.text.vocab import train_vocab, write_vocab
 
     try:
         tokens = train_vocab(
@@ -91,19 +91,19 @@ def tokenize(
 
 @app.command()
 def report(
-    out_dir: str = typer.Argument(..., metavar="OUT_DIR", help="A folder of .tfrecord / .tfrecord.gz files."),
+    out_dir: str = typer.Argument(..., metavar="OUT_DIR", help="A folder of .tfrecord / .tfrecord.gz / .parquet files."),
     png: str = typer.Option(None, "--png", help="Also draw the histograms into this PNG file."),
     vocab: str = typer.Option(None, "--vocab", help="The run's vocab.txt, for the [UNK] share "
                               "(default: the vocab_file of the fleet local run in OUT_DIR)."),
     max_records: int = typer.Option(100_000, help="Read at most this many records (from the first files)."),
 ) -> None:
     """Summarise a run's records: lengths, fill ratio, segments, masking, [UNK] share."""
-    from .report import ReportError, read_report, record_files, vocab_ids, vocab_of_run
+    from jobs.text.report import ReportError, read_report, record_files, vocab_ids, vocab_of_run
 
     if not os.path.isdir(out_dir):
         _fail(f"{out_dir}: not a folder")
     if not record_files(out_dir):
-        _fail(f"{out_dir}: no .tfrecord or .tfrecord.gz files")
+        _fail(f"{out_dir}: no .tfrecord, .tfrecord.gz or .parquet files")
     vocab_path = vocab or vocab_of_run(out_dir)
     ids = None
     if vocab_path:
