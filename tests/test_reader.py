@@ -144,9 +144,22 @@ def test_failed_items_end_the_reading_with_their_names_after_every_good_example(
     assert "\n" not in str(e.value)
     direct = sorted(key(tfrecord.parse_example(r)) for r in _all_records(tmp_path / "out"))
     assert len(direct) > 20 and sorted(key(x) for x in got) == direct  # every good example came first
+    shares = [RunReader(bucket, "r", shard=(i, 3)) for i in range(3)]  # e.g. one per DataLoader worker
+    urls = [[o.url for o in _good_outputs(reader)] for reader in shares]
+    assert all(urls) and sorted(sum(urls, [])) == sorted(o.url for o in _good_outputs(RunReader(bucket, "r")))
+    with pytest.raises(FollowError, match="shard 3 of 3"):
+        RunReader(bucket, "r", shard=(3, 3))
     # the same as `fleet follow`: exit 1, the failed item listed
     proc = fleet("follow", "--bucket", bucket, "--run", "r", "--from-start")
     assert proc.returncode == 1 and "broken.jsonl" in proc.stderr
+
+
+def _good_outputs(reader: RunReader) -> list:
+    outs = []
+    with pytest.raises(FollowError, match="failed"):
+        for out in reader.outputs():
+            outs.append(out)
+    return outs
 
 
 def _all_records(folder) -> list[bytes]:

@@ -26,6 +26,7 @@ import hashlib
 import io
 import os
 import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
@@ -108,6 +109,9 @@ class RunReader:
     run: str | None = None
     from_start: bool = True
     poll: float = 2.0
+    # (index, count): read only the items of this share, e.g. one per DataLoader worker or
+    # per host; the shares of 0..count-1 are disjoint and together the whole run.
+    shard: tuple[int, int] = (0, 1)
     bucket: str = field(init=False)
     config: object = field(init=False)  # the run's ElectraConfig
     layout: dict[str, Feature] = field(init=False)
@@ -115,6 +119,9 @@ class RunReader:
     def __post_init__(self) -> None:
         from . import JOB
 
+        index, count = self.shard
+        if not 0 <= index < count:
+            raise FollowError(f"shard {index} of {count}: the index must be in 0..{count - 1}")
         self.bucket, self.run = resolve_run(self.source, self.run)
         try:
             spec = load_spec(open_store(self.bucket), self.run)
@@ -129,7 +136,10 @@ class RunReader:
     def outputs(self) -> Iterator[Output]:
         """Each committed output once, in commit order; FollowError at the end if items failed."""
         follower = Follower(self.bucket, self.run, self.from_start, self.poll)
-        yield from follower
+        index, count = self.shard
+        for out in follower:
+            if count == 1 or _share(out.item, count) == index:
+                yield out
         if follower.failed:
             listed = "; ".join(f"{item}: {error}" for item, error in follower.failed)
             raise FollowError(f"run {self.run}: {len(follower.failed)} item(s) failed: {listed}")
@@ -174,6 +184,11 @@ class RunReader:
         chunks = tf.data.Dataset.from_generator(self.record_chunks,
                                                 output_signature=tf.TensorSpec([None], tf.string))
         return chunks.map(lambda c: tf.io.parse_example(c, spec)).unbatch()
+
+
+def _share(item: str, count: int) -> int:
+    """Items are numbered: consecutive ones go to different shares (else a stable hash)."""
+    return int(item) % count if item.isdigit() else zlib.crc32(item.encode()) % count
 
 
 def read_output(out: Output) -> Iterator[bytes]:
@@ -240,14 +255,14 @@ class _HashingReader(io.RawIOBase):
         return data
 
 
-def follow_examples(source: str, run: str | None = None, from_start: bool = True,
-                    poll: float = 2.0) -> Iterator[dict[str, np.ndarray]]:
+def follow_examples(source: str, run: str | None = None, from_start: bool = True, poll: float = 2.0,
+                    shard: tuple[int, int] = (0, 1)) -> Iterator[dict[str, np.ndarray]]:
     """``for ex in follow_examples("gs://b", "wiki"): ...``: the run's examples as dicts of
     numpy arrays, as items finish; ends when the run drains (FollowError if items failed)."""
-    return RunReader(source, run, from_start, poll).examples()
+    return RunReader(source, run, from_start, poll, shard).examples()
 
 
-def follow_dataset(source: str, run: str | None = None, from_start: bool = True,
-                   poll: float = 2.0) -> "tf.data.Dataset":
+def follow_dataset(source: str, run: str | None = None, from_start: bool = True, poll: float = 2.0,
+                   shard: tuple[int, int] = (0, 1)) -> "tf.data.Dataset":
     """The same as a ``tf.data.Dataset`` of parsed examples (see ``RunReader.dataset``)."""
-    return RunReader(source, run, from_start, poll).dataset()
+    return RunReader(source, run, from_start, poll, shard).dataset()
