@@ -172,23 +172,25 @@ def _all_records(folder) -> list[bytes]:
 
 def test_a_damaged_output_is_named(tmp_path, corpus):
     path, vocab = corpus
-    bucket, out = str(tmp_path / "bucket"), tmp_path / "out"
-    plan(bucket, str(out), [path], vocab)
-    assert fleet("work", "--bucket", bucket, "--run", "r", "--procs", "1", tmp=tmp_path).returncode == 0
-    victim = sorted(out.iterdir())[0]
+    out = tmp_path / "out"
+    proc = fleet("local", path, out, "--workers", "1", "--item-mb", "0.004", "--set", f"vocab_file={vocab}", tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    bucket = str(out)  # the output folder of fleet local names its run
+    assert len(list(follow_examples(bucket))) == len(_all_records(out)) > 20
+    victim = sorted(p for p in out.iterdir() if p.name.startswith("part-"))[0]
     original = victim.read_bytes()
     data = bytearray(original)
     data[40] ^= 0xFF  # inside the first record
     victim.write_bytes(bytes(data))
     with pytest.raises(FollowError, match=f"{victim.name}: bad data checksum at byte 0"):
-        list(follow_examples(bucket, "r"))
+        list(follow_examples(bucket))
     victim.write_bytes(original[:-3])  # cut short
     with pytest.raises(FollowError, match=f"{victim.name}: truncated record"):
-        list(follow_examples(bucket, "r"))
+        list(follow_examples(bucket))
     first = next(iter(tfrecord.iter_records(original)))
     victim.write_bytes(original + tfrecord.frame(first))  # a whole record more: the framing is fine, the bytes not
     with pytest.raises(FollowError, match=f"{victim.name}: not the bytes committed"):
-        list(follow_examples(bucket, "r"))
+        list(follow_examples(bucket))
 
 
 def test_nothing_to_follow_is_one_clear_error(tmp_path):
