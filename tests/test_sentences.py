@@ -24,6 +24,8 @@ from jobs.electra_zh_en.sentences import split_lines, split_sentences
     ("中文里的半角句号.接着说", ["中文里的半角句号.", "接着说"]),
     ("他走了……我不知道。", ["他走了……我不知道。"]),  # …… is not an end
     ("前半句；后半句。", ["前半句；后半句。"]),  # ； is not an end
+    ("等等……。然后呢？！", ["等等……。", "然后呢？！"]),  # …… then a full stop: the stop ends it
+    ("你好!？我很好", ["你好!？", "我很好"]),
     ("Python 3.14 版本发布。它很快。", ["Python 3.14 版本发布。", "它很快。"]),
     ("这是中文。This is English. 又是中文。", ["这是中文。", "This is English.", "又是中文。"]),
     ("Hello!你好", ["Hello!", "你好"]),

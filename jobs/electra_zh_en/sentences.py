@@ -47,14 +47,15 @@ jan feb mar apr jun jul aug sep sept oct nov dec
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 # A run of end marks, the closers after it, then the whitespace before the next sentence.
+# One character class first: the regex engine scans for it fast (about 100 MB/s).
 _CANDIDATE = re.compile(
-    rf"(?P<mark>[{CHINESE_ENDS}]+[{re.escape(ENGLISH_ENDS)}{CHINESE_ENDS}]*|[{re.escape(ENGLISH_ENDS)}]+"
-    rf"|…+)(?P<close>[{re.escape(CLOSERS)}]*)(?P<space>\s*)"
+    rf"(?P<mark>[{CHINESE_ENDS}{re.escape(ENGLISH_ENDS)}…]+)(?P<close>[{re.escape(CLOSERS)}]*)(?P<space>\s*)"
 )
 _NEXT_AFTER_SPACE = re.compile(rf"[A-Z\u00c0-\u00de{_CJK}{re.escape(OPENERS)}]|[0-9]")
 _UPPER_OR_CJK = re.compile(rf"[A-Z\u00c0-\u00de{_CJK}]")
 _CJK_CHAR = re.compile(rf"[{_CJK}]")
 _DOTTED = re.compile(r"^(?:[^\W\d_]{1,3}\.)+[^\W\d_]{0,3}$")  # U.S, e.g, Ph.D, a.m (the last dot is the mark)
+_CHINESE_END = re.compile(f"[{CHINESE_ENDS}]")
 _ANY_END = re.compile(rf"[{CHINESE_ENDS}{re.escape(ENGLISH_ENDS)}…]")
 
 
@@ -86,10 +87,10 @@ def split_lines(lines: list[str]) -> list[str]:
 def _ends_here(text: str, m: re.Match, start: int) -> bool:
     mark = m.group("mark")
     following = text[m.end()]
-    if mark[0] in CHINESE_ENDS:
+    if _CHINESE_END.search(mark):
         return True
     if mark[0] == "…" or mark.startswith(".."):
-        return False  # an ellipsis
+        return False  # an ellipsis (…… before a Chinese end mark ends with it, above)
     spaced = bool(m.group("space"))
     if mark[0] in "!?" or (len(mark) > 1 and mark[-1] in "!?"):
         if not spaced:
