@@ -155,3 +155,8 @@ def test_gcs_inputs_are_sampled_by_ranged_reads(tmp_path, vocab, gcs_bucket):
     result = run(f"gs://{gcs_bucket}/corpus", "--vocab", vocab)
     assert result.exit_code == 0, result.output
     assert "read 3 of 3 files" in result.output and "sample: 9 documents" in result.output
+
+
+def test_a_store_error_is_one_line(tmp_path, vocab, fake_gcs):
+    one_line_error(run("gs://no-such-bucket-here/corpus", "--vocab", vocab), "no-such-bucket-here")
+    one_line_error(run("s3://b/corpus", "--vocab", vocab), "s3://b/corpus")

@@ -142,6 +142,7 @@ def check(
     per MB, tokens per line, the [UNK] share, Chinese/English share, lines longer than
     max_seq_length, and what split_sentences would change."""
     from fleet.inputs import ReadOptions
+    from fleet.store import StoreError
 
     from .sample import Sampled, sample_documents
     from .survey import Survey
@@ -162,8 +163,10 @@ def check(
         for document in sample_documents(inputs, int(mb * 1e6), seconds, ReadOptions(text_column, keep_titles),
                                          sampled):
             survey.add(document)
-    except InputError as e:
+    except (InputError, StoreError) as e:  # a store's errors name the bucket or object
         _fail(str(e))
+    except OSError as e:
+        _fail(f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e))
     if not survey.documents:
         _fail(f"{' '.join(inputs)}: no documents in the sample (empty files?)")
     formats = ", ".join(f"{n} {fmt}" for fmt, n in sorted(sampled.formats.items()))
