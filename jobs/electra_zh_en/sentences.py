@@ -14,10 +14,11 @@ Rules (pure functions, no I/O, no model; one pass of one regular expression):
 - English: ``.``, ``!``, ``?`` (runs of them, ``?!``) end a sentence when whitespace and
   then an upper-case letter, a digit (``!``/``?`` only), an opening quote or bracket,
   or a Chinese character follow; ``!``/``?`` also when a Chinese character follows at
-  once, and a single ``.`` between two Chinese characters. So lower case after a full stop never starts a sentence (``e.g. the``), and a
+  once, and a single ``.`` between two Chinese characters. So lower case or a digit
+  after a full stop never starts a sentence (``e.g. the``, ``No. 5``, ``Fig. 3``), and a
   full stop with no space after it never ends one (``3.14``, ``U.S.A``, ``example.com``).
   A full stop does not end a sentence after a known abbreviation (``Mr.``, ``Dr.``,
-  ``No.``, ``Fig.``, ``Jan.`` ...), a dotted one (``U.S.``, ``e.g.``, ``Ph.D.``), a single
+  ``St.``, ``vs.``, ``Jan.`` ...), a dotted one (``U.S.``, ``e.g.``, ``Ph.D.``), a single
   letter (initials: ``J. R. R. Tolkien``), a list number opening the line (``1. Intro``)
   or an ellipsis (``...``, ``…``): each is kept with what follows.
 - Closing quotes and brackets after the end mark stay with the sentence
