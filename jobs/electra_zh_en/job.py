@@ -34,6 +34,7 @@ from .bert_builder import DocBatch
 from .bert_converter import BertCounters, BertExamples, BertOptions
 from .bert_records import FEATURES, feature_names
 from .builder import Example, ExampleBuilder
+from .sentences import split_lines
 
 FORMATS = ("electra", "bert")
 REPORT_RECORDS = 20_000  # records the report at the end of fleet local reads (a few seconds at most)
@@ -49,6 +50,7 @@ class ElectraConfig:
     compression: str = "none"  # none | GZIP (files end .tfrecord.gz; TFRecordDataset(compression_type="GZIP"))
     output: str = "tfrecord"  # tfrecord | parquet (one row per example, list columns, zstd; files end .parquet)
     pack_documents: bool = False  # fill examples across document boundaries (corpora of short documents)
+    split_sentences: bool = False  # cut each line into sentences first (inputs with a paragraph per line)
     # format=bert only (google-research/bert's create_pretraining_data.py flags; dupe_factor 1, not its 10):
     masked_lm_prob: float = 0.15
     max_predictions_per_seq: int = 20
@@ -185,6 +187,18 @@ class BertConverter(Converter):
         return {**dataclasses.asdict(counters), "positions": counters.examples * self.config.max_seq_length}
 
 
+class SentenceSplitting(Converter):
+    """split_sentences: where documents enter the job, each line is cut into its sentences
+    (``sentences.split_sentences``), so both formats build examples from sentences, not
+    paragraphs. The counters' ``lines`` are then sentences."""
+
+    def __init__(self, inner: Converter):
+        self.inner = inner
+
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        return self.inner.convert(map(split_lines, documents), ctx, sink)
+
+
 class SpillingBatches:
     """An item's token batches for dupe_factor > 1: in memory up to ``limit`` bytes (a 64 MB
     item needs about 80 MB), then in a temporary file, so a worker's memory stays bounded
@@ -244,9 +258,8 @@ class ElectraJob(Job):
     def converter(self, config: ElectraConfig, opener: Opener) -> Converter:
         _validate(config)
         tokenizer = _load_tokenizer(config, opener)
-        if config.format == "bert":
-            return BertConverter(config, tokenizer)
-        return ElectraConverter(config, tokenizer)
+        converter = BertConverter(config, tokenizer) if config.format == "bert" else ElectraConverter(config, tokenizer)
+        return SentenceSplitting(converter) if config.split_sentences else converter
 
     def summarize(self, totals) -> dict[str, float]:
         positions = totals.get("positions", 0)
