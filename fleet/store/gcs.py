@@ -23,13 +23,20 @@ from google.cloud.storage.retry import DEFAULT_RETRY, DEFAULT_RETRY_IF_GENERATIO
 from fleet.store import Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed, Store, StoreError
 
 
+_SEEN: set[str] = set()  # buckets that have answered in this process: they exist
+
+
 def make_client() -> storage.Client:
-    """A Storage client: anonymous against an emulator, default credentials otherwise.
+    """A Storage client: anonymous against an emulator (but a stand-in VM's own account, when
+    GCE_METADATA_HOST names its metadata server), default credentials otherwise.
 
     With ``STORAGE_EMULATOR_HOST`` set the library talks to the emulator; anonymous
     credentials keep it from looking for (or finding) real ones. One client per
     process and setting is shared, since each holds a connection pool.
     """
+    # google-cloud-storage 3.x reads each bucket's metadata in the background to label trace spans
+    # (storage.buckets.get, which the workers' role does not hold, and which fleet never traces): off.
+    os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
     emulator = os.environ.get("STORAGE_EMULATOR_HOST")
     return _client(emulator, os.environ.get("GOOGLE_CLOUD_PROJECT"), os.getpid())
 
@@ -40,6 +47,12 @@ def _client(emulator: str | None, project: str | None, pid: int) -> storage.Clie
     if emulator:
         from google.auth.credentials import AnonymousCredentials
 
+        if os.environ.get("GCE_METADATA_HOST"):
+            # A stand-in VM (tests): its service account's token from its metadata server, as on GCE,
+            # so that the stand-ins can hold the workers to their IAM role.
+            from google.auth import compute_engine
+
+            return storage.Client(project=project or "local", credentials=compute_engine.Credentials())
         return storage.Client(project=project or "local", credentials=AnonymousCredentials())
     return storage.Client(project=project)
 
@@ -113,6 +126,9 @@ class GCSStore(Store):
         where = f"gs://{self.bucket_name}/{self._full(name)}"
         try:
             yield
+            # An answer from the bucket says it exists: a later 404 is the object's, with no need to ask
+            # (a worker's role has no storage.buckets.get).
+            _SEEN.add(self.bucket_name)
         except gexc.NotFound as e:
             missing = self._bucket_missing()
             if missing:
@@ -138,13 +154,14 @@ class GCSStore(Store):
     def _bucket_missing(self) -> bool | None:
         """After a 404: is it the bucket that is missing? None when we may not ask
         (a worker may lack storage.buckets.get) or cannot tell right now."""
-        if self._bucket_seen:
+        if self.bucket_name in _SEEN:
             return False
         try:
             exists = self.bucket.exists(retry=DEFAULT_RETRY)
         except Exception:
             return None
-        self._bucket_seen = exists
+        if exists:
+            _SEEN.add(self.bucket_name)
         return not exists
 
     @staticmethod
