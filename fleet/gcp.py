@@ -85,6 +85,12 @@ def rates(cfg: FleetConfig) -> estimate.Rates:
     return estimate.Rates(cfg.mb_per_vcpu_s, cfg.boot_minutes, cfg.vcpu_hour_usd, cfg.spot_vcpu_hour_usd)
 
 
+def check_template(template: str | None) -> None:
+    if template is not None and not template.startswith(iam.NAME_PREFIX):
+        raise PlanError(f"--template {template}: must start with {iam.NAME_PREFIX!r}: the workers' IAM condition "
+                        f"lets them delete only templates named so (`fleet iam`)")
+
+
 def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None = None, spot: bool | None = None,
                 max_run_hours: float | None = None, vcpus: int | None = None) -> LaunchPlan:
     """Check the run can go to VMs and build the exact requests; sends nothing to Compute.
@@ -99,9 +105,7 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     override = cfg.max_run_hours if max_run_hours is None else max_run_hours
     if override is not None and not (override == 0 or 1 / 120 <= override <= 24 * 120):
         raise PlanError(f"--max-run-hours {override:g}: give 0 (no limit) or 0.0083 (30 s) to 2880 (120 days)")
-    if template is not None and not template.startswith(iam.NAME_PREFIX):
-        raise PlanError(f"--template {template}: must start with {iam.NAME_PREFIX!r}: the workers' IAM condition "
-                        f"lets them delete only templates named so (`fleet iam`)")
+    check_template(template)
     store = open_store(cfg.bucket)
     spec = load_spec(store, run)
     items = load_items(store, run)
@@ -136,6 +140,7 @@ def prepare(cfg: FleetConfig, run: str, workers: int, template: str | None = Non
             max_run_hours: float | None = None) -> tuple[LaunchPlan, list[str]]:
     """The plan, sized with the machine type's real vCPUs, and what stands in its way (quota, the
     service account): read-only calls only, so a dry run makes them too."""
+    check_template(template)
     comp = compute.Compute(compute.Place(cfg.project, cfg.zone, cfg.region))
     facts = prelaunch.gather(cfg, comp)
     plan = plan_launch(cfg, run, workers, template, spot, max_run_hours, vcpus=facts.vcpus)
