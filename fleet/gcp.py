@@ -140,10 +140,11 @@ def prepare(cfg: FleetConfig, run: str, workers: int, template: str | None = Non
             max_run_hours: float | None = None) -> tuple[LaunchPlan, list[str]]:
     """The plan, sized with the machine type's real vCPUs, and what stands in its way (quota, the
     service account): read-only calls only, so a dry run makes them too."""
-    check_template(template)
+    plan = plan_launch(cfg, run, workers, template, spot, max_run_hours)  # what the bucket alone can refuse, first
     comp = compute.Compute(compute.Place(cfg.project, cfg.zone, cfg.region))
     facts = prelaunch.gather(cfg, comp)
-    plan = plan_launch(cfg, run, workers, template, spot, max_run_hours, vcpus=facts.vcpus)
+    if facts.vcpus != plan.estimate.vcpus:
+        plan = plan_launch(cfg, run, workers, template, spot, max_run_hours, vcpus=facts.vcpus)
     disk = plan.template.properties.disks[0].initialize_params
     account = iam.check_service_account(cfg.service_account)
     return plan, prelaunch.shortfalls(cfg, workers, plan.spec.spot, disk.disk_type, disk.disk_size_gb, facts, account)

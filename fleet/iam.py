@@ -129,6 +129,7 @@ def check_service_account(email: str, timeout: float = 30.0) -> AccountCheck:
     """IAM projects.serviceAccounts.get on the account (needs iam.serviceAccounts.get, which
     roles/iam.serviceAccountUser, needed to launch VMs as it, includes)."""
     import google.auth
+    import google.auth.exceptions
     from google.auth.transport.requests import AuthorizedSession
     from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
     import requests
@@ -139,7 +140,10 @@ def check_service_account(email: str, timeout: float = 30.0) -> AccountCheck:
 
         credentials = AnonymousCredentials()
     else:
-        credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        try:
+            credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        except google.auth.exceptions.DefaultCredentialsError:
+            return AccountCheck(None, "no Google credentials on this machine: `gcloud auth application-default login`")
     session = AuthorizedSession(credentials)
     url = f"{(endpoint or DEFAULT_ENDPOINT).rstrip('/')}/v1/projects/-/serviceAccounts/{quote(email, safe='@.')}"
 

@@ -127,3 +127,15 @@ def test_max_run_hours_unset_round_trips_through_fleet_toml(tmp_path, monkeypatc
     text = dumps(cfg)
     assert "# max_run_hours = ..." in text and from_dict(tomllib.loads(text)) == cfg
     assert from_dict(tomllib.loads(text + "max_run_hours = 6\n")).max_run_hours == 6.0
+
+
+def test_no_credentials_is_a_check_that_cannot_tell_not_a_traceback(monkeypatch, tmp_path):
+    from fleet import iam
+
+    monkeypatch.delenv(iam.ENDPOINT_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "true")
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+    check = iam.check_service_account("w@proj-123.iam.gserviceaccount.com")
+    assert check.exists is None and "gcloud auth application-default login" in check.detail
