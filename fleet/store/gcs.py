@@ -23,9 +23,6 @@ from google.cloud.storage.retry import DEFAULT_RETRY, DEFAULT_RETRY_IF_GENERATIO
 from fleet.store import Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed, Store, StoreError
 
 
-_SEEN: set[str] = set()  # buckets that have answered in this process: they exist
-
-
 def make_client() -> storage.Client:
     """A Storage client: anonymous against an emulator (but a stand-in VM's own account, when
     GCE_METADATA_HOST names its metadata server), default credentials otherwise.
@@ -126,9 +123,6 @@ class GCSStore(Store):
         where = f"gs://{self.bucket_name}/{self._full(name)}"
         try:
             yield
-            # An answer from the bucket says it exists: a later 404 is the object's, with no need to ask
-            # (a worker's role has no storage.buckets.get).
-            _SEEN.add(self.bucket_name)
         except gexc.NotFound as e:
             missing = self._bucket_missing()
             if missing:
@@ -154,14 +148,13 @@ class GCSStore(Store):
     def _bucket_missing(self) -> bool | None:
         """After a 404: is it the bucket that is missing? None when we may not ask
         (a worker may lack storage.buckets.get) or cannot tell right now."""
-        if self.bucket_name in _SEEN:
+        if self._bucket_seen:
             return False
         try:
             exists = self.bucket.exists(retry=DEFAULT_RETRY)
         except Exception:
             return None
-        if exists:
-            _SEEN.add(self.bucket_name)
+        self._bucket_seen = exists
         return not exists
 
     @staticmethod
