@@ -380,7 +380,8 @@ def init_cmd(
     disk_gb: int = typer.Option(20, help="Boot disk size"),
     workers_per_vm: int = typer.Option(0, help="Worker processes per VM (0 = one per core)"),
     standby: int = typer.Option(2, help="Idle workers kept in the tail to take over expired leases"),
-    max_run_hours: float = typer.Option(24.0, help="Every VM is deleted after this long (0 = no limit)"),
+    max_run_hours: Optional[float] = typer.Option(
+        None, help="Every VM is deleted after this long (0 = no limit; default: 3 x the run's expected time)"),
     force: bool = typer.Option(False, help="Overwrite an existing fleet.toml"),
 ) -> None:
     """Write fleet.toml: where the fleet runs and what its VMs look like."""
@@ -418,20 +419,36 @@ def launch_cmd(
     workers: int = typer.Option(..., help="Number of VMs"),
     template: Optional[str] = typer.Option(None, help="Instance template name (default: the MIG's name)"),
     spot: Optional[bool] = typer.Option(None, "--spot/--no-spot", help="Spot VMs (default: fleet.toml's)"),
-    max_run_hours: Optional[float] = typer.Option(None, help="Each VM is deleted after this long (default: fleet.toml's)"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the requests instead of sending them"),
+    max_run_hours: Optional[float] = typer.Option(
+        None, help="Each VM is deleted after this long (default: fleet.toml's, else 3 x the expected time)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the requests and the cost estimate; create nothing"),
+    force: bool = typer.Option(False, "--force", help="Launch even if the quota or service-account check fails"),
 ) -> None:
-    """Create (or reuse) the instance template and the MIG of VMs that work on the run."""
+    """Create (or reuse) the instance template and the MIG of VMs that work on the run.
+
+    First, read-only: the region's quotas, the machine type and the service account; a
+    shortfall stops the launch with the fix (--force goes on)."""
     from fleet import gcp
 
     cfg = _required_config()
-    plan = gcp.plan_launch(cfg, run, workers, template, spot, max_run_hours)
+    plan, problems = gcp.prepare(cfg, run, workers, template, spot, max_run_hours)
     if dry_run:
         for request in plan.requests:
             print(request.render())
-        console.print(f"dry run: nothing sent; `fleet launch` would also write {cfg.bucket}/{gcp.launch_name(run)}",
+        for line in plan.estimate.lines():
+            print(line)
+        print("checks: " + ("; ".join(problems) if problems else "quota and service account ok"))
+        console.print(f"dry run: nothing created; `fleet launch` would also write {cfg.bucket}/{gcp.launch_name(run)}",
                       highlight=False)
+        if problems and not force:
+            raise typer.Exit(1)
         return
+    for line in plan.estimate.lines():
+        console.print(line, highlight=False, soft_wrap=True)
+    if problems and not force:
+        fail("; ".join(problems) + "; or --force to launch anyway")
+    for line in problems:
+        console.print(f"[yellow]--force:[/yellow] {line}", highlight=False, soft_wrap=True)
     gcp.launch(cfg, plan, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
     console.print(f"watch it with: fleet status --run {run} --watch", highlight=False)
 
@@ -490,6 +507,31 @@ def render_fleet(view: dict) -> None:
     if view.get("boots"):
         out.print("VM boots: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(view["boots"].items())),
                   highlight=False)
+
+
+@app.command("iam")
+def iam_cmd(
+    role: Optional[str] = typer.Option(None, help="Print only this role's definition (YAML for gcloud --file)"),
+) -> None:
+    """The workers' least-privilege roles, and the gcloud commands that create and bind them."""
+    from fleet import iam
+
+    if role is not None:
+        found = next((r for r in iam.ROLES if r.id == role), None)
+        if found is None:
+            fail(f"--role {role}: no such role; known: {', '.join(r.id for r in iam.ROLES)}")
+        sys.stdout.write(iam.role_yaml(found))
+        return
+    cfg = _config()
+    project = cfg.project if cfg else "PROJECT"
+    bucket = cfg.bucket if cfg else "gs://BUCKET"
+    for r in iam.ROLES:
+        print(f"# role {r.id}: {r.description}")
+        for p in sorted(r.permissions, key=lambda p: p.name):
+            print(f"#   {p.name:40} {p.calls}")
+    print(f"# bound on the project with the condition {iam.CONDITION_TITLE}: "
+          f"MIGs and templates named {iam.NAME_PREFIX}* only")
+    sys.stdout.write(iam.setup_commands(project, bucket, cfg.service_account if cfg else ""))
 
 
 @app.command("logs")

@@ -269,6 +269,10 @@ class ComputeStandin:
         self.calls: list[Call] = []
         self.events: list[tuple[float, str, str, str]] = []  # (time, kind, vm or resource, detail)
         self._fail: list[tuple[str, str]] = []
+        # Hooks for tests/standins/iam.py and catalog.py: a check of every request (raises ApiError)
+        # and more routes (verb, pattern after /compute/v1/projects/{p}/, fn(*groups, body)).
+        self.guard: Callable[[str, str, str | None], None] | None = None
+        self.extra_routes: list[tuple[str, str, Callable]] = []
         self.lock = threading.RLock()
         self._stop = threading.Event()
         handler = type("Handler", (_Handler,), {"standin": self})
@@ -525,7 +529,7 @@ class ComputeStandin:
             ("POST", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/listManagedInstances", self.list_managed),
             ("POST", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/deleteInstances", self.delete_instances),
             ("GET", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/listErrors", self.list_errors),
-        ]
+        ] + self.extra_routes
         for verb, pattern, fn in routes:
             m = re.fullmatch(pattern, rest)
             if m and verb == method:
@@ -581,7 +585,7 @@ class ComputeStandin:
                                f"is already being used by '{self.mig_url(users[0])[len(API) + 1:]}'")
             del self.templates[name]
         self.event("template-deleted", name)
-        return self.operation("global", "delete", self.template_url(name))
+        return self.operation("global", "delete", self.template_url(name), self._after(self.op_delay))
 
     def _mig(self, scope: str, name: str) -> Mig:
         mig = self.migs.get((scope, name))
@@ -686,6 +690,8 @@ class _Handler(BaseHTTPRequestHandler):
             with self.standin.lock:
                 self.standin.calls.append(Call(self.command, url.path, body, self.headers.get("Authorization")))
             try:
+                if self.standin.guard is not None:
+                    self.standin.guard(self.command, url.path, self.headers.get("Authorization"))
                 status, payload = self.standin.handle(self.command, url.path, body)
             except ApiError as e:
                 status, payload = e.status, e.body()
