@@ -210,8 +210,8 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     cloud.fleet("plan", "--run", "lm", "--job", "causal_lm", "--input", f"{cloud.bucket}/corpus/sample_en.txt",
                 "--output", f"{cloud.bucket}/lm/", *(a for k, v in lm_options.items() for a in ("--set", f"{k}={v}")),
                 "--item-mb", "0.2", "--lease-ttl", "20")
-    cloud.fleet("launch", "--run", "lm", "--workers", "2", "--template", "t-lm")
-    cloud.wait_until_gone("fleet-lm", "t-lm")
+    cloud.fleet("launch", "--run", "lm", "--workers", "2", "--template", "fleet-t-lm")
+    cloud.wait_until_gone("fleet-lm", "fleet-t-lm")
     st = StatusReader(open_store(cloud.bucket), "lm").collect()
     assert st.done == st.items >= 2 and not st.failed
     lm_local = tmp_path / "lm-local"
