@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 from fleet.inputs import read_all  # noqa: E402
 from fleet.job import ItemContext, Sink  # noqa: E402
 from jobs.electra_zh_en import JOB  # noqa: E402
-from jobs.electra_zh_en.tokenization import BertTokenizer  # noqa: E402
+from jobs.text.tokenization import BertTokenizer  # noqa: E402
 
 FORMATS = {  # row label -> job options
     "format=electra": {"format": "electra"},

@@ -11,6 +11,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from fleet.config import ConfigError as FleetConfigError
 from fleet.render import print_skipped
@@ -18,7 +19,20 @@ from fleet.job import ConfigError, InputError, JobNotFound
 from fleet.run import PlanError, list_runs
 from fleet.store import StoreError, open_store
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class _Commands(TyperGroup):
+    """Every command's user errors end here, said once and the same way: one line, exit 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Exception as e:
+            if not user_error(e):
+                raise
+            fail(explain(e))
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Corpus to BERT/ELECTRA pre-training TFRecords on a fleet of short-lived VMs.")
 console = Console(stderr=True, soft_wrap=True)  # a message is one line, however long
 USER_ERRORS = (PlanError, ConfigError, InputError, JobNotFound, StoreError, FleetConfigError)
@@ -36,6 +50,12 @@ def explain(e: Exception) -> str:
         where = e.filename if e.filename is not None else ""
         return f"{where}: {e.strerror or e}" if where else str(e.strerror or e)
     return str(e)
+
+
+def user_error(e: BaseException) -> bool:
+    """A problem the user can fix (bad input, a setting, the bucket, the disk): one line, no traceback."""
+    compute = sys.modules.get("fleet.compute")  # imported only by the commands that talk to Compute Engine
+    return isinstance(e, (*USER_ERRORS, OSError)) or (compute is not None and isinstance(e, compute.ComputeError))
 
 
 def at_least(option: str, value: float, low: float) -> None:
@@ -83,15 +103,12 @@ def plan_cmd(
     positive("--item-mb", item_mb)
     at_least("--lease-ttl", lease_ttl, 1)
     at_least("--max-attempts", max_attempts, 1)
-    try:
-        cfg = _config()
-        bucket = _bucket(bucket, cfg)
-        version = code_version(paths=cfg.code_paths) if cfg else code_version()
-        spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), version,
-                                    lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6),
-                                    read=ReadOptions(text_column, keep_titles, max_bad_share))
-    except (*USER_ERRORS, OSError) as e:
-        fail(explain(e))
+    cfg = _config()
+    bucket = _bucket(bucket, cfg)
+    version = code_version(paths=cfg.code_paths) if cfg else code_version()
+    spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), version,
+                                lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6),
+                                read=ReadOptions(text_column, keep_titles, max_bad_share))
     verb = "planned" if created else "already planned (unchanged)"
     console.print(f"run {run} {verb}: {len(items)} items, {spec.input_bytes / 1e6:,.1f} MB, "
                   f"job {job}, code {spec.code_version}")
@@ -116,13 +133,10 @@ def work_cmd(
     at_least("--procs", procs, 0)
     if standby is not None:
         at_least("--standby", standby, 0)
-    try:
-        bucket = _bucket(bucket, _config())
-        if retry_failed:
-            _retry_failed(bucket, run)
-        code = work(bucket, run, procs or os.cpu_count() or 1, log_dir, name_prefix, standby)
-    except (*USER_ERRORS, OSError) as e:
-        fail(explain(e))
+    bucket = _bucket(bucket, _config())
+    if retry_failed:
+        _retry_failed(bucket, run)
+    code = work(bucket, run, procs or os.cpu_count() or 1, log_dir, name_prefix, standby)
     raise typer.Exit(code)
 
 
@@ -172,8 +186,6 @@ def local_cmd(
     except Interrupted as e:
         console.print(str(e), highlight=False, soft_wrap=True)
         raise typer.Exit(130)
-    except (*USER_ERRORS, OSError) as e:
-        fail(explain(e))
     raise typer.Exit(result.exit_code)
 
 
@@ -207,19 +219,16 @@ def jobs_cmd(
     """The jobs this fleet knows, each with its options (--set key=value): type, default, help."""
     from fleet.job import available_jobs, describe_options, load_job
 
-    try:
-        names = [name] if name else available_jobs()
-        for job_name in names:
-            job = load_job(job_name)
-            doc = (type(job).__doc__ or (job.__doc__ or "")).strip().splitlines()
-            table = Table(title=f"{job_name}" + (f": {doc[0]}" if doc else ""), show_header=True, title_justify="left")
-            for col in ("option", "type", "default", "meaning"):
-                table.add_column(col)
-            for opt in describe_options(job.config_type):
-                table.add_row(opt.name, opt.type, repr(opt.default), opt.help)
-            Console().print(table)
-    except (*USER_ERRORS, OSError) as e:
-        fail(explain(e))
+    names = [name] if name else available_jobs()
+    for job_name in names:
+        job = load_job(job_name)
+        doc = (type(job).__doc__ or (job.__doc__ or "")).strip().splitlines()
+        table = Table(title=f"{job_name}" + (f": {doc[0]}" if doc else ""), show_header=True, title_justify="left")
+        for col in ("option", "type", "default", "meaning"):
+            table.add_column(col)
+        for opt in describe_options(job.config_type):
+            table.add_row(opt.name, opt.type, repr(opt.default), opt.help)
+        Console().print(table)
 
 
 @app.command("follow")
@@ -236,13 +245,10 @@ def follow_cmd(
     from fleet.follow import follow
 
     positive("--poll", poll)
-    try:
-        bucket, run = _resolve(bucket, None, run)
-        follower = follow(bucket, run, from_start=from_start, poll=poll)
-        for out in follower:
-            print(out.url, flush=True)
-    except (*USER_ERRORS, OSError) as e:
-        fail(explain(e))
+    bucket, run = _resolve(bucket, None, run)
+    follower = follow(bucket, run, from_start=from_start, poll=poll)
+    for out in follower:
+        print(out.url, flush=True)
     for item, error in follower.failed:
         console.print(f"[red]failed[/red] item {item}: {error}", highlight=False)
     raise typer.Exit(1 if follower.failed else 0)
@@ -262,30 +268,27 @@ def status_cmd(
     """Counts of items pending/leased/done/failed, throughput, failures, workers."""
     from fleet.status import StatusReader
 
+    bucket, run = _resolve(target, bucket, run)
     try:
-        bucket, run = _resolve(target, bucket, run)
-        try:
-            reader = StatusReader(open_store(bucket), run)
-        except PlanError:  # a damaged run spec: say so, after why the run stopped itself if it did
-            _print_stop(open_store(bucket), run)
-            raise
-        if verify:
-            _verify(open_store(bucket), reader, run)
-        while True:
-            st = reader.collect(with_workers=True)
-            fleet_view = _fleet_view(open_store(bucket), run, st.workers)
-            if as_json:
-                print(json.dumps({**st.to_dict(), **({"fleet": fleet_view} if fleet_view else {})},
-                                 indent=1, sort_keys=True))
-            else:
-                render_status(st)
-                if fleet_view:
-                    render_fleet(fleet_view)
-            if not watch or (st.finished and not (fleet_view or {}).get("mig")):
-                break
-            time.sleep(5)
-    except (*USER_ERRORS, OSError) as e:
-        fail(explain(e))
+        reader = StatusReader(open_store(bucket), run)
+    except PlanError:  # a damaged run spec: say so, after why the run stopped itself if it did
+        _print_stop(open_store(bucket), run)
+        raise
+    if verify:
+        _verify(open_store(bucket), reader, run)
+    while True:
+        st = reader.collect(with_workers=True)
+        fleet_view = _fleet_view(open_store(bucket), run, st.workers)
+        if as_json:
+            print(json.dumps({**st.to_dict(), **({"fleet": fleet_view} if fleet_view else {})},
+                             indent=1, sort_keys=True))
+        else:
+            render_status(st)
+            if fleet_view:
+                render_fleet(fleet_view)
+        if not watch or (st.finished and not (fleet_view or {}).get("mig")):
+            break
+        time.sleep(5)
 
 
 def _verify(store, reader, run: str) -> None:
@@ -360,10 +363,7 @@ def _bucket(bucket: Optional[str], cfg) -> str:
 def _required_config():
     from fleet.config import load
 
-    try:
-        return load()
-    except FleetConfigError as e:
-        fail(str(e))
+    return load()
 
 
 @app.command("init")
@@ -381,20 +381,18 @@ def init_cmd(
     disk_type: str = typer.Option("", help="Boot disk type, e.g. pd-balanced (default: the machine series' own)"),
     workers_per_vm: int = typer.Option(0, help="Worker processes per VM (0 = one per core)"),
     standby: int = typer.Option(2, help="Idle workers kept in the tail to take over expired leases"),
-    max_run_hours: float = typer.Option(24.0, help="Every VM is deleted after this long (0 = no limit)"),
+    max_run_hours: Optional[float] = typer.Option(
+        None, help="Every VM is deleted after this long (0 = no limit; default: 3 x the run's expected time)"),
     force: bool = typer.Option(False, help="Overwrite an existing fleet.toml"),
 ) -> None:
     """Write fleet.toml: where the fleet runs and what its VMs look like."""
     from fleet.config import FleetConfig, write
 
-    try:
-        cfg = FleetConfig(project=project, bucket=bucket, zone=zone or "", region=region or "",
-                          service_account=service_account, machine_type=machine_type, image=image, spot=spot,
-                          disk_gb=disk_gb, disk_type=disk_type, workers_per_vm=workers_per_vm, standby=standby,
-                          max_run_hours=max_run_hours)
-        path = write(cfg, force=force)
-    except FleetConfigError as e:
-        fail(str(e))
+    cfg = FleetConfig(project=project, bucket=bucket, zone=zone or "", region=region or "",
+                      service_account=service_account, machine_type=machine_type, image=image, spot=spot,
+                      disk_gb=disk_gb, disk_type=disk_type, workers_per_vm=workers_per_vm, standby=standby,
+                      max_run_hours=max_run_hours)
+    path = write(cfg, force=force)
     console.print(f"wrote {path}: project {cfg.project}, {cfg.location}, {cfg.bucket}, {cfg.machine_type}"
                   f"{' (Spot)' if cfg.spot else ''}. Next: fleet sync", highlight=False)
 
@@ -405,14 +403,11 @@ def sync_cmd(
     root: Optional[str] = typer.Option(None, help="Project root (default: the one this fleet runs from)"),
 ) -> None:
     """Upload the code to gs://BUCKET/code/<version>/: only files whose content is new."""
-    from fleet.codesync import CodeError, sync
+    from fleet.codesync import sync
     from fleet.config import DEFAULT_CODE_PATHS
 
     cfg = _config()
-    try:
-        result = sync(_bucket(bucket, cfg), root, cfg.code_paths if cfg else list(DEFAULT_CODE_PATHS))
-    except (CodeError, *USER_ERRORS) as e:
-        fail(str(e))
+    result = sync(_bucket(bucket, cfg), root, cfg.code_paths if cfg else list(DEFAULT_CODE_PATHS))
     console.print(f"code {result.version}: {result.files} files, {result.uploaded} new "
                   f"({result.uploaded_bytes / 1e3:,.1f} kB uploaded)"
                   + ("" if result.manifest_created else "; this version was already synced"), highlight=False)
@@ -425,25 +420,37 @@ def launch_cmd(
     workers: int = typer.Option(..., help="Number of VMs"),
     template: Optional[str] = typer.Option(None, help="Instance template name (default: the MIG's name)"),
     spot: Optional[bool] = typer.Option(None, "--spot/--no-spot", help="Spot VMs (default: fleet.toml's)"),
-    max_run_hours: Optional[float] = typer.Option(None, help="Each VM is deleted after this long (default: fleet.toml's)"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the requests instead of sending them"),
+    max_run_hours: Optional[float] = typer.Option(
+        None, help="Each VM is deleted after this long (default: fleet.toml's, else 3 x the expected time)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the requests and the cost estimate; create nothing"),
+    force: bool = typer.Option(False, "--force", help="Launch even if the quota or service-account check fails"),
 ) -> None:
-    """Create (or reuse) the instance template and the MIG of VMs that work on the run."""
+    """Create (or reuse) the instance template and the MIG of VMs that work on the run.
+
+    First, read-only: the region's quotas, the machine type and the service account; a
+    shortfall stops the launch with the fix (--force goes on)."""
     from fleet import gcp
-    from fleet.compute import ComputeError
 
     cfg = _required_config()
-    try:
-        plan = gcp.plan_launch(cfg, run, workers, template, spot, max_run_hours)
-        if dry_run:
-            for request in plan.requests:
-                print(request.render())
-            console.print(f"dry run: nothing sent; `fleet launch` would also write {cfg.bucket}/{gcp.launch_name(run)}",
-                          highlight=False)
-            return
-        gcp.launch(cfg, plan, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
-    except (ComputeError, *USER_ERRORS) as e:
-        fail(str(e))
+    plan, problems = gcp.prepare(cfg, run, workers, template, spot, max_run_hours)
+    if dry_run:
+        for request in plan.requests:
+            print(request.render())
+        for line in plan.estimate.lines():
+            print(line)
+        print("checks: " + ("; ".join(problems) if problems else "quota and service account ok"))
+        console.print(f"dry run: nothing created; `fleet launch` would also write {cfg.bucket}/{gcp.launch_name(run)}",
+                      highlight=False)
+        if problems and not force:
+            raise typer.Exit(1)
+        return
+    for line in plan.estimate.lines():
+        console.print(line, highlight=False, soft_wrap=True)
+    if problems and not force:
+        fail("; ".join(problems) + "; or --force to launch anyway")
+    for line in problems:
+        console.print(f"[yellow]--force:[/yellow] {line}", highlight=False, soft_wrap=True)
+    gcp.launch(cfg, plan, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
     console.print(f"watch it with: fleet status --run {run} --watch", highlight=False)
 
 
@@ -503,6 +510,31 @@ def render_fleet(view: dict) -> None:
                   highlight=False)
 
 
+@app.command("iam")
+def iam_cmd(
+    role: Optional[str] = typer.Option(None, help="Print only this role's definition (YAML for gcloud --file)"),
+) -> None:
+    """The workers' least-privilege roles, and the gcloud commands that create and bind them."""
+    from fleet import iam
+
+    if role is not None:
+        found = next((r for r in iam.ROLES if r.id == role), None)
+        if found is None:
+            fail(f"--role {role}: no such role; known: {', '.join(r.id for r in iam.ROLES)}")
+        sys.stdout.write(iam.role_yaml(found))
+        return
+    cfg = _config()
+    project = cfg.project if cfg else "PROJECT"
+    bucket = cfg.bucket if cfg else "gs://BUCKET"
+    for r in iam.ROLES:
+        print(f"# role {r.id}: {r.description}")
+        for p in sorted(r.permissions, key=lambda p: p.name):
+            print(f"#   {p.name:40} {p.calls}")
+    print(f"# bound on the project with the condition {iam.CONDITION_TITLE}: "
+          f"MIGs and templates named {iam.NAME_PREFIX}* only")
+    sys.stdout.write(iam.setup_commands(project, bucket, cfg.service_account if cfg else ""))
+
+
 @app.command("logs")
 def logs_cmd(
     worker: Optional[str] = typer.Argument(None, help="A VM (or worker) name; without it, list the logs"),
@@ -512,22 +544,19 @@ def logs_cmd(
     """The logs the VMs stream to the bucket: list them, or print one VM's."""
     from fleet import gcp
 
-    try:
-        store = open_store(_bucket(bucket, _config()))
-        prefix = gcp.log_prefix(run)
-        logs = {b.name[len(prefix):].removesuffix(".log"): b for b in store.list(prefix)}
-        if worker is None:
-            if not logs:
-                fail(f"no logs for run {run!r} in {store.url} yet")
-            for name, blob in sorted(logs.items()):
-                print(f"{name}\t{blob.size:,} bytes")
-            return
-        vm = worker if worker in logs else gcp.vm_of(worker)
-        if vm not in logs:
-            fail(f"no log of {worker!r} for run {run!r} (known: {', '.join(sorted(logs)) or 'none'})")
-        sys.stdout.write(store.read(logs[vm].name).decode(errors="replace"))
-    except USER_ERRORS as e:
-        fail(str(e))
+    store = open_store(_bucket(bucket, _config()))
+    prefix = gcp.log_prefix(run)
+    logs = {b.name[len(prefix):].removesuffix(".log"): b for b in store.list(prefix)}
+    if worker is None:
+        if not logs:
+            fail(f"no logs for run {run!r} in {store.url} yet")
+        for name, blob in sorted(logs.items()):
+            print(f"{name}\t{blob.size:,} bytes")
+        return
+    vm = worker if worker in logs else gcp.vm_of(worker)
+    if vm not in logs:
+        fail(f"no log of {worker!r} for run {run!r} (known: {', '.join(sorted(logs)) or 'none'})")
+    sys.stdout.write(store.read(logs[vm].name).decode(errors="replace"))
 
 
 @app.command("down")
@@ -537,13 +566,9 @@ def down_cmd(
 ) -> None:
     """Delete the run's MIG (its VMs give their items back) and its instance template."""
     from fleet import gcp
-    from fleet.compute import ComputeError
 
     cfg = _config()
-    try:
-        gcp.down(open_store(_bucket(bucket, cfg)), run, cfg, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
-    except (ComputeError, *USER_ERRORS) as e:
-        fail(str(e))
+    gcp.down(open_store(_bucket(bucket, cfg)), run, cfg, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
 
 
 def main() -> None:

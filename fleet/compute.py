@@ -455,3 +455,20 @@ class Compute:
                               "action": e.instance_action_details.action, "code": e.error.code,
                               "message": e.error.message})
         return st
+
+    # -- what `fleet launch` checks first: the region's quotas and the machine type --------------
+    @property
+    def region(self) -> str:
+        return self.place.region or self.place.zone.rsplit("-", 1)[0]
+
+    def region_info(self) -> tuple[list[str], dict[str, tuple[float, float]]]:
+        """The region's zones and its quotas, metric -> (limit, usage)."""
+        region = self._call(f"regions.get {self.region}", self._client(compute_v1.RegionsClient).get,
+                            project=self.place.project, region=self.region)
+        zones = [z.rsplit("/", 1)[-1] for z in region.zones]
+        return zones, {q.metric: (q.limit, q.usage) for q in region.quotas}
+
+    def machine_vcpus(self, zone: str, machine_type: str) -> int:
+        mt = self._call(f"machineTypes.get {machine_type} in {zone}", self._client(compute_v1.MachineTypesClient).get,
+                        project=self.place.project, zone=zone, machine_type=machine_type)
+        return int(mt.guest_cpus)

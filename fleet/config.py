@@ -10,9 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tomllib
 import typing
 from dataclasses import dataclass, field
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
+    import tomli as tomllib
 
 CONFIG_FILE = "fleet.toml"
 CONFIG_ENV = "FLEET_CONFIG"  # another path for the file (tests, several projects)
@@ -47,11 +51,17 @@ class FleetConfig:
     disk_type: str = ""  # boot disk type; "" = the machine series' default (hyperdisk-balanced on C4/N4)
     workers_per_vm: int = 0  # worker processes per VM; 0 = one per core
     standby: int = 2  # idle workers kept in the tail to take over expired leases
-    max_run_hours: float = 24.0  # scheduling.maxRunDuration of every VM; 0 = no limit
+    # scheduling.maxRunDuration of every VM: unset = derived from the plan (fleet.estimate); 0 = no limit
+    max_run_hours: float | None = None
     network: str = "global/networks/default"
     subnetwork: str = ""
     external_ip: bool = True  # False needs Private Google Access (and a baked image: no PyPI)
     code_paths: list[str] = field(default_factory=lambda: list(DEFAULT_CODE_PATHS))
+    # The cost estimate of `fleet launch --dry-run` (README: "What it costs"): planning figures, not measurements.
+    mb_per_vcpu_s: float = 5.0  # text per second per worker process on one vCPU (bench: electra 8.4, bert 4.6 per core)
+    boot_minutes: float = 3.0  # VM creation to first item (1-2 min with the Packer image, more without)
+    vcpu_hour_usd: float = 0.0335  # on-demand e2-standard-4, us-central1: $0.134/h over 4 vCPUs
+    spot_vcpu_hour_usd: float = 0.0100  # Spot e2-standard-4, us-central1: about $0.040/h over 4 vCPUs
 
     def __post_init__(self) -> None:
         self.validate()
@@ -97,8 +107,12 @@ class FleetConfig:
             raise bad("workers_per_vm", "must be 0 (one per core) or more")
         if self.standby < 0:
             raise bad("standby", "must be 0 or more")
-        if not 0 <= self.max_run_hours <= 24 * 120:
-            raise bad("max_run_hours", "must be between 0 (no limit) and 2880 (120 days)")
+        if self.max_run_hours is not None and not (self.max_run_hours == 0 or 1 / 120 <= self.max_run_hours <= 24 * 120):
+            raise bad("max_run_hours", "must be 0 (no limit) or between 0.0083 (30 s) and 2880 (120 days); "
+                                       "leave it out to derive it from the plan")
+        for name in ("mb_per_vcpu_s", "boot_minutes", "vcpu_hour_usd", "spot_vcpu_hour_usd"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise bad(name, "must be a positive number")
         if not self.code_paths or any(p.startswith(("/", "..")) or not p for p in self.code_paths):
             raise bad("code_paths", "give paths relative to the project root")
 
@@ -108,6 +122,8 @@ def config_path(path: str | None = None) -> str:
 
 
 def _coerce(name: str, tp: typing.Any, value: typing.Any) -> typing.Any:
+    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        tp = next(t for t in typing.get_args(tp) if t is not type(None))  # Optional: absent in the file = None
     want = {int: int, float: (int, float), bool: bool, str: str}.get(tp)
     if typing.get_origin(tp) is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -159,14 +175,17 @@ def _toml_value(value: typing.Any) -> str:
 
 _COMMENTS = {
     "zone": "a zonal MIG here, or set region instead for a regional one",
-    "service_account": "the workers' identity: needs roles/storage.objectUser on the bucket and "
-                       "roles/compute.instanceAdmin.v1 (to remove its own VM)",
+    "service_account": "the workers' identity: needs the two custom roles `fleet iam` prints "
+                       "(bucket objects; its own MIG and template only)",
     "image": "a Packer-built family (images/packer/) skips the pip install at boot",
     "workers_per_vm": "0 = one worker process per core",
     "standby": "idle workers kept alive in the tail to take over expired leases",
     "disk_type": "boot disk type; empty = the machine series' default (pd-standard on E2/N2, "
                  "hyperdisk-balanced on C4/N4); e.g. pd-balanced for faster boots on E2",
-    "max_run_hours": "every VM is deleted after this long whatever it is doing (0 = never)",
+    "max_run_hours": "every VM is deleted after this long whatever it is doing (0 = never); "
+                     "unset = 3 x the run's expected time, shown by `fleet launch --dry-run`",
+    "mb_per_vcpu_s": "cost estimate (planning figures; README: What it costs): MB/s per vCPU, boot, "
+                     "price per vCPU-hour",
     "code_paths": "what `fleet sync` uploads, relative to the project root",
 }
 
@@ -179,6 +198,9 @@ def dumps(config: FleetConfig) -> str:
             continue
         if f.name in _COMMENTS:
             lines.append(f"# {_COMMENTS[f.name]}")
+        if value is None:
+            lines.append(f"# {f.name} = ...")  # unset: the default applies
+            continue
         lines.append(f"{f.name} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from fleet import boots, compute
+from fleet import boots, compute, estimate, iam, prelaunch
 from fleet.codesync import has_version, project_root
 from fleet.config import FleetConfig
 from fleet.records import JsonRecord
@@ -77,11 +77,25 @@ class LaunchPlan:
     template: object  # compute_v1.InstanceTemplate
     mig: object  # compute_v1.InstanceGroupManager
     requests: list[compute.Request]
+    estimate: estimate.Estimate
+
+
+def rates(cfg: FleetConfig) -> estimate.Rates:
+    return estimate.Rates(cfg.mb_per_vcpu_s, cfg.boot_minutes, cfg.vcpu_hour_usd, cfg.spot_vcpu_hour_usd)
+
+
+def check_template(template: str | None) -> None:
+    if template is not None and not template.startswith(iam.NAME_PREFIX):
+        raise PlanError(f"--template {template}: must start with {iam.NAME_PREFIX!r}: the workers' IAM condition "
+                        f"lets them delete only templates named so (`fleet iam`)")
 
 
 def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None = None, spot: bool | None = None,
-                max_run_hours: float | None = None) -> LaunchPlan:
-    """Check the run can go to VMs and build the exact requests; sends nothing to Compute."""
+                max_run_hours: float | None = None, vcpus: int | None = None) -> LaunchPlan:
+    """Check the run can go to VMs and build the exact requests; sends nothing to Compute.
+
+    ``vcpus`` per VM (machineTypes.get, see fleet.prelaunch) sizes the estimate and the derived
+    maxRunDuration; without it the machine type's name says."""
     kind = "zonal" if cfg.zone else "regional"
     limit = compute.MIG_LIMIT[kind]
     if workers > limit and cfg.zone:
@@ -94,23 +108,30 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     if not cfg.service_account:
         raise PlanError("fleet.toml: service_account is empty; the VMs need one to reach the bucket "
                         "(README: Run it on GCP, step 2)")
-    hours = cfg.max_run_hours if max_run_hours is None else max_run_hours
-    if not 0 <= hours <= 24 * 120:
-        raise PlanError(f"--max-run-hours {hours}: give 0 (no limit) to 2880")
+    override = cfg.max_run_hours if max_run_hours is None else max_run_hours
+    if override is not None and not (override == 0 or 1 / 120 <= override <= 24 * 120):
+        raise PlanError(f"--max-run-hours {override:g}: give 0 (no limit) or 0.0083 (30 s) to 2880 (120 days)")
+    check_template(template)
     store = open_store(cfg.bucket)
     spec = load_spec(store, run)
-    for what, url in (("output", spec.output), ("input", load_items(store, run)[0].url)):
+    items = load_items(store, run)
+    for what, url in (("output", spec.output), ("input", items[0].url)):
         if not url.startswith("gs://"):
             raise PlanError(f"run {run!r}: its {what} {url} is a local path; VMs can read and write only gs:// URLs")
     if not has_version(cfg.bucket, spec.code_version):
         raise PlanError(f"code version {spec.code_version} (pinned by run {run!r}) is not in {cfg.bucket}: "
                         "run `fleet sync` with the code the run was planned with")
+    cores = vcpus or prelaunch.vcpus_from_name(cfg.machine_type) or 1
+    use_spot = cfg.spot if spot is None else spot
+    est = estimate.estimate([item.size for item in items], workers, cores, cfg.workers_per_vm, use_spot, rates(cfg),
+                            override)
+    hours = est.bound_hours
     mig = compute.mig_name(run)
     fspec = compute.FleetSpec(
         run=run, bucket=cfg.bucket, code_version=spec.code_version, template=template or mig,
         machine_type=cfg.machine_type, image=cfg.image, service_account=cfg.service_account,
         startup_script=read_startup_script(), shutdown_script=read_startup_script(script=SHUTDOWN_SCRIPT),
-        spot=cfg.spot if spot is None else spot, max_run_hours=hours,
+        spot=use_spot, max_run_hours=hours,
         disk_gb=cfg.disk_gb, disk_type=cfg.disk_type, workers_per_vm=cfg.workers_per_vm, standby=cfg.standby, network=cfg.network,
         subnetwork=cfg.subnetwork, external_ip=cfg.external_ip)
     place = compute.Place(cfg.project, cfg.zone, cfg.region)
@@ -118,7 +139,21 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     mig_res = compute.mig_resource(fspec, place, mig, workers)
     record = LaunchRecord(run, cfg.project, cfg.zone, cfg.region, mig, fspec.template, workers, fspec.spot,
                           cfg.machine_type, hours, spec.code_version)
-    return LaunchPlan(record, fspec, tpl, mig_res, compute.launch_requests(tpl, mig_res, place))
+    return LaunchPlan(record, fspec, tpl, mig_res, compute.launch_requests(tpl, mig_res, place), est)
+
+
+def prepare(cfg: FleetConfig, run: str, workers: int, template: str | None = None, spot: bool | None = None,
+            max_run_hours: float | None = None) -> tuple[LaunchPlan, list[str]]:
+    """The plan, sized with the machine type's real vCPUs, and what stands in its way (quota, the
+    service account): read-only calls only, so a dry run makes them too."""
+    plan = plan_launch(cfg, run, workers, template, spot, max_run_hours)  # what the bucket alone can refuse, first
+    comp = compute.Compute(compute.Place(cfg.project, cfg.zone, cfg.region))
+    facts = prelaunch.gather(cfg, comp)
+    if facts.vcpus != plan.estimate.vcpus:
+        plan = plan_launch(cfg, run, workers, template, spot, max_run_hours, vcpus=facts.vcpus)
+    disk = plan.template.properties.disks[0].initialize_params
+    account = iam.check_service_account(cfg.service_account)
+    return plan, prelaunch.shortfalls(cfg, workers, plan.spec.spot, disk.disk_type, disk.disk_size_gb, facts, account)
 
 
 def launch(cfg: FleetConfig, plan: LaunchPlan, echo: Callable[[str], None] = print) -> LaunchRecord:
@@ -152,7 +187,7 @@ def down(store: Store, run: str, cfg: FleetConfig | None, echo: Callable[[str], 
         if cfg is None:
             raise PlanError(f"run {run!r} was never launched from this bucket and there is no fleet.toml to say where")
         record = LaunchRecord(run, cfg.project, cfg.zone, cfg.region, compute.mig_name(run), compute.mig_name(run),
-                              0, cfg.spot, cfg.machine_type, cfg.max_run_hours, "")
+                              0, cfg.spot, cfg.machine_type, cfg.max_run_hours or 0.0, "")
     comp = compute.Compute(record.place)
     gone = comp.delete_mig(record.mig)
     echo(f"managed instance group {record.mig}: {'deleted' if gone else 'not there (already deleted)'}")

@@ -144,10 +144,8 @@ def available_jobs() -> list[str]:
     for path in _jobs_pkg.__path__:
         for entry in sorted(os.listdir(path)):
             init = os.path.join(path, entry, "__init__.py")
-            if os.path.isfile(init) and not entry.startswith(("_", ".")):
-                with open(init, encoding="utf-8") as f:
-                    if "JOB" in f.read():
-                        names.append(entry)
+            if os.path.isfile(init) and not entry.startswith(("_", ".")) and _defines_job(init):
+                names.append(entry)
     try:
         from importlib.metadata import entry_points
 
@@ -155,6 +153,26 @@ def available_jobs() -> list[str]:
     except Exception:
         pass
     return sorted(set(names))
+
+
+def _defines_job(init: str) -> bool:
+    """Whether a package's ``__init__.py`` binds the name ``JOB`` at top level (an assignment or
+    an import), read without importing it: a word in a docstring or comment does not count."""
+    import ast
+
+    try:
+        with open(init, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), init)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return False
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "JOB" for t in targets):
+                return True
+        elif isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == "JOB" for a in node.names):
+            return True
+    return False
 
 
 def load_job(name: str) -> Job:

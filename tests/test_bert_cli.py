@@ -14,9 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet.job import ItemContext, Sink
-from jobs.electra_zh_en import JOB, tfrecord
+from jobs.electra_zh_en import JOB
+from jobs.text import tfrecord
 from jobs.electra_zh_en.__main__ import app
-from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+from jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "corpus")
@@ -106,10 +107,37 @@ def test_report_catches_a_vocab_that_misses_characters(tmp_path, vocabs, documen
     assert no_vocab.exit_code == 0 and "[UNK]: unknown (no vocab: pass --vocab)" in no_vocab.stdout
 
 
+def test_report_reads_parquet_outputs_as_it_reads_tfrecords(tmp_path, vocabs, documents):
+    texts = {}
+    for output in ("tfrecord", "parquet"):
+        write_run(tmp_path / output, vocabs["good"], documents, format="bert", output=output)
+        result = run("report", tmp_path / output, "--vocab", vocabs["good"])
+        assert result.exit_code == 0, result.output
+        texts[output] = result.stdout
+    assert texts["parquet"] == texts["tfrecord"].replace(str(tmp_path / "tfrecord"), str(tmp_path / "parquet"))
+    assert "(bert, max_seq_length 128)" in texts["parquet"]
+    (tmp_path / "parquet" / "part-00001.parquet").write_bytes(b"PAR1 not really")
+    one_line_error(run("report", tmp_path / "parquet"), "part-00001.parquet: cannot read as Parquet")
+
+
+def test_report_on_causal_lm_blocks(tmp_path, vocabs, documents):
+    from jobs.causal_lm import JOB as LM
+
+    out = tmp_path / "lm"
+    out.mkdir()
+    config = LM.parse_config({"vocab_file": vocabs["good"], "max_seq_length": "64", "output": "parquet"})
+    stats = LM.converter(config, lambda p: open(p, "rb").read()).convert(
+        documents, ItemContext("0", 0, "t"), FolderSink(str(out), "part-00000"))
+    text = LM.report(str(out), config)
+    assert f"records: {stats['examples']:,} in 1 files (causal_lm, max_seq_length 64)" in text
+    assert f"fill ratio {stats['real_tokens'] / stats['positions']:.3f}" in text
+    assert "segments" not in text and "[UNK]: 0.0" in text
+
+
 def test_report_errors(tmp_path, vocabs, documents):
     one_line_error(run("report", tmp_path / "none"), "none: not a folder")
     (tmp_path / "empty").mkdir()
-    one_line_error(run("report", tmp_path / "empty"), "empty: no .tfrecord or .tfrecord.gz files")
+    one_line_error(run("report", tmp_path / "empty"), "empty: no .tfrecord, .tfrecord.gz or .parquet files")
     out = tmp_path / "run"
     write_run(out, vocabs["good"], documents[:6], format="bert")
     one_line_error(run("report", out, "--vocab", tmp_path / "missing.txt"), "missing.txt")

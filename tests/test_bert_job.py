@@ -14,12 +14,13 @@ import pytest
 import rjieba
 
 from fleet.job import ConfigError, ItemContext, Sink
-from jobs.electra_zh_en import JOB, ElectraConfig, tfrecord
+from jobs.electra_zh_en import JOB, ElectraConfig
+from jobs.text import tfrecord
 from jobs.electra_zh_en.bert_builder import DocBatcher, PairOptions, assemble, build_spans, truncate_pairs
 from jobs.electra_zh_en.bert_records import feature_names
 from jobs.electra_zh_en.masking import mask_batch
-from jobs.electra_zh_en.tokenization import CJK_RANGES, WORD_CONTINUES, BertTokenizer
-from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+from jobs.text.tokenization import CJK_RANGES, WORD_CONTINUES, BertTokenizer
+from jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 

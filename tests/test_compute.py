@@ -13,13 +13,15 @@ import pytest
 from google.cloud import compute_v1
 from typer.testing import CliRunner
 
-from fleet import compute
+from fleet import compute, iam
 from fleet.cli import app
 from fleet.codesync import sync
 from fleet.run import plan
 from fleet.store import open_store
+from tests.standins.catalog import Catalog
 from tests.standins.compute import ComputeStandin
 from tests.standins.faultproxy import FaultProxy
+from tests.standins.iam import IamStandin
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "fleet-test-1"
@@ -29,9 +31,13 @@ ZONAL, REGIONAL = compute.Place(PROJECT, zone="us-central1-a"), compute.Place(PR
 @pytest.fixture
 def standin(monkeypatch):
     s = ComputeStandin(PROJECT).start()
+    Catalog(PROJECT).install(s)  # regions.get and machineTypes.get, which `fleet launch` reads first
+    accounts = IamStandin([f"w@{PROJECT}.iam.gserviceaccount.com"]).start()
     monkeypatch.setenv(compute.ENDPOINT_ENV, s.url)
+    monkeypatch.setenv(iam.ENDPOINT_ENV, accounts.url)
     yield s
     s.stop()
+    accounts.stop()
 
 
 def spec(**changes) -> compute.FleetSpec:
@@ -187,13 +193,13 @@ def test_launch_refuses_what_vms_cannot_run(launched, tmp_path):
     assert not standin.calls
 
 
-def test_dry_run_prints_the_requests_and_sends_nothing(launched):
+def test_dry_run_prints_the_requests_and_only_reads(launched):
     bucket, standin = launched
     out = fleet("launch", "--run", "r1", "--workers", "5", "--no-spot", "--max-run-hours", "2", "--dry-run")
     assert f"POST {standin.url}/compute/v1/projects/{PROJECT}/global/instanceTemplates\n" in out
     assert f"POST {standin.url}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instanceGroupManagers\n" in out
     assert '"provisioningModel": "STANDARD"' in out and '"seconds": "7200"' in out and '"targetSize": 5' in out
-    assert not standin.calls and open_store(bucket).stat("runs/r1/launch.json") is None
+    assert {c.method for c in standin.calls} == {"GET"} and open_store(bucket).stat("runs/r1/launch.json") is None
 
 
 def test_launch_json_is_written_even_when_the_first_upload_fails(launched, fake_gcs, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from jobs.electra_zh_en.__main__ import app
-from jobs.electra_zh_en.tokenization import SPECIAL_TOKENS, BertTokenizer
+from jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT_A = "Hello world, this is English text.\nIt has two lines.\n\n第二个文档。中文和 English 混合。\n"

@@ -10,10 +10,10 @@ import pytest
 
 from fleet.job import ConfigError, ItemContext, Sink, load_job
 from jobs.electra_zh_en import JOB, ElectraConfig
-from jobs.electra_zh_en import tfrecord
+from jobs.text import tfrecord
 from jobs.electra_zh_en.builder import build_examples
-from jobs.electra_zh_en.tokenization import BertTokenizer
-from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+from jobs.text.tokenization import BertTokenizer
+from jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 
@@ -138,3 +138,37 @@ def test_lower_case_option(vocab_path):
     lower = convert(ElectraConfig(vocab_file=vocab_path), docs)[1]
     cased = convert(ElectraConfig(vocab_file=vocab_path, do_lower_case=False), docs)[1]
     assert lower != cased
+
+
+@pytest.mark.parametrize("fmt", ["electra", "bert"])
+def test_parquet_output_holds_the_same_examples_as_the_tfrecords(vocab_path, documents, fmt):
+    import pyarrow.parquet as pq
+
+    from tests.helpers.records import examples
+
+    config = dict(vocab_file=vocab_path, format=fmt, max_seq_length=64)
+    tf_sink, pq_sink, again = MemorySink(), MemorySink(), MemorySink()
+    for sink, output in ((tf_sink, "tfrecord"), (pq_sink, "parquet"), (again, "parquet")):
+        JOB.converter(ElectraConfig(**config, output=output), read_file).convert(
+            iter(documents), ItemContext("item-1", 3, "test"), sink)
+    assert list(pq_sink.files) == [".parquet"]
+    data = pq_sink.files[".parquet"]
+    assert data == again.files[".parquet"]  # a retried item rewrites the same bytes
+    rows = examples(data, ".parquet")
+    assert len(rows) > 10 and rows == examples(tf_sink.files[".tfrecord"], ".tfrecord")
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    assert meta.row_group(0).column(0).compression == "ZSTD"
+    assert str(pq.read_schema(io.BytesIO(data)).field("input_ids").type) == "list<element: int32>"
+
+
+def test_parquet_output_option_checks(vocab_path):
+    for bad, message in (({"output": "csv"}, "option output: 'csv' is not supported"),
+                         ({"output": "parquet", "compression": "GZIP"}, "compression applies to output=tfrecord")):
+        with pytest.raises(ConfigError, match=message):
+            JOB.check(ElectraConfig(vocab_file=vocab_path, **bad), read_file)
+    sink = MemorySink()
+    JOB.converter(ElectraConfig(vocab_file=vocab_path, output="parquet"), read_file).convert(
+        iter([]), ItemContext("i", 1, "t"), sink)
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(io.BytesIO(sink.files[".parquet"])).num_rows == 0  # an empty item: a valid empty file

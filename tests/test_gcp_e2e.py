@@ -27,12 +27,16 @@ from fleet.lease import DONE, Lease
 from fleet.run import lease_prefix
 from fleet.status import StatusReader
 from fleet.store import open_store
+from tests.standins.catalog import Catalog
 from tests.standins.compute import ComputeStandin
+from tests.standins.faultproxy import FaultProxy
+from tests.standins.iam import IamStandin, Policy
 from tests.standins.vm import LocalVMs
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "corpus"
 PROJECT, ZONE = "fleet-test-1", "us-central1-a"
+ACCOUNT = f"fleet-worker@{PROJECT}.iam.gserviceaccount.com"
 
 
 @dataclass
@@ -41,6 +45,9 @@ class Cloud:
     standin: ComputeStandin
     vms: LocalVMs
     tmp: Path
+    policy: Policy
+    catalog: Catalog
+    storage: FaultProxy  # the VMs' way to the bucket (guarded by the policy)
 
     def fleet(self, *args: str) -> str:
         result = CliRunner().invoke(app, list(args))
@@ -69,16 +76,26 @@ def cloud_fixture(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
     vm_env.update(FLEET_PYTHON=sys.executable, FLEET_SKIP_INSTALL="1", FLEET_LOG_INTERVAL="1", FLEET_RUN_AS="")
     vms = LocalVMs(tmp_path / "vms", vm_env)
     standin = ComputeStandin(PROJECT, launcher=vms, on_gone=vms.gone).start()  # GCE's stop windows: 30 s, 90 s
+    catalog = Catalog(PROJECT).install(standin)  # regions.get (quotas) and machineTypes.get for `fleet launch`
+    # The VMs' account holds exactly fleet/iam.py's roles: the stand-ins refuse (403) any VM call outside them.
+    policy = Policy.for_fleet(PROJECT, gcs_bucket, vms.tokens, upstream=fake_gcs.url, account=ACCOUNT)
+    standin.guard = policy.compute_guard
+    storage = FaultProxy(fake_gcs.url, guard=policy.storage_guard).start()  # the VMs' way to the bucket
+    iam_api = IamStandin([ACCOUNT]).start()
     vm_env["FLEET_COMPUTE_ENDPOINT"] = standin.url  # the VMs' `fleet leave` talks to the stand-in too
+    vm_env["STORAGE_EMULATOR_HOST"] = storage.url
     monkeypatch.setenv("FLEET_COMPUTE_ENDPOINT", standin.url)
+    monkeypatch.setenv("FLEET_IAM_ENDPOINT", iam_api.url)
     monkeypatch.setenv("FLEET_CONFIG", str(tmp_path / "fleet.toml"))
     store = open_store(f"gs://{gcs_bucket}")
     for f in ("sample_en.txt", "sample_zh.txt"):
         store.upload_file(f"corpus/{f}", str(CORPUS / f))
     try:
-        yield Cloud(f"gs://{gcs_bucket}", standin, vms, tmp_path)
+        yield Cloud(f"gs://{gcs_bucket}", standin, vms, tmp_path, policy, catalog, storage)
     finally:
         standin.stop()
+        storage.stop()
+        iam_api.stop()
     # Every request of the product (fleet launch/status/down, startup.sh on the VMs) was one the
     # published API accepts: the stand-in checks each against the discovery document.
     assert standin.violations == []
@@ -86,7 +103,7 @@ def cloud_fixture(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
 
 def init(cloud: Cloud, *extra: str) -> None:
     cloud.fleet("init", "--project", PROJECT, "--zone", ZONE, "--bucket", cloud.bucket,
-                "--service-account", f"fleet-worker@{PROJECT}.iam.gserviceaccount.com",
+                "--service-account", ACCOUNT,
                 "--workers-per-vm", "1", "--standby", "1", "--max-run-hours", "1", *extra)
 
 
@@ -117,7 +134,7 @@ def check_clean_exit(cloud: Cloud, run: str) -> None:
     assert sorted(st.events_of("gone")) == sorted(created)
     gone_via = {w: d for _, k, w, d in st.events if k == "gone"}
     assert set(gone_via.values()) == {"deleteInstances"}, gone_via
-    assert st.events_of("mig-gone") == [f"fleet-{run}"] and st.events_of("template-deleted") == [f"t-{run}"]
+    assert st.events_of("mig-gone") == [f"fleet-{run}"] and st.events_of("template-deleted") == [f"fleet-t-{run}"]
     # Each VM removed itself with the token its own metadata server gave it, never anonymously.
     removals = [c for c in st.calls if c.path.endswith("/deleteInstances")]
     assert removals and all(c.auth and c.auth.split()[-1] in cloud.vms.tokens for c in removals)
@@ -139,17 +156,17 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     cloud.fleet("plan", "--run", "e2e", "--job", "electra_zh_en", "--input", f"{cloud.bucket}/corpus/",
                 "--output", f"{cloud.bucket}/out/", "--set", f"vocab_file={cloud.bucket}/vocab.txt",
                 "--item-mb", "0.15", "--lease-ttl", "20")
-    dry = cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "t-e2e", "--dry-run")
+    dry = cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--dry-run")
     assert f"POST {cloud.standin.url}/compute/v1/projects/{PROJECT}/global/instanceTemplates" in dry
-    assert not cloud.standin.calls  # a dry run sends nothing
+    assert {c.method for c in cloud.standin.calls} == {"GET"}  # a dry run only reads (quotas, machine type)
     # GCE may report "template in use" as the error of the delete's operation: the last VM out must retry that too.
     cloud.standin.in_use_error = "operation"
-    cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "t-e2e")
+    cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e")
     # What the dry run printed is exactly what was sent.
     sent = [c for c in cloud.standin.calls if c.method == "POST" and c.path.endswith(("instanceTemplates", "instanceGroupManagers"))]
     assert [c.body for c in sent] == _bodies(dry)
 
-    cloud.wait_until_gone("fleet-e2e", "t-e2e")
+    cloud.wait_until_gone("fleet-e2e", "fleet-t-e2e")
     st = StatusReader(open_store(cloud.bucket), "e2e").collect(with_workers=True)
     assert st.done == st.items and st.items >= 6 and not st.failed
     check_clean_exit(cloud, "e2e")
@@ -186,6 +203,30 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
         data = store.read(blob.name)
         assert not any(t in data for t in tokens), blob.name
     assert not any(t in json.dumps([c.body for c in sent]).encode() for t in tokens)
+
+    # A second job on the same fleet path: causal_lm with a byte-level BPE read from the bucket,
+    # written as Parquet; the same bytes as `fleet local`.
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train([str(CORPUS / "sample_en.txt")], vocab_size=1000, special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    store.upload_file("tokenizer.json", str(tmp_path / "tokenizer.json"))
+    lm_options = {"tokenizer_file": f"{cloud.bucket}/tokenizer.json", "max_seq_length": "256", "output": "parquet"}
+    cloud.fleet("plan", "--run", "lm", "--job", "causal_lm", "--input", f"{cloud.bucket}/corpus/sample_en.txt",
+                "--output", f"{cloud.bucket}/lm/", *(a for k, v in lm_options.items() for a in ("--set", f"{k}={v}")),
+                "--item-mb", "0.2", "--lease-ttl", "20")
+    cloud.fleet("launch", "--run", "lm", "--workers", "2", "--template", "fleet-t-lm")
+    cloud.wait_until_gone("fleet-lm", "fleet-t-lm")
+    st = StatusReader(open_store(cloud.bucket), "lm").collect()
+    assert st.done == st.items >= 2 and not st.failed
+    lm_local = tmp_path / "lm-local"
+    result = run_local([str(CORPUS / "sample_en.txt")], str(lm_local), "causal_lm", 2,
+                       {**lm_options, "tokenizer_file": str(tmp_path / "tokenizer.json")},
+                       item_bytes=int(0.2e6), console=Console(file=io.StringIO()))
+    assert result.exit_code == 0
+    lm_outputs = output_digests(f"{cloud.bucket}/lm")
+    assert lm_outputs == local_digests(lm_local) and all(name.endswith(".parquet") for name in lm_outputs)
 
 
 def _bodies(dry: str) -> list[dict]:
@@ -224,7 +265,7 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
     cloud.fleet("plan", "--run", "pre", "--job", job, "--input", f"{cloud.bucket}/corpus/sample_en.txt",
                 "--output", f"{cloud.bucket}/out-pre/", "--set", "delay=0.4", "--item-mb", "0.3",
                 "--lease-ttl", str(ttl))  # 2 items of about 24 documents: 10 s of work each; 3 VMs, one idle
-    cloud.fleet("launch", "--run", "pre", "--workers", "3", "--template", "t-pre")
+    cloud.fleet("launch", "--run", "pre", "--workers", "3", "--template", "fleet-t-pre")
     store = open_store(cloud.bucket)
     found, deadline = None, time.time() + 90
     while found is None and time.time() < deadline:
@@ -249,7 +290,7 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
     assert released is not None and released < 10, f"the item was not given back\n{cloud.vms.console()}"
     assert taken is not None and taken < 30, f"taken after {taken}s\n{cloud.vms.console()}"
 
-    cloud.wait_until_gone("fleet-pre", "t-pre")
+    cloud.wait_until_gone("fleet-pre", "fleet-t-pre")
     assert cloud.standin.events_of("recreate") == [vm]
     assert not cloud.standin.events_of("power-off")  # every stop ended with its shutdown script, inside the window
     leases = StatusReader(store, "pre").leases()
@@ -272,16 +313,16 @@ def test_fleet_down_mid_run_stops_the_vms_and_they_give_their_items_back(cloud):
     cloud.fleet("sync")
     cloud.fleet("plan", "--run", "dn", "--job", "tests.helpers.linejob:JOB", "--input", f"{cloud.bucket}/corpus/",
                 "--output", f"{cloud.bucket}/out-dn/", "--set", "delay=0.2", "--item-mb", "0.1", "--lease-ttl", "300")
-    cloud.fleet("launch", "--run", "dn", "--workers", "2", "--template", "t-dn")
+    cloud.fleet("launch", "--run", "dn", "--workers", "2", "--template", "fleet-t-dn")
     store = open_store(cloud.bucket)
     deadline = time.time() + 90
     while StatusReader(store, "dn").collect().leased < 2:
         assert time.time() < deadline, cloud.vms.console()
         time.sleep(0.1)
     out = cloud.fleet("down", "--run", "dn")
-    assert "fleet-dn: deleted" in out and "t-dn: deleted" in out
+    assert "fleet-dn: deleted" in out and "fleet-t-dn: deleted" in out
     st = cloud.standin
-    assert not st.migs and "t-dn" not in st.templates
+    assert not st.migs and "fleet-t-dn" not in st.templates
     assert st.events_of("deleteInstances") == []  # stopped by the platform: they do not leave on their own
     assert {d for _, k, _, d in st.events if k == "gone"} == {"mig-delete"}
     status = StatusReader(store, "dn").collect()

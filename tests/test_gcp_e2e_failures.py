@@ -30,7 +30,7 @@ def launch(cloud: Cloud, run: str, job: str = "tests.helpers.linejob:JOB") -> fl
     cloud.fleet("plan", "--run", run, "--job", job, "--input", f"{cloud.bucket}/corpus/sample_en.txt",
                 "--output", f"{cloud.bucket}/out-{run}/", "--item-mb", "0.3")
     started = time.time()
-    cloud.fleet("launch", "--run", run, "--workers", "3", "--template", f"t-{run}")
+    cloud.fleet("launch", "--run", run, "--workers", "3", "--template", f"fleet-t-{run}")
     return started
 
 
@@ -115,7 +115,7 @@ def test_a_corrupt_run_spec(cloud, capsys):
     cloud.fleet("plan", "--run", "spec", "--job", "tests.helpers.linejob:JOB", "--input",
                 f"{cloud.bucket}/corpus/sample_en.txt", "--output", f"{cloud.bucket}/out-spec/")
     cfg = load()
-    plan = gcp.plan_launch(cfg, "spec", 3, "t-spec")  # checked while run.json was sound...
+    plan = gcp.plan_launch(cfg, "spec", 3, "fleet-t-spec")  # checked while run.json was sound...
     open_store(cloud.bucket).write("runs/spec/run.json", b'{"job": "tests.helpers.linejob:JOB", "conf')  # ...then damaged
     started = time.time()
     gcp.launch(cfg, plan, echo=lambda m: None)

@@ -45,3 +45,16 @@ def test_the_item_seed_comes_from_the_job_api():
     config = electra.parse_config({"vocab_file": "v.txt", "seed": "5"})
     assert electra.seed(config) == 5
     assert item_seed(5, "00001") != item_seed(5, "00002") and item_seed(5, "00001") == item_seed(5, "00001")
+
+
+def test_the_shared_text_layer_is_a_library_not_a_job(tmp_path, monkeypatch):
+    import jobs
+
+    assert "text" not in available_jobs() and "causal_lm" in available_jobs()
+    # Only a top-level binding of JOB makes a job: a word in a docstring does not.
+    for name, body in {"mentions": '"""Has no JOB object."""\n', "assigns": "JOB = object()\n",
+                       "imports": "from .job import JOB\n", "broken": "JOB = (\n"}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(body)
+    monkeypatch.setattr(jobs, "__path__", [str(tmp_path)])
+    assert [n for n in available_jobs() if n in ("mentions", "assigns", "imports", "broken")] == ["assigns", "imports"]

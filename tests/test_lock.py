@@ -13,18 +13,22 @@ pyproject.toml's [project] dependencies. When it fails, make the lock again:
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from fleet.config import DEFAULT_CODE_PATHS
+from fleet.config import DEFAULT_CODE_PATHS, tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements.lock"
 PYPROJECT = ROOT / "pyproject.toml"
 TOP = "fleet (pyproject.toml)"
+# What the lock is made for (its header's --python-version / --python-platform): a requirement whose
+# marker excludes this environment (tomli on Python < 3.11) is rightly absent from it.
+VM = {"python_version": "3.11", "python_full_version": "3.11.2", "sys_platform": "linux",
+      "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+      "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
 
 
@@ -59,6 +63,7 @@ def parse_lock(text: str) -> dict[str, dict]:
 def problems(pyproject: str, lock: str) -> list[str]:
     """Where the lock and pyproject.toml disagree; empty when they agree."""
     wanted = [Requirement(r) for r in tomllib.loads(pyproject)["project"]["dependencies"]]
+    wanted = [r for r in wanted if r.marker is None or r.marker.evaluate(VM)]
     entries = parse_lock(lock)
     out = []
     names = set()
@@ -102,3 +107,12 @@ def test_a_lock_that_disagrees_is_caught():
     assert problems(dropped, lock) == ["zstandard: the lock has it from pyproject.toml, which no longer lists it"]
     unhashed = re.sub(r"(?m)^(zstandard==\S+) \\\n(    --hash=\S+ \\\n)*    --hash=\S+\n", r"\1\n", lock)
     assert unhashed != lock and problems(pyproject, unhashed) == ["zstandard: no sha256 hashes"]
+
+
+def test_a_requirement_for_other_pythons_only_is_not_asked_of_the_lock():
+    pyproject, lock = PYPROJECT.read_text(), LOCK.read_text()
+    assert "python_version < '3.11'" in pyproject  # tomli, for fleet.toml on Python 3.10
+    assert "tomli" not in parse_lock(lock)
+    assert problems(pyproject, lock) == []
+    everywhere = pyproject.replace("\"tomli>=1.1; python_version < '3.11'\"", '"tomli>=1.1"')
+    assert problems(everywhere, lock) == ["tomli>=1.1: in pyproject.toml, not in the lock"]

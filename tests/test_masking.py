@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.electra_zh_en.masking import MaskingOptions, mask_batch, predictions_per_row
-from jobs.electra_zh_en.tokenization import WORD_CONTINUES
+from jobs.text.tokenization import WORD_CONTINUES
 
 CLS, SEP, MASK = 2, 3, 4
 RANDOM_IDS = np.arange(100, 1100, dtype=np.int32)  # what a random replacement may be

@@ -31,8 +31,8 @@ from fleet.store import StoreError
 from fleet.store.local import LocalStore
 from jobs.electra_zh_en import JOB, ElectraConfig
 from jobs.electra_zh_en.builder import ExampleBuilder
-from jobs.electra_zh_en.tokenization import BertTokenizer, VocabError, load_vocab
-from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+from jobs.text.tokenization import BertTokenizer, VocabError, load_vocab
+from jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from jobs.electra_zh_en import tfrecord
+from jobs.text import tfrecord
 from jobs.electra_zh_en.builder import build_examples
 
 
@@ -107,3 +107,25 @@ def test_iter_records_detects_corruption():
         list(tfrecord.iter_records(b"\x06" + data[1:]))
     with pytest.raises(ValueError, match="truncated"):
         list(tfrecord.iter_records(data[:-1]))
+
+
+def test_rows_written_as_columns_are_the_bytes_of_tfrecord_example(tf):
+    """jobs.text.output.encode_rows (the writer's column path) against the generic encoder and TensorFlow."""
+    import numpy as np
+
+    from jobs.text.output import Column, encode_rows
+
+    rng = np.random.default_rng(3)
+    columns = [Column("input_ids"), Column("attention_mask"), Column("weights", "float"), Column("wide")]
+    values = {"input_ids": rng.integers(0, 70000, (5, 9)), "attention_mask": rng.integers(0, 2, (5, 9)),
+              "weights": rng.random((5, 3)).astype(np.float32), "wide": rng.integers(0, 1 << 34, (5, 2))}
+    order = sorted(columns, key=lambda c: c.name)
+    records = encode_rows(order, values)
+    for i, record in enumerate(records):
+        features = {c.name: (tfrecord.float_feature(values[c.name][i].tolist()) if c.kind == "float"
+                             else tfrecord.int64_feature(values[c.name][i].tolist())) for c in columns}
+        assert record == tfrecord.frame(tfrecord.example(features))
+        parsed = tf.train.Example.FromString(list(tfrecord.iter_records(record))[0])
+        assert list(parsed.features.feature["wide"].int64_list.value) == values["wide"][i].tolist()
+    empty = encode_rows([Column("x")], {"x": np.zeros((2, 0), np.int64)})
+    assert empty == [tfrecord.frame(tfrecord.int64_example({"x": []}))] * 2

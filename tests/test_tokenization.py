@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from jobs.electra_zh_en.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
-from jobs.electra_zh_en.vocab import train_vocab, write_vocab
+from jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
+from jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -24,12 +24,16 @@ from fleet.store import Blob, BucketNotFound, Changed, Forbidden, NotFound, Prec
 
 
 def make_client() -> storage.Client:
-    """A Storage client: anonymous against an emulator, default credentials otherwise.
+    """A Storage client: anonymous against an emulator (but a stand-in VM's own account, when
+    GCE_METADATA_HOST names its metadata server), default credentials otherwise.
 
     With ``STORAGE_EMULATOR_HOST`` set the library talks to the emulator; anonymous
     credentials keep it from looking for (or finding) real ones. One client per
     process and setting is shared, since each holds a connection pool.
     """
+    # google-cloud-storage 3.x reads each bucket's metadata in the background to label trace spans
+    # (storage.buckets.get, which the workers' role does not hold, and which fleet never traces): off.
+    os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
     emulator = os.environ.get("STORAGE_EMULATOR_HOST")
     return _client(emulator, os.environ.get("GOOGLE_CLOUD_PROJECT"), os.getpid())
 
@@ -40,6 +44,12 @@ def _client(emulator: str | None, project: str | None, pid: int) -> storage.Clie
     if emulator:
         from google.auth.credentials import AnonymousCredentials
 
+        if os.environ.get("GCE_METADATA_HOST"):
+            # A stand-in VM (tests): its service account's token from its metadata server, as on GCE,
+            # so that the stand-ins can hold the workers to their IAM role.
+            from google.auth import compute_engine
+
+            return storage.Client(project=project or "local", credentials=compute_engine.Credentials())
         return storage.Client(project=project or "local", credentials=AnonymousCredentials())
     return storage.Client(project=project)
 

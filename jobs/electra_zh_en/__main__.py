@@ -3,6 +3,7 @@
     python -m jobs.electra_zh_en vocab INPUT... --size 21128 --out vocab.txt
     python -m jobs.electra_zh_en tokenize --vocab vocab.txt INPUT
     python -m jobs.electra_zh_en report OUT_DIR [--png report.png] [--vocab vocab.txt]
+    python -m jobs.electra_zh_en check INPUT... --vocab vocab.txt [--max-seq-length 128]
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import typer
 
 from fleet.job import InputError
 
-from .tokenization import BertTokenizer, VocabError
+from jobs.text.tokenization import BertTokenizer, VocabError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -45,7 +46,7 @@ def vocab(
     min_frequency: int = typer.Option(2, help="Fewest occurrences for a merged piece."),
 ) -> None:
     """Train a BERT WordPiece vocab ([PAD] [UNK] [CLS] [SEP] [MASK] first)."""
-    from .vocab import train_vocab, write_vocab
+    from jobs.text.vocab import train_vocab, write_vocab
 
     try:
         tokens = train_vocab(
@@ -91,19 +92,19 @@ def tokenize(
 
 @app.command()
 def report(
-    out_dir: str = typer.Argument(..., metavar="OUT_DIR", help="A folder of .tfrecord / .tfrecord.gz files."),
+    out_dir: str = typer.Argument(..., metavar="OUT_DIR", help="A folder of .tfrecord / .tfrecord.gz / .parquet files."),
     png: str = typer.Option(None, "--png", help="Also draw the histograms into this PNG file."),
     vocab: str = typer.Option(None, "--vocab", help="The run's vocab.txt, for the [UNK] share "
                               "(default: the vocab_file of the fleet local run in OUT_DIR)."),
     max_records: int = typer.Option(100_000, help="Read at most this many records (from the first files)."),
 ) -> None:
     """Summarise a run's records: lengths, fill ratio, segments, masking, [UNK] share."""
-    from .report import ReportError, read_report, record_files, vocab_ids, vocab_of_run
+    from jobs.text.report import ReportError, read_report, record_files, vocab_ids, vocab_of_run
 
     if not os.path.isdir(out_dir):
         _fail(f"{out_dir}: not a folder")
     if not record_files(out_dir):
-        _fail(f"{out_dir}: no .tfrecord or .tfrecord.gz files")
+        _fail(f"{out_dir}: no .tfrecord, .tfrecord.gz or .parquet files")
     vocab_path = vocab or vocab_of_run(out_dir)
     ids = None
     if vocab_path:
@@ -123,6 +124,57 @@ def report(
         except OSError as e:
             _fail(f"{png}: cannot write ({e.strerror})")
         typer.echo(f"wrote {png}", err=True)
+
+
+@app.command()
+def check(
+    inputs: List[str] = typer.Argument(..., metavar="INPUT", help="Files or folders, local or gs://, in any "
+                                       "format fleet reads (text, JSON Lines, WikiExtractor, CirrusSearch, Parquet)."),
+    vocab: str = typer.Option(..., "--vocab", help="The vocab.txt the run will use."),
+    max_seq_length: int = typer.Option(128, help="The run's max_seq_length."),
+    lowercase: bool = typer.Option(True, help="do_lower_case (must match how the vocab was made)."),
+    mb: float = typer.Option(16.0, "--mb", help="Read at most this many MB of text, shared among the files."),
+    seconds: float = typer.Option(20.0, help="Stop reading after this many seconds."),
+    text_column: str = typer.Option("text", help="The text field of JSON records / column of Parquet files."),
+    keep_titles: bool = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line."),
+) -> None:
+    """A look before the spend: read a bounded sample of the inputs and print documents and lines
+    per MB, tokens per line, the [UNK] share, Chinese/English share, lines longer than
+    max_seq_length, and what split_sentences would change."""
+    from fleet.inputs import ReadOptions
+    from fleet.store import StoreError
+
+    from .sample import Sampled, sample_documents
+    from .survey import Survey
+
+    if not 5 <= max_seq_length <= 1 << 16:
+        _fail(f"--max-seq-length: must be between 5 and 65536, got {max_seq_length}")
+    if mb <= 0 or seconds <= 0:
+        _fail("--mb and --seconds must be positive")
+    try:
+        tokenizer = BertTokenizer.from_file(vocab, do_lower_case=lowercase)
+    except OSError as e:
+        _fail(f"{vocab}: cannot read vocab ({e.strerror})")
+    except VocabError as e:
+        _fail(str(e))
+    survey = Survey(tokenizer, max_seq_length)
+    sampled = Sampled()
+    try:
+        for document in sample_documents(inputs, int(mb * 1e6), seconds, ReadOptions(text_column, keep_titles),
+                                         sampled):
+            survey.add(document)
+    except (InputError, StoreError) as e:  # a store's errors name the bucket or object
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e))
+    if not survey.documents:
+        _fail(f"{' '.join(inputs)}: no documents in the sample (empty files?)")
+    formats = ", ".join(f"{n} {fmt}" for fmt, n in sorted(sampled.formats.items()))
+    stopped = " (time limit reached)" if sampled.timed_out else ""
+    typer.echo(f"read {sampled.files_read} of {sampled.files} files ({formats}) in {sampled.seconds:.1f} s{stopped}")
+    typer.echo(survey.text())
+    if sampled.bad:
+        typer.echo(f"bad records skipped: {sampled.bad} (first: {sampled.bad_examples[0]})")
 
 
 def main() -> None:

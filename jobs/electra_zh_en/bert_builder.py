@@ -40,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .tokenization import WORD_CONTINUES
+from jobs.text.tokenization import WORD_CONTINUES
 
 ID_BITS = WORD_CONTINUES - 1  # ids & ID_BITS drops the word-continues flag
 

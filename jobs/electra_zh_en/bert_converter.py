@@ -24,7 +24,7 @@ import numpy as np
 from .bert_builder import DocBatch, DocBatcher, NegativePool, PairOptions, assemble, build_spans, truncate_pairs
 from .bert_records import BertLayout, BertRecordEncoder
 from .masking import MaskingOptions, mask_batch
-from .tokenization import BertTokenizer
+from jobs.text.tokenization import BertTokenizer
 
 ROWS_PER_CHUNK = 1024  # examples assembled, masked and encoded together
 LINE_CHARS_PER_CALL = 1 << 20  # a huge document is tokenized in parts this big (bounded Python lists)

@@ -1,7 +1,8 @@
 """The fleet glue: options, plan-time checks, and the per-item conversion.
 
-An item becomes one ``.tfrecord`` file (``.tfrecord.gz`` with GZIP) of
-ELECTRA examples (``format=electra``, the default) or BERT masked-LM examples
+An item becomes one ``.tfrecord`` file (``.tfrecord.gz`` with GZIP, ``.parquet``
+with ``output=parquet``: ``jobs.text.output``) of ELECTRA examples
+(``format=electra``, the default) or BERT masked-LM examples
 (``format=bert``, see ``bert_converter``). Seeds come from the item
 (``ctx.seed``), so a retried item rewrites the same bytes.
 Within a document, blank lines carry no tokens and do not split it: the
@@ -11,11 +12,8 @@ what ELECTRA's builder does with ``--blanks-separate-docs``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gzip
-import hashlib
 import os
 import random
 import tempfile
@@ -26,16 +24,19 @@ from typing import BinaryIO, Iterable, Iterator
 
 from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
 
-from . import tfrecord
+from jobs.text import tfrecord
+from jobs.text.output import Column, check_output, open_writer
+from jobs.text.tfrecord import VARINTS
+from jobs.text.tokenization import BertTokenizer
+from jobs.text.tokenizer_cache import bert_tokenizer
+
 from .bert_builder import DocBatch
 from .bert_converter import BertCounters, BertExamples, BertOptions
+from .bert_records import FEATURES, feature_names
 from .builder import Example, ExampleBuilder
-from .tfrecord import VARINTS
-from .tokenization import BertTokenizer, VocabError
+from .sentences import split_lines
 
 FORMATS = ("electra", "bert")
-COMPRESSIONS = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}  # option value (any case) -> file suffix
-GZIP_LEVEL = 6  # zlib's default, as TensorFlow's TFRecordWriter uses for GZIP
 REPORT_RECORDS = 20_000  # records the report at the end of fleet local reads (a few seconds at most)
 
 
@@ -47,7 +48,9 @@ class ElectraConfig:
     seed: int = 12345  # the run's seed; each item's own seed derives from it and the item id
     format: str = "electra"  # electra | bert
     compression: str = "none"  # none | GZIP (files end .tfrecord.gz; TFRecordDataset(compression_type="GZIP"))
+    output: str = "tfrecord"  # tfrecord | parquet (one row per example, list columns, zstd; files end .parquet)
     pack_documents: bool = False  # fill examples across document boundaries (corpora of short documents)
+    split_sentences: bool = False  # cut each line into sentences first (inputs with a paragraph per line)
     # format=bert only (google-research/bert's create_pretraining_data.py flags; dupe_factor 1, not its 10):
     masked_lm_prob: float = 0.15
     max_predictions_per_seq: int = 20
@@ -70,8 +73,7 @@ def _validate(config: ElectraConfig) -> None:
         raise ConfigError(f"option format: {config.format!r} is not supported (known: {', '.join(FORMATS)})")
     if not 5 <= config.max_seq_length <= 1 << 16:
         raise ConfigError(f"option max_seq_length: must be between 5 and 65536, got {config.max_seq_length}")
-    if str(config.compression).lower() not in COMPRESSIONS:
-        raise ConfigError(f"option compression: {config.compression!r} is not supported (known: none, GZIP)")
+    check_output(config.output, config.compression)
     if config.format != "bert":
         defaults = ElectraConfig()
         for name in BERT_ONLY:
@@ -89,35 +91,16 @@ def _validate(config: ElectraConfig) -> None:
         raise ConfigError(f"option dupe_factor: must be between 1 and 1000, got {config.dupe_factor}")
 
 
-@contextlib.contextmanager
-def _output(sink: Sink, config: ElectraConfig) -> Iterator[BinaryIO]:
-    """The item's record file; with GZIP a gzip stream whose bytes depend on the data only
-    (no time stamp, no file name), so a retried item still rewrites identical bytes."""
-    suffix = COMPRESSIONS[str(config.compression).lower()]
-    with sink.open(suffix) as raw:
-        if suffix.endswith(".gz"):
-            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0) as out:
-                yield out
-        else:
-            yield raw
+ELECTRA_COLUMNS = (Column("input_ids"), Column("input_mask"), Column("segment_ids"))
 
 
-# Per process, keyed by (vocab digest, do_lower_case): a tokenizer's cache stays warm across converters.
-_TOKENIZERS: dict[tuple[str, bool], BertTokenizer] = {}
+def _output(sink: Sink, config: ElectraConfig, columns) -> Iterator:
+    """The item's output file, in the format and compression the config names (``jobs.text.output``)."""
+    return open_writer(sink, config.output, config.compression, columns)
 
 
 def _load_tokenizer(config: ElectraConfig, opener: Opener) -> BertTokenizer:
-    try:
-        data = opener(config.vocab_file)
-    except Exception as e:  # the opener's errors differ by store; all mean "cannot read it"
-        raise ConfigError(f"cannot read vocab_file {config.vocab_file}: {e}") from None
-    key = (hashlib.sha256(data).hexdigest(), config.do_lower_case)
-    if key not in _TOKENIZERS:
-        try:
-            _TOKENIZERS[key] = BertTokenizer.from_bytes(data, config.vocab_file, do_lower_case=config.do_lower_case)
-        except VocabError as e:
-            raise ConfigError(str(e)) from None
-    tokenizer = _TOKENIZERS[key]
+    tokenizer = bert_tokenizer(config.vocab_file, config.do_lower_case, opener)
     if config.format == "bert" and "[MASK]" not in tokenizer.vocab:
         raise ConfigError(f"{config.vocab_file}: format=bert needs a [MASK] token in the vocab")
     return tokenizer
@@ -159,7 +142,7 @@ class ElectraConverter(Converter):
         add = builder.add_sentences if self.config.pack_documents else builder.add_document
         record = self.record
         n_docs = n_lines = n_examples = n_tokens = n_bytes = 0
-        with _output(sink, self.config) as out:
+        with _output(sink, self.config, ELECTRA_COLUMNS) as out:
             for document in documents:
                 n_docs += 1
                 n_lines += len(document)
@@ -196,10 +179,24 @@ class BertConverter(Converter):
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
         counters = BertCounters()
-        with _output(sink, self.config) as out, SpillingBatches() as keep:
+        names = feature_names(self.config.v2_feature_names)
+        columns = [Column(names[f], "float" if f == "masked_lm_weights" else "int") for f in FEATURES]
+        with _output(sink, self.config, columns) as out, SpillingBatches() as keep:
             for chunk in self.examples.records(documents, ctx.seed, counters, keep):
                 out.write(chunk)
         return {**dataclasses.asdict(counters), "positions": counters.examples * self.config.max_seq_length}
+
+
+class SentenceSplitting(Converter):
+    """split_sentences: where documents enter the job, each line is cut into its sentences
+    (``sentences.split_sentences``), so both formats build examples from sentences, not
+    paragraphs. The counters' ``lines`` are then sentences."""
+
+    def __init__(self, inner: Converter):
+        self.inner = inner
+
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        return self.inner.convert(map(split_lines, documents), ctx, sink)
 
 
 class SpillingBatches:
@@ -261,9 +258,8 @@ class ElectraJob(Job):
     def converter(self, config: ElectraConfig, opener: Opener) -> Converter:
         _validate(config)
         tokenizer = _load_tokenizer(config, opener)
-        if config.format == "bert":
-            return BertConverter(config, tokenizer)
-        return ElectraConverter(config, tokenizer)
+        converter = BertConverter(config, tokenizer) if config.format == "bert" else ElectraConverter(config, tokenizer)
+        return SentenceSplitting(converter) if config.split_sentences else converter
 
     def summarize(self, totals) -> dict[str, float]:
         positions = totals.get("positions", 0)
@@ -276,10 +272,6 @@ class ElectraJob(Job):
 
     def report(self, output_url: str, config: ElectraConfig) -> str | None:
         """The records' summary (``python -m jobs.electra_zh_en report``) for a local output folder."""
-        from .report import read_report, vocab_ids
+        from jobs.text.report import local_report
 
-        path = output_url[len("file://"):] if output_url.startswith("file://") else output_url
-        if "://" in path or not os.path.isdir(path):
-            return None
-        ids = vocab_ids(config.vocab_file) if "://" not in config.vocab_file else None
-        return read_report(path, ids, max_records=REPORT_RECORDS).text()
+        return local_report(output_url, config.vocab_file, REPORT_RECORDS)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tokenization import WORD_CONTINUES
+from jobs.text.tokenization import WORD_CONTINUES
 
 ID_BITS = WORD_CONTINUES - 1
 

@@ -52,6 +52,7 @@ BASE_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,57})$")
 ZONES = {
     "us-central1": ("a", "b", "c", "f"),
     "us-west1": ("a", "b", "c"),
+    "us-east1": ("b", "c", "d"),
     "europe-west1": ("b", "c", "d"),
     "europe-west4": ("a", "b", "c"),
 }
@@ -303,6 +304,10 @@ class ComputeStandin:
         self.violations: list[str] = []  # requests the discovery document refuses (answered 400 or 404)
         self.events: list[tuple[float, str, str, str]] = []  # (time, kind, vm or resource, detail)
         self._fail: list[tuple[str, str]] = []
+        # Hooks for tests/standins/iam.py and catalog.py: a check of every request (raises ApiError)
+        # and more routes (verb, pattern after /compute/v1/projects/{p}/, fn(*groups, body)).
+        self.guard: Callable[[str, str, str | None], None] | None = None
+        self.extra_routes: list[tuple[str, str, Callable]] = []
         self.lock = threading.RLock()
         self._stop = threading.Event()
         handler = type("Handler", (_Handler,), {"standin": self})
@@ -574,7 +579,7 @@ class ComputeStandin:
             ("POST", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/listManagedInstances", self.list_managed),
             ("POST", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/deleteInstances", self.delete_instances),
             ("GET", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/listErrors", self.list_errors),
-        ]
+        ] + self.extra_routes
         for verb, pattern, fn in routes:
             m = re.fullmatch(pattern, rest)
             if m and verb == method:
@@ -635,7 +640,7 @@ class ComputeStandin:
                                       error={"code": "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE", "message": message})
             del self.templates[name]
         self.event("template-deleted", name)
-        return self.operation("global", "delete", self.template_url(name))
+        return self.operation("global", "delete", self.template_url(name), self._after(self.op_delay))
 
     def _mig(self, scope: str, name: str) -> Mig:
         mig = self.migs.get((scope, name))
@@ -759,6 +764,8 @@ class _Handler(BaseHTTPRequestHandler):
                     with self.standin.lock:
                         self.standin.violations.append(f"{self.command} {self.path}: {v.message}")
                     raise ApiError(v.status, v.reason, v.message) from None
+                if self.standin.guard is not None:
+                    self.standin.guard(self.command, url.path, self.headers.get("Authorization"))
                 status, payload = self.standin.handle(self.command, url.path, body)
             except ApiError as e:
                 status, payload = e.status, e.body()

@@ -50,7 +50,8 @@ def is_conditional_create(method: str, path: str) -> bool:
 
 class FaultProxy:
     def __init__(self, upstream: str, rate: float = 0.0, faults: tuple[str, ...] = FAULTS, seed: int = 0,
-                 script: list[tuple[Rule, str, int]] = (), forbid: Rule | None = None):
+                 script: list[tuple[Rule, str, int]] = (), forbid: Rule | None = None,
+                 guard: Callable[[str, str, dict, bytes], tuple[int, dict] | None] | None = None):
         split = urllib.parse.urlsplit(upstream)
         if split.hostname not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"upstream {upstream!r}: loopback only")
@@ -61,6 +62,7 @@ class FaultProxy:
         self.rate, self.faults = rate, tuple(faults)
         self.script = [[rule, fault, count] for rule, fault, count in script]
         self.forbid = forbid
+        self.guard = guard  # (method, path, headers, body) -> an answer instead of forwarding (tests/standins/iam.py)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
@@ -194,6 +196,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         body = self._body()
+        if self.owner.guard is not None:
+            answer = self.owner.guard(self.command, self.path, dict(self.headers.items()), body)
+            if answer is not None:
+                self._answer(answer[0], json.dumps(answer[1]).encode(), [("Content-Type", "application/json")])
+                return
         fault = self.owner._decide(self.command, self.path)
         if fault in ("403", "429", "500", "503"):
             self._error(int(fault))

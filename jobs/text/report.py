@@ -1,10 +1,11 @@
 """A picture of a run's records, to catch a bad vocab or a broken split before training.
 
 Reads the records back with ``tfrecord.iter_records`` / ``parse_example`` (no
-TensorFlow) and summarises: real sequence lengths and the fill ratio,
+TensorFlow), or the rows of ``.parquet`` outputs with pyarrow, and summarises: real sequence lengths and the fill ratio,
 segments per example, masked positions per example and how they were
 replaced, next-sentence labels, and the share of ``[UNK]`` among text tokens
-(a vocab that misses characters shows up here first).
+(a vocab that misses characters shows up here first). Causal-LM blocks
+(``input_ids`` and maybe ``attention_mask``, no segments) get lengths and fill.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from . import tfrecord
+from .output import PARQUET_SUFFIX, SUFFIXES
 from .tokenization import VocabError, load_vocab
 
 MAX_RECORDS = 100_000  # enough for the shares; a big run is sampled from its first files
@@ -56,10 +58,15 @@ def vocab_of_run(folder: str) -> str | None:
 
 
 def record_files(folder: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(folder, "*.tfrecord")) + glob.glob(os.path.join(folder, "*.tfrecord.gz")))
+    """A run's output files, in every format a text job writes (``output.SUFFIXES``)."""
+    return sorted(path for suffix in SUFFIXES for path in glob.glob(os.path.join(folder, "*" + suffix)))
 
 
-def _records(path: str) -> Iterator[bytes]:
+def _examples(path: str) -> Iterator[dict]:
+    """The examples of one output file as {feature: array}, whatever its format."""
+    if path.endswith(PARQUET_SUFFIX):
+        yield from _parquet_examples(path)
+        return
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -68,9 +75,28 @@ def _records(path: str) -> Iterator[bytes]:
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise ReportError(f"{path}: cannot read ({e})") from None
     try:
-        yield from tfrecord.iter_records(data)
+        for number, raw in enumerate(tfrecord.iter_records(data), 1):
+            try:
+                yield tfrecord.parse_example(raw)
+            except ValueError as e:
+                raise ReportError(f"{path}: record {number} is not a tf.train.Example ({e})") from None
     except ValueError as e:
         raise ReportError(f"{path}: {e}") from None
+
+
+def _parquet_examples(path: str) -> Iterator[dict]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+        for group in range(parquet.num_row_groups):
+            table = parquet.read_row_group(group)
+            columns = {name: table.column(name).to_pylist() for name in table.column_names}
+            for i in range(table.num_rows):
+                yield {name: np.asarray(rows[i]) for name, rows in columns.items()}
+    except (OSError, pa.ArrowException) as e:
+        raise ReportError(f"{path}: cannot read as Parquet ({e})") from None
 
 
 @dataclass
@@ -81,7 +107,7 @@ class RecordStats:
     records: int = 0
     truncated: bool = False  # stopped at max_records
     max_seq_length: int = 0
-    layout: str = ""  # bert, bert (v2 names) or electra
+    layout: str = ""  # bert, bert (v2 names), electra or causal_lm
     max_predictions: int = 0
     lengths: list[int] = field(default_factory=list)
     second_lengths: list[int] = field(default_factory=list)  # 0: one segment
@@ -108,9 +134,10 @@ class RecordStats:
             f"max_seq_length {self.max_seq_length})",
             f"real length: mean {lengths.mean():.1f} of {self.max_seq_length}, fill ratio {self.fill_ratio:.3f}",
             *(_histogram(lengths, self.max_seq_length) if histogram else []),
-            f"segments per example: two {np.mean(second > 0):.1%}, one {np.mean(second == 0):.1%}; "
-            f"second segment mean {second[second > 0].mean() if (second > 0).any() else 0:.1f} tokens",
         ]
+        if self.layout != "causal_lm":
+            lines.append(f"segments per example: two {np.mean(second > 0):.1%}, one {np.mean(second == 0):.1%}; "
+                         f"second segment mean {second[second > 0].mean() if (second > 0).any() else 0:.1f} tokens")
         if self.masked:
             masked = np.array(self.masked)
             total = max(1, masked.sum())
@@ -178,6 +205,16 @@ class RecordStats:
         plt.close(fig)
 
 
+def local_report(output_url: str, vocab_file: str = "", max_records: int = MAX_RECORDS) -> str | None:
+    """The report's text for a run's local output folder (what ``fleet local`` prints at the end);
+    None for a bucket. ``vocab_file``: a local BERT vocab.txt, for the [UNK] share."""
+    path = output_url[len("file://"):] if output_url.startswith("file://") else output_url
+    if "://" in path or not os.path.isdir(path):
+        return None
+    ids = vocab_ids(vocab_file) if vocab_file and "://" not in vocab_file else None
+    return read_report(path, ids, max_records=max_records).text()
+
+
 def _histogram(values: np.ndarray, top: int, bins: int = 8, width: int = 30) -> list[str]:
     counts, edges = np.histogram(values, bins=bins, range=(0, top))
     share = counts / max(1, counts.sum())
@@ -188,6 +225,8 @@ def _histogram(values: np.ndarray, top: int, bins: int = 8, width: int = 30) -> 
 
 def _layout(features: dict) -> tuple[str, str, str]:
     """(description, ids feature, segments feature)."""
+    if "segment_ids" not in features and "input_type_ids" not in features:
+        return "causal_lm", "input_ids", ""
     if "input_word_ids" in features:
         return "bert (v2 feature names)", "input_word_ids", "input_type_ids"
     if "masked_lm_positions" in features:
@@ -196,7 +235,8 @@ def _layout(features: dict) -> tuple[str, str, str]:
 
 
 def read_report(folder: str, vocab: VocabIds | None = None, max_records: int = MAX_RECORDS) -> RecordStats:
-    """Summarise the records of ``folder`` (``*.tfrecord``, ``*.tfrecord.gz``), at most ``max_records``."""
+    """Summarise the records of ``folder`` (``*.tfrecord``, ``*.tfrecord.gz``, ``*.parquet``), at most
+    ``max_records``."""
     if not os.path.isdir(folder):
         raise ReportError(f"{folder}: not a folder")
     files = record_files(folder)
@@ -207,14 +247,10 @@ def read_report(folder: str, vocab: VocabIds | None = None, max_records: int = M
             stats.truncated = True
             break
         stats.files_read += 1
-        for raw in _records(path):
+        for ex in _examples(path):
             if stats.records >= max_records:
                 stats.truncated = True
                 break
-            try:
-                ex = tfrecord.parse_example(raw)
-            except ValueError as e:
-                raise ReportError(f"{path}: record {stats.records + 1} is not a tf.train.Example ({e})") from None
             if not stats.layout:
                 stats.layout, ids_name, segments_name = _layout(ex)
             try:
@@ -228,6 +264,17 @@ def read_report(folder: str, vocab: VocabIds | None = None, max_records: int = M
 
 
 def _add(stats: RecordStats, ex: dict, ids_name: str, segments_name: str, vocab: VocabIds | None) -> None:
+    if not segments_name:  # causal_lm: a block of ids, padded ones masked
+        ids = ex[ids_name]
+        mask = ex.get("attention_mask", np.ones(len(ids), np.int64))
+        n = int(mask.sum())
+        stats.max_seq_length = len(ids)
+        stats.lengths.append(n)
+        stats.second_lengths.append(0)
+        if vocab is not None:
+            stats.unk = (stats.unk or 0) + int((ids[:n] == vocab.unk).sum())
+            stats.text_tokens += n
+        return
     ids, mask, segments = ex[ids_name], ex["input_mask"], ex[segments_name]
     n = int(mask.sum())
     stats.max_seq_length = len(mask)

@@ -1,0 +1,104 @@
+"""The pure core: documents' token ids -> fixed-size blocks of causal-LM training data.
+
+Each document's ids are followed by the end-of-document id and cut into blocks of
+exactly ``block_size`` ids. Where a block boundary falls decides what the output
+depends on:
+
+- by default every document starts a new block, so a document's blocks depend on
+  that document only: a run's multiset of examples is the same whatever the item
+  size, the worker count or the input format. The last, partial block of each
+  document is padded (``attention_mask`` 0 over the padding) or dropped;
+- with ``pack_documents`` the documents of an item form one stream, as GPT-2 style
+  ``group_texts`` does: no padding but at the item's end, but blocks then mix the
+  neighbouring documents of an item, so they depend on how the corpus was cut into
+  items (``--item-mb``; never on the worker count).
+
+No I/O and no randomness: the same ids give the same blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+LAST_BLOCKS = ("pad", "drop")
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    block_size: int  # ids per example: max_seq_length, or max_seq_length + 1 for shifted labels
+    eod_id: int
+    pad_id: int
+    last_block: str = "pad"  # pad | drop: the partial block at a document's (or packed item's) end
+    pack_documents: bool = False
+
+
+@dataclass
+class Blocks:
+    """Examples as arrays: ``ids`` (rows, block_size) and each row's real length."""
+
+    ids: np.ndarray
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def attention_mask(self) -> np.ndarray:
+        return (np.arange(self.ids.shape[1]) < self.lengths[:, None]).astype(np.int32)
+
+
+class BlockCutter:
+    """Cuts documents into blocks; feed documents with ``add``, then call ``finish`` once."""
+
+    def __init__(self, opts: BlockOptions):
+        if opts.block_size < 2:
+            raise ValueError(f"block_size must be at least 2, got {opts.block_size}")
+        if opts.last_block not in LAST_BLOCKS:
+            raise ValueError(f"last_block must be one of {LAST_BLOCKS}, got {opts.last_block!r}")
+        self.opts = opts
+        self.carry = np.zeros(0, np.int32)  # pack_documents: the stream's ids not yet in a block
+        self.dropped = 0  # ids in partial blocks that last_block=drop threw away
+
+    def add(self, documents: Sequence[Sequence[int]]) -> Blocks:
+        """The blocks these documents complete (a document with no ids adds nothing, not even
+        an end-of-document id)."""
+        streams = [np.asarray(ids, np.int32) for ids in documents if len(ids)]
+        eod = np.array([self.opts.eod_id], np.int32)
+        if self.opts.pack_documents:
+            stream = np.concatenate([self.carry, *(part for ids in streams for part in (ids, eod))])
+            n = len(stream) // self.opts.block_size * self.opts.block_size
+            self.carry = stream[n:]
+            return self._full(stream[:n])
+        return self._concat([self._document(np.concatenate([ids, eod])) for ids in streams])
+
+    def finish(self) -> Blocks:
+        """What the item's stream left over (``pack_documents`` only; else nothing)."""
+        tail, self.carry = self.carry, np.zeros(0, np.int32)
+        return self._tail(tail)
+
+    def _document(self, ids: np.ndarray) -> Blocks:
+        n = len(ids) // self.opts.block_size * self.opts.block_size
+        return self._concat([self._full(ids[:n]), self._tail(ids[n:])])
+
+    def _full(self, ids: np.ndarray) -> Blocks:
+        size = self.opts.block_size
+        return Blocks(ids.reshape(-1, size), np.full(len(ids) // size, size, np.int32))
+
+    def _tail(self, ids: np.ndarray) -> Blocks:
+        size = self.opts.block_size
+        if not len(ids):
+            return Blocks(np.zeros((0, size), np.int32), np.zeros(0, np.int32))
+        if self.opts.last_block == "drop":
+            self.dropped += len(ids)
+            return Blocks(np.zeros((0, size), np.int32), np.zeros(0, np.int32))
+        row = np.full((1, size), self.opts.pad_id, np.int32)
+        row[0, :len(ids)] = ids
+        return Blocks(row, np.array([len(ids)], np.int32))
+
+    def _concat(self, parts: list[Blocks]) -> Blocks:
+        if not parts:
+            return Blocks(np.zeros((0, self.opts.block_size), np.int32), np.zeros(0, np.int32))
+        return Blocks(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]))

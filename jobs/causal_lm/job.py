@@ -1,0 +1,130 @@
+"""The fleet glue: options, plan-time checks, and one item's documents -> blocks -> output file.
+
+Documents are tokenized a batch of about ``BATCH_CHARS`` characters at a time and cut
+by ``blocks.BlockCutter``; each batch's blocks go to the shared writer
+(``jobs.text.output``) as columns: ``input_ids`` and, when partial blocks are padded,
+``attention_mask``. Nothing here is random, so a retried item rewrites the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
+
+from jobs.text.output import Column, check_output, open_writer
+from jobs.text.tokenizer_cache import bert_tokenizer, json_tokenizer
+
+from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions
+from .tokenizer import DocumentTokenizer, from_bert, from_json
+
+BATCH_CHARS = 1 << 20  # text tokenized per call: amortises the call, bounds memory
+REPORT_RECORDS = 20_000  # records the report at the end of fleet local reads
+
+
+@dataclass
+class CausalLMConfig:
+    tokenizer_file: str = ""  # URL or path of a tokenizers tokenizer.json (e.g. byte-level BPE); or vocab_file
+    vocab_file: str = ""  # URL or path of a BERT vocab.txt (WordPiece); or tokenizer_file
+    do_lower_case: bool = True  # vocab_file only (a tokenizer.json carries its own normalizer)
+    max_seq_length: int = 1024  # tokens per example
+    shifted_labels: bool = False  # blocks of max_seq_length + 1 tokens: inputs block[:-1], labels block[1:]
+    last_block: str = "pad"  # pad | drop: a document's last partial block (with pack_documents: the item's)
+    pack_documents: bool = False  # one token stream per item: no padding, but blocks depend on the item cut
+    eod_token: str = ""  # ends each document (default: <|endoftext|>, </s>, <eos> or [SEP], the first known)
+    pad_token: str = ""  # fills padded blocks (default: [PAD], <pad> or <|padding|>, else the eod token)
+    output: str = "tfrecord"  # tfrecord | parquet (one row per example, list columns, zstd; files end .parquet)
+    compression: str = "none"  # none | GZIP (output=tfrecord; files end .tfrecord.gz)
+
+
+def _validate(config: CausalLMConfig) -> None:
+    if bool(config.tokenizer_file) == bool(config.vocab_file):
+        raise ConfigError("give one of the options tokenizer_file (a tokenizers tokenizer.json) "
+                          "or vocab_file (a BERT vocab.txt)")
+    if not 2 <= config.max_seq_length <= 1 << 20:
+        raise ConfigError(f"option max_seq_length: must be between 2 and 1048576, got {config.max_seq_length}")
+    if config.last_block not in LAST_BLOCKS:
+        raise ConfigError(f"option last_block: {config.last_block!r} is not supported (known: pad, drop)")
+    check_output(config.output, config.compression)
+
+
+def _tokenizer(config: CausalLMConfig, opener: Opener) -> DocumentTokenizer:
+    if config.vocab_file:
+        bert = bert_tokenizer(config.vocab_file, config.do_lower_case, opener)
+        return from_bert(bert, config.vocab_file, config.eod_token, config.pad_token)
+    return from_json(json_tokenizer(config.tokenizer_file, opener), config.tokenizer_file,
+                     config.eod_token, config.pad_token)
+
+
+def _batches(documents: Iterable[list[str]]) -> Iterator[list[list[str]]]:
+    batch: list[list[str]] = []
+    size = 0
+    for document in documents:
+        batch.append(document)
+        size += sum(map(len, document))
+        if size >= BATCH_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+class CausalLMConverter(Converter):
+    def __init__(self, config: CausalLMConfig, tokenizer: DocumentTokenizer):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.options = BlockOptions(config.max_seq_length + int(config.shifted_labels), tokenizer.eod_id,
+                                    tokenizer.pad_id, config.last_block, config.pack_documents)
+        self.padded = config.last_block == "pad"
+        self.columns = [Column("input_ids")] + ([Column("attention_mask")] if self.padded else [])
+
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        cutter = BlockCutter(self.options)
+        counts = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "examples", "real_tokens"), 0)
+        with open_writer(sink, self.config.output, self.config.compression, self.columns) as out:
+
+            def write(blocks) -> None:
+                if len(blocks):
+                    columns = {"input_ids": blocks.ids}
+                    if self.padded:
+                        columns["attention_mask"] = blocks.attention_mask
+                    out.write_columns(columns)
+                    counts["examples"] += len(blocks)
+                    counts["real_tokens"] += int(blocks.lengths.sum())
+
+            for batch in _batches(documents):
+                counts["documents"] += len(batch)
+                counts["lines"] += sum(map(len, batch))
+                counts["text_bytes"] += sum(len(line.encode()) for document in batch for line in document)
+                ids = self.tokenizer.encode(batch)
+                counts["tokens"] += sum(len(d) + 1 for d in ids if d)  # with each document's end token
+                write(cutter.add(ids))
+            write(cutter.finish())
+        counts["dropped_tokens"] = cutter.dropped
+        counts["positions"] = counts["examples"] * self.options.block_size
+        return counts
+
+
+class CausalLMJob(Job):
+    name = "causal_lm"
+    config_type = CausalLMConfig
+
+    def check(self, config: CausalLMConfig, opener: Opener) -> None:
+        _validate(config)
+        _tokenizer(config, opener)
+
+    def converter(self, config: CausalLMConfig, opener: Opener) -> Converter:
+        _validate(config)
+        return CausalLMConverter(config, _tokenizer(config, opener))
+
+    def summarize(self, totals) -> dict[str, float]:
+        positions, tokens = totals.get("positions", 0), totals.get("tokens", 0)
+        return {"fill_ratio": totals.get("real_tokens", 0) / positions if positions else 0.0,
+                "dropped_share": totals.get("dropped_tokens", 0) / tokens if tokens else 0.0}
+
+    def report(self, output_url: str, config: CausalLMConfig) -> str | None:
+        """Block lengths and fill of a local run (``fleet local`` prints it)."""
+        from jobs.text.report import local_report
+
+        return local_report(output_url, config.vocab_file, REPORT_RECORDS)

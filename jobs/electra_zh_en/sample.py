@@ -1,0 +1,85 @@
+"""A bounded sample of a corpus's documents, from every input file, in every format fleet reads.
+
+``check`` must answer in seconds whatever the corpus size, so each file gives at most its
+share of a byte budget (of text read) and the whole stops at a time limit. Files are
+streamed (ranged reads on ``gs://``, a row group batch at a time for Parquet), so a
+500 MB shard costs only the bytes sampled.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from fleet.inputs import InputFile, ReadOptions, Tally, describe, find_inputs, iter_documents
+from fleet.inputs.parquet import StoreFile, parquet_documents, row_groups
+from fleet.inputs.slices import file_format
+from fleet.job import InputError
+from fleet.store import StoreError, open_store
+
+_MIN_FILE_BYTES = 256 << 10  # a file's share is never smaller than this
+
+
+@dataclass
+class Sampled:
+    """What the sample covered, for the report's first lines."""
+
+    files: int = 0  # input files found
+    files_read: int = 0
+    formats: dict[str, int] = field(default_factory=dict)
+    bad: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+def sample_documents(paths: list[str], max_bytes: int, max_seconds: float, options: ReadOptions,
+                     sampled: Sampled) -> Iterator[list[str]]:
+    """Documents from each file in turn, each file up to its share of ``max_bytes`` of text;
+    stops at ``max_seconds``. Raises InputError (naming the file) when a file cannot be read
+    or is not the format it looks like."""
+    start = time.monotonic()
+    files = find_inputs(paths)
+    sampled.files = len(files)
+    share = max(_MIN_FILE_BYTES, max_bytes // max(1, len(files)))
+    total = 0
+    for inp in files:
+        if sampled.files_read and (total >= max_bytes or time.monotonic() - start > max_seconds):
+            sampled.timed_out = time.monotonic() - start > max_seconds
+            break  # (the first file always gives at least one document)
+        sampled.files_read += 1
+        tally = Tally()
+        taken = 0
+        try:
+            for doc in _documents(inp, options, tally, sampled):
+                yield doc
+                size = sum(len(line) for line in doc)
+                taken += size
+                total += size
+                if taken >= share or time.monotonic() - start > max_seconds:
+                    break
+        except StoreError as e:
+            raise InputError(f"{inp.display}: cannot read ({e})") from None
+        except OSError as e:
+            raise InputError(f"{inp.display}: cannot read ({e.strerror or e})") from None
+        if tally.bad and tally.bad > options.max_bad_share * (tally.documents + tally.bad):
+            raise InputError(f"{inp.display}: {tally.bad} of {tally.documents + tally.bad} records read are bad: "
+                             f"not this format? (first: {tally.examples[0]})")
+        sampled.bad += tally.bad
+        sampled.bad_examples += tally.examples[:max(0, 3 - len(sampled.bad_examples))]
+    sampled.seconds = time.monotonic() - start
+
+
+def _documents(inp: InputFile, options: ReadOptions, tally: Tally, sampled: Sampled) -> Iterator[list[str]]:
+    store = open_store(inp.url)
+    fmt, (_, compression) = file_format(store, inp.name, inp.size), describe(inp.name)
+    sampled.formats[fmt] = sampled.formats.get(fmt, 0) + 1
+    version = inp.version or None
+    if fmt == "parquet":
+        groups = row_groups(store, inp.name, inp.size, version, options.text_column, inp.display)
+        yield from parquet_documents(store, inp.name, inp.size, version, 0, len(groups), inp.display, tally, options)
+        return
+    raw = io.BufferedReader(StoreFile(store, inp.name, inp.size, version), 4 << 20)
+    yield from iter_documents(raw, fmt, compression, inp.display, tally=tally, options=options)

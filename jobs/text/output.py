@@ -1,0 +1,144 @@
+"""The output options every text job shares, and one writer interface for both formats.
+
+``output=tfrecord`` (the default) writes ``tf.train.Example`` records, one TFRecord
+file per item (``.tfrecord``, or ``.tfrecord.gz`` with ``compression=GZIP``);
+``output=parquet`` writes one Parquet file per item (``.parquet``, zstd inside),
+one row per example with a list column per feature, which is what the Hugging
+Face hub, ``datasets`` and PyTorch loaders read.
+
+A job describes its features once (``Column``) and hands the writer either
+framed TFRecords it encoded itself (``write``: a job with a fast encoder of its
+own, as ELECTRA's) or rows of values (``write_columns``). Either way both
+formats hold the same values. Bytes depend on the examples only (no time stamp,
+no file name), so a retried item rewrites identical bytes.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import gzip
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from fleet.job import ConfigError, Sink
+
+from . import tfrecord
+
+OUTPUTS = ("tfrecord", "parquet")
+COMPRESSIONS = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}  # option value (any case) -> file suffix
+PARQUET_SUFFIX = ".parquet"
+SUFFIXES = (*COMPRESSIONS.values(), PARQUET_SUFFIX)  # every output file a text job writes ends so
+GZIP_LEVEL = 6  # zlib's default, as TensorFlow's TFRecordWriter uses for GZIP
+
+
+@dataclass(frozen=True)
+class Column:
+    """One feature of a job's examples: a list of ints (token ids, masks) or of floats."""
+
+    name: str
+    kind: str = "int"  # int | float
+
+
+def check_output(output: str, compression: str) -> None:
+    """The shared options' plan-time check (``ConfigError`` names the option)."""
+    if output not in OUTPUTS:
+        raise ConfigError(f"option output: {output!r} is not supported (known: {', '.join(OUTPUTS)})")
+    if str(compression).lower() not in COMPRESSIONS:
+        raise ConfigError(f"option compression: {compression!r} is not supported (known: none, GZIP)")
+    if output == "parquet" and str(compression).lower() != "none":
+        raise ConfigError("option compression applies to output=tfrecord; Parquet files are zstd-compressed inside")
+
+
+def output_suffix(output: str, compression: str) -> str:
+    """The end of an item's output file name: ``part-<item>`` + this."""
+    return PARQUET_SUFFIX if output == "parquet" else COMPRESSIONS[str(compression).lower()]
+
+
+class ExampleWriter(abc.ABC):
+    """An item's examples, in the run's output format."""
+
+    def __init__(self, columns: Sequence[Column]):
+        self.columns = list(columns)
+
+    @abc.abstractmethod
+    def write(self, records: bytes) -> None:
+        """Framed TFRecords of ``tf.train.Example``s holding exactly the columns' features."""
+
+    @abc.abstractmethod
+    def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
+        """Examples as one 2-D array per column: row i of every array is example i."""
+
+    def close(self) -> None:
+        """Finish the file (Parquet writes its footer here)."""
+
+
+class TFRecordWriter(ExampleWriter):
+    def __init__(self, out: BinaryIO, columns: Sequence[Column]):
+        super().__init__(columns)
+        self.out = out
+        self.order = sorted(columns, key=lambda c: c.name)  # tfrecord.example's order: stable bytes
+
+    def write(self, records: bytes) -> None:
+        self.out.write(records)
+
+    def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
+        self.out.write(b"".join(encode_rows(self.order, values)))
+
+
+def encode_rows(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> list[bytes]:
+    """One framed TFRecord per row, features in the order given; the bytes ``tfrecord.example``
+    gives for the same values, with each int column's varints made in one numpy pass."""
+    n = _row_count(columns, values)
+    per_column = []
+    for column in columns:
+        array = np.asarray(values[column.name])
+        if column.kind == "float":
+            per_column.append([tfrecord.feature_entry(column.name, tfrecord.float_feature(row.tolist()))
+                               for row in array])
+            continue
+        data, at = tfrecord.varint_rows(array.reshape(n, -1))
+        entries = []
+        for i in range(n):
+            payload = data[at[i]:at[i + 1]]
+            entries.append(tfrecord.int64_entry_prefix(column.name, len(payload)) + payload if payload
+                           else tfrecord.feature_entry(column.name, tfrecord.packed_int64_feature(b"")))
+        per_column.append(entries)
+    out = []
+    pack = struct.Struct("<I").pack
+    for entries in zip(*per_column):
+        body = b"".join(entries)
+        example = tfrecord.example_prefix(len(body)) + body
+        out.append(tfrecord._frame_header(len(example)) + example + pack(tfrecord.masked_crc32c(example)))
+    return out
+
+
+def _row_count(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> int:
+    names = {c.name for c in columns}
+    if set(values) != names:
+        raise ValueError(f"columns {sorted(values)} given, the writer has {sorted(names)}")
+    counts = {len(values[name]) for name in names}
+    if len(counts) != 1:
+        raise ValueError(f"columns of different lengths: {sorted(counts)}")
+    return counts.pop()
+
+
+@contextlib.contextmanager
+def open_writer(sink: Sink, output: str, compression: str, columns: Sequence[Column]) -> Iterator[ExampleWriter]:
+    """The item's output file and its writer; the file is complete when the block ends."""
+    suffix = output_suffix(output, compression)
+    with sink.open(suffix) as raw:
+        if output == "parquet":
+            from .parquet_writer import ParquetExampleWriter  # pyarrow loads only when asked for
+
+            writer: ExampleWriter = ParquetExampleWriter(raw, columns)
+            yield writer
+            writer.close()
+        elif suffix.endswith(".gz"):
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0) as out:
+                yield TFRecordWriter(out, columns)
+        else:
+            yield TFRecordWriter(raw, columns)

@@ -1,0 +1,87 @@
+"""``output=parquet``: an item's examples as one Parquet file, one row per example.
+
+Every feature is a list column: ``list<int32>`` for integer features (token ids,
+masks, positions: all far below 2**31; a value that is not raises) and
+``list<float>`` for float ones (BERT's ``masked_lm_weights``), zstd-compressed, in
+row groups of ``ROW_GROUP_ROWS`` rows. The file's bytes depend on the rows only
+(pyarrow writes no time stamp), so a retried item rewrites the same file.
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import tfrecord
+from .output import Column, ExampleWriter, _row_count
+
+ROW_GROUP_ROWS = 16_384  # 8 MB of int32 at 128 tokens per row: readers stream a group at a time
+COMPRESSION = "zstd"
+_INT32 = np.iinfo(np.int32)
+
+
+def schema(columns: Sequence[Column]) -> pa.Schema:
+    return pa.schema([(c.name, pa.list_(pa.float32() if c.kind == "float" else pa.int32())) for c in columns])
+
+
+class ParquetExampleWriter(ExampleWriter):
+    def __init__(self, out: BinaryIO, columns: Sequence[Column]):
+        super().__init__(columns)
+        self.schema = schema(columns)
+        self.writer = pq.ParquetWriter(out, self.schema, compression=COMPRESSION)
+        self.rows: dict[str, list[np.ndarray]] = {c.name: [] for c in columns}
+        self.pending = 0
+
+    def write(self, records: bytes) -> None:
+        """Framed TFRecords decoded back into rows (for jobs that encode records themselves)."""
+        names = set(self.rows)
+        for raw in tfrecord.iter_records(records):
+            example = tfrecord.parse_example(raw)
+            if set(example) != names:
+                raise ValueError(f"a record has the features {sorted(example)}, the writer {sorted(names)}")
+            for name, rows in self.rows.items():
+                rows.append(example[name])
+            self.pending += 1
+            if self.pending >= ROW_GROUP_ROWS:
+                self._flush()
+
+    def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
+        n = _row_count(self.columns, values)
+        for name, rows in self.rows.items():
+            rows.extend(np.asarray(values[name]).reshape(n, -1))
+        self.pending += n
+        if self.pending >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        arrays = []
+        for column in self.columns:
+            rows = self.rows[column.name]
+            lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+            offsets = np.zeros(len(rows) + 1, np.int32)
+            np.cumsum(lengths, out=offsets[1:])
+            flat = np.concatenate(rows) if rows else np.zeros(0)
+            if column.kind == "float":
+                values = pa.array(flat.astype(np.float32))
+            else:
+                if flat.size and (flat.min() < _INT32.min or flat.max() > _INT32.max):
+                    raise ValueError(f"feature {column.name}: a value does not fit the int32 Parquet column")
+                values = pa.array(flat.astype(np.int32))
+            arrays.append(pa.ListArray.from_arrays(pa.array(offsets), values))
+            rows.clear()
+        self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+        self.pending = 0
+
+    def close(self) -> None:
+        self._flush()
+        self.writer.close()
+
+
+def read_rows(path_or_file) -> dict[str, list[list]]:
+    """A Parquet output's columns as Python lists (for checks and tests)."""
+    return pq.read_table(path_or_file).to_pydict()
