@@ -148,6 +148,7 @@ def test_startup_sh_installs_and_works_on_a_bare_debian_12(fake_gcs, gcs_bucket,
         assert record.outcome == "done" and record.instance == vm.name
         assert standin.events_of("deleteInstances") == [vm.name]
         assert not standin.migs and not standin.templates  # the last one out deleted both
+        assert standin.violations == []  # every REST call startup.sh made is one the published API accepts
         frozen = subprocess.run(["chroot", str(rootfs), "/opt/fleet/venv/bin/python", "-m", "pip", "freeze",
                                  "--all"], capture_output=True, text=True, check=True).stdout
         def norm(pin: str) -> str:
