@@ -90,8 +90,9 @@ def test_a_dependency_that_cannot_install(cloud, tmp_path, capsys):
     cloud.fleet("sync")
     empty = tmp_path / "no-wheels"
     empty.mkdir()
-    # A real install into a fresh venv, from an index that has nothing (as when PyPI is unreachable).
-    cloud.vms.env.update(FLEET_SKIP_INSTALL="0", FLEET_PYTHON=str(tmp_path / "venv" / "bin" / "python"),
+    # A real install into a fresh venv on each VM's own disk (one venv shared by VMs booting at
+    # once raced), from an index that has nothing (as when PyPI is unreachable).
+    cloud.vms.env.update(FLEET_SKIP_INSTALL="0", FLEET_PYTHON="{disk}/venv/bin/python",
                          PIP_NO_INDEX="1", PIP_FIND_LINKS=str(empty), PIP_RETRIES="0")
     started = launch(cloud, "deps")
     until_nothing_left(cloud, "deps", started, "a dependency that cannot install", capsys)

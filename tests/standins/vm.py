@@ -72,7 +72,9 @@ class LocalVMs:
         for key in ("startup-script", "shutdown-script"):
             if key in attributes:
                 (folder / key).write_text(attributes[key])
-        env = dict(self.env, GCE_METADATA_HOST=server.host, FLEET_WORK_DIR=str(folder / "disk"))
+        disk = str(folder / "disk")  # each boot its own disk, as a VM the MIG (re)creates has
+        env = {k: v.replace("{disk}", disk) for k, v in self.env.items()}  # e.g. FLEET_PYTHON={disk}/venv/...
+        env.update(GCE_METADATA_HOST=server.host, FLEET_WORK_DIR=disk)
         console = open(folder / "console.log", "wb")
         try:
             proc = subprocess.Popen([sys.executable, str(GUEST), str(folder)], env=env, cwd=folder,
