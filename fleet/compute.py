@@ -91,11 +91,6 @@ class Place:
     def regional(self) -> bool:
         return not self.zone
 
-    @classmethod
-    def from_scope(cls, project: str, scope: str) -> "Place":
-        kind, _, where = scope.partition("/")
-        return cls(project, zone=where) if kind == "zones" else cls(project, region=where)
-
 
 @dataclass(frozen=True)
 class FleetSpec:
