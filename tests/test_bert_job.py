@@ -355,6 +355,31 @@ def test_a_huge_document_is_tokenized_in_parts(vocab_path, documents, monkeypatc
     assert stats["random_next"] == 0  # one document: no other to draw from
 
 
+def short_documents(documents, n_lines=2000) -> list[list[str]]:
+    """The sample's lines regrouped into documents of one to three lines."""
+    lines = [line for doc in documents["zh"] + documents["en"] for line in doc][:n_lines]
+    rng, out, i = random.Random(0), [], 0
+    while i < len(lines):
+        n = rng.randint(1, 3)
+        out.append(lines[i:i + n])
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("options", [{}, {"whole_word_masking": "false"}, {"pack_documents": "true"}])
+def test_short_documents_tokenized_together_give_the_records_of_one_at_a_time(vocab_path, documents, monkeypatch,
+                                                                               options):
+    import functools
+
+    from jobs.electra_zh_en import bert_converter
+
+    docs = short_documents(documents)
+    monkeypatch.setattr(bert_converter, "DocBatcher", functools.partial(bert_converter.DocBatcher, batch_tokens=3000))
+    together = convert(vocab_path, docs, **options)
+    monkeypatch.setattr(bert_converter, "GROUP_CHARS", 1)  # each document tokenized alone
+    assert convert(vocab_path, docs, **options) == together
+
+
 def test_config_errors(vocab_path, tmp_path):
     bad = {
         "option masked_lm_prob applies to format=bert only": {"format": "electra", "masked_lm_prob": "0.2"},

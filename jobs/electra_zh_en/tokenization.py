@@ -97,6 +97,9 @@ class _Patterns:
         # above from text where a marker precedes each CJK character that continues a word.
         self.cjk_runs = re.compile(f"([{cjk}]{{2,}})")
         self.marked_tokens = re.compile(f"[^\\s{_MARK}{cjk}{p}]+|[{cjk}]|{_MARK}[{cjk}]|[{p}]")
+        # The same two with each newline a token of its own: many lines in one findall (tokenize_flat).
+        self.tokens_nl = re.compile(f"{self.tokens.pattern}|\n")
+        self.marked_tokens_nl = re.compile(f"{self.marked_tokens.pattern}|\n")
 
 
 @functools.cache
@@ -139,13 +142,17 @@ def load_vocab(data: bytes | str, source: str = "vocab") -> dict[str, int]:
     return vocab
 
 
+_NEWLINE = (-1,)  # what a newline "token" maps to in tokenize_flat: marks the end of a line
+
+
 class _IdCache(dict):
-    """basic token -> tuple of ids; a miss runs WordPiece. Cleared when too big."""
+    """basic token -> tuple of ids; a miss runs WordPiece. Cleared when too big.
+    A newline maps to ``_NEWLINE`` (tokenize_flat finds line ends by it)."""
 
     __slots__ = ("wordpiece", "limit")
 
     def __missing__(self, word: str) -> tuple[int, ...]:
-        ids = self.wordpiece(word)
+        ids = _NEWLINE if word == "\n" else self.wordpiece(word)
         if len(self) >= self.limit:
             self.clear()
         self[word] = ids
@@ -292,6 +299,28 @@ class BertTokenizer:
         if cut is not None and not text.isascii():
             text = self._mark_words(text, pats, cut)
         return list(chain.from_iterable(map(self._word_cache.__getitem__, pats.marked_tokens.findall(text))))
+
+    def tokenize_flat(self, lines: Sequence[str], words: bool = False,
+                      cut: Callable[[str], list[str]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """All lines' ids as one int32 array and each line's count of them: ``tokenize_lines``
+        (``words``: ``tokenize_lines_words`` with ``cut``) concatenated, for many short documents
+        at once. One normalization, one segmenter call and one ``findall`` over all lines (each
+        newline a token that maps to -1), then C loops only: no Python step per line or token."""
+        if not lines:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        text, pats = self._normalize_pats("\n".join(lines))
+        if text.count("\n") != len(lines) - 1:  # a line held its own "\n": go line by line
+            per_line = [self._tokenize_words(line, cut) if words else self.tokenize_ids(line) for line in lines]
+            return (np.fromiter(chain.from_iterable(per_line), np.int32),
+                    np.fromiter(map(len, per_line), np.int64, len(per_line)))
+        if words and cut is not None and not text.isascii():
+            text = self._mark_words(text, pats, cut)
+        cache = self._word_cache if words else self._cache
+        found = (pats.marked_tokens_nl if words else pats.tokens_nl).findall(text)
+        flat = np.fromiter(chain.from_iterable(map(cache.__getitem__, found)), np.int32)
+        ends = np.flatnonzero(flat < 0)  # len(lines) - 1 newlines
+        lengths = np.diff(ends, prepend=-1, append=len(flat)) - 1
+        return (np.delete(flat, ends) if len(ends) else flat), lengths
 
     def tokenize_ids(self, text: str) -> list[int]:
         text, tokens = self._normalize(text)
