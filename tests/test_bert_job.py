@@ -380,6 +380,30 @@ def test_short_documents_tokenized_together_give_the_records_of_one_at_a_time(vo
     assert convert(vocab_path, docs, **options) == together
 
 
+@pytest.mark.parametrize("pack", ["false", "true"])
+def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_path, documents, tokenizer, monkeypatch,
+                                                                       pack):
+    import random as random_module
+
+    from jobs.electra_zh_en import job
+    from jobs.electra_zh_en.builder import ExampleBuilder
+
+    docs = short_documents(documents) + documents["en"][:3]
+    _, _, together = convert(vocab_path, docs, format="electra", pack_documents=pack)
+    monkeypatch.setattr(job, "GROUP_CHARS", 1)
+    _, _, alone = convert(vocab_path, docs, format="electra", pack_documents=pack)
+    assert alone == together
+    # ... and the per-example writer on the reference builder's padded examples.
+    config = JOB.parse_config({"vocab_file": vocab_path, "format": "electra"})
+    converter = JOB.converter(config, read_file)
+    builder = ExampleBuilder(SEQ, converter.cls_id, converter.sep_id, random_module.Random(7))
+    add = builder.add_sentences if pack == "true" else builder.add_document
+    examples = [ex for doc in docs for ex in add(tokenizer.tokenize_lines(doc))]
+    last = builder.end_document()
+    examples += [last] if last is not None else []
+    assert together == b"".join(map(converter.record, examples))
+
+
 def test_config_errors(vocab_path, tmp_path):
     bad = {
         "option masked_lm_prob applies to format=bert only": {"format": "electra", "masked_lm_prob": "0.2"},

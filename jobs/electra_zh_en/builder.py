@@ -36,10 +36,12 @@ class Example(NamedTuple):
 
 
 class ExampleBuilder:
-    def __init__(self, max_length: int, cls_id: int, sep_id: int, rng: random.Random, pad_id: int = 0):
+    def __init__(self, max_length: int, cls_id: int, sep_id: int, rng: random.Random, pad_id: int = 0,
+                 pad: bool = True):
         if max_length < 5:
             raise ValueError(f"max_length must be at least 5, got {max_length}")
         self.max_length = max_length
+        self.pad = pad  # False: input_ids stop at the last [SEP] (a writer that pads on its own)
         self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
         self.rng = rng
         self._sentences: list[list[int]] = []
@@ -66,6 +68,31 @@ class ExampleBuilder:
         last = self.end_document()
         if last is not None:
             out.append(last)
+        return out
+
+    def add_documents(self, sentences: list[list[int]], doc_ends: Iterable[int]) -> list[Example]:
+        """``add_document`` for many documents at once: ``sentences`` holds their lines in order,
+        document d ends before ``sentences[doc_ends[d]]``. Short documents are many: one call."""
+        out = []
+        append, create = out.append, self._create
+        ends = iter(doc_ends)
+        next_end = next(ends, None)
+        for i, ids in enumerate(sentences):
+            while next_end == i:
+                if self._length:
+                    append(create())
+                else:
+                    self._sentences = []
+                next_end = next(ends, None)
+            self._sentences.append(ids)
+            self._length += len(ids)
+            if self._length >= self._target:
+                append(create())
+        while next_end is not None:
+            last = self.end_document()
+            if last is not None:
+                append(last)
+            next_end = next(ends, None)
         return out
 
     def add_sentences(self, sentences: Iterable[list[int]]) -> list[Example]:
@@ -108,7 +135,8 @@ class ExampleBuilder:
             input_ids += second
             input_ids.append(self.sep_id)
         n = len(input_ids)
-        input_ids += [self.pad_id] * (max_length - n)
+        if self.pad:
+            input_ids += [self.pad_id] * (max_length - n)
         return Example(input_ids, n, n_first)
 
 
