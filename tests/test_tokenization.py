@@ -309,3 +309,12 @@ def test_tokenize_flat_after_the_cache_was_cleared(tiny):
         ids, lengths = tok.tokenize_flat(lines)
         assert ids.tolist() == [i for line in tiny.tokenize_lines(lines) for i in line]
         assert lengths.tolist() == [2, 0, 3, 4]
+
+
+def test_unicode_table_of_this_python_is_the_scan():
+    """Start-up reads the character classes from a table; it must be what a scan of Unicode gives."""
+    from jobs.electra_zh_en import unicode_classes
+
+    version = unicodedata.unidata_version
+    assert version in unicode_classes.TABLES, f"add Unicode {version}: python -m jobs.electra_zh_en.unicode_classes"
+    assert unicode_classes.TABLES[version] == tuple(map(unicode_classes.to_ranges, unicode_classes.scan()))
