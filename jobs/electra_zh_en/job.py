@@ -38,7 +38,7 @@ from .tokenization import BertTokenizer, VocabError
 FORMATS = ("electra", "bert")
 COMPRESSIONS = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}  # option value (any case) -> file suffix
 GZIP_LEVEL = 6  # zlib's default, as TensorFlow's TFRecordWriter uses for GZIP
-REPORT_RECORDS = 20_000  # records the report at the end of fleet local reads (a few seconds at most)
+REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60-130 µs each, paid by every run
 
 
 @dataclass
