@@ -386,7 +386,7 @@ def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_pat
     import random as random_module
 
     from jobs.electra_zh_en import job
-    from jobs.electra_zh_en.builder import ExampleBuilder
+    from jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
 
     docs = short_documents(documents) + documents["en"][:3]
     _, _, together = convert(vocab_path, docs, format="electra", pack_documents=pack)
@@ -394,11 +394,19 @@ def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_pat
     _, _, alone = convert(vocab_path, docs, format="electra", pack_documents=pack)
     assert alone == together
     # ... and the per-example writer on the reference builder's padded examples.
+    # (without packing each document draws from its own DocumentRandom, from the run seed and its text)
     config = JOB.parse_config({"vocab_file": vocab_path, "format": "electra"})
     converter = JOB.converter(config, read_file)
     builder = ExampleBuilder(SEQ, converter.cls_id, converter.sep_id, random_module.Random(7))
-    add = builder.add_sentences if pack == "true" else builder.add_document
-    examples = [ex for doc in docs for ex in add(tokenizer.tokenize_lines(doc))]
+    key = DocumentRandom.seed_key(config.seed)
+
+    def add(sentences, doc):
+        if pack == "true":
+            return builder.add_sentences(sentences)
+        builder.rng, builder._target = DocumentRandom(key, "\n".join(doc).encode()), SEQ
+        return builder.add_document(sentences)
+
+    examples = [ex for doc in docs for ex in add(tokenizer.tokenize_lines(doc), doc)]
     last = builder.end_document()
     examples += [last] if last is not None else []
     assert together == b"".join(map(converter.record, examples))

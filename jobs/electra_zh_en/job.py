@@ -2,8 +2,13 @@
 
 An item becomes one ``.tfrecord`` file (``.tfrecord.gz`` with GZIP) of
 ELECTRA examples (``format=electra``, the default) or BERT masked-LM examples
-(``format=bert``, see ``bert_converter``). Seeds come from the item
-(``ctx.seed``), so a retried item rewrites the same bytes.
+(``format=bert``, see ``bert_converter``). With ``format=electra`` (without
+``pack_documents``) each document draws from its own stream, seeded by the run
+seed and the document's text (``builder.DocumentRandom``): the multiset of
+examples depends only on the documents and the seed, not on how the corpus was
+cut into items, how many workers ran or which input format carried it. BERT
+and ``pack_documents`` mix documents, so they are seeded per item (``ctx.seed``).
+Either way a retried item rewrites the same bytes.
 Within a document, blank lines carry no tokens and do not split it: the
 fleet's inputs already cut documents (for ``.txt`` at blank lines, which is
 what ELECTRA's builder does with ``--blanks-separate-docs``).
@@ -31,7 +36,7 @@ from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
 from . import tfrecord
 from .bert_builder import DocBatch
 from .bert_converter import BertCounters, BertExamples, BertOptions
-from .builder import Example, ExampleBuilder
+from .builder import DocumentRandom, Example, ExampleBuilder
 from .tfrecord import VARINTS
 from .tokenization import BertTokenizer, VocabError
 
@@ -46,7 +51,7 @@ class ElectraConfig:
     vocab_file: str = ""  # URL or path of a BERT vocab.txt (required)
     max_seq_length: int = 128
     do_lower_case: bool = True
-    seed: int = 12345  # the run's seed; each item's own seed derives from it and the item id
+    seed: int = 12345  # the run's seed: electra seeds each document from it and its text, bert each item
     format: str = "electra"  # electra | bert
     compression: str = "none"  # none | GZIP (files end .tfrecord.gz; TFRecordDataset(compression_type="GZIP"))
     pack_documents: bool = False  # fill examples across document boundaries (corpora of short documents)
@@ -181,6 +186,7 @@ class ElectraConverter(Converter):
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
         max_length = self.config.max_seq_length
         builder = ExampleBuilder(max_length, self.cls_id, self.sep_id, random.Random(ctx.seed), pad=False)
+        seed_key = DocumentRandom.seed_key(self.config.seed)
         n_docs = n_lines = n_examples = n_tokens = n_bytes = 0
         with _output(sink, self.config) as out:
             for group in _groups(documents):
@@ -193,8 +199,9 @@ class ElectraConverter(Converter):
                 sentences = [flat[a:b] for a, b in zip([0, *ends], ends)]
                 if self.config.pack_documents:
                     examples = builder.add_sentences(sentences)
-                else:
-                    examples = builder.add_documents(sentences, accumulate(map(len, group)))
+                else:  # each document seeded by its own text: examples do not depend on how items were cut
+                    rngs = [DocumentRandom(seed_key, "\n".join(document).encode()) for document in group]
+                    examples = builder.add_documents(sentences, accumulate(map(len, group)), rngs)
                 last = builder.end_document() if group is _LAST else None  # packing: what is pending
                 if last is not None:
                     examples.append(last)
