@@ -194,9 +194,7 @@ class ElectraConverter(Converter):
                 n_docs += len(group)
                 n_lines += len(lines)
                 n_bytes += len("\n".join(lines).encode()) - max(0, len(lines) - 1)
-                ids, lengths = self.tokenizer.tokenize_flat(lines)
-                flat, ends = ids.tolist(), np.cumsum(lengths).tolist()
-                sentences = [flat[a:b] for a, b in zip([0, *ends], ends)]
+                sentences = self.tokenizer.tokenize_lines(lines)  # one normalization for the group
                 if self.config.pack_documents:
                     examples = builder.add_sentences(sentences)
                 else:  # each document seeded by its own text: examples do not depend on how items were cut
