@@ -27,7 +27,9 @@ unmodified, as subprocesses, with these flags (their defaults otherwise):
   same max_seq_length, masked_lm_prob, max_predictions_per_seq and dupe_factor as above.
 
 All read one file: corpus/sample_zh.txt repeated N times then corpus/sample_en.txt N times (BERT's
-input format: a line of text per line, blank lines between documents); all use the same vocab
+input format: a line of text per line, blank lines between documents), and, as a second corpus
+("short", run after the first unless ``--corpus`` says otherwise), the same with each sample's
+lines cut into documents of 1-3 lines (``bench/short_corpus.py``); all use the same vocab
 (``--vocab``, or one of 21128 trained on the sample with ``python -m jobs.electra_zh_en vocab``).
 That training is not deterministic (a few tokens differ from one to the next), and BERT's count of
 instances, so its work, moves by several per cent with its random path (seed or vocab): to compare
@@ -62,6 +64,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+
+from short_corpus import short_documents  # noqa: E402
 
 # Runs a TF1-era script under TF 2 from the outside: ``python -c TF1_LAUNCHER script.py args...``.
 TF1_LAUNCHER = (
@@ -75,6 +80,9 @@ TF1_LAUNCHER = (
 )
 
 MAX_SEQ_LENGTH = 128
+CORPORA = ("long", "short")
+CORPUS_TEXT = {"long": "the sample corpus (131 man pages: long documents)",
+               "short": "the same lines in documents of 1-3 lines (bench/short_corpus.py)"}
 MAX_PREDICTIONS = 20
 MASKED_LM_PROB = 0.15
 
@@ -227,41 +235,11 @@ def count_records(files: list[str]) -> tuple[int, float]:
     return n, size / 1e6
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bert-dir", help="a checkout of https://github.com/google-research/bert")
-    ap.add_argument("--electra-dir", help="a checkout of https://github.com/google-research/electra")
-    ap.add_argument("--repeat", type=int, default=5, help="each sample file this many times (default 5)")
-    ap.add_argument("--rounds", type=int, default=1, help="run every row this many times, keep the least CPU")
-    ap.add_argument("--vocab", help="vocab.txt (default: train one of 21128 on the sample)")
-    ap.add_argument("--check-records", type=int, default=200, help="records of each output to parse and compare")
-    ap.add_argument("--fleet-child", nargs=3, metavar=("PATH", "VOCAB", "OPTIONS_JSON"), help=argparse.SUPPRESS)
-    ap.add_argument("--check-child", nargs=4, metavar=("OUTPUTS_JSON", "PATH", "VOCAB", "N"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.fleet_child:
-        fleet_child(*args.fleet_child)
-        return
-    if args.check_child:
-        check_child(*args.check_child)
-        return
-    if not args.bert_dir or not args.electra_dir:
-        ap.error("--bert-dir and --electra-dir are required (see the docstring: git clone ...)")
-    for d, f in ((args.bert_dir, "create_pretraining_data.py"), (args.electra_dir, "build_pretraining_dataset.py")):
-        if not os.path.isfile(os.path.join(d, f)):
-            ap.error(f"{d}: no {f} there")
-    args.bert_dir, args.electra_dir = os.path.abspath(args.bert_dir), os.path.abspath(args.electra_dir)
-
-    tmp = tempfile.TemporaryDirectory(prefix="bench-ref-")
-    samples = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]
-    vocab = os.path.abspath(args.vocab) if args.vocab else os.path.join(tmp.name, "vocab.txt")
-    if not args.vocab:
-        subprocess.run([sys.executable, "-m", "jobs.electra_zh_en", "vocab", *samples, "--size", "21128",
-                        "--out", vocab], cwd=ROOT, check=True, capture_output=True)
-    with open(vocab, encoding="utf-8") as f:
-        vocab_size = sum(1 for _ in f)
-
+def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, folder: str):
+    """Every row on one corpus; prints its table. Returns the speed-ups and what the check reads."""
+    os.makedirs(folder)
     # The input: one file in a folder of its own (ELECTRA reads folders), and an empty one for start-up.
-    corpus_dir, empty_dir = os.path.join(tmp.name, "corpus"), os.path.join(tmp.name, "empty")
+    corpus_dir, empty_dir = os.path.join(folder, "corpus"), os.path.join(folder, "empty")
     for d in (corpus_dir, empty_dir):
         os.makedirs(d)
     text_file, empty_file = os.path.join(corpus_dir, "input.txt"), os.path.join(empty_dir, "input.txt")
@@ -269,9 +247,9 @@ def main() -> None:
         for path in samples:
             with open(path, "rb") as f:
                 one = f.read().rstrip(b"\n") + b"\n\n"
-            out.write(one * args.repeat)
+            out.write((short_documents(one) if corpus == "short" else one) * args.repeat)
     open(empty_file, "wb").close()
-    out_dir, empty_out = os.path.join(tmp.name, "out"), os.path.join(tmp.name, "out-empty")
+    out_dir, empty_out = os.path.join(folder, "out"), os.path.join(folder, "out-empty")
     os.makedirs(out_dir)
     os.makedirs(empty_out)
     cmds = commands(args, vocab, text_file, corpus_dir, out_dir)
@@ -286,7 +264,8 @@ def main() -> None:
         return r.stdout.strip() if r.returncode == 0 else "not a git checkout"
 
     load0 = os.getloadavg()
-    print(f"input: corpus/sample_zh.txt {args.repeat}x + corpus/sample_en.txt {args.repeat}x in one file "
+    print(f"input: corpus/sample_zh.txt {args.repeat}x + corpus/sample_en.txt {args.repeat}x in one file"
+          f"{', cut into documents of 1-3 lines' if corpus == 'short' else ''} "
           f"({os.path.getsize(text_file) / 1e6:.2f} MB file); "
           f"vocab {vocab_size} tokens ({'given' if args.vocab else 'trained on the sample, --size 21128'}); "
           f"max_seq_length {MAX_SEQ_LENGTH}, do_lower_case, dupe_factor 1")
@@ -299,10 +278,10 @@ def main() -> None:
     t0 = time.perf_counter()
     for rnd in range(args.rounds):
         for i, (label, cmd) in enumerate(cmds.items()):
-            r = run(cmd, os.path.join(tmp.name, f"log-{i}-{rnd}"))
+            r = run(cmd, os.path.join(folder, f"log-{i}-{rnd}"))
             if label not in best or r["cpu"] < best[label]["cpu"]:
                 best[label] = r
-            e = run(empty_cmds[label], os.path.join(tmp.name, f"log-{i}-{rnd}-empty"))
+            e = run(empty_cmds[label], os.path.join(folder, f"log-{i}-{rnd}-empty"))
             if label not in startup or e["cpu"] < startup[label]["cpu"]:
                 startup[label] = e
     elapsed = time.perf_counter() - t0
@@ -342,7 +321,59 @@ def main() -> None:
     for fleet_label, ref in SPEEDUPS:
         print(f"  {fleet_label:{width}} vs {ref}: {speed[fleet_label] / speed[ref]:5.1f}x; "
               f"{speed_net[fleet_label] / speed_net[ref]:5.1f}x; {speed_wall[fleet_label] / speed_wall[ref]:5.1f}x")
+    ratios = {(f, r): (speed[f] / speed[r], speed_net[f] / speed_net[r]) for f, r in SPEEDUPS}
+    return ratios, (outputs, text_file, out_dir)
 
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bert-dir", help="a checkout of https://github.com/google-research/bert")
+    ap.add_argument("--electra-dir", help="a checkout of https://github.com/google-research/electra")
+    ap.add_argument("--repeat", type=int, default=5, help="each sample file this many times (default 5)")
+    ap.add_argument("--corpus", choices=("long", "short", "both"), default="both",
+                    help="long: the sample; short: its lines in documents of 1-3 lines; both (default)")
+    ap.add_argument("--rounds", type=int, default=1, help="run every row this many times, keep the least CPU")
+    ap.add_argument("--vocab", help="vocab.txt (default: train one of 21128 on the sample)")
+    ap.add_argument("--check-records", type=int, default=200, help="records of each output to parse and compare")
+    ap.add_argument("--fleet-child", nargs=3, metavar=("PATH", "VOCAB", "OPTIONS_JSON"), help=argparse.SUPPRESS)
+    ap.add_argument("--check-child", nargs=4, metavar=("OUTPUTS_JSON", "PATH", "VOCAB", "N"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.fleet_child:
+        fleet_child(*args.fleet_child)
+        return
+    if args.check_child:
+        check_child(*args.check_child)
+        return
+    if not args.bert_dir or not args.electra_dir:
+        ap.error("--bert-dir and --electra-dir are required (see the docstring: git clone ...)")
+    for d, f in ((args.bert_dir, "create_pretraining_data.py"), (args.electra_dir, "build_pretraining_dataset.py")):
+        if not os.path.isfile(os.path.join(d, f)):
+            ap.error(f"{d}: no {f} there")
+    args.bert_dir, args.electra_dir = os.path.abspath(args.bert_dir), os.path.abspath(args.electra_dir)
+
+    tmp = tempfile.TemporaryDirectory(prefix="bench-ref-")
+    samples = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]
+    vocab = os.path.abspath(args.vocab) if args.vocab else os.path.join(tmp.name, "vocab.txt")
+    if not args.vocab:
+        subprocess.run([sys.executable, "-m", "jobs.electra_zh_en", "vocab", *samples, "--size", "21128",
+                        "--out", vocab], cwd=ROOT, check=True, capture_output=True)
+    with open(vocab, encoding="utf-8") as f:
+        vocab_size = sum(1 for _ in f)
+
+    speedups: dict[str, dict[tuple[str, str], tuple[float, float]]] = {}
+    checked = None
+    for corpus in CORPORA if args.corpus == "both" else (args.corpus,):
+        print(f"\n=== {corpus}: {CORPUS_TEXT[corpus]} ===")
+        speedups[corpus], files = measure(args, corpus, samples, vocab, vocab_size, os.path.join(tmp.name, corpus))
+        checked = checked or files
+    if len(speedups) > 1:
+        print("\nspeed-up of fleet over the references on both corpora, this run (per core; excl. start-up):")
+        for fleet_label, ref in SPEEDUPS:
+            cells = "; ".join(f"{c} {speedups[c][fleet_label, ref][0]:.1f}x, {speedups[c][fleet_label, ref][1]:.1f}x"
+                              for c in speedups)
+            print(f"  {fleet_label} vs {ref}: {cells}")
+
+    outputs, text_file, out_dir = checked
     print("\nrecords (feature: reference's kind[length] | fleet's):")
     check = run([sys.executable, os.path.abspath(__file__), "--check-child", json.dumps(outputs), text_file, vocab,
                  str(args.check_records)], os.path.join(tmp.name, "log-check"))

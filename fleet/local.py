@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
@@ -187,7 +188,8 @@ def run_local(
                                 description=f"items {st.done}/{st.items}" + (f" ({st.failed} failed)" if st.failed else ""))
                 if st.finished or not any(c.is_alive() for c in children):
                     break
-                time.sleep(0.3)
+                # A worker that ends (the last one out: the run is drained) wakes this at once.
+                wait([c.sentinel for c in children if c.is_alive()], timeout=0.3)
     except KeyboardInterrupt:
         interrupted = True
     finally:

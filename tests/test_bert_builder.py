@@ -192,3 +192,48 @@ def test_packing_fills_sequences_of_short_documents(pack):
     assert (fill > 0.85) if pack else (fill < 0.5)
     if pack:  # an actual next pair is split inside a document when it can be: labels stay balanced
         assert 0.4 < spans.random_next.mean() < 0.65
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), max_size=5), max_size=30), st.integers(1, 120),
+       st.lists(st.integers(1, 7), min_size=1, max_size=6))
+def test_add_many_cuts_batches_where_adding_one_by_one_does(docs, batch_tokens, group_sizes):
+    """Documents (lists of sentence lengths; a number repeated makes parts of one document)."""
+    numbers = [d // 2 if d % 5 == 0 else d for d in range(len(docs))]
+    ids = iter(range(100, 10**6))
+
+    def sentences(lengths):
+        return [[next(ids) for _ in range(n)] for n in lengths]
+
+    docs_ids = [sentences(lengths) for lengths in docs]
+    one = DocBatcher(batch_tokens=batch_tokens)
+    expected = []
+    for number, doc in zip(numbers, docs_ids):
+        one.add(number, doc)
+        if one.full:
+            expected.append(one.take())
+    expected.append(one.take())
+
+    many = DocBatcher(batch_tokens=batch_tokens)
+    got, start, k = [], 0, 0
+    while start < len(docs):
+        size = group_sizes[k % len(group_sizes)]
+        k += 1
+        group = docs_ids[start:start + size]
+        flat = np.array([i for doc in group for line in doc for i in line], np.int32)
+        lengths = np.array([len(line) for doc in group for line in doc], np.int64)
+        doc_lines = np.array([len(doc) for doc in group], np.int64)
+        g_numbers = np.array(numbers[start:start + size], np.int64)
+        start += size
+        while len(doc_lines):
+            n = many.add_many(g_numbers, flat, lengths, doc_lines)
+            if many.full:
+                got.append(many.take())
+            used = int(doc_lines[:n].sum())
+            flat, lengths = flat[int(lengths[:used].sum()):], lengths[used:]
+            g_numbers, doc_lines = g_numbers[n:], doc_lines[n:]
+    got.append(many.take())
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        for name in ("ids", "sentence_starts", "doc_starts", "doc_numbers"):
+            assert getattr(a, name).tolist() == getattr(b, name).tolist(), name

@@ -356,6 +356,63 @@ def test_a_huge_document_is_tokenized_in_parts(vocab_path, documents, monkeypatc
     assert stats["random_next"] == 0  # one document: no other to draw from
 
 
+def short_documents(documents, n_lines=2000) -> list[list[str]]:
+    """The sample's lines regrouped into documents of one to three lines."""
+    lines = [line for doc in documents["zh"] + documents["en"] for line in doc][:n_lines]
+    rng, out, i = random.Random(0), [], 0
+    while i < len(lines):
+        n = rng.randint(1, 3)
+        out.append(lines[i:i + n])
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("options", [{}, {"whole_word_masking": "false"}, {"pack_documents": "true"}])
+def test_short_documents_tokenized_together_give_the_records_of_one_at_a_time(vocab_path, documents, monkeypatch,
+                                                                               options):
+    import functools
+
+    from jobs.electra_zh_en import bert_converter
+
+    docs = short_documents(documents)
+    monkeypatch.setattr(bert_converter, "DocBatcher", functools.partial(bert_converter.DocBatcher, batch_tokens=3000))
+    together = convert(vocab_path, docs, **options)
+    monkeypatch.setattr(bert_converter, "GROUP_CHARS", 1)  # each document tokenized alone
+    assert convert(vocab_path, docs, **options) == together
+
+
+@pytest.mark.parametrize("pack", ["false", "true"])
+def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_path, documents, tokenizer, monkeypatch,
+                                                                       pack):
+    import random as random_module
+
+    from jobs.electra_zh_en import job
+    from jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
+
+    docs = short_documents(documents) + documents["en"][:3]
+    _, _, together = convert(vocab_path, docs, format="electra", pack_documents=pack)
+    monkeypatch.setattr(job, "GROUP_CHARS", 1)
+    _, _, alone = convert(vocab_path, docs, format="electra", pack_documents=pack)
+    assert alone == together
+    # ... and the per-example writer on the reference builder's padded examples.
+    # (without packing each document draws from its own DocumentRandom, from the run seed and its text)
+    config = JOB.parse_config({"vocab_file": vocab_path, "format": "electra"})
+    converter = JOB.converter(config, read_file)
+    builder = ExampleBuilder(SEQ, converter.cls_id, converter.sep_id, random_module.Random(7))
+    key = DocumentRandom.seed_key(config.seed)
+
+    def add(sentences, doc):
+        if pack == "true":
+            return builder.add_sentences(sentences)
+        builder.rng, builder._target = DocumentRandom(key, "\n".join(doc).encode()), SEQ
+        return builder.add_document(sentences)
+
+    examples = [ex for doc in docs for ex in add(tokenizer.tokenize_lines(doc), doc)]
+    last = builder.end_document()
+    examples += [last] if last is not None else []
+    assert together == b"".join(map(converter.record, examples))
+
+
 def test_config_errors(vocab_path, tmp_path):
     bad = {
         "option masked_lm_prob applies to format=bert only": {"format": "electra", "masked_lm_prob": "0.2"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -159,3 +160,16 @@ def test_random_shares_are_about_right():
 def test_max_length_too_small():
     with pytest.raises(ValueError):
         ExampleBuilder(4, CLS, SEP, random.Random(0))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 90), max_size=6), max_size=25), st.integers(0, 2**32))
+def test_add_documents_is_add_document_for_each(docs, seed):
+    """Many documents in one call, unpadded, give each document's examples as one by one, padded."""
+    documents = numbered(docs)
+    one = ExampleBuilder(64, CLS, SEP, random.Random(seed))
+    expected = [ex for doc in documents for ex in one.add_document(doc)]
+    many = ExampleBuilder(64, CLS, SEP, random.Random(seed), pad=False)
+    ends = list(itertools.accumulate(map(len, documents)))
+    got = many.add_documents([s for doc in documents for s in doc], ends)
+    assert [(ex.input_ids + [0] * (64 - ex.length), ex.length, ex.first_length) for ex in got] == expected

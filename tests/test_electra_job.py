@@ -11,7 +11,7 @@ import pytest
 from fleet.job import ConfigError, ItemContext, Sink, load_job
 from jobs.electra_zh_en import JOB, ElectraConfig
 from jobs.text import tfrecord
-from jobs.electra_zh_en.builder import build_examples
+from jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
 from jobs.text.tokenization import BertTokenizer
 from jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
@@ -93,10 +93,13 @@ def test_convert_counts_and_layout(vocab_path, documents):
     assert stats["positions"] == 128 * len(records)
     assert 0.5 < JOB.summarize(stats)["fill_ratio"] == stats["tokens"] / stats["positions"] <= 1
 
-    # The same records, built the slow, generic way.
+    # The same records, built the slow, generic way: each document from its own DocumentRandom.
     tokenizer = BertTokenizer.from_file(vocab_path)
-    examples = list(build_examples((tokenizer.tokenize_lines(d) for d in docs), 128, tokenizer.vocab["[CLS]"],
-                                   tokenizer.vocab["[SEP]"], random.Random(99)))
+    builder = ExampleBuilder(128, tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"], random.Random(99))
+    key, examples = DocumentRandom.seed_key(config.seed), []
+    for d in docs:
+        builder.rng, builder._target = DocumentRandom(key, "\n".join(d).encode()), 128
+        examples += builder.add_document(tokenizer.tokenize_lines(d))
     assert stats["tokens"] == sum(ex.length for ex in examples)
     assert records == [
         tfrecord.int64_example({"input_ids": ex.input_ids, "input_mask": ex.input_mask, "segment_ids": ex.segment_ids})
@@ -108,10 +111,15 @@ def test_output_is_a_pure_function_of_documents_config_and_seed(vocab_path, docu
     config = ElectraConfig(vocab_file=vocab_path)
     _, first = convert(config, documents, seed=5)
     _, again = convert(config, [list(d) for d in documents], seed=5)
-    _, other = convert(config, documents, seed=6)
+    _, other = convert(ElectraConfig(vocab_file=vocab_path, seed=6), documents, seed=5)
     _, shorter = convert(ElectraConfig(vocab_file=vocab_path, max_seq_length=64), documents, seed=5)
     assert first == again
     assert first != other and first != shorter
+    # Documents are seeded by the run seed and their text, not by the item: the item seed does not matter
+    # (with pack_documents, which mixes documents, it does).
+    assert convert(config, documents, seed=6)[1] == first
+    packed = ElectraConfig(vocab_file=vocab_path, pack_documents=True)
+    assert convert(packed, documents, seed=5)[1] != convert(packed, documents, seed=6)[1]
 
 
 def test_no_documents_gives_an_empty_file(vocab_path):

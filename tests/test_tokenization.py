@@ -290,3 +290,31 @@ def test_load_vocab_errors():
     with pytest.raises(VocabError, match="id 0"):
         load_vocab(b"[UNK]\n[PAD]\n[CLS]\n[SEP]\n", "v.txt")
     assert load_vocab("[PAD]\r\n[UNK]\n[CLS]\n[SEP]")["[SEP]"] == 3
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(texts, max_size=8))
+def test_tokenize_flat_is_tokenize_lines_concatenated(small, lines):
+    for words in (False, True):
+        expected = small.tokenize_lines_words(lines) if words else small.tokenize_lines(lines)
+        ids, lengths = small.tokenize_flat(lines, words)
+        assert ids.tolist() == [i for line in expected for i in line]
+        assert lengths.tolist() == [len(line) for line in expected]
+
+
+def test_tokenize_flat_after_the_cache_was_cleared(tiny):
+    tok = BertTokenizer(tiny.vocab, cache_limit=2)  # the newline entry is dropped and made again
+    lines = ["hello world", "", "中文 x", "unaffable !"]
+    for _ in range(3):
+        ids, lengths = tok.tokenize_flat(lines)
+        assert ids.tolist() == [i for line in tiny.tokenize_lines(lines) for i in line]
+        assert lengths.tolist() == [2, 0, 3, 4]
+
+
+def test_unicode_table_of_this_python_is_the_scan():
+    """Start-up reads the character classes from a table; it must be what a scan of Unicode gives."""
+    from jobs.text import unicode_classes
+
+    version = unicodedata.unidata_version
+    assert version in unicode_classes.TABLES, f"add Unicode {version}: python -m jobs.text.unicode_classes"
+    assert unicode_classes.TABLES[version] == tuple(map(unicode_classes.to_ranges, unicode_classes.scan()))

@@ -107,13 +107,14 @@ class DocBatch:
 
 @dataclass
 class DocBatcher:
-    """Collects tokenized documents (lists of per-line ids) into ``DocBatch``es of about
-    ``batch_tokens`` tokens. Lines without tokens are dropped, as BERT drops them."""
+    """Collects tokenized documents into ``DocBatch``es of about ``batch_tokens`` tokens.
+    Lines without tokens are dropped, as BERT drops them."""
 
     batch_tokens: int = 1 << 18
     _ids: list[np.ndarray] = field(default_factory=list)
-    _lengths: list[list[int]] = field(default_factory=list)
-    _numbers: list[int] = field(default_factory=list)
+    _lengths: list[np.ndarray] = field(default_factory=list)  # non-empty sentences' lengths
+    _doc_sentences: list[np.ndarray] = field(default_factory=list)  # sentences per document (part)
+    _numbers: list[np.ndarray] = field(default_factory=list)
     tokens: int = 0
 
     def add(self, doc_number: int, sentences: Sequence[Sequence[int]]) -> None:
@@ -123,9 +124,37 @@ class DocBatcher:
             return
         total = sum(lengths)
         self._ids.append(np.fromiter(chain.from_iterable(sentences), np.int32, total))
-        self._lengths.append(lengths)
-        self._numbers.append(doc_number)
+        self._lengths.append(np.array(lengths, np.int64))
+        self._doc_sentences.append(np.array([len(lengths)], np.int64))
+        self._numbers.append(np.array([doc_number], np.int64))
         self.tokens += total
+
+    def add_many(self, numbers: np.ndarray, ids: np.ndarray, line_lengths: np.ndarray,
+                 doc_lines: np.ndarray) -> int:
+        """Documents given flat (``tokenizer.tokenize_flat`` of their lines; document d has
+        ``doc_lines[d]`` of the lines), added one after the other as ``add`` would, up to the
+        one that makes the batch ``full``. Returns how many documents were taken: the caller
+        takes the batch and gives the rest again."""
+        line_ends = np.cumsum(doc_lines)
+        token_ends = np.concatenate([[0], np.cumsum(line_lengths)])
+        doc_tokens = token_ends[line_ends] - token_ends[line_ends - doc_lines]
+        reach = self.tokens + np.cumsum(doc_tokens)
+        n = min(len(doc_lines), int(np.searchsorted(reach, self.batch_tokens, side="left")) + 1)
+        if n == 0:
+            return 0
+        lines = line_ends[n - 1]
+        keep = doc_tokens[:n] > 0  # a document of empty lines leaves no trace, as in add
+        kept_lines = line_lengths[:lines]
+        nonempty = kept_lines > 0
+        sentence_ends = np.concatenate([[0], np.cumsum(nonempty)])
+        per_doc = sentence_ends[line_ends[:n]] - sentence_ends[line_ends[:n] - doc_lines[:n]]
+        if keep.any():
+            self._ids.append(ids[:token_ends[lines]])
+            self._lengths.append(kept_lines[nonempty])
+            self._doc_sentences.append(per_doc[keep].astype(np.int64))
+            self._numbers.append(np.asarray(numbers[:n], np.int64)[keep])
+            self.tokens += int(doc_tokens[:n].sum())
+        return n
 
     @property
     def full(self) -> bool:
@@ -136,18 +165,15 @@ class DocBatcher:
         if not self._ids:
             return DocBatch.empty()
         ids = np.concatenate(self._ids)
-        sentence_starts = np.zeros(sum(map(len, self._lengths)) + 1, np.int64)
-        np.cumsum(np.fromiter(chain.from_iterable(self._lengths), np.int64), out=sentence_starts[1:])
-        doc_starts, numbers, n_sentences = [0], [], 0
-        for number, lengths in zip(self._numbers, self._lengths):
-            n_sentences += len(lengths)
-            if numbers and numbers[-1] == number:  # another part of the same document
-                doc_starts[-1] = n_sentences
-            else:
-                numbers.append(number)
-                doc_starts.append(n_sentences)
-        self._ids, self._lengths, self._numbers, self.tokens = [], [], [], 0
-        return DocBatch(ids, sentence_starts, np.array(doc_starts, np.int64), np.array(numbers, np.int64))
+        lengths = np.concatenate(self._lengths)
+        sentence_starts = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=sentence_starts[1:])
+        numbers = np.concatenate(self._numbers)
+        ends = np.cumsum(np.concatenate(self._doc_sentences))
+        last_part = np.append(numbers[1:] != numbers[:-1], True)  # parts of one document merge
+        doc_starts = np.concatenate([[0], ends[last_part]]).astype(np.int64)
+        self._ids, self._lengths, self._doc_sentences, self._numbers, self.tokens = [], [], [], [], 0
+        return DocBatch(ids, sentence_starts, doc_starts, numbers[last_part])
 
 
 class NegativePool:

@@ -28,6 +28,7 @@ from jobs.text.tokenization import BertTokenizer
 
 ROWS_PER_CHUNK = 1024  # examples assembled, masked and encoded together
 LINE_CHARS_PER_CALL = 1 << 20  # a huge document is tokenized in parts this big (bounded Python lists)
+GROUP_CHARS = 1 << 17  # short documents are tokenized together, this many characters at a time
 
 
 @dataclass(frozen=True)
@@ -112,22 +113,65 @@ class BertExamples:
             keep = []
         elif self.opts.dupe_factor == 1:
             keep = None
-        batcher = DocBatcher()
         rngs = self._rngs(seed, 0)
         pool = NegativePool()
-        for number, document in enumerate(documents):
-            counters.documents += 1
-            counters.lines += len(document)
-            counters.text_bytes += sum(map(len, map(str.encode, document)))
-            for lines in _line_groups(document):
-                batcher.add(number, self.tokenize(lines))
-                if batcher.full:
-                    yield from self._batch_records(batcher.take(), pool, rngs, counters, keep)
-        yield from self._batch_records(batcher.take(), pool, rngs, counters, keep)
+        for batch in self._batches(documents, counters):
+            yield from self._batch_records(batch, pool, rngs, counters, keep)
         for dupe in range(1, self.opts.dupe_factor):
             rngs, pool = self._rngs(seed, dupe), NegativePool()
             for batch in keep:
                 yield from self._batch_records(batch, pool, rngs, counters, None)
+
+    def _batches(self, documents: Iterable[list[str]], counters: BertCounters) -> Iterator[DocBatch]:
+        """The item's documents as ``DocBatch``es, cut where adding them one by one to a
+        ``DocBatcher`` cuts. Short documents are tokenized a group at a time (one
+        ``tokenize_flat`` call: the per-document cost is what short documents pay for);
+        a document bigger than ``LINE_CHARS_PER_CALL`` alone, in parts."""
+        batcher = DocBatcher()
+        group: list[str] = []
+        group_docs: list[int] = []  # lines of each document of the group
+        group_numbers: list[int] = []
+        chars = 0
+
+        def flush() -> Iterator[DocBatch]:
+            text = "\n".join(group)
+            counters.text_bytes += len(text.encode()) - max(0, len(group) - 1)  # (newlines not counted)
+            ids, lengths = self.tokenizer.tokenize_flat(group, self.opts.whole_word_masking, self.cut)
+            numbers, doc_lines = np.array(group_numbers, np.int64), np.array(group_docs, np.int64)
+            while len(doc_lines):
+                n = batcher.add_many(numbers, ids, lengths, doc_lines)
+                if batcher.full:
+                    yield batcher.take()
+                used_lines = int(doc_lines[:n].sum())
+                used_tokens = int(lengths[:used_lines].sum())
+                numbers, doc_lines = numbers[n:], doc_lines[n:]
+                ids, lengths = ids[used_tokens:], lengths[used_lines:]
+            group.clear()
+            group_docs.clear()
+            group_numbers.clear()
+
+        for number, document in enumerate(documents):
+            counters.documents += 1
+            counters.lines += len(document)
+            size = sum(map(len, document))
+            if size > LINE_CHARS_PER_CALL:
+                yield from flush()
+                chars = 0
+                counters.text_bytes += sum(map(len, map(str.encode, document)))
+                for lines in _line_groups(document):
+                    batcher.add(number, self.tokenize(lines))
+                    if batcher.full:
+                        yield batcher.take()
+                continue
+            group += document
+            group_docs.append(len(document))
+            group_numbers.append(number)
+            chars += size
+            if chars >= GROUP_CHARS:
+                yield from flush()
+                chars = 0
+        yield from flush()
+        yield batcher.take()
 
     @staticmethod
     def _rngs(seed: int, dupe: int) -> tuple[random.Random, np.random.Generator]:

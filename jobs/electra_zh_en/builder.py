@@ -5,12 +5,17 @@ the data they were tuned on: sentences (lines) accumulate until the target
 length is reached or the document ends; the first segment takes about half
 (10% of the time all) of them; 5% of examples get a random shorter target.
 Randomness comes only from the ``random.Random`` passed in, drawn in the
-same order as ELECTRA, so one seed gives one output.
+same order as ELECTRA, so one seed gives one output; or, with ``add_documents``
+given one ``DocumentRandom`` per document, from the document's own stream
+(where ELECTRA carries its random target length from one document into the
+next, each document then starts with the full one).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
+import struct
 from typing import Iterable, Iterator, NamedTuple
 
 
@@ -35,11 +40,45 @@ class Example(NamedTuple):
         return [0] * n0 + [1] * (n - n0) + [0] * (len(self.input_ids) - n)
 
 
+class DocumentRandom:
+    """The draws of one document (``random()``, ``randint()``), from its run seed and its text.
+
+    A ``random.Random`` per document would cost more to seed (5 µs) than a short document costs
+    to convert; this is a blake2b stream instead: 8 uniform doubles per 64-byte digest (the
+    first digest keyed by the seed over the text, each next one the hash of the last)."""
+
+    __slots__ = ("_digest", "_values", "_next")
+    _UNPACK = struct.Struct("<8Q").unpack
+
+    def __init__(self, seed_key: bytes, text: bytes):
+        self._digest = hashlib.blake2b(text, key=seed_key, digest_size=64).digest()
+        self._values = self._UNPACK(self._digest)
+        self._next = 0
+
+    def random(self) -> float:
+        i = self._next
+        if i == 8:
+            self._digest = hashlib.blake2b(self._digest, digest_size=64).digest()
+            self._values = self._UNPACK(self._digest)
+            i = 0
+        self._next = i + 1
+        return (self._values[i] >> 11) * 1.1102230246251565e-16  # 53 random bits / 2**53
+
+    def randint(self, a: int, b: int) -> int:
+        return a + int(self.random() * (b - a + 1))
+
+    @staticmethod
+    def seed_key(seed: int) -> bytes:
+        return hashlib.sha256(f"electra-document:{seed}".encode()).digest()[:32]
+
+
 class ExampleBuilder:
-    def __init__(self, max_length: int, cls_id: int, sep_id: int, rng: random.Random, pad_id: int = 0):
+    def __init__(self, max_length: int, cls_id: int, sep_id: int, rng: random.Random, pad_id: int = 0,
+                 pad: bool = True):
         if max_length < 5:
             raise ValueError(f"max_length must be at least 5, got {max_length}")
         self.max_length = max_length
+        self.pad = pad  # False: input_ids stop at the last [SEP] (a writer that pads on its own)
         self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
         self.rng = rng
         self._sentences: list[list[int]] = []
@@ -66,6 +105,32 @@ class ExampleBuilder:
         last = self.end_document()
         if last is not None:
             out.append(last)
+        return out
+
+    def add_documents(self, sentences: list[list[int]], doc_ends: Iterable[int],
+                      rngs: Iterable[random.Random] | None = None) -> list[Example]:
+        """``add_document`` for many documents at once: ``sentences`` holds their lines in order,
+        document d ends before ``sentences[doc_ends[d]]``. Short documents are many: one call.
+        With ``rngs`` (one per document) each document draws from its own and starts with the
+        full target length, so its examples depend on it alone, not on the documents before it."""
+        out = []
+        append, create = out.append, self._create
+        rng_of = iter(rngs) if rngs is not None else None
+        start = 0
+        for end in doc_ends:
+            if rng_of is not None:
+                self.rng = next(rng_of)
+                self._target = self.max_length
+            for ids in sentences[start:end]:
+                self._sentences.append(ids)
+                self._length += len(ids)
+                if self._length >= self._target:
+                    append(create())
+            if self._length:
+                append(create())
+            else:
+                self._sentences = []  # only empty sentences: dropped
+            start = end
         return out
 
     def add_sentences(self, sentences: Iterable[list[int]]) -> list[Example]:
@@ -108,7 +173,8 @@ class ExampleBuilder:
             input_ids += second
             input_ids.append(self.sep_id)
         n = len(input_ids)
-        input_ids += [self.pad_id] * (max_length - n)
+        if self.pad:
+            input_ids += [self.pad_id] * (max_length - n)
         return Example(input_ids, n, n_first)
 
 

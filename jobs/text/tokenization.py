@@ -34,6 +34,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .unicode_classes import Ranges, classes
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 # Flag bit on an id from ``tokenize_lines_words``: the token continues the previous token's
@@ -59,23 +61,10 @@ class VocabError(ValueError):
     """The vocab file is unusable; the message names it."""
 
 
-def _is_ascii_punct(cp: int) -> bool:
-    return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
-
-
-def _char_class(codepoints: Iterable[int]) -> str:
-    """A regex character class body from sorted code points, as compact ranges."""
-    parts, start, prev = [], None, None
-    for cp in codepoints:
-        if start is not None and cp == prev + 1:
-            prev = cp
-            continue
-        if start is not None:
-            parts.append(f"\\U{start:08x}" if start == prev else f"\\U{start:08x}-\\U{prev:08x}")
-        start = prev = cp
-    if start is not None:
-        parts.append(f"\\U{start:08x}" if start == prev else f"\\U{start:08x}-\\U{prev:08x}")
-    return "".join(parts)
+def _char_class(ranges: Iterable[tuple[int, int]], limit: int) -> str:
+    """A regex character class body from sorted inclusive code point ranges, cut at ``limit``."""
+    return "".join(f"\\U{a:08x}" if a == min(b, limit - 1) else f"\\U{a:08x}-\\U{min(b, limit - 1):08x}"
+                   for a, b in ranges if a < limit)
 
 
 class _Patterns:
@@ -86,32 +75,27 @@ class _Patterns:
     nearly all text, uses patterns limited to the BMP.
     """
 
-    def __init__(self, limit: int, drop: list[int], marks: list[int], punct: list[int]):
-        cjk = "".join(f"\\U{a:08x}-\\U{min(b, limit - 1):08x}" for a, b in CJK_RANGES if a < limit)
-        p = _char_class(c for c in punct if c < limit)
-        self.drop = re.compile(_char_class(c for c in drop if c < limit).join("[]"))
-        self.marks = re.compile(_char_class(c for c in marks if c < limit).join("[]"))
+    def __init__(self, limit: int, drop: Ranges, marks: Ranges, punct: Ranges):
+        cjk = _char_class(CJK_RANGES, limit)
+        p = _char_class(punct, limit)
+        self.drop = re.compile(_char_class(drop, limit).join("[]"))
+        self.marks = re.compile(_char_class(marks, limit).join("[]"))
         # Word runs first: most tokens are words, and the three branches never start alike.
         self.tokens = re.compile(f"[^\\s{cjk}{p}]+|[{cjk}]|[{p}]")
         # For whole-word masking: runs of CJK characters to segment, and the same tokens as
         # above from text where a marker precedes each CJK character that continues a word.
         self.cjk_runs = re.compile(f"([{cjk}]{{2,}})")
         self.marked_tokens = re.compile(f"[^\\s{_MARK}{cjk}{p}]+|[{cjk}]|{_MARK}[{cjk}]|[{p}]")
+        # The same two with each newline a token of its own: many lines in one findall (tokenize_flat).
+        self.tokens_nl = re.compile(f"{self.tokens.pattern}|\n")
+        self.marked_tokens_nl = re.compile(f"{self.marked_tokens.pattern}|\n")
 
 
 @functools.cache
-def _patterns() -> tuple[_Patterns, _Patterns]:
-    """(BMP, all of Unicode); built on first use, as scanning Unicode takes ~0.2 s."""
-    drop, marks, punct = [], [], []
-    for cp in range(0x110000):
-        cat = unicodedata.category(chr(cp))
-        if cp == 0 or cp == 0xFFFD or (cat in ("Cc", "Cf") and cp not in (9, 10, 13)):
-            drop.append(cp)
-        elif cat == "Mn":
-            marks.append(cp)
-        if cat[0] == "P" or _is_ascii_punct(cp):
-            punct.append(cp)
-    return _Patterns(0x10000, drop, marks, punct), _Patterns(0x110000, drop, marks, punct)
+def _patterns(limit: int) -> _Patterns:
+    """The patterns for the BMP (0x10000) or all of Unicode (0x110000), built on first use from
+    ``unicode_classes`` (only a Unicode version it has no table for scans Unicode, ~0.3 s)."""
+    return _Patterns(limit, *classes())
 
 
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
@@ -139,13 +123,17 @@ def load_vocab(data: bytes | str, source: str = "vocab") -> dict[str, int]:
     return vocab
 
 
+_NEWLINE = (-1,)  # what a newline "token" maps to in tokenize_flat: marks the end of a line
+
+
 class _IdCache(dict):
-    """basic token -> tuple of ids; a miss runs WordPiece. Cleared when too big."""
+    """basic token -> tuple of ids; a miss runs WordPiece. Cleared when too big.
+    A newline maps to ``_NEWLINE`` (tokenize_flat finds line ends by it)."""
 
     __slots__ = ("wordpiece", "limit")
 
     def __missing__(self, word: str) -> tuple[int, ...]:
-        ids = self.wordpiece(word)
+        ids = _NEWLINE if word == "\n" else self.wordpiece(word)
         if len(self) >= self.limit:
             self.clear()
         self[word] = ids
@@ -168,7 +156,7 @@ class BertTokenizer:
         self.unk_id = self.vocab[unk_token]
         self.max_input_chars_per_word = max_input_chars_per_word
         self.inv_vocab = {i: t for t, i in self.vocab.items()}
-        self._bmp, self._all = _patterns()
+        self._bmp = _patterns(0x10000)
         # Longest pieces worth trying, so WordPiece does not test hopeless substrings.
         self._max_head = max((len(t) for t in self.vocab if not t.startswith("##")), default=1)
         self._max_tail = max((len(t) - 2 for t in self.vocab if t.startswith("##")), default=1)
@@ -187,6 +175,11 @@ class BertTokenizer:
     def from_file(cls, path: str, **kwargs) -> "BertTokenizer":
         with open(path, "rb") as f:
             return cls.from_bytes(f.read(), path, **kwargs)
+
+    @property
+    def _all(self) -> _Patterns:
+        """Patterns for text beyond the BMP: compiled when such text first comes."""
+        return _patterns(0x110000)
 
     # -- the pipeline -------------------------------------------------------
 
@@ -292,6 +285,28 @@ class BertTokenizer:
         if cut is not None and not text.isascii():
             text = self._mark_words(text, pats, cut)
         return list(chain.from_iterable(map(self._word_cache.__getitem__, pats.marked_tokens.findall(text))))
+
+    def tokenize_flat(self, lines: Sequence[str], words: bool = False,
+                      cut: Callable[[str], list[str]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """All lines' ids as one int32 array and each line's count of them: ``tokenize_lines``
+        (``words``: ``tokenize_lines_words`` with ``cut``) concatenated, for many short documents
+        at once. One normalization, one segmenter call and one ``findall`` over all lines (each
+        newline a token that maps to -1), then C loops only: no Python step per line or token."""
+        if not lines:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        text, pats = self._normalize_pats("\n".join(lines))
+        if text.count("\n") != len(lines) - 1:  # a line held its own "\n": go line by line
+            per_line = [self._tokenize_words(line, cut) if words else self.tokenize_ids(line) for line in lines]
+            return (np.fromiter(chain.from_iterable(per_line), np.int32),
+                    np.fromiter(map(len, per_line), np.int64, len(per_line)))
+        if words and cut is not None and not text.isascii():
+            text = self._mark_words(text, pats, cut)
+        cache = self._word_cache if words else self._cache
+        found = (pats.marked_tokens_nl if words else pats.tokens_nl).findall(text)
+        flat = np.fromiter(chain.from_iterable(map(cache.__getitem__, found)), np.int32)
+        ends = np.flatnonzero(flat < 0)  # len(lines) - 1 newlines
+        lengths = np.diff(ends, prepend=-1, append=len(flat)) - 1
+        return (np.delete(flat, ends) if len(ends) else flat), lengths
 
     def tokenize_ids(self, text: str) -> list[int]:
         text, tokens = self._normalize(text)

@@ -1,0 +1,91 @@
+"""format=electra seeds each document from the run seed and its own text: the examples of a corpus
+are the same multiset however the work was cut (item size, workers) and whatever the input format."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import os
+import random
+
+import pytest
+from rich.console import Console
+
+from fleet.local import run_local
+from jobs.text import tfrecord
+from jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
+from jobs.text.vocab import train_vocab, write_vocab
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLES = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory) -> str:
+    lines = [line for path in SAMPLES for line in open(path, encoding="utf-8").read().split("\n")]
+    path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
+    write_vocab(train_vocab(lines, 8000), path)
+    return path
+
+
+def sorted_records(inputs: list[str], out: str, vocab: str, item_mb: float | None, **options) -> list[bytes]:
+    settings = {"vocab_file": vocab, **{k: str(v) for k, v in options.items()}}
+    result = run_local(inputs, out, "electra_zh_en", 1, settings,
+                       item_bytes=int(item_mb * 1e6) if item_mb else None, console=Console(file=io.StringIO()))
+    assert result.exit_code == 0 and result.status.done == result.status.items
+    records = [r for path in sorted(glob.glob(os.path.join(out, "*.tfrecord")))
+               for r in tfrecord.iter_records(open(path, "rb").read())]
+    return sorted(records)
+
+
+def test_electra_examples_do_not_depend_on_item_size_or_input_format(vocab, tmp_path):
+    small = sorted_records(SAMPLES, str(tmp_path / "small"), vocab, 0.15)
+    big = sorted_records(SAMPLES, str(tmp_path / "big"), vocab, 0.7)
+    assert len(glob.glob(str(tmp_path / "small" / "*.tfrecord"))) > len(glob.glob(str(tmp_path / "big" / "*.tfrecord")))
+    assert small == big
+    # The same documents as compressed JSON Lines (one item: a compressed file cannot be cut).
+    jsonl = tmp_path / "docs.jsonl.gz"
+    with gzip.open(jsonl, "wt", encoding="utf-8") as f:
+        for path in SAMPLES:
+            for doc in open(path, encoding="utf-8").read().split("\n\n"):
+                if doc.strip():
+                    f.write(json.dumps({"text": doc}) + "\n")
+    assert sorted_records([str(jsonl)], str(tmp_path / "jsonl"), vocab, None) == small
+    # Another run seed gives other examples.
+    assert sorted_records(SAMPLES, str(tmp_path / "seed"), vocab, 0.7, seed=1) != small
+
+
+def test_a_documents_examples_do_not_depend_on_the_documents_before_it():
+    key = DocumentRandom.seed_key(12345)
+    doc = [list(range(100 + 40 * i, 140 + 40 * i)) for i in range(7)]
+    text = b"the document's text"
+
+    def examples_of_last(before: list[list[list[int]]]) -> list:
+        builder = ExampleBuilder(64, 2, 3, random.Random(0))
+        docs = before + [doc]
+        rngs = [DocumentRandom(key, b"other %d" % i) for i in range(len(before))] + [DocumentRandom(key, text)]
+        ends, n = [], 0
+        for d in docs:
+            n += len(d)
+            ends.append(n)
+        out = builder.add_documents([s for d in docs for s in d], ends, rngs)
+        alone = ExampleBuilder(64, 2, 3, random.Random(0)).add_documents(doc, [len(doc)], [DocumentRandom(key, text)])
+        return out[len(out) - len(alone):], alone
+
+    for before in ([], [[[5] * 30]], [[[5] * 100], [[6] * 7, [7] * 9]]):
+        tail, alone = examples_of_last(before)
+        assert tail == alone
+
+
+def test_document_random_is_uniform_and_reproducible():
+    key = DocumentRandom.seed_key(1)
+    a, b = DocumentRandom(key, b"x"), DocumentRandom(key, b"x")
+    draws = [a.random() for _ in range(20_000)]
+    assert draws == [b.random() for _ in range(20_000)]
+    assert all(0.0 <= u < 1.0 for u in draws) and abs(sum(draws) / len(draws) - 0.5) < 0.01
+    assert DocumentRandom(key, b"y").random() != DocumentRandom(key, b"x").random()
+    assert DocumentRandom(DocumentRandom.seed_key(2), b"x").random() != DocumentRandom(key, b"x").random()
+    r = DocumentRandom(key, b"z")
+    assert {r.randint(5, 8) for _ in range(400)} == {5, 6, 7, 8}
