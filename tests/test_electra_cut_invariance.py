@@ -89,3 +89,36 @@ def test_document_random_is_uniform_and_reproducible():
     assert DocumentRandom(DocumentRandom.seed_key(2), b"x").random() != DocumentRandom(key, b"x").random()
     r = DocumentRandom(key, b"z")
     assert {r.randint(5, 8) for _ in range(400)} == {5, 6, 7, 8}
+
+
+def test_the_same_documents_in_every_input_format_give_the_same_electra_examples(vocab, tmp_path):
+    """Issue 11's promise: a corpus as .txt, Parquet, WikiExtractor output (both forms) or a
+    CirrusSearch dump converts to the same ELECTRA examples, however each was cut into items."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [[line for line in doc.split("\n") if line.strip()]
+            for path in SAMPLES for doc in open(path, encoding="utf-8").read().split("\n\n")]
+    docs = [doc for doc in docs if doc]
+    texts = ["\n".join(doc) for doc in docs]
+    forms = tmp_path / "forms"
+    forms.mkdir()
+    (forms / "docs.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
+    pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), str(forms / "docs.parquet"),
+                   row_group_size=40)
+    (forms / "wiki_00").write_text("".join(
+        f'<doc id="{i}" url="https://zh.wikipedia.org/wiki?curid={i}" title="T{i}">\nT{i}\n\n{text}\n</doc>\n'
+        for i, text in enumerate(texts)), encoding="utf-8")
+    (forms / "wiki_01").write_text("".join(
+        json.dumps({"id": str(i), "revid": "1", "url": f"u{i}", "title": f"T{i}", "text": text}, ensure_ascii=False)
+        + "\n" for i, text in enumerate(texts)), encoding="utf-8")
+    with gzip.open(forms / "zhwiki-cirrussearch-content.json.gz", "wt", encoding="utf-8") as f:
+        for i, text in enumerate(texts):
+            f.write(json.dumps({"index": {"_type": "page", "_id": str(i)}}) + "\n")
+            f.write(json.dumps({"namespace": 0, "title": f"T{i}", "text": text}, ensure_ascii=False) + "\n")
+    got = {name: sorted_records([str(forms / name)], str(tmp_path / name.replace(".", "-")), vocab, 0.2)
+           for name in sorted(os.listdir(forms))}
+    reference = got.pop("docs.txt")
+    assert len(reference) > 500
+    for name, records in got.items():
+        assert records == reference, name
