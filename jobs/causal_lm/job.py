@@ -9,10 +9,11 @@ by ``blocks.BlockCutter``; each batch's blocks go to the shared writer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
 
+from jobs.text.groups import document_groups
 from jobs.text.output import Column, check_output, open_writer
 from jobs.text.tokenizer_cache import bert_tokenizer, json_tokenizer
 
@@ -57,19 +58,6 @@ def _tokenizer(config: CausalLMConfig, opener: Opener) -> DocumentTokenizer:
                      config.eod_token, config.pad_token)
 
 
-def _batches(documents: Iterable[list[str]]) -> Iterator[list[list[str]]]:
-    batch: list[list[str]] = []
-    size = 0
-    for document in documents:
-        batch.append(document)
-        size += sum(map(len, document))
-        if size >= BATCH_CHARS:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
 class CausalLMConverter(Converter):
     def __init__(self, config: CausalLMConfig, tokenizer: DocumentTokenizer):
         self.config = config
@@ -93,7 +81,7 @@ class CausalLMConverter(Converter):
                     counts["examples"] += len(blocks)
                     counts["real_tokens"] += int(blocks.lengths.sum())
 
-            for batch in _batches(documents):
+            for batch in document_groups(documents, BATCH_CHARS):
                 counts["documents"] += len(batch)
                 counts["lines"] += sum(map(len, batch))
                 counts["text_bytes"] += sum(len(line.encode()) for document in batch for line in document)

@@ -27,6 +27,15 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _tokenizer(vocab: str, lowercase: bool) -> BertTokenizer:
+    try:
+        return BertTokenizer.from_file(vocab, do_lower_case=lowercase)
+    except OSError as e:
+        _fail(f"{vocab}: cannot read vocab ({e.strerror})")
+    except VocabError as e:
+        _fail(str(e))
+
+
 def _lines(paths: list[str]) -> Iterator[str]:
     from fleet.inputs import iter_path_documents
 
@@ -70,12 +79,7 @@ def tokenize(
     lowercase: bool = typer.Option(True, help="do_lower_case (must match how the vocab was made)."),
 ) -> None:
     """Print the token ids of every non-blank line of INPUT."""
-    try:
-        tokenizer = BertTokenizer.from_file(vocab, do_lower_case=lowercase)
-    except OSError as e:
-        _fail(f"{vocab}: cannot read vocab ({e.strerror})")
-    except VocabError as e:
-        _fail(str(e))
+    tokenizer = _tokenizer(vocab, lowercase)
     try:
         f = open(input, "rb")
     except OSError as e:
@@ -151,12 +155,7 @@ def check(
         _fail(f"--max-seq-length: must be between 5 and 65536, got {max_seq_length}")
     if mb <= 0 or seconds <= 0:
         _fail("--mb and --seconds must be positive")
-    try:
-        tokenizer = BertTokenizer.from_file(vocab, do_lower_case=lowercase)
-    except OSError as e:
-        _fail(f"{vocab}: cannot read vocab ({e.strerror})")
-    except VocabError as e:
-        _fail(str(e))
+    tokenizer = _tokenizer(vocab, lowercase)
     survey = Survey(tokenizer, max_seq_length)
     sampled = Sampled()
     try:

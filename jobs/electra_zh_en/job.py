@@ -31,6 +31,7 @@ from typing import BinaryIO, Iterable, Iterator
 from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
 
 from jobs.text import tfrecord
+from jobs.text.groups import document_groups
 from jobs.text.output import Column, check_output, open_writer
 from jobs.text.tfrecord import VARINTS
 from jobs.text.tokenization import BertTokenizer
@@ -203,18 +204,8 @@ _LAST: list[list[str]] = []  # the empty group _groups ends with
 
 
 def _groups(documents: Iterable[list[str]]) -> Iterator[list[list[str]]]:
-    """Consecutive documents of about GROUP_CHARS characters in all (a bigger document alone),
-    then ``_LAST``: short documents are tokenized together, which is where their time goes."""
-    group: list[list[str]] = []
-    chars = 0
-    for document in documents:
-        group.append(document)
-        chars += sum(map(len, document))
-        if chars >= GROUP_CHARS:
-            yield group
-            group, chars = [], 0
-    if group:
-        yield group
+    """Groups of about GROUP_CHARS characters, then ``_LAST`` (the end, for what packing holds)."""
+    yield from document_groups(documents, GROUP_CHARS)
     yield _LAST
 
 
