@@ -318,3 +318,28 @@ def test_unicode_table_of_this_python_is_the_scan():
     version = unicodedata.unidata_version
     assert version in unicode_classes.TABLES, f"add Unicode {version}: python -m jobs.text.unicode_classes"
     assert unicode_classes.TABLES[version] == tuple(map(unicode_classes.to_ranges, unicode_classes.scan()))
+
+
+def _marked_by_regex(text: str, cut) -> str:
+    """The definition _mark_words computes with numpy: each run of 2+ CJK characters cut into
+    words, a marker before every character that continues a word."""
+    import re
+
+    from jobs.text.tokenization import _MARK, CJK_RANGES
+
+    cjk = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in CJK_RANGES)
+    pieces = re.split(f"([{cjk}]{{2,}})", text)
+    for k in range(1, len(pieces), 2):
+        pieces[k] = "".join(word[0] + "".join(_MARK + c for c in word[1:]) for word in cut(pieces[k]))
+    return "".join(pieces)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(alphabet="中文分词测试服务器性能工具的是了我人在有这个abc 1,.\n\U00020000\U0002a6d6é", max_size=60))
+@example("服务器性能测试工具 unaffordable\n中文")
+def test_mark_words_marks_what_the_segmenter_joins(small, text):
+    rjieba = pytest.importorskip("rjieba")
+    normalized, pats = small._normalize_pats(text)
+    if normalized.isascii():
+        return
+    assert small._mark_words(normalized, pats, rjieba.cut) == _marked_by_regex(normalized, rjieba.cut)

@@ -82,13 +82,22 @@ class _Patterns:
         self.marks = re.compile(_char_class(marks, limit).join("[]"))
         # Word runs first: most tokens are words, and the three branches never start alike.
         self.tokens = re.compile(f"[^\\s{cjk}{p}]+|[{cjk}]|[{p}]")
-        # For whole-word masking: runs of CJK characters to segment, and the same tokens as
-        # above from text where a marker precedes each CJK character that continues a word.
-        self.cjk_runs = re.compile(f"([{cjk}]{{2,}})")
+        self.limit = limit  # (cjk_table: runs of CJK characters to segment, for whole-word masking)
+        # For whole-word masking: the same tokens as above from text where a marker precedes
+        # each CJK character that continues a word.
         self.marked_tokens = re.compile(f"[^\\s{_MARK}{cjk}{p}]+|[{cjk}]|{_MARK}[{cjk}]|[{p}]")
         # The same two with each newline a token of its own: many lines in one findall (tokenize_flat).
         self.tokens_nl = re.compile(f"{self.tokens.pattern}|\n")
         self.marked_tokens_nl = re.compile(f"{self.marked_tokens.pattern}|\n")
+
+
+    @functools.cached_property
+    def cjk_table(self) -> np.ndarray:
+        """code point -> is it CJK (for the code points below ``limit``; 1.1 MB, built on first use)."""
+        table = np.zeros(0x110000, bool)
+        for a, b in CJK_RANGES:
+            table[a:min(b, self.limit - 1) + 1] = True
+        return table
 
 
 @functools.cache
@@ -140,6 +149,51 @@ class _IdCache(dict):
         return ids
 
 
+class _CodeCache(dict):
+    """basic token -> one int for ``tokenize_flat``: the id of a one-piece token (nearly all),
+    -1 for a newline, or ``-2 - k`` for ``pieces[k]``, the ids of a token of several pieces.
+    One int per token lets numpy take the ids straight from the ``map`` with a known length,
+    without chaining a tuple per token (about half the cost of that step)."""
+
+    __slots__ = ("ids", "pieces")
+
+    def __missing__(self, word: str) -> int:
+        ids = self.ids[word]
+        if len(ids) == 1:
+            code = ids[0]
+        else:
+            code = -2 - len(self.pieces)
+            self.pieces.append(ids)
+        self[word] = code
+        return code
+
+    def flat(self, tokens: list[str]) -> np.ndarray:
+        """The tokens' ids (newlines -1) as one int32 array."""
+        if len(self) >= self.ids.limit:  # between calls only: codes of ``pieces`` stay valid during one
+            self.clear()
+            self.pieces.clear()
+        codes = np.fromiter(map(self.__getitem__, tokens), np.int32, len(tokens))
+        several = np.flatnonzero(codes < -1)
+        if not len(several):
+            return codes
+        pieces = [self.pieces[-2 - c] for c in codes[several].tolist()]
+        counts = np.ones(len(codes), np.int64)
+        counts[several] = np.fromiter(map(len, pieces), np.int64, len(pieces))
+        flat = np.repeat(codes, counts)
+        starts = (np.cumsum(counts) - counts)[several]
+        where = np.repeat(starts, counts[several]) + (
+            np.arange(int(counts[several].sum())) - np.repeat(np.cumsum(counts[several]) - counts[several],
+                                                              counts[several]))
+        flat[where] = np.fromiter(chain.from_iterable(pieces), np.int32, len(where))
+        return flat
+
+
+def _code_cache(ids: _IdCache) -> _CodeCache:
+    cache = _CodeCache()
+    cache.ids, cache.pieces = ids, []
+    return cache
+
+
 class BertTokenizer:
     """Text -> WordPiece ids, equal to BERT's ``FullTokenizer`` (see module doc)."""
 
@@ -166,6 +220,8 @@ class BertTokenizer:
         self._word_cache = _IdCache()  # the same, with WORD_CONTINUES flags (tokenize_lines_words)
         self._word_cache.wordpiece = self._wordpiece_flagged
         self._word_cache.limit = cache_limit
+        self._codes = _code_cache(self._cache)  # the same as one int per token (tokenize_flat)
+        self._word_codes = _code_cache(self._word_cache)
 
     @classmethod
     def from_bytes(cls, data: bytes | str, source: str = "vocab", **kwargs) -> "BertTokenizer":
@@ -245,24 +301,34 @@ class BertTokenizer:
     def _mark_words(self, text: str, pats: _Patterns, cut: Callable[[str], list[str]]) -> str:
         """Put ``_MARK`` before every CJK character that continues a word of ``cut``.
 
-        Only runs of CJK characters are segmented, all in one call (runs joined by
-        newlines, which a segmenter never joins to a word): a word is then either
-        all CJK or a newline, and ASCII words next to Chinese stay whole for WordPiece.
+        Only runs of two or more CJK characters are segmented, all in one call (runs joined
+        by newlines, which a segmenter never joins to a word): a word is then either all CJK
+        or a newline, and ASCII words next to Chinese stay whole for WordPiece. The runs are
+        found and the marks put in with numpy over the text's code points, not a regex
+        ``split`` into a string per run and a join (a third of this step on short documents).
         """
-        pieces = pats.cjk_runs.split(text)  # [other, run, other, run, ..., other]
-        if len(pieces) == 1:
+        chars = np.frombuffer(text.encode("utf-32-le"), np.uint32)
+        edges = np.diff(pats.cjk_table[chars].view(np.int8), prepend=np.int8(0), append=np.int8(0))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        long_enough = ends - starts >= 2
+        starts, ends = starts[long_enough], ends[long_enough]
+        if not len(starts):
             return text
-        runs = "\n".join(pieces[1::2])
+        depth = np.zeros(len(chars) + 1, np.int8)
+        depth[starts] = 1
+        depth[ends] = -1
+        in_run = np.flatnonzero(np.cumsum(depth[:-1], dtype=np.int8))  # the runs' positions in the text
+        run_lengths = ends - starts
+        runs = np.insert(chars[in_run], np.cumsum(run_lengths[:-1]), ord("\n")).tobytes().decode("utf-32-le")
         words = cut(runs)
         lengths = np.fromiter(map(len, words), np.int64, len(words))
         if lengths.sum() != len(runs):
             raise ValueError("the word segmenter did not return its input cut into words")
         continues = np.ones(len(runs), bool)
         continues[np.cumsum(lengths) - lengths] = False  # word starts ("\n" is a word of its own)
-        chars = np.frombuffer(runs.encode("utf-32-le"), np.uint32)
-        marked = np.insert(chars, np.flatnonzero(continues), ord(_MARK)).tobytes().decode("utf-32-le")
-        pieces[1::2] = marked.split("\n")
-        return "".join(pieces)
+        separators = np.cumsum(run_lengths[:-1]) + np.arange(len(run_lengths) - 1)  # the "\n"s in ``runs``
+        continues = np.delete(continues, separators)
+        return np.insert(chars, in_run[continues], ord(_MARK)).tobytes().decode("utf-32-le")
 
     def tokenize_lines_words(self, lines: Sequence[str], cut: Callable[[str], list[str]] | None = None
                              ) -> list[list[int]]:
@@ -301,9 +367,8 @@ class BertTokenizer:
                     np.fromiter(map(len, per_line), np.int64, len(per_line)))
         if words and cut is not None and not text.isascii():
             text = self._mark_words(text, pats, cut)
-        cache = self._word_cache if words else self._cache
         found = (pats.marked_tokens_nl if words else pats.tokens_nl).findall(text)
-        flat = np.fromiter(chain.from_iterable(map(cache.__getitem__, found)), np.int32)
+        flat = (self._word_codes if words else self._codes).flat(found)
         ends = np.flatnonzero(flat < 0)  # len(lines) - 1 newlines
         lengths = np.diff(ends, prepend=-1, append=len(flat)) - 1
         return (np.delete(flat, ends) if len(ends) else flat), lengths
