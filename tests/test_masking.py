@@ -126,3 +126,21 @@ def test_tiny_batches(n_rows):
     tokens, lengths, first = make_rows(5, n_rows, 8, 0.5)
     masked = mask_batch(tokens, lengths, first, MaskingOptions(MASK, RANDOM_IDS), np.random.default_rng(0))
     assert masked.positions.shape == (n_rows, 20) and len(masked.counts) == n_rows
+
+
+@pytest.mark.parametrize("p_continue", [0.3, 0.7])
+def test_finishing_the_last_rows_one_by_one_changes_nothing(monkeypatch, p_continue):
+    """mask_batch ends its numpy loop early and finishes the few rows left in Python: the
+    masks are those of the numpy loop run to the end (long words leave rows short of budget)."""
+    import jobs.electra_zh_en.masking as masking
+
+    tokens, lengths, first = make_rows(7, 300, 128, p_continue)
+    opts = MaskingOptions(MASK, RANDOM_IDS, 0.15, 20, True)
+    results = []
+    for few_rows in (-1, masking._FEW_ROWS, 10**6):  # never, as shipped, from the 8th rank on for all rows
+        monkeypatch.setattr(masking, "_FEW_ROWS", few_rows)
+        results.append(mask_batch(tokens, lengths, first, opts, np.random.default_rng(5)))
+    assert (results[0].counts < predictions_per_row(lengths, opts)).any()  # rows the finish had to walk
+    for other in results[1:]:
+        for name in ("input_ids", "positions", "labels", "counts"):
+            assert np.array_equal(getattr(results[0], name), getattr(other, name)), name

@@ -31,6 +31,7 @@ import numpy as np
 from jobs.text.tokenization import WORD_CONTINUES
 
 ID_BITS = WORD_CONTINUES - 1
+_FEW_ROWS = 16  # rows left below this many after a rank: a Python loop over their words beats a numpy pass
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,6 +103,11 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
         fits = (length > 0) & (count + length <= budget)
         taken[rank] = fits
         count += length * fits
+        if rank % 8 == 7:  # nearly all rows fill their budget in a few ranks: finish the rest one by one
+            open_rows = np.flatnonzero(count < budget)
+            if len(open_rows) <= _FEW_ROWS:
+                _finish_rows(visit, taken, count, budget, open_rows, rank + 1)
+                break
     taken_rank, taken_row = np.nonzero(taken)
     chosen = np.zeros(n, bool)
     chosen[first_word[taken_row] + ((visit[taken_rank, taken_row] >> 16) & 0xFFFF).astype(np.int64)] = True
@@ -128,3 +134,19 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
     positions[r, slot] = c
     labels[r, slot] = labels_flat
     return Masked(out, positions, labels, counts)
+
+
+def _finish_rows(visit: np.ndarray, taken: np.ndarray, count: np.ndarray, budget: np.ndarray,
+                 rows: np.ndarray, first_rank: int) -> None:
+    """The greedy visit of ``mask_batch`` for a few rows, from ``first_rank`` on (the same
+    choices the numpy loop would make; empty slots, length 0, come last in a row)."""
+    for row in rows.tolist():
+        used, limit = int(count[row]), int(budget[row])
+        for rank, key in enumerate(visit[first_rank:, row].tolist(), first_rank):
+            length = key & 0xFFFF
+            if not length or used == limit:
+                break
+            if used + length <= limit:
+                taken[rank, row] = True
+                used += length
+        count[row] = used
