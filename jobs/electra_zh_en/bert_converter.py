@@ -193,9 +193,9 @@ class BertExamples:
                              self.opts.max_seq_length, self.cls_id, self.sep_id)
             masked = mask_batch(pairs.tokens, pairs.lengths, pairs.first_lengths, self.masking, gen)
             records = self.encoder.encode(masked, pairs.lengths, pairs.first_lengths, pairs.random_next)
-            counters.examples += len(records)
+            counters.examples += len(pairs.lengths)
             counters.tokens += int(pairs.lengths.sum())
             counters.masked_lm_predictions += int(masked.counts.sum())
             counters.random_next += int(pairs.random_next.sum())
-            yield b"".join(records)
+            yield records
 

@@ -9,9 +9,11 @@ sorted name order, the bytes ``tfrecord.example`` gives for the same values.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
+import google_crc32c
 import numpy as np
 
 from jobs.text import tfrecord
@@ -35,18 +37,6 @@ class BertLayout:
     v2_feature_names: bool = False
 
 
-class _Cache(dict):
-    """key -> bytes, computed on first use."""
-
-    def __init__(self, make):
-        super().__init__()
-        self.make = make
-
-    def __missing__(self, key):
-        value = self[key] = self.make(key)
-        return value
-
-
 class BertRecordEncoder:
     def __init__(self, layout: BertLayout):
         self.layout = layout
@@ -56,53 +46,163 @@ class BertRecordEncoder:
         def entry(name: str, feature: bytes) -> bytes:
             return tfrecord.feature_entry(names[name], feature)
 
-        def mask_entry(n: int) -> bytes:
-            return entry("input_mask", tfrecord.packed_int64_feature(b"\x01" * n + b"\x00" * (seq - n)))
-
-        def segment_entry(key: tuple[int, int]) -> bytes:
-            n_first, n = key
-            payload = b"\x00" * n_first + b"\x01" * (n - n_first) + b"\x00" * (seq - n)
-            return entry("segment_ids", tfrecord.packed_int64_feature(payload))
-
         def weights_entry(k: int) -> bytes:
             return entry("masked_lm_weights", tfrecord.float_feature([1.0] * k + [0.0] * (preds - k)))
 
         def label_entry(label: int) -> bytes:
             return entry("next_sentence_labels", tfrecord.int64_feature([label]))
 
-        self._mask = _Cache(mask_entry)
-        self._segments = _Cache(segment_entry)
-        self._weights = _Cache(weights_entry)
-        self._labels = _Cache(label_entry)
-        self._ids_prefix = _Cache(lambda n: tfrecord.int64_entry_prefix(names["input_ids"], n))
-        self._positions_prefix = _Cache(lambda n: tfrecord.int64_entry_prefix(names["masked_lm_positions"], n))
-        self._mlm_ids_prefix = _Cache(lambda n: tfrecord.int64_entry_prefix(names["masked_lm_ids"], n))
+        def as_array(pieces: list[bytes]) -> np.ndarray:
+            assert len(set(map(len, pieces))) == 1
+            return np.frombuffer(b"".join(pieces), np.uint8).reshape(len(pieces), -1)
+
+        # Features whose size never changes: a prefix and 0/1 bytes, or a table by count or label.
+        self._mask_prefix = as_array([entry("input_mask", tfrecord.packed_int64_feature(b"\x00" * seq))[:-seq]])[0]
+        self._segment_prefix = as_array([entry("segment_ids", tfrecord.packed_int64_feature(b"\x00" * seq))[:-seq]])[0]
+        self._weights_table = as_array([weights_entry(k) for k in range(preds + 1)])
+        self._labels_table = as_array([label_entry(label) for label in (0, 1)])
+        self._names = names
+        self._prefixes: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._example_prefixes = _padded([b""])
+        self._frame_headers = np.zeros((0, 12), np.uint8)
         # The written order: sorted by the names written, as tfrecord.example orders them.
         self.order = sorted(FEATURES, key=names.__getitem__)
 
+    def _prefix_table(self, name: str, max_payload: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The int64 entry prefix of every payload size up to ``max_payload``: ``_padded``."""
+        key = name, max_payload
+        if key not in self._prefixes:
+            self._prefixes[key] = _padded([tfrecord.int64_entry_prefix(self._names[name], n)
+                                           for n in range(max_payload + 1)])
+        return self._prefixes[key]
+
+    def _example_prefix_table(self, max_body: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if len(self._example_prefixes[0]) <= max_body:
+            self._example_prefixes = _padded([tfrecord.example_prefix(n) for n in range(2 * max_body + 1)])
+        return self._example_prefixes
+
+    def _frame_header_table(self, max_length: int) -> np.ndarray:
+        if len(self._frame_headers) <= max_length:
+            headers = [struct.pack("<Q", n) for n in range(2 * max_length + 1)]
+            self._frame_headers = np.frombuffer(b"".join(h + struct.pack("<I", tfrecord.masked_crc32c(h))
+                                                         for h in headers), np.uint8).reshape(-1, 12)
+        return self._frame_headers
+
     def encode(self, masked: Masked, lengths: np.ndarray, first_lengths: np.ndarray,
-               random_next: np.ndarray) -> list[bytes]:
-        """One framed TFRecord per row."""
-        ids, ids_at = tfrecord.varint_rows(masked.input_ids)
-        positions, positions_at = tfrecord.varint_rows(masked.positions)
-        mlm_ids, mlm_ids_at = tfrecord.varint_rows(masked.labels)
-        mask, segments, weights, labels = self._mask, self._segments, self._weights, self._labels
-        ids_prefix, positions_prefix, mlm_ids_prefix = self._ids_prefix, self._positions_prefix, self._mlm_ids_prefix
-        example_prefix, frame_header, crc, pack = (tfrecord.example_prefix, tfrecord._frame_header,
-                                                   tfrecord.masked_crc32c, struct.Struct("<I").pack)
-        # Each record's seven pieces, put in the written order by a tuple index (no dict per record).
-        at = {name: i for i, name in enumerate(FEATURES)}
-        i0, i1, i2, i3, i4, i5, i6 = (at[name] for name in self.order)
-        out = []
-        for i, (n, n_first, k, label) in enumerate(zip(lengths.tolist(), first_lengths.tolist(),
-                                                       masked.counts.tolist(), random_next.tolist())):
-            a, b = ids_at[i], ids_at[i + 1]
-            c, d = positions_at[i], positions_at[i + 1]
-            e, f = mlm_ids_at[i], mlm_ids_at[i + 1]
-            pieces = (ids_prefix[b - a] + ids[a:b], mask[n], segments[n_first, n],
-                      positions_prefix[d - c] + positions[c:d], mlm_ids_prefix[f - e] + mlm_ids[e:f], weights[k],
-                      labels[label])  # in FEATURES order
-            body = b"".join((pieces[i0], pieces[i1], pieces[i2], pieces[i3], pieces[i4], pieces[i5], pieces[i6]))
-            example = example_prefix(len(body)) + body
-            out.append(frame_header(len(example)) + example + pack(crc(example)))
-        return out
+               random_next: np.ndarray) -> bytes:
+        """The framed TFRecords of all rows, joined (row order).
+
+        Every row is laid out in one (rows, width) byte array, each feature's bytes in
+        a column range of their greatest size with a mask of the bytes used; one
+        boolean selection then gives the records back to back. Only the checksums
+        take a call per record."""
+        n_rows = len(lengths)
+        if not n_rows:
+            return b""
+        seq = self.layout.max_seq_length
+        pos = np.arange(seq)
+        lengths = np.asarray(lengths, np.int64)[:, None]
+        first_lengths = np.asarray(first_lengths, np.int64)[:, None]
+        varints = {name: _varint_parts(values) for name, values in (
+            ("input_ids", masked.input_ids), ("masked_lm_positions", masked.positions), ("masked_lm_ids", masked.labels))}
+        prefixes = {name: self._prefix_table(name, parts.shape[1]) for name, (parts, _, _) in varints.items()}
+        fixed = {"input_mask": len(self._mask_prefix) + seq, "segment_ids": len(self._segment_prefix) + seq,
+                 "masked_lm_weights": self._weights_table.shape[1], "next_sentence_labels": self._labels_table.shape[1]}
+        body_bytes = np.full(n_rows, sum(fixed.values()), np.int64)
+        for name, (_, _, payload) in varints.items():
+            body_bytes += prefixes[name][2][payload] + payload
+        example_prefix, example_prefix_used, example_prefix_length = self._example_prefix_table(int(body_bytes.max()))
+        example_bytes = body_bytes + example_prefix_length[body_bytes]
+        headers = self._frame_header_table(int(example_bytes.max()))
+
+        width = 12 + example_prefix.shape[1] + 4 + sum(
+            prefixes[name][0].shape[1] + varints[name][0].shape[1] if name in varints else fixed[name]
+            for name in self.order)
+        data = np.empty((n_rows, width), np.uint8)
+        used = np.ones((n_rows, width), bool)
+        at = 0
+
+        def put(values: np.ndarray, mask: np.ndarray | None = None) -> None:
+            nonlocal at
+            end = at + values.shape[-1]
+            data[:, at:end] = values
+            if mask is not None:
+                used[:, at:end] = mask
+            at = end
+
+        put(headers[example_bytes])
+        put(example_prefix[body_bytes], example_prefix_used[body_bytes])
+        for name in self.order:
+            if name in varints:
+                parts, parts_used, payload = varints[name]
+                prefix, prefix_used, _ = prefixes[name]
+                put(prefix[payload], prefix_used[payload])
+                put(parts, parts_used)
+            elif name == "input_mask":
+                put(self._mask_prefix)
+                put(pos < lengths)
+            elif name == "segment_ids":
+                put(self._segment_prefix)
+                put((pos < lengths) & (pos >= first_lengths))
+            elif name == "masked_lm_weights":
+                put(self._weights_table[masked.counts])
+            else:
+                put(self._labels_table[random_next])
+        put(np.zeros(4, np.uint8))  # the data checksum, filled in below
+        flat = np.compress(used.ravel(), data.ravel())
+        ends = np.cumsum(example_bytes + 16)
+        starts = ends - (example_bytes + 16)
+        buf = flat.tobytes()
+        value = google_crc32c.value
+        crc = np.fromiter((value(buf[a:b]) for a, b in zip((starts + 12).tolist(), (ends - 4).tolist())), np.uint32,
+                          n_rows)
+        crc = (((crc >> 15) | (crc << 17)) + np.uint32(0xA282EAD8)).astype("<u4")
+        flat[(ends - 4)[:, None] + np.arange(4)] = crc.view(np.uint8).reshape(n_rows, 4)
+        return flat.tobytes()
+
+
+def _padded(pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Byte strings as rows of one array, zero padded; the mask of their bytes; their lengths."""
+    width = max(map(len, pieces))
+    data = np.zeros((len(pieces), width), np.uint8)
+    used = np.zeros((len(pieces), width), bool)
+    for i, piece in enumerate(pieces):
+        data[i, :len(piece)] = np.frombuffer(piece, np.uint8)
+        used[i, :len(piece)] = True
+    return data, used, used.sum(axis=1)
+
+
+def _varint_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The packed varints of every row of a 2-D array of values in [0, 2**35), each value's
+    bytes in a fixed number of columns: (rows, columns) bytes, zero padded; (rows, columns)
+    which are used; (rows,) how many are."""
+    v = np.asarray(values)
+    n_rows = len(v)
+    if not v.size or (v.min() >= 0 and v.max() < 1 << 16):
+        table, used = _varint_words()
+        return (np.take(table, v).view(np.uint8).reshape(n_rows, -1),
+                np.take(used, v).view(bool).reshape(n_rows, -1),
+                np.take(tfrecord._varint_table()[1], v).sum(axis=1, dtype=np.int64))
+    v = v.astype(np.int64)
+    if v.min() < 0 or v.max() >= 1 << 35:
+        raise ValueError("varints of values in [0, 2**35) only")
+    n_bytes = np.ones(v.shape, np.int64)
+    for k in range(1, 5):
+        n_bytes += v >= 1 << (7 * k)
+    width = int(n_bytes.max())
+    parts = np.empty(v.shape + (width,), np.uint8)
+    for k in range(width):
+        parts[..., k] = ((v >> (7 * k)) & 0x7F) | np.where(n_bytes > k + 1, 0x80, 0)
+    used = np.arange(width) < n_bytes[..., None]
+    return parts.reshape(n_rows, -1), used.reshape(n_rows, -1), n_bytes.sum(axis=1)
+
+
+@functools.cache
+def _varint_words() -> tuple[np.ndarray, np.ndarray]:
+    """For every value below 2**16, its varint bytes padded to four, as one uint32 (so one
+    ``np.take`` gives them), and the mask of the bytes used, likewise."""
+    table, lengths = tfrecord._varint_table()
+    words = np.zeros((1 << 16, 4), np.uint8)
+    words[:, :3] = table
+    used = np.arange(4) < lengths[:, None].astype(np.int64)
+    return words.view(np.uint32).ravel(), used.view(np.uint32).ravel()
