@@ -36,7 +36,7 @@ import random
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -220,6 +220,24 @@ class Spans:
                      self.random_next[index])
 
 
+def fast_randint(rng: random.Random) -> Callable[[int, int], int]:
+    """``rng.randint``, drawing the same bits (``Random._randbelow_with_getrandbits``, the
+    same in Python 3.10 to 3.13) without its layers of calls: a pair costs a few draws."""
+    getrandbits = rng.getrandbits
+
+    def randint(a: int, b: int) -> int:
+        n = b - a + 1
+        if n <= 0:
+            raise ValueError(f"empty range for randint({a}, {b})")
+        k = n.bit_length()
+        r = getrandbits(k)
+        while r >= n:
+            r = getrandbits(k)
+        return a + r
+
+    return randint
+
+
 def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.Random) -> Spans:
     """BERT's sentence pairs for the documents ``first_doc..`` of ``batch`` (the earlier
     ones are only drawn from for random next segments). Untruncated: see ``truncate_pairs``."""
@@ -237,8 +255,10 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
     b1s: list[int] = []
     labels: list[int] = []
 
+    randint, random_float = fast_randint(rng), rng.random
+
     def target_length() -> int:
-        return rng.randint(2, max_num_tokens) if rng.random() < short_prob else max_num_tokens
+        return randint(2, max_num_tokens) if random_float() < short_prob else max_num_tokens
 
     def other_document(first: int, last: int) -> int | None:
         """A random document outside ``first..last`` (the chunk's) and not a part of one of
@@ -247,12 +267,12 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
             return None
         avoid_a, avoid_b = numbers[first], numbers[last]
         for _ in range(10):
-            k = rng.randint(0, n_docs - 1)
+            k = randint(0, n_docs - 1)
             if not first <= k <= last and numbers[k] != avoid_a and numbers[k] != avoid_b:
                 return k
         others = [k for k in range(n_docs) if not first <= k <= last and numbers[k] != avoid_a
                   and numbers[k] != avoid_b]
-        return others[rng.randint(0, len(others) - 1)] if others else None
+        return others[randint(0, len(others) - 1)] if others else None
 
     streams = [(ds[first_doc], ds[-1])] if pack else [(ds[d], ds[d + 1]) for d in range(first_doc, n_docs)]
     for s0, s1 in streams:
@@ -265,21 +285,21 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
                 n = i - chunk + 1
                 label = 0
                 if not pack:  # BERT: A's sentences, then a coin flip (a one-sentence chunk: random next)
-                    a_end = chunk + 1 if n == 1 else chunk + rng.randint(1, n - 1)
-                    random_next = n == 1 or rng.random() < 0.5
+                    a_end = chunk + 1 if n == 1 else chunk + randint(1, n - 1)
+                    random_next = n == 1 or random_float() < 0.5
                 else:  # the flip first: an actual next B must continue A's document
-                    random_next = n == 1 or rng.random() < 0.5
+                    random_next = n == 1 or random_float() < 0.5
                     inside = [] if random_next else [j for j in range(chunk + 1, i + 1)
                                                      if sentence_doc[j] == sentence_doc[j - 1]]
                     if inside:
-                        a_end = inside[rng.randint(0, len(inside) - 1)]
+                        a_end = inside[randint(0, len(inside) - 1)]
                     else:
-                        a_end = chunk + 1 if n == 1 else chunk + rng.randint(1, n - 1)
+                        a_end = chunk + 1 if n == 1 else chunk + randint(1, n - 1)
                 a0, a1 = ss[chunk], ss[a_end]
                 first, last = sentence_doc[chunk], sentence_doc[i]
                 k = other_document(first, last) if random_next else None
                 if k is not None:
-                    start = rng.randint(ds[k], ds[k + 1] - 1)
+                    start = randint(ds[k], ds[k + 1] - 1)
                     limit = ds[k + 1]
                     if pack:  # B may run on into the following documents, up to the chunk's own
                         limit = ds[first] if k < first else ds[-1]
@@ -291,7 +311,7 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
                     if pack and sentence_doc[a_end] != sentence_doc[a_end - 1]:
                         label = 1  # B is the next document: not A's continuation
                 elif a1 - a0 > 1:  # no other document and one sentence: cut it in two
-                    a1 = b0 = a0 + rng.randint(1, a1 - a0 - 1)
+                    a1 = b0 = a0 + randint(1, a1 - a0 - 1)
                     b1 = ss[i + 1]
                 else:  # a one-token sentence alone: A only
                     b0 = b1 = a1
