@@ -65,7 +65,10 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
     n_rows, width = tokens.shape
     ids = tokens & ID_BITS
     pos = np.arange(width)
-    candidate = (pos >= 1) & (pos < (lengths - 1)[:, None]) & (pos != (first_lengths - 1)[:, None])
+    rows = np.arange(n_rows)
+    candidate = pos < (lengths - 1)[:, None]
+    candidate[:, 0] = False
+    candidate[rows, first_lengths - 1] = False
     if opts.whole_word_masking:
         after_candidate = np.zeros_like(candidate)
         after_candidate[:, 1:] = candidate[:, :-1]
@@ -73,7 +76,7 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
     else:
         starts = candidate
     # Words, row-major: row, start position, length (up to the next start or the segment's [SEP]).
-    word_row, word_start = np.nonzero(starts)
+    word_row, word_start = np.divmod(np.flatnonzero(starts), width)  # (np.nonzero of a 2-D array is slower)
     n = len(word_row)
     first_separator = (first_lengths - 1)[word_row]
     separator = np.where(word_start < first_separator, first_separator, (lengths - 1)[word_row])
@@ -108,31 +111,36 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
             if len(open_rows) <= _FEW_ROWS:
                 _finish_rows(visit, taken, count, budget, open_rows, rank + 1)
                 break
-    taken_rank, taken_row = np.nonzero(taken)
+    taken_rank, taken_row = np.divmod(np.flatnonzero(taken), n_rows)
     chosen = np.zeros(n, bool)
     chosen[first_word[taken_row] + ((visit[taken_rank, taken_row] >> 16) & 0xFFFF).astype(np.int64)] = True
 
-    # The chosen words' positions, ascending within each row.
-    lengths_chosen = word_length[chosen]
-    r = np.repeat(word_row[chosen], lengths_chosen)
-    within = np.arange(len(r)) - np.repeat(np.cumsum(lengths_chosen) - lengths_chosen, lengths_chosen)
-    c = np.repeat(word_start[chosen], lengths_chosen) + within
+    # The chosen words' positions, ascending within each row, as flat indexes into the rows.
+    chosen_words = np.flatnonzero(chosen)
+    lengths_chosen = word_length[chosen_words]
+    flat = word_row[chosen_words] * width + word_start[chosen_words]
+    if len(flat) and lengths_chosen.max() > 1:
+        before = np.cumsum(lengths_chosen) - lengths_chosen
+        flat = np.repeat(flat - before, lengths_chosen) + np.arange(int(lengths_chosen.sum()))
+    r, c = np.divmod(flat, width)
 
-    labels_flat = ids[r, c]
+    labels_flat = ids.ravel()[flat]
     out = ids.copy()
-    u = gen.random(len(r))
+    out_flat = out.ravel()  # (a view: out is contiguous)
+    u = gen.random(len(flat))
     to_mask = u < 0.8
-    out[r[to_mask], c[to_mask]] = opts.mask_id
+    out_flat[flat[to_mask]] = opts.mask_id
     to_random = u >= 0.9  # [0.8, 0.9): left unchanged
-    out[r[to_random], c[to_random]] = opts.random_ids[gen.integers(0, len(opts.random_ids), int(to_random.sum()))]
+    out_flat[flat[to_random]] = opts.random_ids[gen.integers(0, len(opts.random_ids), int(to_random.sum()))]
 
     counts = np.bincount(r, minlength=n_rows)
-    slot = np.arange(len(r)) - np.repeat(np.cumsum(counts) - counts, counts)
     p = opts.max_predictions_per_seq
-    positions = np.zeros((n_rows, p), np.int32)
-    labels = np.zeros((n_rows, p), np.int32)
-    positions[r, slot] = c
-    labels[r, slot] = labels_flat
+    slot = r * p + np.arange(len(r)) - np.repeat(np.cumsum(counts) - counts, counts)
+    positions = np.zeros(n_rows * p, np.int32)
+    labels = np.zeros(n_rows * p, np.int32)
+    positions[slot] = c
+    labels[slot] = labels_flat
+    positions, labels = positions.reshape(n_rows, p), labels.reshape(n_rows, p)
     return Masked(out, positions, labels, counts)
 
 
