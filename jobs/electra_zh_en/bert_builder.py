@@ -361,21 +361,25 @@ class Pairs:
 
 
 def assemble(ids: np.ndarray, spans: Spans, max_seq_length: int, cls_id: int, sep_id: int) -> Pairs:
-    """Rows of token ids from (truncated) spans, by one gather; B may be empty (then no second [SEP])."""
+    """Rows of token ids from (truncated) spans; B may be empty (then no second [SEP]).
+    Each segment's tokens are copied by one gather and one scatter over the tokens
+    themselves (not over every position of every row: short examples are mostly padding)."""
     la = spans.a_end - spans.a_start
     lb = spans.b_end - spans.b_start
-    pos = np.arange(max_seq_length)
+    n_rows = len(la)
     b_first = la + 2
-    in_a = (pos >= 1) & (pos <= la[:, None])
-    in_b = (pos >= b_first[:, None]) & (pos < (b_first + lb)[:, None])
-    index = np.where(in_a, spans.a_start[:, None] - 1 + pos,
-                     np.where(in_b, (spans.b_start - b_first)[:, None] + pos, 0))
-    tokens = ids[index] if len(ids) else np.zeros(index.shape, np.int32)
-    tokens[~(in_a | in_b)] = 0
-    rows = np.arange(len(la))
-    tokens[:, 0] = cls_id
-    tokens[rows, la + 1] = sep_id
+    row_start = np.arange(n_rows) * max_seq_length
+    tokens = np.zeros(n_rows * max_seq_length, np.int32)
+    for start, length, at in ((spans.a_start, la, row_start + 1), (spans.b_start, lb, row_start + b_first)):
+        total = int(length.sum())
+        if total:
+            before = np.cumsum(length) - length
+            within = np.arange(total) - np.repeat(before, length)
+            tokens[np.repeat(at, length) + within] = ids[np.repeat(start, length) + within]
+    tokens[row_start] = cls_id
+    tokens[row_start + la + 1] = sep_id
     has_b = lb > 0
-    tokens[rows[has_b], (b_first + lb)[has_b]] = sep_id
+    tokens[(row_start + b_first + lb)[has_b]] = sep_id
+    tokens = tokens.reshape(n_rows, max_seq_length)
     lengths = b_first + np.where(has_b, lb + 1, 0)
     return Pairs(tokens, lengths, b_first, spans.random_next)
