@@ -249,24 +249,21 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
     sentence_doc = np.repeat(np.arange(n_docs), np.diff(batch.doc_starts)).tolist()
     max_num_tokens = opts.max_seq_length - 3
     short_prob, pack = opts.short_seq_prob, opts.pack_documents
-    a0s: list[int] = []
-    a1s: list[int] = []
-    b0s: list[int] = []
-    b1s: list[int] = []
-    labels: list[int] = []
+    pairs: list[tuple[int, int, int, int, int]] = []  # (a0, a1, b0, b1, label)
+    add = pairs.append
 
     randint, random_float = fast_randint(rng), rng.random
 
     def target_length() -> int:
         return randint(2, max_num_tokens) if random_float() < short_prob else max_num_tokens
 
-    def other_document(first: int, last: int) -> int | None:
+    def other_document(first: int, last: int, tries: int = 10) -> int | None:
         """A random document outside ``first..last`` (the chunk's) and not a part of one of
-        them (same number); None if there is none."""
+        them (same number); None if there is none. (``tries`` of 10 left: the loop inlines the first.)"""
         if not several_docs:
             return None
         avoid_a, avoid_b = numbers[first], numbers[last]
-        for _ in range(10):
+        for _ in range(tries):
             k = randint(0, n_docs - 1)
             if not first <= k <= last and numbers[k] != avoid_a and numbers[k] != avoid_b:
                 return k
@@ -297,7 +294,12 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
                         a_end = chunk + 1 if n == 1 else chunk + randint(1, n - 1)
                 a0, a1 = ss[chunk], ss[a_end]
                 first, last = sentence_doc[chunk], sentence_doc[i]
-                k = other_document(first, last) if random_next else None
+                if random_next and several_docs:  # other_document's first try, inline (the usual case)
+                    k = randint(0, n_docs - 1)
+                    if first <= k <= last or numbers[k] == numbers[first] or numbers[k] == numbers[last]:
+                        k = other_document(first, last, 9)
+                else:
+                    k = None
                 if k is not None:
                     start = randint(ds[k], ds[k + 1] - 1)
                     limit = ds[k + 1]
@@ -315,18 +317,14 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
                     b1 = ss[i + 1]
                 else:  # a one-token sentence alone: A only
                     b0 = b1 = a1
-                a0s.append(a0)
-                a1s.append(a1)
-                b0s.append(b0)
-                b1s.append(b1)
-                labels.append(label)
+                add((a0, a1, b0, b1, label))
                 chunk = i + 1
                 length = 0
                 if pack:
                     target = target_length()
             i += 1
-    as_array = lambda values: np.array(values, np.int64)  # noqa: E731
-    return Spans(as_array(a0s), as_array(a1s), as_array(b0s), as_array(b1s), as_array(labels))
+    columns = np.array(pairs, np.int64).reshape(-1, 5).T
+    return Spans(*(np.ascontiguousarray(c) for c in columns))
 
 
 def truncate_pairs(spans: Spans, max_num_tokens: int, gen: np.random.Generator) -> Spans:
