@@ -179,9 +179,10 @@ def _varint_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     v = np.asarray(values)
     n_rows = len(v)
     if not v.size or (v.min() >= 0 and v.max() < 1 << 16):
-        table, used = _varint_words()
-        return (np.take(table, v).view(np.uint8).reshape(n_rows, -1),
-                np.take(used, v).view(bool).reshape(n_rows, -1),
+        words = np.take(_varint_words(), v)
+        # A byte is used if it is a value's first or follows one with the continuation bit.
+        used = (words & 0x8080) << 1 | 1
+        return (words.view(np.uint8).reshape(n_rows, -1), used.view(bool).reshape(n_rows, -1),
                 np.take(tfrecord._varint_table()[1], v).sum(axis=1, dtype=np.int64))
     v = v.astype(np.int64)
     if v.min() < 0 or v.max() >= 1 << 35:
@@ -198,11 +199,9 @@ def _varint_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 @functools.cache
-def _varint_words() -> tuple[np.ndarray, np.ndarray]:
+def _varint_words() -> np.ndarray:
     """For every value below 2**16, its varint bytes padded to four, as one uint32 (so one
-    ``np.take`` gives them), and the mask of the bytes used, likewise."""
-    table, lengths = tfrecord._varint_table()
+    ``np.take`` gives them; little-endian, as the bytes are read back)."""
     words = np.zeros((1 << 16, 4), np.uint8)
-    words[:, :3] = table
-    used = np.arange(4) < lengths[:, None].astype(np.int64)
-    return words.view(np.uint32).ravel(), used.view(np.uint32).ravel()
+    words[:, :3] = tfrecord._varint_table()[0]
+    return words.view("<u4").ravel()

@@ -76,7 +76,7 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
     else:
         starts = candidate
     # Words, row-major: row, start position, length (up to the next start or the segment's [SEP]).
-    word_row, word_start = np.divmod(np.flatnonzero(starts), width)  # (np.nonzero of a 2-D array is slower)
+    word_row, word_start = _divmod(np.flatnonzero(starts), width)  # (np.nonzero of a 2-D array is slower)
     n = len(word_row)
     first_separator = (first_lengths - 1)[word_row]
     separator = np.where(word_start < first_separator, first_separator, (lengths - 1)[word_row])
@@ -111,7 +111,7 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
             if len(open_rows) <= _FEW_ROWS:
                 _finish_rows(visit, taken, count, budget, open_rows, rank + 1)
                 break
-    taken_rank, taken_row = np.divmod(np.flatnonzero(taken), n_rows)
+    taken_rank, taken_row = _divmod(np.flatnonzero(taken), n_rows)
     chosen = np.zeros(n, bool)
     chosen[first_word[taken_row] + ((visit[taken_rank, taken_row] >> 16) & 0xFFFF).astype(np.int64)] = True
 
@@ -122,7 +122,7 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
     if len(flat) and lengths_chosen.max() > 1:
         before = np.cumsum(lengths_chosen) - lengths_chosen
         flat = np.repeat(flat - before, lengths_chosen) + np.arange(int(lengths_chosen.sum()))
-    r, c = np.divmod(flat, width)
+    r, c = _divmod(flat, width)
 
     labels_flat = ids.ravel()[flat]
     out = ids.copy()
@@ -142,6 +142,15 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
     labels[slot] = labels_flat
     positions, labels = positions.reshape(n_rows, p), labels.reshape(n_rows, p)
     return Masked(out, positions, labels, counts)
+
+
+def _divmod(a: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.divmod(a, d)`` for non-negative ``a``; by shifts when ``d`` is a power of two (rows
+    of 128 or 512 positions, chunks of 1024 rows), which is several times faster."""
+    if d > 0 and d & (d - 1) == 0:
+        shift = d.bit_length() - 1
+        return a >> shift, a & (d - 1)
+    return np.divmod(a, d)
 
 
 def _finish_rows(visit: np.ndarray, taken: np.ndarray, count: np.ndarray, budget: np.ndarray,
