@@ -130,13 +130,13 @@ class BertRecordEncoder:
                 used[:, at:end] = mask
             at = end
 
-        put(headers[example_bytes])
-        put(example_prefix[body_bytes], example_prefix_used[body_bytes])
+        put(rows_of(headers, example_bytes))
+        put(rows_of(example_prefix, body_bytes), rows_of(example_prefix_used, body_bytes))
         for name in self.order:
             if name in varints:
                 parts, parts_used, payload = varints[name]
                 prefix, prefix_used, _ = prefixes[name]
-                put(prefix[payload], prefix_used[payload])
+                put(rows_of(prefix, payload), rows_of(prefix_used, payload))
                 put(parts, parts_used)
             elif name == "input_mask":
                 put(self._mask_prefix)
@@ -145,9 +145,9 @@ class BertRecordEncoder:
                 put(self._segment_prefix)
                 put((pos < lengths) & (pos >= first_lengths))
             elif name == "masked_lm_weights":
-                put(self._weights_table[masked.counts])
+                put(rows_of(self._weights_table, masked.counts))
             else:
-                put(self._labels_table[random_next])
+                put(rows_of(self._labels_table, random_next))
         put(np.zeros(4, np.uint8))  # the data checksum, filled in below
         flat = np.compress(used.ravel(), data.ravel())
         ends = np.cumsum(example_bytes + 16)
@@ -159,6 +159,11 @@ class BertRecordEncoder:
         crc = (((crc >> 15) | (crc << 17)) + np.uint32(0xA282EAD8)).astype("<u4")
         flat[(ends - 4)[:, None] + np.arange(4)] = crc.view(np.uint8).reshape(n_rows, 4)
         return flat.tobytes()
+
+
+def rows_of(table: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``table[index]`` for a 2-D table (``np.take`` on axis 0 is several times faster)."""
+    return np.take(table, index, axis=0)
 
 
 def _padded(pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
