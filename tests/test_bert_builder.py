@@ -146,6 +146,26 @@ def test_assemble_layout():
     assert pairs.tokens[1].tolist() == [CLS, *ids[12:16], SEP] + [0] * 10  # B empty: no second [SEP]
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32), st.integers(4, 40))
+def test_assemble_is_cls_a_sep_b_sep_on_random_spans(seed, seq):
+    """assemble gathers only the segments' tokens: every row must still be [CLS] A [SEP] B [SEP]
+    (no second [SEP] when B is empty), zero padded, with A and B anywhere in the ids."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(10, 1000, 300).astype(np.int32)
+    n_rows = 25
+    la = rng.integers(1, seq - 2, n_rows)
+    lb = np.minimum(rng.integers(0, seq, n_rows), seq - 3 - la)
+    a0, b0 = rng.integers(0, 300 - seq, n_rows), rng.integers(0, 300 - seq, n_rows)
+    pairs = assemble(ids, Spans(a0, a0 + la, b0, b0 + lb, np.zeros(n_rows, np.int64)), seq, CLS, SEP)
+    for i in range(n_rows):
+        b = ids[b0[i]:b0[i] + lb[i]].tolist()
+        row = [CLS, *ids[a0[i]:a0[i] + la[i]].tolist(), SEP, *(b + [SEP] if b else [])]
+        assert pairs.tokens[i].tolist() == row + [0] * (seq - len(row))
+        assert pairs.lengths[i] == len(row) and pairs.first_lengths[i] == la[i] + 2
+    assert pairs.tokens.dtype == np.int32
+
+
 def test_batcher_drops_empty_lines_and_merges_parts():
     b = DocBatcher(batch_tokens=10)
     b.add(0, [[], [5, 6], []])

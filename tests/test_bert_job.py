@@ -17,8 +17,9 @@ from fleet.job import ConfigError, ItemContext, Sink
 from jobs.electra_zh_en import JOB, ElectraConfig
 from jobs.text import tfrecord
 from jobs.electra_zh_en.bert_builder import DocBatcher, PairOptions, assemble, build_spans, truncate_pairs
-from jobs.electra_zh_en.bert_records import feature_names
-from jobs.electra_zh_en.masking import mask_batch
+from jobs.electra_zh_en import bert_records
+from jobs.electra_zh_en.bert_records import BertLayout, BertRecordEncoder, feature_names
+from jobs.electra_zh_en.masking import Masked, mask_batch
 from jobs.text.tokenization import CJK_RANGES, WORD_CONTINUES, BertTokenizer
 from jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
@@ -123,6 +124,42 @@ def test_records_are_exactly_what_the_generic_encoder_writes(sample_run):
                            tfrecord.int64_feature(v.tolist())) for name, v in ex.items()}
         assert tfrecord.example(features) == raw
         assert sorted(ex) == sorted(feature_names(False).values())
+
+
+@pytest.mark.parametrize("seq,preds,v2,top", [(128, 20, False, 30000), (16, 3, True, 1 << 16), (9, 5, False, 1 << 30),
+                                               (64, 1, True, 500), (12, 3000, False, 3000)])
+def test_encoder_writes_what_the_generic_encoder_writes(seq, preds, v2, top, monkeypatch):
+    """The encoder lays out all rows' bytes at once (numpy): each record must be exactly
+    ``tfrecord.example`` of its features, framed, for every varint width (ids of one to five
+    bytes, a vocab beyond 2**16), empty B, no predictions, v2 names, one row or many, rows
+    encoded a slice at a time (the layout stays bounded however big max_predictions_per_seq is)."""
+    monkeypatch.setattr(bert_records, "LAYOUT_BYTES", 1 << 16)
+    rng = np.random.default_rng(seq * 7 + preds)
+    encoder = BertRecordEncoder(BertLayout(seq, preds, v2))
+    names = feature_names(v2)
+    for n_rows in (1, 37):
+        lengths = rng.integers(2, seq + 1, n_rows)
+        first = np.array([rng.integers(2, n + 1) for n in lengths])  # == n: A only
+        ids = np.where(np.arange(seq) < lengths[:, None], rng.integers(0, top, (n_rows, seq)), 0).astype(np.int64)
+        counts = rng.integers(0, min(preds, seq) + 1, n_rows)
+        positions = np.where(np.arange(preds) < counts[:, None], rng.integers(1, seq, (n_rows, preds)), 0)
+        labels = np.where(np.arange(preds) < counts[:, None], rng.integers(0, top, (n_rows, preds)), 0)
+        random_next = rng.integers(0, 2, n_rows)
+        data = encoder.encode(Masked(ids, positions, labels, counts), lengths, first, random_next)
+        expected = b""
+        for i in range(n_rows):
+            n, n0, k = int(lengths[i]), int(first[i]), int(counts[i])
+            features = {
+                names["input_ids"]: tfrecord.int64_feature(ids[i].tolist()),
+                names["input_mask"]: tfrecord.int64_feature([1] * n + [0] * (seq - n)),
+                names["segment_ids"]: tfrecord.int64_feature([0] * n0 + [1] * (n - n0) + [0] * (seq - n)),
+                names["masked_lm_positions"]: tfrecord.int64_feature(positions[i].tolist()),
+                names["masked_lm_ids"]: tfrecord.int64_feature(labels[i].tolist()),
+                names["masked_lm_weights"]: tfrecord.float_feature([1.0] * k + [0.0] * (preds - k)),
+                names["next_sentence_labels"]: tfrecord.int64_feature([int(random_next[i])]),
+            }
+            expected += tfrecord.frame(tfrecord.example(features))
+        assert data == expected
 
 
 def test_masking_statistics_on_the_sample(sample_run, tokenizer):

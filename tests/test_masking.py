@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.electra_zh_en.masking import MaskingOptions, mask_batch, predictions_per_row
+from jobs.electra_zh_en.masking import MaskingOptions, _divmod, mask_batch, predictions_per_row
 from jobs.text.tokenization import WORD_CONTINUES
 
 CLS, SEP, MASK = 2, 3, 4
@@ -144,3 +144,23 @@ def test_finishing_the_last_rows_one_by_one_changes_nothing(monkeypatch, p_conti
     for other in results[1:]:
         for name in ("input_ids", "positions", "labels", "counts"):
             assert np.array_equal(getattr(results[0], name), getattr(other, name)), name
+
+
+def test_divmod_by_shifts_is_divmod():
+    a = np.arange(0, 5000, 7)
+    for d in (1, 2, 64, 128, 1024, 3, 100, 130):
+        q, r = _divmod(a, d)
+        assert q.tolist() == (a // d).tolist() and r.tolist() == (a % d).tolist()
+
+
+@pytest.mark.parametrize("whole_words", [True, False])
+def test_padding_width_does_not_change_the_masking(whole_words):
+    """Rows padded to 64 positions (shifts) or 67 (division) are masked alike."""
+    tokens, lengths, first = make_rows(4, 32, 64, 0.4)
+    wider = np.zeros((32, 67), np.int32)
+    wider[:, :64] = tokens
+    opts = MaskingOptions(MASK, RANDOM_IDS, 0.15, 20, whole_words)
+    a = mask_batch(tokens, lengths, first, opts, np.random.default_rng(8))
+    b = mask_batch(wider, lengths, first, opts, np.random.default_rng(8))
+    assert (a.input_ids == b.input_ids[:, :64]).all() and (b.input_ids[:, 64:] == 0).all()
+    assert (a.positions == b.positions).all() and (a.labels == b.labels).all() and (a.counts == b.counts).all()

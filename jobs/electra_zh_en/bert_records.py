@@ -22,6 +22,7 @@ from .masking import Masked
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
 # tf-models' names (official/nlp/data/pretrain_dataloader.py, use_v2_feature_names): only two change.
+LAYOUT_BYTES = 8 << 20  # the byte layout of the rows encoded together (memory, and cache)
 V2_NAMES = {"input_ids": "input_word_ids", "segment_ids": "input_type_ids"}
 
 
@@ -59,7 +60,8 @@ class BertRecordEncoder:
         # Features whose size never changes: a prefix and 0/1 bytes, or a table by count or label.
         self._mask_prefix = as_array([entry("input_mask", tfrecord.packed_int64_feature(b"\x00" * seq))[:-seq]])[0]
         self._segment_prefix = as_array([entry("segment_ids", tfrecord.packed_int64_feature(b"\x00" * seq))[:-seq]])[0]
-        self._weights_table = as_array([weights_entry(k) for k in range(preds + 1)])
+        # (a row has fewer predictions than positions: counts stop at seq however big preds is)
+        self._weights_table = as_array([weights_entry(k) for k in range(min(preds, seq) + 1)])
         self._labels_table = as_array([label_entry(label) for label in (0, 1)])
         self._names = names
         self._prefixes: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -95,7 +97,19 @@ class BertRecordEncoder:
         Every row is laid out in one (rows, width) byte array, each feature's bytes in
         a column range of their greatest size with a mask of the bytes used; one
         boolean selection then gives the records back to back. Only the checksums
-        take a call per record."""
+        take a call per record. Rows go a slice at a time so that layout stays a few MB
+        whatever ``max_seq_length`` and ``max_predictions_per_seq`` are."""
+        seq, preds = self.layout.max_seq_length, self.layout.max_predictions_per_seq
+        step = max(1, LAYOUT_BYTES // (6 * (seq + 2 * preds) + 4 * preds + 256))  # (a row's layout, at most)
+        if len(lengths) <= step:
+            return self._encode(masked, lengths, first_lengths, random_next)
+        return b"".join(self._encode(Masked(masked.input_ids[i:i + step], masked.positions[i:i + step],
+                                            masked.labels[i:i + step], masked.counts[i:i + step]),
+                                     lengths[i:i + step], first_lengths[i:i + step], random_next[i:i + step])
+                        for i in range(0, len(lengths), step))
+
+    def _encode(self, masked: Masked, lengths: np.ndarray, first_lengths: np.ndarray,
+                random_next: np.ndarray) -> bytes:
         n_rows = len(lengths)
         if not n_rows:
             return b""
