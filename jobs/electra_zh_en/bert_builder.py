@@ -274,55 +274,52 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
     streams = [(ds[first_doc], ds[-1])] if pack else [(ds[d], ds[d + 1]) for d in range(first_doc, n_docs)]
     for s0, s1 in streams:
         target = target_length()
-        i = chunk = s0
-        length = 0
-        while i < s1:
-            length += ss[i + 1] - ss[i]
-            if i == s1 - 1 or length >= target:
-                n = i - chunk + 1
-                label = 0
-                if not pack:  # BERT: A's sentences, then a coin flip (a one-sentence chunk: random next)
-                    a_end = chunk + 1 if n == 1 else chunk + randint(1, n - 1)
-                    random_next = n == 1 or random_float() < 0.5
-                else:  # the flip first: an actual next B must continue A's document
-                    random_next = n == 1 or random_float() < 0.5
-                    inside = [] if random_next else [j for j in range(chunk + 1, i + 1)
-                                                     if sentence_doc[j] == sentence_doc[j - 1]]
-                    if inside:
-                        a_end = inside[randint(0, len(inside) - 1)]
-                    else:
-                        a_end = chunk + 1 if n == 1 else chunk + randint(1, n - 1)
-                a0, a1 = ss[chunk], ss[a_end]
-                first, last = sentence_doc[chunk], sentence_doc[i]
-                if random_next and several_docs:  # other_document's first try, inline (the usual case)
-                    k = randint(0, n_docs - 1)
-                    if first <= k <= last or numbers[k] == numbers[first] or numbers[k] == numbers[last]:
-                        k = other_document(first, last, 9)
+        chunk = s0
+        while chunk < s1:
+            # The chunk's last sentence: the first whose end brings it to the target, or the stream's last.
+            i = bisect_left(ss, ss[chunk] + target, chunk + 1, s1) - 1
+            n = i - chunk + 1
+            label = 0
+            if not pack:  # BERT: A's sentences, then a coin flip (a one-sentence chunk: random next)
+                a_end = chunk + 1 if n == 1 else chunk + randint(1, n - 1)
+                random_next = n == 1 or random_float() < 0.5
+            else:  # the flip first: an actual next B must continue A's document
+                random_next = n == 1 or random_float() < 0.5
+                inside = [] if random_next else [j for j in range(chunk + 1, i + 1)
+                                                 if sentence_doc[j] == sentence_doc[j - 1]]
+                if inside:
+                    a_end = inside[randint(0, len(inside) - 1)]
                 else:
-                    k = None
-                if k is not None:
-                    start = randint(ds[k], ds[k + 1] - 1)
-                    limit = ds[k + 1]
-                    if pack:  # B may run on into the following documents, up to the chunk's own
-                        limit = ds[first] if k < first else ds[-1]
-                    end = bisect_left(ss, ss[start] + target - (a1 - a0), start + 1, limit)
-                    b0, b1, label = ss[start], ss[end], 1
-                    i = a_end - 1  # put the chunk's unused sentences back
-                elif not random_next or n > 1:  # (or no other document within reach) the actual next
-                    b0, b1 = a1, ss[i + 1]
-                    if pack and sentence_doc[a_end] != sentence_doc[a_end - 1]:
-                        label = 1  # B is the next document: not A's continuation
-                elif a1 - a0 > 1:  # no other document and one sentence: cut it in two
-                    a1 = b0 = a0 + randint(1, a1 - a0 - 1)
-                    b1 = ss[i + 1]
-                else:  # a one-token sentence alone: A only
-                    b0 = b1 = a1
-                add((a0, a1, b0, b1, label))
-                chunk = i + 1
-                length = 0
-                if pack:
-                    target = target_length()
-            i += 1
+                    a_end = chunk + 1 if n == 1 else chunk + randint(1, n - 1)
+            a0, a1 = ss[chunk], ss[a_end]
+            first, last = sentence_doc[chunk], sentence_doc[i]
+            if random_next and several_docs:  # other_document's first try, inline (the usual case)
+                k = randint(0, n_docs - 1)
+                if first <= k <= last or numbers[k] == numbers[first] or numbers[k] == numbers[last]:
+                    k = other_document(first, last, 9)
+            else:
+                k = None
+            if k is not None:
+                start = randint(ds[k], ds[k + 1] - 1)
+                limit = ds[k + 1]
+                if pack:  # B may run on into the following documents, up to the chunk's own
+                    limit = ds[first] if k < first else ds[-1]
+                end = bisect_left(ss, ss[start] + target - (a1 - a0), start + 1, limit)
+                b0, b1, label = ss[start], ss[end], 1
+                i = a_end - 1  # put the chunk's unused sentences back
+            elif not random_next or n > 1:  # (or no other document within reach) the actual next
+                b0, b1 = a1, ss[i + 1]
+                if pack and sentence_doc[a_end] != sentence_doc[a_end - 1]:
+                    label = 1  # B is the next document: not A's continuation
+            elif a1 - a0 > 1:  # no other document and one sentence: cut it in two
+                a1 = b0 = a0 + randint(1, a1 - a0 - 1)
+                b1 = ss[i + 1]
+            else:  # a one-token sentence alone: A only
+                b0 = b1 = a1
+            add((a0, a1, b0, b1, label))
+            chunk = i + 1
+            if pack:
+                target = target_length()
     columns = np.array(pairs, np.int64).reshape(-1, 5).T
     return Spans(*(np.ascontiguousarray(c) for c in columns))
 
