@@ -70,9 +70,11 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
     candidate[:, 0] = False
     candidate[rows, first_lengths - 1] = False
     if opts.whole_word_masking:
-        after_candidate = np.zeros_like(candidate)
-        after_candidate[:, 1:] = candidate[:, :-1]
-        starts = candidate & (((tokens & WORD_CONTINUES) == 0) | ~after_candidate)  # a word never spans a [SEP]
+        starts = candidate & ((tokens & WORD_CONTINUES) == 0)
+        # A word never spans [CLS] or a [SEP]: the first candidate of each segment starts one.
+        for segment_start in (np.ones(n_rows, np.int64), np.asarray(first_lengths)):
+            inside = segment_start < width
+            starts[rows[inside], segment_start[inside]] = candidate[rows[inside], segment_start[inside]]
     else:
         starts = candidate
     # Words, row-major: row, start position, length (up to the next start or the segment's [SEP]).
