@@ -144,6 +144,7 @@ class BertRecordEncoder:
                 used[:, at:end] = mask
             at = end
 
+        in_mask = pos < lengths
         put(rows_of(headers, example_bytes))
         put(rows_of(example_prefix, body_bytes), rows_of(example_prefix_used, body_bytes))
         for name in self.order:
@@ -154,10 +155,10 @@ class BertRecordEncoder:
                 put(parts, parts_used)
             elif name == "input_mask":
                 put(self._mask_prefix)
-                put(pos < lengths)
+                put(in_mask)
             elif name == "segment_ids":
                 put(self._segment_prefix)
-                put((pos < lengths) & (pos >= first_lengths))
+                put(in_mask & (pos >= first_lengths))
             elif name == "masked_lm_weights":
                 put(rows_of(self._weights_table, masked.counts))
             else:
