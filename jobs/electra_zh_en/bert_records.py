@@ -1,10 +1,13 @@
 """BERT pre-training records (what ``run_pretraining.py`` parses), encoded a batch at a time.
 
-The varints of the three per-example int64 lists come from one numpy pass
-over the batch (``tfrecord.varint_rows``); the other features depend only on
-a length or a count, so their bytes are cached; an example is then one join
-of ready-made pieces, with no protobuf object. Features are written in
-sorted name order, the bytes ``tfrecord.example`` gives for the same values.
+No Python step per example but its checksum: every row's record is laid out
+in one (rows, width) byte array, each feature in a column range of its
+greatest size (the varints of the three int64 lists from a table of every
+value's bytes, one ``np.take``; the other features depend only on a length or
+a count: a constant prefix and 0/1 bytes, or a table row), with a mask of the
+bytes used; one ``np.compress`` then gives the records back to back. Features
+are written in sorted name order, the bytes ``tfrecord.example`` gives for
+the same values, with no protobuf object.
 """
 
 from __future__ import annotations
