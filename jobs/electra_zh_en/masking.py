@@ -99,7 +99,7 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
                                              | word_length.astype(np.uint64))
     keys = keys.reshape(n_rows, n_words)
     keys.sort(axis=1)
-    visit = np.ascontiguousarray(keys.T)  # (rank, row)
+    visit = keys.T  # (rank, row): a view (the loop reads a few ranks of every row, strided)
     budget = predictions_per_row(lengths, opts)
     taken = np.zeros((n_words, n_rows), bool)
     count = np.zeros(n_rows, np.int64)
