@@ -107,6 +107,25 @@ def _patterns(limit: int) -> _Patterns:
     return _Patterns(limit, *classes())
 
 
+@functools.cache
+def _class_table() -> np.ndarray:
+    """code point -> its class bits for the C tokenizer (``native.CLS_*``), from the same sources
+    as the regexes above: ``\\s`` of ``re`` itself (tested on every code point), ``CJK_RANGES``,
+    the punctuation of ``unicode_classes`` and ``_MARK``. 1.1 MB, built once per process (~20 ms)."""
+    from . import native
+    table = np.zeros(0x110000, np.uint8)
+    for a, b in CJK_RANGES:
+        table[a:b + 1] |= native.CLS_CJK
+    for a, b in classes()[2]:
+        table[a:b + 1] |= native.CLS_PUNCT
+    everything = np.arange(0x110000, dtype="<u4")
+    everything[0xD800:0xE000] = 0  # surrogates (no class) cannot be decoded: \x00 is not \s either
+    text = everything.tobytes().decode("utf-32-le")
+    table[[m.start() for m in re.finditer(r"\s", text)]] |= native.CLS_WS
+    table[ord(_MARK)] |= native.CLS_MARK
+    return table
+
+
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 _ASCII_DROP = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -194,6 +213,16 @@ def _code_cache(ids: _IdCache) -> _CodeCache:
     return cache
 
 
+_native_module = None  # jobs.text.native, imported on first use (ctypes and the rest cost start-up)
+_WP_LINES, _WP_WORDS = 1, 2  # native.WP_LINES, native.WP_WORDS
+
+
+def _split_lines(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    """Ids per line from all lines' ids and each line's count of them."""
+    ids, ends = flat.tolist(), np.cumsum(lengths).tolist()
+    return [ids[a:b] for a, b in zip([0, *ends], ends)]
+
+
 class BertTokenizer:
     """Text -> WordPiece ids, equal to BERT's ``FullTokenizer`` (see module doc)."""
 
@@ -222,6 +251,32 @@ class BertTokenizer:
         self._word_cache.limit = cache_limit
         self._codes = _code_cache(self._cache)  # the same as one int per token (tokenize_flat)
         self._word_codes = _code_cache(self._word_cache)
+        self._table = None  # the C tokenizer's tables (native.Table), made on first use; False: none
+
+    def _native(self):
+        """The C tables for the per-token work (``native.py``), or None: this call runs in Python.
+        ``FLEET_NATIVE`` is read at each call (cheap), so a test can switch an existing tokenizer."""
+        global _native_module
+        if _native_module is None:
+            from . import native
+            _native_module = native
+        native = _native_module
+        table = self._table
+        if table is None:
+            lib = native.available()  # ("0": None; "1": raises if unavailable; else warns once)
+            if lib is None:
+                return None
+            try:
+                table = native.Table(lib, _class_table(), self.vocab, self.unk_id, self.max_input_chars_per_word,
+                                     self._max_head, self._max_tail)
+            except UnicodeEncodeError:  # a vocab token holding a surrogate: Python for this vocab
+                if native.mode() == "1":
+                    raise native.NativeError("FLEET_NATIVE=1 but this vocab holds a lone surrogate") from None
+                table = False
+            self._table = table
+        elif native.mode() == "0":
+            return None
+        return table or None
 
     @classmethod
     def from_bytes(cls, data: bytes | str, source: str = "vocab", **kwargs) -> "BertTokenizer":
@@ -343,6 +398,9 @@ class BertTokenizer:
             return [self._tokenize_words(line, cut) for line in lines]
         if cut is not None and not text.isascii():
             text = self._mark_words(text, pats, cut)
+        table = self._native()
+        if table is not None and (done := table.run(text, _WP_LINES | _WP_WORDS, len(lines))) is not None:
+            return _split_lines(*done)
         findall, get = pats.marked_tokens.findall, self._word_cache.__getitem__
         return [list(chain.from_iterable(map(get, findall(part)))) for part in text.split("\n")]
 
@@ -367,6 +425,10 @@ class BertTokenizer:
                     np.fromiter(map(len, per_line), np.int64, len(per_line)))
         if words and cut is not None and not text.isascii():
             text = self._mark_words(text, pats, cut)
+        table = self._native()
+        if table is not None and (done := table.run(text, _WP_LINES | (_WP_WORDS if words else 0),
+                                                     len(lines))) is not None:
+            return done[0].copy(), done[1]  # (a copy: the buffer is as long as the text)
         found = (pats.marked_tokens_nl if words else pats.tokens_nl).findall(text)
         flat = (self._word_codes if words else self._codes).flat(found)
         ends = np.flatnonzero(flat < 0)  # len(lines) - 1 newlines
@@ -375,6 +437,9 @@ class BertTokenizer:
 
     def tokenize_ids(self, text: str) -> list[int]:
         text, tokens = self._normalize(text)
+        table = self._native()
+        if table is not None and (done := table.run(text)) is not None:
+            return done[0].tolist()
         return list(chain.from_iterable(map(self._cache.__getitem__, tokens.findall(text))))
 
     def tokenize_lines(self, lines: Sequence[str]) -> list[list[int]]:
@@ -382,9 +447,12 @@ class BertTokenizer:
         if not lines:
             return []
         text, tokens = self._normalize("\n".join(lines))
-        parts = text.split("\n")
-        if len(parts) != len(lines):  # a line held its own "\n": go line by line
+        if text.count("\n") != len(lines) - 1:  # a line held its own "\n": go line by line
             return [self.tokenize_ids(line) for line in lines]
+        table = self._native()
+        if table is not None and (done := table.run(text, _WP_LINES, len(lines))) is not None:
+            return _split_lines(*done)
+        parts = text.split("\n")
         findall, get = tokens.findall, self._cache.__getitem__
         return [list(chain.from_iterable(map(get, findall(part)))) for part in parts]
 
