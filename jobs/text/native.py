@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 from typing import Mapping
@@ -156,13 +157,15 @@ class Table:
         if not ptr:
             raise MemoryError("the C tokenizer's tables")
         self._ptr = ptr
+        self._local = threading.local()  # this thread's output buffers
         self._u8, self._u32 = lib.lib.wp_tokenize_u8, lib.lib.wp_tokenize_u32
         weakref.finalize(self, lib.lib.wp_free, ptr)
 
     def run(self, text: str, mode: int = 0, n_lines: int = 0) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """Ids of normalized ``text`` (a buffer view: valid until copied or dropped) and, with
-        ``WP_LINES``, each of its ``n_lines`` lines' count of them (``text`` must hold
-        ``n_lines - 1`` newlines). None when the text holds a surrogate (UTF-32 cannot say it)."""
+        """Ids of normalized ``text`` and, with ``WP_LINES``, each of its ``n_lines`` lines' count
+        of them (``text`` must hold ``n_lines - 1`` newlines). Both are views of this thread's
+        buffers, valid until its next call: copy or convert them first. None when the text holds
+        a surrogate (UTF-32 cannot say it): the caller goes the Python way."""
         n = len(text)
         if text.isascii():
             data, fn = text.encode("ascii"), self._u8
@@ -171,11 +174,25 @@ class Table:
                 data, fn = text.encode("utf-32-le"), self._u32
             except UnicodeEncodeError:
                 return None
-        out = np.empty(max(n, 1), np.int32)  # each id consumes at least one character
-        lengths = np.empty(n_lines, np.int64) if mode & WP_LINES else None
-        k = fn(self._ptr, data, n, mode, out.ctypes.data, None if lengths is None else lengths.ctypes.data,
-               n_lines)
-        return out[:k], lengths
+        buffers = self._buffers(max(n, 1), n_lines)  # (each id consumes at least one character)
+        out, out_at, lengths, lengths_at = buffers
+        k = fn(self._ptr, data, n, mode, out_at, lengths_at, n_lines)
+        return out[:k], (lengths[:n_lines] if mode & WP_LINES else None)
+
+    _KEEP = 1 << 20  # largest buffers kept between calls (4 + 8 MB); a bigger call allocates its own
+
+    def _buffers(self, n: int, n_lines: int) -> tuple[np.ndarray, int, np.ndarray, int]:
+        """Output buffers of at least these sizes with their addresses (``.ctypes.data`` costs a
+        microsecond a call: short documents make many calls)."""
+        kept = getattr(self._local, "buffers", None)
+        if kept is not None and len(kept[0]) >= n and len(kept[2]) >= n_lines:
+            return kept
+        out = np.empty(max(n, 4096) if n <= self._KEEP else n, np.int32)
+        lengths = np.empty(max(n_lines, 1024) if n_lines <= self._KEEP else n_lines, np.int64)
+        made = (out, out.ctypes.data, lengths, lengths.ctypes.data)
+        if n <= self._KEEP and n_lines <= self._KEEP:
+            self._local.buffers = made
+        return made
 
 
 _LOADED: _Library | NativeError | None = None  # this process's attempt (a failure is not retried)

@@ -219,8 +219,11 @@ _WP_LINES, _WP_WORDS = 1, 2  # native.WP_LINES, native.WP_WORDS
 
 def _split_lines(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
     """Ids per line from all lines' ids and each line's count of them."""
-    ids, ends = flat.tolist(), np.cumsum(lengths).tolist()
-    return [ids[a:b] for a, b in zip([0, *ends], ends)]
+    ids, out, start = flat.tolist(), [], 0
+    for n in lengths.tolist():
+        out.append(ids[start:start + n])
+        start += n
+    return out
 
 
 class BertTokenizer:
