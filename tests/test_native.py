@@ -330,3 +330,45 @@ def test_big_calls_do_not_keep_big_buffers(monkeypatch, odd):
     ids, lengths = odd.tokenize_flat(big)
     assert lengths.tolist() == [len(odd.tokenize_ids(big[0]))] * 200 and len(ids) == lengths.sum()
     assert len(odd._table._local.buffers[0]) <= native.Table._KEEP
+
+
+class _Sink:
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+
+    def open(self, suffix):
+        import io
+
+        sink = self
+
+        class Keep(io.BytesIO):
+            def close(self):
+                sink.files[suffix] = self.getvalue()
+                super().close()
+
+        return Keep()
+
+
+@pytest.mark.parametrize("options", [{"format": "electra"}, {"format": "bert", "whole_word_masking": True},
+                                     {"format": "electra", "pack_documents": True}])
+def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocabs, sample, options):
+    """End to end in one process (the README's job on short documents of the sample): the same
+    bytes with FLEET_NATIVE=0 and =1. bench proves it with ``fleet local`` on whole corpora."""
+    from fleet.inputs import read_all
+    from fleet.job import ItemContext
+    from jobs.electra_zh_en import JOB
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(vocabs["small"]) + "\n", encoding="utf-8")
+    text = "".join("\n".join(sample[lang][i:i + 1 + i % 3]) + "\n\n" for lang in ("zh", "en")
+                   for i in range(0, 3000, 4))  # documents of 1-3 lines
+    docs = read_all(text.encode(), "short.txt")
+    out = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FLEET_NATIVE", mode)
+        config = JOB.parse_config({"vocab_file": str(vocab), "max_seq_length": 64, **options})
+        converter = JOB.converter(config, lambda path: Path(path).read_bytes())
+        sink = _Sink()
+        converter.convert(docs, ItemContext("item", 7, "short.txt"), sink)
+        out[mode] = sink.files
+    assert out["0"] == out["1"] and sum(map(len, out["0"].values())) > 10_000
