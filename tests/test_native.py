@@ -170,9 +170,11 @@ def test_the_scanner_on_any_text_with_marks_anywhere(monkeypatch, odd, text):
     with what normalization would drop and a mark anywhere, not only before a CJK character."""
     _native_on(monkeypatch, odd)
     for words in (False, True):
-        ids, lengths = odd._native().run(text, native.WP_LINES | (native.WP_WORDS if words else 0),
-                                         text.count("\n") + 1)
-        ids, lengths, got = ids.tolist(), lengths.tolist(), []
+        done = odd._native().run(text, native.WP_LINES | (native.WP_WORDS if words else 0), text.count("\n") + 1)
+        if done is None:  # UTF-32 cannot hold a lone surrogate: the callers go the Python way
+            assert any("\ud800" <= c <= "\udfff" for c in text)
+            return
+        ids, lengths, got = done[0].tolist(), done[1].tolist(), []
         for n in lengths:
             got += ids[:n] + [-1]
             ids = ids[n:]

@@ -25,10 +25,7 @@ import ctypes
 import hashlib
 import os
 import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import weakref
 from pathlib import Path
@@ -66,6 +63,8 @@ def cache_dir() -> Path:
 
 def compiler() -> list[str] | None:
     """The C compiler command: ``$CC`` (may hold arguments), else ``cc``, else ``gcc``."""
+    import shutil
+
     cc = os.environ.get("CC", "").split()
     if cc:
         return cc if shutil.which(cc[0]) else None
@@ -89,6 +88,9 @@ def build() -> Path:
         raise NativeError(f"cannot read {SOURCE}: {e.strerror}") from None
     if path.exists():
         return path
+    import subprocess  # (only to build: loading a built library stays a millisecond)
+    import tempfile
+
     cc = compiler()
     if cc is None:
         named = f"CC={os.environ['CC']!r} is not" if os.environ.get("CC", "").strip() else "no C compiler (cc/gcc)"
