@@ -325,6 +325,15 @@ def test_threads_share_one_table(monkeypatch, odd, sample):
         assert list(pool.map(odd.tokenize_lines, docs)) == expected
 
 
+def test_a_tokenizer_pickles_without_its_c_tables(monkeypatch, odd):
+    import pickle
+
+    _native_on(monkeypatch, odd)
+    copy = pickle.loads(pickle.dumps(odd))
+    assert copy._table is None and copy.tokenize_lines(["Hello 中文"]) == odd.tokenize_lines(["Hello 中文"])
+    assert copy._table is not None and copy._table is not odd._table
+
+
 def test_big_calls_do_not_keep_big_buffers(monkeypatch, odd):
     _native_on(monkeypatch, odd)
     odd.tokenize_lines(["x"])

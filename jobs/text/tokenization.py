@@ -256,6 +256,10 @@ class BertTokenizer:
         self._word_codes = _code_cache(self._word_cache)
         self._table = None  # the C tokenizer's tables (native.Table), made on first use; False: none
 
+    def __getstate__(self) -> dict:
+        """Picklable (a spawned process gets one) without the C tables: they are made again there."""
+        return {**self.__dict__, "_table": None}
+
     def _native(self):
         """The C tables for the per-token work (``native.py``), or None: this call runs in Python.
         ``FLEET_NATIVE`` is read at each call (cheap), so a test can switch an existing tokenizer."""
