@@ -8,6 +8,13 @@ punctuation character alone, or a run of anything else that is not
 whitespace), and a cache from basic token to ids, since real text is Zipfian
 and WordPiece proper rarely runs.
 
+What is left per token (a ``str`` per basic token, a dict lookup) runs in C when
+it can: ``wordpiece.c`` through ``native.py`` scans the normalized text's code
+points with a class table built from the same ranges as the regexes below and
+looks the pieces up in its own copy of the vocab. The Python code stays as the
+reference and the fallback (``FLEET_NATIVE=0``; no compiler): the ids are the
+same either way (tests/test_native.py).
+
 Why whole-string processing equals BERT's per-token processing:
 ``str.lower`` is context-sensitive only for the Greek final sigma, whose
 context never crosses whitespace or a CJK character; canonical reordering
