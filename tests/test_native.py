@@ -181,6 +181,33 @@ def test_the_scanner_on_any_text_with_marks_anywhere(monkeypatch, odd, text):
         assert got[:-1] == _regex_ids(odd, text, words)
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(st.one_of(chars, st.sampled_from("中文\U0002b820\uf900 a\n，")), max_size=60), st.randoms())
+def test_marks_given_as_positions_equal_marks_in_the_text(monkeypatch, odd, text, rnd):
+    """The words modes pass the C core the positions of the marks (run_marked), not the marked text."""
+    from jobs.text.tokenization import _MARK, _class_table
+
+    text = text.replace(_MARK, "")
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        return
+    _native_on(monkeypatch, odd)
+    table = odd._native()
+    cjk = [i for i, c in enumerate(text) if _class_table()[ord(c)] & native.CLS_CJK]
+    marks = sorted(rnd.sample(cjk, rnd.randint(0, len(cjk))))
+    marked = "".join(_MARK + c if i in set(marks) else c for i, c in enumerate(text))
+    n_lines = text.count("\n") + 1
+    ids, lengths = table.run(marked, native.WP_LINES | native.WP_WORDS, n_lines)
+    expected = ids.tolist(), lengths.tolist()
+    chars = np.frombuffer(text.encode("utf-32-le"), np.uint32)
+    ids, lengths = table.run_marked(chars, np.array(marks, np.int64), n_lines)
+    assert (ids.tolist(), lengths.tolist()) == expected
+    assert expected[0] == _regex_ids_lines(odd, marked)
+
+
+def _regex_ids_lines(tok: BertTokenizer, marked: str) -> list[int]:
+    return [i for i in _regex_ids(tok, marked, True) if i != -1]
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(line_lists, st.sampled_from([1, 2, 3, 7, 200]))
 def test_any_text_with_any_word_limit_cased_or_not(monkeypatch, vocabs, lines, limit):

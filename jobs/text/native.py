@@ -35,7 +35,7 @@ import numpy as np
 
 SOURCE = Path(__file__).with_name("wordpiece.c")
 FLAGS = ("-O2", "-shared", "-fPIC", "-std=c99")
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # The class bits of wordpiece.c.
 CLS_WS, CLS_CJK, CLS_PUNCT, CLS_MARK = 1, 2, 4, 8
@@ -132,7 +132,7 @@ class _Library:
         lib.wp_free.argtypes = [p]
         for f in (lib.wp_tokenize_u32, lib.wp_tokenize_u8):
             f.restype = i64
-            f.argtypes = [p, ctypes.c_char_p, i64, ctypes.c_int, p, p, i64]
+            f.argtypes = [p, p, i64, ctypes.c_int, p, p, i64, p, i64]
         self.lib, self.path = lib, path
 
 
@@ -176,9 +176,20 @@ class Table:
                 data, fn = text.encode("utf-32-le"), self._u32
             except UnicodeEncodeError:
                 return None
-        buffers = self._buffers(max(n, 1), n_lines)  # (each id consumes at least one character)
-        out, out_at, lengths, lengths_at = buffers
-        k = fn(self._ptr, data, n, mode, out_at, lengths_at, n_lines)
+        return self._call(fn, data, n, mode, n_lines, None, 0)
+
+    def run_marked(self, chars: np.ndarray, marks: np.ndarray, n_lines: int) -> tuple[np.ndarray, np.ndarray]:
+        """``run(marked text, WP_LINES | WP_WORDS, n_lines)`` from the unmarked text's code points
+        (uint32) and the sorted positions of the CJK characters that continue a word (int64):
+        the ids are the same, without making the marked text."""
+        chars = np.ascontiguousarray(chars, np.uint32)
+        marks = np.ascontiguousarray(marks, np.int64)
+        return self._call(self._u32, chars.ctypes.data, len(chars), WP_LINES | WP_WORDS, n_lines,
+                          marks.ctypes.data if len(marks) else None, len(marks))
+
+    def _call(self, fn, data, n: int, mode: int, n_lines: int, marks, n_marks: int):
+        out, out_at, lengths, lengths_at = self._buffers(max(n, 1), n_lines)  # (each id takes >= 1 character)
+        k = fn(self._ptr, data, n, mode, out_at, lengths_at, n_lines, marks, n_marks)
         return out[:k], (lengths[:n_lines] if mode & WP_LINES else None)
 
     _KEEP = 1 << 20  # largest buffers kept between calls (4 + 8 MB); a bigger call allocates its own

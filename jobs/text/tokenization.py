@@ -368,7 +368,16 @@ class BertTokenizer:
         return (first, *(i | WORD_CONTINUES for i in rest))
 
     def _mark_words(self, text: str, pats: _Patterns, cut: Callable[[str], list[str]]) -> str:
-        """Put ``_MARK`` before every CJK character that continues a word of ``cut``.
+        """Put ``_MARK`` before every CJK character that continues a word of ``cut``."""
+        chars, continuing = self._continuations(text, pats, cut)
+        if not len(continuing):
+            return text
+        return np.insert(chars, continuing, ord(_MARK)).tobytes().decode("utf-32-le")
+
+    def _continuations(self, text: str, pats: _Patterns, cut: Callable[[str], list[str]]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """The text's code points, and the sorted positions of the CJK characters that continue
+        a word of ``cut`` (where ``_mark_words`` puts its marks).
 
         Only runs of two or more CJK characters are segmented, all in one call (runs joined
         by newlines, which a segmenter never joins to a word): a word is then either all CJK
@@ -382,7 +391,7 @@ class BertTokenizer:
         long_enough = ends - starts >= 2
         starts, ends = starts[long_enough], ends[long_enough]
         if not len(starts):
-            return text
+            return chars, np.zeros(0, np.int64)
         depth = np.zeros(len(chars) + 1, np.int8)
         depth[starts] = 1
         depth[ends] = -1
@@ -397,7 +406,18 @@ class BertTokenizer:
         continues[np.cumsum(lengths) - lengths] = False  # word starts ("\n" is a word of its own)
         separators = np.cumsum(run_lengths[:-1]) + np.arange(len(run_lengths) - 1)  # the "\n"s in ``runs``
         continues = np.delete(continues, separators)
-        return np.insert(chars, in_run[continues], ord(_MARK)).tobytes().decode("utf-32-le")
+        return chars, in_run[continues]
+
+    def _native_words(self, text: str, pats: _Patterns, cut: Callable[[str], list[str]] | None, n_lines: int
+                      ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The words modes in C: ids and line lengths as ``native.Table.run`` gives them, or None
+        (Python then). The C core takes the marks' positions, not the marked text."""
+        table = self._native()
+        if table is None:
+            return None
+        if cut is None or text.isascii():
+            return table.run(text, _WP_LINES | _WP_WORDS, n_lines)
+        return table.run_marked(*self._continuations(text, pats, cut), n_lines)
 
     def tokenize_lines_words(self, lines: Sequence[str], cut: Callable[[str], list[str]] | None = None
                              ) -> list[list[int]]:
@@ -410,11 +430,10 @@ class BertTokenizer:
         text, pats = self._normalize_pats("\n".join(lines))
         if text.count("\n") != len(lines) - 1:  # a line held its own "\n": go line by line
             return [self._tokenize_words(line, cut) for line in lines]
+        if (done := self._native_words(text, pats, cut, len(lines))) is not None:
+            return _split_lines(*done)
         if cut is not None and not text.isascii():
             text = self._mark_words(text, pats, cut)
-        table = self._native()
-        if table is not None and (done := table.run(text, _WP_LINES | _WP_WORDS, len(lines))) is not None:
-            return _split_lines(*done)
         findall, get = pats.marked_tokens.findall, self._word_cache.__getitem__
         return [list(chain.from_iterable(map(get, findall(part)))) for part in text.split("\n")]
 
@@ -437,12 +456,14 @@ class BertTokenizer:
             per_line = [self._tokenize_words(line, cut) if words else self.tokenize_ids(line) for line in lines]
             return (np.fromiter(chain.from_iterable(per_line), np.int32),
                     np.fromiter(map(len, per_line), np.int64, len(per_line)))
+        if words:
+            done = self._native_words(text, pats, cut, len(lines))
+        else:
+            done = (table := self._native()) and table.run(text, _WP_LINES, len(lines))
+        if done is not None:
+            return done[0].copy(), done[1]  # (a copy: the buffer is as long as the text)
         if words and cut is not None and not text.isascii():
             text = self._mark_words(text, pats, cut)
-        table = self._native()
-        if table is not None and (done := table.run(text, _WP_LINES | (_WP_WORDS if words else 0),
-                                                     len(lines))) is not None:
-            return done[0].copy(), done[1]  # (a copy: the buffer is as long as the text)
         found = (pats.marked_tokens_nl if words else pats.tokens_nl).findall(text)
         flat = (self._word_codes if words else self._codes).flat(found)
         ends = np.flatnonzero(flat < 0)  # len(lines) - 1 newlines

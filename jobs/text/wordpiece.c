@@ -13,7 +13,9 @@
  * Each basic token then goes through WordPiece as BertTokenizer._wordpiece does it: greedy
  * longest match first, "##" continuation pieces, [UNK] for a token longer than
  * max_input_chars_per_word or with no match. With WP_WORDS the ids carry WORD_CONTINUES
- * as _wordpiece_flagged sets it.
+ * as _wordpiece_flagged sets it. Instead of marks in the text, the caller may give the sorted
+ * positions of the CJK characters a mark would precede (the text unmarked): the same ids,
+ * without making the marked text.
  *
  * No Python.h: plain C with a tiny ABI, so a VM without python3-dev builds it.
  */
@@ -166,11 +168,12 @@ wp_table *wp_new(const uint8_t *classes, const uint32_t *pool, int64_t pool_len,
     }                                                                                                \
                                                                                                      \
     int64_t wp_tokenize_##SUFFIX(const wp_table *t, const T *text, int64_t n, int mode, int32_t *out, \
-                                 int64_t *line_lengths, int64_t max_lines) {                         \
+                                 int64_t *line_lengths, int64_t max_lines, const int64_t *marks,     \
+                                 int64_t n_marks) {                                                  \
         const uint8_t *cls = t->classes;                                                             \
         const int lines = mode & WP_LINES, words = mode & WP_WORDS;                                  \
         const uint8_t stop = CLS_WS | CLS_CJK | CLS_PUNCT | (words ? CLS_MARK : 0);                  \
-        int64_t i = 0, k = 0, line = 0, line_start = 0;                                              \
+        int64_t i = 0, k = 0, line = 0, line_start = 0, m = 0;                                       \
         while (i < n) {                                                                              \
             uint32_t c = (uint32_t)text[i];                                                          \
             uint8_t cl = c < N_CODEPOINTS ? cls[c] : 0;                                              \
@@ -180,7 +183,12 @@ wp_table *wp_new(const uint8_t *classes, const uint32_t *pool, int64_t pool_len,
                 k += wordpiece_##SUFFIX(t, text + i, j - i, words ? 1 : 0, out + k);                 \
                 i = j;                                                                               \
             } else if (cl & (CLS_CJK | CLS_PUNCT)) {                                                 \
-                k += wordpiece_##SUFFIX(t, text + i, 1, words ? 1 : 0, out + k);                     \
+                int flags = words ? 1 : 0;                                                           \
+                if (words && (cl & CLS_CJK) && m < n_marks) { /* a marked position? */               \
+                    while (m < n_marks && marks[m] < i) m++;                                         \
+                    if (m < n_marks && marks[m] == i) flags = 2;                                     \
+                }                                                                                    \
+                k += wordpiece_##SUFFIX(t, text + i, 1, flags, out + k);                             \
                 i++;                                                                                 \
             } else if (lines && c == '\n') {                                                         \
                 if (line < max_lines) line_lengths[line] = k - line_start;                           \
@@ -208,4 +216,4 @@ DEFINE_TOKENIZER(u8, uint8_t)
 
 /* The number of lines wp_tokenize_* found is not returned: the caller checks the count of
  * newlines itself (it needs it before the call to size line_lengths). */
-int wp_abi_version(void) { return 1; }
+int wp_abi_version(void) { return 2; }
