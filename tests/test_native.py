@@ -410,3 +410,14 @@ def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocab
         converter.convert(docs, ItemContext("item", 7, "short.txt"), sink)
         out[mode] = sink.files
     assert out["0"] == out["1"] and sum(map(len, out["0"].values())) > 10_000
+
+
+def test_results_do_not_change_when_the_next_call_comes(monkeypatch, odd):
+    """The C core writes into per-thread buffers: what a call returns must not be a view of them."""
+    _native_on(monkeypatch, odd)
+    ids, lengths = odd.tokenize_flat(["Hello 中文 world", "x y"])
+    words_ids, words_lengths = odd.tokenize_flat(["中文 abab", "z"], True)
+    kept = ids.tolist(), lengths.tolist(), words_ids.tolist(), words_lengths.tolist()
+    odd.tokenize_flat(["a b c d e f g", "", "q q q", "中"] * 10)
+    odd.tokenize_flat(["a b c d e f g", "", "q q q", "中"] * 10, True)
+    assert (ids.tolist(), lengths.tolist(), words_ids.tolist(), words_lengths.tolist()) == kept

@@ -461,7 +461,7 @@ class BertTokenizer:
         else:
             done = (table := self._native()) and table.run(text, _WP_LINES, len(lines))
         if done is not None:
-            return done[0].copy(), done[1]  # (a copy: the buffer is as long as the text)
+            return done[0].copy(), done[1].copy()  # (copies: the C core reuses its buffers at the next call)
         if words and cut is not None and not text.isascii():
             text = self._mark_words(text, pats, cut)
         found = (pats.marked_tokens_nl if words else pats.tokens_nl).findall(text)
