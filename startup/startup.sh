@@ -403,11 +403,13 @@ run install_deps "$CODE/$LOCK" || step_failed "installing the dependencies faile
 cd "$CODE"
 export PYTHONPATH=$CODE
 export FLEET_NATIVE_CACHE=$NATIVE_CACHE # (the workers load what this root process built: it is 0755)
-if ! run build_native; then # never a reason to stop: the records are the same either way
+if ! run build_native; then # never a reason to fail: the records are the same either way
   rm -f "$WORK_DIR/reason"
+  if [[ ${STOPPING:-0} == 1 ]]; then exit 1; fi # a stop (SIGTERM) interrupted it: no workers now
   log "the tokenizer's C core is unavailable: workers tokenize in Python (about 3x slower)"
   export FLEET_NATIVE=0 # (so that each worker does not try and warn again)
 fi
+if [[ ${STOPPING:-0} == 1 ]]; then exit 1; fi # stopped while this boot prepared: no workers to start
 start_workers
 rc=0
 wait "$WORKER" || rc=$?

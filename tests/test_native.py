@@ -308,6 +308,16 @@ def test_without_a_compiler_python_does_the_work_after_one_warning(fresh, monkey
     assert capsys.readouterr().err == ""
 
 
+def test_a_compiler_that_makes_no_library_caches_nothing(fresh, monkeypatch, tmp_path):
+    fake = tmp_path / "fake-cc"
+    fake.write_text("#!/bin/sh\nexit 0\n")  # "succeeds", leaves the output empty
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.raises(native.NativeError, match="made a library that does not load"):
+        native.build()
+    assert not list(fresh.iterdir())
+
+
 def test_a_bad_fleet_native_value_is_one_clear_error(monkeypatch, odd):
     monkeypatch.setenv("FLEET_NATIVE", "yes")
     with pytest.raises(native.NativeError, match="FLEET_NATIVE='yes': use 0"):

@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pytest
 
 from fleet.codesync import OBJECTS, manifest_name, parse_manifest, sync
 from fleet.run import plan
+from fleet.status import StatusReader
 from fleet.store import open_store
 from tests.standins.compute import ComputeStandin
 from tests.standins.metadata import Instance, MetadataServer
@@ -41,7 +44,7 @@ def vm(fake_gcs, gcs_bucket, tmp_path):
     servers = []
 
     def boot(run: str, code_version: str = version, disk: Path | None = None, drop: tuple[str, ...] = (),
-             **extra_env: str) -> Boot:
+             during=None, **extra_env: str) -> Boot:
         attributes = {"fleet-bucket": bucket, "fleet-run": run, "fleet-code-version": code_version,
                       "fleet-workers-per-vm": "1", "fleet-standby": "1",
                       "created-by": "projects/1/zones/us-central1-a/instanceGroupManagers/fleet-x"}
@@ -55,7 +58,14 @@ def vm(fake_gcs, gcs_bucket, tmp_path):
         for name in ("FLEET_NATIVE", "FLEET_NATIVE_CACHE", "CC"):
             env.pop(name, None)
         env.update(extra_env)
-        proc = subprocess.run(["bash", str(STARTUP)], env=env, cwd=tmp_path, capture_output=True, timeout=120)
+        proc = subprocess.Popen(["bash", str(STARTUP)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            if during is not None:
+                during(proc)  # (e.g. the platform stopping the VM mid-boot)
+            proc.wait(timeout=120)
+        finally:
+            proc.kill()
         log = open_store(bucket).read(f"runs/{run}/logs/fleet-x-abcd.log").decode()
         return Boot(proc.returncode, log, disk)
 
@@ -107,6 +117,28 @@ def test_no_c_compiler_is_no_reason_to_stop(vm):
     assert "the tokenizer's C core is unavailable: workers tokenize in Python" in result.log
     assert "the run pins 0123456789abcdef; refusing" in result.log  # the workers did start
     assert "this boot failed: fleet work exited 2: " in result.log  # (for that reason, not the compiler)
+
+
+def test_a_stop_while_the_c_core_builds_starts_no_workers(vm, tmp_path):
+    """SIGTERM (the platform stopping the VM) during the build: the boot ends there, as during
+    any other step. It once went on to start the workers, a build failure being no reason to stop."""
+    bucket, version, boot = vm
+    plan_pinned_to(bucket, "stopbuild", version)
+    started, cc = tmp_path / "cc-started", tmp_path / "slow-cc"
+    cc.write_text(f"#!/bin/sh\ntouch {started}\nsleep 10\nexit 1\n")
+    cc.chmod(0o755)
+
+    def stop_while_compiling(proc):
+        deadline = time.time() + 60
+        while not started.exists():
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+
+    result = boot("stopbuild", CC=str(cc), during=stop_while_compiling)
+    assert "SIGTERM: the VM is stopping" in result.log and "this boot stopped" in result.log
+    assert "fleet work" not in result.log and "workers tokenize in Python" not in result.log
+    assert not StatusReader(open_store(bucket), "stopbuild").collect().leased
 
 
 def test_a_tampered_code_object_is_refused(vm):

@@ -110,6 +110,10 @@ def build() -> Path:
         if done.returncode != 0:
             said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
             raise NativeError(f"{' '.join(cc)} failed on {SOURCE.name}: {said}")
+        try:  # before it goes into place: a cached library that does not load would stay there
+            _Library(Path(tmp))
+        except (OSError, NativeError) as e:
+            raise NativeError(f"{' '.join(cc)} made a library that does not load: {e}") from None
         os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users (the VM's workers) load it too
         os.replace(tmp, path)  # atomic: a process building at the same time replaces it with the same
     finally:
