@@ -30,6 +30,17 @@ from jobs.text.vocab import train_vocab, write_vocab
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(autouse=True, params=["native", "python"])
+def tokenizer_path(request, monkeypatch):
+    """Every test here runs twice: as users run it (FLEET_NATIVE unset: the C core of
+    jobs/text/native.py when it builds) and on the Python path (FLEET_NATIVE=0).
+    A tokenizer reads FLEET_NATIVE at each call, so the session-wide ones switch too."""
+    if request.param == "python":
+        monkeypatch.setenv("FLEET_NATIVE", "0")
+    else:
+        monkeypatch.delenv("FLEET_NATIVE", raising=False)
+
+
 def _read(name: str) -> list[str]:
     with open(os.path.join(ROOT, "corpus", name), encoding="utf-8", newline="") as f:
         return f.read().split("\n")

@@ -8,6 +8,13 @@ punctuation character alone, or a run of anything else that is not
 whitespace), and a cache from basic token to ids, since real text is Zipfian
 and WordPiece proper rarely runs.
 
+What is left per token (a ``str`` per basic token, a dict lookup) runs in C when
+it can: ``wordpiece.c`` through ``native.py`` scans the normalized text's code
+points with a class table built from the same ranges as the regexes below and
+looks the pieces up in its own copy of the vocab. The Python code stays as the
+reference and the fallback (``FLEET_NATIVE=0``; no compiler): the ids are the
+same either way (tests/test_native.py).
+
 Why whole-string processing equals BERT's per-token processing:
 ``str.lower`` is context-sensitive only for the Greek final sigma, whose
 context never crosses whitespace or a CJK character; canonical reordering
@@ -107,6 +114,25 @@ def _patterns(limit: int) -> _Patterns:
     return _Patterns(limit, *classes())
 
 
+@functools.cache
+def _class_table() -> np.ndarray:
+    """code point -> its class bits for the C tokenizer (``native.CLS_*``), from the same sources
+    as the regexes above: ``\\s`` of ``re`` itself (tested on every code point), ``CJK_RANGES``,
+    the punctuation of ``unicode_classes`` and ``_MARK``. 1.1 MB, built once per process (~20 ms)."""
+    from . import native
+    table = np.zeros(0x110000, np.uint8)
+    for a, b in CJK_RANGES:
+        table[a:b + 1] |= native.CLS_CJK
+    for a, b in classes()[2]:
+        table[a:b + 1] |= native.CLS_PUNCT
+    everything = np.arange(0x110000, dtype="<u4")
+    everything[0xD800:0xE000] = 0  # surrogates (no class) cannot be decoded: \x00 is not \s either
+    text = everything.tobytes().decode("utf-32-le")
+    table[[m.start() for m in re.finditer(r"\s", text)]] |= native.CLS_WS
+    table[ord(_MARK)] |= native.CLS_MARK
+    return table
+
+
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 _ASCII_DROP = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -194,6 +220,19 @@ def _code_cache(ids: _IdCache) -> _CodeCache:
     return cache
 
 
+_native_module = None  # jobs.text.native, imported on first use (ctypes and the rest cost start-up)
+_WP_LINES, _WP_WORDS = 1, 2  # native.WP_LINES, native.WP_WORDS
+
+
+def _split_lines(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    """Ids per line from all lines' ids and each line's count of them."""
+    ids, out, start = flat.tolist(), [], 0
+    for n in lengths.tolist():
+        out.append(ids[start:start + n])
+        start += n
+    return out
+
+
 class BertTokenizer:
     """Text -> WordPiece ids, equal to BERT's ``FullTokenizer`` (see module doc)."""
 
@@ -222,6 +261,36 @@ class BertTokenizer:
         self._word_cache.limit = cache_limit
         self._codes = _code_cache(self._cache)  # the same as one int per token (tokenize_flat)
         self._word_codes = _code_cache(self._word_cache)
+        self._table = None  # the C tokenizer's tables (native.Table), made on first use; False: none
+
+    def __getstate__(self) -> dict:
+        """Picklable (a spawned process gets one) without the C tables: they are made again there."""
+        return {**self.__dict__, "_table": None}
+
+    def _native(self):
+        """The C tables for the per-token work (``native.py``), or None: this call runs in Python.
+        ``FLEET_NATIVE`` is read at each call (cheap), so a test can switch an existing tokenizer."""
+        global _native_module
+        if _native_module is None:
+            from . import native
+            _native_module = native
+        native = _native_module
+        table = self._table
+        if table is None:
+            lib = native.available()  # ("0": None; "1": raises if unavailable; else warns once)
+            if lib is None:
+                return None
+            try:
+                table = native.Table(lib, _class_table(), self.vocab, self.unk_id, self.max_input_chars_per_word,
+                                     self._max_head, self._max_tail)
+            except UnicodeEncodeError:  # a vocab token holding a surrogate: Python for this vocab
+                if native.mode() == "1":
+                    raise native.NativeError("FLEET_NATIVE=1 but this vocab holds a lone surrogate") from None
+                table = False
+            self._table = table
+        elif native.mode() == "0":
+            return None
+        return table or None
 
     @classmethod
     def from_bytes(cls, data: bytes | str, source: str = "vocab", **kwargs) -> "BertTokenizer":
@@ -299,7 +368,16 @@ class BertTokenizer:
         return (first, *(i | WORD_CONTINUES for i in rest))
 
     def _mark_words(self, text: str, pats: _Patterns, cut: Callable[[str], list[str]]) -> str:
-        """Put ``_MARK`` before every CJK character that continues a word of ``cut``.
+        """Put ``_MARK`` before every CJK character that continues a word of ``cut``."""
+        chars, continuing = self._continuations(text, pats, cut)
+        if not len(continuing):
+            return text
+        return np.insert(chars, continuing, ord(_MARK)).tobytes().decode("utf-32-le")
+
+    def _continuations(self, text: str, pats: _Patterns, cut: Callable[[str], list[str]]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """The text's code points, and the sorted positions of the CJK characters that continue
+        a word of ``cut`` (where ``_mark_words`` puts its marks).
 
         Only runs of two or more CJK characters are segmented, all in one call (runs joined
         by newlines, which a segmenter never joins to a word): a word is then either all CJK
@@ -313,7 +391,7 @@ class BertTokenizer:
         long_enough = ends - starts >= 2
         starts, ends = starts[long_enough], ends[long_enough]
         if not len(starts):
-            return text
+            return chars, np.zeros(0, np.int64)
         depth = np.zeros(len(chars) + 1, np.int8)
         depth[starts] = 1
         depth[ends] = -1
@@ -328,7 +406,18 @@ class BertTokenizer:
         continues[np.cumsum(lengths) - lengths] = False  # word starts ("\n" is a word of its own)
         separators = np.cumsum(run_lengths[:-1]) + np.arange(len(run_lengths) - 1)  # the "\n"s in ``runs``
         continues = np.delete(continues, separators)
-        return np.insert(chars, in_run[continues], ord(_MARK)).tobytes().decode("utf-32-le")
+        return chars, in_run[continues]
+
+    def _native_words(self, text: str, pats: _Patterns, cut: Callable[[str], list[str]] | None, n_lines: int
+                      ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The words modes in C: ids and line lengths as ``native.Table.run`` gives them, or None
+        (Python then). The C core takes the marks' positions, not the marked text."""
+        table = self._native()
+        if table is None:
+            return None
+        if cut is None or text.isascii():
+            return table.run(text, _WP_LINES | _WP_WORDS, n_lines)
+        return table.run_marked(*self._continuations(text, pats, cut), n_lines)
 
     def tokenize_lines_words(self, lines: Sequence[str], cut: Callable[[str], list[str]] | None = None
                              ) -> list[list[int]]:
@@ -341,6 +430,8 @@ class BertTokenizer:
         text, pats = self._normalize_pats("\n".join(lines))
         if text.count("\n") != len(lines) - 1:  # a line held its own "\n": go line by line
             return [self._tokenize_words(line, cut) for line in lines]
+        if (done := self._native_words(text, pats, cut, len(lines))) is not None:
+            return _split_lines(*done)
         if cut is not None and not text.isascii():
             text = self._mark_words(text, pats, cut)
         findall, get = pats.marked_tokens.findall, self._word_cache.__getitem__
@@ -365,6 +456,12 @@ class BertTokenizer:
             per_line = [self._tokenize_words(line, cut) if words else self.tokenize_ids(line) for line in lines]
             return (np.fromiter(chain.from_iterable(per_line), np.int32),
                     np.fromiter(map(len, per_line), np.int64, len(per_line)))
+        if words:
+            done = self._native_words(text, pats, cut, len(lines))
+        else:
+            done = (table := self._native()) and table.run(text, _WP_LINES, len(lines))
+        if done is not None:
+            return done[0].copy(), done[1].copy()  # (copies: the C core reuses its buffers at the next call)
         if words and cut is not None and not text.isascii():
             text = self._mark_words(text, pats, cut)
         found = (pats.marked_tokens_nl if words else pats.tokens_nl).findall(text)
@@ -375,6 +472,9 @@ class BertTokenizer:
 
     def tokenize_ids(self, text: str) -> list[int]:
         text, tokens = self._normalize(text)
+        table = self._native()
+        if table is not None and (done := table.run(text)) is not None:
+            return done[0].tolist()
         return list(chain.from_iterable(map(self._cache.__getitem__, tokens.findall(text))))
 
     def tokenize_lines(self, lines: Sequence[str]) -> list[list[int]]:
@@ -382,9 +482,12 @@ class BertTokenizer:
         if not lines:
             return []
         text, tokens = self._normalize("\n".join(lines))
-        parts = text.split("\n")
-        if len(parts) != len(lines):  # a line held its own "\n": go line by line
+        if text.count("\n") != len(lines) - 1:  # a line held its own "\n": go line by line
             return [self.tokenize_ids(line) for line in lines]
+        table = self._native()
+        if table is not None and (done := table.run(text, _WP_LINES, len(lines))) is not None:
+            return _split_lines(*done)
+        parts = text.split("\n")
         findall, get = tokens.findall, self._cache.__getitem__
         return [list(chain.from_iterable(map(get, findall(part)))) for part in parts]
 
