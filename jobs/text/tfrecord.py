@@ -127,6 +127,27 @@ def varint_rows(values: np.ndarray) -> tuple[bytes, list[int]]:
     return data, offsets.tolist()
 
 
+def varint_runs(values: np.ndarray, lengths: Sequence[int]) -> tuple[bytes, list[int]]:
+    """Packed varints of consecutive runs of a 1-D array of values in [0, 2**16) (run i is the
+    next ``lengths[i]`` values), in one pass: one buffer and the run offsets into it, as
+    ``varint_rows`` gives for rows, without padding the runs to one width first."""
+    v = np.asarray(values)
+    if v.size and (v.min() < 0 or v.max() >= 1 << 16):
+        raise ValueError("varint_runs takes values in [0, 2**16)")
+    table, table_lengths = _varint_table()
+    n_bytes = np.take(table_lengths, v)
+    parts = np.take(table, v, axis=0)  # (values, 3) bytes
+    keep = np.ones(parts.shape, bool)
+    keep[:, 1] = n_bytes >= 2
+    keep[:, 2] = n_bytes >= 3
+    data = np.compress(keep.ravel(), parts.ravel()).tobytes()
+    ends = np.zeros(len(v) + 1, np.int64)
+    np.cumsum(n_bytes, out=ends[1:])
+    at = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=at[1:])
+    return data, ends[at].tolist()
+
+
 @functools.cache
 def _varint_table() -> tuple[np.ndarray, np.ndarray]:
     """(varint bytes, padded to 3, of every value below 2**16; their lengths)."""
