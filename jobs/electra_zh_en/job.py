@@ -42,7 +42,6 @@ from .bert_builder import DocBatch
 from .bert_converter import BertCounters, BertExamples, BertOptions
 from .bert_records import FEATURES, feature_names
 from .builder import DocumentRandom, Example, ExampleBuilder
-from .sentences import split_lines
 
 FORMATS = ("electra", "bert")
 REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60-130 µs each, paid by every run
@@ -280,6 +279,8 @@ class SentenceSplitting(Converter):
         self.inner = inner
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        from .sentences import split_lines  # its patterns cost every worker 10 ms to compile: only here
+
         return self.inner.convert(map(split_lines, documents), ctx, sink)
 
 
