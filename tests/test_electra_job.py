@@ -203,3 +203,24 @@ def test_records_are_record_of_each_example(vocab_path, big_ids):
     assert converter.records(padded) == converter.records(examples)
     assert converter.records(examples[:7]) + converter.records(examples[7:]) == converter.records(examples)
     assert converter.records([]) == b""
+
+
+def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch):
+    """format=electra hands Parquet its rows, not records to parse back; the file is the same,
+    row groups included (a group ends after exactly ROW_GROUP_ROWS rows, here 7)."""
+    from jobs.text import parquet_writer
+    from jobs.text.output import encode_rows
+
+    monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 7)
+    config = ElectraConfig(vocab_file=vocab_path, max_seq_length=64, output="parquet")
+
+    def run():
+        sink = MemorySink()
+        stats = JOB.converter(config, read_file).convert(iter(documents), ItemContext("item-1", 3, "test"), sink)
+        return stats, sink.files[".parquet"]
+
+    stats, rows_made = run()
+    monkeypatch.setattr(parquet_writer.ParquetExampleWriter, "write_examples",  # the former way: records, parsed
+                        lambda self, values: self.write(b"".join(encode_rows(self.columns, values))))
+    again, parsed = run()
+    assert stats == again and stats["examples"] > 20 and rows_made == parsed

@@ -175,6 +175,19 @@ class ElectraConverter(Converter):
             a = b
         return b"".join(out)
 
+    def columns(self, examples: list[Example]) -> dict[str, np.ndarray]:
+        """The examples as one row per example of each feature (the values ``records`` encodes)."""
+        width = self.config.max_seq_length
+        lengths = np.array([ex.length for ex in examples], np.int64).reshape(-1, 1)
+        firsts = np.array([ex.first_length for ex in examples], np.int64).reshape(-1, 1)
+        ids = np.fromiter(chain.from_iterable([ex.input_ids[:ex.length] for ex in examples]), np.int64)
+        position = np.arange(width)
+        real = position < lengths
+        input_ids = np.zeros((len(examples), width), np.int64)  # [PAD] is 0
+        input_ids[real] = ids
+        return {"input_ids": input_ids, "input_mask": real.astype(np.int64),
+                "segment_ids": (real & (position >= firsts)).astype(np.int64)}
+
     def _head(self, ids_length: int) -> tuple[bytes, int]:
         """(frame header + example prefix + prefix of the ids' entry, crc32c of all but the frame
         header) of a record whose ids take ``ids_length`` bytes of varints."""
@@ -209,6 +222,7 @@ class ElectraConverter(Converter):
         builder = ExampleBuilder(max_length, self.cls_id, self.sep_id, random.Random(ctx.seed), pad=False)
         seed_key = DocumentRandom.seed_key(self.config.seed)
         n_docs = n_lines = n_examples = n_tokens = n_bytes = 0
+        parquet = self.config.output == "parquet"
         with _output(sink, self.config, ELECTRA_COLUMNS) as out:
             for group in _groups(documents):
                 lines = [line for document in group for line in document]
@@ -228,7 +242,11 @@ class ElectraConverter(Converter):
                     examples.append(last)
                 n_tokens += sum([ex.length for ex in examples])
                 n_examples += len(examples)
-                out.write(self.records(examples))
+                if parquet:  # rows as they are, not records the writer would parse back
+                    if examples:
+                        out.write_examples(self.columns(examples))
+                else:
+                    out.write(self.records(examples))
         return {
             "documents": n_docs,
             "lines": n_lines,
