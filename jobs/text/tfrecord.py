@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Iterable, Mapping, Sequence
+from typing import BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 import google_crc32c
 import numpy as np
@@ -229,6 +229,30 @@ def iter_records(data: bytes) -> Iterable[bytes]:
             raise ValueError(f"bad data checksum at byte {pos}")
         yield record
         pos = end + 4
+
+
+def iter_file_records(f: BinaryIO) -> Iterator[bytes]:
+    """``iter_records`` over a file, read as the records are taken (the report wants the first
+    few thousand records of files that may hold hundreds of MB), with the same checks."""
+    pos = 0
+    unpack = struct.Struct("<I").unpack
+    while True:
+        header = f.read(12)
+        if not header:
+            return
+        if len(header) < 12:
+            raise ValueError(f"truncated record header at byte {pos}")
+        (length,) = struct.unpack("<Q", header[:8])
+        if unpack(header[8:])[0] != masked_crc32c(header[:8]):
+            raise ValueError(f"bad length checksum at byte {pos}")
+        body = f.read(length + 4)
+        if len(body) < length + 4:
+            raise ValueError(f"truncated record at byte {pos}")
+        record = body[:length]
+        if unpack(body[length:])[0] != masked_crc32c(record):
+            raise ValueError(f"bad data checksum at byte {pos}")
+        yield record
+        pos += 16 + length
 
 
 # -- reading (for the report and checks; TensorFlow not needed) ------------------------------
