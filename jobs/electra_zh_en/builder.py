@@ -149,9 +149,10 @@ class ExampleBuilder:
                              seed_key: bytes) -> list[Example]:
         """``add_documents(sentences, doc_ends, [DocumentRandom(seed_key, text) for text in texts])``,
         the same examples in fewer Python steps per document (short documents are many): the
-        keyed hash is set up once and copied per document, a document's stream is made only when
-        it yields an example, and a document's last example skips the draw of the next target
-        length (the document's stream ends there, so nothing could see it)."""
+        keyed hash is set up once and copied per document, and a document's stream is made only
+        when one of its draws can matter. None can for its last example (the stream ends there)
+        when that is one line, or lines shorter together than half the target: all go to the first
+        segment whatever ``_create`` draws (each prefix stays under either first-segment target)."""
         if self._sentences or self._length:
             raise ValueError("add_seeded_documents needs a builder with nothing pending")
         out: list[Example] = []
@@ -181,9 +182,16 @@ class ExampleBuilder:
                     pending = []
                     length = 0
             start = end
-            if len(pending) == 1 and length:  # the document's last example, of one line: no draw matters
+            if not length:
+                continue
+            if len(pending) == 1:  # the document's last example, of one line: no draw matters
                 append(_one_segment(pending[0], max_length, cls_id, sep_id, padding))
-            elif length:
+            elif length < (target - 3) // 2:  # all its lines fit the first segment whatever is drawn
+                first: list[int] = []
+                for ids in pending:
+                    first += ids
+                append(_one_segment(first, max_length, cls_id, sep_id, padding))
+            else:
                 if rng is None:
                     rng = DocumentRandom.from_keyed(keyed, text)
                 append(_example(pending, target, rng, max_length, cls_id, sep_id, padding))
@@ -234,13 +242,16 @@ class ExampleBuilder:
         return Example(input_ids, n, n_first)
 
 
+_new_example = tuple.__new__  # Example(...) without the keyword handling of a NamedTuple's __new__
+
+
 def _one_segment(ids: list[int], max_length: int, cls_id: int, sep_id: int, padding: list[int] | None) -> Example:
     """``ExampleBuilder._create`` of a single line: all of it in the first segment, whatever is drawn."""
     input_ids = [cls_id, *ids[:max_length - 2], sep_id]
     n = len(input_ids)
     if padding is not None:
         input_ids += padding[n:]
-    return Example(input_ids, n, n)
+    return _new_example(Example, (input_ids, n, n))
 
 
 def _example(sentences: list[list[int]], target: int, rng, max_length: int, cls_id: int, sep_id: int,
@@ -270,7 +281,7 @@ def _example(sentences: list[list[int]], target: int, rng, max_length: int, cls_
     n = len(input_ids)
     if padding is not None:
         input_ids += padding[n:]
-    return Example(input_ids, n, n_first)
+    return _new_example(Example, (input_ids, n, n_first))
 
 
 def build_examples(
