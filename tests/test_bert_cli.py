@@ -195,3 +195,21 @@ def test_fleet_local_with_format_bert(tmp_path, vocabs):
         n += int(parsed["input_mask"].shape[0])
         tokens += int(parsed["input_mask"].numpy().sum())
     assert n == summary["examples"] and tokens == summary["tokens"]
+
+
+def test_report_reads_only_the_records_it_shows(tmp_path, vocabs, documents):
+    """The report takes the first max_records records, reading a file only that far: a GZIP output
+    is no longer decompressed whole (hundreds of MB for a big item) to show a few thousand."""
+    import gzip
+
+    from jobs.text.report import read_report
+
+    out = tmp_path / "run"
+    write_run(out, vocabs["good"], documents, compression="GZIP")
+    path = out / "part-00000.tfrecord.gz"
+    whole = read_report(str(out), max_records=5)
+    data = gzip.decompress(path.read_bytes())
+    assert len(list(tfrecord.iter_records(data))) > 5
+    cut = gzip.compress(data, mtime=0)
+    path.write_bytes(cut[:len(cut) * 2 // 3])  # a stream that breaks off after the records shown
+    assert read_report(str(out), max_records=5).text() == whole.text()

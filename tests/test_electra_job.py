@@ -180,3 +180,47 @@ def test_parquet_output_option_checks(vocab_path):
     import pyarrow.parquet as pq
 
     assert pq.read_table(io.BytesIO(sink.files[".parquet"])).num_rows == 0  # an empty item: a valid empty file
+
+
+@pytest.mark.parametrize("big_ids", [False, True])
+def test_records_are_record_of_each_example(vocab_path, big_ids):
+    """The converter's batch encoder gives ``record``'s bytes for every example, with ids below
+    2**16 (varints of the real tokens, the padding with the tail) and above (padded rows)."""
+    from jobs.electra_zh_en.builder import Example
+
+    converter = JOB.converter(ElectraConfig(vocab_file=vocab_path, max_seq_length=40), read_file)
+    converter.small_ids = not big_ids
+    rng = random.Random(3)
+    top = 1 << 20 if big_ids else 1 << 16
+    examples = []
+    for _ in range(300):
+        n = rng.randint(2, 40)
+        first = rng.randint(2, n) if n < 4 or rng.random() < 0.3 else rng.randint(2, n - 2)
+        examples.append(Example([rng.choice((0, 5, 127, 128, 16383, 16384, top - 1, rng.randrange(top)))
+                                 for _ in range(n)], n, first))
+    padded = [Example(ex.input_ids + [0] * (40 - ex.length), ex.length, ex.first_length) for ex in examples]
+    assert converter.records(examples) == b"".join(converter.record(ex) for ex in padded)
+    assert converter.records(padded) == converter.records(examples)
+    assert converter.records(examples[:7]) + converter.records(examples[7:]) == converter.records(examples)
+    assert converter.records([]) == b""
+
+
+def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch):
+    """format=electra hands Parquet its rows, not records to parse back; the file is the same,
+    row groups included (a group ends after exactly ROW_GROUP_ROWS rows, here 7)."""
+    from jobs.text import parquet_writer
+    from jobs.text.output import encode_rows
+
+    monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 7)
+    config = ElectraConfig(vocab_file=vocab_path, max_seq_length=64, output="parquet")
+
+    def run():
+        sink = MemorySink()
+        stats = JOB.converter(config, read_file).convert(iter(documents), ItemContext("item-1", 3, "test"), sink)
+        return stats, sink.files[".parquet"]
+
+    stats, rows_made = run()
+    monkeypatch.setattr(parquet_writer.ParquetExampleWriter, "write_examples",  # the former way: records, parsed
+                        lambda self, values: self.write(b"".join(encode_rows(self.columns, values))))
+    again, parsed = run()
+    assert stats == again and stats["examples"] > 20 and rows_made == parsed

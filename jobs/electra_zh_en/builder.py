@@ -55,6 +55,18 @@ class DocumentRandom:
         self._values = self._UNPACK(self._digest)
         self._next = 0
 
+    @classmethod
+    def from_keyed(cls, keyed: "hashlib._Hash", text: bytes) -> "DocumentRandom":
+        """``DocumentRandom(seed_key, text)`` from ``blake2b(key=seed_key, digest_size=64)``, made
+        once: a copy of it costs less than setting up the key again for every document."""
+        self = cls.__new__(cls)
+        h = keyed.copy()
+        h.update(text)
+        self._digest = h.digest()
+        self._values = cls._UNPACK(self._digest)
+        self._next = 0
+        return self
+
     def random(self) -> float:
         i = self._next
         if i == 8:
@@ -133,6 +145,58 @@ class ExampleBuilder:
             start = end
         return out
 
+    def add_seeded_documents(self, sentences: list[list[int]], doc_ends: Iterable[int], texts: Iterable[bytes],
+                             seed_key: bytes) -> list[Example]:
+        """``add_documents(sentences, doc_ends, [DocumentRandom(seed_key, text) for text in texts])``,
+        the same examples in fewer Python steps per document (short documents are many): the
+        keyed hash is set up once and copied per document, and a document's stream is made only
+        when one of its draws can matter. None can for its last example (the stream ends there)
+        when that is one line, or lines shorter together than half the target: all go to the first
+        segment whatever ``_create`` draws (each prefix stays under either first-segment target)."""
+        if self._sentences or self._length:
+            raise ValueError("add_seeded_documents needs a builder with nothing pending")
+        out: list[Example] = []
+        append = out.append
+        max_length, cls_id, sep_id = self.max_length, self.cls_id, self.sep_id
+        padding = [self.pad_id] * max_length if self.pad else None
+        keyed = hashlib.blake2b(key=seed_key, digest_size=64)
+        start = 0
+        for end, text in zip(doc_ends, texts):
+            if end - start == 1:  # a one-line document: one example if it has a token, its draws unused
+                if sentences[start]:
+                    append(_one_segment(sentences[start], max_length, cls_id, sep_id, padding))
+                start = end
+                continue
+            rng = None
+            target = max_length
+            pending: list[list[int]] = []
+            length = 0
+            for ids in sentences[start:end]:
+                pending.append(ids)
+                length += len(ids)
+                if length >= target:
+                    if rng is None:
+                        rng = DocumentRandom.from_keyed(keyed, text)
+                    append(_example(pending, target, rng, max_length, cls_id, sep_id, padding))
+                    target = rng.randint(5, max_length) if rng.random() < 0.05 else max_length
+                    pending = []
+                    length = 0
+            start = end
+            if not length:
+                continue
+            if len(pending) == 1:  # the document's last example, of one line: no draw matters
+                append(_one_segment(pending[0], max_length, cls_id, sep_id, padding))
+            elif length < (target - 3) // 2:  # all its lines fit the first segment whatever is drawn
+                first: list[int] = []
+                for ids in pending:
+                    first += ids
+                append(_one_segment(first, max_length, cls_id, sep_id, padding))
+            else:
+                if rng is None:
+                    rng = DocumentRandom.from_keyed(keyed, text)
+                append(_example(pending, target, rng, max_length, cls_id, sep_id, padding))
+        return out
+
     def add_sentences(self, sentences: Iterable[list[int]]) -> list[Example]:
         """Add lines without ending the document: with ``pack_documents`` the next document's
         lines fill the same example, so short documents do not leave examples half empty."""
@@ -176,6 +240,48 @@ class ExampleBuilder:
         if self.pad:
             input_ids += [self.pad_id] * (max_length - n)
         return Example(input_ids, n, n_first)
+
+
+_new_example = tuple.__new__  # Example(...) without the keyword handling of a NamedTuple's __new__
+
+
+def _one_segment(ids: list[int], max_length: int, cls_id: int, sep_id: int, padding: list[int] | None) -> Example:
+    """``ExampleBuilder._create`` of a single line: all of it in the first segment, whatever is drawn."""
+    input_ids = [cls_id, *ids[:max_length - 2], sep_id]
+    n = len(input_ids)
+    if padding is not None:
+        input_ids += padding[n:]
+    return _new_example(Example, (input_ids, n, n))
+
+
+def _example(sentences: list[list[int]], target: int, rng, max_length: int, cls_id: int, sep_id: int,
+             padding: list[int] | None) -> Example:
+    """``ExampleBuilder._create`` up to (not including) its draw of the next target length."""
+    first_target = 100000 if rng.random() < 0.1 else (target - 3) // 2
+    if len(sentences) == 1:  # one sentence: all of it goes to the first segment, no coin flip
+        return _one_segment(sentences[0], max_length, cls_id, sep_id, padding)
+    first: list[int] = []
+    second: list[int] = []
+    for sentence in sentences:
+        if (
+            not first
+            or len(first) + len(sentence) < first_target
+            or (not second and len(first) < first_target and rng.random() < 0.5)
+        ):
+            first += sentence
+        else:
+            second += sentence
+    del first[max_length - 2:]
+    del second[max(0, max_length - len(first) - 3):]
+    input_ids = [cls_id, *first, sep_id]
+    n_first = len(input_ids)
+    if second:
+        input_ids += second
+        input_ids.append(sep_id)
+    n = len(input_ids)
+    if padding is not None:
+        input_ids += padding[n:]
+    return _new_example(Example, (input_ids, n, n_first))
 
 
 def build_examples(

@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from itertools import accumulate, chain
 
+import google_crc32c
 import numpy as np
 from typing import BinaryIO, Iterable, Iterator
 
@@ -41,7 +42,6 @@ from .bert_builder import DocBatch
 from .bert_converter import BertCounters, BertExamples, BertOptions
 from .bert_records import FEATURES, feature_names
 from .builder import DocumentRandom, Example, ExampleBuilder
-from .sentences import split_lines
 
 FORMATS = ("electra", "bert")
 REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60-130 µs each, paid by every run
@@ -124,6 +124,8 @@ class ElectraConverter(Converter):
         self._segment_entry = functools.lru_cache(maxsize=4096)(self._segment_entry_uncached)
         self._ids_prefix = functools.lru_cache(maxsize=None)(
             functools.partial(tfrecord.int64_entry_prefix, "input_ids"))
+        self._heads: dict[int, tuple[bytes, int]] = {}  # records(): by the length of the ids' varints
+        self._tails: dict[int, bytes] = {}  # records(): by (first segment length << 17 | length)
 
     def record(self, ex: Example) -> bytes:
         """One framed TFRecord, as ``tfrecord.int64_example`` would make it, only faster:
@@ -137,26 +139,75 @@ class ElectraConverter(Converter):
         return tfrecord.frame(tfrecord.example_from_entries(entries))
 
     def records(self, examples: list[Example]) -> bytes:
-        """``record`` of every example, joined: the ids' varints of all rows in one numpy pass
-        (``tfrecord.varint_rows``), then one join of cached pieces per record."""
+        """``record`` of every example, joined, in a few steps per record: the ids'
+        varints of all rows in one numpy pass, then cached pieces. A record is head + tail + crc:
+        the head (frame header, example prefix, prefix of the ids' entry) depends only on the
+        length of the ids' varints, as the mask and segment entries have the same length in every
+        record; the tail (the ids' varints, the padding's zeros, the mask and segment entries) on
+        the ids and the two lengths; the record's crc32c extends the head's, which is cached."""
         if not examples:
             return b""
         width = self.config.max_seq_length
-        lengths = np.fromiter([ex.length for ex in examples], np.int64, len(examples))
-        rows = np.zeros((len(examples), width), np.int64)  # [PAD] is 0
-        rows[np.arange(width) < lengths[:, None]] = np.fromiter(
-            chain.from_iterable([ex.input_ids[:ex.length] for ex in examples]), np.int64, int(lengths.sum()))
-        data, at = tfrecord.varint_rows(rows)
-        prefix, mask, segment = self._ids_prefix, self._mask_entry, self._segment_entry
-        example_prefix, frame_header = tfrecord.example_prefix, tfrecord._frame_header
-        crc, pack = tfrecord.masked_crc32c, struct.Struct("<I").pack
-        out = []
-        for i, ex in enumerate(examples):
-            a, b = at[i], at[i + 1]
-            body = b"".join((prefix(b - a), data[a:b], mask(ex.length), segment(ex.first_length, ex.length)))
-            example = example_prefix(len(body)) + body
-            out.append(frame_header(len(example)) + example + pack(crc(example)))
+        lengths = [ex.length for ex in examples]
+        ids = np.fromiter(chain.from_iterable([ex.input_ids for ex in examples]), np.int64)
+        if len(ids) != sum(lengths):  # padded examples (ExampleBuilder(pad=True)): their real ids
+            ids = np.fromiter(chain.from_iterable([ex.input_ids[:ex.length] for ex in examples]), np.int64)
+        if self.small_ids:  # the usual: ids below 2**16, the padding's zeros go with the tail
+            data, at = tfrecord.varint_runs(ids, lengths)
+            padded = 0
+        else:
+            rows = np.zeros((len(examples), width), np.int64)  # [PAD] is 0
+            rows[np.arange(width) < np.array(lengths)[:, None]] = ids
+            data, at = tfrecord.varint_rows(rows)
+            padded = 1
+        heads, tails = self._heads, self._tails
+        extend, pack = google_crc32c.extend, struct.Struct("<I").pack
+        out: list[bytes] = []
+        add = out.extend
+        a = 0
+        for ex, b in zip(examples, at[1:]):
+            n = ex.length
+            size = b - a + (width - n) * (1 - padded)  # bytes of the ids' varints, padding included
+            head = heads.get(size) or self._head(size)
+            tail = data[a:b] + (tails.get(ex.first_length << 17 | n) or self._tail(ex.first_length, n, padded))
+            crc = extend(head[1], tail)
+            add((head[0], tail, pack((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)))
+            a = b
         return b"".join(out)
+
+    def columns(self, examples: list[Example]) -> dict[str, np.ndarray]:
+        """The examples as one row per example of each feature (the values ``records`` encodes)."""
+        width = self.config.max_seq_length
+        lengths = np.array([ex.length for ex in examples], np.int64).reshape(-1, 1)
+        firsts = np.array([ex.first_length for ex in examples], np.int64).reshape(-1, 1)
+        ids = np.fromiter(chain.from_iterable([ex.input_ids[:ex.length] for ex in examples]), np.int64)
+        position = np.arange(width)
+        real = position < lengths
+        input_ids = np.zeros((len(examples), width), np.int64)  # [PAD] is 0
+        input_ids[real] = ids
+        return {"input_ids": input_ids, "input_mask": real.astype(np.int64),
+                "segment_ids": (real & (position >= firsts)).astype(np.int64)}
+
+    def _head(self, ids_length: int) -> tuple[bytes, int]:
+        """(frame header + example prefix + prefix of the ids' entry, crc32c of all but the frame
+        header) of a record whose ids take ``ids_length`` bytes of varints."""
+        width = self.config.max_seq_length
+        fixed = len(self._mask_entry(width)) + len(self._segment_entry(0, width))
+        prefix = self._ids_prefix(ids_length)
+        example = tfrecord.example_prefix(len(prefix) + ids_length + fixed) + prefix
+        head = (tfrecord._frame_header(len(example) + ids_length + fixed) + example, google_crc32c.value(example))
+        self._heads[ids_length] = head
+        return head
+
+    def _tail(self, n_first: int, n: int, padded: int) -> bytes:
+        """What follows a record's ids: the padding's zeros (unless the ids came padded), the mask
+        and segment entries. A bounded cache: with a long max_seq_length the pairs are many."""
+        width = self.config.max_seq_length
+        if len(self._tails) * 3 * width > 64 << 20:
+            self._tails.clear()
+        tail = b"\x00" * ((width - n) * (1 - padded)) + self._mask_entry(n) + self._segment_entry(n_first, n)
+        self._tails[n_first << 17 | n] = tail
+        return tail
 
     def _mask_entry_uncached(self, n: int) -> bytes:
         payload = b"\x01" * n + b"\x00" * (self.config.max_seq_length - n)  # varints of 0/1 are the bytes 0/1
@@ -171,24 +222,31 @@ class ElectraConverter(Converter):
         builder = ExampleBuilder(max_length, self.cls_id, self.sep_id, random.Random(ctx.seed), pad=False)
         seed_key = DocumentRandom.seed_key(self.config.seed)
         n_docs = n_lines = n_examples = n_tokens = n_bytes = 0
+        parquet = self.config.output == "parquet"
         with _output(sink, self.config, ELECTRA_COLUMNS) as out:
             for group in _groups(documents):
                 lines = [line for document in group for line in document]
                 n_docs += len(group)
                 n_lines += len(lines)
-                n_bytes += len("\n".join(lines).encode()) - max(0, len(lines) - 1)
                 sentences = self.tokenizer.tokenize_lines(lines)  # one normalization for the group
                 if self.config.pack_documents:
+                    n_bytes += len("\n".join(lines).encode()) - max(0, len(lines) - 1)
                     examples = builder.add_sentences(sentences)
                 else:  # each document seeded by its own text: examples do not depend on how items were cut
-                    rngs = [DocumentRandom(seed_key, "\n".join(document).encode()) for document in group]
-                    examples = builder.add_documents(sentences, accumulate(map(len, group)), rngs)
+                    texts = ["\n".join(document).encode() for document in group]
+                    # UTF-8 bytes of the lines: each text is its lines and a newline between two
+                    n_bytes += sum(map(len, texts)) - len(lines) + len(group) - group.count(_EMPTY)
+                    examples = builder.add_seeded_documents(sentences, accumulate(map(len, group)), texts, seed_key)
                 last = builder.end_document() if group is _LAST else None  # packing: what is pending
                 if last is not None:
                     examples.append(last)
                 n_tokens += sum([ex.length for ex in examples])
                 n_examples += len(examples)
-                out.write(self.records(examples))
+                if parquet:  # rows as they are, not records the writer would parse back
+                    if examples:
+                        out.write_examples(self.columns(examples))
+                else:
+                    out.write(self.records(examples))
         return {
             "documents": n_docs,
             "lines": n_lines,
@@ -201,6 +259,7 @@ class ElectraConverter(Converter):
 
 GROUP_CHARS = 1 << 16  # format=electra tokenizes documents this many characters at a time (bert: bert_converter)
 _LAST: list[list[str]] = []  # the empty group _groups ends with
+_EMPTY: list[str] = []  # an empty document (no line): its text is b"", no newline to take off
 
 
 def _groups(documents: Iterable[list[str]]) -> Iterator[list[list[str]]]:
@@ -238,6 +297,8 @@ class SentenceSplitting(Converter):
         self.inner = inner
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        from .sentences import split_lines  # its patterns cost every worker 10 ms to compile: only here
+
         return self.inner.convert(map(split_lines, documents), ctx, sink)
 
 

@@ -72,6 +72,11 @@ class ExampleWriter(abc.ABC):
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
         """Examples as one 2-D array per column: row i of every array is example i."""
 
+    def write_examples(self, values: Mapping[str, np.ndarray]) -> None:
+        """``write_columns``, giving the file ``write`` would give for the same examples encoded
+        as records (Parquet: the same row groups), for a job that can write either way."""
+        self.write_columns(values)
+
     def close(self) -> None:
         """Finish the file (Parquet writes its footer here)."""
 

@@ -1,6 +1,6 @@
 """A picture of a run's records, to catch a bad vocab or a broken split before training.
 
-Reads the records back with ``tfrecord.iter_records`` / ``parse_example`` (no
+Reads the records back with ``tfrecord.iter_file_records`` / ``parse_example`` (no
 TensorFlow), or the rows of ``.parquet`` outputs with pyarrow, and summarises: real sequence lengths and the fill ratio,
 segments per example, masked positions per example and how they were
 replaced, next-sentence labels, and the share of ``[UNK]`` among text tokens
@@ -14,6 +14,7 @@ import glob
 import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -68,20 +69,27 @@ def _examples(path: str) -> Iterator[dict]:
         yield from _parquet_examples(path)
         return
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-        if path.endswith(".gz"):
-            data = gzip.decompress(data)
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        f = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    except OSError as e:
         raise ReportError(f"{path}: cannot read ({e})") from None
-    try:
-        for number, raw in enumerate(tfrecord.iter_records(data), 1):
+    with f:  # read as far as the records taken: a report of the first records of a big file reads those
+        records = tfrecord.iter_file_records(f)
+        number = 0
+        while True:
             try:
-                yield tfrecord.parse_example(raw)
+                raw = next(records, None)
+            except ValueError as e:
+                raise ReportError(f"{path}: {e}") from None
+            except (OSError, EOFError, zlib.error) as e:  # a broken gzip stream (BadGzipFile is an OSError)
+                raise ReportError(f"{path}: cannot read ({e})") from None
+            if raw is None:
+                return
+            number += 1
+            try:
+                example = tfrecord.parse_example(raw)
             except ValueError as e:
                 raise ReportError(f"{path}: record {number} is not a tf.train.Example ({e})") from None
-    except ValueError as e:
-        raise ReportError(f"{path}: {e}") from None
+            yield example
 
 
 def _parquet_examples(path: str) -> Iterator[dict]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Iterable, Mapping, Sequence
+from typing import BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 import google_crc32c
 import numpy as np
@@ -33,9 +33,12 @@ def encode_varint(value: int) -> bytes:
 
 # The varint of every value below 65536 (one, two or three bytes): callers that know
 # their values are in range (token ids) may join ``map(VARINTS.__getitem__, ids)``.
-VARINTS = [bytes((i,)) for i in range(0x80)]
-VARINTS += [bytes((i & 0x7F | 0x80, i >> 7)) for i in range(0x80, 0x4000)]
-VARINTS += [bytes((i & 0x7F | 0x80, (i >> 7) & 0x7F | 0x80, i >> 14)) for i in range(0x4000, 0x10000)]
+# Made from the 256 one-byte pieces (3x faster than a bytes() per value: every process imports it).
+_LAST = [bytes((i,)) for i in range(0x80)]  # a varint's last byte
+_MORE = [bytes((i | 0x80,)) for i in range(0x80)]  # a byte with more to come
+VARINTS = _LAST[:]
+VARINTS += [low + high for high in _LAST[1:] for low in _MORE]  # 2**7 <= i < 2**14: i = high << 7 | low
+VARINTS += [low + rest for rest in VARINTS[0x80:0x200] for low in _MORE]  # 2**14 <= i < 2**16: rest = VARINTS[i >> 7]
 
 
 def _varint(value: int) -> bytes:
@@ -127,6 +130,27 @@ def varint_rows(values: np.ndarray) -> tuple[bytes, list[int]]:
     return data, offsets.tolist()
 
 
+def varint_runs(values: np.ndarray, lengths: Sequence[int]) -> tuple[bytes, list[int]]:
+    """Packed varints of consecutive runs of a 1-D array of values in [0, 2**16) (run i is the
+    next ``lengths[i]`` values), in one pass: one buffer and the run offsets into it, as
+    ``varint_rows`` gives for rows, without padding the runs to one width first."""
+    v = np.asarray(values)
+    if v.size and (v.min() < 0 or v.max() >= 1 << 16):
+        raise ValueError("varint_runs takes values in [0, 2**16)")
+    table, table_lengths = _varint_table()
+    n_bytes = np.take(table_lengths, v)
+    parts = np.take(table, v, axis=0)  # (values, 3) bytes
+    keep = np.ones(parts.shape, bool)
+    keep[:, 1] = n_bytes >= 2
+    keep[:, 2] = n_bytes >= 3
+    data = np.compress(keep.ravel(), parts.ravel()).tobytes()
+    ends = np.zeros(len(v) + 1, np.int64)
+    np.cumsum(n_bytes, out=ends[1:])
+    at = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=at[1:])
+    return data, ends[at].tolist()
+
+
 @functools.cache
 def _varint_table() -> tuple[np.ndarray, np.ndarray]:
     """(varint bytes, padded to 3, of every value below 2**16; their lengths)."""
@@ -205,6 +229,30 @@ def iter_records(data: bytes) -> Iterable[bytes]:
             raise ValueError(f"bad data checksum at byte {pos}")
         yield record
         pos = end + 4
+
+
+def iter_file_records(f: BinaryIO) -> Iterator[bytes]:
+    """``iter_records`` over a file, read as the records are taken (the report wants the first
+    few thousand records of files that may hold hundreds of MB), with the same checks."""
+    pos = 0
+    unpack = struct.Struct("<I").unpack
+    while True:
+        header = f.read(12)
+        if not header:
+            return
+        if len(header) < 12:
+            raise ValueError(f"truncated record header at byte {pos}")
+        (length,) = struct.unpack("<Q", header[:8])
+        if unpack(header[8:])[0] != masked_crc32c(header[:8]):
+            raise ValueError(f"bad length checksum at byte {pos}")
+        body = f.read(length + 4)
+        if len(body) < length + 4:
+            raise ValueError(f"truncated record at byte {pos}")
+        record = body[:length]
+        if unpack(body[length:])[0] != masked_crc32c(record):
+            raise ValueError(f"bad data checksum at byte {pos}")
+        yield record
+        pos += 16 + length
 
 
 # -- reading (for the report and checks; TensorFlow not needed) ------------------------------
