@@ -264,7 +264,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1, help="in-process rows: each corpus N times")
     ap.add_argument("--rounds", type=int, default=3, help="time each row this many times, keep the best")
-    ap.add_argument("--whole-repeat", type=int, default=10, help="whole-process rows: each corpus M times (0: skip)")
+    ap.add_argument("--whole-repeat", type=int, default=27,
+                    help="whole-process rows: each corpus M times (0: skip; 27: about 32 MB, the issue's size)")
     ap.add_argument("--scaling-item-mb", type=float, default=1.0, help="item size of the local scaling runs")
     ap.add_argument("--vocab", help="vocab.txt (default: train one of 21128 on the sample)")
     ap.add_argument("--max-seq-length", type=int, default=128)
@@ -349,7 +350,8 @@ def main() -> None:
           f"lines in documents of 1-3 lines ({n_docs['short']:,} documents), each repeated {args.repeat}x "
           f"({sizes['long'] / 1e6:.2f} MB and {sizes['short'] / 1e6:.2f} MB of UTF-8 text); "
           f"max_seq_length {args.max_seq_length}; best of {args.rounds} (warm caches) unless said; "
-          f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+          f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
+          f"tokenizer core: {tokenizer_core()}")
     print("MB/s per core = text MB / CPU seconds of this process (wall-clock MB/s in brackets)\n")
     names = list(rows([]))
     width = max(map(len, names))
@@ -388,6 +390,17 @@ def main() -> None:
 
 
 BASELINE = "tokenizers: encode_batch, 10,000 lines a batch"
+
+
+def tokenizer_core() -> str:
+    """Which path fleet's tokenizer takes here: the C core or Python (``FLEET_NATIVE``)."""
+    from jobs.text import native
+
+    try:
+        lib = native.available()
+    except native.NativeError as e:
+        return f"unavailable ({e})"
+    return "C (jobs/text/wordpiece.c)" if lib is not None else "Python (FLEET_NATIVE=0 or no C compiler)"
 
 
 if __name__ == "__main__":
