@@ -21,13 +21,12 @@ import functools
 import os
 import random
 import struct
-import tempfile
 from dataclasses import dataclass
 from itertools import accumulate, chain
 
 import google_crc32c
 import numpy as np
-from typing import BinaryIO, Iterable, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterable, Iterator
 
 from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
 
@@ -38,10 +37,13 @@ from jobs.text.tfrecord import VARINTS
 from jobs.text.tokenization import BertTokenizer
 from jobs.text.tokenizer_cache import bert_tokenizer
 
-from .bert_builder import DocBatch
-from .bert_converter import BertCounters, BertExamples, BertOptions
-from .bert_records import FEATURES, feature_names
 from .builder import DocumentRandom, Example, ExampleBuilder
+
+if TYPE_CHECKING:
+    from .bert_builder import DocBatch
+
+# format=bert's modules (bert_converter, bert_builder, bert_records, masking) load only when a
+# BertConverter is made: a format=electra worker does not pay for importing them.
 
 FORMATS = ("electra", "bert")
 REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60-130 µs each, paid by every run
@@ -272,6 +274,8 @@ class BertConverter(Converter):
     """format=bert: BERT masked-LM + next-sentence records (see ``bert_converter``)."""
 
     def __init__(self, config: ElectraConfig, tokenizer: BertTokenizer):
+        from .bert_converter import BertExamples, BertOptions
+
         self.config = config
         options = BertOptions(config.max_seq_length, config.masked_lm_prob, config.max_predictions_per_seq,
                               config.short_seq_prob, config.dupe_factor, config.whole_word_masking,
@@ -279,6 +283,9 @@ class BertConverter(Converter):
         self.examples = BertExamples(tokenizer, options, _chinese_words() if config.whole_word_masking else None)
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        from .bert_converter import BertCounters
+        from .bert_records import FEATURES, feature_names
+
         counters = BertCounters()
         names = feature_names(self.config.v2_feature_names)
         columns = [Column(names[f], "float" if f == "masked_lm_weights" else "int") for f in FEATURES]
@@ -329,6 +336,8 @@ class SpillingBatches:
             self.bytes += size
             return
         if self.file is None:
+            import tempfile
+
             self.file = tempfile.TemporaryFile(prefix="fleet-bert-")
         self.file.seek(0, os.SEEK_END)
         for a in arrays:
@@ -336,6 +345,8 @@ class SpillingBatches:
         self.spilled += 1
 
     def __iter__(self) -> Iterator[DocBatch]:
+        from .bert_builder import DocBatch
+
         yield from self.in_memory
         if self.file is not None:
             self.file.seek(0)
