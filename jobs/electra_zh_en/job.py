@@ -290,8 +290,12 @@ class BertConverter(Converter):
         names = feature_names(self.config.v2_feature_names)
         columns = [Column(names[f], "float" if f == "masked_lm_weights" else "int") for f in FEATURES]
         with _output(sink, self.config, columns) as out, SpillingBatches() as keep:
-            for chunk in self.examples.records(documents, ctx.seed, counters, keep):
-                out.write(chunk)
+            if self.config.output == "parquet":  # rows as they are, not records the writer would parse back
+                for values in self.examples.rows(documents, ctx.seed, counters, keep):
+                    out.write_examples(values)
+            else:
+                for chunk in self.examples.records(documents, ctx.seed, counters, keep):
+                    out.write(chunk)
         return {**dataclasses.asdict(counters), "positions": counters.examples * self.config.max_seq_length}
 
 
