@@ -224,3 +224,35 @@ def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, docu
                         lambda self, values: self.write(b"".join(encode_rows(self.columns, values))))
     again, parsed = run()
     assert stats == again and stats["examples"] > 20 and rows_made == parsed
+
+
+@pytest.mark.parametrize("max_length", [16, 128, 512])
+def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents, max_length):
+    """format=electra packs from the lines' lengths and gathers the ids from ``tokenize_flat``'s
+    one array (``seeded_document_runs``); the records are those of the list path it replaced:
+    ``tokenize_lines``, ``add_seeded_documents``, ``records``, a group of documents at a time."""
+    from itertools import accumulate
+
+    from jobs.electra_zh_en import job
+
+    rng = random.Random(5)
+    lines = [line for doc in documents for line in doc]
+    short, at = [], 0
+    while at < len(lines):
+        n = rng.randint(1, 3)
+        short.append(lines[at:at + n])
+        at += n
+    docs = documents + [[], ["", "!"], ["", ""], ["one line only"]] + short
+    config = ElectraConfig(vocab_file=vocab_path, max_seq_length=max_length)
+    stats, data = convert(config, docs, seed=1)
+    converter = JOB.converter(config, read_file)
+    key = DocumentRandom.seed_key(config.seed)
+    expected = []
+    for group in job._groups(iter(docs)):
+        builder = ExampleBuilder(max_length, converter.cls_id, converter.sep_id, random.Random(1), pad=False)
+        group_lines = [line for doc in group for line in doc]
+        examples = builder.add_seeded_documents(converter.tokenizer.tokenize_lines(group_lines),
+                                                accumulate(map(len, group)), ["\n".join(d).encode() for d in group], key)
+        expected.append(converter.records(examples))
+    assert len(expected) > 2 and stats["examples"] > 100
+    assert data == b"".join(expected)
