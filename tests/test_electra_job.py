@@ -256,3 +256,22 @@ def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents,
         expected.append(converter.records(examples))
     assert len(expected) > 2 and stats["examples"] > 100
     assert data == b"".join(expected)
+
+
+def test_a_format_electra_worker_does_not_import_the_bert_modules(vocab_path, documents):
+    """format=bert's modules load only for format=bert (a worker's start-up pays for each import)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, io\n"
+            "from fleet.job import ItemContext, load_job\n"
+            "from tests.helpers.sinks import MemorySink\n"
+            "job = load_job('electra_zh_en')\n"
+            f"config = job.parse_config({{'vocab_file': {vocab_path!r}}})\n"
+            "job.converter(config, lambda p: open(p, 'rb').read()).convert(iter([['a b', 'c'], ['d']]),"
+            " ItemContext('i', 1, 't'), MemorySink())\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[-1] in "
+            "('bert_converter', 'bert_builder', 'bert_records', 'masking', 'rjieba', 'pyarrow')))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]"]

@@ -8,7 +8,10 @@ Randomness comes only from the ``random.Random`` passed in, drawn in the
 same order as ELECTRA, so one seed gives one output; or, with ``add_documents``
 given one ``DocumentRandom`` per document, from the document's own stream
 (where ELECTRA carries its random target length from one document into the
-next, each document then starts with the full one).
+next, each document then starts with the full one). ``seeded_document_runs``
+packs as ``add_seeded_documents`` from the lines' token counts alone, giving
+each example as runs into all the ids laid end to end (format=electra's path:
+no Python list per line or example).
 """
 
 from __future__ import annotations
