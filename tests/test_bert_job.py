@@ -285,6 +285,24 @@ def test_same_seed_same_bytes(vocab_path, documents):
     assert a != convert(vocab_path, docs, seed=4)[2]
 
 
+@pytest.mark.parametrize("options", [{}, {"v2_feature_names": "true", "whole_word_masking": "false", "dupe_factor": "2",
+                                      "max_seq_length": "40", "max_predictions_per_seq": "7"}])
+def test_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch, options):
+    """format=bert hands Parquet its rows (``BertExamples.rows``), not records for the writer to
+    parse back; the file is the one the records made, row groups included (here of 7 rows)."""
+    from jobs.electra_zh_en import bert_converter
+    from jobs.text import parquet_writer
+
+    monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 7)
+    docs = documents["zh"][:12] + documents["en"][:6]
+    stats, suffix, rows_made = convert(vocab_path, docs, seed=11, output="parquet", **options)
+    monkeypatch.setattr(bert_converter.BertExamples, "rows", bert_converter.BertExamples.records)  # the former way
+    monkeypatch.setattr(parquet_writer.ParquetExampleWriter, "write_examples", parquet_writer.ParquetExampleWriter.write)
+    again, _, parsed = convert(vocab_path, docs, seed=11, output="parquet", **options)
+    assert suffix == ".parquet" and stats == again and stats["examples"] > 50
+    assert rows_made == parsed
+
+
 def test_gzip(vocab_path, documents):
     tf = pytest.importorskip("tensorflow")
     docs = documents["zh"][:10] + documents["en"][:5]

@@ -194,3 +194,58 @@ def test_add_seeded_documents_is_add_documents_with_a_document_random_each(docs,
         sentences, ends, texts, key)
     assert got == expected
     assert sentences == [s for doc in numbered(docs) for s in doc]  # the token lists are not changed
+
+
+def gathered(runs, flat: list[int]) -> list[list[int]]:
+    """Each example's ids from ``FlatExamples`` runs into ``flat`` (plain Python)."""
+    from jobs.electra_zh_en.builder import CLS_RUN, SEP_RUN
+
+    ids = []
+    for start, n in zip(runs.run_starts, runs.run_lengths):
+        ids += [CLS] if start == CLS_RUN else [SEP] if start == SEP_RUN else flat[start:start + n]
+    out, at = [], 0
+    for n in runs.lengths:
+        out.append(ids[at:at + n])
+        at += n
+    assert at == len(ids)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 90), max_size=6), max_size=25), st.integers(5, 64), st.integers(0, 2**32))
+def test_seeded_document_runs_are_add_seeded_documents(docs, max_length, seed):
+    """format=electra packs from the lines' lengths alone (runs into the flat ids): the examples
+    of ``add_seeded_documents``, draw for draw, truncation and empty lines included."""
+    from jobs.electra_zh_en.builder import DocumentRandom, seeded_document_runs
+
+    documents = numbered(docs)
+    key = DocumentRandom.seed_key(seed)
+    texts = [b"document %d of seed %d" % (i, seed) for i in range(len(documents))]
+    sentences = [s for doc in documents for s in doc]
+    ends = list(itertools.accumulate(map(len, documents)))
+    expected = ExampleBuilder(max_length, CLS, SEP, random.Random(0), pad=False).add_seeded_documents(
+        sentences, ends, texts, key)
+    runs = seeded_document_runs([len(s) for s in sentences], ends, texts, key, max_length)
+    assert gathered(runs, [t for s in sentences for t in s]) == [ex.input_ids for ex in expected]
+    assert runs.lengths == [ex.length for ex in expected]
+    assert runs.first_lengths == [ex.first_length for ex in expected]
+
+
+@pytest.mark.parametrize("max_length", [5, 8, 13, 21, 34])
+def test_seeded_document_runs_on_many_small_documents(max_length):
+    """The same, on many documents of short lines (ties of a segment's length with its target,
+    which random lists rarely hit, are many here)."""
+    from jobs.electra_zh_en.builder import DocumentRandom, seeded_document_runs
+
+    rng = random.Random(max_length)
+    documents = numbered([[rng.randint(0, max_length // 2) for _ in range(rng.randint(0, 9))] for _ in range(1500)])
+    key = DocumentRandom.seed_key(max_length)
+    texts = [b"%d" % i for i in range(len(documents))]
+    sentences = [s for doc in documents for s in doc]
+    ends = list(itertools.accumulate(map(len, documents)))
+    expected = ExampleBuilder(max_length, CLS, SEP, random.Random(0), pad=False).add_seeded_documents(
+        sentences, ends, texts, key)
+    runs = seeded_document_runs([len(s) for s in sentences], ends, texts, key, max_length)
+    assert gathered(runs, [t for s in sentences for t in s]) == [ex.input_ids for ex in expected]
+    assert (runs.lengths, runs.first_lengths) == ([ex.length for ex in expected], [ex.first_length for ex in expected])
+    assert len({ex.first_length < ex.length for ex in expected}) == 2  # examples of one and of two segments

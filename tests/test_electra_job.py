@@ -224,3 +224,54 @@ def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, docu
                         lambda self, values: self.write(b"".join(encode_rows(self.columns, values))))
     again, parsed = run()
     assert stats == again and stats["examples"] > 20 and rows_made == parsed
+
+
+@pytest.mark.parametrize("max_length", [16, 128, 512])
+def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents, max_length):
+    """format=electra packs from the lines' lengths and gathers the ids from ``tokenize_flat``'s
+    one array (``seeded_document_runs``); the records are those of the list path it replaced:
+    ``tokenize_lines``, ``add_seeded_documents``, ``records``, a group of documents at a time."""
+    from itertools import accumulate
+
+    from jobs.electra_zh_en import job
+
+    rng = random.Random(5)
+    lines = [line for doc in documents for line in doc]
+    short, at = [], 0
+    while at < len(lines):
+        n = rng.randint(1, 3)
+        short.append(lines[at:at + n])
+        at += n
+    docs = documents + [[], ["", "!"], ["", ""], ["one line only"]] + short
+    config = ElectraConfig(vocab_file=vocab_path, max_seq_length=max_length)
+    stats, data = convert(config, docs, seed=1)
+    converter = JOB.converter(config, read_file)
+    key = DocumentRandom.seed_key(config.seed)
+    expected = []
+    for group in job._groups(iter(docs)):
+        builder = ExampleBuilder(max_length, converter.cls_id, converter.sep_id, random.Random(1), pad=False)
+        group_lines = [line for doc in group for line in doc]
+        examples = builder.add_seeded_documents(converter.tokenizer.tokenize_lines(group_lines),
+                                                accumulate(map(len, group)), ["\n".join(d).encode() for d in group], key)
+        expected.append(converter.records(examples))
+    assert len(expected) > 2 and stats["examples"] > 100
+    assert data == b"".join(expected)
+
+
+def test_a_format_electra_worker_does_not_import_the_bert_modules(vocab_path, documents):
+    """format=bert's modules load only for format=bert (a worker's start-up pays for each import)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, io\n"
+            "from fleet.job import ItemContext, load_job\n"
+            "from tests.helpers.sinks import MemorySink\n"
+            "job = load_job('electra_zh_en')\n"
+            f"config = job.parse_config({{'vocab_file': {vocab_path!r}}})\n"
+            "job.converter(config, lambda p: open(p, 'rb').read()).convert(iter([['a b', 'c'], ['d']]),"
+            " ItemContext('i', 1, 't'), MemorySink())\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[-1] in "
+            "('bert_converter', 'bert_builder', 'bert_records', 'masking', 'rjieba', 'pyarrow')))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]"]

@@ -2,7 +2,8 @@
 
 Documents are tokenized as they stream in and collected into batches of
 about 256k tokens (``DocBatcher``); each batch becomes examples with a few
-numpy passes (``bert_builder``, ``masking``, ``bert_records``). Memory is
+numpy passes (``bert_builder``, ``masking``, ``bert_records``; ``rows`` gives
+the same examples unencoded, as arrays, for a Parquet writer). Memory is
 bounded by the batch, the negative pool and, when ``dupe_factor`` > 1, the
 item's token ids kept as compact arrays (about 4 bytes per token: 80 MB for a
 64 MB item) to build its examples again with other randomness; the job's
@@ -22,7 +23,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 import numpy as np
 
 from .bert_builder import DocBatch, DocBatcher, NegativePool, PairOptions, assemble, build_spans, truncate_pairs
-from .bert_records import BertLayout, BertRecordEncoder
+from .bert_records import FEATURES, BertLayout, BertRecordEncoder, feature_names
 from .masking import MaskingOptions, mask_batch
 from jobs.text.tokenization import BertTokenizer
 
@@ -109,6 +110,35 @@ class BertExamples:
                 keep: KeptBatches | None = None) -> Iterator[bytes]:
         """Framed TFRecords, a batch at a time (each yield is the bytes of many records).
         With dupe_factor > 1 the item's batches go to ``keep`` (default: a list in memory)."""
+        for masked, pairs in self._chunks(documents, seed, counters, keep):
+            yield self.encoder.encode(masked, pairs.lengths, pairs.first_lengths, pairs.random_next)
+
+    def rows(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
+             keep: KeptBatches | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """The examples ``records`` encodes, as one 2-D array per feature (by its written name,
+        row i of each is example i), a chunk at a time: for a writer of rows (Parquet), which
+        would otherwise parse the records back."""
+        names = feature_names(self.opts.v2_feature_names)
+        seq, preds = self.opts.max_seq_length, self.opts.max_predictions_per_seq
+        position, prediction = np.arange(seq), np.arange(preds)
+        for masked, pairs in self._chunks(documents, seed, counters, keep):
+            lengths = np.asarray(pairs.lengths, np.int64)[:, None]
+            real = position < lengths
+            values = {
+                "input_ids": masked.input_ids,
+                "input_mask": real.astype(np.int64),
+                "segment_ids": (real & (position >= np.asarray(pairs.first_lengths, np.int64)[:, None]))
+                .astype(np.int64),
+                "masked_lm_positions": masked.positions,
+                "masked_lm_ids": masked.labels,
+                "masked_lm_weights": (prediction < np.asarray(masked.counts)[:, None]).astype(np.float32),
+                "next_sentence_labels": np.asarray(pairs.random_next, np.int64).reshape(-1, 1),
+            }
+            yield {names[name]: values[name] for name in FEATURES}
+
+    def _chunks(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
+                keep: KeptBatches | None):
+        """(masked, pairs) of every chunk of examples, in the order of the records."""
         if self.opts.dupe_factor > 1 and keep is None:
             keep = []
         elif self.opts.dupe_factor == 1:
@@ -116,11 +146,11 @@ class BertExamples:
         rngs = self._rngs(seed, 0)
         pool = NegativePool()
         for batch in self._batches(documents, counters):
-            yield from self._batch_records(batch, pool, rngs, counters, keep)
+            yield from self._batch_chunks(batch, pool, rngs, counters, keep)
         for dupe in range(1, self.opts.dupe_factor):
             rngs, pool = self._rngs(seed, dupe), NegativePool()
             for batch in keep:
-                yield from self._batch_records(batch, pool, rngs, counters, None)
+                yield from self._batch_chunks(batch, pool, rngs, counters, None)
 
     def _batches(self, documents: Iterable[list[str]], counters: BertCounters) -> Iterator[DocBatch]:
         """The item's documents as ``DocBatch``es, cut where adding them one by one to a
@@ -177,8 +207,8 @@ class BertExamples:
     def _rngs(seed: int, dupe: int) -> tuple[random.Random, np.random.Generator]:
         return random.Random(f"{seed}:{dupe}"), np.random.default_rng([seed & (2**64 - 1), dupe])
 
-    def _batch_records(self, batch: DocBatch, pool: NegativePool, rngs, counters: BertCounters,
-                       keep: KeptBatches | None) -> Iterator[bytes]:
+    def _batch_chunks(self, batch: DocBatch, pool: NegativePool, rngs, counters: BertCounters,
+                      keep: KeptBatches | None):
         if not batch.n_docs:
             return
         if keep is not None:
@@ -192,10 +222,9 @@ class BertExamples:
             pairs = assemble(merged.ids, spans.take(np.arange(start, min(len(spans), start + ROWS_PER_CHUNK))),
                              self.opts.max_seq_length, self.cls_id, self.sep_id)
             masked = mask_batch(pairs.tokens, pairs.lengths, pairs.first_lengths, self.masking, gen)
-            records = self.encoder.encode(masked, pairs.lengths, pairs.first_lengths, pairs.random_next)
             counters.examples += len(pairs.lengths)
             counters.tokens += int(pairs.lengths.sum())
             counters.masked_lm_predictions += int(masked.counts.sum())
             counters.random_next += int(pairs.random_next.sum())
-            yield records
+            yield masked, pairs
 

@@ -8,7 +8,10 @@ Randomness comes only from the ``random.Random`` passed in, drawn in the
 same order as ELECTRA, so one seed gives one output; or, with ``add_documents``
 given one ``DocumentRandom`` per document, from the document's own stream
 (where ELECTRA carries its random target length from one document into the
-next, each document then starts with the full one).
+next, each document then starts with the full one). ``seeded_document_runs``
+packs as ``add_seeded_documents`` from the lines' token counts alone, giving
+each example as runs into all the ids laid end to end (format=electra's path:
+no Python list per line or example).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import random
 import struct
+from itertools import accumulate
 from typing import Iterable, Iterator, NamedTuple
 
 
@@ -291,3 +295,125 @@ def build_examples(
     builder = ExampleBuilder(max_length, cls_id, sep_id, rng)
     for document in documents:
         yield from builder.add_document(document)
+
+
+CLS_RUN, SEP_RUN = -1, -2  # FlatExamples.run_starts of the [CLS] and of a [SEP]
+
+
+class FlatExamples(NamedTuple):
+    """Examples as runs into all lines' ids laid end to end (``tokenize_flat``'s array): example
+    i's ids are its runs in order (``run_starts[k]``, ``run_lengths[k]``), a start of ``CLS_RUN``
+    or ``SEP_RUN`` being that one token; ``lengths`` and ``first_lengths`` as in ``Example``."""
+
+    run_starts: list[int]
+    run_lengths: list[int]
+    lengths: list[int]
+    first_lengths: list[int]
+
+
+def seeded_document_runs(line_lengths: list[int], doc_ends: Iterable[int], texts: Iterable[bytes],
+                         seed_key: bytes, max_length: int) -> FlatExamples:
+    """``ExampleBuilder(max_length, ..., pad=False).add_seeded_documents`` from the lines' token
+    counts alone: the packing needs only them and the draws, so the ids stay in one array and
+    no list is made per line or example. The same draws in the same order, the same examples
+    (tests/test_builder.py holds the two together)."""
+    if max_length < 5:
+        raise ValueError(f"max_length must be at least 5, got {max_length}")
+    starts: list[int] = []
+    lengths: list[int] = []
+    ex_lengths: list[int] = []
+    ex_firsts: list[int] = []
+    add_start, add_length, add_n, add_first = starts.append, lengths.append, ex_lengths.append, ex_firsts.append
+    keep = max_length - 2
+    offsets = list(accumulate(line_lengths, initial=0))
+    keyed = hashlib.blake2b(key=seed_key, digest_size=64)
+
+    def one_segment(at: int, n: int) -> None:  # _one_segment of n ids from ``at``
+        n = min(n, keep)
+        starts.extend((CLS_RUN, at, SEP_RUN))
+        lengths.extend((1, n, 1))
+        add_n(n + 2)
+        add_first(n + 2)
+
+    def example(a: int, b: int, target: int, rng: DocumentRandom) -> None:  # _example of lines a..b-1
+        first_target = 100000 if rng.random() < 0.1 else (target - 3) // 2
+        if b - a == 1:
+            one_segment(offsets[a], line_lengths[a])
+            return
+        first: list[int] = []  # runs: start, length, start, length...
+        second: list[int] = []
+        n_first = n_second = 0
+        for j in range(a, b):
+            size = line_lengths[j]
+            if (
+                not n_first
+                or n_first + size < first_target
+                or (not n_second and n_first < first_target and rng.random() < 0.5)
+            ):
+                runs = first
+                n_first += size
+            else:
+                runs = second
+                n_second += size
+            if size:
+                at = offsets[j]
+                if runs and runs[-2] + runs[-1] == at:
+                    runs[-1] += size
+                else:
+                    runs += (at, size)
+        n_first = min(n_first, keep)
+        n_second = min(n_second, max(0, max_length - n_first - 3))
+        add_start(CLS_RUN)
+        add_length(1)
+        _add_runs(first, n_first, add_start, add_length)
+        add_start(SEP_RUN)
+        add_length(1)
+        if n_second:
+            _add_runs(second, n_second, add_start, add_length)
+            add_start(SEP_RUN)
+            add_length(1)
+            add_n(n_first + n_second + 3)
+        else:
+            add_n(n_first + 2)
+        add_first(n_first + 2)
+
+    start = 0
+    for end, text in zip(doc_ends, texts):
+        if end - start == 1:  # a one-line document: one example if it has a token, its draws unused
+            if line_lengths[start]:
+                one_segment(offsets[start], line_lengths[start])
+            start = end
+            continue
+        rng = None
+        target = max_length
+        pending = start  # the first line not yet in an example
+        length = 0
+        for i in range(start, end):
+            length += line_lengths[i]
+            if length >= target:
+                if rng is None:
+                    rng = DocumentRandom.from_keyed(keyed, text)
+                example(pending, i + 1, target, rng)
+                target = rng.randint(5, max_length) if rng.random() < 0.05 else max_length
+                pending = i + 1
+                length = 0
+        if length:
+            if end - pending == 1 or length < (target - 3) // 2:  # all in the first segment, no draw matters
+                one_segment(offsets[pending], length)  # (the pending lines' ids are contiguous)
+            else:
+                if rng is None:
+                    rng = DocumentRandom.from_keyed(keyed, text)
+                example(pending, end, target, rng)
+        start = end
+    return FlatExamples(starts, lengths, ex_lengths, ex_firsts)
+
+
+def _add_runs(runs: list[int], n: int, add_start, add_length) -> None:
+    """The runs (start, length pairs) of a segment, cut to its first ``n`` ids."""
+    for k in range(0, len(runs), 2):
+        if n <= 0:
+            return
+        size = min(runs[k + 1], n)
+        add_start(runs[k])
+        add_length(size)
+        n -= size

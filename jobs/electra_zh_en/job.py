@@ -21,13 +21,12 @@ import functools
 import os
 import random
 import struct
-import tempfile
 from dataclasses import dataclass
 from itertools import accumulate, chain
 
 import google_crc32c
 import numpy as np
-from typing import BinaryIO, Iterable, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterable, Iterator
 
 from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
 
@@ -38,10 +37,13 @@ from jobs.text.tfrecord import VARINTS
 from jobs.text.tokenization import BertTokenizer
 from jobs.text.tokenizer_cache import bert_tokenizer
 
-from .bert_builder import DocBatch
-from .bert_converter import BertCounters, BertExamples, BertOptions
-from .bert_records import FEATURES, feature_names
-from .builder import DocumentRandom, Example, ExampleBuilder
+from .builder import CLS_RUN, SEP_RUN, DocumentRandom, Example, ExampleBuilder, FlatExamples, seeded_document_runs
+
+if TYPE_CHECKING:
+    from .bert_builder import DocBatch
+
+# format=bert's modules (bert_converter, bert_builder, bert_records, masking) load only when a
+# BertConverter is made: a format=electra worker does not pay for importing them.
 
 FORMATS = ("electra", "bert")
 REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60-130 µs each, paid by every run
@@ -147,16 +149,22 @@ class ElectraConverter(Converter):
         the ids and the two lengths; the record's crc32c extends the head's, which is cached."""
         if not examples:
             return b""
-        width = self.config.max_seq_length
         lengths = [ex.length for ex in examples]
         ids = np.fromiter(chain.from_iterable([ex.input_ids for ex in examples]), np.int64)
         if len(ids) != sum(lengths):  # padded examples (ExampleBuilder(pad=True)): their real ids
             ids = np.fromiter(chain.from_iterable([ex.input_ids[:ex.length] for ex in examples]), np.int64)
+        return self.records_of(ids, lengths, [ex.first_length for ex in examples])
+
+    def records_of(self, ids: np.ndarray, lengths: list[int], first_lengths: list[int]) -> bytes:
+        """``records`` of examples given as all their ids (unpadded, end to end) and their two lengths."""
+        if not lengths:
+            return b""
+        width = self.config.max_seq_length
         if self.small_ids:  # the usual: ids below 2**16, the padding's zeros go with the tail
             data, at = tfrecord.varint_runs(ids, lengths)
             padded = 0
         else:
-            rows = np.zeros((len(examples), width), np.int64)  # [PAD] is 0
+            rows = np.zeros((len(lengths), width), np.int64)  # [PAD] is 0
             rows[np.arange(width) < np.array(lengths)[:, None]] = ids
             data, at = tfrecord.varint_rows(rows)
             padded = 1
@@ -165,11 +173,10 @@ class ElectraConverter(Converter):
         out: list[bytes] = []
         add = out.extend
         a = 0
-        for ex, b in zip(examples, at[1:]):
-            n = ex.length
+        for n, n_first, b in zip(lengths, first_lengths, at[1:]):
             size = b - a + (width - n) * (1 - padded)  # bytes of the ids' varints, padding included
             head = heads.get(size) or self._head(size)
-            tail = data[a:b] + (tails.get(ex.first_length << 17 | n) or self._tail(ex.first_length, n, padded))
+            tail = data[a:b] + (tails.get(n_first << 17 | n) or self._tail(n_first, n, padded))
             crc = extend(head[1], tail)
             add((head[0], tail, pack((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)))
             a = b
@@ -177,13 +184,18 @@ class ElectraConverter(Converter):
 
     def columns(self, examples: list[Example]) -> dict[str, np.ndarray]:
         """The examples as one row per example of each feature (the values ``records`` encodes)."""
-        width = self.config.max_seq_length
-        lengths = np.array([ex.length for ex in examples], np.int64).reshape(-1, 1)
-        firsts = np.array([ex.first_length for ex in examples], np.int64).reshape(-1, 1)
         ids = np.fromiter(chain.from_iterable([ex.input_ids[:ex.length] for ex in examples]), np.int64)
+        return self.columns_of(ids, [ex.length for ex in examples], [ex.first_length for ex in examples])
+
+    def columns_of(self, ids: np.ndarray, lengths: list[int], first_lengths: list[int]) -> dict[str, np.ndarray]:
+        """``columns`` of examples given as ``records_of`` takes them."""
+        width = self.config.max_seq_length
+        n_rows = len(lengths)
+        lengths = np.array(lengths, np.int64).reshape(-1, 1)
+        firsts = np.array(first_lengths, np.int64).reshape(-1, 1)
         position = np.arange(width)
         real = position < lengths
-        input_ids = np.zeros((len(examples), width), np.int64)  # [PAD] is 0
+        input_ids = np.zeros((n_rows, width), np.int64)  # [PAD] is 0
         input_ids[real] = ids
         return {"input_ids": input_ids, "input_mask": real.astype(np.int64),
                 "segment_ids": (real & (position >= firsts)).astype(np.int64)}
@@ -217,6 +229,18 @@ class ElectraConverter(Converter):
         payload = b"\x00" * n_first + b"\x01" * (n - n_first) + b"\x00" * (self.config.max_seq_length - n)
         return tfrecord.feature_entry("segment_ids", tfrecord.packed_int64_feature(payload))
 
+    def _gather(self, flat: np.ndarray, runs: FlatExamples) -> np.ndarray:
+        """The examples' ids end to end (int64), from ``tokenize_flat``'s array and their runs."""
+        if not runs.run_starts:
+            return np.zeros(0, np.int64)
+        source = np.concatenate([flat.astype(np.int64), [self.cls_id, self.sep_id]])
+        starts = np.array(runs.run_starts, np.int64)
+        sizes = np.array(runs.run_lengths, np.int64)
+        starts[starts == CLS_RUN] = len(flat)
+        starts[starts == SEP_RUN] = len(flat) + 1
+        ends = np.cumsum(sizes)
+        return source[np.repeat(starts - ends + sizes, sizes) + np.arange(int(ends[-1]))]
+
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
         max_length = self.config.max_seq_length
         builder = ExampleBuilder(max_length, self.cls_id, self.sep_id, random.Random(ctx.seed), pad=False)
@@ -228,25 +252,31 @@ class ElectraConverter(Converter):
                 lines = [line for document in group for line in document]
                 n_docs += len(group)
                 n_lines += len(lines)
-                sentences = self.tokenizer.tokenize_lines(lines)  # one normalization for the group
-                if self.config.pack_documents:
-                    n_bytes += len("\n".join(lines).encode()) - max(0, len(lines) - 1)
-                    examples = builder.add_sentences(sentences)
-                else:  # each document seeded by its own text: examples do not depend on how items were cut
+                if not self.config.pack_documents:  # each document seeded by its own text: examples do not
+                    # depend on how items were cut. Packed from the lines' lengths, ids gathered in numpy.
                     texts = ["\n".join(document).encode() for document in group]
                     # UTF-8 bytes of the lines: each text is its lines and a newline between two
                     n_bytes += sum(map(len, texts)) - len(lines) + len(group) - group.count(_EMPTY)
-                    examples = builder.add_seeded_documents(sentences, accumulate(map(len, group)), texts, seed_key)
-                last = builder.end_document() if group is _LAST else None  # packing: what is pending
-                if last is not None:
-                    examples.append(last)
-                n_tokens += sum([ex.length for ex in examples])
-                n_examples += len(examples)
-                if parquet:  # rows as they are, not records the writer would parse back
-                    if examples:
-                        out.write_examples(self.columns(examples))
+                    flat, line_lengths = self.tokenizer.tokenize_flat(lines)  # one normalization for the group
+                    runs = seeded_document_runs(line_lengths.tolist(), accumulate(map(len, group)), texts, seed_key,
+                                                max_length)
+                    ids, lengths, firsts = self._gather(flat, runs), runs.lengths, runs.first_lengths
                 else:
-                    out.write(self.records(examples))
+                    sentences = self.tokenizer.tokenize_lines(lines)  # one normalization for the group
+                    n_bytes += len("\n".join(lines).encode()) - max(0, len(lines) - 1)
+                    examples = builder.add_sentences(sentences)
+                    last = builder.end_document() if group is _LAST else None  # what packing holds
+                    if last is not None:
+                        examples.append(last)
+                    ids = np.fromiter(chain.from_iterable([ex.input_ids for ex in examples]), np.int64)
+                    lengths, firsts = [ex.length for ex in examples], [ex.first_length for ex in examples]
+                n_tokens += sum(lengths)
+                n_examples += len(lengths)
+                if parquet:  # rows as they are, not records the writer would parse back
+                    if lengths:
+                        out.write_examples(self.columns_of(ids, lengths, firsts))
+                else:
+                    out.write(self.records_of(ids, lengths, firsts))
         return {
             "documents": n_docs,
             "lines": n_lines,
@@ -272,6 +302,8 @@ class BertConverter(Converter):
     """format=bert: BERT masked-LM + next-sentence records (see ``bert_converter``)."""
 
     def __init__(self, config: ElectraConfig, tokenizer: BertTokenizer):
+        from .bert_converter import BertExamples, BertOptions
+
         self.config = config
         options = BertOptions(config.max_seq_length, config.masked_lm_prob, config.max_predictions_per_seq,
                               config.short_seq_prob, config.dupe_factor, config.whole_word_masking,
@@ -279,12 +311,19 @@ class BertConverter(Converter):
         self.examples = BertExamples(tokenizer, options, _chinese_words() if config.whole_word_masking else None)
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        from .bert_converter import BertCounters
+        from .bert_records import FEATURES, feature_names
+
         counters = BertCounters()
         names = feature_names(self.config.v2_feature_names)
         columns = [Column(names[f], "float" if f == "masked_lm_weights" else "int") for f in FEATURES]
         with _output(sink, self.config, columns) as out, SpillingBatches() as keep:
-            for chunk in self.examples.records(documents, ctx.seed, counters, keep):
-                out.write(chunk)
+            if self.config.output == "parquet":  # rows as they are, not records the writer would parse back
+                for values in self.examples.rows(documents, ctx.seed, counters, keep):
+                    out.write_examples(values)
+            else:
+                for chunk in self.examples.records(documents, ctx.seed, counters, keep):
+                    out.write(chunk)
         return {**dataclasses.asdict(counters), "positions": counters.examples * self.config.max_seq_length}
 
 
@@ -329,6 +368,8 @@ class SpillingBatches:
             self.bytes += size
             return
         if self.file is None:
+            import tempfile
+
             self.file = tempfile.TemporaryFile(prefix="fleet-bert-")
         self.file.seek(0, os.SEEK_END)
         for a in arrays:
@@ -336,6 +377,8 @@ class SpillingBatches:
         self.spilled += 1
 
     def __iter__(self) -> Iterator[DocBatch]:
+        from .bert_builder import DocBatch
+
         yield from self.in_memory
         if self.file is not None:
             self.file.seek(0)
