@@ -176,6 +176,16 @@ def test_add_documents_is_add_document_for_each(docs, seed):
 
 
 @settings(max_examples=150, deadline=None)
+def seeded_case(docs, seed):
+    """The documents' seed key, texts, lines and ends, as format=electra hands them to the builder."""
+    from jobs.electra_zh_en.builder import DocumentRandom
+
+    documents = numbered(docs)
+    texts = [b"document %d of seed %d" % (i, seed) for i in range(len(documents))]
+    sentences = [s for doc in documents for s in doc]
+    return DocumentRandom.seed_key(seed), texts, sentences, list(itertools.accumulate(map(len, documents)))
+
+
 @given(st.lists(st.lists(st.integers(0, 90), max_size=6), max_size=25), st.integers(5, 64), st.integers(0, 2**32),
        st.booleans())
 def test_add_seeded_documents_is_add_documents_with_a_document_random_each(docs, max_length, seed, pad):
@@ -183,11 +193,7 @@ def test_add_seeded_documents_is_add_documents_with_a_document_random_each(docs,
     documents and a document's last example of one line skip draws nobody sees."""
     from jobs.electra_zh_en.builder import DocumentRandom
 
-    documents = numbered(docs)
-    key = DocumentRandom.seed_key(seed)
-    texts = [b"document %d of seed %d" % (i, seed) for i in range(len(documents))]
-    sentences = [s for doc in documents for s in doc]
-    ends = list(itertools.accumulate(map(len, documents)))
+    key, texts, sentences, ends = seeded_case(docs, seed)
     expected = ExampleBuilder(max_length, CLS, SEP, random.Random(0), pad=pad).add_documents(
         sentences, ends, [DocumentRandom(key, t) for t in texts])
     got = ExampleBuilder(max_length, CLS, SEP, random.Random(1), pad=pad).add_seeded_documents(
@@ -218,11 +224,7 @@ def test_seeded_document_runs_are_add_seeded_documents(docs, max_length, seed):
     of ``add_seeded_documents``, draw for draw, truncation and empty lines included."""
     from jobs.electra_zh_en.builder import DocumentRandom, seeded_document_runs
 
-    documents = numbered(docs)
-    key = DocumentRandom.seed_key(seed)
-    texts = [b"document %d of seed %d" % (i, seed) for i in range(len(documents))]
-    sentences = [s for doc in documents for s in doc]
-    ends = list(itertools.accumulate(map(len, documents)))
+    key, texts, sentences, ends = seeded_case(docs, seed)
     expected = ExampleBuilder(max_length, CLS, SEP, random.Random(0), pad=False).add_seeded_documents(
         sentences, ends, texts, key)
     runs = seeded_document_runs([len(s) for s in sentences], ends, texts, key, max_length)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from jobs.text import native
 from jobs.text.tokenization import SPECIAL_TOKENS, WORD_CONTINUES, BertTokenizer
 from jobs.text.vocab import train_vocab
+from tests.helpers.sinks import MemorySink
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -380,23 +381,6 @@ def test_big_calls_do_not_keep_big_buffers(monkeypatch, odd):
     assert len(odd._table._local.buffers[0]) <= native.Table._KEEP
 
 
-class _Sink:
-    def __init__(self):
-        self.files: dict[str, bytes] = {}
-
-    def open(self, suffix):
-        import io
-
-        sink = self
-
-        class Keep(io.BytesIO):
-            def close(self):
-                sink.files[suffix] = self.getvalue()
-                super().close()
-
-        return Keep()
-
-
 @pytest.mark.parametrize("options", [{"format": "electra"}, {"format": "bert", "whole_word_masking": True},
                                      {"format": "electra", "pack_documents": True}])
 def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocabs, sample, options):
@@ -416,7 +400,7 @@ def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocab
         monkeypatch.setenv("FLEET_NATIVE", mode)
         config = JOB.parse_config({"vocab_file": str(vocab), "max_seq_length": 64, **options})
         converter = JOB.converter(config, lambda path: Path(path).read_bytes())
-        sink = _Sink()
+        sink = MemorySink()
         converter.convert(docs, ItemContext("item", 7, "short.txt"), sink)
         out[mode] = sink.files
     assert out["0"] == out["1"] and sum(map(len, out["0"].values())) > 10_000

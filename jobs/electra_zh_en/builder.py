@@ -214,36 +214,12 @@ class ExampleBuilder:
 
     def _create(self) -> Example:
         rng, max_length = self.rng, self.max_length
-        first_target = 100000 if rng.random() < 0.1 else (self._target - 3) // 2
-        first: list[int] = []
-        second: list[int] = []
-        for sentence in self._sentences:
-            # a: when empty, when the sentence fits, or on a coin flip while b is empty.
-            # As in ELECTRA, a later short sentence can still join a after one went to b.
-            if (
-                not first
-                or len(first) + len(sentence) < first_target
-                or (not second and len(first) < first_target and rng.random() < 0.5)
-            ):
-                first += sentence
-            else:
-                second += sentence
-        del first[max_length - 2 :]
-        del second[max(0, max_length - len(first) - 3) :]
-
+        padding = [self.pad_id] * max_length if self.pad else None
+        example = _example(self._sentences, self._target, rng, max_length, self.cls_id, self.sep_id, padding)
         self._sentences = []
         self._length = 0
         self._target = rng.randint(5, max_length) if rng.random() < 0.05 else max_length
-
-        input_ids = [self.cls_id, *first, self.sep_id]
-        n_first = len(input_ids)
-        if second:
-            input_ids += second
-            input_ids.append(self.sep_id)
-        n = len(input_ids)
-        if self.pad:
-            input_ids += [self.pad_id] * (max_length - n)
-        return Example(input_ids, n, n_first)
+        return example
 
 
 _new_example = tuple.__new__  # Example(...) without the keyword handling of a NamedTuple's __new__
