@@ -175,7 +175,6 @@ def test_add_documents_is_add_document_for_each(docs, seed):
     assert [(ex.input_ids + [0] * (64 - ex.length), ex.length, ex.first_length) for ex in got] == expected
 
 
-@settings(max_examples=150, deadline=None)
 def seeded_case(docs, seed):
     """The documents' seed key, texts, lines and ends, as format=electra hands them to the builder."""
     from jobs.electra_zh_en.builder import DocumentRandom
@@ -186,20 +185,12 @@ def seeded_case(docs, seed):
     return DocumentRandom.seed_key(seed), texts, sentences, list(itertools.accumulate(map(len, documents)))
 
 
-@given(st.lists(st.lists(st.integers(0, 90), max_size=6), max_size=25), st.integers(5, 64), st.integers(0, 2**32),
-       st.booleans())
-def test_add_seeded_documents_is_add_documents_with_a_document_random_each(docs, max_length, seed, pad):
-    """format=electra's fast path gives the examples of the generic one, draw for draw: one-line
-    documents and a document's last example of one line skip draws nobody sees."""
+def per_document(max_length, sentences, ends, texts, key):
+    """The reference: ``add_documents`` with one ``DocumentRandom`` per document."""
     from jobs.electra_zh_en.builder import DocumentRandom
 
-    key, texts, sentences, ends = seeded_case(docs, seed)
-    expected = ExampleBuilder(max_length, CLS, SEP, random.Random(0), pad=pad).add_documents(
+    return ExampleBuilder(max_length, CLS, SEP, random.Random(0), pad=False).add_documents(
         sentences, ends, [DocumentRandom(key, t) for t in texts])
-    got = ExampleBuilder(max_length, CLS, SEP, random.Random(1), pad=pad).add_seeded_documents(
-        sentences, ends, texts, key)
-    assert got == expected
-    assert sentences == [s for doc in numbered(docs) for s in doc]  # the token lists are not changed
 
 
 def gathered(runs, flat: list[int]) -> list[list[int]]:
@@ -219,14 +210,14 @@ def gathered(runs, flat: list[int]) -> list[list[int]]:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 90), max_size=6), max_size=25), st.integers(5, 64), st.integers(0, 2**32))
-def test_seeded_document_runs_are_add_seeded_documents(docs, max_length, seed):
+def test_seeded_document_runs_are_add_documents_with_a_document_random_each(docs, max_length, seed):
     """format=electra packs from the lines' lengths alone (runs into the flat ids): the examples
-    of ``add_seeded_documents``, draw for draw, truncation and empty lines included."""
-    from jobs.electra_zh_en.builder import DocumentRandom, seeded_document_runs
+    of the generic path, draw for draw, truncation and empty lines included (one-line documents
+    and a last example whose lines all fit the first segment skip draws nobody sees)."""
+    from jobs.electra_zh_en.builder import seeded_document_runs
 
     key, texts, sentences, ends = seeded_case(docs, seed)
-    expected = ExampleBuilder(max_length, CLS, SEP, random.Random(0), pad=False).add_seeded_documents(
-        sentences, ends, texts, key)
+    expected = per_document(max_length, sentences, ends, texts, key)
     runs = seeded_document_runs([len(s) for s in sentences], ends, texts, key, max_length)
     assert gathered(runs, [t for s in sentences for t in s]) == [ex.input_ids for ex in expected]
     assert runs.lengths == [ex.length for ex in expected]
@@ -245,8 +236,7 @@ def test_seeded_document_runs_on_many_small_documents(max_length):
     texts = [b"%d" % i for i in range(len(documents))]
     sentences = [s for doc in documents for s in doc]
     ends = list(itertools.accumulate(map(len, documents)))
-    expected = ExampleBuilder(max_length, CLS, SEP, random.Random(0), pad=False).add_seeded_documents(
-        sentences, ends, texts, key)
+    expected = per_document(max_length, sentences, ends, texts, key)
     runs = seeded_document_runs([len(s) for s in sentences], ends, texts, key, max_length)
     assert gathered(runs, [t for s in sentences for t in s]) == [ex.input_ids for ex in expected]
     assert (runs.lengths, runs.first_lengths) == ([ex.length for ex in expected], [ex.first_length for ex in expected])

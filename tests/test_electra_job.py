@@ -230,7 +230,8 @@ def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, docu
 def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents, max_length):
     """format=electra packs from the lines' lengths and gathers the ids from ``tokenize_flat``'s
     one array (``seeded_document_runs``); the records are those of the list path it replaced:
-    ``tokenize_lines``, ``add_seeded_documents``, ``records``, a group of documents at a time."""
+    ``tokenize_lines``, ``add_documents`` with a ``DocumentRandom`` per document, ``records``, a
+    group of documents at a time."""
     from itertools import accumulate
 
     from jobs.electra_zh_en import job
@@ -251,8 +252,8 @@ def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents,
     for group in job._groups(iter(docs)):
         builder = ExampleBuilder(max_length, converter.cls_id, converter.sep_id, random.Random(1), pad=False)
         group_lines = [line for doc in group for line in doc]
-        examples = builder.add_seeded_documents(converter.tokenizer.tokenize_lines(group_lines),
-                                                accumulate(map(len, group)), ["\n".join(d).encode() for d in group], key)
+        examples = builder.add_documents(converter.tokenizer.tokenize_lines(group_lines), accumulate(map(len, group)),
+                                         [DocumentRandom(key, "\n".join(d).encode()) for d in group])
         expected.append(converter.records(examples))
     assert len(expected) > 2 and stats["examples"] > 100
     assert data == b"".join(expected)

@@ -9,7 +9,8 @@ same order as ELECTRA, so one seed gives one output; or, with ``add_documents``
 given one ``DocumentRandom`` per document, from the document's own stream
 (where ELECTRA carries its random target length from one document into the
 next, each document then starts with the full one). ``seeded_document_runs``
-packs as ``add_seeded_documents`` from the lines' token counts alone, giving
+packs as ``add_documents`` with a ``DocumentRandom`` per document, from the
+lines' token counts alone, giving
 each example as runs into all the ids laid end to end (format=electra's path:
 no Python list per line or example).
 """
@@ -149,58 +150,6 @@ class ExampleBuilder:
             start = end
         return out
 
-    def add_seeded_documents(self, sentences: list[list[int]], doc_ends: Iterable[int], texts: Iterable[bytes],
-                             seed_key: bytes) -> list[Example]:
-        """``add_documents(sentences, doc_ends, [DocumentRandom(seed_key, text) for text in texts])``,
-        the same examples in fewer Python steps per document (short documents are many): the
-        keyed hash is set up once and copied per document, and a document's stream is made only
-        when one of its draws can matter. None can for its last example (the stream ends there)
-        when that is one line, or lines shorter together than half the target: all go to the first
-        segment whatever ``_create`` draws (each prefix stays under either first-segment target)."""
-        if self._sentences or self._length:
-            raise ValueError("add_seeded_documents needs a builder with nothing pending")
-        out: list[Example] = []
-        append = out.append
-        max_length, cls_id, sep_id = self.max_length, self.cls_id, self.sep_id
-        padding = [self.pad_id] * max_length if self.pad else None
-        keyed = hashlib.blake2b(key=seed_key, digest_size=64)
-        start = 0
-        for end, text in zip(doc_ends, texts):
-            if end - start == 1:  # a one-line document: one example if it has a token, its draws unused
-                if sentences[start]:
-                    append(_one_segment(sentences[start], max_length, cls_id, sep_id, padding))
-                start = end
-                continue
-            rng = None
-            target = max_length
-            pending: list[list[int]] = []
-            length = 0
-            for ids in sentences[start:end]:
-                pending.append(ids)
-                length += len(ids)
-                if length >= target:
-                    if rng is None:
-                        rng = DocumentRandom.from_keyed(keyed, text)
-                    append(_example(pending, target, rng, max_length, cls_id, sep_id, padding))
-                    target = rng.randint(5, max_length) if rng.random() < 0.05 else max_length
-                    pending = []
-                    length = 0
-            start = end
-            if not length:
-                continue
-            if len(pending) == 1:  # the document's last example, of one line: no draw matters
-                append(_one_segment(pending[0], max_length, cls_id, sep_id, padding))
-            elif length < (target - 3) // 2:  # all its lines fit the first segment whatever is drawn
-                first: list[int] = []
-                for ids in pending:
-                    first += ids
-                append(_one_segment(first, max_length, cls_id, sep_id, padding))
-            else:
-                if rng is None:
-                    rng = DocumentRandom.from_keyed(keyed, text)
-                append(_example(pending, target, rng, max_length, cls_id, sep_id, padding))
-        return out
-
     def add_sentences(self, sentences: Iterable[list[int]]) -> list[Example]:
         """Add lines without ending the document: with ``pack_documents`` the next document's
         lines fill the same example, so short documents do not leave examples half empty."""
@@ -289,10 +238,14 @@ class FlatExamples(NamedTuple):
 
 def seeded_document_runs(line_lengths: list[int], doc_ends: Iterable[int], texts: Iterable[bytes],
                          seed_key: bytes, max_length: int) -> FlatExamples:
-    """``ExampleBuilder(max_length, ..., pad=False).add_seeded_documents`` from the lines' token
-    counts alone: the packing needs only them and the draws, so the ids stay in one array and
-    no list is made per line or example. The same draws in the same order, the same examples
-    (tests/test_builder.py holds the two together)."""
+    """``ExampleBuilder(max_length, ..., pad=False).add_documents`` with ``DocumentRandom(seed_key,
+    text)`` per document, from the lines' token counts alone: the packing needs only them and the
+    draws, so the ids stay in one array and no list is made per line or example. The same
+    examples (tests/test_builder.py holds the two together), in fewer steps: the keyed hash is
+    set up once and copied per document, and a document's stream is made only when one of its
+    draws can matter. None can for its last example (the stream ends there) when that is one
+    line, or lines shorter together than half the target: all go to the first segment whatever
+    is drawn (each prefix stays under either first-segment target)."""
     if max_length < 5:
         raise ValueError(f"max_length must be at least 5, got {max_length}")
     starts: list[int] = []
