@@ -174,7 +174,7 @@ class BertRecordEncoder:
         value = google_crc32c.value
         crc = np.fromiter((value(buf[a:b]) for a, b in zip((starts + 12).tolist(), (ends - 4).tolist())), np.uint32,
                           n_rows)
-        crc = (((crc >> 15) | (crc << 17)) + np.uint32(0xA282EAD8)).astype("<u4")
+        crc = tfrecord.mask_crc(crc).astype("<u4")
         flat[(ends - 4)[:, None] + np.arange(4)] = crc.view(np.uint8).reshape(n_rows, 4)
         return flat.tobytes()
 

@@ -169,7 +169,7 @@ class ElectraConverter(Converter):
             data, at = tfrecord.varint_rows(rows)
             padded = 1
         heads, tails = self._heads, self._tails
-        extend, pack = google_crc32c.extend, struct.Struct("<I").pack
+        extend, pack, mask = google_crc32c.extend, struct.Struct("<I").pack, tfrecord.mask_crc
         out: list[bytes] = []
         add = out.extend
         a = 0
@@ -178,7 +178,7 @@ class ElectraConverter(Converter):
             head = heads.get(size) or self._head(size)
             tail = data[a:b] + (tails.get(n_first << 17 | n) or self._tail(n_first, n, padded))
             crc = extend(head[1], tail)
-            add((head[0], tail, pack((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)))
+            add((head[0], tail, pack(mask(crc))))
             a = b
         return b"".join(out)
 

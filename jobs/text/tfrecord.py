@@ -194,9 +194,13 @@ def example_prefix(body_length: int) -> bytes:
     return VARINTS[1 << 3 | 2] + _varint(body_length)
 
 
-def masked_crc32c(data: bytes) -> int:
-    crc = google_crc32c.value(data)
+def mask_crc(crc):
+    """TFRecord's masking of a crc32c: of an int, or of a numpy uint32 array (many records at once)."""
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes) -> int:
+    return mask_crc(google_crc32c.value(data))
 
 
 def frame(record: bytes) -> bytes:
