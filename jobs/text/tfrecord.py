@@ -13,6 +13,7 @@ packed for numbers.
 from __future__ import annotations
 
 import functools
+import io
 import struct
 from typing import BinaryIO, Iterable, Iterator, Mapping, Sequence
 
@@ -216,28 +217,12 @@ def _frame_header(length: int) -> bytes:
 
 def iter_records(data: bytes) -> Iterable[bytes]:
     """Records of a TFRecord file, checking both checksums (for tests and checks)."""
-    pos = 0
-    while pos < len(data):
-        if pos + 12 > len(data):
-            raise ValueError(f"truncated record header at byte {pos}")
-        header = data[pos : pos + 8]
-        (length,) = struct.unpack("<Q", header)
-        (crc,) = struct.unpack("<I", data[pos + 8 : pos + 12])
-        if crc != masked_crc32c(header):
-            raise ValueError(f"bad length checksum at byte {pos}")
-        end = pos + 12 + length
-        if end + 4 > len(data):
-            raise ValueError(f"truncated record at byte {pos}")
-        record = data[pos + 12 : end]
-        if struct.unpack("<I", data[end : end + 4])[0] != masked_crc32c(record):
-            raise ValueError(f"bad data checksum at byte {pos}")
-        yield record
-        pos = end + 4
+    return iter_file_records(io.BytesIO(data))
 
 
 def iter_file_records(f: BinaryIO) -> Iterator[bytes]:
-    """``iter_records`` over a file, read as the records are taken (the report wants the first
-    few thousand records of files that may hold hundreds of MB), with the same checks."""
+    """The records of a TFRecord file object, checking both checksums, read as they are taken
+    (the report wants the first few thousand records of files that may hold hundreds of MB)."""
     pos = 0
     unpack = struct.Struct("<I").unpack
     while True:
