@@ -25,6 +25,7 @@ import numpy as np
 from .bert_builder import DocBatch, DocBatcher, NegativePool, PairOptions, assemble, build_spans, truncate_pairs
 from .bert_records import FEATURES, BertLayout, BertRecordEncoder, feature_names
 from .masking import MaskingOptions, mask_batch
+from jobs.text.output import mask_and_segments
 from jobs.text.tokenization import BertTokenizer
 
 ROWS_PER_CHUNK = 1024  # examples assembled, masked and encoded together
@@ -119,16 +120,14 @@ class BertExamples:
         row i of each is example i), a chunk at a time: for a writer of rows (Parquet), which
         would otherwise parse the records back."""
         names = feature_names(self.opts.v2_feature_names)
-        seq, preds = self.opts.max_seq_length, self.opts.max_predictions_per_seq
-        position, prediction = np.arange(seq), np.arange(preds)
+        preds = self.opts.max_predictions_per_seq
+        prediction = np.arange(preds)
         for masked, pairs in self._chunks(documents, seed, counters, keep):
-            lengths = np.asarray(pairs.lengths, np.int64)[:, None]
-            real = position < lengths
+            input_mask, segment_ids = mask_and_segments(pairs.lengths, pairs.first_lengths, self.opts.max_seq_length)
             values = {
                 "input_ids": masked.input_ids,
-                "input_mask": real.astype(np.int64),
-                "segment_ids": (real & (position >= np.asarray(pairs.first_lengths, np.int64)[:, None]))
-                .astype(np.int64),
+                "input_mask": input_mask,
+                "segment_ids": segment_ids,
                 "masked_lm_positions": masked.positions,
                 "masked_lm_ids": masked.labels,
                 "masked_lm_weights": (prediction < np.asarray(masked.counts)[:, None]).astype(np.float32),

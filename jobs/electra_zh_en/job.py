@@ -32,7 +32,7 @@ from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
 
 from jobs.text import tfrecord
 from jobs.text.groups import document_groups
-from jobs.text.output import Column, check_output, open_writer
+from jobs.text.output import Column, check_output, mask_and_segments, open_writer
 from jobs.text.tfrecord import VARINTS
 from jobs.text.tokenization import BertTokenizer
 from jobs.text.tokenizer_cache import bert_tokenizer
@@ -190,15 +190,10 @@ class ElectraConverter(Converter):
     def columns_of(self, ids: np.ndarray, lengths: list[int], first_lengths: list[int]) -> dict[str, np.ndarray]:
         """``columns`` of examples given as ``records_of`` takes them."""
         width = self.config.max_seq_length
-        n_rows = len(lengths)
-        lengths = np.array(lengths, np.int64).reshape(-1, 1)
-        firsts = np.array(first_lengths, np.int64).reshape(-1, 1)
-        position = np.arange(width)
-        real = position < lengths
-        input_ids = np.zeros((n_rows, width), np.int64)  # [PAD] is 0
-        input_ids[real] = ids
-        return {"input_ids": input_ids, "input_mask": real.astype(np.int64),
-                "segment_ids": (real & (position >= firsts)).astype(np.int64)}
+        input_mask, segment_ids = mask_and_segments(lengths, first_lengths, width)
+        input_ids = np.zeros((len(lengths), width), np.int64)  # [PAD] is 0
+        input_ids[input_mask.astype(bool)] = ids
+        return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
 
     def _head(self, ids_length: int) -> tuple[bytes, int]:
         """(frame header + example prefix + prefix of the ids' entry, crc32c of all but the frame

@@ -147,3 +147,12 @@ def open_writer(sink: Sink, output: str, compression: str, columns: Sequence[Col
                 yield TFRecordWriter(out, columns)
         else:
             yield TFRecordWriter(raw, columns)
+
+
+def mask_and_segments(lengths, first_lengths, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``input_mask`` and ``segment_ids`` rows (int64, ``width`` wide) of examples from their
+    lengths: 1 on the real positions; 1 from the second segment's start to the end of the real ones."""
+    position = np.arange(width)
+    real = position < np.asarray(lengths, np.int64).reshape(-1, 1)
+    second = real & (position >= np.asarray(first_lengths, np.int64).reshape(-1, 1))
+    return real.astype(np.int64), second.astype(np.int64)
