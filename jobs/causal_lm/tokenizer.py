@@ -46,7 +46,8 @@ def from_bert(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
     def encode(documents: Sequence[list[str]]) -> list[list[int]]:
         return [[i for line in lines for i in line] for lines in map(tokenize_lines, documents)]
 
-    return DocumentTokenizer(encode, eod, eod if pad is None else pad, len(vocab))
+    # (the vocab's lines, not its distinct tokens: a repeated token leaves its first id unused)
+    return DocumentTokenizer(encode, eod, eod if pad is None else pad, max(vocab.values()) + 1)
 
 
 def from_json(tokenizer, source: str, eod_token: str, pad_token: str) -> DocumentTokenizer:

@@ -137,22 +137,40 @@ _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 _ASCII_DROP = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
+_BOM = "\ufeff"
+
+
 def load_vocab(data: bytes | str, source: str = "vocab") -> dict[str, int]:
-    """Parse a BERT vocab (one token per line, id = line number), as BERT reads it."""
+    """Parse a BERT vocab (one token per line, id = line number) as BERT's ``load_vocab`` does:
+    lines split at ``\n`` only, each token stripped, a repeated token keeps its last line's id
+    (published vocabs repeat a few stripped tokens, so repeats are allowed; a repeated special
+    token is refused: that is two vocabs run together).
+
+    One deliberate difference: a leading UTF-8 byte order mark (Windows editors write one) is
+    dropped, where BERT's would keep it in token 0 ("\ufeff[PAD]", so "missing [PAD]" here).
+    Ids stay line numbers, so every id equals BERT's; only token 0's spelling differs, and
+    BERT pads with id 0 and never looks [PAD] up. The C core gets this dict, not the file."""
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise VocabError(f"{source}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    if data.startswith(_BOM):
+        data = data[1:]
     lines = data.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     if not lines:
         raise VocabError(f"{source}: the vocab file is empty")
-    vocab = {token.strip(): i for i, token in enumerate(lines)}
+    tokens = [line.strip() for line in lines]
+    vocab = {token: i for i, token in enumerate(tokens)}
     missing = [t for t in REQUIRED_TOKENS if t not in vocab]
     if missing:
         raise VocabError(f"{source}: not a BERT vocab, missing {' '.join(missing)}")
+    for special in SPECIAL_TOKENS:
+        if special in vocab and tokens.index(special) != vocab[special]:
+            raise VocabError(f"{source}: {special} is on lines {tokens.index(special) + 1} and "
+                             f"{vocab[special] + 1} (two vocabs run together?)")
     if vocab["[PAD]"] != 0:
         raise VocabError(f"{source}: [PAD] must have id 0 (examples are padded with 0), it has {vocab['[PAD]']}")
     return vocab

@@ -45,7 +45,7 @@ def json_tokenizer(tokenizer_file: str, opener: Opener):
     key = ("json", hashlib.sha256(data).hexdigest())
     if key not in _CACHE:
         try:
-            _CACHE[key] = Tokenizer.from_str(data.decode("utf-8"))
+            _CACHE[key] = Tokenizer.from_str(data.decode("utf-8").removeprefix("\ufeff"))  # (a BOM: as vocab.txt)
         except Exception as e:  # tokenizers raises plain Exceptions; bad UTF-8 a UnicodeDecodeError
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError(f"{tokenizer_file}: not a tokenizers tokenizer.json ({first})") from None
