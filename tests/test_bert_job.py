@@ -487,7 +487,8 @@ def test_config_errors(vocab_path, tmp_path):
     no_mask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\na\n")
     with pytest.raises(ConfigError, match="no_mask.txt: format=bert needs a \\[MASK\\] token"):
         JOB.check(ElectraConfig(vocab_file=str(no_mask), format="bert"), read_file)
-    JOB.check(ElectraConfig(vocab_file=str(no_mask)), read_file)  # ELECTRA does not mask
+    with pytest.raises(ConfigError, match="no_mask.txt: format=electra needs a \\[MASK\\] token"):
+        JOB.check(ElectraConfig(vocab_file=str(no_mask)), read_file)  # ELECTRA's trainer masks too (issue 17)
     JOB.check(JOB.parse_config({"vocab_file": vocab_path, "compression": "GZIP", "pack_documents": "true"}), read_file)
 
 

@@ -110,8 +110,9 @@ def _output(sink: Sink, config: ElectraConfig, columns) -> Iterator:
 
 def _load_tokenizer(config: ElectraConfig, opener: Opener) -> BertTokenizer:
     tokenizer = bert_tokenizer(config.vocab_file, config.do_lower_case, opener)
-    if config.format == "bert" and "[MASK]" not in tokenizer.vocab:
-        raise ConfigError(f"{config.vocab_file}: format=bert needs a [MASK] token in the vocab")
+    if "[MASK]" not in tokenizer.vocab:  # both trainers mask with it: ELECTRA's generator input, BERT's records
+        raise ConfigError(f"{config.vocab_file}: format={config.format} needs a [MASK] token in the vocab "
+                          "(pre-training masks with it)")
     return tokenizer
 
 
