@@ -9,64 +9,121 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
-from typing import Iterator, List
+from typing import List
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer 0.2x parses with its own copy of click
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover (older typer: click itself)
+    from click.exceptions import NoArgsIsHelpError, UsageError
 
 from fleet.job import InputError
 
 from jobs.text.tokenization import BertTokenizer, VocabError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
-
 
 def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {' '.join(message.split())}", err=True)  # one line, whatever the message holds
     raise typer.Exit(2)
+
+
+class _Commands(TyperGroup):
+    """A malformed command line (a bad number, a missing option) is one line and exit 2, as every
+    other user error here, not click's framed usage text. Subcommands parse inside ``invoke``."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except NoArgsIsHelpError:
+            raise
+        except UsageError as e:
+            _fail(f"{e.format_message()} (see --help)")
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except NoArgsIsHelpError:
+            raise
+        except UsageError as e:
+            where = f"{e.ctx.info_name}: " if e.ctx is not None and e.ctx is not ctx else ""
+            _fail(f"{where}{e.format_message()} (see --help)")
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+def _read_vocab(vocab: str) -> bytes:
+    try:
+        with open(vocab, "rb") as f:
+            return f.read()
+    except OSError as e:
+        _fail(f"{vocab}: cannot read vocab ({e.strerror or e})")
 
 
 def _tokenizer(vocab: str, lowercase: bool) -> BertTokenizer:
     try:
-        return BertTokenizer.from_file(vocab, do_lower_case=lowercase)
-    except OSError as e:
-        _fail(f"{vocab}: cannot read vocab ({e.strerror})")
+        return BertTokenizer.from_bytes(_read_vocab(vocab), vocab, do_lower_case=lowercase)
     except VocabError as e:
         _fail(str(e))
 
 
-def _lines(paths: list[str]) -> Iterator[str]:
-    from fleet.inputs import iter_path_documents
-
-    for document in iter_path_documents(paths):
-        yield from document
+def _bad_records(sampled) -> None:
+    if sampled.bad:
+        typer.echo(f"bad records skipped: {sampled.bad} (first: {sampled.bad_examples[0]})", err=True)
 
 
 @app.command()
 def vocab(
     inputs: List[str] = typer.Argument(
-        ..., metavar="INPUT", help="Files or folders: .txt (blank line between documents) or .jsonl, maybe .gz/.bz2/.zst."
+        ..., metavar="INPUT", help="Files or folders, local or gs://, in any format fleet reads "
+        "(text, JSON Lines, WikiExtractor, CirrusSearch, Parquet), maybe .gz/.bz2/.zst."
     ),
-    size: int = typer.Option(21128, help="Vocab size (at most; a small corpus gives fewer)."),
+    size: int = typer.Option(21128, help="Vocab size, at most (a small corpus gives fewer). Refused when "
+                             "below what the corpus needs: the special tokens and every character kept."),
     out: str = typer.Option("vocab.txt", help="Where to write the vocab, one token per line."),
     lowercase: bool = typer.Option(True, help="Lower-case and strip accents, as do_lower_case."),
     limit_alphabet: int = typer.Option(10000, help="Most single characters kept; Chinese needs thousands."),
     min_frequency: int = typer.Option(2, help="Fewest occurrences for a merged piece."),
 ) -> None:
     """Train a BERT WordPiece vocab ([PAD] [UNK] [CLS] [SEP] [MASK] first)."""
-    from jobs.text.vocab import train_vocab, write_vocab
+    from fleet.inputs import ReadOptions
+    from fleet.store import StoreError
 
+    from jobs.text.tokenization import SPECIAL_TOKENS
+    from jobs.text.vocab import VocabTooSmall, check_options, train_vocab, write_vocab
+
+    from .sample import Sampled, sample_documents
+
+    problem = check_options(size, limit_alphabet, min_frequency)
+    if problem:  # ("limit_alphabet -1: ...": the option as this command spells it)
+        name, _, rest = problem.partition(" ")
+        _fail(f"--{name.replace('_', '-')} {rest}")
+    sampled = Sampled()
+    documents = sample_documents(inputs, math.inf, math.inf, ReadOptions(), sampled)
+    lines = (line for document in documents for line in document)
     try:
-        tokens = train_vocab(
-            _lines(inputs), size, lowercase=lowercase, limit_alphabet=limit_alphabet, min_frequency=min_frequency
-        )
-    except InputError as e:
+        tokens = train_vocab(lines, size, lowercase=lowercase, limit_alphabet=limit_alphabet,
+                             min_frequency=min_frequency)
+    except (InputError, StoreError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e))
+    except VocabTooSmall as e:
+        _fail(f"--size {size}: this corpus needs at least {e.needed} tokens (the {len(SPECIAL_TOKENS)} special "
+              f"tokens and each character kept, alone and as a ## piece): give --size {e.needed} or more, "
+              "or a smaller --limit-alphabet")
+    if len(tokens) <= len(SPECIAL_TOKENS):
+        _fail(f"{' '.join(inputs)}: no text to train on (empty files?)")
     try:
         write_vocab(tokens, out)
     except OSError as e:
-        _fail(f"{out}: cannot write ({e.strerror})")
+        _fail(f"{out}: cannot write ({e.strerror or e})")
+    _bad_records(sampled)
     typer.echo(f"wrote {len(tokens)} tokens to {out}", err=True)
 
 
@@ -109,12 +166,14 @@ def report(
         _fail(f"{out_dir}: not a folder")
     if not record_files(out_dir):
         _fail(f"{out_dir}: no .tfrecord, .tfrecord.gz or .parquet files")
+    if max_records < 1:
+        _fail(f"--max-records {max_records}: give 1 or more")
+    if vocab:
+        _tokenizer(vocab, True)  # the reason a vocab is unusable, in one line
     vocab_path = vocab or vocab_of_run(out_dir)
     ids = None
     if vocab_path:
         ids = vocab_ids(vocab_path)
-        if ids is None and vocab:
-            _fail(f"{vocab}: cannot read it as a BERT vocab")
     try:
         stats = read_report(out_dir, ids, max_records)
     except ReportError as e:
@@ -153,8 +212,9 @@ def check(
 
     if not 5 <= max_seq_length <= 1 << 16:
         _fail(f"--max-seq-length: must be between 5 and 65536, got {max_seq_length}")
-    if mb <= 0 or seconds <= 0:
-        _fail("--mb and --seconds must be positive")
+    for option, value in (("--mb", mb), ("--seconds", seconds)):
+        if not 0 < value < 1e9:  # (not NaN, not inf: --mb is made a byte count)
+            _fail(f"{option} {value:g}: give a positive number")
     tokenizer = _tokenizer(vocab, lowercase)
     survey = Survey(tokenizer, max_seq_length)
     sampled = Sampled()
@@ -173,7 +233,7 @@ def check(
     typer.echo(f"read {sampled.files_read} of {sampled.files} files ({formats}) in {sampled.seconds:.1f} s{stopped}")
     typer.echo(survey.text())
     if sampled.bad:
-        typer.echo(f"bad records skipped: {sampled.bad} (first: {sampled.bad_examples[0]})")
+        typer.echo(f"bad records skipped: {sampled.bad} (first: {sampled.bad_examples[0]})")  # (in the report)
 
 
 def main() -> None:

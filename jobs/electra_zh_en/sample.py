@@ -3,12 +3,18 @@
 ``check`` must answer in seconds whatever the corpus size, so each file gives at most its
 share of a byte budget (of text read) and the whole stops at a time limit. Files are
 streamed (ranged reads on ``gs://``, a row group batch at a time for Parquet), so a
-500 MB shard costs only the bytes sampled.
+500 MB shard costs only the bytes sampled. With no bounds (``math.inf``) it reads every
+document, as ``vocab`` does, with the same counting of bad records.
+
+A document holding a lone surrogate (JSON's ``"\\ud800"`` is valid JSON but not text) is a
+bad record here, counted with its file, whatever the reader let through: the tools encode
+text to UTF-8 (the vocab trainer, the survey's byte counts), which fails on one.
 """
 
 from __future__ import annotations
 
 import io
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -20,6 +26,8 @@ from fleet.job import InputError
 from fleet.store import StoreError, open_store
 
 _MIN_FILE_BYTES = 256 << 10  # a file's share is never smaller than this
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_EXAMPLES = 3  # bad records described, per file and in all
 
 
 @dataclass
@@ -38,8 +46,8 @@ class Sampled:
 def sample_documents(paths: list[str], max_bytes: int, max_seconds: float, options: ReadOptions,
                      sampled: Sampled) -> Iterator[list[str]]:
     """Documents from each file in turn, each file up to its share of ``max_bytes`` of text;
-    stops at ``max_seconds``. Raises InputError (naming the file) when a file cannot be read
-    or is not the format it looks like."""
+    stops at ``max_seconds`` (``math.inf`` for both: every document). Raises InputError (naming
+    the file) when a file cannot be read or is not the format it looks like."""
     start = time.monotonic()
     files = find_inputs(paths)
     sampled.files = len(files)
@@ -53,7 +61,14 @@ def sample_documents(paths: list[str], max_bytes: int, max_seconds: float, optio
         tally = Tally()
         taken = 0
         try:
-            for doc in _documents(inp, options, tally, sampled):
+            for number, doc in enumerate(_documents(inp, options, tally, sampled), 1):
+                if any(map(_SURROGATE.search, doc)):
+                    tally.bad += 1
+                    tally.documents -= 1  # (the reader counted it as read)
+                    if len(tally.examples) < _EXAMPLES:
+                        tally.examples.append(f"{inp.display}: document {number}: a lone surrogate "
+                                              "(\\ud800-\\udfff), not text")
+                    continue
                 yield doc
                 size = sum(len(line) for line in doc)
                 taken += size
@@ -68,7 +83,7 @@ def sample_documents(paths: list[str], max_bytes: int, max_seconds: float, optio
             raise InputError(f"{inp.display}: {tally.bad} of {tally.documents + tally.bad} records read are bad: "
                              f"not this format? (first: {tally.examples[0]})")
         sampled.bad += tally.bad
-        sampled.bad_examples += tally.examples[:max(0, 3 - len(sampled.bad_examples))]
+        sampled.bad_examples += tally.examples[:max(0, _EXAMPLES - len(sampled.bad_examples))]
     sampled.seconds = time.monotonic() - start
 
 

@@ -2,6 +2,11 @@
 
 ``limit_alphabet`` defaults to 10000: the trainer's own default (1000) keeps
 too few characters for Chinese, leaving about 9% of it as ``[UNK]``.
+
+``size`` is a bound: the trainer always keeps the special tokens and every character
+it keeps (alone and as a ``##`` piece), whatever ``vocab_size`` says, so a size below
+that is refused (``VocabTooSmall``, with the size that fits) rather than exceeded, or
+met by cutting characters, which would turn their text into ``[UNK]`` unseen.
 """
 
 from __future__ import annotations
@@ -9,6 +14,28 @@ from __future__ import annotations
 from typing import Iterable
 
 from .tokenization import SPECIAL_TOKENS
+
+MIN_SIZE = len(SPECIAL_TOKENS) + 1  # the special tokens and one character
+MAX_SIZE = 1 << 21  # far above any WordPiece vocab; much larger sizes crash the trainer (it allocates for them)
+
+
+class VocabTooSmall(ValueError):
+    """The corpus needs more tokens than the size allows (the special tokens and the alphabet)."""
+
+    def __init__(self, size: int, needed: int):
+        super().__init__(f"size {size}: this corpus needs at least {needed} tokens")
+        self.size, self.needed = size, needed
+
+
+def check_options(size: int, limit_alphabet: int, min_frequency: int) -> str | None:
+    """What is wrong with the trainer's options (the Rust trainer panics or overflows on them), or None."""
+    if not MIN_SIZE <= size <= MAX_SIZE:
+        return f"size {size}: give {MIN_SIZE} (the {len(SPECIAL_TOKENS)} special tokens and a character) to {MAX_SIZE}"
+    if not 1 <= limit_alphabet <= 0x110000:
+        return f"limit_alphabet {limit_alphabet}: give 1 to {0x110000} (characters kept)"
+    if not 0 <= min_frequency < 1 << 63:
+        return f"min_frequency {min_frequency}: give 0 or more"
+    return None
 
 
 def train_vocab(
@@ -19,7 +46,11 @@ def train_vocab(
     limit_alphabet: int = 10000,
     min_frequency: int = 2,
 ) -> list[str]:
-    """Tokens in id order: the special tokens first ([PAD] [UNK] [CLS] [SEP] [MASK] = 0..4)."""
+    """Tokens in id order: the special tokens first ([PAD] [UNK] [CLS] [SEP] [MASK] = 0..4).
+    Raises ValueError on options ``check_options`` refuses, VocabTooSmall when the corpus needs more than ``size``."""
+    problem = check_options(size, limit_alphabet, min_frequency)
+    if problem:
+        raise ValueError(problem)
     from tokenizers import BertWordPieceTokenizer  # heavy-ish; only the vocab command needs it
 
     tokenizer = BertWordPieceTokenizer(clean_text=True, handle_chinese_chars=True, lowercase=lowercase)
@@ -34,6 +65,8 @@ def train_vocab(
     by_id = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     tokens = [token for token, _ in by_id]
     assert tokens[: len(SPECIAL_TOKENS)] == list(SPECIAL_TOKENS), tokens[:5]
+    if len(tokens) > size:
+        raise VocabTooSmall(size, len(tokens))
     return tokens
 
 
