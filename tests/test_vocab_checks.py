@@ -334,3 +334,30 @@ def test_the_tools_take_any_vocab_file_or_say_why_in_one_line(data):
             one_line_error(result, path)
         else:
             assert len(result.stdout.splitlines()) == 1
+
+
+# -- item 1 as an invariant: whatever the documents hold, the tools count or say, never crash ----
+
+_ANY_TEXT = st.text(st.characters(codec=None, categories=("L", "N", "P", "Zs", "Cc", "Cs", "Co", "Cn")), max_size=20)
+_HALF = st.integers(0xD800, 0xDFFF).map(chr)
+_DOCUMENT = st.one_of(_ANY_TEXT, st.tuples(_ANY_TEXT, _HALF, _ANY_TEXT).map("".join))  # (lone halves are rare in text())
+
+
+@settings(max_examples=25, deadline=None)
+@given(texts=st.lists(_DOCUMENT, min_size=1, max_size=6))
+def test_vocab_and_check_count_documents_with_lone_surrogates_whatever_else_they_hold(vocab, texts):
+    bad = sum(any("\ud800" <= c <= "\udfff" for c in t) for t in texts)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "docs.jsonl")
+        with open(path, "w", encoding="ascii") as f:  # json's escapes: "\ud800" is valid JSON
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+        vocab_out = os.path.join(d, "v.txt")
+        results = {"vocab": run("vocab", path, "--size", 500, "--min-frequency", 1, "--out", vocab_out)}
+        results["check"] = run("check", path, "--vocab", vocab_out if os.path.exists(vocab_out) else vocab)
+        for name, result in results.items():
+            if result.exit_code:
+                one_line_error(result, "docs.jsonl")
+                continue
+            said = re.search(r"bad records skipped: (\d+) \(first: [^\n]*docs\.jsonl", result.output)
+            assert (int(said.group(1)) if said else 0) == bad, (name, result.output)
+
