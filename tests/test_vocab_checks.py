@@ -340,7 +340,7 @@ def test_the_tools_take_any_vocab_file_or_say_why_in_one_line(data):
 
 _ANY_TEXT = st.text(st.characters(codec=None, categories=("L", "N", "P", "Zs", "Cc", "Cs", "Co", "Cn")), max_size=20)
 _HALF = st.integers(0xD800, 0xDFFF).map(chr)
-_DOCUMENT = st.one_of(_ANY_TEXT, st.tuples(_ANY_TEXT, _HALF, _ANY_TEXT).map("".join))  # (lone halves are rare in text())
+_DOCUMENT = st.one_of(_ANY_TEXT, st.tuples(_ANY_TEXT, _HALF, _ANY_TEXT).map("".join))  # (rare in text() alone)
 
 
 @settings(max_examples=25, deadline=None)
