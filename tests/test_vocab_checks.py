@@ -146,6 +146,21 @@ def test_a_leading_bom_is_dropped_and_every_other_id_is_berts(vocab, tmp_path, c
     JOB.check(ElectraConfig(vocab_file=str(with_bom)), read_file)
 
 
+def test_the_tools_read_a_vocab_from_the_bucket_as_a_run_does(vocab, corpus, gcs_bucket):
+    from fleet.store import open_store
+
+    open_store(f"gs://{gcs_bucket}").write("vocab.txt", BOM + read_file(vocab))
+    result = run("tokenize", "--vocab", f"gs://{gcs_bucket}/vocab.txt", corpus)
+    assert result.exit_code == 0 and result.stdout == run("tokenize", "--vocab", vocab, corpus).stdout
+    one_line_error(run("tokenize", "--vocab", f"gs://{gcs_bucket}/none.txt", corpus), "none.txt", "cannot read vocab")
+    one_line_error(run("check", corpus, "--vocab", "s3://b/vocab.txt"), "s3://b/vocab.txt")
+
+
+def test_a_vocab_of_bare_cr_lines_says_so():
+    with pytest.raises(VocabError, match="v.txt: not a BERT vocab, missing .* bare CR"):
+        load_vocab(b"[PAD]\r[UNK]\r[CLS]\r[SEP]\r", "v.txt")
+
+
 def test_a_tokenizer_json_with_a_bom_loads(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 

@@ -58,9 +58,16 @@ app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pre
 
 
 def _read_vocab(vocab: str) -> bytes:
+    """A local vocab file, or one named by URL (``gs://``) as a run's ``vocab_file`` may be."""
+    from fleet.store import StoreError, read_url
+
     try:
+        if "://" in vocab:
+            return read_url(vocab)
         with open(vocab, "rb") as f:
             return f.read()
+    except StoreError as e:
+        _fail(f"{vocab}: cannot read vocab ({e})")
     except OSError as e:
         _fail(f"{vocab}: cannot read vocab ({e.strerror or e})")
 

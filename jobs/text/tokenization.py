@@ -166,7 +166,8 @@ def load_vocab(data: bytes | str, source: str = "vocab") -> dict[str, int]:
     vocab = {token: i for i, token in enumerate(tokens)}
     missing = [t for t in REQUIRED_TOKENS if t not in vocab]
     if missing:
-        raise VocabError(f"{source}: not a BERT vocab, missing {' '.join(missing)}")
+        cr = " (its lines end in a bare CR: one token per LF-ended line, please)" if len(lines) == 1 and "\r" in data else ""
+        raise VocabError(f"{source}: not a BERT vocab, missing {' '.join(missing)}{cr}")
     for special in SPECIAL_TOKENS:
         if special in vocab and tokens.index(special) != vocab[special]:
             raise VocabError(f"{source}: {special} is on lines {tokens.index(special) + 1} and "
