@@ -146,7 +146,7 @@ def test_a_leading_bom_is_dropped_and_every_other_id_is_berts(vocab, tmp_path, c
     JOB.check(ElectraConfig(vocab_file=str(with_bom)), read_file)
 
 
-def test_the_tools_read_a_vocab_from_the_bucket_as_a_run_does(vocab, corpus, gcs_bucket):
+def test_the_tools_read_a_vocab_from_the_bucket_as_a_run_does(vocab, corpus, gcs_bucket, tmp_path):
     from fleet.store import open_store
 
     open_store(f"gs://{gcs_bucket}").write("vocab.txt", BOM + read_file(vocab))
@@ -154,6 +154,15 @@ def test_the_tools_read_a_vocab_from_the_bucket_as_a_run_does(vocab, corpus, gcs
     assert result.exit_code == 0 and result.stdout == run("tokenize", "--vocab", vocab, corpus).stdout
     one_line_error(run("tokenize", "--vocab", f"gs://{gcs_bucket}/none.txt", corpus), "none.txt", "cannot read vocab")
     one_line_error(run("check", corpus, "--vocab", "s3://b/vocab.txt"), "s3://b/vocab.txt")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = tmp_path / "out"
+    records.mkdir()
+    pq.write_table(pa.table({"input_ids": [[2, 5, 1, 3]], "input_mask": [[1] * 4], "segment_ids": [[0] * 4]}),
+                   str(records / "part-0.parquet"))
+    result = run("report", records, "--vocab", f"gs://{gcs_bucket}/vocab.txt")
+    assert result.exit_code == 0 and "[UNK]: 50.000% of text tokens (1 of 2)" in result.stdout, result.output
 
 
 def test_a_vocab_of_bare_cr_lines_says_so():

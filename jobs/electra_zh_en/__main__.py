@@ -167,7 +167,7 @@ def report(
     max_records: int = typer.Option(100_000, help="Read at most this many records (from the first files)."),
 ) -> None:
     """Summarise a run's records: lengths, fill ratio, segments, masking, [UNK] share."""
-    from jobs.text.report import ReportError, read_report, record_files, vocab_ids, vocab_of_run
+    from jobs.text.report import ReportError, VocabIds, read_report, record_files, vocab_ids, vocab_of_run
 
     if not os.path.isdir(out_dir):
         _fail(f"{out_dir}: not a folder")
@@ -175,12 +175,12 @@ def report(
         _fail(f"{out_dir}: no .tfrecord, .tfrecord.gz or .parquet files")
     if max_records < 1:
         _fail(f"--max-records {max_records}: give 1 or more")
-    if vocab:
-        _tokenizer(vocab, True)  # the reason a vocab is unusable, in one line
-    vocab_path = vocab or vocab_of_run(out_dir)
-    ids = None
-    if vocab_path:
-        ids = vocab_ids(vocab_path)
+    if vocab:  # (local or gs://; an unusable one is one line saying why)
+        tokenizer = _tokenizer(vocab, True)
+        ids = VocabIds(tokenizer.unk_id, tokenizer.vocab.get("[MASK]"))
+    else:  # the run's own, if it is a local file that loads
+        run_vocab = vocab_of_run(out_dir)
+        ids = vocab_ids(run_vocab) if run_vocab else None
     try:
         stats = read_report(out_dir, ids, max_records)
     except ReportError as e:
