@@ -385,3 +385,39 @@ def test_vocab_and_check_count_documents_with_lone_surrogates_whatever_else_they
             said = re.search(r"bad records skipped: (\d+) \(first: [^\n]*docs\.jsonl", result.output)
             assert (int(said.group(1)) if said else 0) == bad, (name, result.output)
 
+
+
+# -- (e) as an invariant: any command line built from the commands' own options --------------------
+
+_NUMBERS = st.sampled_from(["0", "-1", "1", "5", "128", "inf", "-inf", "nan", "1e400", "0.5", "", "x", "99999999999999999999"])
+_OPTIONS = {
+    "vocab": ["--size", "--limit-alphabet", "--min-frequency", "--out"],
+    "tokenize": ["--vocab"],
+    "check": ["--vocab", "--max-seq-length", "--mb", "--seconds", "--text-column"],
+    "report": ["--vocab", "--max-records", "--png"],
+}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_command_line_exits_0_or_says_why_in_one_line(tmp_path_factory, corpus, vocab, data):
+    d = tmp_path_factory.mktemp("argv")
+    (d / "empty.txt").write_bytes(b"")
+    (d / "binary.bin").write_bytes(bytes(range(256)))
+    (d / "folder").mkdir()
+    paths = [str(corpus), str(vocab), str(d / "empty.txt"), str(d / "binary.bin"), str(d / "folder"),
+             str(d / "missing.txt"), str(d / "folder" / "out.txt"), str(d / "no" / "out.txt"), ""]
+    command = data.draw(st.sampled_from(sorted(_OPTIONS)))
+    argv = [command, *data.draw(st.lists(st.sampled_from(paths), max_size=2))]
+    for option in data.draw(st.lists(st.sampled_from(_OPTIONS[command]), max_size=3, unique=True)):
+        argv += [option, data.draw(st.one_of(_NUMBERS, st.sampled_from(paths)))]
+    here = os.getcwd()
+    os.chdir(d)  # (a number given as --out or --png is a file name here)
+    try:
+        result = run(*argv)
+    finally:
+        os.chdir(here)
+    assert result.exit_code in (0, 2), (argv, result.output)
+    assert "Traceback" not in result.output, (argv, result.output)
+    if result.exit_code == 2:
+        one_line_error(result)
