@@ -51,7 +51,7 @@ def sample_documents(paths: list[str], max_bytes: int, max_seconds: float, optio
     start = time.monotonic()
     files = find_inputs(paths)
     sampled.files = len(files)
-    share = max(_MIN_FILE_BYTES, max_bytes // max(1, len(files)))
+    share = max(_MIN_FILE_BYTES, max_bytes / max(1, len(files)))  # (not //: inf // n is nan)
     total = 0
     for inp in files:
         if sampled.files_read and (total >= max_bytes or time.monotonic() - start > max_seconds):
