@@ -101,7 +101,7 @@ def test_the_vocab_written_never_exceeds_the_size(corpus, size):
 
 def test_vocab_trains_on_every_document_not_a_sample(tmp_path):
     big = tmp_path / "big.txt"
-    big.write_text("plain ascii words here\n\n" * 20_000 + "最后的文档\n", encoding="utf-8")  # 500 KB, then Chinese
+    big.write_text("plain ascii words here\n\n" * 20_000 + "最后的文档\n", encoding="utf-8")  # 500 KB, Chinese last
     out = tmp_path / "v.txt"
     result = run("vocab", big, "--size", 100, "--min-frequency", 1, "--out", out)
     assert result.exit_code == 0, result.output
@@ -398,7 +398,8 @@ def test_vocab_and_check_count_documents_with_lone_surrogates_whatever_else_they
 
 # -- (e) as an invariant: any command line built from the commands' own options --------------------
 
-_NUMBERS = st.sampled_from(["0", "-1", "1", "5", "128", "inf", "-inf", "nan", "1e400", "0.5", "", "x", "99999999999999999999"])
+_NUMBERS = st.sampled_from(["0", "-1", "1", "5", "128", "inf", "-inf", "nan", "1e400", "0.5", "", "x",
+                            "99999999999999999999"])
 _OPTIONS = {
     "vocab": ["--size", "--limit-alphabet", "--min-frequency", "--out"],
     "tokenize": ["--vocab"],

@@ -141,7 +141,7 @@ _BOM = "\ufeff"
 
 
 def load_vocab(data: bytes | str, source: str = "vocab") -> dict[str, int]:
-    """Parse a BERT vocab (one token per line, id = line number) as BERT's ``load_vocab`` does:
+    r"""Parse a BERT vocab (one token per line, id = line number) as BERT's ``load_vocab`` does:
     lines split at ``\n`` only, each token stripped, a repeated token keeps its last line's id
     (published vocabs repeat a few stripped tokens, so repeats are allowed; a repeated special
     token is refused: that is two vocabs run together).
@@ -166,7 +166,8 @@ def load_vocab(data: bytes | str, source: str = "vocab") -> dict[str, int]:
     vocab = {token: i for i, token in enumerate(tokens)}
     missing = [t for t in REQUIRED_TOKENS if t not in vocab]
     if missing:
-        cr = " (its lines end in a bare CR: one token per LF-ended line, please)" if len(lines) == 1 and "\r" in data else ""
+        bare_cr = len(lines) == 1 and "\r" in data
+        cr = " (its lines end in a bare CR; a token per LF-ended line, please)" if bare_cr else ""
         raise VocabError(f"{source}: not a BERT vocab, missing {' '.join(missing)}{cr}")
     for special in SPECIAL_TOKENS:
         if special in vocab and tokens.index(special) != vocab[special]:
