@@ -101,7 +101,7 @@ def test_the_vocab_written_never_exceeds_the_size(corpus, size):
 
 def test_vocab_trains_on_every_document_not_a_sample(tmp_path):
     big = tmp_path / "big.txt"
-    big.write_text("plain ascii words here\n\n" * 20_000 + "最后的文档\n", encoding="utf-8")  # 500 KB, Chinese last
+    big.write_text("plain ascii words here\n\n" * 20_000 + "最后的文档\n", encoding="utf-8")  # Chinese last
     out = tmp_path / "v.txt"
     result = run("vocab", big, "--size", 100, "--min-frequency", 1, "--out", out)
     assert result.exit_code == 0, result.output
