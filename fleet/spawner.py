@@ -232,7 +232,7 @@ class Worker:
                     except StoreError as e:  # the output place refuses every item alike
                         raise Environment(f"writing outputs: {e}") from None
                     outputs.append({"name": name, "size": os.path.getsize(path), "sha256": sha256_file(path),
-                                    "generation": generation})
+                                    "generation": generation, "version": self._version_of(name, generation)})
             renewer.finish()
             if renewer.lost.is_set():
                 raise Lost(f"item {item.id}: lease taken over")
@@ -273,6 +273,12 @@ class Worker:
                       " for good" if final else "", message, trace)
         finally:
             self.current = None
+
+    def _version_of(self, name: str, generation: int) -> str:
+        """The uploaded object's version, which a cheap check of the outputs compares (see
+        fleet.verify): "" if it is already another generation (then the generation is compared)."""
+        blob = self.output.stat(name)
+        return blob.version if blob is not None and blob.generation == generation else ""
 
     def _give_back(self, held: Held) -> None:
         """Release an item without spending an attempt; if even that cannot be written (the
@@ -317,8 +323,9 @@ class Worker:
         prefix, final, back = lease_prefix(self.run), final_prefix(self.run), released_prefix(self.run)
         self.beat("starting")
         while True:
-            finals = [b.name[len(final):] for b in self.store.list(final)]
+            # Leases before markers (see ClaimPolicy.observe): a marker counts only with its lease.
             listing = {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
+            finals = [b.name[len(final):] for b in self.store.list(final)]
             policy.observe(finals, listing, time.monotonic(), [b.name[len(back):] for b in self.store.list(back)])
             worked = False
             for item_id, fresh in policy.candidates(time.monotonic(), time.time()):
@@ -340,6 +347,8 @@ class Worker:
                             if item_id in policy.released and current[0].worker != self.name:
                                 self._unannounce(item_id)  # taken again already: the marker is stale
                             continue  # a slow renewal, not a dead holder: wait for its expiry
+                if fresh and item_id in policy.stale:
+                    self.drop_stale_marker(item_id)
                 got = self.leases.claim(item_id, current)
                 if isinstance(got, Held):
                     if item_id in policy.released:
@@ -408,6 +417,17 @@ class Worker:
             pass  # already there (or our own write, replayed after a lost response)
         except Exception as e:  # advisory: the lease stays the truth, and readers fall back to it
             log.warning("final marker for %s not written: %s", item, e)
+
+    def drop_stale_marker(self, item: str) -> None:
+        """A final/ marker whose lease is gone (deleted by hand, or a reopen cut short) says
+        nothing: the lease is the truth. Remove it before claiming the item as new, so that
+        no one takes the new lease for a finished one."""
+        log.warning("item %s: a final/ marker without its lease (stale; the lease was deleted): "
+                    "marker removed, the item is converted again", item)
+        try:
+            self.store.delete(final_prefix(self.run) + item)
+        except Exception as e:  # the claim goes on; readers check markers against leases anyway
+            log.warning("stale final marker for %s not removed: %s", item, e)
 
     def standbys_ahead(self) -> int:
         """Live idle workers ranked before this one, counted up to `standby`.
@@ -605,9 +625,13 @@ def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, pref
 
 
 def drained(bucket: str, run: str) -> bool:
-    """Every item finished: one listing of the final/ markers."""
+    """Every item finished: one listing of the leases, then one of the final/ markers; a
+    marker counts only while its lease is there (a stale one must not stop the workers)."""
     try:
         store = open_store(bucket)
-        return len(list(store.list(final_prefix(run)))) >= load_spec(store, run).items
+        prefix, final = lease_prefix(run), final_prefix(run)
+        leased = {b.name[len(prefix):] for b in store.list(prefix)}
+        finals = {b.name[len(final):] for b in store.list(final)}
+        return len(finals & leased) >= load_spec(store, run).items
     except Exception:  # then the workers find out themselves
         return False
