@@ -347,10 +347,14 @@ class Worker:
                             if item_id in policy.released and current[0].worker != self.name:
                                 self._unannounce(item_id)  # taken again already: the marker is stale
                             continue  # a slow renewal, not a dead holder: wait for its expiry
-                if fresh and item_id in policy.stale:
-                    self.drop_stale_marker(item_id)
+                stale = fresh and item_id in policy.stale
+                if stale and not self.drop_stale_marker(item_id):
+                    continue  # a new lease beside the old marker would read as finished
                 got = self.leases.claim(item_id, current)
                 if isinstance(got, Held):
+                    if stale:  # the lease was really gone (else the claim finds it, and the marker is rewritten)
+                        log.warning("item %s: a final/ marker without its lease (stale: the lease was deleted); "
+                                    "marker removed, the item is converted again", item_id)
                     if item_id in policy.released:
                         self._unannounce(item_id)
                     self.mark_idle(False)
@@ -418,16 +422,16 @@ class Worker:
         except Exception as e:  # advisory: the lease stays the truth, and readers fall back to it
             log.warning("final marker for %s not written: %s", item, e)
 
-    def drop_stale_marker(self, item: str) -> None:
+    def drop_stale_marker(self, item: str) -> bool:
         """A final/ marker whose lease is gone (deleted by hand, or a reopen cut short) says
         nothing: the lease is the truth. Remove it before claiming the item as new, so that
         no one takes the new lease for a finished one."""
-        log.warning("item %s: a final/ marker without its lease (stale; the lease was deleted): "
-                    "marker removed, the item is converted again", item)
         try:
             self.store.delete(final_prefix(self.run) + item)
-        except Exception as e:  # the claim goes on; readers check markers against leases anyway
+            return True
+        except Exception as e:  # tried again next pass
             log.warning("stale final marker for %s not removed: %s", item, e)
+            return False
 
     def standbys_ahead(self) -> int:
         """Live idle workers ranked before this one, counted up to `standby`.

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet.inputs import find_inputs
+from fleet.inputs.files import NOT_CORPUS, _corpus_file
 
 
 def names(paths) -> list[str]:
@@ -143,3 +144,13 @@ def test_every_inode_under_the_inputs_is_planned_once(tmp_path_factory, tree, na
     found = find_inputs(named)
     inodes = [os.stat(os.path.join(f.url, f.name)).st_ino for f in found]
     assert sorted(inodes) == sorted({p.stat().st_ino for p in files})
+
+
+@given(stem=st.sampled_from(sorted(NOT_CORPUS)),
+       case=st.lists(st.booleans(), min_size=20, max_size=20),
+       ext=st.sampled_from(["", ".txt", ".md", ".jsonl", ".json", ".gz", ".txt.zst", ".in"]),
+       folder=st.sampled_from(["", "AA/", "x/y/"]), shard=st.integers(0, 99))
+def test_known_non_corpus_names_are_never_taken_and_wiki_shards_always_are(stem, case, ext, folder, shard):
+    cased = "".join(c.upper() if up else c for c, up in zip(stem, case))
+    assert not _corpus_file(f"{folder}{cased}{ext}")
+    assert _corpus_file(f"{folder}wiki_{shard:02d}") and _corpus_file(f"{folder}wiki_{shard:02d}.bz2")

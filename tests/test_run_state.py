@@ -71,12 +71,13 @@ def test_the_drain_check_does_not_count_stale_markers(tmp_path):
 
 
 # -- in process: a worker converts an item whose marker is stale ----------------------------------------
-def _plan(tmp_path: Path, docs: int = 30):
+def _plan(tmp_path: Path, docs: int = 30, bucket: str | None = None):
     folder = tmp_path / "in"
     folder.mkdir(exist_ok=True)
     write_corpus(str(folder / "a.txt"), docs)
-    bucket = str(tmp_path / "bucket")
-    _, items, _ = plan(bucket, RUN, LINEJOB, [str(folder)], str(tmp_path / "out"), {}, "test",
+    bucket = bucket or str(tmp_path / "bucket")
+    output = f"{bucket}/out" if bucket.startswith("gs://") else str(tmp_path / "out")
+    _, items, _ = plan(bucket, RUN, LINEJOB, [str(folder)], output, {}, "test",
                        lease_ttl=30, max_attempts=3, item_bytes=600)
     return bucket, items
 
@@ -95,11 +96,11 @@ def _state(bucket: str) -> tuple[dict[str, Lease], set[str]]:
     return reader.leases(), {b.name[len(final_prefix(RUN)):] for b in store.list(final_prefix(RUN))}
 
 
-def test_a_worker_converts_again_an_item_whose_lease_was_deleted_under_its_marker(tmp_path, caplog):
-    bucket, items = _plan(tmp_path)
+def test_a_worker_converts_again_an_item_whose_lease_was_deleted_under_its_marker(tmp_path, caplog, store_url):
+    bucket, items = _plan(tmp_path, bucket=store_url)
     _drain(bucket)
     store = open_store(bucket)
-    out = open_store(str(tmp_path / "out"))
+    out = open_store(load_spec(store, RUN).output)
     clean = {b.name: out.read(b.name) for b in out.list("part-")}
     store.delete(lease_prefix(RUN) + items[0].id)
     out.delete(f"part-{items[0].id}.txt")
