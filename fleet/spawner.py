@@ -488,7 +488,7 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
     A problem that is the user's, the store's or the machine's (no such run or bucket, 403,
     a bad or changed vocab, an unknown job, a full disk) is one log line and exit code 2,
     never a traceback; an item in hand is given back first."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm), signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches every process of the group: same as SIGTERM
     try:
         worker = Worker(bucket, run, name, standby=standby)
@@ -533,7 +533,13 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
             log.error("stopped: %s", reason)
             return 2
     finally:
+        # Leaving: nothing is held any more, so a SIGTERM now (`fleet local` stops its workers once the
+        # run is finished) must not interrupt the scratch sweep with a Shutdown and a traceback.
+        signal.signal(signal.SIGTERM, _ignore)
+        signal.signal(signal.SIGINT, _ignore)
         worker.close()
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
     log.info("drained: %d done, %d failed here", counters.items_done, counters.items_failed)
     return 0
 

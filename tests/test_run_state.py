@@ -10,6 +10,7 @@ when its mtime was put back.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from pathlib import Path
 
@@ -216,3 +217,29 @@ def test_any_deletions_of_leases_markers_and_outputs_end_in_a_clean_run(tmp_path
     assert check_outputs(spec, leases, deep=True) == []
     assert {b.name: out.read(b.name) for b in out.list("part-")} == clean
     assert verify.stale_markers(store, RUN) == []
+
+
+# -- `fleet local` stops its workers once the run is finished: a worker already leaving ignores it ----------
+def test_a_sigterm_while_a_drained_worker_sweeps_its_scratch_is_no_traceback(tmp_path, monkeypatch):
+    import signal
+
+    from fleet import spawner
+
+    bucket, _ = _plan(tmp_path)
+    close = spawner.Worker.close
+
+    def close_under_sigterm(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered here, in the sweep, as the race had it
+        close(self)
+
+    monkeypatch.setattr(spawner.Worker, "close", close_under_sigterm)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        assert spawner.work_one(bucket, RUN, "w", log_file=str(tmp_path / "w.log")) == 0
+    finally:  # work_one sets up the process's logging: give pytest its own back
+        root.handlers[:], root.level = handlers, level
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    leases, _ = _state(bucket)
+    assert leases and all(lease.state == DONE for lease in leases.values())
