@@ -88,8 +88,11 @@ def _moved(out: dict, blob: Blob) -> bool:
 
 def stale_markers(store: Store, run: str, repair: bool = False) -> list[str]:
     """Items with a ``final/`` marker but no lease: not finished, whatever the marker says.
+
     The leases are listed first: a marker is written after its lease is done and removed
-    before its lease is, so a marker listed after its lease is never taken for stale.
+    before its lease is, so a marker of a listed lease is never taken for stale. (One of an
+    item claimed and finished between the two listings can be: removing it is harmless,
+    as the next worker to read that done lease writes its marker again.)
     ``repair`` removes them (workers also do, before claiming such an item)."""
     leased = {b.name[len(lease_prefix(run)):] for b in store.list(lease_prefix(run))}
     stale = sorted(name for name in (b.name[len(final_prefix(run)):] for b in store.list(final_prefix(run)))
