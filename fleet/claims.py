@@ -1,7 +1,8 @@
 """Which item a worker tries next: the claim policy, apart from the I/O that feeds it.
 
 A worker decides from two listings and reads almost nothing: finished items are the
-``final/`` markers; an item with no lease is tried first (claimed by a create-only
+``final/`` markers of listed leases (the lease is the truth: a marker whose lease is gone
+is stale, and its item is claimed as new); an item with no lease is tried first (claimed by a create-only
 write); a lease is read only when its generation has stood still, by this worker's own
 clock, for half a TTL, while holders rewrite theirs every third of one. So only dead,
 released or failed-for-retry leases are ever read, and a lease whose holder keeps
@@ -25,7 +26,8 @@ class ClaimPolicy:
     def __init__(self, items: Sequence[str], worker: str, lease_ttl: float, standby: bool):
         self.order = list(items)
         random.Random(worker).shuffle(self.order)  # each worker its own order: 200 do not queue on one lease
-        self.terminal: set[str] = set()
+        self.terminal: set[str] = set()  # finished as of the last listings (recomputed every pass)
+        self.stale: set[str] = set()  # final/ markers whose lease was not listed: not finished
         self.known: dict[str, tuple[Lease, int]] = {}  # leases read: (lease, its generation)
         self.since: dict[str, tuple[int, float]] = {}  # item -> (generation listed, monotonic time first listed)
         self.listing: dict[str, int] = {}
@@ -39,9 +41,18 @@ class ClaimPolicy:
     def observe(self, finals: Iterable[str], listing: dict[str, int], now: float,
                 released: Iterable[str] = ()) -> None:
         """A pass's listings: finished items, every lease's generation (``now``: monotonic), and
-        the items announced as given back."""
-        self.terminal.update(finals)
+        the items announced as given back. List the leases before the markers: a marker is
+        written after its lease is done and removed before its lease is, so a marker seen
+        after its lease was listed belongs to that lease.
+
+        Finished is recomputed from these listings every pass, never kept from an earlier one:
+        a lease deleted since (``fleet status --verify`` reopening it, or a hand) makes its item
+        unfinished again, whatever marker is left."""
+        finals = set(finals)
         self.listing = listing
+        self.stale = finals - listing.keys()
+        self.terminal = {item for item in finals if item in listing} | {
+            item for item, (lease, gen) in self.known.items() if lease.terminal and listing.get(item) == gen}
         self.released = set(released)
         for name, gen in listing.items():
             if self.since.get(name, (None, 0.0))[0] != gen:
@@ -81,4 +92,4 @@ class ClaimPolicy:
         self.idle = 0 if worked else self.idle + 1
 
     def drained(self) -> bool:
-        return len(self.terminal) >= len(self.order)
+        return all(item in self.terminal for item in self.order)

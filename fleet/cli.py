@@ -292,8 +292,11 @@ def status_cmd(
 
 
 def _verify(store, reader, run: str) -> None:
-    from fleet.verify import check_outputs, reopen
+    from fleet.verify import check_outputs, describe_stale, reopen, stale_markers
 
+    stale = stale_markers(store, run, repair=True)
+    if stale:
+        console.print(f"verify: {describe_stale(stale)}", highlight=False, markup=False, soft_wrap=True)
     leases = reader.leases()
     done = sum(1 for lease in leases.values() if lease.state == "done")
     damage = check_outputs(reader.spec, leases, deep=True)

@@ -26,7 +26,7 @@ from fleet.run import PlanError, load_spec, plan, spec_name
 from fleet.spawner import start_workers, stop_workers
 from fleet.status import RunStatus, StatusReader
 from fleet.store import open_store
-from fleet.verify import check_outputs, reopen
+from fleet.verify import check_outputs, describe_stale, reopen, stale_markers
 
 STATE_DIR = ".fleet"
 RUN = "local"
@@ -152,6 +152,9 @@ def run_local(
             console.print(f"{len(damaged)} damaged lease object(s) ({', '.join(damaged[:5])}): converting those "
                           "items again", highlight=False)
             reopen(store, RUN, damaged)
+        stale = stale_markers(store, RUN, repair=True)  # the lease is the truth; a lone marker lies
+        if stale:
+            console.print(describe_stale(stale), highlight=False, markup=False, soft_wrap=True)
         freed = release_dead(store, reader)
         if freed:
             console.print(f"{freed} item(s) held by workers of an earlier run that died are given back", highlight=False)

@@ -232,7 +232,7 @@ class Worker:
                     except StoreError as e:  # the output place refuses every item alike
                         raise Environment(f"writing outputs: {e}") from None
                     outputs.append({"name": name, "size": os.path.getsize(path), "sha256": sha256_file(path),
-                                    "generation": generation})
+                                    "generation": generation, "version": self._version_of(name, generation)})
             renewer.finish()
             if renewer.lost.is_set():
                 raise Lost(f"item {item.id}: lease taken over")
@@ -273,6 +273,12 @@ class Worker:
                       " for good" if final else "", message, trace)
         finally:
             self.current = None
+
+    def _version_of(self, name: str, generation: int) -> str:
+        """The uploaded object's version, which a cheap check of the outputs compares (see
+        fleet.verify): "" if it is already another generation (then the generation is compared)."""
+        blob = self.output.stat(name)
+        return blob.version if blob is not None and blob.generation == generation else ""
 
     def _give_back(self, held: Held) -> None:
         """Release an item without spending an attempt; if even that cannot be written (the
@@ -317,8 +323,9 @@ class Worker:
         prefix, final, back = lease_prefix(self.run), final_prefix(self.run), released_prefix(self.run)
         self.beat("starting")
         while True:
-            finals = [b.name[len(final):] for b in self.store.list(final)]
+            # Leases before markers (see ClaimPolicy.observe): a marker counts only with its lease.
             listing = {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
+            finals = [b.name[len(final):] for b in self.store.list(final)]
             policy.observe(finals, listing, time.monotonic(), [b.name[len(back):] for b in self.store.list(back)])
             worked = False
             for item_id, fresh in policy.candidates(time.monotonic(), time.time()):
@@ -340,8 +347,14 @@ class Worker:
                             if item_id in policy.released and current[0].worker != self.name:
                                 self._unannounce(item_id)  # taken again already: the marker is stale
                             continue  # a slow renewal, not a dead holder: wait for its expiry
+                stale = fresh and item_id in policy.stale
+                if stale and not self.drop_stale_marker(item_id):
+                    continue  # a new lease beside the old marker would read as finished
                 got = self.leases.claim(item_id, current)
                 if isinstance(got, Held):
+                    if stale:  # the lease was really gone (else the claim finds it, and the marker is rewritten)
+                        log.warning("item %s: a final/ marker without its lease (stale: the lease was deleted); "
+                                    "marker removed, the item is converted again", item_id)
                     if item_id in policy.released:
                         self._unannounce(item_id)
                     self.mark_idle(False)
@@ -409,6 +422,17 @@ class Worker:
         except Exception as e:  # advisory: the lease stays the truth, and readers fall back to it
             log.warning("final marker for %s not written: %s", item, e)
 
+    def drop_stale_marker(self, item: str) -> bool:
+        """A final/ marker whose lease is gone (deleted by hand, or a reopen cut short) says
+        nothing: the lease is the truth. Remove it before claiming the item as new, so that
+        no one takes the new lease for a finished one."""
+        try:
+            self.store.delete(final_prefix(self.run) + item)
+            return True
+        except Exception as e:  # tried again next pass
+            log.warning("stale final marker for %s not removed: %s", item, e)
+            return False
+
     def standbys_ahead(self) -> int:
         """Live idle workers ranked before this one, counted up to `standby`.
 
@@ -464,7 +488,7 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
     A problem that is the user's, the store's or the machine's (no such run or bucket, 403,
     a bad or changed vocab, an unknown job, a full disk) is one log line and exit code 2,
     never a traceback; an item in hand is given back first."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm), signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches every process of the group: same as SIGTERM
     try:
         worker = Worker(bucket, run, name, standby=standby)
@@ -509,7 +533,13 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
             log.error("stopped: %s", reason)
             return 2
     finally:
+        # Leaving: nothing is held any more, so a SIGTERM now (`fleet local` stops its workers once the
+        # run is finished) must not interrupt the scratch sweep with a Shutdown and a traceback.
+        signal.signal(signal.SIGTERM, _ignore)
+        signal.signal(signal.SIGINT, _ignore)
         worker.close()
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
     log.info("drained: %d done, %d failed here", counters.items_done, counters.items_failed)
     return 0
 
@@ -605,9 +635,13 @@ def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, pref
 
 
 def drained(bucket: str, run: str) -> bool:
-    """Every item finished: one listing of the final/ markers."""
+    """Every item finished: one listing of the leases, then one of the final/ markers; a
+    marker counts only while its lease is there (a stale one must not stop the workers)."""
     try:
         store = open_store(bucket)
-        return len(list(store.list(final_prefix(run)))) >= load_spec(store, run).items
+        prefix, final = lease_prefix(run), final_prefix(run)
+        leased = {b.name[len(prefix):] for b in store.list(prefix)}
+        finals = {b.name[len(final):] for b in store.list(final)}
+        return len(finals & leased) >= load_spec(store, run).items
     except Exception:  # then the workers find out themselves
         return False

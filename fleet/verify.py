@@ -1,9 +1,15 @@
 """A finished item's outputs checked against what its lease recorded, and items reopened.
 
-A done lease names each output with its size, sha256 and the generation the upload
-created. Outputs are a pure function of the item, so an item whose outputs were
-deleted or overwritten since can simply be converted again: it is reopened (its
-``final/`` marker and its lease removed) and the next worker claims it as new.
+A done lease names each output with its size, sha256, the generation the upload
+created and the object's version then (in a local folder that includes the inode's
+change time, which moves on a rewrite in place even when the mtime is put back).
+Outputs are a pure function of the item, so an item whose outputs were deleted or
+overwritten since can simply be converted again: it is reopened (its ``final/`` marker
+and its lease removed) and the next worker claims it as new.
+
+The lease is the item's one source of truth; a ``final/`` marker only caches "this lease
+is finished" for a cheap listing. A marker whose lease is gone is stale: it is named and
+removed, and the item is pending.
 """
 
 from __future__ import annotations
@@ -44,8 +50,8 @@ def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False) -
     """Outputs of done items that are missing or differ from what their lease recorded.
 
     One listing of the output place finds missing and resized outputs. An output whose
-    generation is not the one its commit recorded (rewritten since, or a lease from before
-    generations were kept) is read and hashed; ``deep`` hashes every output."""
+    version (or, in leases from before versions were kept, generation) is not the one its
+    commit recorded is read and hashed; ``deep`` hashes every output."""
     output = open_store(spec.output)
     try:
         present: dict[str, Blob] = {b.name: b for b in output.list("part-")}
@@ -62,7 +68,7 @@ def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False) -
                 damage.append(Damage(item, name, "is missing"))
             elif "size" in out and blob.size != out["size"]:
                 damage.append(Damage(item, name, f"has {blob.size:,} bytes, not the {out['size']:,} committed"))
-            elif deep or out.get("generation") != blob.generation:
+            elif deep or _moved(out, blob):
                 try:
                     same = _sha256_of(output, name) == out.get("sha256")
                 except NotFound:
@@ -71,6 +77,37 @@ def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False) -
                 if not same:
                     damage.append(Damage(item, name, "has other contents than committed (sha256 differs)"))
     return damage
+
+
+def _moved(out: dict, blob: Blob) -> bool:
+    """True when the object may no longer be the one committed: worth a hash."""
+    if out.get("version"):
+        return out["version"] != blob.version
+    return out.get("generation") != blob.generation
+
+
+def stale_markers(store: Store, run: str, repair: bool = False) -> list[str]:
+    """Items with a ``final/`` marker but no lease: not finished, whatever the marker says.
+
+    The leases are listed first: a marker is written after its lease is done and removed
+    before its lease is, so a marker of a listed lease is never taken for stale. (One of an
+    item claimed and finished between the two listings can be: removing it is harmless,
+    as the next worker to read that done lease writes its marker again.)
+    ``repair`` removes them (workers also do, before claiming such an item)."""
+    leased = {b.name[len(lease_prefix(run)):] for b in store.list(lease_prefix(run))}
+    stale = sorted(name for name in (b.name[len(final_prefix(run)):] for b in store.list(final_prefix(run)))
+                   if name not in leased)
+    if repair:
+        for item in stale:
+            store.delete(final_prefix(run) + item)
+    return stale
+
+
+def describe_stale(items: list[str]) -> str:
+    """One line about stale markers, for `fleet local` and `fleet status --verify`."""
+    shown = ", ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+    return (f"{len(items)} item(s) had a final/ marker but no lease ({shown}): stale markers removed; "
+            "the lease is the truth, so those items are pending and are converted again")
 
 
 def reopen(store: Store, run: str, items: Iterable[str]) -> None:

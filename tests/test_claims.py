@@ -21,11 +21,11 @@ def test_each_worker_has_its_own_order_of_all_items():
 
 def test_unleased_items_first_and_live_leases_never_read():
     p = ClaimPolicy(ITEMS, "w", TTL, False)
-    p.observe(finals=["00000"], listing={"00001": 5, "00002": 7}, now=100.0)
+    p.observe(finals=["00000"], listing={"00000": 3, "00001": 5, "00002": 7}, now=100.0)  # 00000 finished
     got = p.candidates(now=100.0, wall=1e9)
     assert [item for item, fresh in got if fresh] == [i for i in p.order if i in ("00003", "00004", "00005")]
     assert not [item for item, fresh in got if not fresh]  # leases just listed: not read
-    p.observe([], {"00001": 6, "00002": 7}, now=100.0 + TTL / 2)  # 00001 renewed, 00002 stood still
+    p.observe(["00000"], {"00000": 3, "00001": 6, "00002": 7}, now=100.0 + TTL / 2)  # 00001 renewed, 00002 stood still
     stalled = [item for item, fresh in p.candidates(100.0 + TTL / 2, 1e9) if not fresh]
     assert stalled == ["00002"]
 
@@ -60,7 +60,7 @@ def test_a_lease_known_free_at_its_listed_generation_is_tried_at_once():
 
 def test_finished_items_are_never_candidates_and_drained_when_all_are():
     p = ClaimPolicy(ITEMS[:3], "w", TTL, False)
-    p.observe(["00000"], {}, now=0.0)
+    p.observe(["00000"], {"00000": 1, "00001": 2}, now=0.0)  # a marker counts with its lease listed
     p.remember("00001", lease(DONE), 2)
     p.finished("00001")
     assert [item for item, _ in p.candidates(0.0, 0.0)] == ["00002"] and not p.drained()

@@ -1,4 +1,10 @@
-"""Finding a corpus's files: folders walked (links followed once), each file planned once."""
+"""Finding a corpus's files: folders walked (links followed once), each file planned once.
+
+Once means once per file, not per name: a symbolic link, a hard link or the same folder
+named twice all reach one inode, and its bytes are read once. Inside a folder only corpus
+files are taken: not READMEs, licences or build files (with or without an extension), and
+not the outputs or run state of another fleet run, which are named in a warning.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import logging
 import os
 import stat
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from fleet.inputs.compression import COMPRESSIONS
 from fleet.job import InputError
@@ -55,16 +61,48 @@ def _hidden(name: str) -> bool:
     return any(part.startswith((".", "_")) for part in name.split("/"))
 
 
+# Files that come with a corpus but are not corpus, whatever their extension (README, readme.txt,
+# LICENSE.md, Makefile.am): taken only when named on their own.
+NOT_CORPUS = frozenset({
+    "readme", "license", "licence", "licenses", "licences", "copying", "copyright", "notice", "authors",
+    "contributors", "contributing", "changelog", "codeowners", "makefile", "dockerfile", "containerfile",
+    "cmakelists", "manifest", "checksums", "md5sums", "sha1sums", "sha256sums", "sha512sums",
+})
+
+
 def _corpus_file(name: str) -> bool:
     """Inside a folder, take text files and extension-less shards (wiki_00); skip READMEs and code."""
     if _hidden(name):
         return False
     base = name.rsplit("/", 1)[-1].lower()
+    if base.split(".", 1)[0] in NOT_CORPUS:
+        return False
     for ext in COMPRESSIONS:
         if base.endswith(ext):
             base = base[: -len(ext)]
             break
     return base.endswith(TEXT_EXTENSIONS) or "." not in base
+
+
+def fleet_output(folder: str, entries: Iterable[str], exists: Callable[[str], bool]) -> str | None:
+    """Why a folder holds another fleet run's outputs or run state rather than corpus, or None.
+
+    ``entries``: the names directly in it; ``exists(relative name)``: whether a file is there.
+    Part files alone do not tell (a Spark or Hugging Face export is named part-00000 too);
+    the summary `fleet local` writes beside them, its .fleet/ state, or a bucket's
+    runs/<run>/run.json do."""
+    entries = set(entries)
+    if ".fleet" in entries:
+        return "the outputs of a `fleet local` run: it holds .fleet/"
+    if "summary.json" in entries and any(e.startswith("part-") for e in entries):
+        return "the outputs of a fleet run: it holds summary.json and part-* files"
+    if folder.rstrip("/").rsplit("/", 1)[-1] == "runs" and any(exists(f"{e}/run.json") for e in entries):
+        return "the run state of a fleet bucket: it holds runs/*/run.json"
+    return None
+
+
+def _skip_output(display: str, why: str) -> None:
+    _warn(f"{display}: {why}; skipped (not corpus)")
 
 
 def _warn(message: str) -> None:
@@ -97,6 +135,12 @@ def _walk(root: str, exclude: tuple[str, ...]) -> Iterator[tuple[str, os.stat_re
             entries = sorted(os.listdir(folder))
         except OSError as e:
             raise InputError(f"{printable(folder)}: cannot list it ({e.strerror or e})") from None
+        why = fleet_output(folder, entries, lambda rel: os.path.isfile(os.path.join(folder, rel)))
+        if why is not None:
+            if not rel:  # the folder named: say so as the error, not as a warning before "no input files"
+                raise InputError(f"{printable(folder)}: {why}, not a corpus; name its files to read them")
+            _skip_output(printable(folder), why)
+            return
         for entry in entries:
             if entry.startswith((".", "_")):
                 continue
@@ -132,10 +176,10 @@ def find_inputs(paths: list[str], exclude: list[str] = ()) -> list[InputFile]:
     folder, or through links): the same corpus twice would be converted twice. Paths
     under ``exclude`` (the output folder of `fleet local`) are never inputs."""
     found: list[InputFile] = []
-    seen: dict[str, str] = {}  # resolved path or URL -> how it was first found
+    seen: dict[object, str] = {}  # (device, inode) of a local file, or a URL -> how it was first found
     excluded = tuple(os.path.realpath(x) for x in exclude)
 
-    def add(inp: InputFile, key: str) -> None:
+    def add(inp: InputFile, key: object) -> None:
         if key in seen:
             if seen[key] != inp.display:
                 _warn(f"{inp.display}: the same file as {seen[key]}; planned once")
@@ -154,7 +198,10 @@ def find_inputs(paths: list[str], exclude: list[str] = ()) -> list[InputFile]:
                 add(InputFile(root, prefix, blob.size, blob.version), f"{root}/{prefix}")
                 continue
             folder = prefix + "/" if prefix else ""
-            blobs = [b for b in store.list(folder) if _corpus_file(b.name[len(folder):]) and b.size > 0]
+            listed = list(store.list(folder))
+            skipped = _gcs_outputs(path, [b.name[len(folder):] for b in listed])
+            blobs = [b for b in listed if _corpus_file(b.name[len(folder):]) and b.size > 0
+                     and not any(b.name[len(folder):].startswith(s) for s in skipped)]
             if not blobs:
                 raise InputError(f"{path}: no input files there")
             for b in blobs:
@@ -167,17 +214,17 @@ def find_inputs(paths: list[str], exclude: list[str] = ()) -> list[InputFile]:
             st = os.stat(local)
             inp = InputFile(os.path.dirname(local), os.path.basename(local), st.st_size, file_version(st))
             _readable(local, inp.display)
-            add(inp, os.path.realpath(local))
+            add(inp, (st.st_dev, st.st_ino))  # a hard or symbolic link to a file planned already: once
         elif os.path.isdir(local):
-            files = [InputFile(local, rel, st.st_size, file_version(st)) for rel, st in _walk(local, excluded)]
+            files = [(InputFile(local, rel, st.st_size, file_version(st)), st) for rel, st in _walk(local, excluded)]
             if not files:
                 raise InputError(f"{printable(path)}: no input files there")
-            for inp in files:
+            for inp, st in files:
                 real = os.path.realpath(os.path.join(local, inp.name))
                 if any(real == x or real.startswith(x + os.sep) for x in excluded):
                     continue  # a link into the output folder
                 _readable(real, inp.display)
-                add(inp, real)
+                add(inp, (st.st_dev, st.st_ino))
         elif os.path.islink(local):
             raise InputError(f"{printable(path)}: a broken symbolic link (to {printable(os.readlink(local))})")
         elif os.path.exists(local):
@@ -185,3 +232,26 @@ def find_inputs(paths: list[str], exclude: list[str] = ()) -> list[InputFile]:
         else:
             raise InputError(f"{printable(path)}: no such file or folder")
     return found
+
+
+def _gcs_outputs(path: str, names: list[str]) -> list[str]:
+    """The folders (relative prefixes ending in /) under a gs:// input folder that hold another
+    fleet run's outputs or run state, each named in a warning; the outermost only."""
+    present = set(names)
+    entries: dict[str, set[str]] = {}  # folder ("" or "a/b/") -> the names directly in it
+    for name in names:
+        parts = name.split("/")
+        for depth in range(len(parts)):
+            entries.setdefault("".join(p + "/" for p in parts[:depth]), set()).add(parts[depth])
+    skipped: list[str] = []
+    for folder in sorted(entries):
+        if any(folder.startswith(s) for s in skipped):
+            continue
+        why = fleet_output(folder, entries[folder], lambda rel, f=folder: f + rel in present)
+        if why is None:
+            continue
+        if not folder:
+            raise InputError(f"{path}: {why}, not a corpus; name its files to read them")
+        _skip_output(f"{path.rstrip('/')}/{folder.rstrip('/')}", why)
+        skipped.append(folder)
+    return skipped

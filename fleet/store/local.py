@@ -27,8 +27,12 @@ _TMP_PREFIX = ".fleet-tmp-"
 
 
 def file_version(st: os.stat_result) -> str:
-    """A local file's ``Blob.version``: what changes when the file is rewritten, truncated or replaced."""
-    return f"size={st.st_size},mtime_ns={st.st_mtime_ns},inode={st.st_ino}"
+    """A local file's ``Blob.version``: what changes when the file is rewritten, truncated or replaced.
+
+    The change time is in it because a user can put an mtime back (``touch -r``, ``os.utime``,
+    ``rsync -t``) but not a ctime: a rewrite in place with the mtime restored is still seen.
+    (A chmod or a new hard link moves it too: the file then reads as changed, which errs safe.)"""
+    return f"size={st.st_size},mtime_ns={st.st_mtime_ns},inode={st.st_ino},ctime_ns={st.st_ctime_ns}"
 
 
 class LocalStore(Store):
