@@ -193,3 +193,13 @@ def test_causal_lm_tokenizes_a_long_document_into_arrays(tmp_path):
     assert len(ids) == 500_000 and min(ids) >= 305
     assert getattr(module, "LINE_GROUP_CHARS", 1 << 18) <= 1 << 18
     assert peak < 12 << 20, f"tokenizing the document held {peak / 2**20:.1f} MiB of Python objects at once"
+
+
+# -- format=bert, dupe_factor > 1: the item's kept token ids ---------------------------------------
+def test_bert_keeps_at_most_64_mb_of_an_items_token_ids_in_memory():
+    """dupe_factor > 1 keeps the item's token ids (about 4 bytes a token) to build its examples
+    again. A compressed file is one item however big, so they spill to a file beyond a limit;
+    at 256 MB that limit alone was most of the 300 MB a worker may take."""
+    from jobs.electra_zh_en import job
+
+    assert job.SpillingBatches().limit <= 64 << 20
