@@ -17,7 +17,8 @@ of lines: the documents a streaming reader hands the job, so its row is what the
 with the reading bounded.
 
 Each row runs ``fleet local FILE OUT --workers 1 --item-mb 64 --set vocab_file=V --set
-format=F`` (``--job causal_lm`` for causal_lm) in a fresh process tree and prints:
+format=F`` (``--job causal_lm`` for causal_lm; ``--item-mb`` and ``--set KEY=VALUE`` change the
+command) in a fresh process tree and prints:
 
 - ``worker``: the peak RSS (``VmHWM``) of the worker process, read by the worker itself at exit
   (a ``sitecustomize`` put on ``PYTHONPATH`` writes it): the figure the goal is about;
@@ -164,7 +165,8 @@ def train_vocab(folder: str) -> str:
     return path
 
 
-def run_row(tree: str, path: str, fmt: str, vocab: str, folder: str) -> dict:
+def run_row(tree: str, path: str, fmt: str, vocab: str, folder: str, item_mb: float = 64,
+            options: tuple[str, ...] = ()) -> dict:
     """``fleet local`` on one input with one format: peaks (MiB), exit code, wall seconds, summary."""
     out = os.path.join(folder, "out")
     shutil.rmtree(out, ignore_errors=True)
@@ -173,8 +175,8 @@ def run_row(tree: str, path: str, fmt: str, vocab: str, folder: str) -> dict:
         f.write(_SITECUSTOMIZE)
     hwm_dir = tempfile.mkdtemp(prefix="hwm-", dir=folder)
     job = ["--job", "causal_lm"] if fmt == "causal_lm" else ["--set", f"format={fmt}"]
-    cmd = [sys.executable, "-m", "fleet.cli", "local", path, out, "--workers", "1", "--item-mb", "64",
-           "--set", f"vocab_file={vocab}", *job]
+    cmd = [sys.executable, "-m", "fleet.cli", "local", path, out, "--workers", "1", "--item-mb", str(item_mb),
+           "--set", f"vocab_file={vocab}", *job, *(a for option in options for a in ("--set", option))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([hooks, tree]), FLEET_BENCH_HWM_DIR=hwm_dir)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -223,6 +225,8 @@ def main() -> None:
     ap.add_argument("--inputs", default=",".join(INPUTS), help=f"comma-separated, of {', '.join(INPUTS)}")
     ap.add_argument("--tree", default=ROOT, help="checkout to run (default: this one)")
     ap.add_argument("--vocab", help="vocab.txt (default: one of 8000 trained on corpus/)")
+    ap.add_argument("--item-mb", type=float, default=64, help="fleet local --item-mb")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a job option, to every row")
     ap.add_argument("--keep", help="make the inputs in (or reuse them from) this folder and keep them")
     ap.add_argument("--make-parquet", nargs=2, metavar=("TXT", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -255,11 +259,11 @@ def main() -> None:
                               text=True).stdout.strip()[:80]
     print(f"one document of {args.mb:g} MB ({os.path.getsize(os.path.join(folder, 'doc.txt')) / 1e6:.0f} MB as "
           f"text), no blank line inside; tree {tree} ({revision or 'not a git checkout'}); "
-          f"fleet local --workers 1 --item-mb 64; goal: worker <= {GOAL_MIB:.0f} MiB (300 MB); "
+          f"fleet local --workers 1 --item-mb {args.item_mb:g}{''.join(' --set ' + o for o in args.set)}; goal: worker <= {GOAL_MIB:.0f} MiB (300 MB); "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
     for fmt in formats:
         for kind in kinds:
-            r = run_row(tree, paths[kind], fmt, vocab, folder)
+            r = run_row(tree, paths[kind], fmt, vocab, folder, args.item_mb, tuple(args.set))
             print(f"  {fmt:9} {kind:8} {describe(r)}", flush=True)
 
 
