@@ -10,8 +10,8 @@ Input: ONE document of ``--mb`` MB (10^6 bytes; default 1000) of real zh+en text
 line inside: the lines of corpus/sample_zh.txt and corpus/sample_en.txt drawn at random (seeded),
 each with a counter in it, so that no two lines repeat. It is written streaming to disk as plain
 text (``doc.txt``), zstd (``doc.txt.zst``), one JSON Lines record (``doc.jsonl``) and one Parquet
-row (``doc.parquet``, zstd, no dictionary; made in a child process, since pyarrow must hold the
-value whole to write it). This process never holds the document. One more input, ``parts``
+row (``doc.parquet``, with pyarrow's defaults as hub datasets are written: snappy, and the value in a
+dictionary page; made in a child process, since pyarrow must hold the value whole to write it). This process never holds the document. One more input, ``parts``
 (not in the default ``--inputs``), is the same text with a blank line after each 4 Mi characters
 of lines: the documents a streaming reader hands the job, so its row is what the job side costs
 with the reading bounded.
@@ -28,6 +28,8 @@ command) in a fresh process tree and prints:
 - whether the run converted the document: its exit code, examples and ``bad_records``; a
   run that skipped the document as bad costs little memory and says nothing about (d);
 - ``out``: the first hex digits of a sha256 over the output files, to compare trees' records.
+
+A worker figure is marked ``ok`` (at most 300 MB), ``>`` (above) or ``!`` (the run failed).
 
 ``--tree DIR`` runs another checkout (e.g. ``git worktree add /tmp/old main``) as ``python -m
 fleet.cli`` from DIR, with this venv, for before/after figures. The figures are MiB (2^20).
@@ -150,7 +152,7 @@ def make_parquet(txt: str, out: str) -> None:
         offsets = pa.py_buffer(np.array([0, data.size], np.int32 if kind == pa.string() else np.int64))
         text = pa.Array.from_buffers(kind, 1, [None, offsets, data])
         table = pa.table({"id": pa.array(["1"]), "text": text})
-        pq.write_table(table, out, compression="zstd", use_dictionary=False)
+        pq.write_table(table, out)
 
 
 def train_vocab(folder: str) -> str:
@@ -208,7 +210,8 @@ def run_row(tree: str, path: str, fmt: str, vocab: str, folder: str, item_mb: fl
 def describe(r: dict) -> str:
     totals = r["summary"].get("totals", r["summary"])
     worker = f"{r['worker_mib']:6.0f}" if r["worker_mib"] is not None else "     ?"
-    mark = "" if r["worker_mib"] is None else (" ok " if r["worker_mib"] <= GOAL_MIB else " >  ")
+    mark = "" if r["worker_mib"] is None else " !  " if r["exit"] else (
+        " ok " if r["worker_mib"] <= GOAL_MIB else " >  ")  # !: the run failed, the figure says nothing
     facts = [f"exit {r['exit']}", f"{totals.get('examples', 0):,} examples", f"out {r['out']}"]
     for key in ("bad_records", "documents_cut"):
         if totals.get(key):

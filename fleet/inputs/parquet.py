@@ -10,8 +10,12 @@ text is null or not valid UTF-8, or holds a line over MAX_LINE_BYTES, is a bad r
 A row longer than MAX_DOCUMENT_CHARS is never made one Python string: its lines are
 decoded from the Arrow buffer a window at a time and handed on in parts of at most
 MAX_DOCUMENT_CHARS characters, the parts ``formats.checked`` would cut the whole row
-into. pyarrow still decodes a value whole (a page at a time), so a row costs about
-twice its size in Arrow buffers while it is read; nothing else grows with it.
+into. pyarrow still decodes a value whole, a page at a time: while it does, it holds the
+page (compressed and not; with a dictionary, the dictionary page and its decoded copy) and
+the value, two to four times the row's size (measured: 100 MB, plain and zstd: 250 MB;
+pyarrow's defaults, dictionary and snappy: 365 MB). A big batch that ends its row group
+lets the reader and those pages go before its rows are handed on. So the floor for a huge
+row is its size times that factor; nothing of ours grows with it.
 """
 
 from __future__ import annotations
@@ -172,11 +176,16 @@ def _rows(pf, first: int, end: int, column: str) -> Iterator[list[str] | Bad | _
         rg = meta.row_group(group)
         mean = rg.column(leaf).total_uncompressed_size // max(1, rg.num_rows)
         batch_size = max(1, min(_BATCH, _BATCH_BYTES // max(1, mean)))
-        for batch in pf.iter_batches(batch_size=batch_size, row_groups=[group], columns=[column], use_threads=False):
+        batches = pf.iter_batches(batch_size=batch_size, row_groups=[group], columns=[column], use_threads=False)
+        done = 0
+        for batch in batches:
             array = batch.column(0)
             del batch
-            large = pa.types.is_large_string(array.type)
-            yield from _batch_rows(array, row, column, large)
+            done += len(array)
+            if done >= rg.num_rows and array.nbytes > _WINDOW:  # the group's last batch, a big one:
+                batches.close()  # let the reader go, and its pages (the dictionary page, the decoded page)
+                pa.default_memory_pool().release_unused()
+            yield from _batch_rows(array, row, column, pa.types.is_large_string(array.type))
             row += len(array)
             del array
 
