@@ -82,8 +82,12 @@ def from_json(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
                           "name one with eod_token=...")
     pad = _special(vocab, "pad", "pad_token", pad_token, PAD_CANDIDATES, source)
 
+    # The same ids without offsets (tokenizers >= 0.20): an Encoding of a 4 Mi-character part
+    # took 860 MB at its peak with them, 718 without.
+    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+
     def encode(documents: Sequence[list[str]]) -> list[list[int]]:
-        encodings = tokenizer.encode_batch(["\n".join(lines) for lines in documents], add_special_tokens=False)
+        encodings = encode_batch(["\n".join(lines) for lines in documents], add_special_tokens=False)
         return [e.ids for e in encodings]
 
     return DocumentTokenizer(encode, eod, eod if pad is None else pad, tokenizer.get_vocab_size(with_added_tokens=True))
