@@ -86,7 +86,7 @@ class CausalLMConverter(Converter):
                 counts["lines"] += sum(map(len, batch))
                 counts["text_bytes"] += sum(len(line.encode()) for document in batch for line in document)
                 ids = self.tokenizer.encode(batch)
-                counts["tokens"] += sum(len(d) + 1 for d in ids if d)  # with each document's end token
+                counts["tokens"] += sum(len(d) + 1 for d in ids if len(d))  # with each document's end token
                 write(cutter.add(ids))
             write(cutter.finish())
         counts["dropped_tokens"] = cutter.dropped

@@ -7,7 +7,7 @@ the same examples unencoded, as arrays, for a Parquet writer). Memory is
 bounded by the batch, the negative pool and, when ``dupe_factor`` > 1, the
 item's token ids kept as compact arrays (about 4 bytes per token: 80 MB for a
 64 MB item) to build its examples again with other randomness; the job's
-converter moves them to a temporary file beyond 256 MB (``SpillingBatches``).
+converter moves them to a temporary file beyond 64 MB (``SpillingBatches``).
 
 Randomness: pass ``d`` (of ``dupe_factor``) uses ``random.Random`` and a numpy
 ``Generator`` seeded from (item seed, d), so the output is a pure function of

@@ -340,9 +340,10 @@ class SentenceSplitting(Converter):
 class SpillingBatches:
     """An item's token batches for dupe_factor > 1: in memory up to ``limit`` bytes (a 64 MB
     item needs about 80 MB), then in a temporary file, so a worker's memory stays bounded
-    whatever the item size."""
+    whatever the item size (a compressed file is one item, however big). 64 MB, not more: a
+    worker should stay under 300 MB in all (issue 17)."""
 
-    def __init__(self, limit: int = 256 << 20):
+    def __init__(self, limit: int = 64 << 20):
         self.limit = limit
         self.in_memory: list[DocBatch] = []
         self.bytes = 0
