@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
-from fleet.config import ConfigError as FleetConfigError
-from fleet.render import print_skipped
+from fleet.config import PROCS_PER_CORE, ConfigError as FleetConfigError
+from fleet.render import print_skipped, say
 from fleet.job import ConfigError, InputError, JobNotFound
 from fleet.run import PlanError, list_runs
 from fleet.store import StoreError, open_store
@@ -34,12 +34,18 @@ class _Commands(TyperGroup):
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Corpus to BERT/ELECTRA pre-training TFRecords on a fleet of short-lived VMs.")
-console = Console(stderr=True, soft_wrap=True)  # a message is one line, however long
+console = Console(stderr=True, soft_wrap=True, markup=False)  # one line however long; text as it is (`[/` too)
 USER_ERRORS = (PlanError, ConfigError, InputError, JobNotFound, StoreError, FleetConfigError)
 
 
+def stdout() -> Console:
+    """Tables and reports: markup off, since they hold run names, paths and job texts."""
+    return Console(markup=False)
+
+
 def fail(message: str, code: int = 2) -> None:
-    console.print(f"[red]fleet: error:[/red] {message}", highlight=False, soft_wrap=True, markup=True)
+    """The one line of a user error: only the prefix is styled; the message is printed as it is."""
+    say(console, " ".join(str(message).splitlines()), "fleet: error:", "red")
     raise typer.Exit(code)
 
 
@@ -58,14 +64,34 @@ def user_error(e: BaseException) -> bool:
     return isinstance(e, (*USER_ERRORS, OSError)) or (compute is not None and isinstance(e, compute.ComputeError))
 
 
+# What the number options accept: anything outside (inf, NaN, a typo's extra zeros) is refused
+# up front in one line naming the range, before it can overflow a conversion or a timer.
+ITEM_MB = (0.001, 1e6)  # 1 kB to 1 TB of input per item
+LEASE_TTL = (1.0, 86400.0)  # seconds: a lease is renewed every TTL/3, so a day is already generous
+MAX_ATTEMPTS = (1, 100)
+MAX_BAD_SHARE = (0.0, 1.0)
+POLL = (0.05, 3600.0)  # seconds
+
+
+def max_procs() -> int:
+    return PROCS_PER_CORE * (os.cpu_count() or 1)
+
+
+def within(option: str, value: float, bounds: tuple[float, float], note: str = "") -> None:
+    low, high = bounds
+    if not low <= value <= high:  # NaN and inf too
+        fail(f"{option} {value:g}: give {low:g} to {high:g}{note}")
+
+
 def at_least(option: str, value: float, low: float) -> None:
     if not value >= low:  # NaN too
         fail(f"{option} {value:g}: give {low:g} or more")
 
 
-def positive(option: str, value: float) -> None:
-    if not value > 0:  # NaN too
-        fail(f"{option} {value:g}: give a positive number")
+def processes(option: str, value: int) -> None:
+    """A worker process count: 0 (one per core) up to PROCS_PER_CORE per core."""
+    within(option, value, (0, max_procs()), f" (0 = one per core; at most {PROCS_PER_CORE} per core, "
+                                            f"{os.cpu_count() or 1} cores here)")
 
 
 def parse_settings(pairs: list[str]) -> dict[str, str]:
@@ -100,9 +126,7 @@ def plan_cmd(
     from fleet.inputs import ReadOptions
     from fleet.run import plan
 
-    positive("--item-mb", item_mb)
-    at_least("--lease-ttl", lease_ttl, 1)
-    at_least("--max-attempts", max_attempts, 1)
+    _plan_numbers(item_mb, lease_ttl, max_attempts, max_bad_share)
     cfg = _config()
     bucket = _bucket(bucket, cfg)
     version = code_version(paths=cfg.code_paths) if cfg else code_version()
@@ -112,6 +136,14 @@ def plan_cmd(
     verb = "planned" if created else "already planned (unchanged)"
     console.print(f"run {run} {verb}: {len(items)} items, {spec.input_bytes / 1e6:,.1f} MB, "
                   f"job {job}, code {spec.code_version}")
+
+
+def _plan_numbers(item_mb: float | None, lease_ttl: float, max_attempts: int, max_bad_share: float) -> None:
+    if item_mb is not None:
+        within("--item-mb", item_mb, ITEM_MB, " MB")
+    within("--lease-ttl", lease_ttl, LEASE_TTL, " seconds")
+    within("--max-attempts", max_attempts, MAX_ATTEMPTS)
+    within("--max-bad-share", max_bad_share, MAX_BAD_SHARE)
 
 
 @app.command("work")
@@ -130,7 +162,7 @@ def work_cmd(
     """Claim, convert and commit items until the run is drained (what each VM runs)."""
     from fleet.spawner import work
 
-    at_least("--procs", procs, 0)
+    processes("--procs", procs)
     if standby is not None:
         at_least("--standby", standby, 0)
     bucket = _bucket(bucket, _config())
@@ -172,11 +204,8 @@ def local_cmd(
 
     if len(paths) < 2:
         fail("give at least one input and an output folder: fleet local INPUT... OUT_DIR")
-    at_least("--workers", workers, 0)
-    at_least("--lease-ttl", lease_ttl, 1)
-    at_least("--max-attempts", max_attempts, 1)
-    if item_mb is not None:
-        positive("--item-mb", item_mb)
+    processes("--workers", workers)
+    _plan_numbers(item_mb, lease_ttl, max_attempts, max_bad_share)
     *inputs, out_dir = paths
     try:
         result = run_local(inputs, out_dir, job, workers or os.cpu_count() or 1, parse_settings(set_),
@@ -184,7 +213,7 @@ def local_cmd(
                            item_bytes=int(item_mb * 1e6) if item_mb else None, console=console,
                            retry_failed=retry_failed, read=ReadOptions(text_column, keep_titles, max_bad_share))
     except Interrupted as e:
-        console.print(str(e), highlight=False, soft_wrap=True)
+        say(console, str(e))
         raise typer.Exit(130)
     raise typer.Exit(result.exit_code)
 
@@ -228,7 +257,7 @@ def jobs_cmd(
             table.add_column(col)
         for opt in describe_options(job.config_type):
             table.add_row(opt.name, opt.type, repr(opt.default), opt.help)
-        Console().print(table)
+        stdout().print(table)
 
 
 @app.command("follow")
@@ -244,13 +273,13 @@ def follow_cmd(
     Exits 0 when every item is done, 1 (listing them) when some failed."""
     from fleet.follow import follow
 
-    positive("--poll", poll)
+    within("--poll", poll, POLL, " seconds")
     bucket, run = _resolve(bucket, None, run)
     follower = follow(bucket, run, from_start=from_start, poll=poll)
     for out in follower:
         print(out.url, flush=True)
     for item, error in follower.failed:
-        console.print(f"[red]failed[/red] item {item}: {error}", highlight=False)
+        say(console, f"item {item}: {error}", "failed", "red")
     raise typer.Exit(1 if follower.failed else 0)
 
 
@@ -301,11 +330,10 @@ def _verify(store, reader, run: str) -> None:
     done = sum(1 for lease in leases.values() if lease.state == "done")
     damage = check_outputs(reader.spec, leases, deep=True)
     for d in damage:
-        console.print(f"[yellow]output lost:[/yellow] {d}", highlight=False, soft_wrap=True)
+        say(console, str(d), "output lost:", "yellow")
     damaged = [item for item, lease in leases.items() if lease.damaged]
     for item in damaged:
-        console.print(f"[yellow]damaged lease:[/yellow] item {item}: {leases[item].error}", highlight=False,
-                      soft_wrap=True)
+        say(console, f"item {item}: {leases[item].error}", "damaged lease:", "yellow")
     items = sorted({d.item for d in damage} | set(damaged))
     if items:
         reopen(store, run, items)
@@ -317,7 +345,7 @@ def _verify(store, reader, run: str) -> None:
 
 
 def render_status(st) -> None:
-    out = Console()
+    out = stdout()
     table = Table(title=f"run {st.run} ({st.job})", show_header=False)
     table.add_row("items", f"{st.items:,}")
     table.add_row("pending", f"{st.pending:,}")
@@ -340,11 +368,10 @@ def render_status(st) -> None:
     table.add_row("live workers", str(st.live_workers))
     out.print(table)
     for f in st.failures:
-        out.print(f"[red]failed[/red] item {f['item']} ({f['source']}): {f['error']}", highlight=False, soft_wrap=True)
+        say(out, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
     print_skipped(out, st.bad_records, int(st.totals.get("bad_records", 0)))
     for r in st.retrying:
-        out.print(f"[yellow]retrying[/yellow] item {r['item']} after attempt {r['attempt']}: {r['error']}",
-                  highlight=False, soft_wrap=True)
+        say(out, f"item {r['item']} after attempt {r['attempt']}: {r['error']}", "retrying", "yellow")
 
 
 # -- the fleet on Google Cloud ---------------------------------------------------------------------
@@ -435,13 +462,17 @@ def launch_cmd(
     from fleet import gcp
 
     cfg = _required_config()
-    plan, problems = gcp.prepare(cfg, run, workers, template, spot, max_run_hours)
+    plan, checks = gcp.prepare(cfg, run, workers, template, spot, max_run_hours)
+    problems = checks.problems
+    if checks.skipped and not dry_run:
+        fail(f"{checks.skipped}; nothing was created")
     if dry_run:
         for request in plan.requests:
             print(request.render())
         for line in plan.estimate.lines():
             print(line)
-        print("checks: " + ("; ".join(problems) if problems else "quota and service account ok"))
+        print("checks: " + (f"quota and service-account checks skipped: {checks.skipped}" if checks.skipped
+                            else "; ".join(problems) or "quota and service account ok"))
         console.print(f"dry run: nothing created; `fleet launch` would also write {cfg.bucket}/{gcp.launch_name(run)}",
                       highlight=False)
         if problems and not force:
@@ -452,7 +483,7 @@ def launch_cmd(
     if problems and not force:
         fail("; ".join(problems) + "; or --force to launch anyway")
     for line in problems:
-        console.print(f"[yellow]--force:[/yellow] {line}", highlight=False, soft_wrap=True)
+        say(console, line, "--force:", "yellow")
     gcp.launch(cfg, plan, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
     console.print(f"watch it with: fleet status --run {run} --watch", highlight=False)
 
@@ -480,11 +511,11 @@ def _print_stop(store, run: str) -> None:
 
     stop = load_stop(store, run) if store.url.startswith("gs://") else None
     if stop is not None:
-        console.print(f"[red]{stop.line()}[/red]", highlight=False, soft_wrap=True)
+        say(console, stop.line(), style="red")
 
 
 def render_fleet(view: dict) -> None:
-    out = Console()
+    out = stdout()
     launch = view["launch"]
     mig = view["mig"]
     title = f"fleet {launch['mig']} ({launch['zone'] or launch['region']}, {launch['machine_type']}" \
@@ -498,14 +529,13 @@ def render_fleet(view: dict) -> None:
     if mig:
         out.print(f"target size {mig['target_size']}, template {mig['template']}", highlight=False)
     elif view.get("stopped"):
-        out.print(f"[red]{view['stopped']}[/red]", highlight=False, soft_wrap=True)
+        say(out, view["stopped"], style="red")
     elif not view["problem"]:
         out.print("the MIG is gone (the run's VMs have all left)", highlight=False)
     if view["problem"]:
-        out.print(f"[yellow]cannot read the MIG:[/yellow] {view['problem']}", highlight=False, soft_wrap=True)
+        say(out, view["problem"], "cannot read the MIG:", "yellow")
     for e in (mig or {}).get("errors", [])[:10]:
-        out.print(f"[red]{e['action'].lower()} {e['instance']}[/red] {e['time']}: {e['code']}: {e['message']}",
-                  highlight=False, soft_wrap=True)
+        say(out, f"{e['time']}: {e['code']}: {e['message']}", f"{e['action'].lower()} {e['instance']}", "red")
     out.print(f"VM-hours so far: {view['vm_hours']:,.2f} over {view['vms_seen']} VMs (from heartbeats; boot not counted)",
               highlight=False)
     if view.get("boots"):

@@ -53,6 +53,14 @@ class ComputeError(Exception):
         self.code = code  # an operation's error code (e.g. RESOURCE_IN_USE_BY_ANOTHER_RESOURCE), when it had one
 
 
+NO_CREDENTIALS = ("no Google credentials found on this machine: log in with `gcloud auth application-default "
+                  "login` (or set GOOGLE_APPLICATION_CREDENTIALS to a key file)")
+
+
+class NoCredentials(ComputeError):
+    """No Application Default Credentials: nothing can be asked of Compute Engine."""
+
+
 def check_name(kind: str, name: str, max_len: int = 63) -> str:
     if len(name) > max_len or not _NAME.match(name):
         raise ComputeError(f"{kind} name {name!r}: use 1-{max_len} lowercase letters, digits and '-', "
@@ -255,7 +263,14 @@ class Compute:
 
     # -- clients, built on first use so that dry runs need no credentials --------
     def _client(self, cls):
-        return cls(**self._kwargs)
+        from google.auth.exceptions import DefaultCredentialsError
+
+        try:
+            return cls(**self._kwargs)
+        except DefaultCredentialsError as e:
+            given = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")  # a key file that is missing or bad
+            raise NoCredentials(f"GOOGLE_APPLICATION_CREDENTIALS={given}: {str(e).splitlines()[0]}" if given
+                                else NO_CREDENTIALS) from None
 
     @functools.cached_property
     def templates(self) -> compute_v1.InstanceTemplatesClient:

@@ -21,6 +21,10 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
 CONFIG_FILE = "fleet.toml"
 CONFIG_ENV = "FLEET_CONFIG"  # another path for the file (tests, several projects)
 
+# Worker processes are CPU-bound: more than this many per core only adds memory and switches
+# (`fleet local --workers`, `fleet work --procs`, workers_per_vm against the VM's vCPUs).
+PROCS_PER_CORE = 4
+
 DEFAULT_CODE_PATHS = ("fleet", "jobs", "startup", "pyproject.toml", "requirements.lock")
 
 _PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")

@@ -17,7 +17,7 @@ from typing import Callable
 
 from fleet import boots, compute, estimate, iam, prelaunch
 from fleet.codesync import has_version, project_root
-from fleet.config import FleetConfig
+from fleet.config import PROCS_PER_CORE, FleetConfig
 from fleet.records import JsonRecord
 from fleet.run import PlanError, load_items, load_spec, run_prefix
 from fleet.store import NotFound, Store, open_store
@@ -121,7 +121,11 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     if not has_version(cfg.bucket, spec.code_version):
         raise PlanError(f"code version {spec.code_version} (pinned by run {run!r}) is not in {cfg.bucket}: "
                         "run `fleet sync` with the code the run was planned with")
-    cores = vcpus or prelaunch.vcpus_from_name(cfg.machine_type) or 1
+    known = vcpus or prelaunch.vcpus_from_name(cfg.machine_type)
+    if known and cfg.workers_per_vm > PROCS_PER_CORE * known:  # each VM's `fleet work --procs` would refuse it
+        raise PlanError(f"fleet.toml: workers_per_vm = {cfg.workers_per_vm}: a {cfg.machine_type} VM has {known} "
+                        f"vCPUs; give 0 (one per vCPU) to {PROCS_PER_CORE * known}")
+    cores = known or 1
     use_spot = cfg.spot if spot is None else spot
     est = estimate.estimate([item.size for item in items], workers, cores, cfg.workers_per_vm, use_spot, rates(cfg),
                             override)
@@ -142,18 +146,32 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     return LaunchPlan(record, fspec, tpl, mig_res, compute.launch_requests(tpl, mig_res, place), est)
 
 
+@dataclass(frozen=True)
+class Checks:
+    """What stands in a launch's way (one line each, with the fix), or why nothing was checked."""
+
+    problems: list[str]
+    skipped: str = ""  # why the quota and service-account checks could not run (no credentials)
+
+
 def prepare(cfg: FleetConfig, run: str, workers: int, template: str | None = None, spot: bool | None = None,
-            max_run_hours: float | None = None) -> tuple[LaunchPlan, list[str]]:
+            max_run_hours: float | None = None) -> tuple[LaunchPlan, Checks]:
     """The plan, sized with the machine type's real vCPUs, and what stands in its way (quota, the
-    service account): read-only calls only, so a dry run makes them too."""
+    service account): read-only calls only, so a dry run makes them too. Without Google
+    credentials the plan is sized from the machine type's name and the checks are skipped:
+    a dry run still shows the requests and the cost, a launch refuses (fleet.cli)."""
     plan = plan_launch(cfg, run, workers, template, spot, max_run_hours)  # what the bucket alone can refuse, first
     comp = compute.Compute(compute.Place(cfg.project, cfg.zone, cfg.region))
-    facts = prelaunch.gather(cfg, comp)
+    try:
+        facts = prelaunch.gather(cfg, comp)
+    except compute.NoCredentials as e:
+        return plan, Checks([], str(e))
     if facts.vcpus != plan.estimate.vcpus:
         plan = plan_launch(cfg, run, workers, template, spot, max_run_hours, vcpus=facts.vcpus)
     disk = plan.template.properties.disks[0].initialize_params
     account = iam.check_service_account(cfg.service_account)
-    return plan, prelaunch.shortfalls(cfg, workers, plan.spec.spot, disk.disk_type, disk.disk_size_gb, facts, account)
+    return plan, Checks(prelaunch.shortfalls(cfg, workers, plan.spec.spot, disk.disk_type, disk.disk_size_gb, facts,
+                                             account))
 
 
 def launch(cfg: FleetConfig, plan: LaunchPlan, echo: Callable[[str], None] = print) -> LaunchRecord:

@@ -184,6 +184,9 @@ def load_job(name: str) -> Job:
             return ep.load()
     if ":" in name:  # an out-of-tree job: "package.module:ATTR"
         module_name, _, attr = name.partition(":")
+        if not (all(part.isidentifier() for part in module_name.split(".")) and attr.isidentifier()):
+            raise JobNotFound(f"job {name!r}: expected package.module:NAME (an out-of-tree job) or the name of "
+                              "a job under jobs/ (`fleet jobs` lists them)")
         try:
             job = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as e:
@@ -191,8 +194,8 @@ def load_job(name: str) -> Job:
         if not isinstance(job, Job):
             raise JobNotFound(f"job {name!r} is not a fleet.job.Job")
         return job
-    if not name.replace("_", "").isalnum():
-        raise JobNotFound(f"unknown job {name!r}")
+    if not name.isidentifier():
+        raise JobNotFound(f"unknown job {name!r} (available: {', '.join(available_jobs()) or 'none'})")
     try:
         module = importlib.import_module(f"jobs.{name}")
     except ModuleNotFoundError as e:

@@ -11,17 +11,19 @@ import json
 import os
 import signal
 import time
+from urllib.parse import unquote, urlsplit
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
+from rich.text import Text
 
 from fleet.codesync import code_version
 from fleet.inputs import ReadOptions
 from fleet.job import load_job
-from fleet.render import print_skipped
+from fleet.render import printable, print_skipped, say
 from fleet.run import PlanError, load_spec, plan, spec_name
 from fleet.spawner import start_workers, stop_workers
 from fleet.status import RunStatus, StatusReader
@@ -83,14 +85,15 @@ def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     for key, value in summary.items():
         if key in ("outputs", "failures", "run", "hint", "skipped"):
             continue
-        table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value))
-    table.add_row("outputs", f"{len(summary['outputs'])} files in {out_dir}")
+        table.add_row(key, Text(f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int)
+                                else printable(str(value))))  # a job name or a path, as it is
+    table.add_row("outputs", Text(printable(f"{len(summary['outputs'])} files in {out_dir}")))
     console.print(table)
     for f in summary["failures"]:
-        console.print(f"[red]failed[/red] item {f['item']} ({f['source']}): {f['error']}", highlight=False, soft_wrap=True)
+        say(console, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
     print_skipped(console, summary["skipped"], int(summary.get("bad_records", 0)))
     if summary.get("hint"):
-        console.print(summary["hint"], highlight=False, soft_wrap=True)
+        say(console, summary["hint"])
 
 
 def print_report(console: Console, job_name: str, config: dict, out_dir: str) -> None:
@@ -101,7 +104,28 @@ def print_report(console: Console, job_name: str, config: dict, out_dir: str) ->
     except Exception as e:  # the run is done; a report is advice
         text = f"report: {type(e).__name__}: {e}"
     if text:
-        console.print(text, markup=False, highlight=False, soft_wrap=True)
+        say(console, text)
+
+
+def local_folder(out_dir: str) -> str:
+    """OUT_DIR as the local folder it names: a path or a file:// URL. `fleet local` writes its
+    state, outputs and summary with plain file calls, so any other URL (gs://, s3://) would
+    become a folder named after it in the current one: refused, as is an empty OUT_DIR, which
+    would write into the current folder."""
+    if not out_dir.strip():
+        raise PlanError("OUT_DIR is empty: give the output folder (fleet local INPUT... OUT_DIR)")
+    if "://" not in out_dir:
+        return out_dir
+    url = urlsplit(out_dir)
+    path = unquote(url.path, errors="surrogateescape")
+    if url.scheme.lower() == "file" and url.netloc in ("", "localhost") and path.strip("/"):
+        return path
+    if url.scheme.lower() == "gs":
+        hint = "; to write to a bucket, `fleet plan --output gs://...` and then `fleet work` or `fleet launch`"
+    else:
+        hint = ""
+    raise PlanError(f"OUT_DIR {out_dir}: `fleet local` writes to a local folder (a path or file:///PATH) "
+                    f"only{hint}")
 
 
 def _interrupt(signum, frame):
@@ -129,10 +153,10 @@ def run_local(
     retry_failed: bool = False,
     read: ReadOptions = ReadOptions(),
 ) -> LocalResult:
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, markup=False)
     if workers < 1:
         raise PlanError(f"--workers {workers}: give 1 or more (0 means one per core)")
-    out_dir = os.path.abspath(out_dir)
+    out_dir = os.path.abspath(local_folder(out_dir))
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise PlanError(f"{out_dir}: the output folder is an existing file; give a folder")
     bucket = os.path.join(out_dir, STATE_DIR)
@@ -149,31 +173,34 @@ def run_local(
     if not created:
         damaged = [item for item, lease in reader.leases().items() if lease.damaged]
         if damaged:
-            console.print(f"{len(damaged)} damaged lease object(s) ({', '.join(damaged[:5])}): converting those "
-                          "items again", highlight=False)
+            say(console, f"{len(damaged)} damaged lease object(s) ({', '.join(damaged[:5])}): converting those "
+                         "items again")
             reopen(store, RUN, damaged)
         stale = stale_markers(store, RUN, repair=True)  # the lease is the truth; a lone marker lies
         if stale:
             console.print(describe_stale(stale), highlight=False, markup=False, soft_wrap=True)
         freed = release_dead(store, reader)
         if freed:
-            console.print(f"{freed} item(s) held by workers of an earlier run that died are given back", highlight=False)
+            say(console, f"{freed} item(s) held by workers of an earlier run that died are given back")
         damage = check_outputs(spec, reader.leases())
         if damage:
             items_hit = sorted({d.item for d in damage})
             for d in damage[:10]:
-                console.print(f"[yellow]output lost:[/yellow] {d}", highlight=False, soft_wrap=True)
-            console.print(f"{len(items_hit)} done item(s) whose outputs are gone or changed are converted again",
-                          highlight=False)
+                say(console, str(d), "output lost:", "yellow")
+            say(console, f"{len(items_hit)} done item(s) whose outputs are gone or changed are converted again")
             reopen(store, RUN, items_hit)
         if retry_failed and st.failed:
             failed = [f["item"] for f in st.failures]
-            console.print(f"retrying {len(failed)} failed item(s) (--retry-failed)", highlight=False)
+            say(console, f"retrying {len(failed)} failed item(s) (--retry-failed)")
             reopen(store, RUN, failed)
         st = reader.collect()
-        console.print(f"resuming the run in {out_dir}: {st.done} of {st.items} items already done"
-                      + (f", {st.failed} failed (--retry-failed retries them)" if st.failed else ""),
-                      highlight=False)
+        say(console, f"resuming the run in {out_dir}: {st.done} of {st.items} items already done"
+            + (f", {st.failed} failed (--retry-failed retries them)" if st.failed else ""))
+    left = st.items - st.done - st.failed
+    if 0 < left < workers:  # the others would only start, find nothing to claim and leave
+        say(console, f"{left} item{'s' if left != 1 else ''} to convert: {left} worker{'s' if left != 1 else ''} "
+                     f"instead of {workers}")
+        workers = left
     t0 = time.time()
     children = []
     interrupted = False
@@ -214,14 +241,13 @@ def run_local(
         with open(path, "w") as f:
             json.dump(summary, f, indent=1)
     except OSError as e:  # the table below still says it all
-        console.print(f"[yellow]{path}: not written ({e.strerror})[/yellow]", highlight=False)
+        say(console, f"{path}: not written ({e.strerror})", style="yellow")
     print_summary(console, summary, out_dir)
     print_report(console, job, spec.config, out_dir)
     if not st.finished:
         reasons = stopped_reasons(os.path.join(bucket, "logs"))
-        console.print(f"[red]workers stopped with {st.items - st.done - st.failed} items unfinished"
-                      + (f": {reasons[0]}" if reasons else "")
-                      + f"; see their logs in {os.path.join(bucket, 'logs')}[/red]", highlight=False, soft_wrap=True)
+        say(console, f"workers stopped with {st.items - st.done - st.failed} items unfinished"
+            + (f": {reasons[0]}" if reasons else "") + f"; see their logs in {os.path.join(bucket, 'logs')}", style="red")
         return LocalResult(st, summary, 1)
     return LocalResult(st, summary, 1 if st.failed else 0)
 

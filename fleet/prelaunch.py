@@ -52,6 +52,8 @@ def gather(cfg: FleetConfig, comp: compute.Compute) -> Facts:
     problems: list[str] = []
     try:
         zones, quotas = comp.region_info()
+    except compute.NoCredentials:
+        raise  # not a permission to grant: the caller says how to log in
     except compute.ComputeError as e:
         zones, quotas = [], {}
         problems.append(f"cannot read the quotas of region {comp.region} ({e}); grant compute.regions.get")
@@ -60,6 +62,8 @@ def gather(cfg: FleetConfig, comp: compute.Compute) -> Facts:
     if zone:
         try:
             vcpus = comp.machine_vcpus(zone, cfg.machine_type)
+        except compute.NoCredentials:
+            raise
         except compute.ComputeError as e:
             if " 404 " in f" {e} ":
                 problems.append(f"machine type {cfg.machine_type} does not exist in {zone}: fix machine_type in "

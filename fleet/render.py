@@ -1,15 +1,34 @@
-"""How parts of a run look on a terminal, shared by `fleet status` and `fleet local`."""
+"""How parts of a run look on a terminal, shared by `fleet status` and `fleet local`.
+
+Every message goes out with rich markup off: a path, a URL or a job's hint may hold `[/`,
+which rich would read as a closing tag and crash on. Only the label before it is styled.
+"""
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.text import Text
+
+
+def printable(text: str) -> str:
+    """The text with bytes that are not UTF-8 (a path from argv) and lone surrogates shown as
+    escapes: any terminal or pipe can take it."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # argv's undecodable bytes back to bytes
+    except UnicodeEncodeError:  # a lone surrogate that is no escaped byte
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def say(out: Console, text: str, label: str = "", style: str = "") -> None:
+    """One message as it is (no markup, no highlighting, never wrapped), after an optional styled label."""
+    line = Text.assemble((label, style), " ", printable(text)) if label else Text(printable(text), style=style)
+    out.print(line, highlight=False, soft_wrap=True)
 
 
 def print_skipped(out: Console, examples: list[dict], count: int) -> None:
     """The bad records that were skipped (the first few of each item, with where they were)."""
     for b in examples:
-        out.print(f"[yellow]skipped[/yellow] a bad record (item {b['item']}): {b['where']}", highlight=False,
-                  soft_wrap=True)
+        say(out, f"a bad record (item {b['item']}): {b['where']}", "skipped", "yellow")
     if count > len(examples):
-        out.print(f"[yellow]skipped[/yellow] {count:,} bad records in all (the first few of each item above)",
-                  highlight=False)
+        say(out, f"{count:,} bad records in all (the first few of each item above)", "skipped", "yellow")

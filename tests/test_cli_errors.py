@@ -1,0 +1,175 @@
+"""Every user error of every `fleet` command is one line on stderr and exit 2; never a traceback.
+
+The cases issue 17 named first (a URL or empty OUT_DIR, rich markup in a message, inf and NaN
+options, malformed job names, --workers 100000, launch without Google credentials), then a
+hypothesis sweep of malformed arguments over every command.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fleet.cli import app
+from tests.test_gcp_e2e import cloud_fixture  # noqa: F401 (the `cloud` fixture: bucket, Compute and IAM stand-ins)
+
+LINEJOB = "tests.helpers.linejob:JOB"
+
+
+def invoke(*args: str, env: dict | None = None):
+    return CliRunner().invoke(app, [str(a) for a in args], env=env)
+
+
+def one_line_error(result, *needles: str) -> str:
+    """Exit 2, stderr one line starting "fleet: error:", no traceback, nothing raised past the CLI."""
+    assert "Traceback" not in result.output and "Traceback" not in result.stderr, result.output
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fleet: error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    path = tmp_path / "in.txt"
+    path.write_text("one document here.\nits second line.\n\nanother document.\n")
+    return path
+
+
+# -- item 9: an OUT_DIR `fleet local` cannot write ---------------------------------------------
+@pytest.mark.parametrize("out", ["gs://b/out", "s3://b/out", "https://example.com/out", "hdfs://x/y", "gs://b"])
+def test_local_refuses_a_url_out_dir_and_writes_nothing(out, corpus, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    one_line_error(invoke("local", corpus, out, "--job", LINEJOB), out, "OUT_DIR")
+    assert sorted(os.listdir(tmp_path)) == before  # no ./gs:/b/out
+
+
+@pytest.mark.parametrize("out", ["", "   "])
+def test_local_refuses_an_empty_out_dir(out, corpus, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    one_line_error(invoke("local", corpus, out, "--job", LINEJOB), "OUT_DIR")
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written into the current folder
+
+
+def test_local_takes_a_file_url_out_dir_as_the_folder_it_names(corpus, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "o u t"
+    result = invoke("local", corpus, f"file://{str(out).replace(' ', '%20')}", "--job", LINEJOB, "--workers", "1")
+    assert result.exit_code == 0, result.output
+    assert (out / "summary.json").exists() and not (tmp_path / "file:").exists()
+
+
+# -- item 10: tracebacks instead of one line ---------------------------------------------------
+@pytest.mark.parametrize("vocab", ["s3://bucket/vocab.txt", "https://example.com/vocab.txt"])
+def test_a_message_with_rich_markup_in_it_is_printed_as_it_is(vocab, corpus, tmp_path):
+    """The electra job's hint names `gs://BUCKET/...[/PATH]`: rich read it as a closing tag and crashed."""
+    one_line_error(invoke("local", corpus, tmp_path / "out", "--set", f"vocab_file={vocab}"), vocab)
+
+
+def test_any_message_containing_a_closing_tag_is_one_line(tmp_path):
+    missing = tmp_path / "[/red]x[/]" / "in[bold].txt"
+    line = one_line_error(invoke("local", missing, tmp_path / "out", "--job", LINEJOB))
+    assert "[/red]x[/]" in line and "in[bold].txt" in line
+
+
+@pytest.mark.parametrize("option,value", [
+    ("--item-mb", "inf"), ("--item-mb", "nan"), ("--item-mb", "-inf"), ("--item-mb", "1e300"), ("--item-mb", "-1"),
+    ("--item-mb", "1e-12"), ("--lease-ttl", "inf"), ("--lease-ttl", "nan"), ("--lease-ttl", "1e12"),
+    ("--lease-ttl", "0"), ("--max-attempts", "-1"), ("--max-attempts", "100000000000000000000"),
+    ("--max-bad-share", "nan"), ("--max-bad-share", "-0.5"), ("--max-bad-share", "inf"),
+])
+def test_local_refuses_a_number_out_of_range_naming_the_option_and_the_range(option, value, corpus, tmp_path):
+    line = one_line_error(invoke("local", corpus, tmp_path / "out", "--job", LINEJOB, option, value), option)
+    assert " to " in line or "or more" in line  # the accepted range
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("option,value", [("--item-mb", "inf"), ("--lease-ttl", "inf"), ("--item-mb", "nan"),
+                                          ("--lease-ttl", "1e12")])
+def test_plan_refuses_a_number_out_of_range(option, value, corpus, tmp_path):
+    one_line_error(invoke("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", corpus,
+                          "--output", tmp_path / "out", option, value), option)
+
+
+@pytest.mark.parametrize("job", [":", "a:", ":b", "..x:y", ".:JOB", "a..b:c", "tests.helpers.linejob:", "x y:z",
+                                 "-:-", "\x00:x", "jobs/electra", "", "..", "a\udcffb"])
+def test_a_malformed_job_name_is_one_line(job, corpus, tmp_path):
+    one_line_error(invoke("local", corpus, tmp_path / "out", "--job", job), "job")
+
+
+# -- item 11: --workers ------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", ["100000", "-1", str(4 * (os.cpu_count() or 1) + 1)])
+def test_local_refuses_an_absurd_worker_count_before_starting_any(workers, corpus, tmp_path):
+    one_line_error(invoke("local", corpus, tmp_path / "out", "--job", LINEJOB, "--workers", workers), "--workers")
+    assert not (tmp_path / "out").exists()
+
+
+def test_local_starts_no_more_workers_than_there_are_items(corpus, tmp_path):
+    import json
+
+    workers = min(4, 4 * (os.cpu_count() or 1))
+    result = invoke("local", corpus, tmp_path / "out", "--job", LINEJOB, "--workers", str(workers))
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["items"] == 1 and summary["workers"] == 1
+    assert f"1 item to convert: 1 worker instead of {workers}" in result.stderr
+
+
+@pytest.mark.parametrize("procs", ["100000", "-1"])
+def test_work_refuses_an_absurd_process_count(procs, tmp_path):
+    one_line_error(invoke("work", "--bucket", tmp_path, "--run", "r", "--procs", procs), "--procs")
+
+
+# -- item 10: `fleet launch` before the user has logged in to Google ------------------------------
+@pytest.fixture
+def no_credentials(monkeypatch, tmp_path):
+    """Google's Compute and IAM APIs for real (no stand-in endpoints), with no credentials to find."""
+    from fleet import compute, iam
+
+    monkeypatch.delenv(compute.ENDPOINT_ENV, raising=False)
+    monkeypatch.delenv(iam.ENDPOINT_ENV, raising=False)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "true")
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+
+
+def test_a_dry_run_without_credentials_shows_the_requests_and_the_cost_and_says_what_it_skipped(cloud, no_credentials):
+    from tests.test_launch_checks import _planned
+
+    _planned(cloud)
+    dry = invoke("launch", "--run", "chk", "--workers", "2", "--dry-run")
+    assert dry.exit_code == 0, (dry.output, dry.exception)
+    assert "Traceback" not in dry.output
+    assert "POST https://compute.googleapis.com/compute/v1/projects/" in dry.stdout
+    assert "expected: about" in dry.stdout and "price range: ≈ $" in dry.stdout
+    skipped = [line for line in dry.output.splitlines() if "skipped" in line]
+    assert len(skipped) == 1 and "quota and service-account checks" in skipped[0]
+    assert "no Google credentials" in skipped[0] and "gcloud auth application-default login" in skipped[0]
+    assert not cloud.standin.calls  # nothing reached the API
+
+
+def test_a_launch_without_credentials_is_one_line_and_creates_nothing(cloud, no_credentials):
+    from tests.test_launch_checks import _planned
+
+    _planned(cloud)
+    one_line_error(invoke("launch", "--run", "chk", "--workers", "2"), "no Google credentials",
+                   "gcloud auth application-default login")
+    assert not cloud.standin.calls and not cloud.standin.templates
+
+
+def test_down_without_credentials_is_one_line(cloud, no_credentials):
+    init_path = cloud.tmp / "fleet.toml"
+    from tests.test_gcp_e2e import init
+
+    init(cloud)
+    assert init_path.exists()
+    one_line_error(invoke("down", "--run", "chk"), "no Google credentials")
