@@ -19,17 +19,42 @@ from fleet.job import ConfigError, InputError, JobNotFound
 from fleet.run import PlanError, list_runs
 from fleet.store import StoreError, open_store
 
+try:  # typer 0.2x carries its own copy of click
+    from typer._click import exceptions as _click_errors
+except ImportError:  # older typer: click itself
+    from click import exceptions as _click_errors
+
+UsageError = _click_errors.UsageError
+NoArgsIsHelpError = getattr(_click_errors, "NoArgsIsHelpError", ())  # click 8.2+: `fleet` alone
+
 
 class _Commands(TyperGroup):
     """Every command's user errors end here, said once and the same way: one line, exit 2."""
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except UsageError as e:  # `fleet --bad-option`
+            _usage(e)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except UsageError as e:  # a missing option, a number that is not one, an unknown command
+            _usage(e)
         except Exception as e:
             if not user_error(e):
                 raise
             fail(explain(e))
+
+
+def _usage(e: UsageError) -> None:
+    """click's usage error, in the one line every user error gets (not its boxed help panel)."""
+    if isinstance(e, NoArgsIsHelpError):  # `fleet` alone: the help, as asked
+        raise e
+    command = e.ctx.command.name if e.ctx is not None and e.ctx.parent is not None else ""
+    where = f"fleet {command}" if command else "fleet"
+    fail(f"{where}: {e.format_message()} (see `{where} --help`)")
 
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

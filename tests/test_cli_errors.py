@@ -7,6 +7,7 @@ hypothesis sweep of malformed arguments over every command.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -173,3 +174,87 @@ def test_down_without_credentials_is_one_line(cloud, no_credentials):
     init(cloud)
     assert init_path.exists()
     one_line_error(invoke("down", "--run", "chk"), "no Google credentials")
+
+
+# -- (e): a sweep of malformed arguments over every command -------------------------------------
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+BAD = ["", " ", "inf", "-inf", "nan", "-1", "0", "1e308", "1e-300", "99999999999999999999", "1.5", "abc", ":", "a:",
+       ":b", "..", "/", "[/]", "[/PATH]", "[red]x[/red]", "[bold", "gs://", "s3://bucket/key", "hdfs://x/y",
+       "ftp://x/y", "file://", "file:///nonexistent/[/x]", "/nonexistent/x", "x\udcffy", "\udcff", "é", "a\nb", "-",
+       "=", "k=v", "vocab_file=s3://x/v.txt", "--", "-x"]
+# What argv can hold: any text but NUL, and undecodable bytes as surrogate escapes (no other surrogates).
+ARGV_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+BAD_VALUE = st.one_of(st.sampled_from(BAD), ARGV_TEXT)
+
+
+def _commands(corpus: Path, done: Path) -> dict[str, list[tuple[str, str]]]:
+    """Each command's arguments as (option, good value) slots; "" as option: a positional argument."""
+    bucket = str(done / ".fleet")
+    return {
+        "local": [("", str(corpus)), ("", "out"), ("--job", LINEJOB), ("--workers", "1"), ("--item-mb", "1"),
+                  ("--lease-ttl", "60"), ("--max-attempts", "3"), ("--max-bad-share", "0.5"), ("--set", "seed=3"),
+                  ("--text-column", "text")],
+        "plan": [("--bucket", "b"), ("--run", "r"), ("--job", LINEJOB), ("--input", str(corpus)), ("--output", "o"),
+                 ("--item-mb", "1"), ("--lease-ttl", "60"), ("--max-attempts", "3"), ("--set", "seed=3")],
+        "work": [("--bucket", bucket), ("--run", "nosuchrun"), ("--procs", "1"), ("--standby", "0")],
+        "status": [("", str(done)), ("--run", "local")],
+        "follow": [("--bucket", str(done)), ("--run", "local"), ("--poll", "0.1")],
+        "jobs": [("", LINEJOB)],
+        "init": [("--project", "proj-123"), ("--bucket", "gs://b-1"), ("--zone", "us-central1-a"),
+                 ("--disk-gb", "20"), ("--workers-per-vm", "0"), ("--standby", "2"), ("--max-run-hours", "1"),
+                 ("--service-account", "w@proj-123.iam.gserviceaccount.com")],
+        "sync": [("--bucket", "nosuchfolder/b"), ("--root", "/nonexistent")],
+        "launch": [("--run", "r"), ("--workers", "1"), ("--max-run-hours", "1"), ("--template", "fleet-t")],
+        "iam": [("--role", "fleetWorkerStorage")],
+        "logs": [("", "vm-1"), ("--run", "r"), ("--bucket", bucket)],
+        "down": [("--run", "r"), ("--bucket", bucket)],
+    }
+
+
+@pytest.fixture(scope="module")
+def sweep_dirs(tmp_path_factory):
+    """A corpus and a finished `fleet local` run, for the commands that read one."""
+    root = tmp_path_factory.mktemp("sweep")
+    corpus = root / "in.txt"
+    corpus.write_text("one document here.\nits second line.\n\nanother document.\n")
+    result = invoke("local", corpus, root / "done", "--job", LINEJOB, "--workers", "1")
+    assert result.exit_code == 0, result.output
+    return corpus, root / "done"
+
+
+def _run_sweep(command: str, slots: list[tuple[str, str]], data, tmp: Path) -> None:
+    chosen = data.draw(st.lists(st.integers(0, len(slots) - 1), min_size=1, max_size=3, unique=True), label="bad slots")
+    args = [command]
+    for i, (option, good) in enumerate(slots):
+        value = data.draw(BAD_VALUE, label=option or "argument") if i in chosen else good
+        args += [option, value] if option else [value]
+    if data.draw(st.booleans(), label="an unknown option too"):
+        args.append("--no-such-option")
+    cwd, handlers = os.getcwd(), list(logging.root.handlers)
+    os.chdir(tmp)  # relative paths land here
+    try:
+        result = CliRunner().invoke(app, args, env={"FLEET_CONFIG": str(tmp / "fleet.toml")})
+    finally:
+        os.chdir(cwd)
+        logging.root.handlers[:] = handlers  # `work` logs to the stderr CliRunner gave it, closed now
+    shown = f"fleet {args!r} -> {result.exit_code}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    assert result.exception is None or isinstance(result.exception, SystemExit), (shown, result.exception)
+    assert "Traceback" not in result.output, shown
+    assert result.exit_code in (0, 2), shown
+    if result.exit_code == 2:
+        lines = result.stderr.strip().splitlines()
+        if command == "work" and " ERROR cannot start: " in result.stderr:
+            return  # each worker process logs why it cannot start, as on a VM (tests/test_bad_input.py)
+        assert len(lines) == 1 and lines[0].startswith("fleet: error: "), shown
+
+
+@pytest.mark.parametrize("command", ["local", "plan", "work", "status", "follow", "jobs", "init", "sync", "launch",
+                                     "iam", "logs", "down"])
+@settings(max_examples=int(os.environ.get("FLEET_SWEEP_EXAMPLES", "25")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_command_answers_malformed_arguments_in_one_line(command, data, sweep_dirs, tmp_path_factory,
+                                                               no_credentials):
+    corpus, done = sweep_dirs
+    _run_sweep(command, _commands(corpus, done)[command], data, tmp_path_factory.mktemp(command))
