@@ -119,6 +119,13 @@ def processes(option: str, value: int) -> None:
                                             f"{os.cpu_count() or 1} cores here)")
 
 
+def check_inputs(inputs: list[str], option: str = "INPUT") -> None:
+    """An empty input (or file:// with no path) would name the current folder and read all of it."""
+    for inp in inputs:
+        if not inp.strip() or inp.strip().lower() in ("file:", "file://", "file:///"):
+            fail(f"{option} {inp!r}: empty; give an input file or folder")
+
+
 def parse_settings(pairs: list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs or []:
@@ -152,6 +159,7 @@ def plan_cmd(
     from fleet.run import plan
 
     _plan_numbers(item_mb, lease_ttl, max_attempts, max_bad_share)
+    check_inputs(input, "--input")
     cfg = _config()
     bucket = _bucket(bucket, cfg)
     version = code_version(paths=cfg.code_paths) if cfg else code_version()
@@ -232,6 +240,7 @@ def local_cmd(
     processes("--workers", workers)
     _plan_numbers(item_mb, lease_ttl, max_attempts, max_bad_share)
     *inputs, out_dir = paths
+    check_inputs(inputs)
     try:
         result = run_local(inputs, out_dir, job, workers or os.cpu_count() or 1, parse_settings(set_),
                            lease_ttl=lease_ttl, max_attempts=max_attempts,

@@ -67,6 +67,16 @@ def test_local_takes_a_file_url_out_dir_as_the_folder_it_names(corpus, tmp_path,
     assert (out / "summary.json").exists() and not (tmp_path / "file:").exists()
 
 
+@pytest.mark.parametrize("inp", ["", " ", "file://"])
+def test_an_empty_input_is_refused_not_read_as_the_current_folder(inp, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stray.txt").write_text("not meant as input\n")
+    one_line_error(invoke("local", inp, tmp_path / "out", "--job", LINEJOB), "INPUT", "empty")
+    one_line_error(invoke("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", inp,
+                          "--output", tmp_path / "o"), "--input", "empty")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "b").exists()
+
+
 # -- item 10: tracebacks instead of one line ---------------------------------------------------
 @pytest.mark.parametrize("vocab", ["s3://bucket/vocab.txt", "https://example.com/vocab.txt"])
 def test_a_message_with_rich_markup_in_it_is_printed_as_it_is(vocab, corpus, tmp_path):
