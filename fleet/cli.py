@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 from fleet.config import PROCS_PER_CORE, ConfigError as FleetConfigError
 from fleet.render import print_skipped, say
 from fleet.job import ConfigError, InputError, JobNotFound
-from fleet.run import PlanError, list_runs
+from fleet.run import PlanError, check_run_name, list_runs
 from fleet.store import StoreError, open_store
 
 try:  # typer 0.2x carries its own copy of click
@@ -119,6 +119,13 @@ def processes(option: str, value: int) -> None:
                                             f"{os.cpu_count() or 1} cores here)")
 
 
+def _run_name(run: Optional[str]) -> Optional[str]:
+    """Every command's --run, checked as `fleet plan` does: it becomes part of object names."""
+    if run is not None:
+        check_run_name(run)
+    return run
+
+
 def check_inputs(inputs: list[str], option: str = "INPUT") -> None:
     """An empty input (or file:// with no path) would name the current folder and read all of it."""
     for inp in inputs:
@@ -140,7 +147,7 @@ def parse_settings(pairs: list[str]) -> dict[str, str]:
 def plan_cmd(
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or a local folder that holds the run's state "
                                          "(default: fleet.toml's bucket)"),
-    run: str = typer.Option(..., help="Run name"),
+    run: str = typer.Option(..., callback=_run_name, help="Run name"),
     job: str = typer.Option(..., help="Job name (a folder under jobs/)"),
     input: List[str] = typer.Option(..., "--input", help="Input file or folder (repeatable)"),
     output: str = typer.Option(..., help="Where outputs go: gs://BUCKET/prefix or a local folder"),
@@ -183,7 +190,7 @@ def _plan_numbers(item_mb: float | None, lease_ttl: float, max_attempts: int, ma
 def work_cmd(
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or local folder holding the run "
                                          "(default: fleet.toml's bucket)"),
-    run: str = typer.Option(..., help="Run name"),
+    run: str = typer.Option(..., callback=_run_name, help="Run name"),
     procs: int = typer.Option(0, help="Worker processes (0 = one per core)"),
     log_dir: Optional[str] = typer.Option(None, help="Write each process's log here instead of stderr"),
     name_prefix: Optional[str] = typer.Option(None, help="Workers are named PREFIX-w0, -w1...: a VM passes its name"),
@@ -298,7 +305,7 @@ def jobs_cmd(
 def follow_cmd(
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or local folder holding the run "
                                          "(or an output folder of `fleet local`)"),
-    run: Optional[str] = typer.Option(None, help="Run name (needed when the bucket holds several)"),
+    run: Optional[str] = typer.Option(None, callback=_run_name, help="Run name (needed when the bucket holds several)"),
     from_start: bool = typer.Option(False, "--from-start", help="Also the outputs committed before now"),
     poll: float = typer.Option(2.0, help="Seconds between looks at the bucket"),
 ) -> None:
@@ -321,7 +328,7 @@ def follow_cmd(
 def status_cmd(
     target: Optional[str] = typer.Argument(None, help="An output folder of `fleet local`, or a bucket URL"),
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or local folder"),
-    run: Optional[str] = typer.Option(None, help="Run name"),
+    run: Optional[str] = typer.Option(None, callback=_run_name, help="Run name"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON"),
     watch: bool = typer.Option(False, help="Refresh every few seconds until the run finishes"),
     verify: bool = typer.Option(False, "--verify", help="Read every done item's outputs and check them against "
@@ -480,7 +487,7 @@ def sync_cmd(
 
 @app.command("launch")
 def launch_cmd(
-    run: str = typer.Option(..., help="Run name (planned with `fleet plan`)"),
+    run: str = typer.Option(..., callback=_run_name, help="Run name (planned with `fleet plan`)"),
     workers: int = typer.Option(..., help="Number of VMs"),
     template: Optional[str] = typer.Option(None, help="Instance template name (default: the MIG's name)"),
     spot: Optional[bool] = typer.Option(None, "--spot/--no-spot", help="Spot VMs (default: fleet.toml's)"),
@@ -605,7 +612,7 @@ def iam_cmd(
 @app.command("logs")
 def logs_cmd(
     worker: Optional[str] = typer.Argument(None, help="A VM (or worker) name; without it, list the logs"),
-    run: str = typer.Option(..., help="Run name"),
+    run: str = typer.Option(..., callback=_run_name, help="Run name"),
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET (default: fleet.toml's)"),
 ) -> None:
     """The logs the VMs stream to the bucket: list them, or print one VM's."""
@@ -628,7 +635,7 @@ def logs_cmd(
 
 @app.command("down")
 def down_cmd(
-    run: str = typer.Option(..., help="Run name"),
+    run: str = typer.Option(..., callback=_run_name, help="Run name"),
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET (default: fleet.toml's)"),
 ) -> None:
     """Delete the run's MIG (its VMs give their items back) and its instance template."""

@@ -233,12 +233,13 @@ def sweep_dirs(tmp_path_factory):
     return corpus, root / "done"
 
 
-def _run_sweep(command: str, slots: list[tuple[str, str]], data, tmp: Path) -> None:
+def _run_sweep(command: str, slots: list[tuple[str, str]], data, tmp: Path, extra: list[str] = ()) -> None:
     chosen = data.draw(st.lists(st.integers(0, len(slots) - 1), min_size=1, max_size=3, unique=True), label="bad slots")
     args = [command]
     for i, (option, good) in enumerate(slots):
         value = data.draw(BAD_VALUE, label=option or "argument") if i in chosen else good
         args += [option, value] if option else [value]
+    args += extra
     if data.draw(st.booleans(), label="an unknown option too"):
         args.append("--no-such-option")
     cwd, handlers = os.getcwd(), list(logging.root.handlers)
@@ -268,3 +269,19 @@ def test_every_command_answers_malformed_arguments_in_one_line(command, data, sw
                                                                no_credentials):
     corpus, done = sweep_dirs
     _run_sweep(command, _commands(corpus, done)[command], data, tmp_path_factory.mktemp(command))
+
+
+@settings(max_examples=int(os.environ.get("FLEET_SWEEP_EXAMPLES", "25")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_launch_answers_malformed_arguments_in_one_line(cloud, data, tmp_path_factory):
+    """Past fleet.toml, against a planned run (the bucket and Compute stand-ins); always --dry-run."""
+    from tests.test_launch_checks import _planned
+
+    if not getattr(cloud, "planned", False):  # once per test, not per example
+        _planned(cloud)
+        cloud.planned = True
+    slots = [("--run", "chk"), ("--workers", "1"), ("--max-run-hours", "1"), ("--template", "fleet-t")]
+    tmp = tmp_path_factory.mktemp("launch")
+    (tmp / "fleet.toml").write_text((cloud.tmp / "fleet.toml").read_text())
+    _run_sweep("launch", slots, data, tmp, extra=["--dry-run"])
