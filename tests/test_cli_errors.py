@@ -285,3 +285,15 @@ def test_launch_answers_malformed_arguments_in_one_line(cloud, data, tmp_path_fa
     tmp = tmp_path_factory.mktemp("launch")
     (tmp / "fleet.toml").write_text((cloud.tmp / "fleet.toml").read_text())
     _run_sweep("launch", slots, data, tmp, extra=["--dry-run"])
+
+
+def test_an_undecodable_path_with_a_closing_tag_is_one_line_from_a_real_process(tmp_path):
+    """As a user's shell passes it: raw bytes in argv, stderr a real stream (not CliRunner's)."""
+    from tests.helpers.cli import fleet
+    from tests.helpers.cli import one_line_error as one_line_from_process
+
+    bad = os.fsdecode(b"in\xff[/red].txt")
+    line = one_line_from_process(fleet("local", str(tmp_path / bad), str(tmp_path / "out"), "--job", LINEJOB))
+    assert line.startswith("fleet: error: ") and "in\\xff[/red].txt" in line
+    line = one_line_from_process(fleet("local", str(tmp_path / "in.txt"), "gs://b/out", "--workers", "100000"))
+    assert "--workers 100000" in line
