@@ -366,7 +366,7 @@ def _verify(store, reader, run: str) -> None:
 
     stale = stale_markers(store, run, repair=True)
     if stale:
-        console.print(f"verify: {describe_stale(stale)}", highlight=False, markup=False, soft_wrap=True)
+        say(console, f"verify: {describe_stale(stale)}")
     leases = reader.leases()
     done = sum(1 for lease in leases.values() if lease.state == "done")
     damage = check_outputs(reader.spec, leases, deep=True)
@@ -525,7 +525,7 @@ def launch_cmd(
         fail("; ".join(problems) + "; or --force to launch anyway")
     for line in problems:
         say(console, line, "--force:", "yellow")
-    gcp.launch(cfg, plan, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
+    gcp.launch(cfg, plan, echo=lambda m: say(console, m))
     console.print(f"watch it with: fleet status --run {run} --watch", highlight=False)
 
 
@@ -642,7 +642,7 @@ def down_cmd(
     from fleet import gcp
 
     cfg = _config()
-    gcp.down(open_store(_bucket(bucket, cfg)), run, cfg, echo=lambda m: console.print(m, highlight=False, soft_wrap=True))
+    gcp.down(open_store(_bucket(bucket, cfg)), run, cfg, echo=lambda m: say(console, m))
 
 
 def main() -> None:

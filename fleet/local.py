@@ -178,7 +178,7 @@ def run_local(
             reopen(store, RUN, damaged)
         stale = stale_markers(store, RUN, repair=True)  # the lease is the truth; a lone marker lies
         if stale:
-            console.print(describe_stale(stale), highlight=False, markup=False, soft_wrap=True)
+            say(console, describe_stale(stale))
         freed = release_dead(store, reader)
         if freed:
             say(console, f"{freed} item(s) held by workers of an earlier run that died are given back")
