@@ -102,15 +102,21 @@ def max_procs() -> int:
     return PROCS_PER_CORE * (os.cpu_count() or 1)
 
 
+def shown(value: float) -> str:
+    """A number as given, short: an int of 400 digits does not even convert to a float."""
+    text = str(value) if isinstance(value, int) else f"{value:g}"
+    return text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
+
+
 def within(option: str, value: float, bounds: tuple[float, float], note: str = "") -> None:
     low, high = bounds
     if not low <= value <= high:  # NaN and inf too
-        fail(f"{option} {value:g}: give {low:g} to {high:g}{note}")
+        fail(f"{option} {shown(value)}: give {low:g} to {high:g}{note}")
 
 
 def at_least(option: str, value: float, low: float) -> None:
     if not value >= low:  # NaN too
-        fail(f"{option} {value:g}: give {low:g} or more")
+        fail(f"{option} {shown(value)}: give {low:g} or more")
 
 
 def processes(option: str, value: int) -> None:

@@ -9,6 +9,7 @@ Generations are positive integers that change on every write of an object;
 from __future__ import annotations
 
 import abc
+import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -110,12 +111,18 @@ def split_url(url: str) -> tuple[str, str]:
     return url, ""
 
 
+_BUCKET_NAME = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]$")  # Cloud Storage's bucket naming rules
+
+
 def open_store(url: str) -> Store:
     """A store for ``gs://bucket`` or a local folder (``file://`` or a plain path)."""
     if url.startswith("gs://"):
         from fleet.store.gcs import GCSStore
 
         bucket, prefix = split_url(url)
+        if not _BUCKET_NAME.match(bucket[len("gs://"):]):  # the client would fail on it with an IndexError or a 400
+            raise StoreError(f"{url}: not a bucket URL (gs://BUCKET[/PATH], a bucket name of 3-222 lowercase "
+                             "letters, digits, '-', '_' and '.')")
         return GCSStore(bucket[len("gs://"):], prefix=prefix)
     from fleet.store.local import LocalStore
 
