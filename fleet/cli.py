@@ -158,7 +158,7 @@ def plan_cmd(
     input: List[str] = typer.Option(..., "--input", help="Input file or folder (repeatable)"),
     output: str = typer.Option(..., help="Where outputs go: gs://BUCKET/prefix or a local folder"),
     set_: List[str] = typer.Option([], "--set", help="Job option key=value (repeatable)"),
-    lease_ttl: float = typer.Option(300.0, help="Seconds a lease lives without renewal"),
+    lease_ttl: float = typer.Option(300.0, help="Seconds a lease lives without renewal (1 to 86400)"),
     max_attempts: int = typer.Option(3, help="Attempts per item before it is marked failed"),
     item_mb: float = typer.Option(64.0, help="Target size of a work item (MB of input)"),
     text_column: str = typer.Option("text", help="The text field of JSON records / column of Parquet files"),
@@ -197,7 +197,7 @@ def work_cmd(
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or local folder holding the run "
                                          "(default: fleet.toml's bucket)"),
     run: str = typer.Option(..., callback=_run_name, help="Run name"),
-    procs: int = typer.Option(0, help="Worker processes (0 = one per core)"),
+    procs: int = typer.Option(0, help=f"Worker processes (0 = one per core; at most {PROCS_PER_CORE} per core)"),
     log_dir: Optional[str] = typer.Option(None, help="Write each process's log here instead of stderr"),
     name_prefix: Optional[str] = typer.Option(None, help="Workers are named PREFIX-w0, -w1...: a VM passes its name"),
     standby: Optional[int] = typer.Option(None, help="Leave once nothing is left to claim and this many "
@@ -232,9 +232,10 @@ def _retry_failed(bucket: str, run: str) -> None:
 def local_cmd(
     paths: List[str] = typer.Argument(..., help="INPUT... OUT_DIR: input files or folders, then the output folder"),
     job: str = typer.Option("electra_zh_en", help="Job name"),
-    workers: int = typer.Option(0, help="Worker processes (0 = one per core)"),
+    workers: int = typer.Option(0, help=f"Worker processes (0 = one per core; at most {PROCS_PER_CORE} per core, "
+                                 "and no more than the items left)"),
     set_: List[str] = typer.Option([], "--set", help="Job option key=value (repeatable)"),
-    lease_ttl: float = typer.Option(60.0, help="Seconds a lease lives without renewal"),
+    lease_ttl: float = typer.Option(60.0, help="Seconds a lease lives without renewal (1 to 86400)"),
     max_attempts: int = typer.Option(3, help="Attempts per item"),
     item_mb: Optional[float] = typer.Option(None, help="Target item size in MB (default: a few items per worker; "
                                             "a resumed run keeps its own)"),
