@@ -301,3 +301,18 @@ def test_an_undecodable_path_with_a_closing_tag_is_one_line_from_a_real_process(
     assert line.startswith("fleet: error: ") and "in\\xff[/red].txt" in line
     line = one_line_from_process(fleet("local", str(tmp_path / "in.txt"), "gs://b/out", "--workers", "100000"))
     assert "--workers 100000" in line
+
+
+def test_launch_refuses_more_worker_processes_per_vm_than_its_work_command_takes(cloud):
+    """Each VM runs `fleet work --procs workers_per_vm`, which takes at most 4 per vCPU: a VM
+    would fail at every boot, so the launch says so first."""
+    from tests.test_launch_checks import _planned
+
+    _planned(cloud)
+    cfg_path = cloud.tmp / "fleet.toml"
+    cfg_path.write_text(cfg_path.read_text().replace("workers_per_vm = 1\n", "workers_per_vm = 17\n"))
+    one_line_error(invoke("launch", "--run", "chk", "--workers", "1", "--dry-run"), "workers_per_vm = 17",
+                   "give 0 (one per vCPU) to 16")
+    assert not cloud.standin.templates
+    cfg_path.write_text(cfg_path.read_text().replace("workers_per_vm = 17\n", "workers_per_vm = 16\n"))
+    assert invoke("launch", "--run", "chk", "--workers", "1", "--dry-run").exit_code == 0
