@@ -203,3 +203,298 @@ def test_a_damaged_long_json_record_is_one_bad_record(small_limits, damage, why)
     kept = [line for part in docs[1:-1] for line in part]
     assert kept == text.split("\n")[:len(kept)]  # what was handed on before the damage, no more
     assert tally.bad == 1 and tally.examples[0].startswith("big.jsonl: byte 19: record 2") and why in tally.examples[0]
+
+
+# -- the fuzzer ----------------------------------------------------------------------------------
+# Documents are rendered in a format, with lines that look like the format's markup, blank-ish
+# lines, NULs, CRs, and lines made bad on purpose (invalid UTF-8; a lone surrogate escape in
+# JSON; longer than MAX_LINE_BYTES). Every document holds a tag line "\ue125\ue124<k>" and its plain
+# lines end with "\ue124<k>", so its text can be told apart wherever it lands; what a format
+# adds around a document (titles, ids, urls) holds "\ue123<k>". The file is then damaged
+# (bytes flipped, inserted, deleted, or cut off), maybe compressed (and maybe the compressed
+# stream cut off), planned into items with the real planner at a random item size, and read.
+import random  # noqa: E402
+import re  # noqa: E402
+import tempfile  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+
+from fleet.inputs import ReadOptions, ranges  # noqa: E402
+
+TAG, MARK, HEAD, END = "\ue124", "\ue123", "\ue125", "\ue126"
+ODD = ("aZ9 .,!?'#[]{}<>/\"\\:\t\r\x00\x01\x0b\x0c\x1c\x7f\x85\xa0\xad\u200b\u2028\u2029\u3000\ufffd\ufeff"
+       "\u0301éß中文数据\U00020000\U0001f600")
+SPECIAL = ["<doc", "</doc>", "</doc> \r", '<doc id="9" url="u" title="x">', '<doc id=1>', "<document>", "<doc>",
+           '{"index": {"_id": "1"}}', '{"text": "x"}', "\u3000", "\r", " \t", "\x1c", "\x00", "\ufeff", "", "\x85",
+           "\u2028", "a\rb", "\\", '"', "\\u", "\\ud800"]
+plain = st.one_of(st.text(alphabet=ODD, max_size=12), st.text(max_size=8)).map(
+    lambda s: s.replace("\n", " ").replace(TAG, "").replace(MARK, "").replace(HEAD, "").replace(END, ""))
+lines = st.lists(st.tuples(st.one_of(plain, st.sampled_from(SPECIAL)),
+                           st.sampled_from(["ok"] * 12 + ["bad", "long"])), max_size=5)
+FORMATS_NAMES = {"text": "f.txt", "jsonl": "f.jsonl", "cirrus": "f-cirrussearch.json", "wikiextractor": "wiki_00"}
+_CLOSE = re.compile(r"</doc>\s*$")
+
+
+@dataclass
+class Rendered:
+    data: bytes
+    owners: list[tuple[int, int, frozenset]]  # byte ranges and the documents they belong to
+    expected: list[list[str]]  # each document's good lines
+    bad: list[int]  # bad records each document costs when undamaged
+    broken: set[int] = field(default_factory=set)  # documents damaged by their own text (markup inside)
+
+
+def _line(text: str, kind: str, k: int, fmt: str, max_line: int) -> tuple[str, bytes | None]:
+    """(the line's text, or its bytes when it is bad)."""
+    if kind == "long":
+        return "L" * (max_line + 3) + f"{TAG}{k}{END}", None
+    if kind == "bad":
+        if fmt in ("jsonl", "cirrus"):
+            return text + "\ud800" + f"{TAG}{k}{END}", None
+        raw = (text + f"{TAG}{k}{END}").encode()
+        return "", raw[:len(raw) // 2] + b"\xff" + raw[len(raw) // 2:]
+    if kind == "tag":
+        return text, None
+    return (text + f"{TAG}{k}{END}" if text.strip() and text not in SPECIAL else text), None
+
+
+def render(fmt: str, docs, draw, max_line: int) -> Rendered:
+    out = bytearray()
+    owners: list[tuple[int, int, frozenset]] = []
+    expected, bad, broken = [], [], set()
+
+    def put(chunk: bytes, *who: int) -> None:
+        owners.append((len(out), len(out) + len(chunk), frozenset(who)))
+        out.extend(chunk)
+
+    for k, body in enumerate(docs):
+        at = draw(st.integers(0, len(body)))
+        body = body[:at] + [(f"{HEAD}{TAG}{k}", "tag")] + body[at:]
+        rendered = [_line(text, kind, k, fmt, max_line) + (kind if kind != "tag" else "ok",) for text, kind in body]
+        good = [t for t, raw, kind in rendered if kind == "ok" and t.strip()]
+        if fmt in ("text", "wikiextractor"):
+            n_bad = sum(kind != "ok" for _, _, kind in rendered)
+            if fmt == "text":
+                rendered = [r for r in rendered if r[2] != "ok" or r[0].strip()]  # blank lines end documents
+                if not out and rendered and rendered[0][0].startswith("\ufeff"):
+                    broken.add(k)  # a byte-order mark at the start of the file is not text
+            else:
+                put(f'<doc id="{k}" url="{MARK}{k}" title="t">\n'.encode(), k)
+                put(f"{MARK}{k}\n".encode(), k)  # the title line
+                if any(kind == "ok" and (re.match(r"<doc\s+id=.*>\s*$", t) or _CLOSE.match(t))
+                       for t, _, kind in rendered):
+                    broken.add(k)
+            for text, raw, kind in rendered:
+                put((raw if raw is not None else text.encode()) + b"\n", k)
+            if fmt == "text":
+                put(b"\n", k, k + 1)  # the blank line between documents
+            else:
+                put(b"</doc>\n", k)
+            expected.append(good)
+            bad.append(n_bad)
+            continue
+        text = "\n".join(t for t, _, _ in rendered)
+        good = [t for t, _, _ in rendered if t.strip()]  # a long line is text in JSON
+        fields = {"id": f"{MARK}{k}", "text": text}
+        if draw(st.booleans()):
+            fields = {"meta": {"text": f"{MARK}{k}", "a": [1, -2.5e3, None, True, "x\\\"{"]}, "text": text,
+                      "tail": f"{MARK}{k}"}
+        record = json.dumps(fields, ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
+        n_bad = 0
+        if any(kind == "bad" for _, _, kind in rendered):
+            broken.add(k)  # a lone surrogate: the record is bad (what a stream handed on before stays)
+            n_bad = 1
+        elif len(record) > max_line:  # read as a stream: a line of its text longer than a line is dropped
+            n_bad = sum(len(t) > max_line for t in good)
+            good = [t for t in good if len(t) <= max_line]
+        if fmt == "cirrus":
+            put(json.dumps({"index": {"_id": f"{MARK}{k}"}}).encode() + b"\n", k)
+        put(record + b"\n", k)
+        expected.append(good)
+        bad.append(n_bad)
+    return Rendered(bytes(out), owners, expected, bad, broken)
+
+
+def damage(r: Rendered, draw) -> tuple[bytes, set[int]]:
+    """The file with a few random byte-level injuries, and the documents they touch."""
+    data = bytearray(r.data)
+    spans = []
+    for _ in range(draw(st.integers(0, 3))):
+        if not data:
+            break
+        kind = draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
+        p = draw(st.integers(0, len(r.data) - 1)) if r.data else 0
+        spans.append((kind, p, draw(st.binary(min_size=1, max_size=3)), draw(st.integers(1, 4))))
+    spans.sort(key=lambda s: -s[1])  # from the end: positions stay valid
+    spans = [s for n, s in enumerate(spans) if not n or s[1] + s[3] + 2 < spans[n - 1][1]]  # apart
+    for kind, p, new, n in spans:
+        if kind == "flip":
+            data[p:p + 1] = new[:1]
+        elif kind == "insert":
+            data[p:p] = new
+        elif kind == "delete":
+            del data[p:p + n]
+        else:
+            del data[p:]
+    hit = [(p - 1, {"flip": p + 2, "insert": p + 1, "delete": p + n + 1}.get(kind, 1 << 60)) for kind, p, _, n in spans]
+    return bytes(data), touched(r, hit)
+
+
+def touched(r: Rendered, hit) -> set[int]:
+    return {k for s, e, who in r.owners for lo, hi in hit if s < hi and lo < e for k in who}
+
+
+COMPRESS = {"gz": gzip.compress, "bz2": bz2.compress, "zst": lambda d: zstandard.ZstdCompressor().compress(d)}
+_STORE = tempfile.mkdtemp(prefix="fuzz-inputs-")
+
+
+def read_items(data: bytes, fmt: str, compression: str, name: str, target: int | None):
+    """(parts, tally) of the file read item by item (one item when compressed or target is None)."""
+    tally = Tally()
+    options = ReadOptions(max_bad_share=1.0)  # never judge: every document must be accounted for
+    if compression != "none" or target is None:
+        return list(iter_documents(io.BytesIO(data), fmt, compression, name, 0, tally, options)), tally
+    with open(os.path.join(_STORE, name), "wb") as f:
+        f.write(data)
+    parts = []
+    for start, end, _ in plan_ranges(LocalStore(_STORE), name, len(data), fmt, target):
+        parts += iter_documents(io.BytesIO(data[start:end]), fmt, "none", name, start, tally, options)
+    return parts, tally
+
+
+def _tags(line: str) -> set[int]:
+    return {int(m) for m in re.findall(TAG + r"(\d+)" + END, line)}
+
+
+def check_case(draw, fmt: str) -> None:
+    max_doc = draw(st.sampled_from([4, 30, 4 << 20]))
+    max_line = draw(st.sampled_from([64, 100, 300]))
+    block = draw(st.sampled_from([7, 16, 64]))
+    scan = draw(st.sampled_from([5, 64, 64 << 10]))
+    patches = [(formats, "MAX_DOCUMENT_CHARS", max_doc), (formats, "MAX_LINE_BYTES", max_line),
+               (formats, "_BLOCK", block), (ranges, "_SCAN", scan), (ranges, "_SHORT", draw(st.sampled_from([40, 64 << 10])))]
+    saved = [(m, a, getattr(m, a)) for m, a, _ in patches]
+    for m, a, v in patches:
+        setattr(m, a, v)
+    try:
+        _check(draw, fmt, max_doc, max_line)
+    finally:
+        for m, a, v in saved:
+            setattr(m, a, v)
+
+
+def _check(draw, fmt: str, max_doc: int, max_line: int) -> None:
+    name = FORMATS_NAMES[fmt]
+    docs = draw(st.lists(lines, max_size=7))
+    r = render(fmt, docs, draw, max_line)
+    data, hurt = damage(r, draw)
+    clean = data = data if data != r.data else r.data
+    if data != r.data:
+        clean = None
+    compression = draw(st.sampled_from(["none", "none", "gz", "bz2", "zst"]))
+    chaos = False  # damage inside a compressed stream: garbage may come out, but no crash
+    if compression != "none":
+        name += "." + compression
+        data = COMPRESS[compression](data)
+        if clean is not None:
+            clean = data
+        if data and draw(st.booleans()):
+            cut = draw(st.integers(0, len(data) - 1))
+            if draw(st.booleans()):
+                data = data[:cut] + bytes([data[cut] ^ draw(st.integers(1, 255))]) + data[cut + 1:]
+                chaos = True
+            else:
+                data = data[:cut]
+                got = 0  # what the reader gets out of the cut stream: the documents after it are touched
+                for block in formats._blocks(io.BytesIO(data), compression):
+                    if block.__class__ is not bytes:
+                        break
+                    got += len(block)
+                hurt |= touched(r, [(got - 1, 1 << 60)])
+    target = draw(st.integers(1, max(1, len(data) + 10)))
+    try:
+        _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs)
+    except AssertionError:
+        if os.environ.get("FLEET_FUZZ_DUMP"):  # the failing case, to replay by hand
+            with open(os.environ["FLEET_FUZZ_DUMP"], "w") as f:
+                json.dump([fmt, compression, target, data.decode("latin-1"), max_doc, max_line,
+                           formats._BLOCK, ranges._SCAN, ranges._SHORT], f)
+        raise
+
+
+def _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs) -> None:
+    whole, whole_tally = read_items(data, fmt, compression, name, None)
+    parts, tally = read_items(data, fmt, compression, name, target)
+    case = (fmt, compression, target, data)
+    # Every part is a bounded piece of one document.
+    for part in parts:
+        assert part and (sum(map(len, part)) <= max_doc or len(part) == 1), part
+    # Cutting never changes what is read: the same lines, the same bad records.
+    assert [x for p in parts for x in p] == [x for p in whole for x in p], case
+    assert tally.bad == whole_tally.bad, case
+    if fmt != "text":  # (plain text alone may cut a document longer than an item, between lines)
+        assert parts == whole
+    # (b) every bad record is counted with its place.
+    assert all(re.match(re.escape(name) + r": (decompressed )?byte \d+: ", e) for e in tally.examples), tally.examples
+    if chaos:
+        return
+    safe = [k for k in range(len(docs)) if k not in hurt and k not in r.broken]
+    assert tally.bad >= sum(r.bad[k] for k in safe) + len(r.broken - hurt) * (fmt in ("jsonl", "cirrus"))
+    if data == clean and not r.broken:
+        assert tally.bad == sum(r.bad), tally.examples
+    # (c) no markup, and nothing of another document, in a document's text.
+    for part in parts:
+        owners = set().union(*map(_tags, part))
+        if len(owners) > 1:
+            assert all(k in hurt for k in range(min(owners), max(owners) + 1)), (owners, hurt, part)
+        for line in part:
+            assert not (fmt == "wikiextractor" and (re.match(r"<doc\s+id=.*>\s*$", line) or _CLOSE.match(line)))
+            for m in re.findall(MARK + r"(\d+)", line):
+                assert int(m) in hurt, (line, hurt)
+    # (a) every document no damage touched comes out once, whole, in order, alone in its parts.
+    where = {}
+    for n, part in enumerate(parts):
+        for j, line in enumerate(part):
+            if line.startswith(HEAD + TAG) and line[2:].isdigit():
+                assert int(line[2:]) not in where, f"document {line[2:]} read twice"
+                where[int(line[2:])] = (n, j)
+    last = -1
+    for k in safe:
+        assert k in where, f"document {k} lost: {r.expected[k]}"
+        n, j = where[k]
+        doc = r.expected[k]
+        t = doc.index(f"{HEAD}{TAG}{k}")
+        first = n  # the parts before the tag's hold the document's lines before it
+        need = t - j
+        while need > 0:
+            first -= 1
+            need -= len(parts[first])
+        end = n
+        have = len(parts[n]) - j
+        while have < len(doc) - t:
+            end += 1
+            have += len(parts[end])
+        assert need == 0 and have == len(doc) - t and [x for p in parts[first:end + 1] for x in p] == doc, k
+        assert first > last
+        last = end
+
+
+FUZZ_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS_NAMES))
+@settings(max_examples=60, **FUZZ_SETTINGS)
+@given(data=st.data())
+def test_invariants_hold_for_damaged_documents_in_every_format(fmt, data):
+    check_case(data.draw, fmt)
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("fmt", list(FORMATS_NAMES))
+@settings(max_examples=int(os.environ.get("FLEET_FUZZ_EXAMPLES", "5000")), **FUZZ_SETTINGS)
+@given(data=st.data())
+def test_fuzz_invariants_hold_for_damaged_documents_in_every_format(fmt, data):
+    check_case(data.draw, fmt)

@@ -342,6 +342,7 @@ class _LongRecord:
             try:
                 pieces = self.field.feed(data[at:at + _FEED])
             except NotJSON as e:
+                yield from self._split(e.pieces)
                 yield from self._fail(str(e))
                 return
             yield from self._split(pieces)
@@ -352,6 +353,7 @@ class _LongRecord:
         try:
             pieces = self.field.close()
         except NotJSON as e:
+            yield from self._split(e.pieces)
             yield from self._fail(str(e))
             return
         yield from self._split(pieces)
@@ -374,6 +376,13 @@ class _LongRecord:
                 if not self.skipping:
                     self.partial.append(part)
                     self.size += len(part)
+                    if self.size > MAX_LINE_BYTES:  # dropped, and counted once
+                        if run:
+                            yield run
+                            run = []
+                        yield Bad(self.offset, f"record {self.number}: a line of its text longer than "
+                                  f"{MAX_LINE_BYTES >> 20} Mi characters (dropped)")
+                        self.partial, self.size, self.skipping = [], 0, True
                 if n == len(parts) - 1:
                     break
                 if not self.skipping:
@@ -381,13 +390,6 @@ class _LongRecord:
                     if line.strip():
                         run.append(line)
                 self.partial, self.size, self.skipping = [], 0, False
-            if self.size > MAX_LINE_BYTES and not self.skipping:
-                if run:
-                    yield run
-                    run = []
-                yield Bad(self.offset, f"record {self.number}: a line of its text longer than "
-                          f"{MAX_LINE_BYTES >> 20} Mi characters (dropped)")
-                self.partial, self.size, self.skipping = [], 0, True
         if run:
             yield run
 

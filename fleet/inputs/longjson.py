@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from json.decoder import scanstring
+from json.decoder import JSONDecodeError, scanstring
 
 _WS = re.compile(r"[ \t\r\n]*")
 _SKIP_STRING = re.compile(r'(?:[^"\\]++|\\.)*+', re.S)  # a string's body, escapes unchecked
@@ -27,7 +27,13 @@ _KEY_MAX = 1 << 16
 
 
 class NotJSON(ValueError):
-    """The record is not a JSON object (or its text is not Unicode): the reason, for its Bad."""
+    """The record is not a JSON object (or its text is not Unicode): the reason, for its Bad.
+    ``pieces``: the text decoded before the fault, so that what a record gives before it does
+    not depend on how its bytes were chunked."""
+
+    def __init__(self, why: str, pieces: list[str] | None = None):
+        super().__init__(why)
+        self.pieces = pieces or []
 
 
 class TextField:
@@ -49,24 +55,35 @@ class TextField:
         self._reading = False  # inside the text string
 
     def feed(self, data: bytes) -> list[str]:
-        try:
-            return self._scan(self._utf8.decode(data))
-        except UnicodeDecodeError as e:
-            raise NotJSON(f"invalid UTF-8 ({e.reason})") from None
+        return self._decoded(data, False)
 
     def close(self) -> list[str]:
-        try:
-            out = self._scan(self._utf8.decode(b"", True))
-        except UnicodeDecodeError as e:
-            raise NotJSON(f"invalid UTF-8 ({e.reason})") from None
+        out = self._decoded(b"", True)
         if self._state == "scalar":
             self._end_scalar()
         if self._state != "done" or self._buf:
             raise NotJSON("the record ends early (a truncated line?)")
         return out
 
+    def _decoded(self, data: bytes, final: bool) -> list[str]:
+        try:
+            chunk = self._utf8.decode(data, final)
+        except UnicodeDecodeError as e:  # the text before the bad byte first
+            out = self._scan(e.object[:e.start].decode("utf-8"))
+            raise NotJSON(f"invalid UTF-8 ({e.reason})", out) from None
+        return self._scan(chunk)
+
     def _scan(self, chunk: str) -> list[str]:
-        buf, i, out = self._buf + chunk, 0, []
+        out: list[str] = []
+        try:
+            self._scan_into(chunk, out)
+        except NotJSON as e:
+            e.pieces = out + e.pieces
+            raise
+        return out
+
+    def _scan_into(self, chunk: str, out: list[str]) -> None:
+        buf, i = self._buf + chunk, 0
         n = len(buf)
         while i < n:
             state = self._state
@@ -140,21 +157,22 @@ class TextField:
                 where = "after the object" if state == "done" else "where " + _EXPECTED[state]
                 raise NotJSON(f"not JSON: {c!r} {where}")
         self._buf = buf[i:]
-        return out
 
     def _text(self, buf: str, i: int, out: list[str]) -> int:
         """Decode the text string from i as far as whole escapes go; the new position."""
         e = _TEXT.match(buf, i).end()
         closed = e < len(buf) and buf[e] == '"'
-        if not closed and e < len(buf) and not _ESCAPE_START.match(buf, e):
-            raise NotJSON(f"not JSON: a bad escape or control character in its text ({buf[e:e + 6]!r})")
-        if not closed and _HIGH.search(buf, i, e) and _escapes(buf, e - 6):
+        bad = not closed and e < len(buf) and not _ESCAPE_START.match(buf, e)
+        if not closed and not bad and _HIGH.search(buf, i, e) and _escapes(buf, e - 6):
             e -= 6  # a high surrogate: decoded with the low half that follows
-        if e > i:
-            piece = _string(buf[i:e])
-            if _SURROGATE.search(piece):  # a pair is decoded whole: this is half of one
-                raise NotJSON("a lone surrogate escape in its text (half of a \\uD83D\\uDE00 pair): not Unicode")
-            out.append(piece)
+        if e > i:  # the text before a fault first, wherever the chunks end
+            piece, fault = _text_piece(buf[i:e])
+            if piece:
+                out.append(piece)
+            if fault:
+                raise NotJSON(fault)
+        if bad:
+            raise NotJSON(f"not JSON: a bad escape in its text ({buf[e:e + 6]!r})")
         if closed:
             self.found, self._state = True, "after"
             return e + 1
@@ -183,6 +201,19 @@ def _escapes(buf: str, at: int) -> bool:
     while at - run >= 0 and buf[at - run] == "\\":
         run += 1
     return run % 2 == 1
+
+
+def _text_piece(body: str) -> tuple[str, str | None]:
+    """The text of a run of whole escapes, up to its first fault; and the fault (or None)."""
+    fault = None
+    try:
+        piece = scanstring(body + '"', 0, True)[0]
+    except JSONDecodeError as e:  # a control character: what comes before it is text
+        piece, fault = scanstring(body[:e.pos] + '"', 0, True)[0], f"not JSON: {e.msg.lower()} in its text"
+    lone = _SURROGATE.search(piece)  # a pair is decoded whole: this is half of one
+    if lone:
+        return piece[:lone.start()], "a lone surrogate escape in its text (half of a \\uD83D\\uDE00 pair): not Unicode"
+    return piece, fault
 
 
 def _string(body: str) -> str:
