@@ -169,6 +169,24 @@ def test_a_long_document_is_handed_on_in_parts_before_it_is_read_whole(small_lim
     assert [line for part in [first] + rest for line in part] == lines
 
 
+def test_a_highly_compressed_zst_is_decoded_a_bounded_step_at_a_time():
+    # 16 kB of a zstd stream of zeros used to decode to 200 MB at once: a worker's memory went
+    # with the compression ratio, not with the read size.
+    import tracemalloc
+
+    data = zstandard.ZstdCompressor().compress(bytes(200 << 20))
+    stream = formats.decompressed(io.BytesIO(data), "zst")
+    tracemalloc.start()
+    try:
+        total = 0
+        while block := stream.read(1 << 20):
+            total += len(block)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert total == 200 << 20 and peak < 48 << 20
+
+
 def test_a_json_record_longer_than_a_line_is_read_as_a_stream(small_limits):
     paragraphs = [f"paragraph {i} \u6570\u636e \U0001f600 \"q\" \\ \t" + "y" * (i % 300) for i in range(3000)]
     text = "\n".join(paragraphs)
@@ -208,8 +226,8 @@ def test_a_damaged_long_json_record_is_one_bad_record(small_limits, damage, why)
 # -- the fuzzer ----------------------------------------------------------------------------------
 # Documents are rendered in a format, with lines that look like the format's markup, blank-ish
 # lines, NULs, CRs, and lines made bad on purpose (invalid UTF-8; a lone surrogate escape in
-# JSON; longer than MAX_LINE_BYTES). Every document holds a tag line "\ue125\ue124<k>" and its plain
-# lines end with "\ue124<k>", so its text can be told apart wherever it lands; what a format
+# JSON; longer than MAX_LINE_BYTES). Every document holds a tag line (_head) and its plain
+# lines end with its tag (_tag), so its text can be told apart wherever it lands; what a format
 # adds around a document (titles, ids, urls) holds "\ue123<k>". The file is then damaged
 # (bytes flipped, inserted, deleted, or cut off), maybe compressed (and maybe the compressed
 # stream cut off), planned into items with the real planner at a random item size, and read.
@@ -250,15 +268,15 @@ class Rendered:
 def _line(text: str, kind: str, k: int, fmt: str, max_line: int) -> tuple[str, bytes | None]:
     """(the line's text, or its bytes when it is bad)."""
     if kind == "long":
-        return "L" * (max_line + 3) + f"{TAG}{k}{END}", None
+        return "L" * (max_line + 3) + _tag(k), None
     if kind == "bad":
         if fmt in ("jsonl", "cirrus"):
-            return text + "\ud800" + f"{TAG}{k}{END}", None
-        raw = (text + f"{TAG}{k}{END}").encode()
+            return text + "\ud800" + _tag(k), None
+        raw = (text + _tag(k)).encode()
         return "", raw[:len(raw) // 2] + b"\xff" + raw[len(raw) // 2:]
     if kind == "tag":
         return text, None
-    return (text + f"{TAG}{k}{END}" if text.strip() and text not in SPECIAL else text), None
+    return (text + _tag(k) if text.strip() and text not in SPECIAL else text), None
 
 
 def render(fmt: str, docs, draw, max_line: int) -> Rendered:
@@ -272,7 +290,7 @@ def render(fmt: str, docs, draw, max_line: int) -> Rendered:
 
     for k, body in enumerate(docs):
         at = draw(st.integers(0, len(body)))
-        body = body[:at] + [(f"{HEAD}{TAG}{k}", "tag")] + body[at:]
+        body = body[:at] + [(_head(k), "tag")] + body[at:]
         rendered = [_line(text, kind, k, fmt, max_line) + (kind if kind != "tag" else "ok",) for text, kind in body]
         good = [t for t, raw, kind in rendered if kind == "ok" and t.strip()]
         if fmt in ("text", "wikiextractor"):
@@ -282,8 +300,8 @@ def render(fmt: str, docs, draw, max_line: int) -> Rendered:
                 if not out and rendered and rendered[0][0].startswith("\ufeff"):
                     broken.add(k)  # a byte-order mark at the start of the file is not text
             else:
-                put(f'<doc id="{k}" url="{MARK}{k}" title="t">\n'.encode(), k)
-                put(f"{MARK}{k}\n".encode(), k)  # the title line
+                put(f'<doc id="{k}" url="{MARK}{_tag(k)}" title="t">\n'.encode(), k)
+                put(f"{MARK}{_tag(k)}\n".encode(), k)  # the title line
                 if any(kind == "ok" and (re.match(r"<doc\s+id=.*>\s*$", t) or _CLOSE.match(t))
                        for t, _, kind in rendered):
                     broken.add(k)
@@ -298,10 +316,10 @@ def render(fmt: str, docs, draw, max_line: int) -> Rendered:
             continue
         text = "\n".join(t for t, _, _ in rendered)
         good = [t for t, _, _ in rendered if t.strip()]  # a long line is text in JSON
-        fields = {"id": f"{MARK}{k}", "text": text}
+        fields = {"id": MARK + _tag(k), "text": text}
         if draw(st.booleans()):
-            fields = {"meta": {"text": f"{MARK}{k}", "a": [1, -2.5e3, None, True, "x\\\"{"]}, "text": text,
-                      "tail": f"{MARK}{k}"}
+            fields = {"meta": {"text": MARK + _tag(k), "a": [1, -2.5e3, None, True, "x\\\"{"]}, "text": text,
+                      "tail": MARK + _tag(k)}
         record = json.dumps(fields, ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
         n_bad = 0
         if any(kind == "bad" for _, _, kind in rendered):
@@ -311,7 +329,7 @@ def render(fmt: str, docs, draw, max_line: int) -> Rendered:
             n_bad = sum(len(t) > max_line for t in good)
             good = [t for t in good if len(t) <= max_line]
         if fmt == "cirrus":
-            put(json.dumps({"index": {"_id": f"{MARK}{k}"}}).encode() + b"\n", k)
+            put(json.dumps({"index": {"_id": MARK + _tag(k)}}).encode() + b"\n", k)
         put(record + b"\n", k)
         expected.append(good)
         bad.append(n_bad)
@@ -365,8 +383,18 @@ def read_items(data: bytes, fmt: str, compression: str, name: str, target: int |
     return parts, tally
 
 
+def _tag(k: int) -> str:
+    """Document k's tag: its number and a check, so that no few damaged bytes make another's."""
+    return f"{TAG}{k}{END}{k * 2654435761 % (1 << 24):06x}{TAG}"
+
+
+def _head(k: int) -> str:
+    return HEAD + _tag(k)
+
+
 def _tags(line: str) -> set[int]:
-    return {int(m) for m in re.findall(TAG + r"(\d+)" + END, line)}
+    return {int(k) for k, check in re.findall(f"{TAG}(\\d+){END}([0-9a-f]{{6}}){TAG}", line)
+            if _tag(int(k)).endswith(f"{END}{check}{TAG}")}
 
 
 def check_case(draw, fmt: str) -> None:
@@ -452,21 +480,22 @@ def _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, c
             assert all(k in hurt for k in range(min(owners), max(owners) + 1)), (owners, hurt, part)
         for line in part:
             assert not (fmt == "wikiextractor" and (re.match(r"<doc\s+id=.*>\s*$", line) or _CLOSE.match(line)))
-            for m in re.findall(MARK + r"(\d+)", line):
-                assert int(m) in hurt, (line, hurt)
+            for m in re.findall(MARK + r"(" + TAG + r"\d+" + END + r"[0-9a-f]{6}" + TAG + ")", line):
+                assert _tags(m) <= hurt, (line, hurt)
     # (a) every document no damage touched comes out once, whole, in order, alone in its parts.
     where = {}
     for n, part in enumerate(parts):
         for j, line in enumerate(part):
-            if line.startswith(HEAD + TAG) and line[2:].isdigit():
-                assert int(line[2:]) not in where, f"document {line[2:]} read twice"
-                where[int(line[2:])] = (n, j)
+            if line.startswith(HEAD) and len(_tags(line)) == 1 and line == _head(min(_tags(line))):
+                k = min(_tags(line))
+                assert k not in where, f"document {k} read twice"
+                where[k] = (n, j)
     last = -1
     for k in safe:
         assert k in where, f"document {k} lost: {r.expected[k]}"
         n, j = where[k]
         doc = r.expected[k]
-        t = doc.index(f"{HEAD}{TAG}{k}")
+        t = doc.index(_head(k))
         first = n  # the parts before the tag's hold the document's lines before it
         need = t - j
         while need > 0:
