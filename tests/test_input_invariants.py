@@ -365,7 +365,7 @@ def touched(r: Rendered, hit) -> set[int]:
     return {k for s, e, who in r.owners for lo, hi in hit if s < hi and lo < e for k in who}
 
 
-COMPRESS = {"gz": gzip.compress, "bz2": bz2.compress, "zst": lambda d: zstandard.ZstdCompressor().compress(d)}
+COMPRESS = {"gz": lambda d: gzip.compress(d, mtime=0), "bz2": bz2.compress, "zst": lambda d: zstandard.ZstdCompressor().compress(d)}
 _STORE = tempfile.mkdtemp(prefix="fuzz-inputs-")
 
 
@@ -441,15 +441,15 @@ def _check(draw, fmt: str, max_doc: int, max_line: int) -> None:
                     if block.__class__ is not bytes:
                         break
                     got += len(block)
-                hurt |= touched(r, [(got - 1, 1 << 60)])
+                hurt |= touched(r, [(got - 16, 1 << 60)])  # (less what the damage inserted before it)
     target = draw(st.integers(1, max(1, len(data) + 10)))
     try:
         _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs)
     except AssertionError:
         if os.environ.get("FLEET_FUZZ_DUMP"):  # the failing case, to replay by hand
-            with open(os.environ["FLEET_FUZZ_DUMP"], "w") as f:
-                json.dump([fmt, compression, target, data.decode("latin-1"), max_doc, max_line,
-                           formats._BLOCK, ranges._SCAN, ranges._SHORT], f)
+            with open(os.environ["FLEET_FUZZ_DUMP"], "a") as f:
+                f.write(json.dumps([fmt, compression, target, data.decode("latin-1"), max_doc, max_line,
+                                    formats._BLOCK, ranges._SCAN, ranges._SHORT]) + "\n")
         raise
 
 

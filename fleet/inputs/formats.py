@@ -10,12 +10,22 @@
   shards; blank lines inside a document separate paragraphs, not documents, and
   the title line that opens each is dropped unless asked for.
 
-One bad record does not sink an item: a document with invalid UTF-8 or a line over
-MAX_LINE_BYTES, a record that is not JSON or has no text, a compressed stream that
-ends early (the documents before the damage are kept) is skipped and tallied with
-where it was. The item fails only when more than ``max_bad_share`` of its records
-are bad: then the data is not in this format at all. NUL and other control
-characters are text (BERT's cleaning drops them), not damage.
+One bad record does not sink an item, and costs no more than itself (issue 17): in text
+and WikiExtractor shards the unit of damage is the line (invalid UTF-8, or longer than
+MAX_LINE_BYTES: the line is dropped, its document goes on); in JSON it is the record (not
+JSON, no text field, invalid UTF-8, or a lone surrogate escape such as "\\ud800" in its
+text, which no UTF-8 encoder takes later); a <doc> left open by the next <doc> or by the end
+of the item drops the document it holds; a compressed stream that ends early keeps the
+documents before the break. Each is tallied with its byte offset. The item fails only when
+more than ``max_bad_share`` of its records (lines, for text and WikiExtractor) are bad: then
+the data is not in this format at all. NUL and other control characters are text (BERT's
+cleaning drops them), not damage.
+
+Documents are read as a stream: a document is handed on whole when it ends, or in parts of
+MAX_DOCUMENT_CHARS characters (cut between lines) as soon as a part is full, so that memory is
+bounded by a part and a line whatever the document; damage found later in a document drops
+only what is not handed on yet. A JSON record longer than MAX_LINE_BYTES is read the same way
+(longjson.py). What is read never depends on where blocks, chunks or items fall.
 """
 
 from __future__ import annotations
@@ -440,7 +450,7 @@ def _wikiextractor_events(lines: Iterator, base_offset: int, keep_titles: bool) 
                     yield _DROP
                 yield line
                 return
-            at = line.end
+            at = line.end if line.end is not None else at
             title = False
             if run:
                 yield run
