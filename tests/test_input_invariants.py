@@ -19,12 +19,16 @@ import gzip
 import io
 import json
 import os
+import re
+import tempfile
+from dataclasses import dataclass, field
 
 import pytest
 import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from fleet.inputs import Tally, iter_documents, plan_ranges, read_all
-from fleet.inputs import formats
+from fleet.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges, read_all
 from fleet.job import InputError
 from fleet.store.local import LocalStore
 
@@ -231,17 +235,6 @@ def test_a_damaged_long_json_record_is_one_bad_record(small_limits, damage, why)
 # adds around a document (titles, ids, urls) holds "\ue123<k>". The file is then damaged
 # (bytes flipped, inserted, deleted, or cut off), maybe compressed (and maybe the compressed
 # stream cut off), planned into items with the real planner at a random item size, and read.
-import random  # noqa: E402
-import re  # noqa: E402
-import tempfile  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-
-from hypothesis import HealthCheck, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis import given  # noqa: E402
-
-from fleet.inputs import ReadOptions, ranges  # noqa: E402
-
 TAG, MARK, HEAD, END = "\ue124", "\ue123", "\ue125", "\ue126"
 ODD = ("aZ9 .,!?'#[]{}<>/\"\\:\t\r\x00\x01\x0b\x0c\x1c\x7f\x85\xa0\xad\u200b\u2028\u2029\u3000\ufffd\ufeff"
        "\u0301éß中文数据\U00020000\U0001f600")
