@@ -272,7 +272,7 @@ def _line(text: str, kind: str, k: int, fmt: str, max_line: int) -> tuple[str, b
     return (text + _tag(k) if text.strip() and text not in SPECIAL else text), None
 
 
-def render(fmt: str, docs, draw, max_line: int) -> Rendered:
+def render(fmt: str, docs, draw, max_line: int, titles: bool) -> Rendered:
     out = bytearray()
     owners: list[tuple[int, int, frozenset]] = []
     expected, bad, broken = [], [], set()
@@ -294,7 +294,9 @@ def render(fmt: str, docs, draw, max_line: int) -> Rendered:
                     broken.add(k)  # a byte-order mark at the start of the file is not text
             else:
                 put(f'<doc id="{k}" url="{MARK}{_tag(k)}" title="t">\n'.encode(), k)
-                put(f"{MARK}{_tag(k)}\n".encode(), k)  # the title line
+                title = f"T{_tag(k)}" if titles else f"{MARK}{_tag(k)}"  # text only if kept
+                put(f"{title}\n".encode(), k)
+                good = [title] * titles + good
                 if any(kind == "ok" and (re.match(r"<doc\s+id=.*>\s*$", t) or _CLOSE.match(t))
                        for t, _, kind in rendered):
                     broken.add(k)
@@ -362,10 +364,10 @@ COMPRESS = {"gz": lambda d: gzip.compress(d, mtime=0), "bz2": bz2.compress, "zst
 _STORE = tempfile.mkdtemp(prefix="fuzz-inputs-")
 
 
-def read_items(data: bytes, fmt: str, compression: str, name: str, target: int | None):
+def read_items(data: bytes, fmt: str, compression: str, name: str, target: int | None, titles: bool = False):
     """(parts, tally) of the file read item by item (one item when compressed or target is None)."""
     tally = Tally()
-    options = ReadOptions(max_bad_share=1.0)  # never judge: every document must be accounted for
+    options = ReadOptions(keep_titles=titles, max_bad_share=1.0)  # never judge: all must be accounted for
     if compression != "none" or target is None:
         return list(iter_documents(io.BytesIO(data), fmt, compression, name, 0, tally, options)), tally
     with open(os.path.join(_STORE, name), "wb") as f:
@@ -410,7 +412,8 @@ def check_case(draw, fmt: str) -> None:
 def _check(draw, fmt: str, max_doc: int, max_line: int) -> None:
     name = FORMATS_NAMES[fmt]
     docs = draw(st.lists(lines, max_size=7))
-    r = render(fmt, docs, draw, max_line)
+    titles = fmt == "wikiextractor" and draw(st.booleans())
+    r = render(fmt, docs, draw, max_line, titles)
     data, hurt = damage(r, draw)
     clean = data = data if data != r.data else r.data
     if data != r.data:
@@ -437,7 +440,7 @@ def _check(draw, fmt: str, max_doc: int, max_line: int) -> None:
                 hurt |= touched(r, [(got - 16, 1 << 60)])  # (less what the damage inserted before it)
     target = draw(st.integers(1, max(1, len(data) + 10)))
     try:
-        _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs)
+        _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs, titles)
     except AssertionError:
         if os.environ.get("FLEET_FUZZ_DUMP"):  # the failing case, to replay by hand
             with open(os.environ["FLEET_FUZZ_DUMP"], "a") as f:
@@ -446,9 +449,9 @@ def _check(draw, fmt: str, max_doc: int, max_line: int) -> None:
         raise
 
 
-def _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs) -> None:
-    whole, whole_tally = read_items(data, fmt, compression, name, None)
-    parts, tally = read_items(data, fmt, compression, name, target)
+def _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs, titles) -> None:
+    whole, whole_tally = read_items(data, fmt, compression, name, None, titles)
+    parts, tally = read_items(data, fmt, compression, name, target, titles)
     case = (fmt, compression, target, data)
     # Every part is a bounded piece of one document.
     for part in parts:
