@@ -41,7 +41,7 @@ from fleet.inputs.files import describe
 from fleet.inputs.longjson import NotJSON, TextField
 from fleet.job import InputError
 
-_BLOCK = 4 << 20
+_BLOCK = 4 << 20  # at most MAX_LINE_BYTES: then only a line that a block's carry starts can be over-long
 MAX_LINE_BYTES = 16 << 20
 MAX_DOCUMENT_CHARS = 4 << 20  # longer documents reach the job in parts: bounded memory per document
 _BOM = b"\xef\xbb\xbf"
@@ -343,7 +343,6 @@ class _LongRecord:
         self.size = 0
         self.skipping = False  # inside a line of its text longer than MAX_LINE_BYTES characters
         self.failed = False
-        self.handed = False
 
     def feed(self, data: bytes) -> Iterator:
         if self.failed:
