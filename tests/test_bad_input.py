@@ -65,8 +65,9 @@ def make_bad_inputs(folder) -> dict[str, str]:
         "good.txt": None,
         "good.jsonl": None,
         "nul.txt": None,  # NUL is text: BERT's cleaning drops it
-        "bad_utf8.txt": ("failed", r"bad_utf8\.txt: 1 of 1 records are bad.*\(first: \S*bad_utf8\.txt: byte 14: invalid UTF-8\)$"),
-        "binary.dat": ("failed", r"binary\.dat: 1 of 1 records are bad.*: invalid UTF-8\)$"),
+        # A bad line costs itself, not its document (issue 17): the good line before it is kept.
+        "bad_utf8.txt": ("skipped", r"bad_utf8\.txt: byte 14: invalid UTF-8$"),
+        "binary.dat": ("failed", r"binary\.dat: 8 of 9 records are bad.*: invalid UTF-8\)$"),
         "truncated.txt.gz": ("failed", r"truncated\.txt\.gz: 1 of 1 records are bad.*corrupt or truncated gz data \("),
         "not_json.jsonl": ("skipped", r"not_json\.jsonl: byte 15: record 2 is not JSON \(JSONDecodeError"),
         "no_text.jsonl": ("skipped", r"no_text\.jsonl: byte 15: record 2 has no string field 'text'$"),

@@ -68,14 +68,16 @@ def test_jsonl_bad_records_are_skipped_and_named_until_most_are_bad():
         read_all(b'{"body": "x"}\n{"text": "ok"}\n[1]\n', "d.jsonl")
 
 
-def test_invalid_utf8_skips_its_document_naming_the_byte_offset():
+def test_invalid_utf8_skips_its_line_naming_the_byte_offset():
+    # A bad line costs itself, not its document (issue 17): the document goes on around it.
     from fleet.inputs import Tally
 
     tally = Tally()
-    assert read_all(b"good\n\nhello\n\xff\xfe\nmore\n\nfine\nend\n", "bad.txt", tally=tally) == [["good"], ["fine", "end"]]
+    assert read_all(b"good\n\nhello\n\xff\xfe\nmore\n\nfine\nend\n", "bad.txt", tally=tally) == [
+        ["good"], ["hello", "more"], ["fine", "end"]]
     assert tally.examples == ["bad.txt: byte 12: invalid UTF-8"]
-    with pytest.raises(InputError, match=r"bad.txt: 1 of 1 records are bad.*\(first: bad.txt: byte 6: invalid UTF-8\)"):
-        read_all(b"hello\n\xff\xfe\n", "bad.txt")
+    with pytest.raises(InputError, match=r"bad.txt: 2 of 3 records are bad.*\(first: bad.txt: byte 6: invalid UTF-8\)"):
+        read_all(b"hello\n\xff\xfe\n\xff\n", "bad.txt")
 
 
 def test_nul_and_control_characters_are_text():

@@ -8,8 +8,8 @@ every line is read exactly once. Compressed files cannot be entered in the
 middle, so each is one item.
 
 Modules: ``files`` (which files), ``ranges`` (cutting them into items),
-``compression``, ``formats`` (documents from bytes), ``slices`` (an item's bytes,
-checked to be the ones planned).
+``compression``, ``formats`` (documents from bytes; ``longjson`` for a JSON record too
+long for a line), ``slices`` (an item's bytes, checked to be the ones planned).
 
 Memory stays bounded whatever the data: a document longer than
 MAX_DOCUMENT_CHARS is handed on in parts cut at line boundaries (counted as

@@ -16,7 +16,9 @@ class _ZstdFrames(io.RawIOBase):
     zstandard's own stream reader returns a short read at a truncated frame as if the
     data had ended there; this one raises EOFError, as gzip and bz2 do."""
 
-    _FEED = 16 << 10  # compressed bytes per step: bounds the output of one step
+    # Compressed bytes per step, which bounds the output of one step: a zstd block holds at most
+    # 128 KiB and takes at least 4 bytes (an RLE block), so 256 bytes give at most 8 MiB.
+    _FEED = 256
 
     def __init__(self, raw: BinaryIO):
         import zstandard
@@ -24,31 +26,31 @@ class _ZstdFrames(io.RawIOBase):
         self._new = zstandard.ZstdDecompressor().decompressobj
         self._raw = raw
         self._frame = None  # the frame being decoded, None between frames
-        self._input = b""
-        self._output = b""
+        self._input, self._in = b"", 0  # compressed bytes read, and how far they are decoded
+        self._output, self._out = b"", 0  # decoded bytes, and how far they are handed on
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int = -1) -> bytes:
-        while not self._output:
-            if not self._input:
-                self._input = self._raw.read(1 << 20)
+        while self._out == len(self._output):
+            if self._in == len(self._input):
+                self._input, self._in = self._raw.read(1 << 20), 0
                 if not self._input:
                     if self._frame is not None:
                         raise EOFError("the zstd stream ends inside a frame (truncated)")
                     return b""
             if self._frame is None:
                 self._frame = self._new()
-            feed, self._input = self._input[:self._FEED], self._input[self._FEED:]
-            self._output = self._frame.decompress(feed)
+            feed = self._input[self._in:self._in + self._FEED]
+            self._in += len(feed)
+            self._output, self._out = self._frame.decompress(feed), 0
             if self._frame.eof:  # the next frame starts in what this one did not use
-                self._input = self._frame.unused_data + self._input
+                self._input, self._in = self._frame.unused_data + self._input[self._in:], 0
                 self._frame = None
-        if 0 <= size < len(self._output):
-            out, self._output = self._output[:size], self._output[size:]
-        else:
-            out, self._output = self._output, b""
+        end = len(self._output) if size < 0 else min(len(self._output), self._out + size)
+        out = self._output[self._out:end] if self._out or end < len(self._output) else self._output
+        self._out = end
         return out
 
     def readinto(self, buffer) -> int:

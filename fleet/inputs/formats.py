@@ -10,12 +10,22 @@
   shards; blank lines inside a document separate paragraphs, not documents, and
   the title line that opens each is dropped unless asked for.
 
-One bad record does not sink an item: a document with invalid UTF-8 or a line over
-MAX_LINE_BYTES, a record that is not JSON or has no text, a compressed stream that
-ends early (the documents before the damage are kept) is skipped and tallied with
-where it was. The item fails only when more than ``max_bad_share`` of its records
-are bad: then the data is not in this format at all. NUL and other control
-characters are text (BERT's cleaning drops them), not damage.
+One bad record does not sink an item, and costs no more than itself (issue 17): in text
+and WikiExtractor shards the unit of damage is the line (invalid UTF-8, or longer than
+MAX_LINE_BYTES: the line is dropped, its document goes on); in JSON it is the record (not
+JSON, no text field, invalid UTF-8, or a lone surrogate escape such as "\\ud800" in its
+text, which no UTF-8 encoder takes later); a <doc> left open by the next <doc> or by the end
+of the item drops the document it holds; a compressed stream that ends early keeps the
+documents before the break. Each is tallied with its byte offset. The item fails only when
+more than ``max_bad_share`` of its records (lines, for text and WikiExtractor) are bad: then
+the data is not in this format at all. NUL and other control characters are text (BERT's
+cleaning drops them), not damage.
+
+Documents are read as a stream: a document is handed on whole when it ends, or in parts of
+MAX_DOCUMENT_CHARS characters (cut between lines) as soon as a part is full, so that memory is
+bounded by a part and a line whatever the document; damage found later in a document drops
+only what is not handed on yet. A JSON record longer than MAX_LINE_BYTES is read the same way
+(longjson.py). What is read never depends on where blocks, chunks or items fall.
 """
 
 from __future__ import annotations
@@ -28,15 +38,18 @@ from typing import BinaryIO, Iterator
 
 from fleet.inputs.compression import COMPRESSIONS, decompressed, head_of
 from fleet.inputs.files import describe
+from fleet.inputs.longjson import NotJSON, TextField
 from fleet.job import InputError
 
-_BLOCK = 4 << 20
+_BLOCK = 4 << 20  # at most MAX_LINE_BYTES: then only a line that a block's carry starts can be over-long
 MAX_LINE_BYTES = 16 << 20
 MAX_DOCUMENT_CHARS = 4 << 20  # longer documents reach the job in parts: bounded memory per document
 _BOM = b"\xef\xbb\xbf"
 FORMATS = ("text", "jsonl", "cirrus", "wikiextractor", "parquet")
 _EARLY = 100  # bad records before the share is judged while reading (a binary file fails fast)
-_DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
+# A WikiExtractor document starts with a line <doc id=…>: the reader and the item cutter
+# (ranges.py) agree on it, so that a cut never changes what is read.
+_DOC_OPEN = re.compile(r"<doc\s+id=.*>\s*$")
 _EXAMPLES = 5
 
 
@@ -54,6 +67,7 @@ class Tally:
     """What reading an item found besides its documents, for its stats."""
 
     documents: int = 0
+    records: int = 0  # good records the bad share is judged over: lines of text and WikiExtractor, else documents
     bad: int = 0
     examples: list[str] = field(default_factory=list)  # the first few bad records: where and why
     documents_cut: int = 0
@@ -79,7 +93,7 @@ class Bad:
 
 
 def _blocks(raw: BinaryIO, compression: str) -> Iterator[bytes | Exception]:
-    """Blocks of about _BLOCK bytes; where a compressed stream breaks off, what it gave up to
+    """Blocks of at most _BLOCK bytes; where a compressed stream breaks off, what it gave up to
     there, then the error (a plain read of a broken stream would lose the whole block)."""
     stream = decompressed(raw, compression)
     if compression == "none":
@@ -91,7 +105,7 @@ def _blocks(raw: BinaryIO, compression: str) -> Iterator[bytes | Exception]:
         parts, size, error = [], 0, None
         try:
             while size < _BLOCK:
-                part = read(1 << 20)
+                part = read(min(1 << 20, _BLOCK - size))
                 if not part:
                     break
                 parts.append(part)
@@ -107,15 +121,37 @@ def _blocks(raw: BinaryIO, compression: str) -> Iterator[bytes | Exception]:
             return
 
 
-def _lines(raw: BinaryIO, compression: str, base_offset: int) -> Iterator[str | Bad]:
-    """Decoded lines, and a Bad for each line that cannot be one (invalid UTF-8, too long) or
-    where a compressed stream breaks off. Offsets are bytes of the (decompressed) stream."""
+@dataclass(frozen=True)
+class _LongLine:
+    """A line longer than MAX_LINE_BYTES starts here; its bytes follow in chunks, then a _LongEnd."""
+
+    offset: int
+
+
+@dataclass(frozen=True)
+class _LongEnd:
+    end: int  # where the next line starts
+
+
+_BOM_SKIPPED = object()  # the stream began with a byte-order mark, not counted in any line
+
+
+def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool = False
+           ) -> Iterator[str | Bad | _LongLine | _LongEnd | bytes | object]:
+    """Decoded lines, and a Bad for each line that cannot be one (invalid UTF-8, or longer than
+    MAX_LINE_BYTES) or where a compressed stream breaks off. With ``stream_long``, an over-long
+    line is handed on as a _LongLine, its bytes in chunks and a _LongEnd instead of a Bad.
+    Offsets are bytes of the (decompressed) stream. Only the line that a block's carry starts
+    can be over-long, as long as _BLOCK <= MAX_LINE_BYTES: lines are judged by their length
+    alone, however the blocks fall."""
     carry = b""
     offset = base_offset  # offset of carry[0], or of the next byte when carry is empty
-    skipping = False  # inside an over-long line: drop bytes until it ends
+    long_at = -1  # inside an over-long line that started there: its bytes are passed over
     first = True
     for block in _blocks(raw, compression):
         if block.__class__ is not bytes:
+            if long_at >= 0:
+                yield _LongEnd(offset) if stream_long else _too_long(long_at, None)
             yield Bad(offset + len(carry), f"corrupt or truncated {compression} data ({block}); "
                       "the documents before it are kept", final=True)
             return
@@ -123,18 +159,29 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int) -> Iterator[str | 
             first = False
             if offset == 0 and block.startswith(_BOM):
                 block, offset = block[len(_BOM):], len(_BOM)
-        if skipping:
+                yield _BOM_SKIPPED
+        if long_at >= 0:
             nl = block.find(b"\n")
             if nl < 0:
+                if stream_long:
+                    yield block
                 offset += len(block)
                 continue
-            block, offset, skipping = block[nl + 1:], offset + nl + 1, False
+            if stream_long:
+                yield block[:nl]
+                yield _LongEnd(offset + nl + 1)
+            else:
+                yield _too_long(long_at, offset + nl + 1)
+            block, offset, long_at = block[nl + 1:], offset + nl + 1, -1
         data = carry + block
         cut = data.rfind(b"\n") + 1
         if cut == 0:
             if len(data) > MAX_LINE_BYTES:
-                yield Bad(offset, f"a line longer than {MAX_LINE_BYTES >> 20} MiB (not line-oriented text?)")
-                skipping, offset, carry = True, offset + len(data), b""
+                long_at = offset
+                if stream_long:
+                    yield _LongLine(offset)
+                    yield data
+                offset, carry = offset + len(data), b""
             else:
                 carry = data
             continue
@@ -142,8 +189,12 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int) -> Iterator[str | 
         if carry:  # only a line that began in an earlier block can be over-long
             nl = data.find(b"\n")
             if nl > MAX_LINE_BYTES:
-                yield Bad(offset, f"a line longer than {MAX_LINE_BYTES >> 20} MiB (not line-oriented text?)",
-                          end=offset + nl + 1)
+                if stream_long:
+                    yield _LongLine(offset)
+                    yield data[:nl]
+                    yield _LongEnd(offset + nl + 1)
+                else:
+                    yield _too_long(offset, offset + nl + 1)
                 head, base = head[nl + 1:], offset + nl + 1
         try:
             text = head.decode("utf-8")
@@ -155,11 +206,17 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int) -> Iterator[str | 
             yield from lines
         offset += cut
         carry = data[cut:]
-    if carry and not skipping:
+    if long_at >= 0:
+        yield _LongEnd(offset) if stream_long else _too_long(long_at, offset)
+    elif carry:
         try:
             yield carry.decode("utf-8")
         except UnicodeDecodeError as e:
             yield Bad(offset + e.start, "invalid UTF-8", end=offset + len(carry))
+
+
+def _too_long(offset: int, end: int | None) -> Bad:
+    return Bad(offset, f"a line longer than {MAX_LINE_BYTES >> 20} MiB (not line-oriented text?)", end=end)
 
 
 def _line_by_line(head: bytes, base: int) -> Iterator[str | Bad]:
@@ -172,96 +229,239 @@ def _line_by_line(head: bytes, base: int) -> Iterator[str | Bad]:
         pos += len(raw_line) + 1
 
 
-def _text_documents(lines: Iterator[str | Bad]) -> Iterator[list[str] | Bad]:
-    doc: list[str] = []
-    bad: Bad | None = None  # the first bad line of the document in progress: it is skipped whole
+# What the format readers hand the assembler (_assemble): a list of lines continues the
+# document in progress; _END ends it (what it holds is handed on); _DROP ends it as damaged
+# (what is not handed on yet is dropped: a document is held back until it ends or fills a
+# part); a Bad is counted. A reader hands lines on in runs of about a part, never more.
+_END = object()
+_DROP = object()
+
+
+def _text_events(lines: Iterator) -> Iterator:
+    """Plain text: blank lines end documents. A bad line is dropped and counted, and its
+    document goes on: the unit of damage is the line (the share is judged over lines too);
+    a stream that breaks off drops the document it breaks."""
+    run: list[str] = []
+    size = 0
+    inside = False
     for line in lines:
         if line.__class__ is str:
             if line.strip():
-                if bad is None:
-                    doc.append(line)
-            elif bad is not None:
-                yield bad
-                doc, bad = [], None
-            elif doc:
-                yield doc
-                doc = []
-        elif line.final:  # the document in progress is cut short: dropped, and the break reported
+                run.append(line)
+                size += len(line)
+                inside = True
+                if size >= MAX_DOCUMENT_CHARS:
+                    yield run
+                    run, size = [], 0
+            elif inside:
+                if run:
+                    yield run
+                yield _END
+                run, size, inside = [], 0, False
+        elif line is _BOM_SKIPPED:
+            continue
+        else:
+            if line.final:
+                yield _DROP
+                yield line
+                return
+            if run:  # handed on first, so that the share is judged with the lines before
+                yield run
+                run, size = [], 0
             yield line
-            return
-        elif bad is None:
-            bad = line
-    if bad is not None:
-        yield bad
-    elif doc:
-        yield doc
+    if inside:
+        if run:
+            yield run
+        yield _END
 
 
-def _json_documents(lines: Iterator[str | Bad], base_offset: int, column: str,
-                    cirrus: bool) -> Iterator[list[str] | Bad]:
-    at = base_offset  # where the line starts
+def _json_events(lines: Iterator, base_offset: int, column: str, cirrus: bool) -> Iterator:
+    """JSON Lines: a record's text field is a document (blank lines in it separate paragraphs).
+    A bad record (not JSON, no text, invalid UTF-8 or a lone surrogate escape in its text) is
+    one Bad with its offset. A record longer than MAX_LINE_BYTES is read as a stream
+    (longjson): its text is handed on in parts as it is decoded, and damage found further on
+    drops what is not handed on yet."""
+    at = base_offset  # where the next line starts
     number = 0
+    long: _LongRecord | None = None
     for line in lines:
-        number += 1
-        if line.__class__ is not str:
+        cls = line.__class__
+        if cls is str:
+            number += 1
+            start, at = at, at + (len(line) if line.isascii() else len(line.encode())) + 1
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                yield Bad(start, f"record {number} is not JSON ({e.__class__.__name__}: {str(e)[:80]})")
+                continue
+            if cirrus and isinstance(record, dict) and set(record) == {"index"}:
+                continue  # an Elasticsearch bulk action line: the content line follows
+            text = record.get(column) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                yield Bad(start, f"record {number} has no string field {column!r}")
+                continue
+            if "\\u" in line and _SURROGATE.search(text):
+                yield Bad(start, f"record {number}: {_LONE_SURROGATE}")
+                continue
+            doc = [line for line in text.split("\n") if line.strip()]
+            if doc:  # blank lines separate paragraphs, as inside a WikiExtractor <doc>
+                yield doc
+                yield _END
+        elif cls is bytes:
+            yield from long.feed(line)
+        elif cls is _LongLine:
+            number += 1
+            long = _LongRecord(line.offset, number, column)
+        elif cls is _LongEnd:
+            yield from long.close()
+            at, long = line.end, None
+        elif line is _BOM_SKIPPED:
+            at += len(_BOM)
+        else:
+            number += 1
+            if long is not None:
+                yield _DROP
             yield Bad(line.offset, f"record {number}: {line.why}", final=line.final)
-            if line.final or line.end is None:
+            if line.final:
                 return
             at = line.end
-            continue
-        start, at = at, at + len(line.encode()) + 1
-        if not line.strip():
-            continue
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_LONE_SURROGATE = "a lone surrogate escape in its text (half of a \\uD83D\\uDE00 pair): not Unicode"
+
+
+class _LongRecord:
+    """One over-long JSON record read as a stream: its text's lines, in runs."""
+
+    def __init__(self, offset: int, number: int, column: str):
+        self.offset, self.number = offset, number
+        self.field = TextField(column)
+        self.partial: list[str] = []  # the line being read, in pieces
+        self.size = 0
+        self.skipping = False  # inside a line of its text longer than MAX_LINE_BYTES characters
+        self.failed = False
+
+    def feed(self, data: bytes) -> Iterator:
+        if self.failed:
+            return
+        for at in range(0, len(data), _FEED):
+            try:
+                pieces = self.field.feed(data[at:at + _FEED])
+            except NotJSON as e:
+                yield from self._split(e.pieces)
+                yield from self._fail(str(e))
+                return
+            yield from self._split(pieces)
+
+    def close(self) -> Iterator:
+        if self.failed:
+            return
         try:
-            record = json.loads(line)
-        except ValueError as e:
-            yield Bad(start, f"record {number} is not JSON ({e.__class__.__name__}: {str(e)[:80]})")
-            continue
-        if cirrus and isinstance(record, dict) and set(record) == {"index"}:
-            continue  # an Elasticsearch bulk action line: the content line follows
-        text = record.get(column) if isinstance(record, dict) else None
-        if not isinstance(text, str):
-            yield Bad(start, f"record {number} has no string field {column!r}")
-            continue
-        lines = [line for line in text.split("\n") if line.strip()]
-        if lines:  # blank lines separate paragraphs, as inside a WikiExtractor <doc>
-            yield lines
+            pieces = self.field.close()
+        except NotJSON as e:
+            yield from self._split(e.pieces)
+            yield from self._fail(str(e))
+            return
+        yield from self._split(pieces)
+        if not self.field.found:
+            yield from self._fail(f"has no string field {self.field.column!r}")
+            return
+        yield from self._split(["\n"])
+        yield _END
+
+    def _fail(self, why: str) -> Iterator:
+        self.failed = True
+        yield _DROP
+        yield Bad(self.offset, f"record {self.number} (longer than a line, read as a stream): {why}")
+
+    def _split(self, pieces: list[str]) -> Iterator:
+        run: list[str] = []
+        for piece in pieces:
+            parts = piece.split("\n")
+            for n, part in enumerate(parts):
+                if not self.skipping:
+                    self.partial.append(part)
+                    self.size += len(part)
+                    if self.size > MAX_LINE_BYTES:  # dropped, and counted once
+                        if run:
+                            yield run
+                            run = []
+                        yield Bad(self.offset, f"record {self.number}: a line of its text longer than "
+                                  f"{MAX_LINE_BYTES >> 20} Mi characters (dropped)")
+                        self.partial, self.size, self.skipping = [], 0, True
+                if n == len(parts) - 1:
+                    break
+                if not self.skipping:
+                    line = "".join(self.partial)
+                    if line.strip():
+                        run.append(line)
+                self.partial, self.size, self.skipping = [], 0, False
+        if run:
+            yield run
 
 
-def _wikiextractor_documents(lines: Iterator[str | Bad], keep_titles: bool) -> Iterator[list[str] | Bad]:
-    doc: list[str] | None = None  # None: between documents
-    bad: Bad | None = None
+_FEED = 1 << 20  # characters of an over-long record decoded at a time
+
+
+def _wikiextractor_events(lines: Iterator, base_offset: int, keep_titles: bool) -> Iterator:
+    """WikiExtractor: a document is a <doc id=…> line, its title line, its text, and </doc>.
+    A <doc id=…> line always starts a document (where the item cutter may cut: ranges.py), so
+    an unclosed <doc>, or one inside another, costs the one it interrupts (dropped and counted);
+    text outside any <doc> is counted line by line; a bad line inside one is dropped and
+    counted, and the document goes on, as in plain text."""
+    run: list[str] = []
+    size = 0
+    opened = -1  # offset of the open <doc> line, -1 between documents
     title = False  # the next line is the title
-    number = 0  # line number, where a line has no offset of its own
+    at = base_offset  # where the next line starts
     for line in lines:
-        number += 1
-        if line.__class__ is not str:
+        if line.__class__ is str:
+            start, at = at, at + (len(line) if line.isascii() else len(line.encode())) + 1
+            if line.startswith("<doc") and _DOC_OPEN.match(line):
+                if opened >= 0:
+                    yield _DROP
+                    yield _unclosed(opened, "the next <doc>")
+                run, size, opened, title = [], 0, start, not keep_titles
+            elif opened < 0:
+                if line.strip():
+                    yield Bad(start, "a line outside any <doc>...</doc> (not WikiExtractor output?)")
+            elif line.startswith("</doc>") and not line[6:].strip():
+                if run:
+                    yield run
+                yield _END
+                run, size, opened = [], 0, -1
+            elif title:
+                title = False
+            elif line.strip():
+                run.append(line)
+                size += len(line)
+                if size >= MAX_DOCUMENT_CHARS:
+                    yield run
+                    run, size = [], 0
+        elif line is _BOM_SKIPPED:
+            at += len(_BOM)
+        else:
             if line.final:
+                if opened >= 0:
+                    yield _DROP
                 yield line
                 return
-            if doc is None:
-                yield line
-            elif bad is None:
-                bad = line
-            continue
-        if doc is None:
-            if _DOC_OPEN.match(line):
-                doc, bad, title = [], None, not keep_titles
-            elif line.strip():
-                yield Bad(-1, f"line {number} is outside any <doc>...</doc> (not WikiExtractor output?)")
-            continue
-        if line.startswith("</doc>") and not line[6:].strip():
-            if bad is not None:
-                yield bad
-            elif doc:
-                yield doc
-            doc = None
-        elif title:
+            at = line.end if line.end is not None else at
             title = False
-        elif line.strip():
-            doc.append(line)
-    if doc is not None:
-        yield Bad(-1, "the last <doc> has no </doc> (a truncated file?)", final=True)
+            if run:
+                yield run
+                run, size = [], 0
+            yield line
+    if opened >= 0:
+        yield _DROP
+        yield _unclosed(opened, "the end of the item (a truncated file?)")
+
+
+def _unclosed(offset: int, before: str) -> Bad:
+    return Bad(offset, f"a <doc> that has no </doc> before {before}: its document is dropped")
 
 
 def sniff(head: bytes) -> str | None:
@@ -275,7 +475,7 @@ def sniff(head: bytes) -> str | None:
     if first is None:
         return None
     line = lines[first].strip()
-    if _DOC_OPEN.match(line) and "id=" in line:
+    if _DOC_OPEN.match(line):
         return "wikiextractor"
     if not line.startswith("{"):
         return None
@@ -307,68 +507,99 @@ def decide(name_format: str, name: str, head: bytes) -> str:
 
 def iter_documents(raw: BinaryIO, fmt: str, compression: str, source: str, base_offset: int = 0,
                    tally: Tally | None = None, options: ReadOptions = ReadOptions()) -> Iterator[list[str]]:
-    """Documents (lists of lines) from an open binary file.
+    """Documents (lists of lines) from an open binary file, read as a stream.
 
     Bad records are skipped and tallied (``tally``); an InputError ends the item when more
     than ``options.max_bad_share`` of the records are bad. A document of more than
-    MAX_DOCUMENT_CHARS characters comes in parts cut at line boundaries, so that no
-    document costs more memory than that whatever the input."""
+    MAX_DOCUMENT_CHARS characters comes in parts cut at line boundaries as it is read, so
+    that no document costs more memory than that whatever the input."""
     tally = tally if tally is not None else Tally()
     unit = "decompressed byte" if compression != "none" else "byte"
-    lines = _lines(raw, compression, base_offset)
     if fmt in ("jsonl", "cirrus"):
-        docs = _json_documents(lines, base_offset, options.text_column, fmt == "cirrus")
+        lines = _lines(raw, compression, base_offset, stream_long=True)
+        events = _json_events(lines, base_offset, options.text_column, fmt == "cirrus")
     elif fmt == "wikiextractor":
-        docs = _wikiextractor_documents(lines, options.keep_titles)
+        events = _wikiextractor_events(_lines(raw, compression, base_offset), base_offset, options.keep_titles)
     elif fmt == "text":
-        docs = _text_documents(lines)
+        events = _text_events(_lines(raw, compression, base_offset))
     else:
         raise InputError(f"{source}: format {fmt!r} is not read as lines")
-    yield from checked(docs, source, tally, options, unit)
+    yield from _assemble(events, source, tally, options, unit, by_line=fmt in ("text", "wikiextractor"))
 
 
 def checked(docs: Iterator[list[str] | Bad], source: str, tally: Tally, options: ReadOptions,
             unit: str) -> Iterator[list[str]]:
-    """Documents of any format: bad records tallied (the share judged), long documents in parts."""
-    for doc in docs:
-        if doc.__class__ is Bad:
+    """Whole documents and bad records of any format (a Parquet file's rows): bad records
+    tallied (the share judged over records), long documents in parts."""
+    def events():
+        for doc in docs:
+            yield doc
+            if doc.__class__ is not Bad:
+                yield _END
+
+    yield from _assemble(events(), source, tally, options, unit, by_line=False)
+
+
+def _assemble(events: Iterator, source: str, tally: Tally, options: ReadOptions, unit: str,
+              by_line: bool) -> Iterator[list[str]]:
+    """Documents from a reader's events (see _END): handed on whole when they end, or in parts
+    of at most MAX_DOCUMENT_CHARS characters (cut at line boundaries) as soon as a part is full.
+    The bad share is judged over lines (``by_line``) or records."""
+    part: list[str] = []
+    size = 0  # characters in part
+    total = 0  # characters in the document so far
+    handed = False  # a part of the document in progress was handed on
+    limit = MAX_DOCUMENT_CHARS
+    for event in events:
+        if event.__class__ is list:
+            n = sum(map(len, event))
+            total += n
+            if size + n <= limit:
+                if part:
+                    part += event
+                else:
+                    part = event
+                size += n
+            else:
+                for line in event:
+                    if part and size + len(line) > limit:
+                        if by_line:
+                            tally.records += len(part)
+                        yield part
+                        handed, part, size = True, [], 0
+                    part.append(line)
+                    size += len(line)
+            if total > limit and total - n <= limit:
+                tally.documents_cut += 1
+        elif event is _END or event is _DROP:
+            if event is _END and part:
+                if by_line:
+                    tally.records += len(part)
+                yield part
+                handed = True
+            if handed:
+                tally.documents += 1
+                if not by_line:
+                    tally.records += 1
+            part, size, total, handed = [], 0, 0, False
+        else:
             tally.bad += 1
             if len(tally.examples) < _EXAMPLES:
-                where = f"{unit} {doc.offset}: " if doc.offset >= 0 else ""
-                tally.examples.append(f"{source}: {where}{doc.why}")
+                where = f"{unit} {event.offset}: " if event.offset >= 0 else ""
+                tally.examples.append(f"{source}: {where}{event.why}")
             if tally.bad >= _EARLY:
-                _judge(tally, source, options)
-            continue
-        tally.documents += 1
-        size = 0
-        for line in doc:
-            size += len(line)
-        if size <= MAX_DOCUMENT_CHARS:
-            yield doc
-            continue
-        tally.documents_cut += 1
-        yield from _parts(doc)
+                _judge(tally, source, options, len(part) if by_line else 0)
+    if part:  # every reader ends its documents; this is for safety
+        tally.records += len(part) if by_line else 1
+        yield part
     _judge(tally, source, options)
 
 
-def _judge(tally: Tally, source: str, options: ReadOptions) -> None:
-    total = tally.documents + tally.bad
+def _judge(tally: Tally, source: str, options: ReadOptions, pending: int = 0) -> None:
+    total = tally.records + pending + tally.bad
     if tally.bad and tally.bad > options.max_bad_share * total:
         raise InputError(f"{source}: {tally.bad} of {total} records are bad, more than the "
                          f"{options.max_bad_share:.0%} allowed: not this format? (first: {tally.examples[0]})")
-
-
-def _parts(lines: list[str]) -> Iterator[list[str]]:
-    """A document's lines in parts of at most MAX_DOCUMENT_CHARS characters (at least one line each)."""
-    part: list[str] = []
-    size = 0
-    for line in lines:
-        if part and size + len(line) > MAX_DOCUMENT_CHARS:
-            yield part
-            part, size = [], 0
-        part.append(line)
-        size += len(line)
-    yield part
 
 
 def read_all(data: bytes, name: str, fmt: str | None = None, tally: Tally | None = None,

@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+from fleet.inputs.formats import _DOC_OPEN
 from fleet.store import Store
 
 _SCAN = 64 << 10
+_SHORT = 64 << 10  # a line longer than this is not taken for a document boundary (the reader may
+# still see one there: a cut where the reader sees none would change what is read; no cut
+# where it sees one changes nothing)
 
-
-# Where a document starts, in formats that mark it on its first line.
+# Where a document starts, in formats that mark it on its first line: a JSON record on any
+# line; a CirrusSearch pair on its index line (every line is read alone, so any would do);
+# a WikiExtractor document on a <doc id=…> line, as the reader decides it (formats._DOC_OPEN).
 _MARKS = {"jsonl": b"", "cirrus": b'{"index"', "wikiextractor": b"<doc"}
+
+
+def _starts(fmt: str, line: bytes) -> bool:
+    """A whole line that the reader takes for the start of a document (marked formats)."""
+    if fmt != "wikiextractor":
+        return True
+    try:
+        return _DOC_OPEN.match(line.decode("utf-8")) is not None
+    except UnicodeDecodeError:  # the reader drops that line as bad: it starts nothing
+        return False
+
+
+def _blank(line: bytes) -> bool:
+    """A line the reader takes for blank: a document boundary in plain text."""
+    try:
+        return not line.decode("utf-8").strip()
+    except UnicodeDecodeError:  # a bad line: the reader drops it, and its document goes on
+        return False
 
 
 def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str, limit: int) -> tuple[int, bool]:
@@ -18,11 +41,13 @@ def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str, limit
     cut between lines rather than make one item (and one worker's memory) as big as it.
     Documents of the other formats are never cut (a <doc> or a JSON record must stay whole)."""
     mark = _MARKS.get(fmt)
+    whole = fmt == "wikiextractor"  # its mark is judged on the whole line
     # Step back one byte so that a line starting exactly at pos is seen as a line start.
     offset = max(0, pos - 1)
     stop = min(size, pos + limit) if mark is None else size
     carry = b""
     at_line_start = offset == 0
+    passing = False  # inside a line too long to be a boundary: only its end matters
     first_line_end = None
     while offset < size:
         chunk = store.read(name, offset, min(size, offset + _SCAN))
@@ -30,27 +55,37 @@ def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str, limit
             break
         data = carry + chunk
         base = offset - len(carry)
-        i = 0
-        if not at_line_start:
+        offset += len(chunk)
+        carry = b""
+        i = -1
+        if not at_line_start or passing:
             nl = data.find(b"\n")
-            if nl < 0:
-                carry, offset = b"", offset + len(chunk)
-                continue
-            i = nl + 1
-            at_line_start = True
-        while True:
-            if mark is not None and base + i >= pos and data.startswith(mark, i):
+            if nl >= 0:
+                if passing and first_line_end is None:
+                    first_line_end = base + nl + 1
+                i, at_line_start, passing = nl + 1, True, False
+        else:
+            i = 0
+        while i >= 0:
+            if mark is not None and base + i >= pos and data.startswith(mark, i) and not whole:
                 return base + i, True
             nl = data.find(b"\n", i)
             if nl < 0:
-                carry = data[i:]
+                if offset >= size:  # the last line, with no newline
+                    if whole and base + i >= pos and data.startswith(mark, i) and _starts(fmt, data[i:]):
+                        return base + i, True
+                elif len(data) - i > _SHORT:
+                    passing = True
+                else:
+                    carry = data[i:]
                 break
+            if whole and base + i >= pos and data.startswith(mark, i) and _starts(fmt, data[i:nl]):
+                return base + i, True
             if first_line_end is None:
                 first_line_end = base + nl + 1
-            if mark is None and not data[i:nl].decode("utf-8", "ignore").strip():
+            if mark is None and _blank(data[i:nl]):
                 return base + nl + 1, True
             i = nl + 1
-        offset += len(chunk)
         if offset >= stop and first_line_end is not None and mark is None:
             return first_line_end, False
     return size, True
