@@ -8,11 +8,11 @@ text is null or not valid UTF-8, or holds a line over MAX_LINE_BYTES, is a bad r
 (named by its row), and costs that row only.
 
 A row longer than MAX_DOCUMENT_CHARS is never made one Python string: its lines are
-decoded from the Arrow buffer a window at a time and handed on in parts of at most
-MAX_DOCUMENT_CHARS characters, the parts ``formats.checked`` would cut the whole row
-into. pyarrow still decodes a value whole, a page at a time: while it does, it holds the
-page (compressed and not; with a dictionary, the dictionary page and its decoded copy) and
-the value, two to four times the row's size (measured: 100 MB, plain and zstd: 250 MB;
+decoded from the Arrow buffer a window at a time, and ``formats._assemble`` hands them on
+in parts of at most MAX_DOCUMENT_CHARS characters, as it does a text file's. pyarrow
+still decodes a value whole, a page at a time: while it does, it holds the page
+(compressed and not; with a dictionary, the dictionary page and its decoded copy) and the
+value, two to four times the row's size (measured: 100 MB, plain and zstd: 250 MB;
 pyarrow's defaults, dictionary and snappy: 365 MB). A big batch that ends its row group
 lets the reader and those pages go before its rows are handed on. So the floor for a huge
 row is its size times that factor; nothing of ours grows with it.
@@ -24,7 +24,7 @@ import io
 from dataclasses import dataclass
 from typing import Iterator
 
-from fleet.inputs.formats import MAX_DOCUMENT_CHARS, MAX_LINE_BYTES, Bad, ReadOptions, Tally, checked
+from fleet.inputs.formats import _END, MAX_DOCUMENT_CHARS, MAX_LINE_BYTES, Bad, ReadOptions, Tally, _assemble
 from fleet.job import InputError
 from fleet.store import Changed, NotFound, Store
 
@@ -131,8 +131,8 @@ def parquet_documents(store: Store, name: str, size: int, version: str | None, f
     try:
         pf = _open(store, name, size, version, source)
         _column(pf, options.text_column, source)
-        yield from checked(_one_document_each(_rows(pf, first, end, options.text_column), tally), source, tally,
-                           options, "")
+        yield from _assemble(_events(_rows(pf, first, end, options.text_column)), source, tally, options, "",
+                             by_line=False)
     except Changed as e:
         raise InputError(f"{e}; plan a new run for the new contents") from None
     except NotFound:
@@ -140,29 +140,20 @@ def parquet_documents(store: Store, name: str, size: int, version: str | None, f
 
 
 class _Long:
-    """A row longer than MAX_DOCUMENT_CHARS, checked whole (UTF-8, line lengths): its parts."""
+    """A row longer than MAX_DOCUMENT_CHARS, checked whole (UTF-8, line lengths): its lines."""
 
     def __init__(self, parts: Iterator[list[str]]):
         self.parts = parts
 
 
-def _one_document_each(rows: Iterator[list[str] | Bad | _Long], tally: Tally) -> Iterator[list[str] | Bad]:
-    """What ``checked`` takes, with a long row's parts as documents of their own. ``checked``
-    counts each document it gets and each one over MAX_DOCUMENT_CHARS as cut: the tally is
-    set right here so that the row counts as one document, cut once when it was longer."""
+def _events(rows: Iterator[list[str] | Bad | _Long]) -> Iterator:
+    """``formats._assemble``'s events: a row's lines (a long row's a window at a time), then _END."""
     for row in rows:
-        if row.__class__ is not _Long:
+        if row.__class__ is Bad:
             yield row
             continue
-        cut = False
-        for n, part in enumerate(row.parts):
-            over = sum(map(len, part)) > MAX_DOCUMENT_CHARS  # a line longer than a part, alone in it
-            tally.documents -= n > 0
-            tally.documents_cut -= over
-            if not cut and (n or over):
-                tally.documents_cut += 1
-                cut = True
-            yield part
+        yield from row.parts if row.__class__ is _Long else (row,)
+        yield _END
 
 
 def _rows(pf, first: int, end: int, column: str) -> Iterator[list[str] | Bad | _Long]:
@@ -260,11 +251,8 @@ def _long_row(array, i: int, start: int, end: int, row: int, column: str) -> _Lo
 
 
 def _row_parts(data: memoryview, start: int, end: int) -> Iterator[list[str]]:
-    """The non-blank lines of data[start:end] in parts of at most MAX_DOCUMENT_CHARS characters
-    (a longer line alone), as ``formats.checked`` cuts a document: decoded a window of whole
-    lines at a time (a newline byte is never inside a UTF-8 character)."""
-    part: list[str] = []
-    size = 0
+    """The non-blank lines of data[start:end], decoded a window of whole lines at a time (a
+    newline byte is never inside a UTF-8 character); ``_assemble`` packs them into parts."""
     at = start
     while at < end:
         chunk = bytes(data[at:min(end, at + _WINDOW)])
@@ -274,16 +262,8 @@ def _row_parts(data: memoryview, start: int, end: int) -> Iterator[list[str]]:
             cut = chunk.find(b"\n") + 1
         if not cut or at + len(chunk) == end:
             cut = len(chunk)
-        lines = chunk[:cut].decode("utf-8").split("\n")
+        lines = [line for line in chunk[:cut].decode("utf-8").split("\n") if line.strip()]
         del chunk
         at += cut
-        for line in lines:
-            if not line.strip():
-                continue
-            if part and size + len(line) > MAX_DOCUMENT_CHARS:
-                yield part
-                part, size = [], 0
-            part.append(line)
-            size += len(line)
-    if part:
-        yield part
+        if lines:
+            yield lines
