@@ -160,3 +160,14 @@ def test_gcs_inputs_are_sampled_by_ranged_reads(tmp_path, vocab, gcs_bucket):
 def test_a_store_error_is_one_line(tmp_path, vocab, fake_gcs):
     one_line_error(run("gs://no-such-bucket-here/corpus", "--vocab", vocab), "no-such-bucket-here")
     one_line_error(run("s3://b/corpus", "--vocab", vocab), "s3://b/corpus")
+
+
+def test_bad_lines_are_judged_as_lines_as_a_run_judges_them(tmp_path, vocab):
+    """`check` judges the bad share over the records a run judges it over (lines of text): two bad
+    lines inside one long document are two skipped lines, not a file "not in this format"."""
+    doc = b"\n".join([b"good line %d." % i for i in range(20)] + [b"bad \xff one", b"bad \xfe two"])
+    path = tmp_path / "one_doc.txt"
+    path.write_bytes(doc + b"\n")
+    result = run(path, "--vocab", vocab)
+    assert result.exit_code == 0, result.output
+    assert "bad records skipped: 2" in result.output and "one_doc.txt" in result.output

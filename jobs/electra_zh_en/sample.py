@@ -79,8 +79,8 @@ def sample_documents(paths: list[str], max_bytes: int, max_seconds: float, optio
             raise InputError(f"{inp.display}: cannot read ({e})") from None
         except OSError as e:
             raise InputError(f"{inp.display}: cannot read ({e.strerror or e})") from None
-        if tally.bad and tally.bad > options.max_bad_share * (tally.documents + tally.bad):
-            raise InputError(f"{inp.display}: {tally.bad} of {tally.documents + tally.bad} records read are bad: "
+        if tally.bad and tally.bad > options.max_bad_share * (tally.records + tally.bad):
+            raise InputError(f"{inp.display}: {tally.bad} of {tally.records + tally.bad} records read are bad: "
                              f"not this format? (first: {tally.examples[0]})")
         sampled.bad += tally.bad
         sampled.bad_examples += tally.examples[:max(0, _EXAMPLES - len(sampled.bad_examples))]
