@@ -189,7 +189,7 @@ def _plan_numbers(item_mb: float | None, lease_ttl: float, max_attempts: int, ma
         within("--item-mb", item_mb, ITEM_MB, " MB")
     within("--lease-ttl", lease_ttl, LEASE_TTL, " seconds")
     within("--max-attempts", max_attempts, MAX_ATTEMPTS)
-    within("--max-bad-share", max_bad_share, MAX_BAD_SHARE)
+    within("--max-bad-share", max_bad_share, MAX_BAD_SHARE, " (a share of the records)")
 
 
 @app.command("work")

@@ -167,7 +167,7 @@ def test_formats_run_end_to_end_with_their_options(tmp_path):
     one_line_error(fleet("local", folder, out, "--job", "tests.helpers.linejob:JOB", tmp=tmp_path),
                    "keep titles is False, was True")
     one_line_error(fleet("local", folder, tmp_path / "o2", "--job", "tests.helpers.linejob:JOB",
-                         "--max-bad-share", "2"), "--max-bad-share 2: give a share from 0 to 1")
+                         "--max-bad-share", "2"), "--max-bad-share 2: give 0 to 1 (a share of the records)")
 
 
 # -- Parquet ---------------------------------------------------------------------------------------
