@@ -59,8 +59,11 @@ def test_vocab_from_a_folder(vocab):
 
 def test_vocab_errors(tmp_path, corpus):
     one_line_error(run("vocab", tmp_path / "missing.txt", "--out", tmp_path / "v.txt"), "missing.txt")
-    (tmp_path / "bad.txt").write_bytes(b"fine\n\xff\n")
+    (tmp_path / "bad.txt").write_bytes(b"fine\n\xff\n\xfe\n")  # most lines bad: not text at all
     one_line_error(run("vocab", tmp_path / "bad.txt", "--out", tmp_path / "v.txt"), "bad.txt")
+    (tmp_path / "one_bad.txt").write_bytes(b"fine\n\xff\n")  # one bad line costs itself, counted
+    result = run("vocab", tmp_path / "one_bad.txt", "--out", tmp_path / "v.txt")
+    assert result.exit_code == 0 and "bad records skipped: 1" in result.output and "one_bad.txt" in result.output
     one_line_error(run("vocab", corpus, "--out", tmp_path / "no" / "v.txt"), "v.txt")
 
 
