@@ -8,11 +8,12 @@ tokens are not added: the block cutter adds the end-of-document id itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from fleet.job import ConfigError
+from jobs.text.groups import line_groups
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "[SEP]")  # eod_token="" takes the first in the vocab
 PAD_CANDIDATES = ("[PAD]", "<pad>", "<|padding|>")  # else padding uses the end-of-document id
@@ -51,27 +52,13 @@ def from_bert(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
     def ids(lines: list[str]) -> np.ndarray:
         if sum(map(len, lines)) <= LINE_GROUP_CHARS:
             return tokenize_flat(lines)[0]
-        return np.concatenate([tokenize_flat(group)[0] for group in _line_groups(lines)])
+        return np.concatenate([tokenize_flat(group)[0] for group in line_groups(lines, LINE_GROUP_CHARS)])
 
     def encode(documents: Sequence[list[str]]) -> list[Sequence[int]]:
         return [ids(lines) for lines in documents]
 
     # (the vocab's lines, not its distinct tokens: a repeated token leaves its first id unused)
     return DocumentTokenizer(encode, eod, eod if pad is None else pad, max(vocab.values()) + 1)
-
-
-def _line_groups(lines: list[str]) -> Iterator[list[str]]:
-    """Consecutive lines of about LINE_GROUP_CHARS characters (a longer line alone)."""
-    group: list[str] = []
-    size = 0
-    for line in lines:
-        group.append(line)
-        size += len(line)
-        if size >= LINE_GROUP_CHARS:
-            yield group
-            group, size = [], 0
-    if group:
-        yield group
 
 
 def from_json(tokenizer, source: str, eod_token: str, pad_token: str) -> DocumentTokenizer:

@@ -25,6 +25,7 @@ import numpy as np
 from .bert_builder import DocBatch, DocBatcher, NegativePool, PairOptions, assemble, build_spans, truncate_pairs
 from .bert_records import FEATURES, BertLayout, BertRecordEncoder, feature_names
 from .masking import MaskingOptions, mask_batch
+from jobs.text.groups import line_groups
 from jobs.text.output import mask_and_segments
 from jobs.text.tokenization import BertTokenizer
 
@@ -60,23 +61,6 @@ def random_ids(vocab: dict[str, int]) -> np.ndarray:
     """Ids a random replacement may take: the vocab minus bracketed tokens ([PAD], [CLS], [unused0]...)."""
     ids = [i for token, i in vocab.items() if not (token.startswith("[") and token.endswith("]") and len(token) > 2)]
     return np.array(sorted(ids) or sorted(vocab.values()), np.int32)
-
-
-def _line_groups(document: list[str]) -> Iterator[list[str]]:
-    """The document's lines in groups of about LINE_CHARS_PER_CALL characters (one group if smaller)."""
-    if sum(map(len, document)) <= LINE_CHARS_PER_CALL:
-        yield document
-        return
-    group: list[str] = []
-    size = 0
-    for line in document:
-        group.append(line)
-        size += len(line)
-        if size >= LINE_CHARS_PER_CALL:
-            yield group
-            group, size = [], 0
-    if group:
-        yield group
 
 
 class KeptBatches(Protocol):
@@ -187,7 +171,7 @@ class BertExamples:
                 yield from flush()
                 chars = 0
                 counters.text_bytes += sum(map(len, map(str.encode, document)))
-                for lines in _line_groups(document):
+                for lines in line_groups(document, LINE_CHARS_PER_CALL):
                     batcher.add(number, self.tokenize(lines))
                     if batcher.full:
                         yield batcher.take()
