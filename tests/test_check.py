@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from jobs.electra_zh_en.__main__ import app
 from jobs.text.vocab import train_vocab, write_vocab
+from tests.helpers.cli import one_line_job_error as one_line_error
 
 DOCS = [
     ["今天天气很好。我们去公园吧！你来吗？", "第二段只有一句。"],
@@ -22,15 +23,6 @@ DOCS = [
 
 def run(*args):
     return CliRunner().invoke(app, ["check", *map(str, args)])
-
-
-def one_line_error(result, *needles):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    for needle in needles:
-        assert str(needle) in lines[0], lines[0]
 
 
 def figures(output: str) -> str:

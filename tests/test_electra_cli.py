@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from jobs.electra_zh_en.__main__ import app
 from jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer
+from tests.helpers.cli import one_line_job_error as one_line_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT_A = "Hello world, this is English text.\nIt has two lines.\n\n第二个文档。中文和 English 混合。\n"
@@ -21,15 +22,6 @@ TEXT_B = "Another file; more words, more words.\n\n\n最后一个文档\n"
 
 def run(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, *needles):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    for needle in needles:
-        assert str(needle) in lines[0]
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from fleet.job import ConfigError
 from jobs.electra_zh_en import JOB, ElectraConfig
 from jobs.electra_zh_en.__main__ import app
 from jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
+from tests.helpers.cli import one_line_job_error as one_line_error
 
 DOCS = ["Hello world, this is English text.\nIt has two lines.", "第二个文档。中文和 English 混合。",
         "Another file; more words, more words."]
@@ -28,16 +29,6 @@ BOM = b"\xef\xbb\xbf"
 
 def run(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, *needles):
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    for needle in needles:
-        assert str(needle) in lines[0], lines[0]
-    return lines[0]
 
 
 def read_file(path: str) -> bytes:
@@ -393,7 +384,6 @@ def test_vocab_and_check_count_documents_with_lone_surrogates_whatever_else_they
                 continue
             said = re.search(r"bad records skipped: (\d+) \(first: [^\n]*docs\.jsonl", result.output)
             assert (int(said.group(1)) if said else 0) == bad, (name, result.output)
-
 
 
 # -- (e) as an invariant: any command line built from the commands' own options --------------------

@@ -31,3 +31,15 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
+
+
+def one_line_job_error(result, *needles) -> str:
+    """A job's own command (``python -m jobs.NAME``, run in process by typer's CliRunner) that refused
+    its input: exit 2 and one line on stderr, ``error: ...``, naming what is wrong."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert str(needle) in lines[0], lines[0]
+    return lines[0]
