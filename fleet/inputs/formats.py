@@ -491,9 +491,9 @@ def _wikiextractor_events(lines: Iterator, keep_titles: bool) -> Iterator:
     run: list[str] = []  # lines of the document in progress not handed on yet
     size = 0  # characters in run (counted only in a segment where a part can fill)
     sent = False  # some of the document in progress was handed on: it is not whole
-    inside = False  # between <doc> and </doc>
+    state = _OUTSIDE
     opened = -1  # offset of the open <doc> line, once counted
-    title = False  # the next line is the title
+    opening = _TEXT if keep_titles else _TITLE
     limit = MAX_DOCUMENT_CHARS
     for item in lines:
         if item.__class__ is tuple:
@@ -503,45 +503,55 @@ def _wikiextractor_events(lines: Iterator, keep_titles: bool) -> Iterator:
             whole = _Whole()
             count = size + item[2] >= limit  # else no part fills in this segment: no counting
             for i, line in enumerate(seg):
-                first = line[:1]
-                if first == "<" and line.startswith("<doc") and _DOC_OPEN.match(line):
-                    if inside:
-                        if open_i >= 0:
-                            co, ci = _advance(seg, ci, co, open_i), open_i
-                            opened = co
-                        if whole:
-                            yield whole
-                            whole = _Whole()
-                        yield _DROP
-                        yield _unclosed(opened, "the next <doc>")
-                    run, size, sent, inside, open_i, title = [], 0, False, True, i, not keep_titles
-                elif not inside:
-                    if line.strip():
-                        co, ci = _advance(seg, ci, co, i), i
-                        if whole:
-                            yield whole
-                            whole = _Whole()
-                        yield Bad(co, "a line outside any <doc>...</doc> (not WikiExtractor output?)")
-                elif first == "<" and line.startswith("</doc>") and not line[6:].strip():
-                    if sent:  # (whole is empty: it is handed on before anything is sent)
-                        if run:
-                            yield run
-                        yield _END
-                    elif run:
-                        whole.append(run)
-                    run, size, sent, inside, open_i = [], 0, False, False, -1
-                elif title:
-                    title = False
-                elif line.strip():
-                    run.append(line)
-                    if count:
-                        size += len(line)
-                        if size >= limit:
+                if line[:1] == "<":
+                    if state and (line == "</doc>" or line.startswith("</doc>") and not line[6:].strip()):
+                        if sent:  # (whole is empty: it is handed on before anything is sent)
+                            if run:
+                                yield run
+                            yield _END
+                            sent = False
+                        elif run:
+                            whole.append(run)
+                        run = []
+                        size = 0
+                        state = _OUTSIDE
+                        open_i = -1
+                        continue
+                    if line.startswith("<doc") and _DOC_OPEN.match(line):
+                        if state:
+                            if open_i >= 0:
+                                co, ci = _advance(seg, ci, co, open_i), open_i
+                                opened = co
                             if whole:
                                 yield whole
                                 whole = _Whole()
-                            yield run
-                            run, size, sent = [], 0, True
+                            yield _DROP
+                            yield _unclosed(opened, "the next <doc>")
+                            sent = False
+                        run = []
+                        size = 0
+                        open_i = i
+                        state = opening
+                        continue
+                if state is _TEXT:
+                    if line.strip():
+                        run.append(line)
+                        if count:
+                            size += len(line)
+                            if size >= limit:
+                                if whole:
+                                    yield whole
+                                    whole = _Whole()
+                                yield run
+                                run, size, sent = [], 0, True
+                elif state:  # the title line
+                    state = _TEXT
+                elif line.strip():
+                    co, ci = _advance(seg, ci, co, i), i
+                    if whole:
+                        yield whole
+                        whole = _Whole()
+                    yield Bad(co, "a line outside any <doc>...</doc> (not WikiExtractor output?)")
             if whole:
                 yield whole
             if open_i >= 0:
@@ -549,19 +559,23 @@ def _wikiextractor_events(lines: Iterator, keep_titles: bool) -> Iterator:
             if not count:
                 size = sum(map(len, run))
         elif item.final:
-            if inside:
+            if state:
                 yield _DROP
             yield item
             return
         else:
-            title = False
+            if state:
+                state = _TEXT  # (a bad line after <doc> is its title)
             if run:
                 yield run
                 run, size, sent = [], 0, True
             yield item
-    if inside:
+    if state:
         yield _DROP
         yield _unclosed(opened, "the end of the item (a truncated file?)")
+
+
+_OUTSIDE, _TITLE, _TEXT = 0, 1, 2  # where a WikiExtractor reader is: between documents, before a title, in text
 
 
 def _unclosed(offset: int, before: str) -> Bad:
