@@ -482,6 +482,9 @@ _FEED = 1 << 20  # characters of an over-long record decoded at a time
 
 
 
+_OUTSIDE, _TITLE, _TEXT = 0, 1, 2  # where a WikiExtractor reader is: between documents, before a title, in text
+
+
 def _wikiextractor_events(lines: Iterator, keep_titles: bool) -> Iterator:
     """WikiExtractor: a document is a <doc id=…> line, its title line, its text, and </doc>.
     A <doc id=…> line always starts a document (where the item cutter may cut: ranges.py), so
@@ -533,7 +536,7 @@ def _wikiextractor_events(lines: Iterator, keep_titles: bool) -> Iterator:
                         open_i = i
                         state = opening
                         continue
-                if state is _TEXT:
+                if state == _TEXT:
                     if line.strip():
                         run.append(line)
                         if count:
@@ -573,9 +576,6 @@ def _wikiextractor_events(lines: Iterator, keep_titles: bool) -> Iterator:
     if state:
         yield _DROP
         yield _unclosed(opened, "the end of the item (a truncated file?)")
-
-
-_OUTSIDE, _TITLE, _TEXT = 0, 1, 2  # where a WikiExtractor reader is: between documents, before a title, in text
 
 
 def _unclosed(offset: int, before: str) -> Bad:
