@@ -133,17 +133,20 @@ class _LongEnd:
     end: int  # where the next line starts
 
 
-_BOM_SKIPPED = object()  # the stream began with a byte-order mark, not counted in any line
-
-
+# _lines hands clean lines on a block at a time, as a segment: a tuple (base, lines, chars,
+# end) of consecutive decoded lines, the byte offset where the first starts, an upper bound
+# of their characters, and the offset after the last one's newline (as if the stream's last
+# line had one). A line's offset is counted only when a bad record needs it (_advance,
+# _back), not line by line: clean input pays no offset bookkeeping.
 def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool = False
-           ) -> Iterator[str | Bad | _LongLine | _LongEnd | bytes | object]:
-    """Decoded lines, and a Bad for each line that cannot be one (invalid UTF-8, or longer than
-    MAX_LINE_BYTES) or where a compressed stream breaks off. With ``stream_long``, an over-long
-    line is handed on as a _LongLine, its bytes in chunks and a _LongEnd instead of a Bad.
-    Offsets are bytes of the (decompressed) stream. Only the line that a block's carry starts
-    can be over-long, as long as _BLOCK <= MAX_LINE_BYTES: lines are judged by their length
-    alone, however the blocks fall."""
+           ) -> Iterator[tuple | Bad | _LongLine | _LongEnd | bytes]:
+    """Segments of decoded lines, and a Bad for each line that cannot be one (invalid UTF-8,
+    or longer than MAX_LINE_BYTES) or where a compressed stream breaks off. With
+    ``stream_long``, an over-long line is handed on as a _LongLine, its bytes in chunks and a
+    _LongEnd instead of a Bad. Offsets are bytes of the (decompressed) stream; a byte-order
+    mark that opens the stream is in no line. Only the line that a block's carry starts can be
+    over-long, as long as _BLOCK <= MAX_LINE_BYTES: lines are judged by their length alone,
+    however the blocks fall."""
     carry = b""
     offset = base_offset  # offset of carry[0], or of the next byte when carry is empty
     long_at = -1  # inside an over-long line that started there: its bytes are passed over
@@ -159,7 +162,6 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool 
             first = False
             if offset == 0 and block.startswith(_BOM):
                 block, offset = block[len(_BOM):], len(_BOM)
-                yield _BOM_SKIPPED
         if long_at >= 0:
             nl = block.find(b"\n")
             if nl < 0:
@@ -196,137 +198,222 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool 
                 else:
                     yield _too_long(offset, offset + nl + 1)
                 head, base = head[nl + 1:], offset + nl + 1
-        try:
-            text = head.decode("utf-8")
-        except UnicodeDecodeError:
-            yield from _line_by_line(head, base)
-        else:
-            lines = text.split("\n")
-            lines.pop()  # the empty string after the final newline
-            yield from lines
+        if head:
+            try:
+                text = head.decode("utf-8")
+            except UnicodeDecodeError:
+                yield from _line_by_line(head, base)
+            else:
+                lines = text.split("\n")
+                lines.pop()  # the empty string after the final newline
+                yield (base, lines, len(text), base + len(head))
         offset += cut
         carry = data[cut:]
     if long_at >= 0:
         yield _LongEnd(offset) if stream_long else _too_long(long_at, offset)
     elif carry:
         try:
-            yield carry.decode("utf-8")
+            line = carry.decode("utf-8")
         except UnicodeDecodeError as e:
             yield Bad(offset + e.start, "invalid UTF-8", end=offset + len(carry))
+        else:
+            yield (offset, [line], len(line), offset + len(carry) + 1)
 
 
 def _too_long(offset: int, end: int | None) -> Bad:
     return Bad(offset, f"a line longer than {MAX_LINE_BYTES >> 20} MiB (not line-oriented text?)", end=end)
 
 
-def _line_by_line(head: bytes, base: int) -> Iterator[str | Bad]:
-    pos = 0
+def _line_by_line(head: bytes, base: int) -> Iterator[tuple | Bad]:
+    """A block that is not UTF-8 as a whole: its good lines in segments, a Bad for each other."""
+    good: list[str] = []
+    start = pos = base  # where the segment in progress starts; where the next line starts
     for raw_line in head.split(b"\n")[:-1]:
         try:
-            yield raw_line.decode("utf-8")
+            good.append(raw_line.decode("utf-8"))
         except UnicodeDecodeError as e:
-            yield Bad(base + pos + e.start, "invalid UTF-8", end=base + pos + len(raw_line) + 1)
+            if good:
+                yield (start, good, sum(map(len, good)), pos)
+                good = []
+            yield Bad(pos + e.start, "invalid UTF-8", end=pos + len(raw_line) + 1)
+            start = pos + len(raw_line) + 1
         pos += len(raw_line) + 1
+    if good:
+        yield (start, good, sum(map(len, good)), pos)
+
+
+def _advance(lines: list[str], i: int, at: int, j: int) -> int:
+    """Where line j of a segment starts, from where its line i (i <= j) starts: ``at``."""
+    for line in lines[i:j]:
+        at += (len(line) if line.isascii() else len(line.encode())) + 1
+    return at
+
+
+def _back(lines: list[str], j: int, end: int) -> int:
+    """Where line j of a segment starts, counted back from the segment's end."""
+    for line in lines[j:]:
+        end -= (len(line) if line.isascii() else len(line.encode())) + 1
+    return end
 
 
 # What the format readers hand the assembler (_assemble): a list of lines continues the
 # document in progress; _END ends it (what it holds is handed on); _DROP ends it as damaged
 # (what is not handed on yet is dropped: a document is held back until it ends or fills a
-# part); a Bad is counted. A reader hands lines on in runs of about a part, never more.
+# part); a Bad is counted; a _Whole is a run of whole documents, each shorter than a part,
+# that began and ended with nothing of theirs handed on before (the common case, handed on
+# _WHOLE at a time rather than as a list and an _END each). A reader hands lines on in runs
+# of about a part, never more.
 _END = object()
 _DROP = object()
+
+
+class _Whole(list):
+    """Whole documents, each shorter than a part: as if each came as a list then _END."""
+
+
+_WHOLE = 64  # whole documents handed on at a time at most: held for a whole segment, they outlive
+# the collector's young generation and cost full collections (a sixth of the time to read short text)
 
 
 def _text_events(lines: Iterator) -> Iterator:
     """Plain text: blank lines end documents. A bad line is dropped and counted, and its
     document goes on: the unit of damage is the line (the share is judged over lines too);
     a stream that breaks off drops the document it breaks."""
-    run: list[str] = []
-    size = 0
-    inside = False
-    for line in lines:
-        if line.__class__ is str:
-            if line.strip():
-                run.append(line)
-                size += len(line)
-                inside = True
-                if size >= MAX_DOCUMENT_CHARS:
-                    yield run
-                    run, size = [], 0
-            elif inside:
-                if run:
-                    yield run
-                yield _END
-                run, size, inside = [], 0, False
-        elif line is _BOM_SKIPPED:
-            continue
+    run: list[str] = []  # lines of the document in progress not handed on yet
+    size = 0  # characters in run (counted only in a segment where a part can fill)
+    sent = False  # some of the document in progress was handed on: it is not whole
+    limit = MAX_DOCUMENT_CHARS
+    for item in lines:
+        if item.__class__ is tuple:
+            seg = item[1]
+            whole = _Whole()
+            if size + item[2] < limit:  # no part fills in this segment: no counting
+                for line in seg:
+                    if line.strip():
+                        run.append(line)
+                    elif run or sent:
+                        if sent:  # (whole is empty: it is handed on before anything is sent)
+                            if run:
+                                yield run
+                            yield _END
+                            sent = False
+                        else:
+                            whole.append(run)
+                            if len(whole) >= _WHOLE:
+                                yield whole
+                                whole = _Whole()
+                        run = []
+                size = sum(map(len, run))
+            else:
+                for line in seg:
+                    if line.strip():
+                        run.append(line)
+                        size += len(line)
+                        if size >= limit:
+                            if whole:
+                                yield whole
+                                whole = _Whole()
+                            yield run
+                            run, size, sent = [], 0, True
+                    elif run or sent:
+                        if sent:
+                            if run:
+                                yield run
+                            yield _END
+                            sent = False
+                        else:
+                            whole.append(run)
+                            if len(whole) >= _WHOLE:
+                                yield whole
+                                whole = _Whole()
+                        run, size = [], 0
+            if whole:
+                yield whole
+        elif item.final:
+            yield _DROP
+            yield item
+            return
         else:
-            if line.final:
-                yield _DROP
-                yield line
-                return
             if run:  # handed on first, so that the share is judged with the lines before
                 yield run
-                run, size = [], 0
-            yield line
-    if inside:
+                run, size, sent = [], 0, True
+            yield item
+    if run or sent:
         if run:
             yield run
         yield _END
 
 
-def _json_events(lines: Iterator, base_offset: int, column: str, cirrus: bool) -> Iterator:
+def _json_events(lines: Iterator, column: str, cirrus: bool) -> Iterator:
     """JSON Lines: a record's text field is a document (blank lines in it separate paragraphs).
     A bad record (not JSON, no text, invalid UTF-8 or a lone surrogate escape in its text) is
     one Bad with its offset. A record longer than MAX_LINE_BYTES is read as a stream
     (longjson): its text is handed on in parts as it is decoded, and damage found further on
     drops what is not handed on yet."""
-    at = base_offset  # where the next line starts
     number = 0
     long: _LongRecord | None = None
-    for line in lines:
-        cls = line.__class__
-        if cls is str:
-            number += 1
-            start, at = at, at + (len(line) if line.isascii() else len(line.encode())) + 1
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                yield Bad(start, f"record {number} is not JSON ({e.__class__.__name__}: {str(e)[:80]})")
-                continue
-            if cirrus and isinstance(record, dict) and set(record) == {"index"}:
-                continue  # an Elasticsearch bulk action line: the content line follows
-            text = record.get(column) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                yield Bad(start, f"record {number} has no string field {column!r}")
-                continue
-            if "\\u" in line and _SURROGATE.search(text):
-                yield Bad(start, f"record {number}: {_LONE_SURROGATE}")
-                continue
-            doc = [line for line in text.split("\n") if line.strip()]
-            if doc:  # blank lines separate paragraphs, as inside a WikiExtractor <doc>
-                yield doc
-                yield _END
+    loads = json.loads
+    limit = MAX_DOCUMENT_CHARS
+    for item in lines:
+        cls = item.__class__
+        if cls is tuple:
+            seg = item[1]
+            first = number + 1
+            ci, co = 0, item[0]  # line ci of the segment starts at byte co
+            whole = _Whole()
+            for number, line in enumerate(seg, first):
+                if not line.strip():
+                    continue
+                try:
+                    record = loads(line)
+                except ValueError as e:
+                    why = f"record {number} is not JSON ({e.__class__.__name__}: {str(e)[:80]})"
+                else:
+                    if cirrus and isinstance(record, dict) and set(record) == {"index"}:
+                        continue  # an Elasticsearch bulk action line: the content line follows
+                    text = record.get(column) if isinstance(record, dict) else None
+                    if not isinstance(text, str):
+                        why = f"record {number} has no string field {column!r}"
+                    elif "\\u" in line and _SURROGATE.search(text):
+                        why = f"record {number}: {_LONE_SURROGATE}"
+                    else:
+                        doc = [line for line in text.split("\n") if line.strip()]
+                        if not doc:  # blank lines separate paragraphs, as inside a WikiExtractor <doc>
+                            continue
+                        if len(text) <= limit:
+                            whole.append(doc)
+                            if len(whole) >= _WHOLE:
+                                yield whole
+                                whole = _Whole()
+                            continue
+                        if whole:
+                            yield whole
+                            whole = _Whole()
+                        yield doc
+                        yield _END
+                        continue
+                co, ci = _advance(seg, ci, co, number - first), number - first
+                if whole:
+                    yield whole
+                    whole = _Whole()
+                yield Bad(co, why)
+            if whole:
+                yield whole
         elif cls is bytes:
-            yield from long.feed(line)
+            yield from long.feed(item)
         elif cls is _LongLine:
             number += 1
-            long = _LongRecord(line.offset, number, column)
+            long = _LongRecord(item.offset, number, column)
         elif cls is _LongEnd:
             yield from long.close()
-            at, long = line.end, None
-        elif line is _BOM_SKIPPED:
-            at += len(_BOM)
+            long = None
         else:
             number += 1
             if long is not None:
                 yield _DROP
-            yield Bad(line.offset, f"record {number}: {line.why}", final=line.final)
-            if line.final:
+            yield Bad(item.offset, f"record {number}: {item.why}", final=item.final)
+            if item.final:
                 return
-            at = line.end
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -406,56 +493,103 @@ class _LongRecord:
 _FEED = 1 << 20  # characters of an over-long record decoded at a time
 
 
-def _wikiextractor_events(lines: Iterator, base_offset: int, keep_titles: bool) -> Iterator:
+
+
+_OUTSIDE, _TITLE, _TEXT = 0, 1, 2  # where a WikiExtractor reader is: between documents, before a title, in text
+
+
+def _wikiextractor_events(lines: Iterator, keep_titles: bool) -> Iterator:
     """WikiExtractor: a document is a <doc id=…> line, its title line, its text, and </doc>.
     A <doc id=…> line always starts a document (where the item cutter may cut: ranges.py), so
     an unclosed <doc>, or one inside another, costs the one it interrupts (dropped and counted);
     text outside any <doc> is counted line by line; a bad line inside one is dropped and
     counted, and the document goes on, as in plain text."""
-    run: list[str] = []
-    size = 0
-    opened = -1  # offset of the open <doc> line, -1 between documents
-    title = False  # the next line is the title
-    at = base_offset  # where the next line starts
-    for line in lines:
-        if line.__class__ is str:
-            start, at = at, at + (len(line) if line.isascii() else len(line.encode())) + 1
-            if line.startswith("<doc") and _DOC_OPEN.match(line):
-                if opened >= 0:
-                    yield _DROP
-                    yield _unclosed(opened, "the next <doc>")
-                run, size, opened, title = [], 0, start, not keep_titles
-            elif opened < 0:
-                if line.strip():
-                    yield Bad(start, "a line outside any <doc>...</doc> (not WikiExtractor output?)")
-            elif line.startswith("</doc>") and not line[6:].strip():
-                if run:
-                    yield run
-                yield _END
-                run, size, opened = [], 0, -1
-            elif title:
-                title = False
-            elif line.strip():
-                run.append(line)
-                size += len(line)
-                if size >= MAX_DOCUMENT_CHARS:
-                    yield run
-                    run, size = [], 0
-        elif line is _BOM_SKIPPED:
-            at += len(_BOM)
+    run: list[str] = []  # lines of the document in progress not handed on yet
+    size = 0  # characters in run (counted only in a segment where a part can fill)
+    sent = False  # some of the document in progress was handed on: it is not whole
+    state = _OUTSIDE
+    opened = -1  # offset of the open <doc> line, once counted
+    opening = _TEXT if keep_titles else _TITLE
+    limit = MAX_DOCUMENT_CHARS
+    for item in lines:
+        if item.__class__ is tuple:
+            seg = item[1]
+            ci, co = 0, item[0]  # line ci of the segment starts at byte co
+            open_i = -1  # the open <doc> is this line of the segment (its offset not counted yet)
+            whole = _Whole()
+            count = size + item[2] >= limit  # else no part fills in this segment: no counting
+            for i, line in enumerate(seg):
+                if line[:1] == "<":
+                    if state and (line == "</doc>" or line.startswith("</doc>") and not line[6:].strip()):
+                        if sent:  # (whole is empty: it is handed on before anything is sent)
+                            if run:
+                                yield run
+                            yield _END
+                            sent = False
+                        elif run:
+                            whole.append(run)
+                            if len(whole) >= _WHOLE:
+                                yield whole
+                                whole = _Whole()
+                        run = []
+                        size = 0
+                        state = _OUTSIDE
+                        open_i = -1
+                        continue
+                    if line.startswith("<doc") and _DOC_OPEN.match(line):
+                        if state:
+                            if open_i >= 0:
+                                co, ci = _advance(seg, ci, co, open_i), open_i
+                                opened = co
+                            if whole:
+                                yield whole
+                                whole = _Whole()
+                            yield _DROP
+                            yield _unclosed(opened, "the next <doc>")
+                            sent = False
+                        run = []
+                        size = 0
+                        open_i = i
+                        state = opening
+                        continue
+                if state == _TEXT:
+                    if line.strip():
+                        run.append(line)
+                        if count:
+                            size += len(line)
+                            if size >= limit:
+                                if whole:
+                                    yield whole
+                                    whole = _Whole()
+                                yield run
+                                run, size, sent = [], 0, True
+                elif state:  # the title line
+                    state = _TEXT
+                elif line.strip():
+                    co, ci = _advance(seg, ci, co, i), i
+                    if whole:
+                        yield whole
+                        whole = _Whole()
+                    yield Bad(co, "a line outside any <doc>...</doc> (not WikiExtractor output?)")
+            if whole:
+                yield whole
+            if open_i >= 0:
+                opened = _back(seg, open_i, item[3])
+            if not count:
+                size = sum(map(len, run))
+        elif item.final:
+            if state:
+                yield _DROP
+            yield item
+            return
         else:
-            if line.final:
-                if opened >= 0:
-                    yield _DROP
-                yield line
-                return
-            at = line.end if line.end is not None else at
-            title = False
+            if state:
+                state = _TEXT  # (a bad line after <doc> is its title)
             if run:
                 yield run
-                run, size = [], 0
-            yield line
-    if opened >= 0:
+                run, size, sent = [], 0, True
+            yield item
+    if state:
         yield _DROP
         yield _unclosed(opened, "the end of the item (a truncated file?)")
 
@@ -517,9 +651,9 @@ def iter_documents(raw: BinaryIO, fmt: str, compression: str, source: str, base_
     unit = "decompressed byte" if compression != "none" else "byte"
     if fmt in ("jsonl", "cirrus"):
         lines = _lines(raw, compression, base_offset, stream_long=True)
-        events = _json_events(lines, base_offset, options.text_column, fmt == "cirrus")
+        events = _json_events(lines, options.text_column, fmt == "cirrus")
     elif fmt == "wikiextractor":
-        events = _wikiextractor_events(_lines(raw, compression, base_offset), base_offset, options.keep_titles)
+        events = _wikiextractor_events(_lines(raw, compression, base_offset), options.keep_titles)
     elif fmt == "text":
         events = _text_events(_lines(raw, compression, base_offset))
     else:
@@ -571,6 +705,17 @@ def _assemble(events: Iterator, source: str, tally: Tally, options: ReadOptions,
                     size += len(line)
             if total > limit and total - n <= limit:
                 tally.documents_cut += 1
+        elif event.__class__ is _Whole:  # as if each came as a list, then _END
+            if by_line:
+                for doc in event:
+                    tally.records += len(doc)
+                    yield doc
+                    tally.documents += 1
+            else:
+                for doc in event:
+                    yield doc
+                    tally.documents += 1
+                    tally.records += 1
         elif event is _END or event is _DROP:
             if event is _END and part:
                 if by_line:
