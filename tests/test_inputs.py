@@ -156,6 +156,18 @@ def test_a_document_longer_than_an_item_is_cut_between_lines(tmp_path):
     assert_pieces_are_the_documents((tmp_path / "one.txt").read_bytes(), "one.txt", ranges, 1000)
 
 
+def test_the_end_of_the_file_is_a_boundary_when_no_blank_line_comes_first(tmp_path):
+    # Found by test_properties' search in a fresh clone: the planner looked for a blank line past
+    # an item's end, reached the end of the file instead, and cut the last (short) document at its
+    # first line end, although the end of the file ends it: its examples then hung on --item-mb.
+    data = (b"\n0\xc2\x80\xc2\x80\xf0\x90\x80\x80\xf0\x90\x80\x80\n0000\xc2\x80\xc2\x80\xc2\x80\xc2\x80"
+            b"\xf0\x90\x80\x80\n\n\n\n0\n0000000")
+    (tmp_path / "c.txt").write_bytes(data)
+    ranges = plan_ranges(LocalStore(str(tmp_path)), "c.txt", len(data), "text", 35)
+    assert ranges == [(0, len(data), False)]
+    assert_pieces_are_the_documents(data, "c.txt", ranges, 35)
+
+
 def test_items_cover_every_input(tmp_path):
     (tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"x\n\ny\n"))
     found = find_inputs([CORPUS, str(tmp_path)])

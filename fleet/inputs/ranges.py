@@ -86,8 +86,8 @@ def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str, limit
             if mark is None and _blank(data[i:nl]):
                 return base + nl + 1, True
             i = nl + 1
-        if offset >= stop and first_line_end is not None and mark is None:
-            return first_line_end, False
+        if offset >= stop and stop < size and first_line_end is not None and mark is None:
+            return first_line_end, False  # (the end of the file, when the look reaches it, ends a document)
     return size, True
 
 
