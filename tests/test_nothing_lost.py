@@ -320,8 +320,11 @@ def test_a_file_with_no_blank_line_is_cut_and_a_worker_stays_small(tmp_path, voc
     proc = fleet("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", big,
                  "--output", tmp_path / "o", "--item-mb", "4")
     assert proc.returncode == 0 and "cut between items" in proc.stderr, proc.stderr
-    items = (tmp_path / "b" / "runs" / "r" / "items.jsonl").read_text().splitlines()
-    assert len(items) == 6
+    items = [json.loads(x) for x in (tmp_path / "b" / "runs" / "r" / "items.jsonl").read_text().splitlines()]
+    # 24 MB in items of about 4 MB, each cut at a line end; the look for a blank line past the
+    # fifth reaches the end of the file, which ends the document: the last item runs to it (8 MB).
+    assert len(items) == 5 and all(i["cuts_document"] for i in items[:-1]) and not items[-1]["cuts_document"]
+    assert items[-1]["end"] == big.stat().st_size
 
 
 # -- no tracebacks; transient trouble is not permanent ---------------------------------------------
