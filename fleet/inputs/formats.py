@@ -287,6 +287,8 @@ def _text_events(lines: Iterator) -> Iterator:
         if item.__class__ is tuple:
             seg = item[1]
             whole = _Whole()
+            # Two copies of one loop, on purpose: the first (where no part can fill) leaves out the
+            # per-line counting of the second, so that clean short text pays nothing per line for parts.
             if size + item[2] < limit:  # no part fills in this segment: no counting
                 for line in seg:
                     if line.strip():
