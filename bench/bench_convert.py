@@ -108,7 +108,7 @@ def rss_child(path: str, vocab_path: str, options: dict) -> None:
     from fleet.inputs import iter_path_documents
 
     config = JOB.parse_config({"vocab_file": vocab_path, **options})
-    converter = JOB.converter(config, read_file)
+    converter = JOB.document_converter(config, read_file)
     with tempfile.TemporaryDirectory(prefix="bench-rss-") as out:
         c0, w0 = time.process_time(), time.perf_counter()
         stats = converter.convert(iter_path_documents([path]), ItemContext("big", 7, path), FileSink(out))
@@ -307,7 +307,7 @@ def main() -> None:
 
     def make(options):
         config = JOB.parse_config({"vocab_file": vocab_path, "max_seq_length": args.max_seq_length, **options})
-        return config, JOB.converter(config, read_file)
+        return config, JOB.document_converter(config, read_file)
 
     converters = {label: make(options) for label, options in FORMATS.items()}
     tok = BertTokenizer.from_file(vocab_path)

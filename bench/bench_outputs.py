@@ -77,7 +77,7 @@ def main() -> None:
         cells = []
         for output in ("tfrecord", "parquet"):
             config = job.parse_config({**options, "output": output})
-            converter = job.converter(config, lambda p: open(p, "rb").read())
+            converter = job.document_converter(config, lambda p: open(p, "rb").read())
             best = float("inf")
             for _ in range(args.rounds):
                 sink = MemorySink()

@@ -1,10 +1,14 @@
 """The small API between the fleet and a job.
 
 A job is a module ``jobs.<name>`` (or a ``fleet.jobs`` entry point) exposing
-``JOB``, an instance of :class:`Job`. The fleet hands a converter the
-documents of one work item and a :class:`Sink` for its outputs; it never
-learns what the job does with them. Outputs must be a pure function of
-(documents, config, item seed) so that a retried item rewrites the same bytes.
+``JOB``, an instance of :class:`Job`. The fleet knows input objects and byte
+ranges, never what is in them: at plan time the job says how each input object
+is cut into items (:meth:`Job.cut`: whole objects by default, byte ranges at
+newlines with :func:`cut_at_newlines`, or its own boundaries); at work time a
+converter gets one item's input (:class:`ItemInput`: ranged reads of the
+object version the plan saw), its context (seed, scratch folder) and a
+:class:`Sink` for its outputs. Outputs must be a pure function of (input bytes,
+config, item seed) so that a retried item rewrites the same bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import importlib
 import os
 import typing
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterable, Mapping
+from dataclasses import field
+from typing import Any, BinaryIO, Callable, Mapping
 
 
 class InputError(Exception):
@@ -31,11 +36,110 @@ class JobNotFound(Exception):
     pass
 
 
+class ItemFailed(Exception):
+    """This attempt at the item failed, and another may not (a program that exited non-zero):
+    the message and ``detail`` (e.g. exit code, last lines of stderr) are kept in the lease."""
+
+    def __init__(self, message: str, detail: Mapping[str, Any] | None = None):
+        super().__init__(message)
+        self.detail = dict(detail or {})
+
+
+class Cancelled(Exception):
+    """The item's lease was taken over: stop, the work is discarded (raised by ``ctx.checkpoint``)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """An input object as the planner found it, pinned to that version."""
+
+    url: str  # store URL (a local folder or gs://bucket[/prefix])
+    name: str  # object name inside that store
+    size: int
+    version: str = ""  # Blob.version when found: what a worker checks before reading
+
+    @property
+    def display(self) -> str:
+        return printable(f"{self.url.rstrip('/')}/{self.name}")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One item as a job's planner cuts it from a source: ``start``-``end`` in bytes, or in a
+    unit the job names in ``meta["unit"]`` (Parquet row groups); ``size`` is the bytes of work
+    it holds (by default end - start), ``meta`` what the job's converter needs to know of it."""
+
+    start: int
+    end: int
+    size: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class ItemInput:
+    """An item's input, as a converter reads it: ranged reads of the object version the plan
+    pinned. A file rewritten, truncated or removed since fails the item (InputError)
+    instead of feeding it other bytes."""
+
+    def __init__(self, url: str, name: str, start: int, end: int, version: str = "",
+                 meta: Mapping[str, Any] | None = None, display: str = ""):
+        self.url, self.name, self.start, self.end, self.version = url, name, start, end, version
+        self.meta = dict(meta or {})
+        self.display = display or printable(f"{url.rstrip('/')}/{name}")
+        self._store = None
+
+    @property
+    def file(self) -> str:
+        return printable(f"{self.url.rstrip('/')}/{self.name}")
+
+    @property
+    def store(self):
+        """The store holding the input (fleet.store.Store): ``read(name, start, end, version)``."""
+        if self._store is None:
+            from fleet.store import open_store
+            self._store = open_store(self.url)
+        return self._store
+
+    def stat_size(self) -> int:
+        """The object's size now (it must still be there)."""
+        blob = self.store.stat(self.name)
+        if blob is None:
+            raise InputError(f"{self.display}: input file is gone")
+        return blob.size
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes start-end of the pinned version of the object."""
+        from fleet.store import Changed, NotFound
+        try:
+            return self.store.read(self.name, start, end, version=self.version or None)
+        except NotFound:
+            raise InputError(f"{self.display}: input file is gone") from None
+        except Changed as e:
+            raise InputError(f"{printable(str(e))}; plan a new run for the new contents") from None
+
+    def fetch(self, path: str) -> str:
+        """Download the item's byte range (start-end) to a local file, checked to be all of it."""
+        from fleet.store import Changed, NotFound
+        try:
+            self.store.download_file(self.name, path, self.start, self.end, version=self.version or None)
+        except NotFound:
+            raise InputError(f"{self.display}: input file is gone") from None
+        except Changed as e:
+            raise InputError(f"{printable(str(e))}; plan a new run for the new contents") from None
+        got = os.path.getsize(path)
+        if got != self.end - self.start:
+            raise InputError(f"{self.file}: changed since it was planned (bytes {self.start}-{self.end} planned, "
+                             f"{got} there now); plan a new run for the new contents")
+        return path
+
+
 @dataclass(frozen=True)
 class ItemContext:
     item_id: str
     seed: int  # derived from the run's seed and the item id, never from time or worker
     source: str  # human-readable origin of the item, for error messages
+    workdir: str = ""  # an empty scratch folder of this attempt, removed after it
+    read: Mapping[str, Any] = field(default_factory=dict)  # the run's input options (``fleet plan --text-column``...)
+    checkpoint: Callable[[], None] = lambda: None  # call often: raises Cancelled once the lease is lost
 
 
 class Sink(abc.ABC):
@@ -51,8 +155,8 @@ Opener = Callable[[str], bytes]  # reads a small object by URL or local path
 
 class Converter(abc.ABC):
     @abc.abstractmethod
-    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
-        """Turn one item's documents (each a list of lines) into outputs; return counters."""
+    def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        """Turn one item's input into outputs; return counters (summed over the run)."""
 
 
 class Job(abc.ABC):
@@ -78,6 +182,16 @@ class Job(abc.ABC):
         return {f.name: value for f in dataclasses.fields(config)
                 if f.name.endswith("_file") and isinstance(value := getattr(config, f.name), str) and value}
 
+    def accepts(self, name: str) -> bool:
+        """Inside a folder named as input, whether the file ``name`` is input (by default every
+        file; a text job skips READMEs and licences). A file named on its own is always taken."""
+        return True
+
+    def cut(self, source: Source, item_bytes: int, config: Any, read: Mapping[str, Any]) -> list[Piece]:
+        """How one input object becomes items: by default one item per object.
+        :func:`cut_at_newlines` gives byte ranges of about ``item_bytes`` ending at newlines."""
+        return [Piece(0, source.size)]
+
     @abc.abstractmethod
     def converter(self, config: Any, opener: Opener) -> Converter:
         """Per worker process: load what every item needs (a vocab) once."""
@@ -89,6 +203,40 @@ class Job(abc.ABC):
     def report(self, output_url: str, config: Any) -> str | None:
         """Optional: a human-readable look at a finished run's outputs (``fleet local`` prints it)."""
         return None
+
+
+def printable(text: str) -> str:
+    """A file name fit for a log line or a terminal: bytes that are not UTF-8 (kept by
+    the OS as surrogate escapes) shown as \\xNN instead of crashing the writer."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def cut_at_newlines(source: Source, item_bytes: int, scan: int = 1 << 20) -> list[Piece]:
+    """Byte ranges of about ``item_bytes`` that each end just after a newline (or at the end of
+    the object), so no line is split; a line longer than an item makes its item longer."""
+    from fleet.store import open_store
+
+    store = open_store(source.url)
+    pieces, start = [], 0
+    while start < source.size:
+        cut = start + item_bytes
+        if cut >= source.size:
+            pieces.append(Piece(start, source.size))
+            break
+        at = cut - 1  # the range ends after the first newline at or past byte cut - 1
+        while True:
+            chunk = store.read(source.name, at, min(source.size, at + scan), version=source.version or None)
+            nl = chunk.find(b"\n")
+            if nl >= 0:
+                end = at + nl + 1
+                break
+            at += len(chunk)
+            if at >= source.size or not chunk:
+                end = source.size
+                break
+        pieces.append(Piece(start, end))
+        start = end
+    return pieces
 
 
 def item_seed(run_seed: int, item_id: str) -> int:

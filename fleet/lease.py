@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from fleet.job import Cancelled
 from fleet.records import JsonRecord
 from fleet.store import NotFound, PreconditionFailed, Store
 
@@ -73,7 +74,7 @@ class Held:
     lease: Lease
 
 
-class Lost(Exception):
+class Lost(Cancelled):
     """The lease was taken over: stop the item and discard its work."""
 
 

@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from fleet.inputs import InputFile, ReadOptions, Slice, describe, file_format, find_inputs, plan_ranges, printable
-from fleet.inputs.parquet import plan_row_groups, row_groups
-from fleet.job import ConfigError, Job, Opener, load_job
+from fleet.inputs import InputFile, ReadOptions, find_inputs
+from fleet.job import ConfigError, ItemInput, Job, Opener, Source, load_job, printable
 from fleet.records import JsonRecord
 from fleet.store import BucketNotFound, NotFound, PreconditionFailed, Store, open_store, read_url
 
@@ -28,19 +27,44 @@ class PlanError(Exception):
 
 
 @dataclass(frozen=True)
-class Item(Slice):
-    """A work item: a slice of an input file, with the id its lease and outputs are named by."""
+class Item:
+    """A work item: a piece of one input object (see fleet.job.Piece), pinned to the object's
+    version, with the id its lease and outputs are named by. ``meta`` is the job's own."""
 
+    url: str
+    name: str
+    start: int
+    end: int
+    version: str = ""
     id: str = ""
-
-    @property
-    def slice(self) -> Slice:
-        return Slice(self.url, self.name, self.start, self.end, self.format, self.compression, self.version,
-                     self.cuts_document, self.text_bytes)
+    size: int = 0  # bytes of work: what progress and the run's input_bytes count
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def file(self) -> str:
         return printable(f"{self.url.rstrip('/')}/{self.name}")
+
+    @property
+    def display(self) -> str:
+        """Where the item's input is, for log lines and errors."""
+        unit = self.meta.get("unit")
+        if unit:
+            return f"{self.file} ({unit} {self.start}-{self.end - 1})"
+        return f"{self.file} (from byte {self.start})" if self.start else self.file
+
+    def input(self) -> ItemInput:
+        return ItemInput(self.url, self.name, self.start, self.end, self.version, self.meta, self.display)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Item":
+        known = {f.name for f in dataclasses.fields(cls)}
+        if "size" not in d:  # planned before items said their size: the text job's own keys were top-level
+            meta = {k: v for k, v in d.items() if k not in known}
+            size = meta.pop("text_bytes", 0) or d["end"] - d["start"]
+            if meta.get("format") == "parquet":
+                meta["unit"] = "row groups"
+            d = {**{k: v for k, v in d.items() if k in known}, "size": size, "meta": meta}
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -107,30 +131,11 @@ def check_run_name(run: str) -> None:
         raise PlanError(f"run name {run!r}: use letters, digits, '-', '_' and '.' only")
 
 
-def _pieces(inp: InputFile, item_bytes: int, read: ReadOptions) -> list[tuple[InputFile, int, int, str, str, bool, int]]:
-    """One file's items: byte ranges of a plain file, the whole of a compressed one, ranges of
-    row groups of a Parquet file."""
-    store = open_store(inp.url)
-    _, compression = describe(inp.name)
-    fmt = file_format(store, inp.name, inp.size)
-    if fmt == "parquet":
-        groups = row_groups(store, inp.name, inp.size, inp.version or None, read.text_column, inp.display)
-        return [(inp, first, end, fmt, "none", False, max(1, size))
-                for first, end, size in plan_row_groups(groups, item_bytes)]
-    if compression != "none":
-        return [(inp, 0, inp.size, fmt, compression, False, 0)]
-    ranges = plan_ranges(store, inp.name, inp.size, fmt, item_bytes)
-    cuts = sum(cut for _, _, cut in ranges)
-    if cuts:
-        log.warning("warning: %s: %d document(s) longer than an item (%s bytes) cut between items at a "
-                    "line boundary", inp.display, cuts, f"{item_bytes:,}")
-    return [(inp, start, end, fmt, compression, cut, 0) for start, end, cut in ranges]
+def make_items(job: Job, config: Any, inputs: list[InputFile], item_bytes: int,
+               read: ReadOptions = ReadOptions()) -> list[Item]:
+    """Cut every input into items of about item_bytes, as the job says (Job.cut).
 
-
-def make_items(inputs: list[InputFile], item_bytes: int, read: ReadOptions = ReadOptions()) -> list[Item]:
-    """Cut every input into items of about item_bytes, at document boundaries.
-
-    Files are looked at in parallel: telling a file's format reads its first bytes, and on
+    Files are looked at in parallel: a job's cut may read a file's first bytes, and on
     gs:// a corpus of thousands of shards would otherwise plan at one request at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -140,13 +145,18 @@ def make_items(inputs: list[InputFile], item_bytes: int, read: ReadOptions = Rea
             log.warning("warning: %s: empty file, nothing to convert; skipped", inp.display)
         else:
             nonempty.append(inp)
+    options = dataclasses.asdict(read)
+
+    def cut(inp: InputFile):
+        return [(inp, p) for p in job.cut(Source(inp.url, inp.name, inp.size, inp.version), item_bytes, config,
+                                          options)]
+
     with ThreadPoolExecutor(max(1, min(16, len(nonempty)))) as pool:
-        pieces = [p for ps in pool.map(lambda inp: _pieces(inp, item_bytes, read), nonempty) for p in ps]
+        pieces = [p for ps in pool.map(cut, nonempty) for p in ps]
     width = max(5, len(str(len(pieces) - 1)))
-    return [
-        Item(inp.url, inp.name, start, end, fmt, comp, inp.version, cut, text, id=f"{i:0{width}d}")
-        for i, (inp, start, end, fmt, comp, cut, text) in enumerate(pieces)
-    ]
+    return [Item(inp.url, inp.name, p.start, p.end, inp.version, f"{i:0{width}d}", p.size or p.end - p.start,
+                 dict(p.meta))
+            for i, (inp, p) in enumerate(pieces)]
 
 
 def check_numbers(lease_ttl: float, max_attempts: int, item_bytes: int) -> None:
@@ -271,13 +281,13 @@ def plan(
     config = job.parse_config(settings)
     job.check(config, read_url)
     files = pin_files(job, config)
-    found = find_inputs(inputs, exclude)
+    found = find_inputs(inputs, exclude, job.accepts)
     if not isinstance(item_bytes, int):  # chosen from the corpus size (fleet local: a few items per worker)
         item_bytes = item_bytes(sum(f.size for f in found))
     if output.startswith("gs://"):
         # A missing or unreadable output bucket would otherwise show only at each item's upload.
         next(iter(open_store(output).list("")), None)
-    items = make_items(found, item_bytes, read)
+    items = make_items(job, config, found, item_bytes, read)
     if not items:
         raise PlanError(f"{', '.join(map(printable, inputs))}: the inputs hold no data")
     spec = RunSpec(
@@ -368,7 +378,7 @@ def load_items(store: Store, run: str) -> list[Item]:
 
 def _parse_items(store: Store, run: str, data: bytes) -> list[Item]:
     try:
-        return [Item(**json.loads(line)) for line in data.splitlines() if line.strip()]
+        return [Item.from_dict(json.loads(line)) for line in data.splitlines() if line.strip()]
     except (ValueError, TypeError) as e:
         raise PlanError(f"{store.url}/{items_name(run)}: not an item list ({e}); the bucket's run state is damaged") \
             from None

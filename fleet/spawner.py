@@ -33,12 +33,11 @@ from typing import BinaryIO, Iterator
 
 from fleet.claims import ClaimPolicy
 from fleet.codesync import check_pinned, sha256_file
-from fleet.inputs import Tally, read_slice
 from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, item_seed, load_job
 from fleet.lease import Held, Lease, Leases, Lost
 from fleet.liveness import pid_alive
 from fleet.run import (Item, PlanError, RunSpec, final_prefix, idle_prefix, lease_prefix, load_items, load_spec,
-                       pinned_opener, read_options, released_prefix, worker_prefix)
+                       pinned_opener, released_prefix, worker_prefix)
 from fleet.store import PreconditionFailed, Store, StoreError, open_store
 
 log = logging.getLogger("fleet.worker")
@@ -179,7 +178,6 @@ class Worker:
         self.config = self.job.parse_config(self.spec.config)
         # The files the run pinned (a vocab) must still be what was planned, or records would mix.
         self.converter = self.job.converter(self.config, pinned_opener(self.spec, self.job, self.config))
-        self.read_options = read_options(self.spec)
         self.scratch = make_scratch()
         # Removed with the worker, however it ends short of a kill (a worker made in-process by a test too).
         self._sweep = weakref.finalize(self, shutil.rmtree, self.scratch, True)
@@ -199,13 +197,19 @@ class Worker:
             log.warning("heartbeat failed: %s", e)
 
     # -- one item ----------------------------------------------------------------
-    def _documents(self, item: Item, workdir: str, renewer: _Renewer, tally: Tally) -> Iterator[list[str]]:
-        for n, doc in enumerate(read_slice(item.slice, workdir, tally, self.read_options)):
-            if n == 0:
+    def _checkpoint(self, item: Item, renewer: _Renewer):
+        """What a converter calls as it goes: the first call is the "converting" test pause,
+        and each raises Lost (discard the work) once the lease is taken over."""
+        first = [True]
+
+        def checkpoint() -> None:
+            if first[0]:
+                first[0] = False
                 _test_pause("converting", item.id)
             if renewer.lost.is_set():
                 raise Lost(f"item {item.id}: lease taken over")
-            yield doc
+
+        return checkpoint
 
     def process(self, item: Item, held: Held) -> None:
         _test_pause("claimed", item.id)
@@ -217,11 +221,9 @@ class Worker:
         try:
             with tempfile.TemporaryDirectory(prefix=f"item-{item.id}-", dir=self.scratch) as workdir:
                 sink = DirSink(workdir)
-                ctx = ItemContext(item.id, item_seed(self.job.seed(self.config), item.id), item.slice.display)
-                tally = Tally()
-                stats = dict(self.converter.convert(self._documents(item, workdir, renewer, tally), ctx, sink))
-                tally.documents_cut += int(item.cuts_document)
-                stats.update(tally.stats())
+                ctx = ItemContext(item.id, item_seed(self.job.seed(self.config), item.id), item.display, workdir,
+                                  self.spec.read, self._checkpoint(item, renewer))
+                stats = dict(self.converter.convert(item.input(), ctx, sink))
                 outputs = []
                 for suffix, path in sink.files:
                     if renewer.lost.is_set():
@@ -241,7 +243,7 @@ class Worker:
             self.leases.commit(held, outputs, stats)
             self.counters.items_done += 1
             self.counters.bytes_done += item.size
-            log.info("item %s done in %.1fs (%s)", item.id, time.time() - t0, item.slice.display)
+            log.info("item %s done in %.1fs (%s)", item.id, time.time() - t0, item.display)
         except Lost as e:
             renewer.finish()
             self.counters.items_lost += 1
@@ -261,7 +263,7 @@ class Worker:
             if reason is not None:
                 self._give_back(held)
                 raise Environment(reason) from None
-            message = f"{item.slice.display}: {type(e).__name__}: {e}".splitlines()[0]
+            message = f"{item.display}: {type(e).__name__}: {e}".splitlines()[0]
             final = self.leases.fail(held, message, retry=True)
             if final:
                 self.counters.items_failed += 1

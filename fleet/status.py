@@ -103,7 +103,7 @@ class StatusReader:
                     st.bad_records.append({"item": item.id, "where": str(where)})
             elif lease.state == FAILED:
                 st.failed += 1
-                st.failures.append({"item": item.id, "source": by_id[item.id].slice.display, "error": lease.error or ""})
+                st.failures.append({"item": item.id, "source": by_id[item.id].display, "error": lease.error or ""})
             elif lease.live(now):
                 st.leased += 1
             else:

@@ -54,7 +54,7 @@ def vocabs(tmp_path_factory, documents):
 def write_run(folder, vocab, documents, **options) -> dict:
     os.makedirs(folder, exist_ok=True)
     config = JOB.parse_config({"vocab_file": vocab, **options})
-    converter = JOB.converter(config, lambda p: open(p, "rb").read())
+    converter = JOB.document_converter(config, lambda p: open(p, "rb").read())
     totals: dict = {}
     for part in range(2):
         stats = converter.convert(documents[part::2], ItemContext(f"{part}", part, "t"),
@@ -126,7 +126,7 @@ def test_report_on_causal_lm_blocks(tmp_path, vocabs, documents):
     out = tmp_path / "lm"
     out.mkdir()
     config = LM.parse_config({"vocab_file": vocabs["good"], "max_seq_length": "64", "output": "parquet"})
-    stats = LM.converter(config, lambda p: open(p, "rb").read()).convert(
+    stats = LM.document_converter(config, lambda p: open(p, "rb").read()).convert(
         documents, ItemContext("0", 0, "t"), FolderSink(str(out), "part-00000"))
     text = LM.report(str(out), config)
     assert f"records: {stats['examples']:,} in 1 files (causal_lm, max_seq_length 64)" in text

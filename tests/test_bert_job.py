@@ -60,7 +60,7 @@ def read_file(path: str) -> bytes:
 def convert(vocab_path, docs, seed=7, **options) -> tuple[dict, str, bytes]:
     config = JOB.parse_config({"vocab_file": vocab_path, "format": "bert", **options})
     sink = MemorySink()
-    stats = JOB.converter(config, read_file).convert(iter(docs), ItemContext("item", seed, "test"), sink)
+    stats = JOB.document_converter(config, read_file).convert(iter(docs), ItemContext("item", seed, "test"), sink)
     (suffix, data), = sink.files.items()
     return stats, suffix, data
 
@@ -392,7 +392,7 @@ def test_pack_documents_fills_sequences_of_short_documents(vocab_path, documents
         for pack in (False, True):
             config = JOB.parse_config({"vocab_file": vocab_path, "format": fmt, "pack_documents": str(pack)})
             sink = MemorySink()
-            stats = JOB.converter(config, read_file).convert(short, ItemContext("i", 1, "t"), sink)
+            stats = JOB.document_converter(config, read_file).convert(short, ItemContext("i", 1, "t"), sink)
             fill[fmt, pack] = JOB.summarize(stats)["fill_ratio"]
             if fmt == "bert" and pack:
                 assert 0.4 < stats["random_next"] / stats["examples"] < 0.65
@@ -452,7 +452,7 @@ def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_pat
     # ... and the per-example writer on the reference builder's padded examples.
     # (without packing each document draws from its own DocumentRandom, from the run seed and its text)
     config = JOB.parse_config({"vocab_file": vocab_path, "format": "electra"})
-    converter = JOB.converter(config, read_file)
+    converter = JOB.document_converter(config, read_file)
     builder = ExampleBuilder(SEQ, converter.cls_id, converter.sep_id, random_module.Random(7))
     key = DocumentRandom.seed_key(config.seed)
 
@@ -496,8 +496,8 @@ def test_electra_with_gzip_and_packing(vocab_path, documents):
     docs = documents["en"][:5]
     config = JOB.parse_config({"vocab_file": vocab_path})
     plain = MemorySink()
-    JOB.converter(config, read_file).convert(docs, ItemContext("i", 1, "t"), plain)
+    JOB.document_converter(config, read_file).convert(docs, ItemContext("i", 1, "t"), plain)
     packed = MemorySink()
     config = JOB.parse_config({"vocab_file": vocab_path, "compression": "GZIP"})
-    JOB.converter(config, read_file).convert(docs, ItemContext("i", 1, "t"), packed)
+    JOB.document_converter(config, read_file).convert(docs, ItemContext("i", 1, "t"), packed)
     assert gzip.decompress(packed.files[".tfrecord.gz"]) == plain.files[".tfrecord"]

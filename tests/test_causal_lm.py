@@ -63,7 +63,7 @@ def read_file(path: str) -> bytes:
 
 def convert(config: CausalLMConfig, documents) -> tuple[dict, list[dict]]:
     sink = MemorySink()
-    stats = JOB.converter(config, read_file).convert(iter(documents), ItemContext("i", 1, "test"), sink)
+    stats = JOB.document_converter(config, read_file).convert(iter(documents), ItemContext("i", 1, "test"), sink)
     [(suffix, data)] = sink.files.items()
     return stats, examples(data, suffix)
 

@@ -44,7 +44,7 @@ def read_file(path: str) -> bytes:
 
 def convert(config, documents, seed=99):
     sink = MemorySink()
-    stats = JOB.converter(config, read_file).convert(iter(documents), ItemContext("item-1", seed, "test"), sink)
+    stats = JOB.document_converter(config, read_file).convert(iter(documents), ItemContext("item-1", seed, "test"), sink)
     assert list(sink.files) == [".tfrecord"]
     return stats, sink.files[".tfrecord"]
 
@@ -78,7 +78,7 @@ def test_check(tmp_path, vocab_path):
             JOB.check(config, read_file)
         assert "\n" not in str(e.value)
         with pytest.raises(ConfigError):
-            JOB.converter(config, read_file)
+            JOB.document_converter(config, read_file)
 
 
 def test_convert_counts_and_layout(vocab_path, documents):
@@ -135,7 +135,7 @@ def test_vocab_is_read_once_per_converter(vocab_path, documents):
         calls.append(path)
         return read_file(path)
 
-    converter = JOB.converter(ElectraConfig(vocab_file=vocab_path), opener)
+    converter = JOB.document_converter(ElectraConfig(vocab_file=vocab_path), opener)
     for i in range(3):
         converter.convert(documents[:2], ItemContext(f"i{i}", i, "test"), MemorySink())
     assert calls == [vocab_path]
@@ -157,7 +157,7 @@ def test_parquet_output_holds_the_same_examples_as_the_tfrecords(vocab_path, doc
     config = dict(vocab_file=vocab_path, format=fmt, max_seq_length=64)
     tf_sink, pq_sink, again = MemorySink(), MemorySink(), MemorySink()
     for sink, output in ((tf_sink, "tfrecord"), (pq_sink, "parquet"), (again, "parquet")):
-        JOB.converter(ElectraConfig(**config, output=output), read_file).convert(
+        JOB.document_converter(ElectraConfig(**config, output=output), read_file).convert(
             iter(documents), ItemContext("item-1", 3, "test"), sink)
     assert list(pq_sink.files) == [".parquet"]
     data = pq_sink.files[".parquet"]
@@ -175,7 +175,7 @@ def test_parquet_output_option_checks(vocab_path):
         with pytest.raises(ConfigError, match=message):
             JOB.check(ElectraConfig(vocab_file=vocab_path, **bad), read_file)
     sink = MemorySink()
-    JOB.converter(ElectraConfig(vocab_file=vocab_path, output="parquet"), read_file).convert(
+    JOB.document_converter(ElectraConfig(vocab_file=vocab_path, output="parquet"), read_file).convert(
         iter([]), ItemContext("i", 1, "t"), sink)
     import pyarrow.parquet as pq
 
@@ -188,7 +188,7 @@ def test_records_are_record_of_each_example(vocab_path, big_ids):
     2**16 (varints of the real tokens, the padding with the tail) and above (padded rows)."""
     from jobs.electra_zh_en.builder import Example
 
-    converter = JOB.converter(ElectraConfig(vocab_file=vocab_path, max_seq_length=40), read_file)
+    converter = JOB.document_converter(ElectraConfig(vocab_file=vocab_path, max_seq_length=40), read_file)
     converter.small_ids = not big_ids
     rng = random.Random(3)
     top = 1 << 20 if big_ids else 1 << 16
@@ -216,7 +216,7 @@ def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, docu
 
     def run():
         sink = MemorySink()
-        stats = JOB.converter(config, read_file).convert(iter(documents), ItemContext("item-1", 3, "test"), sink)
+        stats = JOB.document_converter(config, read_file).convert(iter(documents), ItemContext("item-1", 3, "test"), sink)
         return stats, sink.files[".parquet"]
 
     stats, rows_made = run()
@@ -246,7 +246,7 @@ def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents,
     docs = documents + [[], ["", "!"], ["", ""], ["one line only"]] + short
     config = ElectraConfig(vocab_file=vocab_path, max_seq_length=max_length)
     stats, data = convert(config, docs, seed=1)
-    converter = JOB.converter(config, read_file)
+    converter = JOB.document_converter(config, read_file)
     key = DocumentRandom.seed_key(config.seed)
     expected = []
     for group in job._groups(iter(docs)):
@@ -269,7 +269,7 @@ def test_a_format_electra_worker_does_not_import_the_bert_modules(vocab_path, do
             "from tests.helpers.sinks import MemorySink\n"
             "job = load_job('electra_zh_en')\n"
             f"config = job.parse_config({{'vocab_file': {vocab_path!r}}})\n"
-            "job.converter(config, lambda p: open(p, 'rb').read()).convert(iter([['a b', 'c'], ['d']]),"
+            "job.document_converter(config, lambda p: open(p, 'rb').read()).convert(iter([['a b', 'c'], ['d']]),"
             " ItemContext('i', 1, 't'), MemorySink())\n"
             "print(sorted(m for m in sys.modules if m.split('.')[-1] in "
             "('bert_converter', 'bert_builder', 'bert_records', 'masking', 'rjieba', 'pyarrow')))\n")

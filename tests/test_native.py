@@ -399,7 +399,7 @@ def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocab
     for mode in ("0", "1"):
         monkeypatch.setenv("FLEET_NATIVE", mode)
         config = JOB.parse_config({"vocab_file": str(vocab), "max_seq_length": 64, **options})
-        converter = JOB.converter(config, lambda path: Path(path).read_bytes())
+        converter = JOB.document_converter(config, lambda path: Path(path).read_bytes())
         sink = MemorySink()
         converter.convert(docs, ItemContext("item", 7, "short.txt"), sink)
         out[mode] = sink.files

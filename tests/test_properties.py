@@ -98,7 +98,7 @@ def read_records_with_tensorflow(data: bytes) -> list[dict[str, list[int]]]:
 @example(docs=[["01", "0"]], max_length=5, seed=0, lower=False)  # the second segment cut away entirely
 def test_any_unicode_becomes_well_formed_records(vocab_path, tokenizers, docs, max_length, seed, lower):
     config = ElectraConfig(vocab_file=vocab_path, max_seq_length=max_length, do_lower_case=lower)
-    converter = JOB.converter(config, lambda url: open(url, "rb").read())
+    converter = JOB.document_converter(config, lambda url: open(url, "rb").read())
     sink = MemorySink()
     stats = converter.convert(iter(docs), ItemContext("00001", seed, "prop"), sink)
     data = sink.files[".tfrecord"].getvalue()

@@ -111,7 +111,7 @@ def test_the_option_cuts_the_lines_where_documents_enter_the_job(tmp_path, fmt):
     def convert(documents, **options):
         config = JOB.parse_config({"vocab_file": vocab, "max_seq_length": 32, "format": fmt, **options})
         sink = MemorySink()
-        stats = JOB.converter(config, lambda p: open(p, "rb").read()).convert(
+        stats = JOB.document_converter(config, lambda p: open(p, "rb").read()).convert(
             iter(documents), ItemContext("i", 7, "test"), sink)
         return stats, sink.files[".tfrecord"]
 

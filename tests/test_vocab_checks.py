@@ -110,7 +110,7 @@ def test_a_vocab_without_mask_is_refused_at_plan_time(tmp_path, fmt):
     message = str(e.value)
     assert "\n" not in message and "no_mask.txt" in message and f"format={fmt} needs a [MASK]" in message
     with pytest.raises(ConfigError):
-        JOB.converter(ElectraConfig(vocab_file=str(no_mask), format=fmt), read_file)
+        JOB.document_converter(ElectraConfig(vocab_file=str(no_mask), format=fmt), read_file)
 
 
 def test_causal_lm_needs_an_end_of_document_token(tmp_path):

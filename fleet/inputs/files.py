@@ -117,7 +117,8 @@ def _readable(path: str, display: str) -> None:
         raise InputError(f"{display}: cannot read it ({e.strerror or e})") from None
 
 
-def _walk(root: str, exclude: tuple[str, ...]) -> Iterator[tuple[str, os.stat_result]]:
+def _walk(root: str, exclude: tuple[str, ...], accept: Callable[[str], bool] = _corpus_file
+          ) -> Iterator[tuple[str, os.stat_result]]:
     """Corpus files under a folder, following symbolic links to files and folders.
 
     A folder reached twice (a link loop, or two links to one folder) is read once; a
@@ -159,7 +160,7 @@ def _walk(root: str, exclude: tuple[str, ...]) -> Iterator[tuple[str, os.stat_re
                 continue
             if stat.S_ISDIR(st.st_mode):
                 yield from visit(path, name + "/")
-            elif not _corpus_file(name):
+            elif not accept(name):
                 continue
             elif not stat.S_ISREG(st.st_mode):
                 _warn(f"{printable(path)}: not a regular file (a FIFO, socket or device); skipped")
@@ -169,7 +170,8 @@ def _walk(root: str, exclude: tuple[str, ...]) -> Iterator[tuple[str, os.stat_re
     yield from visit(root, "")
 
 
-def find_inputs(paths: list[str], exclude: list[str] = ()) -> list[InputFile]:
+def find_inputs(paths: list[str], exclude: list[str] = (), accept: Callable[[str], bool] = _corpus_file
+                ) -> list[InputFile]:
     """Expand files and folders (local or gs://) into input files, in a stable order.
 
     Each file is planned once, however often it is named (directly, inside a named
@@ -200,7 +202,7 @@ def find_inputs(paths: list[str], exclude: list[str] = ()) -> list[InputFile]:
             folder = prefix + "/" if prefix else ""
             listed = list(store.list(folder))
             skipped = _gcs_outputs(path, [b.name[len(folder):] for b in listed])
-            blobs = [b for b in listed if _corpus_file(b.name[len(folder):]) and b.size > 0
+            blobs = [b for b in listed if accept(b.name[len(folder):]) and b.size > 0
                      and not any(b.name[len(folder):].startswith(s) for s in skipped)]
             if not blobs:
                 raise InputError(f"{path}: no input files there")
@@ -216,7 +218,7 @@ def find_inputs(paths: list[str], exclude: list[str] = ()) -> list[InputFile]:
             _readable(local, inp.display)
             add(inp, (st.st_dev, st.st_ino))  # a hard or symbolic link to a file planned already: once
         elif os.path.isdir(local):
-            files = [(InputFile(local, rel, st.st_size, file_version(st)), st) for rel, st in _walk(local, excluded)]
+            files = [(InputFile(local, rel, st.st_size, file_version(st)), st) for rel, st in _walk(local, excluded, accept)]
             if not files:
                 raise InputError(f"{printable(path)}: no input files there")
             for inp, st in files:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
+from fleet.job import ConfigError, ItemContext, Opener, Sink
 
+from jobs.text.job import DocumentConverter, TextJob
 from jobs.text.groups import document_groups
 from jobs.text.output import Column, check_output, open_writer
 from jobs.text.tokenizer_cache import bert_tokenizer, json_tokenizer
@@ -58,7 +59,7 @@ def _tokenizer(config: CausalLMConfig, opener: Opener) -> DocumentTokenizer:
                      config.eod_token, config.pad_token)
 
 
-class CausalLMConverter(Converter):
+class CausalLMConverter(DocumentConverter):
     def __init__(self, config: CausalLMConfig, tokenizer: DocumentTokenizer):
         self.config = config
         self.tokenizer = tokenizer
@@ -94,7 +95,7 @@ class CausalLMConverter(Converter):
         return counts
 
 
-class CausalLMJob(Job):
+class CausalLMJob(TextJob):
     name = "causal_lm"
     config_type = CausalLMConfig
 
@@ -102,7 +103,7 @@ class CausalLMJob(Job):
         _validate(config)
         _tokenizer(config, opener)
 
-    def converter(self, config: CausalLMConfig, opener: Opener) -> Converter:
+    def document_converter(self, config: CausalLMConfig, opener: Opener) -> DocumentConverter:
         _validate(config)
         return CausalLMConverter(config, _tokenizer(config, opener))
 

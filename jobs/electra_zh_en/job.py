@@ -28,8 +28,9 @@ import google_crc32c
 import numpy as np
 from typing import TYPE_CHECKING, BinaryIO, Iterable, Iterator
 
-from fleet.job import ConfigError, Converter, ItemContext, Job, Opener, Sink
+from fleet.job import ConfigError, ItemContext, Opener, Sink
 
+from jobs.text.job import DocumentConverter, TextJob
 from jobs.text import tfrecord
 from jobs.text.groups import document_groups
 from jobs.text.output import Column, check_output, mask_and_segments, open_writer
@@ -116,7 +117,7 @@ def _load_tokenizer(config: ElectraConfig, opener: Opener) -> BertTokenizer:
     return tokenizer
 
 
-class ElectraConverter(Converter):
+class ElectraConverter(DocumentConverter):
     def __init__(self, config: ElectraConfig, tokenizer: BertTokenizer):
         self.config = config
         self.tokenizer = tokenizer
@@ -294,7 +295,7 @@ def _groups(documents: Iterable[list[str]]) -> Iterator[list[list[str]]]:
     yield _LAST
 
 
-class BertConverter(Converter):
+class BertConverter(DocumentConverter):
     """format=bert: BERT masked-LM + next-sentence records (see ``bert_converter``)."""
 
     def __init__(self, config: ElectraConfig, tokenizer: BertTokenizer):
@@ -323,7 +324,7 @@ class BertConverter(Converter):
         return {**dataclasses.asdict(counters), "positions": counters.examples * self.config.max_seq_length}
 
 
-class SentenceSplitting(Converter):
+class SentenceSplitting(DocumentConverter):
     """split_sentences: where documents enter the job, each line is cut into its sentences
     (``sentences.split_sentences``), so both formats build examples from sentences, not
     paragraphs. The counters' ``lines`` are then sentences."""
@@ -390,7 +391,7 @@ def _chinese_words():
     return rjieba.cut
 
 
-class ElectraJob(Job):
+class ElectraJob(TextJob):
     name = "electra_zh_en"
     config_type = ElectraConfig
 
@@ -398,7 +399,7 @@ class ElectraJob(Job):
         _validate(config)
         _load_tokenizer(config, opener)
 
-    def converter(self, config: ElectraConfig, opener: Opener) -> Converter:
+    def document_converter(self, config: ElectraConfig, opener: Opener) -> DocumentConverter:
         _validate(config)
         tokenizer = _load_tokenizer(config, opener)
         converter = BertConverter(config, tokenizer) if config.format == "bert" else ElectraConverter(config, tokenizer)

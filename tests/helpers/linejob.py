@@ -12,7 +12,9 @@ import random
 import time
 from dataclasses import dataclass
 
-from fleet.job import ConfigError, Converter, InputError, Job
+from fleet.job import ConfigError, InputError
+
+from jobs.text.job import DocumentConverter, TextJob
 
 
 @dataclass
@@ -23,7 +25,7 @@ class LineConfig:
     seed: int = 7
 
 
-class LineConverter(Converter):
+class LineConverter(DocumentConverter):
     def __init__(self, config: LineConfig):
         self.config = config
 
@@ -48,7 +50,7 @@ class LineConverter(Converter):
         return {"documents": docs, "lines": lines}
 
 
-class LineJob(Job):
+class LineJob(TextJob):
     name = "linejob"
     config_type = LineConfig
 
@@ -56,7 +58,7 @@ class LineJob(Job):
         if config.delay < 0:
             raise ConfigError("delay must be >= 0")
 
-    def converter(self, config, opener):
+    def document_converter(self, config, opener):
         return LineConverter(config)
 
 

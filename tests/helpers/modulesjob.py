@@ -22,7 +22,7 @@ class ModulesConverter:
 class ModulesJob(LineJob):
     name = "modulesjob"
 
-    def converter(self, config, opener):
+    def document_converter(self, config, opener):
         return ModulesConverter()
 
 

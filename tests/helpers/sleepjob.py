@@ -13,7 +13,9 @@ import random
 import time
 from dataclasses import dataclass
 
-from fleet.job import ConfigError, Converter, Job
+from fleet.job import ConfigError
+
+from jobs.text.job import DocumentConverter, TextJob
 
 
 @dataclass
@@ -23,7 +25,7 @@ class SleepConfig:
     seed: int = 1
 
 
-class SleepConverter(Converter):
+class SleepConverter(DocumentConverter):
     def __init__(self, config: SleepConfig):
         self.config = config
 
@@ -40,7 +42,7 @@ class SleepConverter(Converter):
         return {"documents": docs, "slept": self.config.seconds * factor}
 
 
-class SleepJob(Job):
+class SleepJob(TextJob):
     name = "sleepjob"
     config_type = SleepConfig
 
@@ -48,7 +50,7 @@ class SleepJob(Job):
         if config.seconds < 0 or not 0 <= config.jitter < 1:
             raise ConfigError("seconds must be >= 0 and jitter in [0, 1)")
 
-    def converter(self, config, opener):
+    def document_converter(self, config, opener):
         return SleepConverter(config)
 
 
