@@ -49,6 +49,15 @@ class Sink(abc.ABC):
 Opener = Callable[[str], bytes]  # reads a small object by URL or local path
 
 
+@dataclass(frozen=True)
+class Feature:
+    """One feature of every example a job writes: ``length`` values of ``dtype``, in its
+    TFRecords (an int64 or float list) and in its Parquet rows (a list column) alike."""
+
+    length: int
+    dtype: str = "int64"  # int64 | float32
+
+
 class Converter(abc.ABC):
     @abc.abstractmethod
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
@@ -81,6 +90,13 @@ class Job(abc.ABC):
     @abc.abstractmethod
     def converter(self, config: Any, opener: Opener) -> Converter:
         """Per worker process: load what every item needs (a vocab) once."""
+
+    def features(self, config: Any) -> dict[str, Feature]:
+        """The features every example of a run with this config holds, by name: the run's
+        readers (``fleet.follow.follow_examples``, ``follow_dataset``) parse and check the
+        outputs with it and need no code of the job's. Empty (the default): the outputs are
+        not examples of fixed-length features, and only ``fleet.follow.follow`` reads them."""
+        return {}
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
         """Derived figures for the run summary (ratios of summed counters)."""

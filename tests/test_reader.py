@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
+from fleet.follow import FollowError, RunReader, follow_examples
 from fleet.store import locate, open_store
 from jobs.text import tfrecord
-from jobs.electra_zh_en.reader import FollowError, RunReader, feature_layout, follow_examples, read_output
 from jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.cli import FLEET, fleet
 from tests.helpers.procs import ROOT, write_corpus
@@ -203,7 +203,7 @@ def test_nothing_to_follow_is_one_clear_error(tmp_path):
 def test_the_layout_follows_the_config():
     from jobs.electra_zh_en import JOB
 
-    bert = feature_layout(JOB.parse_config({"vocab_file": "v", "format": "bert", "max_seq_length": 64,
+    bert = JOB.features(JOB.parse_config({"vocab_file": "v", "format": "bert", "max_seq_length": 64,
                                             "max_predictions_per_seq": 10, "v2_feature_names": "true"}))
     assert {n: (f.length, f.dtype) for n, f in bert.items()} == {
         "input_word_ids": (64, "int64"), "input_mask": (64, "int64"), "input_type_ids": (64, "int64"),
@@ -213,7 +213,7 @@ def test_the_layout_follows_the_config():
 
 def test_tf_dataset_follows_a_bert_run_and_fails_naming_the_failed_item(tmp_path, corpus):
     tf = pytest.importorskip("tensorflow")
-    from jobs.electra_zh_en.reader import follow_dataset
+    from fleet.follow import follow_dataset
 
     path, vocab = corpus
     bad = tmp_path / "broken.jsonl"
@@ -252,7 +252,7 @@ def test_a_parquet_run_reads_as_the_same_examples_as_its_tfrecord_twin(tmp_path,
     """output=parquet: the readers hand over the same examples as for output=tfrecord (before:
     'bad length checksum ... not a TFRecord file?')."""
     tf = pytest.importorskip("tensorflow")
-    from jobs.electra_zh_en.reader import follow_dataset
+    from fleet.follow import follow_dataset
 
     path, vocab = corpus
     got = {}
