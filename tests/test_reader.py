@@ -268,3 +268,58 @@ def test_a_parquet_run_reads_as_the_same_examples_as_its_tfrecord_twin(tmp_path,
     with pytest.raises(FollowError, match="Parquet"):
         next(iter(RunReader(str(tmp_path / "b-parquet"), "r").records()))
     assert tf is not None
+
+
+# -- causal_lm: the same readers, with the layout its Job.features gives ---------------------
+
+
+@pytest.mark.parametrize("options", [{"compression": "GZIP"}, {"output": "parquet"},
+                                     {"shifted_labels": "true", "last_block": "drop"}])
+def test_a_causal_lm_run_reads_as_tensorflow_and_pyarrow_read_its_files(tmp_path, corpus, options):
+    """follow_examples and follow_dataset read any job that declares its features (before: electra_zh_en
+    only): they give exactly what TensorFlow's parser (with the job's spec) or pyarrow read from the files."""
+    tf = pytest.importorskip("tensorflow")
+    import pyarrow.parquet as pq
+
+    from fleet.follow import feature_spec, follow_dataset
+    from jobs.causal_lm import JOB
+
+    path, vocab = corpus
+    out = tmp_path / "out"
+    sets = {"vocab_file": vocab, "max_seq_length": 24, **options}
+    proc = fleet("local", path, out, "--job", "causal_lm", "--workers", "1", "--item-mb", "0.004",
+                 *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")], tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    layout = JOB.features(JOB.parse_config(sets))
+    files = sorted(str(p) for p in out.glob("part-*"))
+    assert len(files) > 3
+    if sets.get("output") == "parquet":
+        table = pq.read_table(files)
+        assert sorted(table.column_names) == sorted(layout)  # no column the layout leaves out
+        columns = {name: table.column(name).to_pylist() for name in layout}
+        direct = [{name: np.array(columns[name][i], layout[name].dtype) for name in layout}
+                  for i in range(table.num_rows)]
+    else:
+        records = tf.data.TFRecordDataset(files, compression_type="GZIP" if "compression" in sets else "")
+        direct = [{k: v.numpy() for k, v in tf.io.parse_single_example(r, feature_spec(layout)).items()}
+                  for r in records]
+    width = 25 if "shifted_labels" in sets else 24
+    assert set(layout) == ({"input_ids"} if "last_block" in sets else {"input_ids", "attention_mask"})
+    assert {n: (v.dtype, v.shape) for n, v in direct[0].items()} == {n: (np.dtype(np.int64), (width,)) for n in layout}
+    expected = sorted(key(x) for x in direct)
+    assert len(expected) > 20
+    assert sorted(key(x) for x in follow_examples(str(out))) == expected
+    assert sorted(key({k: v.numpy() for k, v in x.items()}) for x in follow_dataset(str(out))) == expected
+
+
+def test_a_run_of_a_job_without_features_is_one_clear_error(tmp_path):
+    """A job that declares no features (Job.features' default) writes no examples the readers know."""
+    from tests.helpers.procs import LINEJOB
+
+    bucket = str(tmp_path / "bucket")
+    corpus = write_corpus(str(tmp_path / "c.txt"), 10)
+    proc = fleet("plan", "--bucket", bucket, "--run", "r", "--job", LINEJOB, "--input", corpus,
+                 "--output", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    with pytest.raises(FollowError, match=r"run r in .*declares no features \(Job.features\).*fleet.follow.follow"):
+        RunReader(bucket)
