@@ -323,3 +323,30 @@ def test_a_run_of_a_job_without_features_is_one_clear_error(tmp_path):
     assert proc.returncode == 0, proc.stderr
     with pytest.raises(FollowError, match=r"run r in .*declares no features \(Job.features\).*fleet.follow.follow"):
         RunReader(bucket)
+
+
+@pytest.mark.parametrize("output", ["tfrecord", "parquet"])
+def test_examples_that_are_not_the_layout_the_job_declares_are_named(tmp_path, corpus, output):
+    """Each example is checked against the job's features (length and dtype, records and rows alike),
+    and a Parquet output changed since its commit is named as a TFRecord one is."""
+    path, vocab = corpus
+    out = tmp_path / "out"
+    proc = fleet("local", path, out, "--workers", "1", "--item-mb", "0.004", "--set", f"vocab_file={vocab}",
+                 "--set", "max_seq_length=32", "--set", f"output={output}", tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    from fleet.job import Feature
+
+    reader = RunReader(str(out))
+    assert reader.layout == {n: Feature(32, "int64") for n in ("input_ids", "input_mask", "segment_ids")}
+    assert len(list(reader.examples())) > 20
+    reader.layout = {**reader.layout, "input_mask": Feature(31, "int64")}
+    with pytest.raises(FollowError, match=r"part-\S+: .*input_mask .*31"):
+        next(reader.examples())
+    reader.layout = {**reader.layout, "input_mask": Feature(32, "float32")}
+    with pytest.raises(FollowError, match=r"part-\S+: .*input_mask .*float32"):
+        next(reader.examples())
+    if output == "parquet":
+        victim = sorted(out.glob("part-*"))[0]
+        victim.write_bytes(victim.read_bytes() + b"\0")
+        with pytest.raises(FollowError, match=f"{victim.name}: not the bytes committed"):
+            list(follow_examples(str(out)))
