@@ -57,6 +57,10 @@ class Feature:
     length: int
     dtype: str = "int64"  # int64 | float32
 
+    def __post_init__(self) -> None:
+        if self.dtype not in ("int64", "float32") or self.length < 0:
+            raise ValueError(f"Feature({self.length}, {self.dtype!r}): a length >= 0 of int64 or float32")
+
 
 class Converter(abc.ABC):
     @abc.abstractmethod

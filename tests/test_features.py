@@ -52,8 +52,8 @@ bert = st.fixed_dictionaries({"format": st.just("bert"), "max_seq_length": st.in
                               "pack_documents": st.booleans()})
 causal = st.fixed_dictionaries({"max_seq_length": st.integers(2, 96), "shifted_labels": st.booleans(),
                                 "last_block": st.sampled_from(["pad", "drop"]), "pack_documents": st.booleans()})
-configs = st.one_of(st.tuples(st.just("electra_zh_en"), electra, outputs), st.tuples(st.just("electra_zh_en"), bert, outputs),
-                    st.tuples(st.just("causal_lm"), causal, outputs))
+configs = st.one_of(st.tuples(st.just("electra_zh_en"), electra, outputs),
+                    st.tuples(st.just("electra_zh_en"), bert, outputs), st.tuples(st.just("causal_lm"), causal, outputs))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -101,3 +101,12 @@ def test_a_job_declares_no_features_by_default():
     from tests.helpers.linejob import JOB
 
     assert JOB.features(JOB.parse_config({})) == {}
+
+
+def test_a_feature_is_a_length_of_int64_or_float32():
+    from fleet.job import Feature
+
+    assert Feature(3) == Feature(3, "int64")
+    for bad in ((3, "int32"), (-1, "int64")):
+        with pytest.raises(ValueError, match="int64 or float32"):
+            Feature(*bad)
