@@ -1,21 +1,40 @@
-"""Following a run from the trainer: each committed output once, in commit order, as items finish.
+"""Following a run from the trainer: its outputs, records or examples, in commit order, as items finish.
 
 Every finished item is an immutable, committed output (its lease says done and names
 its files), so training can start before the data is done: a follower polls the
 ``final/`` markers (one listing), reads the leases of the items newly finished, and
 hands on their outputs sorted by commit time. It ends when every item is finished;
 the failed ones are then in ``failed``.
+
+On top of it, the run's examples for any job that declares its features
+(``Job.features``): ``follow_examples`` (a plain-Python iterator of ``{feature: numpy
+array}``: no TensorFlow, no torch) and ``follow_dataset`` (a ``tf.data.Dataset`` of
+parsed examples). The layout comes from the run's job and config in ``run.json``;
+each output is read and checked by ``fleet.outputs`` (TFRecord, GZIP or Parquet).
+Items that failed are what ``fleet follow`` reports: once everything else is read,
+the reading raises ``FollowError`` naming them (and the dataset fails with it).
 """
 
 from __future__ import annotations
 
+import os
 import time
+import zlib
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+import numpy as np
+
+from fleet.job import ConfigError, Feature, JobNotFound, load_job
 from fleet.lease import DONE, FAILED, Lease
-from fleet.run import final_prefix, lease_prefix, load_spec
-from fleet.store import NotFound, Store, open_store
+from fleet.outputs import OutputError, is_parquet, parquet_columns, parquet_examples, read_records, record_examples
+from fleet.run import PlanError, final_prefix, lease_prefix, list_runs, load_spec
+from fleet.store import NotFound, Store, StoreError, open_store
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+_CHUNK = 256  # records per element handed from Python to tf.data (then unbatched)
 
 
 @dataclass(frozen=True)
@@ -89,3 +108,173 @@ def _lease(store: Store, run: str, item: str) -> Lease | None:
 def follow(bucket: str, run: str, from_start: bool = True, poll: float = 2.0) -> Follower:
     """``for out in follow("gs://b", "wiki"): train_on(out.url)``; see Follower."""
     return Follower(bucket, run, from_start, poll)
+
+
+# -- a run's examples, for any job that declares its features ---------------------------
+
+
+class FollowError(Exception):
+    """Items of the run failed, or an output cannot be read as the run's examples; the
+    message names them."""
+
+
+def resolve_run(source: str, run: str | None = None) -> tuple[str, str]:
+    """(bucket, run) from a bucket URL, a local bucket folder or an output folder of
+    ``fleet local``; the run may be left out when the bucket holds only one."""
+    from fleet.local import STATE_DIR
+
+    bucket = source
+    state = os.path.join(source, STATE_DIR)
+    if "://" not in source and os.path.isdir(state):
+        bucket = state
+    if run:
+        return bucket, run
+    try:
+        runs = list_runs(open_store(bucket))
+    except (StoreError, OSError) as e:
+        raise FollowError(f"{source}: cannot list its runs ({e})") from None
+    if len(runs) != 1:
+        raise FollowError(f"{source}: {'no runs' if not runs else 'several runs: ' + ', '.join(runs)}; "
+                          f"name one with run=")
+    return bucket, runs[0]
+
+
+def feature_spec(layout: Mapping[str, Feature]) -> dict:
+    """``{name: tf.io.FixedLenFeature}`` for ``tf.io.parse_example`` (imports TensorFlow)."""
+    import tensorflow as tf
+
+    return {name: tf.io.FixedLenFeature([f.length], tf.as_dtype(f.dtype)) for name, f in layout.items()}
+
+
+@dataclass
+class RunReader:
+    """A run's examples, as its items are committed. Each iteration follows the run anew
+    (from the start, or from the time it begins when ``from_start`` is false)."""
+
+    source: str  # gs://BUCKET, a local bucket folder, or an output folder of fleet local
+    run: str | None = None
+    from_start: bool = True
+    poll: float = 2.0
+    # (index, count): read only the items of this share, e.g. one per DataLoader worker or
+    # per host; the shares of 0..count-1 are disjoint and together the whole run.
+    shard: tuple[int, int] = (0, 1)
+    bucket: str = field(init=False)
+    config: Any = field(init=False)  # the run's job config, as the job parses its run.json
+    layout: dict[str, Feature] = field(init=False)  # the job's features for that config
+
+    def __post_init__(self) -> None:
+        index, count = self.shard
+        if not 0 <= index < count:
+            raise FollowError(f"shard {index} of {count}: the index must be in 0..{count - 1}")
+        self.bucket, self.run = resolve_run(self.source, self.run)
+        try:
+            spec = load_spec(open_store(self.bucket), self.run)
+            job = load_job(spec.job)
+            self.config = job.parse_config(spec.config)
+        except (PlanError, StoreError, JobNotFound, ConfigError) as e:
+            raise FollowError(f"run {self.run} in {self.bucket}: {e}") from None
+        self.layout = dict(job.features(self.config))
+        if not self.layout:
+            raise FollowError(f"run {self.run} in {self.bucket}: its job {spec.job} declares no features "
+                              "(Job.features); read its outputs with fleet.follow.follow")
+
+    # -- the outputs, then their records or examples --------------------------------------
+    def outputs(self) -> Iterator[Output]:
+        """Each committed output once, in commit order; FollowError at the end if items failed."""
+        follower = Follower(self.bucket, self.run, self.from_start, self.poll)
+        index, count = self.shard
+        for out in follower:
+            if count == 1 or _share(out.item, count) == index:
+                yield out
+        if follower.failed:
+            listed = "; ".join(f"{item}: {error}" for item, error in follower.failed)
+            raise FollowError(f"run {self.run}: {len(follower.failed)} item(s) failed: {listed}")
+
+    def record_chunks(self, size: int = _CHUNK) -> Iterator[list[bytes]]:
+        """Serialized ``tf.train.Example``s in lists of at most ``size``, never across outputs."""
+        for out in self.outputs():
+            if is_parquet(out):
+                raise FollowError(f"{out.url}: Parquet: its examples are rows, not records; read them with "
+                                  "examples() or dataset()")
+            chunk: list[bytes] = []
+            for record in _checked(read_records(out)):
+                chunk.append(record)
+                if len(chunk) >= size:
+                    yield chunk
+                    chunk = []
+            if chunk:
+                yield chunk
+
+    def records(self) -> Iterator[bytes]:
+        for chunk in self.record_chunks():
+            yield from chunk
+
+    def examples(self) -> Iterator[dict[str, np.ndarray]]:
+        """``{name: array}`` per example, of the layout's lengths and dtypes, as
+        ``tf.io.parse_single_example`` with ``feature_spec(layout)`` gives them."""
+        for out in self.outputs():
+            read = parquet_examples if is_parquet(out) else record_examples
+            yield from _checked(read(out, self.layout))
+
+    def dataset(self) -> "tf.data.Dataset":
+        """A ``tf.data.Dataset`` of parsed examples that ends when the run drains; it fails
+        with the FollowError's message when items failed. TFRecords are parsed by
+        TensorFlow, a chunk at a time; Parquet rows come in a row group at a time."""
+        import tensorflow as tf
+
+        layout = self.layout
+        spec = feature_spec(layout)
+        signature = (tf.TensorSpec([None], tf.string),
+                     {name: tf.TensorSpec([None, f.length], tf.as_dtype(f.dtype)) for name, f in layout.items()})
+        chunks = tf.data.Dataset.from_generator(self._mixed_chunks, output_signature=signature)
+
+        def merge(records, columns):
+            parsed = tf.io.parse_example(records, spec)
+            return {name: tf.concat([parsed[name], columns[name]], 0) for name in layout}
+
+        return chunks.map(merge).unbatch()
+
+    def _mixed_chunks(self) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        """(serialized records, {name: rows}) per chunk, one of the two empty: each output
+        in its own format, so a run's TFRecords and Parquet files go through one dataset."""
+        no_rows = {name: np.zeros((0, f.length), f.dtype) for name, f in self.layout.items()}
+        no_records = np.zeros(0, object)
+        for out in self.outputs():
+            if is_parquet(out):
+                for columns in _checked(parquet_columns(out, self.layout)):
+                    yield no_records, columns
+                continue
+            chunk: list[bytes] = []
+            for record in _checked(read_records(out)):
+                chunk.append(record)
+                if len(chunk) >= _CHUNK:
+                    yield np.array(chunk, object), no_rows
+                    chunk = []
+            if chunk:
+                yield np.array(chunk, object), no_rows
+
+
+def _checked(items: Iterator) -> Iterator:
+    """The output's items, its OutputError raised as the FollowError a trainer catches."""
+    try:
+        yield from items
+    except OutputError as e:
+        raise FollowError(str(e)) from None
+
+
+def _share(item: str, count: int) -> int:
+    """Items are numbered: consecutive ones go to different shares (else a stable hash)."""
+    return int(item) % count if item.isdigit() else zlib.crc32(item.encode()) % count
+
+
+def follow_examples(source: str, run: str | None = None, from_start: bool = True, poll: float = 2.0,
+                    shard: tuple[int, int] = (0, 1)) -> Iterator[dict[str, np.ndarray]]:
+    """``for ex in follow_examples("gs://b", "wiki"): ...``: the run's examples as dicts of
+    numpy arrays, as items finish; ends when the run drains (FollowError if items failed)."""
+    return RunReader(source, run, from_start, poll, shard).examples()
+
+
+def follow_dataset(source: str, run: str | None = None, from_start: bool = True, poll: float = 2.0,
+                   shard: tuple[int, int] = (0, 1)) -> "tf.data.Dataset":
+    """The same as a ``tf.data.Dataset`` of parsed examples (see ``RunReader.dataset``)."""
+    return RunReader(source, run, from_start, poll, shard).dataset()

@@ -153,6 +153,19 @@ class Sink(abc.ABC):
 Opener = Callable[[str], bytes]  # reads a small object by URL or local path
 
 
+@dataclass(frozen=True)
+class Feature:
+    """One feature of every example a job writes: ``length`` values of ``dtype``, in its
+    TFRecords (an int64 or float list) and in its Parquet rows (a list column) alike."""
+
+    length: int
+    dtype: str = "int64"  # int64 | float32
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("int64", "float32") or self.length < 0:
+            raise ValueError(f"Feature({self.length}, {self.dtype!r}): a length >= 0 of int64 or float32")
+
+
 class Converter(abc.ABC):
     @abc.abstractmethod
     def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink) -> dict[str, float]:
@@ -195,6 +208,13 @@ class Job(abc.ABC):
     @abc.abstractmethod
     def converter(self, config: Any, opener: Opener) -> Converter:
         """Per worker process: load what every item needs (a vocab) once."""
+
+    def features(self, config: Any) -> dict[str, Feature]:
+        """The features every example of a run with this config holds, by name: the run's
+        readers (``fleet.follow.follow_examples``, ``follow_dataset``) parse and check the
+        outputs with it and need no code of the job's. Empty (the default): the outputs are
+        not examples of fixed-length features, and only ``fleet.follow.follow`` reads them."""
+        return {}
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
         """Derived figures for the run summary (ratios of summed counters)."""

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
+from fleet.follow import FollowError, RunReader, follow_examples
 from fleet.store import locate, open_store
 from jobs.text import tfrecord
-from jobs.electra_zh_en.reader import FollowError, RunReader, feature_layout, follow_examples, read_output
 from jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.cli import FLEET, fleet
 from tests.helpers.procs import ROOT, write_corpus
@@ -203,7 +203,7 @@ def test_nothing_to_follow_is_one_clear_error(tmp_path):
 def test_the_layout_follows_the_config():
     from jobs.electra_zh_en import JOB
 
-    bert = feature_layout(JOB.parse_config({"vocab_file": "v", "format": "bert", "max_seq_length": 64,
+    bert = JOB.features(JOB.parse_config({"vocab_file": "v", "format": "bert", "max_seq_length": 64,
                                             "max_predictions_per_seq": 10, "v2_feature_names": "true"}))
     assert {n: (f.length, f.dtype) for n, f in bert.items()} == {
         "input_word_ids": (64, "int64"), "input_mask": (64, "int64"), "input_type_ids": (64, "int64"),
@@ -213,7 +213,7 @@ def test_the_layout_follows_the_config():
 
 def test_tf_dataset_follows_a_bert_run_and_fails_naming_the_failed_item(tmp_path, corpus):
     tf = pytest.importorskip("tensorflow")
-    from jobs.electra_zh_en.reader import follow_dataset
+    from fleet.follow import follow_dataset
 
     path, vocab = corpus
     bad = tmp_path / "broken.jsonl"
@@ -252,7 +252,7 @@ def test_a_parquet_run_reads_as_the_same_examples_as_its_tfrecord_twin(tmp_path,
     """output=parquet: the readers hand over the same examples as for output=tfrecord (before:
     'bad length checksum ... not a TFRecord file?')."""
     tf = pytest.importorskip("tensorflow")
-    from jobs.electra_zh_en.reader import follow_dataset
+    from fleet.follow import follow_dataset
 
     path, vocab = corpus
     got = {}
@@ -268,3 +268,85 @@ def test_a_parquet_run_reads_as_the_same_examples_as_its_tfrecord_twin(tmp_path,
     with pytest.raises(FollowError, match="Parquet"):
         next(iter(RunReader(str(tmp_path / "b-parquet"), "r").records()))
     assert tf is not None
+
+
+# -- causal_lm: the same readers, with the layout its Job.features gives ---------------------
+
+
+@pytest.mark.parametrize("options", [{"compression": "GZIP"}, {"output": "parquet"},
+                                     {"shifted_labels": "true", "last_block": "drop"}])
+def test_a_causal_lm_run_reads_as_tensorflow_and_pyarrow_read_its_files(tmp_path, corpus, options):
+    """follow_examples and follow_dataset read any job that declares its features (before: electra_zh_en
+    only): they give exactly what TensorFlow's parser (with the job's spec) or pyarrow read from the files."""
+    tf = pytest.importorskip("tensorflow")
+    import pyarrow.parquet as pq
+
+    from fleet.follow import feature_spec, follow_dataset
+    from jobs.causal_lm import JOB
+
+    path, vocab = corpus
+    out = tmp_path / "out"
+    sets = {"vocab_file": vocab, "max_seq_length": 24, **options}
+    proc = fleet("local", path, out, "--job", "causal_lm", "--workers", "1", "--item-mb", "0.004",
+                 *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")], tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    layout = JOB.features(JOB.parse_config(sets))
+    files = sorted(str(p) for p in out.glob("part-*"))
+    assert len(files) > 3
+    if sets.get("output") == "parquet":
+        table = pq.read_table(files)
+        assert sorted(table.column_names) == sorted(layout)  # no column the layout leaves out
+        columns = {name: table.column(name).to_pylist() for name in layout}
+        direct = [{name: np.array(columns[name][i], layout[name].dtype) for name in layout}
+                  for i in range(table.num_rows)]
+    else:
+        records = tf.data.TFRecordDataset(files, compression_type="GZIP" if "compression" in sets else "")
+        direct = [{k: v.numpy() for k, v in tf.io.parse_single_example(r, feature_spec(layout)).items()}
+                  for r in records]
+    width = 25 if "shifted_labels" in sets else 24
+    assert set(layout) == ({"input_ids"} if "last_block" in sets else {"input_ids", "attention_mask"})
+    assert {n: (v.dtype, v.shape) for n, v in direct[0].items()} == {n: (np.dtype(np.int64), (width,)) for n in layout}
+    expected = sorted(key(x) for x in direct)
+    assert len(expected) > 20
+    assert sorted(key(x) for x in follow_examples(str(out))) == expected
+    assert sorted(key({k: v.numpy() for k, v in x.items()}) for x in follow_dataset(str(out))) == expected
+
+
+def test_a_run_of_a_job_without_features_is_one_clear_error(tmp_path):
+    """A job that declares no features (Job.features' default) writes no examples the readers know."""
+    from tests.helpers.procs import LINEJOB
+
+    bucket = str(tmp_path / "bucket")
+    corpus = write_corpus(str(tmp_path / "c.txt"), 10)
+    proc = fleet("plan", "--bucket", bucket, "--run", "r", "--job", LINEJOB, "--input", corpus,
+                 "--output", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    with pytest.raises(FollowError, match=r"run r in .*declares no features \(Job.features\).*fleet.follow.follow"):
+        RunReader(bucket)
+
+
+@pytest.mark.parametrize("output", ["tfrecord", "parquet"])
+def test_examples_that_are_not_the_layout_the_job_declares_are_named(tmp_path, corpus, output):
+    """Each example is checked against the job's features (length and dtype, records and rows alike),
+    and a Parquet output changed since its commit is named as a TFRecord one is."""
+    path, vocab = corpus
+    out = tmp_path / "out"
+    proc = fleet("local", path, out, "--workers", "1", "--item-mb", "0.004", "--set", f"vocab_file={vocab}",
+                 "--set", "max_seq_length=32", "--set", f"output={output}", tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    from fleet.job import Feature
+
+    reader = RunReader(str(out))
+    assert reader.layout == {n: Feature(32, "int64") for n in ("input_ids", "input_mask", "segment_ids")}
+    assert len(list(reader.examples())) > 20
+    reader.layout = {**reader.layout, "input_mask": Feature(31, "int64")}
+    with pytest.raises(FollowError, match=r"part-\S+: .*input_mask .*31"):
+        next(reader.examples())
+    reader.layout = {**reader.layout, "input_mask": Feature(32, "float32")}
+    with pytest.raises(FollowError, match=r"part-\S+: .*input_mask .*float32"):
+        next(reader.examples())
+    if output == "parquet":
+        victim = sorted(out.glob("part-*"))[0]
+        victim.write_bytes(victim.read_bytes() + b"\0")
+        with pytest.raises(FollowError, match=f"{victim.name}: not the bytes committed"):
+            list(follow_examples(str(out)))

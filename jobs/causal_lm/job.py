@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.job import ConfigError, ItemContext, Opener, Sink
+from fleet.job import ConfigError, Feature, ItemContext, Opener, Sink
 
 from jobs.text.job import DocumentConverter, TextJob
 from jobs.text.groups import document_groups
@@ -59,6 +59,15 @@ def _tokenizer(config: CausalLMConfig, opener: Opener) -> DocumentTokenizer:
                      config.eod_token, config.pad_token)
 
 
+def features(config: CausalLMConfig) -> dict[str, Feature]:
+    """What every example holds (``Job.features``, and the converter's columns): ``input_ids``,
+    a block (``max_seq_length`` + 1 tokens with ``shifted_labels``: the trainer shifts), and
+    ``attention_mask`` when partial blocks are padded (``last_block=pad``)."""
+    width = config.max_seq_length + int(config.shifted_labels)
+    names = ["input_ids"] + (["attention_mask"] if config.last_block == "pad" else [])
+    return {name: Feature(width) for name in names}
+
+
 class CausalLMConverter(DocumentConverter):
     def __init__(self, config: CausalLMConfig, tokenizer: DocumentTokenizer):
         self.config = config
@@ -66,7 +75,7 @@ class CausalLMConverter(DocumentConverter):
         self.options = BlockOptions(config.max_seq_length + int(config.shifted_labels), tokenizer.eod_id,
                                     tokenizer.pad_id, config.last_block, config.pack_documents)
         self.padded = config.last_block == "pad"
-        self.columns = [Column("input_ids")] + ([Column("attention_mask")] if self.padded else [])
+        self.columns = [Column(name) for name in features(config)]
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
         cutter = BlockCutter(self.options)
@@ -106,6 +115,9 @@ class CausalLMJob(TextJob):
     def document_converter(self, config: CausalLMConfig, opener: Opener) -> DocumentConverter:
         _validate(config)
         return CausalLMConverter(config, _tokenizer(config, opener))
+
+    def features(self, config: CausalLMConfig) -> dict[str, Feature]:
+        return features(config)
 
     def summarize(self, totals) -> dict[str, float]:
         positions, tokens = totals.get("positions", 0), totals.get("tokens", 0)

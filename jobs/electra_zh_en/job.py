@@ -28,7 +28,7 @@ import google_crc32c
 import numpy as np
 from typing import TYPE_CHECKING, BinaryIO, Iterable, Iterator
 
-from fleet.job import ConfigError, ItemContext, Opener, Sink
+from fleet.job import ConfigError, Feature, ItemContext, Opener, Sink
 
 from jobs.text.job import DocumentConverter, TextJob
 from jobs.text import tfrecord
@@ -404,6 +404,11 @@ class ElectraJob(TextJob):
         tokenizer = _load_tokenizer(config, opener)
         converter = BertConverter(config, tokenizer) if config.format == "bert" else ElectraConverter(config, tokenizer)
         return SentenceSplitting(converter) if config.split_sentences else converter
+
+    def features(self, config: ElectraConfig) -> dict[str, Feature]:
+        from .features import feature_layout
+
+        return feature_layout(config)
 
     def summarize(self, totals) -> dict[str, float]:
         positions = totals.get("positions", 0)

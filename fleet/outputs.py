@@ -1,0 +1,153 @@
+"""One committed output read back as a job's examples, checked against its lease.
+
+A run's readers (``fleet.follow``) get from the job only its feature layout
+(``Job.features``); what is generic is here: the file is read through fleet's store
+(local folder or ``gs://``, one pinned object version), its sha256 compared with the
+one its lease recorded at commit, and its examples checked against the layout.
+
+- ``.tfrecord`` / ``.tfrecord.gz``: streamed in ranged reads (bounded memory), GZIP
+  decompressed on the way, each record's checksums checked (``fleet.tfexample``);
+- ``.parquet``: read whole (a third of its TFRecords' size), checked, then handed
+  over a row group at a time as 2-D arrays, one per feature.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+from typing import TYPE_CHECKING, Iterator, Mapping
+
+import numpy as np
+
+from fleet import tfexample
+from fleet.job import Feature
+from fleet.store import Store, StoreError, locate
+
+if TYPE_CHECKING:
+    from fleet.follow import Output
+
+_BUFFER = 8 << 20  # bytes per ranged read of an output
+PARQUET_SUFFIX = ".parquet"
+
+
+class OutputError(Exception):
+    """An output cannot be read as the run's examples; the message names it and why."""
+
+
+def is_parquet(out: "Output") -> bool:
+    return out.url.endswith(PARQUET_SUFFIX)
+
+
+def read_records(out: "Output") -> Iterator[bytes]:
+    """The serialized Examples of one committed TFRecord output, streamed, framing checksums
+    checked, and the whole file's sha256 checked against the one its lease recorded."""
+    store, name = locate(out.url)
+    blob = store.stat(name)
+    if blob is None:
+        raise OutputError(f"{out.url}: committed output is gone")
+    raw = _HashingObject(store, name, blob.size, blob.version or None)
+    stream = io.BufferedReader(raw, _BUFFER)
+    data = gzip.GzipFile(fileobj=stream, mode="rb") if out.url.endswith(".gz") else stream
+    try:
+        yield from tfexample.records(data)
+        data.read()  # a gzip trailer, or nothing: the whole file passes through the hash
+    except tfexample.RecordError as e:
+        raise OutputError(f"{out.url}: {e}") from None
+    except (OSError, EOFError, StoreError) as e:
+        raise OutputError(f"{out.url}: cannot read ({e.__class__.__name__}: {e})") from None
+    _check_digest(out, raw.hash.hexdigest())
+
+
+def record_examples(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[str, np.ndarray]]:
+    """``{name: array}`` per record of a TFRecord output, each feature checked against the layout."""
+    for number, record in enumerate(read_records(out), 1):
+        try:
+            example = tfexample.parse_example(record)
+        except tfexample.RecordError as e:
+            raise OutputError(f"{out.url}: record {number}: not a tf.train.Example ({e})") from None
+        for name, feature in layout.items():
+            value = example.get(name)
+            if not isinstance(value, np.ndarray) or len(value) != feature.length or value.dtype != feature.dtype:
+                got = ("missing" if value is None else f"{len(value)} values of {_dtype(value)}")
+                raise OutputError(f"{out.url}: record {number}: feature {name} is {got}, the run's job says "
+                                  f"{feature.length} of {feature.dtype} (not this run's records?)")
+        yield {name: example[name] for name in layout}
+
+
+def parquet_columns(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of one committed Parquet output, a row group at a time, as ``{name: 2-D array}``
+    (row i of every array is example i) in the layout's dtypes; the file's sha256 checked first."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store, name = locate(out.url)
+    try:
+        data = store.read(name)
+    except StoreError as e:
+        raise OutputError(f"{out.url}: cannot read ({e})") from None
+    _check_digest(out, hashlib.sha256(data).hexdigest())
+    try:
+        pf = pq.ParquetFile(io.BytesIO(data))
+        schema = pf.schema_arrow
+        missing = sorted(set(layout) - set(schema.names))
+        if missing:
+            raise OutputError(f"{out.url}: no column {', '.join(missing)} (not this run's examples?)")
+        for fname, feature in layout.items():
+            kind = schema.field(fname).type
+            values = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else kind
+            if not (pa.types.is_floating(values) if feature.dtype == "float32" else pa.types.is_integer(values)):
+                raise OutputError(f"{out.url}: column {fname} is {kind}, the run's job says lists of "
+                                  f"{feature.dtype} (not this run's examples?)")
+        for group in range(pf.num_row_groups):
+            table = pf.read_row_group(group, columns=list(layout))
+            columns = {}
+            for fname, feature in layout.items():
+                flat = table.column(fname).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+                if len(flat) != len(table) * feature.length:
+                    raise OutputError(f"{out.url}: column {fname} does not hold {feature.length} values a row, "
+                                      "as the run's job says (not this run's examples?)")
+                columns[fname] = flat.astype(feature.dtype).reshape(len(table), feature.length)
+            yield columns
+    except (pa.ArrowException, OSError) as e:
+        raise OutputError(f"{out.url}: cannot read as Parquet ({e})") from None
+
+
+def parquet_examples(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[str, np.ndarray]]:
+    """``parquet_columns`` a row at a time: ``{name: 1-D array}`` per example."""
+    for columns in parquet_columns(out, layout):
+        rows = len(next(iter(columns.values()))) if columns else 0
+        for row in range(rows):
+            yield {fname: values[row] for fname, values in columns.items()}
+
+
+def _dtype(value) -> str:
+    return str(value.dtype) if isinstance(value, np.ndarray) else "bytes"
+
+
+def _check_digest(out: "Output", digest: str) -> None:
+    if out.sha256 and digest != out.sha256:
+        raise OutputError(f"{out.url}: not the bytes committed (sha256 {digest[:12]}, the lease says "
+                          f"{out.sha256[:12]}): changed since its item was committed")
+
+
+class _HashingObject(io.RawIOBase):
+    """One object version read front to back in ranged reads, hashed as it goes by."""
+
+    def __init__(self, store: Store, name: str, size: int, version: str | None):
+        self.store, self.name, self.size, self.version = store, name, size, version
+        self.pos = 0
+        self.hash = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        end = min(self.size, self.pos + len(buffer))
+        if end <= self.pos:
+            return 0
+        data = self.store.read(self.name, self.pos, end, version=self.version)
+        buffer[:len(data)] = data
+        self.hash.update(data)
+        self.pos += len(data)
+        return len(data)
