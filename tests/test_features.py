@@ -64,7 +64,7 @@ def test_every_example_written_holds_exactly_the_declared_features(vocab, case):
     config = job.parse_config({"vocab_file": vocab, **options, **output})
     layout = job.features(config)
     sink = MemorySink()
-    job.converter(config, read_file).convert(iter(DOCUMENTS), ItemContext("0", 7, "test"), sink)
+    job.document_converter(config, read_file).convert(iter(DOCUMENTS), ItemContext("0", 7, "test"), sink)
     [(suffix, data)] = sink.files.items()
     expected = {fname: (f.length, np.dtype(f.dtype)) for fname, f in layout.items()}
     if suffix == ".parquet":
