@@ -18,7 +18,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import gzip
-import struct
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
@@ -113,11 +112,9 @@ def encode_rows(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> 
                            else tfrecord.feature_entry(column.name, tfrecord.packed_int64_feature(b"")))
         per_column.append(entries)
     out = []
-    pack = struct.Struct("<I").pack
     for entries in zip(*per_column):
         body = b"".join(entries)
-        example = tfrecord.example_prefix(len(body)) + body
-        out.append(tfrecord._frame_header(len(example)) + example + pack(tfrecord.masked_crc32c(example)))
+        out.append(tfrecord.frame(tfrecord.example_prefix(len(body)) + body))
     return out
 
 

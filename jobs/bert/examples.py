@@ -22,8 +22,8 @@ from typing import Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
-from .bert_builder import DocBatch, DocBatcher, NegativePool, PairOptions, assemble, build_spans, truncate_pairs
-from .bert_records import FEATURES, BertLayout, BertRecordEncoder, feature_names
+from .builder import DocBatch, DocBatcher, NegativePool, PairOptions, assemble, build_spans, truncate_pairs
+from .records import FEATURES, BertLayout, BertRecordEncoder, feature_names
 from .masking import MaskingOptions, mask_batch
 from jobs.text.groups import line_groups
 from jobs.text.output import mask_and_segments
