@@ -123,7 +123,7 @@ def main() -> None:
             for name, path in files.items():
                 mb = text_mb(path)
                 b, a = cpu[fmt, name, args.rev], cpu[fmt, name, "this checkout"]
-                print(f"  {' '.join(job_args(fmt, True)):18} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
+                print(f"  {' '.join(job_args(fmt, True)):20} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
                       f"this checkout {a:6.2f} s ({mb / a:5.2f} MB/s): {b / a:.2f}x; records "
                       f"{'the same bytes' if same[fmt, name] else 'DIFFER'}")
 

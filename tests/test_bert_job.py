@@ -293,13 +293,13 @@ def test_same_seed_same_bytes(vocab_path, documents):
 def test_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch, options):
     """format=bert hands Parquet its rows (``BertExamples.rows``), not records for the writer to
     parse back; the file is the one the records made, row groups included (here of 7 rows)."""
-    from jobs.bert import examples as bert_converter
+    from jobs.bert import examples as bert_examples
     from jobs.text import parquet_writer
 
     monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 7)
     docs = documents["zh"][:12] + documents["en"][:6]
     stats, suffix, rows_made = convert(vocab_path, docs, seed=11, output="parquet", **options)
-    monkeypatch.setattr(bert_converter.BertExamples, "rows", bert_converter.BertExamples.records)  # the former way
+    monkeypatch.setattr(bert_examples.BertExamples, "rows", bert_examples.BertExamples.records)  # the former way
     monkeypatch.setattr(parquet_writer.ParquetExampleWriter, "write_examples", parquet_writer.ParquetExampleWriter.write)
     again, _, parsed = convert(vocab_path, docs, seed=11, output="parquet", **options)
     assert suffix == ".parquet" and stats == again and stats["examples"] > 50
@@ -364,10 +364,10 @@ def test_dupe_factor_builds_the_item_again_with_other_randomness(vocab_path, doc
 def test_dupe_factor_spills_to_a_file_beyond_its_memory_limit(vocab_path, documents, monkeypatch):
     import functools
 
-    from jobs.bert import examples as bert_converter, job
+    from jobs.bert import examples as bert_examples, job
 
     docs = documents["zh"][:12] + documents["en"][:8]
-    monkeypatch.setattr(bert_converter, "DocBatcher", functools.partial(bert_converter.DocBatcher, batch_tokens=5000))
+    monkeypatch.setattr(bert_examples, "DocBatcher", functools.partial(bert_examples.DocBatcher, batch_tokens=5000))
     _, _, in_memory = convert(vocab_path, docs, dupe_factor=2)
     spilled = []
 
@@ -404,11 +404,11 @@ def test_pack_documents_fills_sequences_of_short_documents(vocab_path, documents
 
 
 def test_a_huge_document_is_tokenized_in_parts(vocab_path, documents, monkeypatch):
-    from jobs.bert import examples as bert_converter
+    from jobs.bert import examples as bert_examples
 
     doc = [line for d in documents["zh"][:20] for line in d]
     stats, _, whole = convert(vocab_path, [doc])
-    monkeypatch.setattr(bert_converter, "LINE_CHARS_PER_CALL", 2000)
+    monkeypatch.setattr(bert_examples, "LINE_CHARS_PER_CALL", 2000)
     stats_parts, _, parts = convert(vocab_path, [doc])
     assert parts == whole and stats_parts == stats  # same document, same examples
     assert stats["random_next"] == 0  # one document: no other to draw from
@@ -430,12 +430,12 @@ def test_short_documents_tokenized_together_give_the_records_of_one_at_a_time(vo
                                                                                options):
     import functools
 
-    from jobs.bert import examples as bert_converter
+    from jobs.bert import examples as bert_examples
 
     docs = short_documents(documents)
-    monkeypatch.setattr(bert_converter, "DocBatcher", functools.partial(bert_converter.DocBatcher, batch_tokens=3000))
+    monkeypatch.setattr(bert_examples, "DocBatcher", functools.partial(bert_examples.DocBatcher, batch_tokens=3000))
     together = convert(vocab_path, docs, **options)
-    monkeypatch.setattr(bert_converter, "GROUP_CHARS", 1)  # each document tokenized alone
+    monkeypatch.setattr(bert_examples, "GROUP_CHARS", 1)  # each document tokenized alone
     assert convert(vocab_path, docs, **options) == together
 
 

@@ -7,8 +7,8 @@ one row per example with a list column per feature, which is what the Hugging
 Face hub, ``datasets`` and PyTorch loaders read.
 
 A job describes its features once (``Column``) and hands the writer either
-framed TFRecords it encoded itself (``write``: a job with a fast encoder of its
-own, as ELECTRA's) or rows of values (``write_columns``). Either way both
+framed TFRecords it encoded (``write``: with a fast batch encoder,
+``token_records`` or BERT's) or rows of values (``write_columns``). Either way both
 formats hold the same values. Bytes depend on the examples only (no time stamp,
 no file name), so a retried item rewrites identical bytes.
 """

@@ -39,8 +39,9 @@ class TokenRecordEncoder:
         self._tails: dict[int, bytes] = {}  # records_of(): by (first segment length << 17 | length)
 
     def record(self, ex: TokenExample) -> bytes:
-        """One framed TFRecord, as ``tfrecord.int64_example`` would make it, only faster:
-        the mask and segment entries depend only on the lengths, so they are cached."""
+        """One framed TFRecord of an example padded to ``max_seq_length``, as
+        ``tfrecord.int64_example`` would make it, only faster: the mask and segment entries
+        depend only on the lengths, so they are cached."""
         ids = b"".join(map(VARINTS.__getitem__, ex.input_ids)) if self.small_ids else tfrecord.varints(ex.input_ids)
         entries = (
             tfrecord.feature_entry("input_ids", tfrecord.packed_int64_feature(ids)),
