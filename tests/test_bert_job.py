@@ -562,3 +562,21 @@ def test_electra_with_gzip_and_packing(vocab_path, documents):
     config = JOB.parse_config({"vocab_file": vocab_path, "compression": "GZIP"})
     JOB.converter(config, read_file).convert(docs, ItemContext("i", 1, "t"), packed)
     assert gzip.decompress(packed.files[".tfrecord.gz"]) == plain.files[".tfrecord"]
+
+
+def test_fleet_jobs_lists_the_bert_job_with_help_for_every_option():
+    """``fleet jobs`` finds the bert job by discovery; its options inherited from the shared
+    base have their help too (from the fields' metadata: the fleet reads a comment from the
+    job's own class only)."""
+    from fleet.job import available_jobs, describe_options
+    from tests.helpers.cli import fleet
+
+    assert {"bert", "electra_zh_en"} <= set(available_jobs())
+    for config_type in (BertConfig, ElectraConfig):
+        missing = [o.name for o in describe_options(config_type) if not o.help]
+        assert not missing, (config_type.__name__, missing)
+    proc = fleet("jobs", "bert", env={"COLUMNS": "250"})
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") == 5}
+    assert set(rows) == set(ELECTRA_OPTIONS) - {"format"}
+    assert "URL or path of a BERT vocab.txt" in rows["vocab_file"] and "0.15" in rows["masked_lm_prob"]

@@ -46,12 +46,12 @@ class ElectraConfig(TextOptions):
     format: str = "electra"  # electra | bert (the bert job: --job bert, which takes the options below)
     # The bert job's own options, for format=bert only (kept so that format=bert runs, their run.json and
     # commands stay valid; `fleet jobs` describes them under bert):
-    masked_lm_prob: float = 0.15  # format=bert only
-    max_predictions_per_seq: int = 20  # format=bert only
-    short_seq_prob: float = 0.1  # format=bert only
-    dupe_factor: int = 1  # format=bert only
-    whole_word_masking: bool = True  # format=bert only
-    v2_feature_names: bool = False  # format=bert only
+    masked_lm_prob: float = 0.15  # format=bert: share of an example's tokens masked
+    max_predictions_per_seq: int = 20  # format=bert: masked positions an example holds, at most
+    short_seq_prob: float = 0.1  # format=bert: share of examples given a shorter target length
+    dupe_factor: int = 1  # format=bert: build the item's examples this many times, each with other randomness
+    whole_word_masking: bool = True  # format=bert: ## pieces with their word; Chinese words (rjieba) all characters
+    v2_feature_names: bool = False  # format=bert: tf-models' input_word_ids / input_type_ids
 
 
 BERT_ONLY = ("masked_lm_prob", "max_predictions_per_seq", "short_seq_prob", "dupe_factor", "whole_word_masking",
