@@ -11,6 +11,11 @@ documents of 1-3 lines), each repeated ``--repeat`` times into one file (27: abo
 CPU = user + system seconds of the process tree (``os.wait4``), least of ``--rounds``; MB =
 10^6 bytes of UTF-8 text in the file's lines. Both trees get the same vocab, and the script
 says whether their outputs are the same bytes.
+
+``--formats`` (default ``electra,bert,bert-job``): ``electra`` and ``bert`` run
+``--set format=...`` in both trees; ``bert-job`` runs REV with ``--set format=bert`` and this
+checkout with ``--job bert`` (the job that format=bert became), so its records are compared
+with those of the former format.
 """
 
 from __future__ import annotations
@@ -57,14 +62,28 @@ def digest(folder: str) -> str:
     return h.hexdigest()
 
 
+FORMATS = ("electra", "bert", "bert-job")
+
+
+def job_args(fmt: str, this_checkout: bool) -> list[str]:
+    """``fleet local``'s job arguments for a row: bert-job is ``--job bert`` in this checkout."""
+    if fmt == "bert-job":
+        return ["--job", "bert"] if this_checkout else ["--set", "format=bert"]
+    return ["--set", f"format={fmt}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("rev", help="the earlier commit to compare with")
     ap.add_argument("--repeat", type=int, default=27, help="each corpus this many times (27: about 32 MB)")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each row, the least CPU is kept")
     ap.add_argument("--vocab", help="vocab.txt (default: train one of 21128 on the sample)")
-    ap.add_argument("--formats", default="electra,bert")
+    ap.add_argument("--formats", default="electra,bert,bert-job",
+                    help="comma-separated, of electra, bert, bert-job (see the docstring)")
     args = ap.parse_args()
+    unknown = sorted(set(args.formats.split(",")) - set(FORMATS))
+    if unknown:
+        ap.error(f"--formats: unknown {', '.join(unknown)} (known: {', '.join(FORMATS)})")
     with tempfile.TemporaryDirectory(prefix="bench-ba-") as tmp:
         before = os.path.join(tmp, "before")
         os.mkdir(before)
@@ -93,7 +112,7 @@ def main() -> None:
                         out = os.path.join(tmp, "out")
                         shutil.rmtree(out, ignore_errors=True)
                         c = run(tree, ["local", path, out, "--workers", "1", "--set", f"vocab_file={vocab}",
-                                       "--set", f"format={fmt}"])
+                                       *job_args(fmt, tree is ROOT)])
                         digests.add(digest(out))
                         key = (fmt, name, label)
                         cpu[key] = min(cpu.get(key, float("inf")), c)
@@ -104,7 +123,7 @@ def main() -> None:
             for name, path in files.items():
                 mb = text_mb(path)
                 b, a = cpu[fmt, name, args.rev], cpu[fmt, name, "this checkout"]
-                print(f"  format={fmt:8} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
+                print(f"  {' '.join(job_args(fmt, True)):20} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
                       f"this checkout {a:6.2f} s ({mb / a:5.2f} MB/s): {b / a:.2f}x; records "
                       f"{'the same bytes' if same[fmt, name] else 'DIFFER'}")
 

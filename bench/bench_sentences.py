@@ -5,7 +5,7 @@ paragraph-per-line corpus deterministically, as Wikipedia dumps and hub datasets
 the lines of each document joined into one line ("document"), or every N lines of a
 document joined ("N lines"). Lines are joined with a space, or with nothing between two
 Chinese characters. Each corpus is then counted as it is and cut by split_sentences
-(jobs/electra_zh_en/survey.py: tokens per line, lines that do not fit in one example,
+(jobs/text/survey.py: tokens per line, lines that do not fit in one example,
 tokens the ELECTRA builder truncates), and the splitter's own speed is timed.
 
     .venv/bin/python bench/bench_sentences.py [--vocab vocab.txt] [--max-seq-length 128] [--group 8]
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import sys
 import tempfile
@@ -23,8 +24,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from jobs.electra_zh_en.sentences import split_sentences  # noqa: E402
-from jobs.electra_zh_en.survey import Side, Survey  # noqa: E402
+from jobs.electra_zh_en.builder import ExampleBuilder  # noqa: E402
+from jobs.text.sentences import split_sentences  # noqa: E402
+from jobs.text.survey import Side, Survey  # noqa: E402
 from jobs.text.tokenization import BertTokenizer  # noqa: E402
 from jobs.text.vocab import train_vocab, write_vocab  # noqa: E402
 
@@ -82,7 +84,8 @@ def main() -> None:
     for label, corpus in (("sample as it ships (a line per sentence or short paragraph)", docs),
                           (f"paragraphs of {args.group} lines", paragraphs(docs, args.group)),
                           ("a document per line", paragraphs(docs, 0))):
-        survey = Survey(tokenizer, seq)
+        survey = Survey(tokenizer, lambda: ExampleBuilder(seq, tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"],
+                                                          random.Random(0)), seq)
         for d in corpus:
             survey.add(d)
         print(row(label, survey.as_read, seq))

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.electra_zh_en.bert_builder import (
+from jobs.bert.builder import (
     DocBatch,
     DocBatcher,
     NegativePool,

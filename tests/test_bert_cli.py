@@ -1,4 +1,4 @@
-"""`python -m jobs.electra_zh_en report` and `fleet local --set format=bert` end to end."""
+"""`python -m jobs.electra_zh_en report` and `fleet local --job bert` (or `--set format=bert`) end to end."""
 
 from __future__ import annotations
 
@@ -160,12 +160,14 @@ def test_parse_example_reads_what_tensorflow_writes():
     assert parsed["f"].tolist() == [0.5, 1.0] and parsed["b"] == [b"x", b""]
 
 
-def test_fleet_local_with_format_bert(tmp_path, vocabs):
+@pytest.mark.parametrize("job", [["--job", "bert"], ["--set", "format=bert"]])
+def test_fleet_local_with_the_bert_job(tmp_path, vocabs, job):
+    """``--job bert``, and ``--set format=bert`` (its former name), end to end: summary, report, records."""
     tf = pytest.importorskip("tensorflow")
     out = str(tmp_path / "out")
     proc = subprocess.run(
         [sys.executable, "-m", "fleet.cli", "local", CORPUS, out, "--workers", "2", "--item-mb", "0.3",
-         "--set", f"vocab_file={vocabs['good']}", "--set", "format=bert", "--set", "v2_feature_names=true"],
+         "--set", f"vocab_file={vocabs['good']}", *job, "--set", "v2_feature_names=true"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     with open(os.path.join(out, "summary.json")) as f:
@@ -174,7 +176,7 @@ def test_fleet_local_with_format_bert(tmp_path, vocabs):
     assert 0.14 < summary["masked_share"] < 0.152 and 0.45 < summary["random_next_share"] < 0.62
     # The job's report is printed at the end, with the vocab found in the run's config.
     # (it reads the first REPORT_RECORDS records: a bounded cost at the end of every run)
-    from jobs.electra_zh_en.job import REPORT_RECORDS
+    from jobs.bert.job import REPORT_RECORDS
 
     n = min(summary["examples"], REPORT_RECORDS)
     where = (re.escape(f"in {summary['items']} files (") if n == summary["examples"]

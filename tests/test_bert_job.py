@@ -1,5 +1,6 @@
-"""format=bert through the job API on the sample corpus: records BERT's run_pretraining.py parses,
-masking statistics, whole words in Chinese and English, NSP labels, packing, GZIP, v2 names."""
+"""The bert job through the job API on the sample corpus: records BERT's run_pretraining.py parses,
+masking statistics, whole words in Chinese and English, NSP labels, packing, GZIP, v2 names; and
+``--job electra_zh_en --set format=bert``, its former name, giving the same."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import pytest
 import rjieba
 
 from fleet.job import ConfigError, ItemContext, Sink
+from jobs.bert import JOB as BERT, BertConfig
 from jobs.electra_zh_en import JOB, ElectraConfig
 from jobs.text import tfrecord
-from jobs.electra_zh_en.bert_builder import DocBatcher, PairOptions, assemble, build_spans, truncate_pairs
-from jobs.electra_zh_en import bert_records
-from jobs.electra_zh_en.bert_records import BertLayout, BertRecordEncoder, feature_names
-from jobs.electra_zh_en.masking import Masked, mask_batch
+from jobs.bert.builder import DocBatcher, PairOptions, assemble, build_spans, truncate_pairs
+from jobs.bert import records as bert_records
+from jobs.bert.records import BertLayout, BertRecordEncoder, feature_names
+from jobs.bert.masking import Masked, mask_batch
 from jobs.text.tokenization import CJK_RANGES, WORD_CONTINUES, BertTokenizer
 from jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
@@ -58,16 +60,17 @@ def read_file(path: str) -> bytes:
 
 
 def convert(vocab_path, docs, seed=7, **options) -> tuple[dict, str, bytes]:
-    config = JOB.parse_config({"vocab_file": vocab_path, "format": "bert", **options})
+    job = JOB if "format" in options else BERT  # the bert job, or electra_zh_en with its format
+    config = job.parse_config({"vocab_file": vocab_path, **options})
     sink = MemorySink()
-    stats = JOB.document_converter(config, read_file).convert(iter(docs), ItemContext("item", seed, "test"), sink)
+    stats = job.document_converter(config, read_file).convert(iter(docs), ItemContext("item", seed, "test"), sink)
     (suffix, data), = sink.files.items()
     return stats, suffix, data
 
 
 @pytest.fixture(scope="module")
 def sample_run(vocab_path, documents):
-    """The whole sample corpus (both languages), format=bert, default options."""
+    """The whole sample corpus (both languages), the bert job, default options."""
     stats, suffix, data = convert(vocab_path, documents["zh"] + documents["en"])
     return stats, data
 
@@ -188,7 +191,7 @@ def test_next_sentence_labels_about_half_on_long_documents(sample_run, documents
     stats, _ = sample_run
     assert min(map(len, documents["zh"] + documents["en"])) > 1  # documents of many lines
     assert 0.45 < stats["random_next"] / stats["examples"] < 0.62  # one-line chunks are always random, as in BERT
-    assert 0.85 < JOB.summarize(stats)["fill_ratio"] <= 1
+    assert 0.85 < BERT.summarize(stats)["fill_ratio"] <= 1
 
 
 # -- whole words ---------------------------------------------------------------------------
@@ -244,7 +247,7 @@ def test_tokenizer_marks_whole_words_in_both_languages(tokenizer, documents):
 def test_whole_words_are_masked_together_in_the_sample(tokenizer, documents):
     """The converter's pieces on real text: every word (rjieba's for Chinese, ## pieces for English)
     is masked whole or not at all, and multi-character words do get masked."""
-    from jobs.electra_zh_en.bert_converter import BertExamples, BertOptions
+    from jobs.bert.examples import BertExamples, BertOptions
 
     ex = BertExamples(tokenizer, BertOptions(), rjieba.cut)
     batcher = DocBatcher()
@@ -290,13 +293,13 @@ def test_same_seed_same_bytes(vocab_path, documents):
 def test_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch, options):
     """format=bert hands Parquet its rows (``BertExamples.rows``), not records for the writer to
     parse back; the file is the one the records made, row groups included (here of 7 rows)."""
-    from jobs.electra_zh_en import bert_converter
+    from jobs.bert import examples as bert_examples
     from jobs.text import parquet_writer
 
     monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 7)
     docs = documents["zh"][:12] + documents["en"][:6]
     stats, suffix, rows_made = convert(vocab_path, docs, seed=11, output="parquet", **options)
-    monkeypatch.setattr(bert_converter.BertExamples, "rows", bert_converter.BertExamples.records)  # the former way
+    monkeypatch.setattr(bert_examples.BertExamples, "rows", bert_examples.BertExamples.records)  # the former way
     monkeypatch.setattr(parquet_writer.ParquetExampleWriter, "write_examples", parquet_writer.ParquetExampleWriter.write)
     again, _, parsed = convert(vocab_path, docs, seed=11, output="parquet", **options)
     assert suffix == ".parquet" and stats == again and stats["examples"] > 50
@@ -361,10 +364,10 @@ def test_dupe_factor_builds_the_item_again_with_other_randomness(vocab_path, doc
 def test_dupe_factor_spills_to_a_file_beyond_its_memory_limit(vocab_path, documents, monkeypatch):
     import functools
 
-    from jobs.electra_zh_en import bert_converter, job
+    from jobs.bert import examples as bert_examples, job
 
     docs = documents["zh"][:12] + documents["en"][:8]
-    monkeypatch.setattr(bert_converter, "DocBatcher", functools.partial(bert_converter.DocBatcher, batch_tokens=5000))
+    monkeypatch.setattr(bert_examples, "DocBatcher", functools.partial(bert_examples.DocBatcher, batch_tokens=5000))
     _, _, in_memory = convert(vocab_path, docs, dupe_factor=2)
     spilled = []
 
@@ -388,12 +391,12 @@ def test_pack_documents_fills_sequences_of_short_documents(vocab_path, documents
         short.append(lines[i:i + n])
         i += n
     fill = {}
-    for fmt in ("electra", "bert"):
+    for fmt, job in (("electra", JOB), ("bert", BERT)):
         for pack in (False, True):
-            config = JOB.parse_config({"vocab_file": vocab_path, "format": fmt, "pack_documents": str(pack)})
+            config = job.parse_config({"vocab_file": vocab_path, "pack_documents": str(pack)})
             sink = MemorySink()
-            stats = JOB.document_converter(config, read_file).convert(short, ItemContext("i", 1, "t"), sink)
-            fill[fmt, pack] = JOB.summarize(stats)["fill_ratio"]
+            stats = job.document_converter(config, read_file).convert(short, ItemContext("i", 1, "t"), sink)
+            fill[fmt, pack] = job.summarize(stats)["fill_ratio"]
             if fmt == "bert" and pack:
                 assert 0.4 < stats["random_next"] / stats["examples"] < 0.65
     assert fill["electra", False] < 0.5 and fill["bert", False] < 0.55  # measured: 42-44% on short documents
@@ -401,11 +404,11 @@ def test_pack_documents_fills_sequences_of_short_documents(vocab_path, documents
 
 
 def test_a_huge_document_is_tokenized_in_parts(vocab_path, documents, monkeypatch):
-    from jobs.electra_zh_en import bert_converter
+    from jobs.bert import examples as bert_examples
 
     doc = [line for d in documents["zh"][:20] for line in d]
     stats, _, whole = convert(vocab_path, [doc])
-    monkeypatch.setattr(bert_converter, "LINE_CHARS_PER_CALL", 2000)
+    monkeypatch.setattr(bert_examples, "LINE_CHARS_PER_CALL", 2000)
     stats_parts, _, parts = convert(vocab_path, [doc])
     assert parts == whole and stats_parts == stats  # same document, same examples
     assert stats["random_next"] == 0  # one document: no other to draw from
@@ -427,12 +430,12 @@ def test_short_documents_tokenized_together_give_the_records_of_one_at_a_time(vo
                                                                                options):
     import functools
 
-    from jobs.electra_zh_en import bert_converter
+    from jobs.bert import examples as bert_examples
 
     docs = short_documents(documents)
-    monkeypatch.setattr(bert_converter, "DocBatcher", functools.partial(bert_converter.DocBatcher, batch_tokens=3000))
+    monkeypatch.setattr(bert_examples, "DocBatcher", functools.partial(bert_examples.DocBatcher, batch_tokens=3000))
     together = convert(vocab_path, docs, **options)
-    monkeypatch.setattr(bert_converter, "GROUP_CHARS", 1)  # each document tokenized alone
+    monkeypatch.setattr(bert_examples, "GROUP_CHARS", 1)  # each document tokenized alone
     assert convert(vocab_path, docs, **options) == together
 
 
@@ -465,31 +468,89 @@ def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_pat
     examples = [ex for doc in docs for ex in add(tokenizer.tokenize_lines(doc), doc)]
     last = builder.end_document()
     examples += [last] if last is not None else []
-    assert together == b"".join(map(converter.record, examples))
+    assert together == b"".join(map(converter.encoder.record, examples))
 
 
 def test_config_errors(vocab_path, tmp_path):
     bad = {
-        "option masked_lm_prob applies to format=bert only": {"format": "electra", "masked_lm_prob": "0.2"},
+        "option masked_lm_prob applies to format=bert only (--job bert)": {"format": "electra",
+                                                                          "masked_lm_prob": "0.2"},
         "option dupe_factor applies to format=bert only": {"dupe_factor": "2"},
         "option compression: 'zip' is not supported": {"compression": "zip"},
-        "option masked_lm_prob: must be in (0, 1]": {"format": "bert", "masked_lm_prob": "0"},
-        "option max_predictions_per_seq": {"format": "bert", "max_predictions_per_seq": "0"},
-        "option short_seq_prob": {"format": "bert", "short_seq_prob": "1.5"},
-        "option dupe_factor: must be between": {"format": "bert", "dupe_factor": "0"},
-        "option whole_word_masking: expected true or false": {"format": "bert", "whole_word_masking": "maybe"},
+        "option format: 'gpt' is not supported": {"format": "gpt"},
     }
-    for message, options in bad.items():
+    for_bert = {
+        "option compression: 'zip' is not supported": {"compression": "zip"},
+        "option masked_lm_prob: must be in (0, 1]": {"masked_lm_prob": "0"},
+        "option max_predictions_per_seq": {"max_predictions_per_seq": "0"},
+        "option short_seq_prob": {"short_seq_prob": "1.5"},
+        "option dupe_factor: must be between": {"dupe_factor": "0"},
+        "option whole_word_masking: expected true or false": {"whole_word_masking": "maybe"},
+        "option max_seq_length: must be between 5 and 65536": {"max_seq_length": "4"},
+        "unknown option(s) format": {"format": "bert"},  # the bert job has no format
+    }
+    cases = [(JOB, message, options) for message, options in bad.items()]
+    cases += [(BERT, message, options) for message, options in for_bert.items()]
+    cases += [(JOB, message, {"format": "bert", **options})  # the alias checks as the bert job does
+              for message, options in for_bert.items() if "format" not in options]
+    for job, message, options in cases:
         with pytest.raises(ConfigError) as e:
-            JOB.check(JOB.parse_config({"vocab_file": vocab_path, **options}), read_file)
-        assert message in str(e.value) and "\n" not in str(e.value)
+            job.check(job.parse_config({"vocab_file": vocab_path, **options}), read_file)
+        assert message in str(e.value) and "\n" not in str(e.value), (job.name, options, str(e.value))
     no_mask = tmp_path / "no_mask.txt"
     no_mask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\na\n")
-    with pytest.raises(ConfigError, match="no_mask.txt: format=bert needs a \\[MASK\\] token"):
+    with pytest.raises(ConfigError, match="no_mask.txt: the bert job needs a \\[MASK\\] token"):
+        BERT.check(BertConfig(vocab_file=str(no_mask)), read_file)
+    with pytest.raises(ConfigError, match="no_mask.txt: the bert job needs a \\[MASK\\] token"):
         JOB.check(ElectraConfig(vocab_file=str(no_mask), format="bert"), read_file)
     with pytest.raises(ConfigError, match="no_mask.txt: format=electra needs a \\[MASK\\] token"):
         JOB.check(ElectraConfig(vocab_file=str(no_mask)), read_file)  # ELECTRA's trainer masks too (issue 17)
-    JOB.check(JOB.parse_config({"vocab_file": vocab_path, "compression": "GZIP", "pack_documents": "true"}), read_file)
+    for job in (JOB, BERT):
+        job.check(job.parse_config({"vocab_file": vocab_path, "compression": "GZIP", "pack_documents": "true"}),
+                  read_file)
+
+
+# The options of electra_zh_en as a run's run.json holds them (before the bert job left it): a run
+# planned with them must still parse, resume and read (a resumed run compares its config).
+ELECTRA_OPTIONS = {"vocab_file", "max_seq_length", "do_lower_case", "seed", "format", "compression", "output",
+                   "pack_documents", "split_sentences", "masked_lm_prob", "max_predictions_per_seq",
+                   "short_seq_prob", "dupe_factor", "whole_word_masking", "v2_feature_names"}
+
+
+def test_the_electra_options_and_their_defaults_are_those_runs_were_planned_with():
+    import dataclasses
+
+    config = dataclasses.asdict(ElectraConfig())
+    assert set(config) == ELECTRA_OPTIONS
+    assert config == {"vocab_file": "", "max_seq_length": 128, "do_lower_case": True, "seed": 12345,
+                      "format": "electra", "compression": "none", "output": "tfrecord", "pack_documents": False,
+                      "split_sentences": False, "masked_lm_prob": 0.15, "max_predictions_per_seq": 20,
+                      "short_seq_prob": 0.1, "dupe_factor": 1, "whole_word_masking": True,
+                      "v2_feature_names": False}
+    bert = dataclasses.asdict(BertConfig())
+    assert set(bert) == ELECTRA_OPTIONS - {"format"}  # the bert job: the same options, without format
+    assert all(bert[name] == config[name] for name in bert)
+
+
+@pytest.mark.parametrize("options", [{}, {"dupe_factor": "2", "v2_feature_names": "true", "pack_documents": "true"},
+                                     {"split_sentences": "true", "whole_word_masking": "false", "output": "parquet"},
+                                     {"compression": "GZIP", "max_seq_length": "64", "seed": "3"}])
+def test_format_bert_is_the_bert_job(vocab_path, documents, options):
+    """``--job electra_zh_en --set format=bert`` (an old run.json's config, every option written
+    out) makes the bert job's files, counters and summary, byte for byte."""
+    import dataclasses
+
+    docs = documents["zh"][:15] + documents["en"][:10]
+    old_run_json = dataclasses.asdict(JOB.parse_config({"vocab_file": vocab_path, "format": "bert", **options}))
+
+    def run(job, values):
+        sink = MemorySink()
+        stats = job.document_converter(job.parse_config(values), read_file).convert(iter(docs), ItemContext("i", 7, "t"), sink)
+        return stats, sink.files
+
+    alias, direct = run(JOB, old_run_json), run(BERT, {"vocab_file": vocab_path, **options})
+    assert alias == direct and direct[0]["examples"] > 20
+    assert JOB.summarize(alias[0]) == BERT.summarize(direct[0])
 
 
 def test_electra_with_gzip_and_packing(vocab_path, documents):
@@ -501,3 +562,21 @@ def test_electra_with_gzip_and_packing(vocab_path, documents):
     config = JOB.parse_config({"vocab_file": vocab_path, "compression": "GZIP"})
     JOB.document_converter(config, read_file).convert(docs, ItemContext("i", 1, "t"), packed)
     assert gzip.decompress(packed.files[".tfrecord.gz"]) == plain.files[".tfrecord"]
+
+
+def test_fleet_jobs_lists_the_bert_job_with_help_for_every_option():
+    """``fleet jobs`` finds the bert job by discovery; its options inherited from the shared
+    base have their help too (from the fields' metadata: the fleet reads a comment from the
+    job's own class only)."""
+    from fleet.job import available_jobs, describe_options
+    from tests.helpers.cli import fleet
+
+    assert {"bert", "electra_zh_en"} <= set(available_jobs())
+    for config_type in (BertConfig, ElectraConfig):
+        missing = [o.name for o in describe_options(config_type) if not o.help]
+        assert not missing, (config_type.__name__, missing)
+    proc = fleet("jobs", "bert", env={"COLUMNS": "250"})
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") == 5}
+    assert set(rows) == set(ELECTRA_OPTIONS) - {"format"}
+    assert "URL or path of a BERT vocab.txt" in rows["vocab_file"] and "0.15" in rows["masked_lm_prob"]

@@ -189,7 +189,7 @@ def test_records_are_record_of_each_example(vocab_path, big_ids):
     from jobs.electra_zh_en.builder import Example
 
     converter = JOB.document_converter(ElectraConfig(vocab_file=vocab_path, max_seq_length=40), read_file)
-    converter.small_ids = not big_ids
+    converter.encoder.small_ids = not big_ids
     rng = random.Random(3)
     top = 1 << 20 if big_ids else 1 << 16
     examples = []
@@ -199,10 +199,11 @@ def test_records_are_record_of_each_example(vocab_path, big_ids):
         examples.append(Example([rng.choice((0, 5, 127, 128, 16383, 16384, top - 1, rng.randrange(top)))
                                  for _ in range(n)], n, first))
     padded = [Example(ex.input_ids + [0] * (40 - ex.length), ex.length, ex.first_length) for ex in examples]
-    assert converter.records(examples) == b"".join(converter.record(ex) for ex in padded)
-    assert converter.records(padded) == converter.records(examples)
-    assert converter.records(examples[:7]) + converter.records(examples[7:]) == converter.records(examples)
-    assert converter.records([]) == b""
+    encoder = converter.encoder
+    assert encoder.records(examples) == b"".join(encoder.record(ex) for ex in padded)
+    assert encoder.records(padded) == encoder.records(examples)
+    assert encoder.records(examples[:7]) + encoder.records(examples[7:]) == encoder.records(examples)
+    assert encoder.records([]) == b""
 
 
 def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch):
@@ -254,13 +255,13 @@ def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents,
         group_lines = [line for doc in group for line in doc]
         examples = builder.add_documents(converter.tokenizer.tokenize_lines(group_lines), accumulate(map(len, group)),
                                          [DocumentRandom(key, "\n".join(d).encode()) for d in group])
-        expected.append(converter.records(examples))
+        expected.append(converter.encoder.records(examples))
     assert len(expected) > 2 and stats["examples"] > 100
     assert data == b"".join(expected)
 
 
 def test_a_format_electra_worker_does_not_import_the_bert_modules(vocab_path, documents):
-    """format=bert's modules load only for format=bert (a worker's start-up pays for each import)."""
+    """The bert job's modules load only for format=bert (a worker's start-up pays for each import)."""
     import subprocess
     import sys
 
@@ -271,8 +272,8 @@ def test_a_format_electra_worker_does_not_import_the_bert_modules(vocab_path, do
             f"config = job.parse_config({{'vocab_file': {vocab_path!r}}})\n"
             "job.document_converter(config, lambda p: open(p, 'rb').read()).convert(iter([['a b', 'c'], ['d']]),"
             " ItemContext('i', 1, 't'), MemorySink())\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[-1] in "
-            "('bert_converter', 'bert_builder', 'bert_records', 'masking', 'rjieba', 'pyarrow')))\n")
+            "print(sorted(m for m in sys.modules if m.startswith('jobs.bert') or m.split('.')[-1] in "
+            "('sentences', 'rjieba', 'pyarrow')))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[]"]

@@ -203,9 +203,9 @@ def test_bert_keeps_at_most_64_mb_of_an_items_token_ids_in_memory():
     """dupe_factor > 1 keeps the item's token ids (about 4 bytes a token) to build its examples
     again. A compressed file is one item however big, so they spill to a file beyond a limit;
     at 256 MB that limit alone was most of the 300 MB a worker may take."""
-    from jobs.electra_zh_en import job
+    from jobs.bert.spill import SpillingBatches
 
-    assert job.SpillingBatches().limit <= 64 << 20
+    assert SpillingBatches().limit <= 64 << 20
 
 
 def test_causal_lm_tokenizer_json_ids_are_encode_batchs(tmp_path):

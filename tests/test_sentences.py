@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.electra_zh_en.sentences import split_lines, split_sentences
+from jobs.text.sentences import split_lines, split_sentences
 
 
 @pytest.mark.parametrize("line, expected", [

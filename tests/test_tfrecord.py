@@ -145,3 +145,48 @@ def test_iter_file_records_reads_a_file_as_iter_records_reads_its_bytes():
         with pytest.raises(ValueError) as from_file:
             list(tfrecord.iter_file_records(io.BytesIO(damaged)))
         assert str(from_file.value) == str(from_bytes.value)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=12))
+def test_frames_laid_out_at_once_are_frame_of_each_record(records):
+    """The batch encoders' framing (a table of headers, the data checksums filled in afterwards)
+    gives ``frame``'s bytes: every TFRecord byte comes from one module's rules."""
+    import numpy as np
+
+    headers = tfrecord.frame_headers(max(map(len, records), default=0) + 1)
+    assert all(headers[len(r)].tobytes() == tfrecord.frame_header(len(r)) for r in records)
+    laid_out = b"".join(headers[len(r)].tobytes() + r + b"\0\0\0\0" for r in records)
+    filled = tfrecord.checksum_frames(np.frombuffer(laid_out, np.uint8).copy(), [len(r) for r in records])
+    assert filled == b"".join(map(tfrecord.frame, records))
+    assert list(tfrecord.iter_records(filled)) == records
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, (1 << 20) - 1), min_size=2, max_size=24),
+                          st.integers(0, 24)), max_size=10),
+       st.booleans())
+def test_token_records_are_int64_examples(rows, small):
+    """``token_records``' batch encoder gives ``int64_example``'s bytes of the padded features."""
+    from types import SimpleNamespace
+
+    from jobs.text.token_records import TokenRecordEncoder
+
+    width = 24
+    examples = []
+    for ids, first in rows:
+        ids = [i % (1 << 16) for i in ids] if small else ids
+        examples.append(SimpleNamespace(input_ids=ids, length=len(ids), first_length=max(1, min(first, len(ids)))))
+    encoder = TokenRecordEncoder(width, (1 << 16) - 1 if small else 1 << 20)
+    expected = b"".join(tfrecord.frame(tfrecord.int64_example({
+        "input_ids": ex.input_ids + [0] * (width - ex.length),
+        "input_mask": [1] * ex.length + [0] * (width - ex.length),
+        "segment_ids": [0] * ex.first_length + [1] * (ex.length - ex.first_length) + [0] * (width - ex.length),
+    })) for ex in examples)
+    assert encoder.records(examples) == expected
+    padded = [SimpleNamespace(input_ids=ex.input_ids + [0] * (width - ex.length), length=ex.length,
+                              first_length=ex.first_length) for ex in examples]
+    assert b"".join(map(encoder.record, padded)) == expected == encoder.records(padded)

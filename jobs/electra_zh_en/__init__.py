@@ -1,4 +1,5 @@
-"""Chinese + English text to ELECTRA / BERT pre-training TFRecords (the fleet's first job)."""
+"""Chinese + English text to ELECTRA pre-training TFRecords (the fleet's first job); ``format=bert``
+is the ``bert`` job (``jobs/bert``) under its former name."""
 
 from .job import ElectraConfig, ElectraConverter, ElectraJob
 

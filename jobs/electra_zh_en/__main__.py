@@ -1,4 +1,5 @@
-"""Tools around the job: train a vocab, tokenize a file (to check a vocab by eye), look at a run's records.
+"""Tools around the text jobs (electra_zh_en, bert): train a vocab, tokenize a file (to check a vocab
+by eye), look at a run's records, check a corpus sample before the spend.
 
     python -m jobs.electra_zh_en vocab INPUT... --size 21128 --out vocab.txt
     python -m jobs.electra_zh_en tokenize --vocab vocab.txt INPUT
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import sys
 from typing import List
 
@@ -104,7 +106,7 @@ def vocab(
     from jobs.text.tokenization import SPECIAL_TOKENS
     from jobs.text.vocab import VocabTooSmall, check_options, train_vocab, write_vocab
 
-    from .sample import Sampled, sample_documents
+    from jobs.text.sample import Sampled, sample_documents
 
     problem = check_options(size, limit_alphabet, min_frequency)
     if problem:  # ("limit_alphabet -1: ...": the option as this command spells it)
@@ -214,8 +216,10 @@ def check(
     from fleet.inputs import ReadOptions
     from fleet.store import StoreError
 
-    from .sample import Sampled, sample_documents
-    from .survey import Survey
+    from jobs.text.sample import Sampled, sample_documents
+    from jobs.text.survey import Survey
+
+    from .builder import ExampleBuilder
 
     if not 5 <= max_seq_length <= 1 << 16:
         _fail(f"--max-seq-length: must be between 5 and 65536, got {max_seq_length}")
@@ -223,7 +227,8 @@ def check(
         if not 0 < value < 1e9:  # (not NaN, not inf: --mb is made a byte count)
             _fail(f"{option} {value:g}: give a positive number")
     tokenizer = _tokenizer(vocab, lowercase)
-    survey = Survey(tokenizer, max_seq_length)
+    cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
+    survey = Survey(tokenizer, lambda: ExampleBuilder(max_seq_length, cls_id, sep_id, random.Random(0)), max_seq_length)
     sampled = Sampled()
     try:
         for document in sample_documents(inputs, int(mb * 1e6), seconds, ReadOptions(text_column, keep_titles),

@@ -7,8 +7,8 @@ one row per example with a list column per feature, which is what the Hugging
 Face hub, ``datasets`` and PyTorch loaders read.
 
 A job describes its features once (``Column``) and hands the writer either
-framed TFRecords it encoded itself (``write``: a job with a fast encoder of its
-own, as ELECTRA's) or rows of values (``write_columns``). Either way both
+framed TFRecords it encoded (``write``: with a fast batch encoder,
+``token_records`` or BERT's) or rows of values (``write_columns``). Either way both
 formats hold the same values. Bytes depend on the examples only (no time stamp,
 no file name), so a retried item rewrites identical bytes.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import gzip
-import struct
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
@@ -113,11 +112,9 @@ def encode_rows(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> 
                            else tfrecord.feature_entry(column.name, tfrecord.packed_int64_feature(b"")))
         per_column.append(entries)
     out = []
-    pack = struct.Struct("<I").pack
     for entries in zip(*per_column):
         body = b"".join(entries)
-        example = tfrecord.example_prefix(len(body)) + body
-        out.append(tfrecord._frame_header(len(example)) + example + pack(tfrecord.masked_crc32c(example)))
+        out.append(tfrecord.frame(tfrecord.example_prefix(len(body)) + body))
     return out
 
 

@@ -2,7 +2,7 @@
 
 Documents are tokenized as they stream in and collected into batches of
 about 256k tokens (``DocBatcher``); each batch becomes examples with a few
-numpy passes (``bert_builder``, ``masking``, ``bert_records``; ``rows`` gives
+numpy passes (``builder``, ``masking``, ``records``; ``rows`` gives
 the same examples unencoded, as arrays, for a Parquet writer). Memory is
 bounded by the batch, the negative pool and, when ``dupe_factor`` > 1, the
 item's token ids kept as compact arrays (about 4 bytes per token: 80 MB for a
@@ -22,8 +22,8 @@ from typing import Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
-from .bert_builder import DocBatch, DocBatcher, NegativePool, PairOptions, assemble, build_spans, truncate_pairs
-from .bert_records import FEATURES, BertLayout, BertRecordEncoder, feature_names
+from .builder import DocBatch, DocBatcher, NegativePool, PairOptions, assemble, build_spans, truncate_pairs
+from .records import FEATURES, BertLayout, BertRecordEncoder, feature_names
 from .masking import MaskingOptions, mask_batch
 from jobs.text.groups import line_groups
 from jobs.text.output import mask_and_segments

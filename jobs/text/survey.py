@@ -1,26 +1,36 @@
 """Figures about a corpus sample that catch a bad setup before the spend (``check``, bench/).
 
 Pure: documents (lists of lines) and a tokenizer in, counts out. Each line is counted
-as it is and as ``split_sentences`` would cut it, and both are packed by ELECTRA's
-builder to count the tokens it truncates (what does not fit in ``max_seq_length``
-is dropped), so the effect of the option is measured, not guessed.
+as it is and as ``split_sentences`` would cut it, and both are packed by a job's example
+builder (the check tool gives ELECTRA's) to count the tokens it truncates (what does not
+fit in ``max_seq_length`` is dropped), so the effect of the option is measured, not guessed.
 """
 
 from __future__ import annotations
 
-import random
 import re
 from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
-from .builder import ExampleBuilder
 from .sentences import split_lines
-from jobs.text.tokenization import BertTokenizer
+from .tokenization import BertTokenizer
 
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
 _LATIN = re.compile(r"[A-Za-z\u00c0-\u024f]")
 _SPACE = re.compile(r"\s")
+
+
+class Packed(Protocol):
+    length: int  # ids, [CLS] and [SEP]s included
+    first_length: int  # ids of the first segment; == length for one segment
+
+
+class Builder(Protocol):
+    """What packs a document's lines (their ids) into examples: one per Side, kept between documents."""
+
+    def add_document(self, sentences: list[list[int]]) -> Iterable[Packed]: ...
 
 
 @dataclass
@@ -49,6 +59,7 @@ class Side:
 @dataclass
 class Survey:
     tokenizer: BertTokenizer
+    builder: Callable[[], Builder]  # a new builder (for max_seq_length), one per Side
     max_seq_length: int = 128
     documents: int = 0
     text_bytes: int = 0
@@ -60,9 +71,7 @@ class Survey:
     split: Side = field(default_factory=Side)
 
     def __post_init__(self) -> None:
-        vocab = self.tokenizer.vocab
-        self._builders = [ExampleBuilder(self.max_seq_length, vocab["[CLS]"], vocab["[SEP]"], random.Random(0))
-                          for _ in range(2)]
+        self._builders = [self.builder() for _ in range(2)]
 
     def add(self, document: list[str]) -> None:
         self.documents += 1
@@ -76,7 +85,7 @@ class Survey:
         self.unk += sum(row.count(self.tokenizer.unk_id) for row in ids)
         self._count(self.split, self._builders[1], split_lines(document))
 
-    def _count(self, side: Side, builder: ExampleBuilder, lines: list[str]) -> list[list[int]]:
+    def _count(self, side: Side, builder: Builder, lines: list[str]) -> list[list[int]]:
         ids = self.tokenizer.tokenize_lines(lines)
         fits = self.max_seq_length - 2  # [CLS] line [SEP]
         for row in ids:

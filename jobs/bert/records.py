@@ -13,10 +13,8 @@ the same values, with no protobuf object.
 from __future__ import annotations
 
 import functools
-import struct
 from dataclasses import dataclass
 
-import google_crc32c
 import numpy as np
 
 from jobs.text import tfrecord
@@ -88,9 +86,7 @@ class BertRecordEncoder:
 
     def _frame_header_table(self, max_length: int) -> np.ndarray:
         if len(self._frame_headers) <= max_length:
-            headers = [struct.pack("<Q", n) for n in range(2 * max_length + 1)]
-            self._frame_headers = np.frombuffer(b"".join(h + struct.pack("<I", tfrecord.masked_crc32c(h))
-                                                         for h in headers), np.uint8).reshape(-1, 12)
+            self._frame_headers = tfrecord.frame_headers(2 * max_length + 1)
         return self._frame_headers
 
     def encode(self, masked: Masked, lengths: np.ndarray, first_lengths: np.ndarray,
@@ -167,16 +163,7 @@ class BertRecordEncoder:
             else:
                 put(rows_of(self._labels_table, random_next))
         put(np.zeros(4, np.uint8))  # the data checksum, filled in below
-        flat = np.compress(used.ravel(), data.ravel())
-        ends = np.cumsum(example_bytes + 16)
-        starts = ends - (example_bytes + 16)
-        buf = flat.tobytes()
-        value = google_crc32c.value
-        crc = np.fromiter((value(buf[a:b]) for a, b in zip((starts + 12).tolist(), (ends - 4).tolist())), np.uint32,
-                          n_rows)
-        crc = tfrecord.mask_crc(crc).astype("<u4")
-        flat[(ends - 4)[:, None] + np.arange(4)] = crc.view(np.uint8).reshape(n_rows, 4)
-        return flat.tobytes()
+        return tfrecord.checksum_frames(np.compress(used.ravel(), data.ravel()), example_bytes)
 
 
 def rows_of(table: np.ndarray, index: np.ndarray) -> np.ndarray:
