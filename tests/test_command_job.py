@@ -309,6 +309,29 @@ def test_a_lost_lease_stops_the_command_and_discards_its_output(tmp_path):
     assert not (work / "output").exists() and sink.files == {}
 
 
+def test_the_next_worker_stops_what_a_sigkilled_worker_left_running(tmp_path):
+    src = corpus(tmp_path, files=1)
+    bucket = str(tmp_path / "bucket")
+    pids, again = tmp_path / "pids", tmp_path / "again"
+    cmd = (f"if [ -e {again} ]; then echo ok > {{output}}/ok.txt; "
+           f"else touch {again}; sleep 300 & echo $! > {pids}; wait; fi # {{input}}")
+    plan(bucket, "orphan", "command", [str(src)], str(tmp_path / "out"), {"command": cmd}, "test",
+         lease_ttl=2, max_attempts=3)
+    first = start_worker(bucket, "orphan", "first", str(tmp_path / "logs"))
+    _wait_for(pids, first)
+    first.popen.send_signal(signal.SIGKILL)
+    first.popen.wait()
+    orphan = int(pids.read_text())
+    assert _alive(orphan)  # the shell died with the worker; what it started did not
+    second = start_worker(bucket, "orphan", "second", str(tmp_path / "logs"))
+    wait_exit([second], 120)
+    assert second.popen.returncode == 0, second.stderr_text()
+    assert not _alive(orphan)
+    said = second.stderr_text() + "\n".join(second.log_lines())  # (said as the worker starts, before its log)
+    assert "stopped 1 program(s) left running by workers of this machine" in said, said
+    assert leases(bucket, "orphan")["00000"].state == DONE
+
+
 # -- SIGKILL of workers --------------------------------------------------------------------------------
 def test_sigkilled_workers_commit_each_item_once_with_the_bytes_of_a_clean_run(store_url, tmp_path):
     src = corpus(tmp_path, files=1, lines=600, seed=3)

@@ -11,6 +11,7 @@ code and the end of stderr (fleet.job.ItemFailed), and the fleet retries it.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -22,6 +23,8 @@ from fleet.job import (ConfigError, Converter, ItemContext, ItemFailed, ItemInpu
                        Source, cut_at_newlines)
 
 from . import packages, process
+
+log = logging.getLogger("jobs.command")
 
 PLACEHOLDERS = ("input", "output", "item", "seed")
 SPLITS = ("files", "lines")
@@ -152,6 +155,7 @@ class CommandConverter(Converter):
     def __init__(self, config: CommandConfig, venv: str | None):
         self.config = config
         self.env = dict(os.environ)
+        self.env[process.MARK] = str(os.getpid())  # how the next worker here finds it if this one is SIGKILLed
         if venv:  # the run's packages: its python3 and scripts come first
             self.env["PATH"] = os.path.join(venv, "bin") + os.pathsep + self.env.get("PATH", os.defpath)
             self.env["VIRTUAL_ENV"] = venv
@@ -241,6 +245,9 @@ class CommandJob(Job):
 
     def converter(self, config: CommandConfig, opener: Opener) -> CommandConverter:
         validate(config)
+        left = process.sweep_orphans()
+        if left:
+            log.warning("stopped %d program(s) left running by workers of this machine that were killed", left)
         venv = None
         if config.requirements_file:  # read through the opener: refused if not what the run pinned
             venv = packages.environment(opener(config.requirements_file), f"requirements_file "

@@ -29,6 +29,9 @@ TAIL_BYTES = 4096  # at most this much of the end of stderr is read for them
 LINE_CHARS = 300  # a longer line is cut
 
 
+MARK = "FLEET_COMMAND_OF"  # in each program's environment: the pid of the worker that started it
+
+
 class TimedOut(Exception):
     pass
 
@@ -40,9 +43,8 @@ class Finished:
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec (Linux): SIGKILL when the worker dies, even by SIGKILL, so a
-    killed worker leaves no program converting for nobody. Its own children are stopped
-    through the group by a worker that lives to do it."""
+    """In the child, before exec (Linux): SIGKILL when the worker dies, even by SIGKILL. That
+    reaches the shell only, not what it started: those are found by sweep_orphans."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -171,3 +173,37 @@ def walk_files(folder: str) -> Iterator[tuple[str, str]]:
         for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
             path = os.path.join(dirpath, name)
             yield os.path.relpath(path, folder).replace(os.sep, "/"), path
+
+
+def sweep_orphans() -> int:
+    """Stop the programs that workers of this machine left running when they died without
+    stopping them (SIGKILL, the OOM killer): found by the worker pid in their environment
+    (MARK), which no longer runs; each is killed with its process group. Linux (/proc) only."""
+    me, killed = os.getpid(), 0
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0
+    prefix = MARK.encode() + b"="
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                owner = next((v[len(prefix):] for v in f.read().split(b"\0") if v.startswith(prefix)), b"")
+        except OSError:
+            continue
+        if not owner.isdigit() or int(owner) == me or _running(int(owner)):
+            continue
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
