@@ -22,6 +22,7 @@ import re
 import shlex
 import signal
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -282,7 +283,7 @@ def test_sigterm_gives_the_item_back_and_stops_the_whole_process_group(store_url
     assert store.stat(released_prefix("give") + "00000") is not None
     assert listed_outputs(f"{store_url}/out-give") == {}
     assert "Traceback" not in w.stderr_text()
-    scratch = [p for p in os.listdir(os.environ.get("TMPDIR", "/tmp")) if p.startswith(f"fleet-scratch-{w.pid}-")]
+    scratch = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith(f"fleet-scratch-{w.pid}-")]
     assert scratch == []  # the output folder went with the worker's scratch
 
 
@@ -537,3 +538,27 @@ def test_a_program_failure_is_item_failed_not_a_crash(tmp_path):
     assert e.value.detail == {"exit_code": 7, "stderr_tail": ["oops"]}
     with pytest.raises(ConfigError):
         job.check(job.parse_config({"command": "x {input}"}), lambda u: b"")
+
+
+def test_fleet_jobs_lists_command_with_its_options():
+    result = invoke("jobs")
+    assert result.exit_code == 0 and "command: Runs an existing program once per item" in result.output
+    shown = invoke("jobs", "command").output
+    for option in ("command", "split", "stdin", "timeout", "grace", "requirements_file", "seed"):
+        assert re.search(rf"│ {option}\s", shown), (option, shown)
+    assert "{input}" in shown and "--item-mb" in shown  # the help of each, from the config's comments
+
+
+def test_a_failed_attempts_detail_stays_with_the_lease_until_a_commit(tmp_path):
+    """The retry's lease still shows why the last attempt failed (for `fleet status`); a commit clears it."""
+    from fleet.lease import Leases
+
+    leases_ = Leases(open_store(str(tmp_path)), "leases/", "w", ttl=30, max_attempts=3)
+    held = leases_.claim("00000")
+    assert not leases_.fail(held, "exit code 3", detail={"exit_code": 3, "stderr_tail": ["boom"]})
+    retry = leases_.claim("00000", leases_.read("00000"))
+    assert retry.lease.attempt == 2 and retry.lease.detail == {"exit_code": 3, "stderr_tail": ["boom"]}
+    # A lease written before leases had `detail` reads as none.
+    assert Lease.parse(b'{"state": "leased", "worker": "w", "attempt": 1, "expires": 0}', "x").detail == {}
+    leases_.commit(retry, [], {})
+    assert leases_.read("00000")[0].detail == {} and leases_.read("00000")[0].error is None

@@ -46,7 +46,7 @@ class CommandConfig:
     split: str = "files"  # files: one item per input file; lines: byte ranges of about --item-mb cut at newlines
     stdin: bool = False  # stream the item's bytes to the command's stdin instead of a file at {input}
     timeout: float = 0.0  # seconds an attempt may run before its process group is stopped and it fails (0: no limit)
-    grace: float = 10.0  # seconds between SIGTERM and SIGKILL when the command is stopped (give-back, timeout)
+    grace: float = 5.0  # seconds between SIGTERM and SIGKILL when the command is stopped (give-back, timeout)
     requirements_file: str = ""  # pip requirements with --hash lines: installed once per machine for the command
     seed: int = 0  # the run's seed: {seed} of each item is derived from it and the item id
 
