@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 from rich.console import Console
 
@@ -14,6 +15,7 @@ from fleet.status import StatusReader
 from fleet.store import open_store
 from tests.test_gcp_e2e import (CORPUS, ROOT, cloud_fixture, init, local_digests, output_digests,  # noqa: F401
                                 ship_test_jobs)
+from tests.test_gcp_e2e_failures import check_stopped, until_nothing_left
 
 COMMAND = "python3 tests/helpers/upper.py {input} {output} {seed}"
 
@@ -42,3 +44,16 @@ def test_an_existing_script_runs_on_vms_and_writes_what_fleet_local_writes(cloud
     on_vms = output_digests(f"{cloud.bucket}/out-cmd")
     assert on_vms == local_digests(out) and len(on_vms) == 2 * st.items
     assert sorted(on_vms)[:2] == ["part-00000-stats.json", "part-00000-upper.txt"]
+
+
+def test_a_program_missing_on_the_vms_stops_the_run_in_one_line(cloud, capsys):
+    """`fleet plan` cannot see the VMs' PATH: each worker looks before its first item, fails its
+    boot with the one line, and the run stops itself after three such boots."""
+    init(cloud)
+    cloud.fleet("sync")
+    cloud.fleet("plan", "--run", "nocmd", "--job", "command", "--input", f"{cloud.bucket}/corpus/sample_en.txt",
+                "--output", f"{cloud.bucket}/out-nocmd/", "--set", "command=tool-not-on-the-image {input} {output}")
+    started = time.time()
+    cloud.fleet("launch", "--run", "nocmd", "--workers", "3", "--template", "fleet-t-nocmd")
+    until_nothing_left(cloud, "nocmd", started, "a program missing on the VMs", capsys)
+    check_stopped(cloud, "nocmd", "tool-not-on-the-image: no such program on PATH")
