@@ -132,6 +132,17 @@ def test_stdin_streams_the_item_instead_of_a_file(tmp_path):
         assert (tmp_path / "out" / f"part-{i:05d}-up.txt").read_bytes() == (src / name).read_bytes().upper()
 
 
+def test_stdin_streams_only_the_items_byte_range(tmp_path):
+    src = corpus(tmp_path, files=1, lines=300)
+    result, shown = local([src], tmp_path / "out", {"command": "cat > {output}/piece", "stdin": "true",
+                                                   "split": "lines"}, item_bytes=2000)
+    assert result.exit_code == 0, shown
+    items = load_items(open_store(str(tmp_path / "out" / ".fleet")), "local")
+    assert len(items) >= 4
+    pieces = [(tmp_path / "out" / f"part-{item.id}-piece").read_bytes() for item in items]
+    assert b"".join(pieces) == (src / "shard-0.txt").read_bytes()
+
+
 def test_a_rerun_writes_the_same_bytes(tmp_path):
     """Outputs are as deterministic as the command: this one is, so two runs agree byte for byte."""
     src = corpus(tmp_path)
@@ -562,3 +573,34 @@ def test_a_failed_attempts_detail_stays_with_the_lease_until_a_commit(tmp_path):
     assert Lease.parse(b'{"state": "leased", "worker": "w", "attempt": 1, "expires": 0}', "x").detail == {}
     leases_.commit(retry, [], {})
     assert leases_.read("00000")[0].detail == {} and leases_.read("00000")[0].error is None
+
+
+_part = st.text(alphabet="abcXYZ019_-. ", min_size=1, max_size=8).filter(lambda p: p not in (".", ".."))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.lists(_part, min_size=1, max_size=3).map(tuple), st.binary(max_size=64), max_size=8))
+def test_every_file_left_in_output_is_committed_once_under_its_path(tree):
+    """Whatever tree of files a program leaves in {output}: each file not hidden becomes the output
+    part-<item>-<its path>, with its bytes; hidden ones are counted, nothing else is added."""
+    import tempfile as _tempfile
+
+    from jobs.command.job import CommandConverter, CommandConfig
+
+    with _tempfile.TemporaryDirectory() as out_dir:
+        written = {}
+        for parts, data in tree.items():
+            path = os.path.join(out_dir, *parts)
+            if any(os.path.isfile(os.path.join(out_dir, *parts[:i])) for i in range(1, len(parts))) \
+                    or os.path.isdir(path):
+                continue  # a file where a folder would be, or the reverse: not a tree
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+            written["/".join(parts)] = data
+        sink = MemorySink()
+        stats = CommandConverter(CommandConfig(command="x"), None)._commit(out_dir, sink, 0.0)
+    visible = {rel: data for rel, data in written.items() if not any(p.startswith(".") for p in rel.split("/"))}
+    assert sink.files == {f"-{rel}": data for rel, data in visible.items()}
+    assert stats["output_files"] == len(visible) and stats["items_without_outputs"] == int(not visible)
+    assert stats.get("hidden_files_left_out", 0) == len(written) - len(visible)
