@@ -271,7 +271,8 @@ def _wait_for(path: Path, proc=None, timeout: float = 60) -> None:
 
 
 # -- give-back and a lost lease ---------------------------------------------------------------------
-def test_sigterm_gives_the_item_back_and_stops_the_whole_process_group(store_url, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])  # the shutdown script, `fleet down`; Ctrl-C
+def test_sigterm_gives_the_item_back_and_stops_the_whole_process_group(sig, store_url, tmp_path):
     src = corpus(tmp_path, files=1)
     store = open_store(store_url)
     store.upload_file("in/shard-0.txt", str(src / "shard-0.txt"))
@@ -285,7 +286,7 @@ def test_sigterm_gives_the_item_back_and_stops_the_whole_process_group(store_url
     shell, child = map(int, pids.read_text().split())
     pgid = os.getpgid(shell)
     assert pgid == shell != os.getpgid(w.pid)  # its own process group
-    w.popen.send_signal(signal.SIGTERM)
+    w.popen.send_signal(sig)
     wait_exit([w], 60)
     assert w.popen.returncode == 0, w.stderr_text()
     assert not _alive(shell) and not _alive(child) and not _group_alive(pgid)
