@@ -14,7 +14,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from fleet.config import PROCS_PER_CORE, ConfigError as FleetConfigError
-from fleet.render import print_skipped, say
+from fleet.render import print_detail, print_skipped, say
 from fleet.job import ConfigError, InputError, JobNotFound
 from fleet.run import PlanError, check_run_name, list_runs
 from fleet.store import StoreError, open_store
@@ -401,9 +401,9 @@ def render_status(st) -> None:
     table.add_row("done", f"{st.done:,}")
     table.add_row("failed", f"{st.failed:,}")
     table.add_row("MB done", f"{st.bytes_done / 1e6:,.1f} of {st.input_bytes / 1e6:,.1f}")
-    for key in ("examples", "tokens"):
+    for key in ("examples", "tokens", "items_without_outputs"):
         if key in st.totals:
-            table.add_row(key, f"{int(st.totals[key]):,}")
+            table.add_row(key.replace("_", " "), f"{int(st.totals[key]):,}")
     if st.first_start and st.bytes_done:
         span = (st.last_finish if st.finished else time.time()) - st.first_start
         if span > 0:
@@ -417,9 +417,11 @@ def render_status(st) -> None:
     out.print(table)
     for f in st.failures:
         say(out, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
+        print_detail(out, f.get("detail") or {})
     print_skipped(out, st.bad_records, int(st.totals.get("bad_records", 0)))
     for r in st.retrying:
         say(out, f"item {r['item']} after attempt {r['attempt']}: {r['error']}", "retrying", "yellow")
+        print_detail(out, r.get("detail") or {})
 
 
 # -- the fleet on Google Cloud ---------------------------------------------------------------------

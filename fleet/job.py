@@ -149,6 +149,15 @@ class Sink(abc.ABC):
     def open(self, suffix: str) -> BinaryIO:
         """A new binary file that becomes the output ``<item_id><suffix>``."""
 
+    def add(self, suffix: str, path: str) -> None:
+        """A finished local file (a program wrote it) becomes the output ``<item_id><suffix>``;
+        ``suffix`` may name a subfolder (``-logs/a.txt``). The sink may take the file over
+        instead of copying it (the fleet's does): leave it alone afterwards."""
+        import shutil
+
+        with open(path, "rb") as src, self.open(suffix) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+
 
 Opener = Callable[[str], bytes]  # reads a small object by URL or local path
 
@@ -182,6 +191,11 @@ class Job(abc.ABC):
 
     def check(self, config: Any, opener: Opener) -> None:
         """Fail early, at plan time, on a config that cannot work (e.g. a missing vocab)."""
+
+    def check_here(self, config: Any) -> None:
+        """Fail early on what this machine lacks to convert (a program the job runs is not
+        installed): `fleet local` calls it before planning, since its workers run here. A plan
+        for other machines cannot see theirs; a job checks there in ``converter()``."""
 
     def seed(self, config: Any) -> int:
         """The run's seed, from which each item's seed (``ItemContext.seed``) is derived. By

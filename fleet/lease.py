@@ -31,6 +31,9 @@ class Lease(JsonRecord):
     expires: float
     token: str = ""
     error: str | None = None
+    # What the last failed attempt left beside its one-line error (fleet.job.ItemFailed.detail:
+    # a program's exit code and the last lines of its stderr), for `fleet status` to show.
+    detail: dict[str, Any] = field(default_factory=dict)
     outputs: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, float] = field(default_factory=dict)
     started: float = 0.0
@@ -46,7 +49,8 @@ class Lease(JsonRecord):
         try:
             lease = cls.from_json(data)
             if lease.state not in (LEASED, DONE, FAILED) or not isinstance(lease.attempt, int) \
-                    or not isinstance(lease.expires, (int, float)) or not isinstance(lease.outputs, list):
+                    or not isinstance(lease.expires, (int, float)) or not isinstance(lease.outputs, list) \
+                    or not isinstance(lease.detail, dict):
                 raise ValueError("unexpected field values")
             return lease
         except (ValueError, TypeError, AttributeError, KeyError) as e:
@@ -115,9 +119,10 @@ class Leases:
                 return seen[1], None  # our own write, whose response was lost and retried
             return None, seen
 
-    def _fresh(self, attempt: int, error: str | None = None) -> Lease:
+    def _fresh(self, attempt: int, error: str | None = None, detail: dict[str, Any] | None = None) -> Lease:
         now = self.clock()
-        return Lease(LEASED, self.worker, attempt, now + self.ttl, uuid.uuid4().hex, error, started=now)
+        return Lease(LEASED, self.worker, attempt, now + self.ttl, uuid.uuid4().hex, error, dict(detail or {}),
+                     started=now)
 
     def claim(self, item: str, current: tuple[Lease, int] | None = None) -> Held | Lease | None:
         """Take the item if it is free or its lease expired.
@@ -140,7 +145,7 @@ class Leases:
             failed = dataclasses.replace(old, state=FAILED, error=f"gave up after {old.attempt} attempts: {why}",
                                          token=uuid.uuid4().hex, finished=self.clock())
             return failed if self._write(item, failed, old_gen) is not None else None
-        lease = self._fresh(old.attempt + 1, old.error)
+        lease = self._fresh(old.attempt + 1, old.error, old.detail)
         gen = self._write(item, lease, old_gen)
         return Held(item, gen, lease) if gen is not None else None
 
@@ -153,20 +158,21 @@ class Leases:
         held.generation, held.lease = gen, lease
 
     def commit(self, held: Held, outputs: list[dict[str, Any]], stats: dict[str, float]) -> None:
-        lease = dataclasses.replace(held.lease, state=DONE, outputs=outputs, stats=stats, error=None,
+        lease = dataclasses.replace(held.lease, state=DONE, outputs=outputs, stats=stats, error=None, detail={},
                                     finished=self.clock())
         gen = self._write(held.item, lease, held.generation)
         if gen is None:
             raise Lost(f"item {held.item}: lease taken over before commit")
         held.generation, held.lease = gen, lease
 
-    def fail(self, held: Held, error: str, retry: bool = True) -> bool:
-        """Record an error; release for another attempt, or mark failed. True if final."""
+    def fail(self, held: Held, error: str, retry: bool = True, detail: dict[str, Any] | None = None) -> bool:
+        """Record an error (and its detail); release for another attempt, or mark failed. True if final."""
         final = not retry or held.lease.attempt >= self.max_attempts
+        detail = dict(detail or {})
         if final:
-            lease = dataclasses.replace(held.lease, state=FAILED, error=error, finished=self.clock())
+            lease = dataclasses.replace(held.lease, state=FAILED, error=error, detail=detail, finished=self.clock())
         else:
-            lease = dataclasses.replace(held.lease, expires=0.0, error=error)
+            lease = dataclasses.replace(held.lease, expires=0.0, error=error, detail=detail)
         gen = self._write(held.item, lease, held.generation)
         if gen is not None:
             held.generation, held.lease = gen, lease

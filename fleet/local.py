@@ -23,7 +23,7 @@ from rich.text import Text
 from fleet.codesync import code_version
 from fleet.inputs import ReadOptions
 from fleet.job import load_job
-from fleet.render import printable, print_skipped, say
+from fleet.render import print_detail, printable, print_skipped, say
 from fleet.run import PlanError, load_spec, plan, spec_name
 from fleet.spawner import start_workers, stop_workers
 from fleet.status import RunStatus, StatusReader
@@ -91,6 +91,7 @@ def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     console.print(table)
     for f in summary["failures"]:
         say(console, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
+        print_detail(console, f.get("detail") or {})
     print_skipped(console, summary["skipped"], int(summary.get("bad_records", 0)))
     if summary.get("hint"):
         say(console, summary["hint"])
@@ -163,6 +164,8 @@ def run_local(
     if item_bytes is None:
         item_bytes = _existing_item_bytes(bucket)
     size_for = item_bytes if item_bytes is not None else auto_item_bytes
+    chosen = load_job(job)
+    chosen.check_here(chosen.parse_config(settings))  # the workers run here: what they need must be here
     spec, items, created = plan(bucket, RUN, job, inputs, out_dir, settings, code_version(),
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=size_for,
                                 exclude=[out_dir], read=read,

@@ -32,3 +32,18 @@ def print_skipped(out: Console, examples: list[dict], count: int) -> None:
         say(out, f"a bad record (item {b['item']}): {b['where']}", "skipped", "yellow")
     if count > len(examples):
         say(out, f"{count:,} bad records in all (the first few of each item above)", "skipped", "yellow")
+
+
+def print_detail(out: Console, detail: dict, indent: str = "    ") -> None:
+    """What a failed attempt left beside its error line (fleet.job.ItemFailed): a program's exit
+    code and the last lines of its stderr, indented under that line."""
+    if not detail:
+        return
+    rest = {k: v for k, v in detail.items() if k != "stderr_tail"}
+    if rest:
+        say(out, indent + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(rest.items())))
+    tail = detail.get("stderr_tail") or []
+    if tail:
+        say(out, f"{indent}last {len(tail)} line(s) of its stderr:")
+        for line in tail:
+            say(out, f"{indent}| {line}")

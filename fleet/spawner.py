@@ -33,7 +33,7 @@ from typing import BinaryIO, Iterator
 
 from fleet.claims import ClaimPolicy
 from fleet.codesync import check_pinned, sha256_file
-from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, item_seed, load_job
+from fleet.job import ConfigError, InputError, ItemContext, ItemFailed, JobNotFound, Sink, item_seed, load_job
 from fleet.lease import Held, Lease, Leases, Lost
 from fleet.liveness import pid_alive
 from fleet.run import (Item, PlanError, RunSpec, final_prefix, idle_prefix, lease_prefix, load_items, load_spec,
@@ -107,6 +107,15 @@ class DirSink(Sink):
         path = os.path.join(self.folder, f"out-{len(self.files)}")
         self.files.append((suffix, path))
         return open(path, "wb")
+
+    def add(self, suffix: str, path: str) -> None:
+        """Take over a finished file of the item's scratch folder as it is: no copy. A suffix may
+        name a subfolder, never climb out of the output place."""
+        parts = suffix.split("/")
+        if any(s == suffix for s, _ in self.files) or any(p in ("", ".", "..") for p in parts[1:]) \
+                or "\\" in suffix or "\x00" in suffix:
+            raise ValueError(f"output suffix {suffix!r} used twice or not a plain relative path")
+        self.files.append((suffix, path))
 
 
 def output_name(item: str, suffix: str) -> str:
@@ -248,6 +257,17 @@ class Worker:
             renewer.finish()
             self.counters.items_lost += 1
             log.warning("%s; discarding its work", e)
+        except ItemFailed as e:  # the job said why (a program's exit code and stderr): no traceback
+            renewer.finish()
+            message = f"{item.display}: {e}".splitlines()[0]
+            final = self.leases.fail(held, message, retry=True, detail=e.detail)
+            if final:
+                self.counters.items_failed += 1
+            elif held.lease.expires == 0.0:
+                self.announce_release(item.id)
+            tail = "".join(f"\n    {line}" for line in e.detail.get("stderr_tail") or ())
+            log.error("item %s attempt %d failed%s: %s%s", item.id, held.lease.attempt,
+                      " for good" if final else "", message, tail)
         except InputError as e:
             renewer.finish()
             self.leases.fail(held, str(e), retry=False)

@@ -26,9 +26,9 @@ class RunStatus:
     failed: int = 0
     bytes_done: int = 0
     totals: dict[str, float] = field(default_factory=dict)
-    failures: list[dict[str, str]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # item, source, error, detail (fleet.lease.Lease)
     bad_records: list[dict[str, str]] = field(default_factory=list)  # skipped records of done items: item, where
-    retrying: list[dict[str, str]] = field(default_factory=list)
+    retrying: list[dict[str, Any]] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
     live_workers: int = 0
     outputs: list[str] = field(default_factory=list)
@@ -103,13 +103,15 @@ class StatusReader:
                     st.bad_records.append({"item": item.id, "where": str(where)})
             elif lease.state == FAILED:
                 st.failed += 1
-                st.failures.append({"item": item.id, "source": by_id[item.id].display, "error": lease.error or ""})
+                st.failures.append({"item": item.id, "source": by_id[item.id].display, "error": lease.error or "",
+                                    "detail": lease.detail})
             elif lease.live(now):
                 st.leased += 1
             else:
                 st.pending += 1
                 if lease.error:
-                    st.retrying.append({"item": item.id, "attempt": str(lease.attempt), "error": lease.error})
+                    st.retrying.append({"item": item.id, "attempt": str(lease.attempt), "error": lease.error,
+                                        "detail": lease.detail})
         st.first_start = min((s for s in starts if s), default=0.0)
         st.last_finish = max(finishes, default=0.0)
         if with_workers:

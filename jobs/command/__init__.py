@@ -1,0 +1,8 @@
+"""An existing program as a job: run once per item, its input a local file, its outputs the
+files it leaves in a folder (see job.py, and README "Run an existing script on a fleet")."""
+
+from .job import CommandConfig, CommandConverter, CommandJob
+
+JOB = CommandJob()
+
+__all__ = ["JOB", "CommandConfig", "CommandConverter", "CommandJob"]
