@@ -14,6 +14,7 @@ import time
 from urllib.parse import unquote, urlsplit
 from dataclasses import dataclass
 from multiprocessing.connection import wait
+from typing import Any, Mapping
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
@@ -21,7 +22,6 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.codesync import code_version
-from fleet.inputs import ReadOptions
 from fleet.job import load_job
 from fleet.render import printable, print_skipped, say
 from fleet.run import PlanError, load_spec, plan, spec_name
@@ -151,7 +151,7 @@ def run_local(
     item_bytes: int | None = None,
     console: Console | None = None,
     retry_failed: bool = False,
-    read: ReadOptions = ReadOptions(),
+    read: Mapping[str, Any] | None = None,
 ) -> LocalResult:
     console = console or Console(stderr=True, markup=False)
     if workers < 1:

@@ -28,7 +28,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges, read_all
+from jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges, read_all
 from fleet.job import InputError
 from fleet.store.local import LocalStore
 

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from fleet.inputs import iter_documents, plan_ranges, read_all
+from jobs.text.inputs import iter_documents, plan_ranges, read_all
 from fleet.job import ConfigError, InputError, ItemContext, Sink
 from fleet.store import StoreError
 from fleet.store.local import LocalStore

@@ -35,9 +35,8 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from fleet.follow import Follower, Output
-from fleet.inputs.parquet import StoreFile
 from fleet.run import PlanError, list_runs, load_spec
-from fleet.store import StoreError, locate, open_store
+from fleet.store import StoreError, StoreFile, locate, open_store
 
 from jobs.text import tfrecord
 from .bert_records import feature_names

@@ -19,7 +19,7 @@ import tempfile
 import atheris
 
 with atheris.instrument_imports():
-    from fleet.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges
+    from jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges
     from fleet.store.local import LocalStore
 
 FORMATS = ["text", "jsonl", "cirrus", "wikiextractor"]
