@@ -208,7 +208,7 @@ def work_cmd(
                                       "(run it from one place only)"),
 ) -> None:
     """Claim, convert and commit items until the run is drained (what each VM runs)."""
-    from fleet.spawner import work
+    from fleet.processes import work
 
     processes("--procs", procs)
     if standby is not None:

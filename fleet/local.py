@@ -25,7 +25,7 @@ from fleet.codesync import code_version
 from fleet.job import load_job
 from fleet.render import printable, print_skipped, say
 from fleet.run import PlanError, load_spec, plan, spec_name
-from fleet.spawner import start_workers, stop_workers
+from fleet.processes import start_workers, stop_workers
 from fleet.status import RunStatus, StatusReader
 from fleet.store import open_store
 from fleet.verify import check_outputs, describe_stale, reopen, stale_markers

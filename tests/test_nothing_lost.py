@@ -323,7 +323,8 @@ def test_a_file_with_no_blank_line_is_cut_and_a_worker_stays_small(tmp_path, voc
     items = [json.loads(x) for x in (tmp_path / "b" / "runs" / "r" / "items.jsonl").read_text().splitlines()]
     # 24 MB in items of about 4 MB, each cut at a line end; the look for a blank line past the
     # fifth reaches the end of the file, which ends the document: the last item runs to it (8 MB).
-    assert len(items) == 5 and all(i["cuts_document"] for i in items[:-1]) and not items[-1]["cuts_document"]
+    cuts = [i["meta"].get("cuts_document", False) for i in items]
+    assert len(items) == 5 and all(cuts[:-1]) and not cuts[-1]
     assert items[-1]["end"] == big.stat().st_size
 
 

@@ -157,4 +157,4 @@ def read_url(url: str) -> bytes:
     return store.read(name)
 
 
-from fleet.store.file import StoreFile  # noqa: E402  (a reader over the Store above)
+from fleet.store.file import StoreFile  # noqa: E402,F401  (a reader over the Store above)
