@@ -2,6 +2,7 @@
 OUT --workers 1`` from start to exit on the long and the short corpus, each tree in turn.
 
     .venv/bin/python bench/bench_before_after.py REV [--repeat 27] [--rounds 2] [--vocab vocab.txt]
+        [--formats electra,bert,causal_lm]
 
 REV (a commit, tag or branch of this repository) is exported with ``git archive`` into a
 temporary folder and run with this venv's Python (so the same dependencies), from that folder,
@@ -10,7 +11,9 @@ bench_convert.py ("long": the sample, documents of man pages; "short": its lines
 documents of 1-3 lines), each repeated ``--repeat`` times into one file (27: about 32 MB).
 CPU = user + system seconds of the process tree (``os.wait4``), least of ``--rounds``; MB =
 10^6 bytes of UTF-8 text in the file's lines. Both trees get the same vocab, and the script
-says whether their outputs are the same bytes.
+says whether their outputs are the same bytes. Rows (``--formats``): ``electra`` and ``bert``
+are electra_zh_en's formats; ``causal_lm`` and ``causal_lm_parquet`` the causal_lm job with
+the same vocab (TFRecord, Parquet output).
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from short_corpus import short_documents  # noqa: E402
+
+
+ROWS = {  # the job options of each row (--formats)
+    "electra": ["--set", "format=electra"],
+    "bert": ["--set", "format=bert"],
+    "causal_lm": ["--job", "causal_lm"],
+    "causal_lm_parquet": ["--job", "causal_lm", "--set", "output=parquet"],
+}
 
 
 def text_mb(path: str) -> float:
@@ -63,8 +74,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=27, help="each corpus this many times (27: about 32 MB)")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each row, the least CPU is kept")
     ap.add_argument("--vocab", help="vocab.txt (default: train one of 21128 on the sample)")
-    ap.add_argument("--formats", default="electra,bert")
+    ap.add_argument("--formats", default="electra,bert,causal_lm",
+                    help="rows, comma-separated: electra, bert, causal_lm, causal_lm_parquet")
     args = ap.parse_args()
+    unknown = [f for f in args.formats.split(",") if f not in ROWS]
+    if unknown:
+        ap.error(f"--formats {unknown[0]!r}: known rows are {', '.join(ROWS)}")
     with tempfile.TemporaryDirectory(prefix="bench-ba-") as tmp:
         before = os.path.join(tmp, "before")
         os.mkdir(before)
@@ -93,7 +108,7 @@ def main() -> None:
                         out = os.path.join(tmp, "out")
                         shutil.rmtree(out, ignore_errors=True)
                         c = run(tree, ["local", path, out, "--workers", "1", "--set", f"vocab_file={vocab}",
-                                       "--set", f"format={fmt}"])
+                                       *ROWS[fmt]])
                         digests.add(digest(out))
                         key = (fmt, name, label)
                         cpu[key] = min(cpu.get(key, float("inf")), c)
@@ -104,7 +119,7 @@ def main() -> None:
             for name, path in files.items():
                 mb = text_mb(path)
                 b, a = cpu[fmt, name, args.rev], cpu[fmt, name, "this checkout"]
-                print(f"  format={fmt:8} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
+                print(f"  {fmt:17} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
                       f"this checkout {a:6.2f} s ({mb / a:5.2f} MB/s): {b / a:.2f}x; records "
                       f"{'the same bytes' if same[fmt, name] else 'DIFFER'}")
 

@@ -166,7 +166,8 @@ def find_sources(paths: list[str], exclude: list[str] = (), accept: Callable[[st
             _readable(local, inp.display)
             add(inp, (st.st_dev, st.st_ino))  # a hard or symbolic link to a file planned already: once
         elif os.path.isdir(local):
-            files = [(Source(local, rel, st.st_size, file_version(st)), st) for rel, st in _walk(local, excluded, accept)]
+            files = [(Source(local, rel, st.st_size, file_version(st)), st)
+                     for rel, st in _walk(local, excluded, accept)]
             if not files:
                 raise InputError(f"{printable(path)}: no input files there")
             for inp, st in files:

@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-from jobs.text.inputs import ReadOptions, Tally, file_format, plan_ranges, read_all
 from fleet.job import InputError
 from fleet.store.local import LocalStore
+from jobs.text.inputs import ReadOptions, Tally, file_format, plan_ranges, read_all
 from tests.helpers.cli import fleet, one_line_error
 
 ARTICLES = [

@@ -188,3 +188,17 @@ def test_iter_path_documents_reads_folders(tmp_path):
     (tmp_path / "a.txt").write_text("a\n\nb\n")
     (tmp_path / "b.jsonl").write_text('{"text": "c"}\n')
     assert list(iter_path_documents([str(tmp_path)])) == [["a"], ["b"], ["c"]]
+
+
+def test_an_item_planned_before_the_item_api_reads_as_the_slice_it_was(tmp_path):
+    # Runs planned by 83e8d26 wrote the text layer's slice fields at the top of each item line.
+    from fleet.run import Item
+    from jobs.text.job import item_slice
+
+    (tmp_path / "c.txt").write_bytes(b"a\n\nb\nc\n\nd\n")
+    for s in plan_slices([str(tmp_path)], 4):
+        old = {"url": s.url, "name": s.name, "start": s.start, "end": s.end, "format": s.format,
+               "compression": s.compression, "version": s.version, "cuts_document": s.cuts_document,
+               "text_bytes": 0, "id": "00000"}
+        item = Item.from_dict(old)
+        assert item.size == s.size and item_slice(item.input()) == s

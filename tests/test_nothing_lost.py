@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from jobs.text.inputs import find_corpus, read_all
 from fleet.job import InputError
 from fleet.lease import DONE, FAILED, LEASED, Lease
+from jobs.text.inputs import find_corpus, read_all
 from tests.helpers.cli import FLEET, fleet, one_line_error
 from tests.helpers.procs import LINEJOB, ROOT, write_corpus
 
