@@ -2,6 +2,7 @@
 OUT --workers 1`` from start to exit on the long and the short corpus, each tree in turn.
 
     .venv/bin/python bench/bench_before_after.py REV [--repeat 27] [--rounds 2] [--vocab vocab.txt]
+        [--formats electra,bert,causal_lm]
 
 REV (a commit, tag or branch of this repository) is exported with ``git archive`` into a
 temporary folder and run with this venv's Python (so the same dependencies), from that folder,
@@ -10,12 +11,11 @@ bench_convert.py ("long": the sample, documents of man pages; "short": its lines
 documents of 1-3 lines), each repeated ``--repeat`` times into one file (27: about 32 MB).
 CPU = user + system seconds of the process tree (``os.wait4``), least of ``--rounds``; MB =
 10^6 bytes of UTF-8 text in the file's lines. Both trees get the same vocab, and the script
-says whether their outputs are the same bytes.
-
-``--formats`` (default ``electra,bert,bert-job``): ``electra`` and ``bert`` run
-``--set format=...`` in both trees; ``bert-job`` runs REV with ``--set format=bert`` and this
-checkout with ``--job bert`` (the job that format=bert became), so its records are compared
-with those of the former format.
+says whether their outputs are the same bytes. Rows (``--formats``): ``electra`` and ``bert``
+are electra_zh_en's formats; ``bert-job`` runs REV with ``--set format=bert`` and this checkout
+with ``--job bert`` (the job that format=bert became), so its records are compared with those
+of the former format; ``causal_lm`` and ``causal_lm_parquet`` the causal_lm job with the same
+vocab (TFRecord, Parquet output).
 """
 
 from __future__ import annotations
@@ -32,6 +32,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from short_corpus import short_documents  # noqa: E402
+
+
+ROWS = {  # the job options of each row (--formats)
+    "electra": ["--set", "format=electra"],
+    "bert": ["--set", "format=bert"],
+    "bert-job": ["--job", "bert"],  # REV: --set format=bert (see job_args)
+    "causal_lm": ["--job", "causal_lm"],
+    "causal_lm_parquet": ["--job", "causal_lm", "--set", "output=parquet"],
+}
+
+
+def job_args(fmt: str, this_checkout: bool) -> list[str]:
+    """``fleet local``'s job arguments for a row: bert-job is ``--job bert`` in this checkout only."""
+    if fmt == "bert-job" and not this_checkout:
+        return ["--set", "format=bert"]
+    return ROWS[fmt]
 
 
 def text_mb(path: str) -> float:
@@ -62,28 +78,18 @@ def digest(folder: str) -> str:
     return h.hexdigest()
 
 
-FORMATS = ("electra", "bert", "bert-job")
-
-
-def job_args(fmt: str, this_checkout: bool) -> list[str]:
-    """``fleet local``'s job arguments for a row: bert-job is ``--job bert`` in this checkout."""
-    if fmt == "bert-job":
-        return ["--job", "bert"] if this_checkout else ["--set", "format=bert"]
-    return ["--set", f"format={fmt}"]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("rev", help="the earlier commit to compare with")
     ap.add_argument("--repeat", type=int, default=27, help="each corpus this many times (27: about 32 MB)")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each row, the least CPU is kept")
     ap.add_argument("--vocab", help="vocab.txt (default: train one of 21128 on the sample)")
-    ap.add_argument("--formats", default="electra,bert,bert-job",
-                    help="comma-separated, of electra, bert, bert-job (see the docstring)")
+    ap.add_argument("--formats", default="electra,bert,bert-job,causal_lm",
+                    help="rows, comma-separated: electra, bert, bert-job, causal_lm, causal_lm_parquet")
     args = ap.parse_args()
-    unknown = sorted(set(args.formats.split(",")) - set(FORMATS))
+    unknown = [f for f in args.formats.split(",") if f not in ROWS]
     if unknown:
-        ap.error(f"--formats: unknown {', '.join(unknown)} (known: {', '.join(FORMATS)})")
+        ap.error(f"--formats {unknown[0]!r}: known rows are {', '.join(ROWS)}")
     with tempfile.TemporaryDirectory(prefix="bench-ba-") as tmp:
         before = os.path.join(tmp, "before")
         os.mkdir(before)
@@ -123,7 +129,7 @@ def main() -> None:
             for name, path in files.items():
                 mb = text_mb(path)
                 b, a = cpu[fmt, name, args.rev], cpu[fmt, name, "this checkout"]
-                print(f"  {' '.join(job_args(fmt, True)):20} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
+                print(f"  {fmt:17} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
                       f"this checkout {a:6.2f} s ({mb / a:5.2f} MB/s): {b / a:.2f}x; records "
                       f"{'the same bytes' if same[fmt, name] else 'DIFFER'}")
 

@@ -53,7 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fleet.inputs import read_all  # noqa: E402
+from jobs.text.inputs import read_all  # noqa: E402
 from short_corpus import short_documents  # noqa: E402
 from fleet.job import ItemContext, Sink  # noqa: E402
 from jobs.electra_zh_en import JOB  # noqa: E402
@@ -105,7 +105,7 @@ def timed(fn, rounds):
 
 def rss_child(path: str, vocab_path: str, options: dict) -> None:
     """In a fresh process: convert one big item, print MB/s and peak RSS as JSON."""
-    from fleet.inputs import iter_path_documents
+    from jobs.text.inputs import iter_path_documents
 
     config = JOB.parse_config({"vocab_file": vocab_path, **options})
     converter = JOB.document_converter(config, read_file)

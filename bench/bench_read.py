@@ -5,10 +5,10 @@ for this checkout and optionally an earlier commit, in one run.
 
 The corpus is bench_convert's "short" one (the sample's lines cut into documents of 1-3 lines,
 ``--repeat`` times; 27: about 33 MB), written as plain text, JSON Lines and WikiExtractor
-shards. Each tree iterates ``fleet.inputs.iter_documents`` over each file in a child process
-(its code first on sys.path); the figure is MB of file per CPU second, best of ``--rounds``, and
-the script says whether both trees read the same documents and tallies. Prints figures; asserts
-nothing.
+shards. Each tree iterates ``jobs.text.inputs.iter_documents`` (``fleet.inputs`` before) over
+each file in a child process (its code first on sys.path); the figure is MB of file per CPU
+second, best of ``--rounds``, and the script says whether both trees read the same documents
+and tallies. Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ FORMATS = {"text": "short.txt", "jsonl": "short.jsonl", "wikiextractor": "short.
 _CHILD = r"""
 import hashlib, json, sys, time
 sys.path.insert(0, sys.argv[1])
-from fleet.inputs.formats import Tally, iter_documents
+try:
+    from jobs.text.inputs.formats import Tally, iter_documents
+except ImportError:  # a tree from before the text layer held the formats
+    from fleet.inputs.formats import Tally, iter_documents
 fmt, path, rounds = sys.argv[2], sys.argv[3], int(sys.argv[4])
 best, h = None, None
 for _ in range(rounds):

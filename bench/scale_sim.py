@@ -134,7 +134,7 @@ class _Meter:
         import requests.adapters
 
         from fleet.lease import Leases
-        from fleet.spawner import Worker, _Renewer
+        from fleet.attempt import ItemRunner, _Renewer
         from fleet.store.gcs import GCSStore
 
         meter = self
@@ -200,19 +200,19 @@ class _Meter:
         self.patch(Leases, "commit", commit)
 
         def process(original):
-            def wrapper(worker, item, held):
+            def wrapper(runner, item, held):
                 local = meter.local
                 now = time.time()
                 local.waits.append(now - local.free_since)
                 try:
-                    return original(worker, item, held)
+                    return original(runner, item, held)
                 finally:
                     local.free_since = local.last_work_end = time.time()
                     with meter.lock:
                         meter.processed += 1
             return wrapper
 
-        self.patch(Worker, "process", process)
+        self.patch(ItemRunner, "process", process)
 
         from tests.helpers.sleepjob import SleepConverter
 

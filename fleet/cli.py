@@ -94,7 +94,6 @@ def user_error(e: BaseException) -> bool:
 ITEM_MB = (0.001, 1e6)  # 1 kB to 1 TB of input per item
 LEASE_TTL = (1.0, 86400.0)  # seconds: a lease is renewed every TTL/3, so a day is already generous
 MAX_ATTEMPTS = (1, 100)
-MAX_BAD_SHARE = (0.0, 1.0)
 POLL = (0.05, 3600.0)  # seconds
 
 
@@ -168,28 +167,31 @@ def plan_cmd(
 ) -> None:
     """Write a run's spec and work items to the bucket."""
     from fleet.codesync import code_version
-    from fleet.inputs import ReadOptions
     from fleet.run import plan
 
-    _plan_numbers(item_mb, lease_ttl, max_attempts, max_bad_share)
+    _plan_numbers(item_mb, lease_ttl, max_attempts)
     check_inputs(input, "--input")
     cfg = _config()
     bucket = _bucket(bucket, cfg)
     version = code_version(paths=cfg.code_paths) if cfg else code_version()
     spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), version,
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6),
-                                read=ReadOptions(text_column, keep_titles, max_bad_share))
+                                read=_read(text_column, keep_titles, max_bad_share))
     verb = "planned" if created else "already planned (unchanged)"
     console.print(f"run {run} {verb}: {len(items)} items, {spec.input_bytes / 1e6:,.1f} MB, "
                   f"job {job}, code {spec.code_version}")
 
 
-def _plan_numbers(item_mb: float | None, lease_ttl: float, max_attempts: int, max_bad_share: float) -> None:
+def _plan_numbers(item_mb: float | None, lease_ttl: float, max_attempts: int) -> None:
     if item_mb is not None:
         within("--item-mb", item_mb, ITEM_MB, " MB")
     within("--lease-ttl", lease_ttl, LEASE_TTL, " seconds")
     within("--max-attempts", max_attempts, MAX_ATTEMPTS)
-    within("--max-bad-share", max_bad_share, MAX_BAD_SHARE, " (a share of the records)")
+
+
+def _read(text_column: str, keep_titles: bool, max_bad_share: float) -> dict:
+    """The read flags, passed on to the job unread: it checks them at plan time (Job.check_read)."""
+    return {"text_column": text_column, "keep_titles": keep_titles, "max_bad_share": max_bad_share}
 
 
 @app.command("work")
@@ -206,7 +208,7 @@ def work_cmd(
                                       "(run it from one place only)"),
 ) -> None:
     """Claim, convert and commit items until the run is drained (what each VM runs)."""
-    from fleet.spawner import work
+    from fleet.processes import work
 
     processes("--procs", procs)
     if standby is not None:
@@ -246,20 +248,19 @@ def local_cmd(
                                         "(fewer are skipped and counted)"),
 ) -> None:
     """Run the whole job on this machine: plan, N workers, progress, summary."""
-    from fleet.inputs import ReadOptions
     from fleet.local import Interrupted, run_local
 
     if len(paths) < 2:
         fail("give at least one input and an output folder: fleet local INPUT... OUT_DIR")
     processes("--workers", workers)
-    _plan_numbers(item_mb, lease_ttl, max_attempts, max_bad_share)
+    _plan_numbers(item_mb, lease_ttl, max_attempts)
     *inputs, out_dir = paths
     check_inputs(inputs)
     try:
         result = run_local(inputs, out_dir, job, workers or os.cpu_count() or 1, parse_settings(set_),
                            lease_ttl=lease_ttl, max_attempts=max_attempts,
                            item_bytes=int(item_mb * 1e6) if item_mb else None, console=console,
-                           retry_failed=retry_failed, read=ReadOptions(text_column, keep_titles, max_bad_share))
+                           retry_failed=retry_failed, read=_read(text_column, keep_titles, max_bad_share))
     except Interrupted as e:
         say(console, str(e))
         raise typer.Exit(130)

@@ -217,7 +217,7 @@ _WORKER_SUFFIX = re.compile(r"-w\d+$")
 
 
 def vm_of(worker: str) -> str:
-    """Worker processes are named <vm>-w<i> (fleet.spawner)."""
+    """Worker processes are named <vm>-w<i> (fleet.processes)."""
     return _WORKER_SUFFIX.sub("", worker)
 
 

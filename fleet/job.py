@@ -214,6 +214,12 @@ class Job(abc.ABC):
         file; a text job skips READMEs and licences). A file named on its own is always taken."""
         return True
 
+    def check_read(self, read: Mapping[str, Any]) -> dict[str, Any]:
+        """At plan time: the run's read options (``fleet plan --text-column``... : the fleet passes them
+        on unread) checked, with a one-line ConfigError naming the flag, and completed with their
+        defaults; the result is kept in the run (RunSpec.read) and reaches ``cut`` and ``ItemContext.read``."""
+        return dict(read)
+
     def cut(self, source: Source, item_bytes: int, config: Any, read: Mapping[str, Any]) -> list[Piece]:
         """How one input object becomes items: by default one item per object.
         :func:`cut_at_newlines` gives byte ranges of about ``item_bytes`` ending at newlines."""

@@ -14,6 +14,7 @@ import time
 from urllib.parse import unquote, urlsplit
 from dataclasses import dataclass
 from multiprocessing.connection import wait
+from typing import Any, Mapping
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
@@ -21,11 +22,10 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.codesync import code_version
-from fleet.inputs import ReadOptions
 from fleet.job import load_job
 from fleet.render import print_detail, printable, print_skipped, say
 from fleet.run import PlanError, load_spec, plan, spec_name
-from fleet.spawner import start_workers, stop_workers
+from fleet.processes import start_workers, stop_workers
 from fleet.status import RunStatus, StatusReader
 from fleet.store import open_store
 from fleet.verify import check_outputs, describe_stale, reopen, stale_markers
@@ -152,7 +152,7 @@ def run_local(
     item_bytes: int | None = None,
     console: Console | None = None,
     retry_failed: bool = False,
-    read: ReadOptions = ReadOptions(),
+    read: Mapping[str, Any] | None = None,
 ) -> LocalResult:
     console = console or Console(stderr=True, markup=False)
     if workers < 1:

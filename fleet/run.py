@@ -12,11 +12,11 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from fleet.inputs import InputFile, ReadOptions, find_inputs
 from fleet.job import ConfigError, ItemInput, Job, Opener, Source, load_job, printable
 from fleet.records import JsonRecord
+from fleet.sources import find_sources
 from fleet.store import BucketNotFound, NotFound, PreconditionFailed, Store, open_store, read_url
 
 log = logging.getLogger("fleet.plan")
@@ -81,13 +81,9 @@ class RunSpec(JsonRecord):
     # What the outputs depend on besides the inputs (pinned in the items): the sha256 of
     # every file a job option names, by option. A run refuses to go on with other contents.
     files: dict[str, str] = field(default_factory=dict)
-    read: dict[str, Any] = field(default_factory=dict)  # ReadOptions: how documents are read from the inputs
+    read: dict[str, Any] = field(default_factory=dict)  # the job's read options (Job.check_read), opaque here
     item_bytes: int = field(default=0, compare=False)  # the target the items were cut to
     created: float = field(default=0.0, compare=False)
-
-
-def read_options(spec: "RunSpec") -> ReadOptions:
-    return ReadOptions(**spec.read) if spec.read else ReadOptions()
 
 
 def run_prefix(run: str) -> str:
@@ -131,8 +127,8 @@ def check_run_name(run: str) -> None:
         raise PlanError(f"run name {run!r}: use letters, digits, '-', '_' and '.' only")
 
 
-def make_items(job: Job, config: Any, inputs: list[InputFile], item_bytes: int,
-               read: ReadOptions = ReadOptions()) -> list[Item]:
+def make_items(job: Job, config: Any, inputs: list[Source], item_bytes: int,
+               read: Mapping[str, Any] | None = None) -> list[Item]:
     """Cut every input into items of about item_bytes, as the job says (Job.cut).
 
     Files are looked at in parallel: a job's cut may read a file's first bytes, and on
@@ -145,11 +141,10 @@ def make_items(job: Job, config: Any, inputs: list[InputFile], item_bytes: int,
             log.warning("warning: %s: empty file, nothing to convert; skipped", inp.display)
         else:
             nonempty.append(inp)
-    options = dataclasses.asdict(read)
+    options = dict(read or {})
 
-    def cut(inp: InputFile):
-        return [(inp, p) for p in job.cut(Source(inp.url, inp.name, inp.size, inp.version), item_bytes, config,
-                                          options)]
+    def cut(inp: Source):
+        return [(inp, p) for p in job.cut(inp, item_bytes, config, options)]
 
     with ThreadPoolExecutor(max(1, min(16, len(nonempty)))) as pool:
         pieces = [p for ps in pool.map(cut, nonempty) for p in ps]
@@ -264,24 +259,24 @@ def plan(
     item_bytes: int | Callable[[int], int] = 64 << 20,
     exclude: list[str] = (),
     again: str = "plan it under another run name",
-    read: ReadOptions = ReadOptions(),
+    read: Mapping[str, Any] | None = None,
 ) -> tuple[RunSpec, list[Item], bool]:
     """Write run.json and the items; returns (spec, items, created_now).
 
     Planning the same run again with the same inputs, file contents and options is a
     no-op, so `fleet local` can resume; anything else is refused, naming what differs
     (``again`` says what to do instead), rather than mixed into one run.
-    ``item_bytes`` may be a function of the inputs' total size.
+    ``item_bytes`` may be a function of the inputs' total size; ``read`` are the job's read
+    options (``--text-column``...), which it checks (Job.check_read).
     """
     check_run_name(run)
     check_numbers(lease_ttl, max_attempts, item_bytes if isinstance(item_bytes, int) else 1)
-    if not 0 <= read.max_bad_share <= 1:
-        raise PlanError(f"--max-bad-share {read.max_bad_share:g}: give a share from 0 to 1")
     job = load_job(job_name)
     config = job.parse_config(settings)
+    read = job.check_read(read or {})
     job.check(config, read_url)
     files = pin_files(job, config)
-    found = find_inputs(inputs, exclude, job.accepts)
+    found = find_sources(inputs, exclude, job.accepts)
     if not isinstance(item_bytes, int):  # chosen from the corpus size (fleet local: a few items per worker)
         item_bytes = item_bytes(sum(f.size for f in found))
     if output.startswith("gs://"):
@@ -301,7 +296,7 @@ def plan(
         items=len(items),
         input_bytes=sum(i.size for i in items),
         files=files,
-        read=dataclasses.asdict(read),
+        read=read,
         item_bytes=item_bytes,
         created=time.time(),
     )

@@ -1,7 +1,7 @@
 """Worker deaths: SIGKILL at random moments, and at the moments that matter.
 
 Workers are real processes running the real loop on a local folder and on
-fake-gcs-server. The test-only hook FLEET_TEST_PAUSE (fleet/spawner.py) makes
+fake-gcs-server. The test-only hook FLEET_TEST_PAUSE (fleet/attempt.py) makes
 each worker log and linger at three points: right after its claim is written
 ("claimed"), at its first document ("converting"), and after its outputs are
 written but before its lease says done ("uploaded"). The test kills workers

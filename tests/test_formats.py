@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-from fleet.inputs import ReadOptions, Tally, file_format, plan_ranges, read_all
 from fleet.job import InputError
 from fleet.store.local import LocalStore
+from jobs.text.inputs import ReadOptions, Tally, file_format, plan_ranges, read_all
 from tests.helpers.cli import fleet, one_line_error
 
 ARTICLES = [
@@ -183,37 +183,33 @@ ROWS = [f"row {i} first line.\n\nrow {i} second line 数据" if i % 7 else f"row
 
 
 def test_parquet_rows_are_documents_and_items_are_row_group_ranges(tmp_path):
-    from fleet.inputs import find_inputs
-    from fleet.run import make_items
+    from jobs.text.inputs import plan_slices, read_slice
 
     write_parquet(tmp_path / "train-00000.parquet", ROWS)
-    items = make_items(find_inputs([str(tmp_path)]), 3000)
+    items = plan_slices([str(tmp_path)], 3000)
     assert len(items) > 2 and all(i.format == "parquet" for i in items)
     assert items[0].start == 0 and items[-1].end == 8 and all(a.end == b.start for a, b in zip(items, items[1:]))
     docs = []
     for item in items:
-        from fleet.inputs import read_slice
-
-        docs += list(read_slice(item.slice, str(tmp_path)))
+        docs += list(read_slice(item, str(tmp_path)))
     assert docs == [[line for line in row.split("\n") if line.strip()] for row in ROWS]
     assert sum(i.size for i in items) > sum(map(len, ROWS))  # sizes are text bytes, for progress and balance
 
 
 def test_parquet_on_gcs_is_read_by_ranges_of_the_planned_generation(tmp_path, gcs_bucket):
-    from fleet.inputs import find_inputs, read_slice
-    from fleet.run import make_items
     from fleet.store import open_store
+    from jobs.text.inputs import plan_slices, read_slice
 
     write_parquet(tmp_path / "a.parquet", ROWS)
     store = open_store(f"gs://{gcs_bucket}")
     store.write("hub/a.parquet", (tmp_path / "a.parquet").read_bytes())
-    items = make_items(find_inputs([f"gs://{gcs_bucket}/hub"]), 3000)
-    docs = [doc for item in items for doc in read_slice(item.slice, str(tmp_path))]
+    items = plan_slices([f"gs://{gcs_bucket}/hub"], 3000)
+    docs = [doc for item in items for doc in read_slice(item, str(tmp_path))]
     assert len(docs) == 400
     write_parquet(tmp_path / "b.parquet", ROWS[::-1])
     store.write("hub/a.parquet", (tmp_path / "b.parquet").read_bytes())
     with pytest.raises(InputError, match="changed since it was planned"):
-        list(read_slice(items[0].slice, str(tmp_path)))
+        list(read_slice(items[0], str(tmp_path)))
 
 
 def test_parquet_text_column_option_and_bad_rows(tmp_path):
@@ -229,7 +225,7 @@ def test_parquet_text_column_option_and_bad_rows(tmp_path):
 
 
 def read_parquet_file(path, options=ReadOptions(), tally=None):
-    from fleet.inputs.parquet import parquet_documents, row_groups
+    from jobs.text.inputs.parquet import parquet_documents, row_groups
 
     store = LocalStore(str(path.parent))
     size = path.stat().st_size

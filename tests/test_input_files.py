@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.inputs import find_inputs
-from fleet.inputs.files import NOT_CORPUS, _corpus_file
+from jobs.text.inputs import find_corpus
+from jobs.text.inputs.names import NOT_CORPUS, corpus_file
 
 
 def names(paths) -> list[str]:
-    return [f.name for f in find_inputs([str(p) for p in paths])]
+    return [f.name for f in find_corpus([str(p) for p in paths])]
 
 
 def warnings(caplog) -> list[str]:
@@ -42,7 +42,7 @@ def test_a_hard_link_named_beside_its_folder_is_planned_once(tmp_path, caplog):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("one\n")
     os.link(tmp_path / "in" / "a.txt", tmp_path / "elsewhere.txt")
-    assert len(find_inputs([str(tmp_path / "in"), str(tmp_path / "elsewhere.txt")])) == 1
+    assert len(find_corpus([str(tmp_path / "in"), str(tmp_path / "elsewhere.txt")])) == 1
     assert any("elsewhere.txt: the same file as" in w for w in warnings(caplog))
 
 
@@ -100,7 +100,7 @@ def test_a_folder_that_is_only_another_runs_outputs_is_one_line(tmp_path):
 
     _fleet_local_output(tmp_path)
     with pytest.raises(InputError, match="the outputs of a `fleet local` run: it holds .fleet/, not a corpus"):
-        find_inputs([str(tmp_path)])
+        find_corpus([str(tmp_path)])
 
 
 def test_on_gcs_readmes_and_another_runs_outputs_and_state_are_skipped(gcs_bucket, caplog):
@@ -111,7 +111,7 @@ def test_on_gcs_readmes_and_another_runs_outputs_and_state_are_skipped(gcs_bucke
                  "data/Makefile", "data/out/summary.json", "data/out/part-00000.txt",
                  "data/runs/wiki/run.json", "data/runs/wiki/items.jsonl", "data/runs/wiki/leases/00000"]:
         store.write(name, b"text\n")
-    found = find_inputs([f"gs://{gcs_bucket}/data"])
+    found = find_corpus([f"gs://{gcs_bucket}/data"])
     assert sorted(f.name for f in found) == ["data/AA/wiki_01", "data/a.txt", "data/wiki_00"]
     said = warnings(caplog)
     assert sum("data/out" in w for w in said) == 1 and sum("data/runs" in w for w in said) == 1, said
@@ -141,7 +141,7 @@ def test_every_inode_under_the_inputs_is_planned_once(tmp_path_factory, tree, na
             (root / folder / f"d{i}").symlink_to(root / ["x", "z", "x/y"][pick % 3], target_is_directory=True) \
                 if (root / ["x", "z", "x/y"][pick % 3]).is_dir() else None
     named = [str(root), str(root)] if name_twice else [str(root)]
-    found = find_inputs(named)
+    found = find_corpus(named)
     inodes = [os.stat(os.path.join(f.url, f.name)).st_ino for f in found]
     assert sorted(inodes) == sorted({p.stat().st_ino for p in files})
 
@@ -152,5 +152,5 @@ def test_every_inode_under_the_inputs_is_planned_once(tmp_path_factory, tree, na
        folder=st.sampled_from(["", "AA/", "x/y/"]), shard=st.integers(0, 99))
 def test_known_non_corpus_names_are_never_taken_and_wiki_shards_always_are(stem, case, ext, folder, shard):
     cased = "".join(c.upper() if up else c for c, up in zip(stem, case))
-    assert not _corpus_file(f"{folder}{cased}{ext}")
-    assert _corpus_file(f"{folder}wiki_{shard:02d}") and _corpus_file(f"{folder}wiki_{shard:02d}.bz2")
+    assert not corpus_file(f"{folder}{cased}{ext}")
+    assert corpus_file(f"{folder}wiki_{shard:02d}") and corpus_file(f"{folder}wiki_{shard:02d}.bz2")

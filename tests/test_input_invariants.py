@@ -28,9 +28,9 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges, read_all
 from fleet.job import InputError
 from fleet.store.local import LocalStore
+from jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges, read_all
 
 
 def documents_of_ranges(store, name, data, fmt, target, tally=None):

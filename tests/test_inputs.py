@@ -10,11 +10,12 @@ import os
 import pytest
 import zstandard
 
-from fleet.inputs import (describe, find_inputs, iter_documents, iter_path_documents, plan_ranges,
-                          read_all)
 from fleet.job import InputError
 from fleet.run import make_items
 from fleet.store.local import LocalStore
+from jobs.text.inputs import (describe, find_corpus, iter_documents, iter_path_documents, plan_ranges, plan_slices,
+                              read_all)
+from tests.helpers.linejob import JOB as LINEJOB, LineConfig
 from tests.test_properties import assert_pieces_are_the_documents
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "corpus")
@@ -56,7 +57,7 @@ def test_jsonl_text_field_is_a_document():
 
 
 def test_jsonl_bad_records_are_skipped_and_named_until_most_are_bad():
-    from fleet.inputs import Tally
+    from jobs.text.inputs import Tally
 
     tally = Tally()
     data = b'{"text": "ok"}\n{not json\n{"text": "fine"}\n{"body": "x"}\n{"text": "also"}\n'
@@ -70,7 +71,7 @@ def test_jsonl_bad_records_are_skipped_and_named_until_most_are_bad():
 
 def test_invalid_utf8_skips_its_line_naming_the_byte_offset():
     # A bad line costs itself, not its document (issue 17): the document goes on around it.
-    from fleet.inputs import Tally
+    from jobs.text.inputs import Tally
 
     tally = Tally()
     assert read_all(b"good\n\nhello\n\xff\xfe\nmore\n\nfine\nend\n", "bad.txt", tally=tally) == [
@@ -85,7 +86,7 @@ def test_nul_and_control_characters_are_text():
 
 
 def test_a_truncated_gzip_keeps_the_documents_before_the_damage():
-    from fleet.inputs import Tally
+    from jobs.text.inputs import Tally
 
     data = gzip.compress(b"".join(b"doc %d line\nsecond line\n\n" % i for i in range(3000)))
     tally = Tally()
@@ -105,13 +106,13 @@ def test_folder_inputs_skip_readmes_code_and_hidden(tmp_path):
     (tmp_path / ".hidden.txt").write_text("h\n")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "t"}\n'))
-    names = [f.name for f in find_inputs([str(tmp_path)])]
+    names = [f.name for f in find_corpus([str(tmp_path)])]
     assert names == ["a.txt", "sub/b.jsonl.gz", "wiki_00"]
 
 
 def test_missing_input_is_one_clear_error(tmp_path):
     with pytest.raises(InputError, match="no such file or folder"):
-        find_inputs([str(tmp_path / "nope")])
+        find_corpus([str(tmp_path / "nope")])
 
 
 @pytest.mark.parametrize("target", [1000, 7919, 50_000, 300_000])
@@ -170,15 +171,34 @@ def test_the_end_of_the_file_is_a_boundary_when_no_blank_line_comes_first(tmp_pa
 
 def test_items_cover_every_input(tmp_path):
     (tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"x\n\ny\n"))
-    found = find_inputs([CORPUS, str(tmp_path)])
-    items = make_items(found, 100_000)
-    assert [i.id for i in items] == [f"{n:05d}" for n in range(len(items))]
-    assert sum(i.size for i in items) == sum(f.size for f in found)
-    gz = [i for i in items if i.compression == "gz"]
+    found = find_corpus([CORPUS, str(tmp_path)])
+    slices = plan_slices([CORPUS, str(tmp_path)], 100_000)
+    assert sum(s.size for s in slices) == sum(f.size for f in found)
+    gz = [s for s in slices if s.compression == "gz"]
     assert len(gz) == 1 and gz[0].start == 0
+    # A run's items are the text job's slices, numbered in order, each pinned to its file's version.
+    items = make_items(LINEJOB, LineConfig(), found, 100_000)
+    assert [i.id for i in items] == [f"{n:05d}" for n in range(len(items))]
+    assert [(i.name, i.start, i.end, i.size, i.version) for i in items] == \
+        [(s.name, s.start, s.end, s.size, s.version) for s in slices]
+    assert [i.meta["compression"] for i in items] == [s.compression for s in slices]
 
 
 def test_iter_path_documents_reads_folders(tmp_path):
     (tmp_path / "a.txt").write_text("a\n\nb\n")
     (tmp_path / "b.jsonl").write_text('{"text": "c"}\n')
     assert list(iter_path_documents([str(tmp_path)])) == [["a"], ["b"], ["c"]]
+
+
+def test_an_item_planned_before_the_item_api_reads_as_the_slice_it_was(tmp_path):
+    # Runs planned by 83e8d26 wrote the text layer's slice fields at the top of each item line.
+    from fleet.run import Item
+    from jobs.text.job import item_slice
+
+    (tmp_path / "c.txt").write_bytes(b"a\n\nb\nc\n\nd\n")
+    for s in plan_slices([str(tmp_path)], 4):
+        old = {"url": s.url, "name": s.name, "start": s.start, "end": s.end, "format": s.format,
+               "compression": s.compression, "version": s.version, "cuts_document": s.cuts_document,
+               "text_bytes": 0, "id": "00000"}
+        item = Item.from_dict(old)
+        assert item.size == s.size and item_slice(item.input()) == s

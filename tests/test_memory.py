@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fleet.inputs import formats, parquet
-from fleet.inputs.formats import Bad, ReadOptions, Tally, checked
 from fleet.store import open_store
+from jobs.text.inputs import formats, parquet
+from jobs.text.inputs.formats import Bad, ReadOptions, Tally, checked
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

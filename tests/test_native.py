@@ -386,7 +386,7 @@ def test_big_calls_do_not_keep_big_buffers(monkeypatch, odd):
 def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocabs, sample, options):
     """End to end in one process (the README's job on short documents of the sample): the same
     bytes with FLEET_NATIVE=0 and =1. bench proves it with ``fleet local`` on whole corpora."""
-    from fleet.inputs import read_all
+    from jobs.text.inputs import read_all
     from fleet.job import ItemContext
     from jobs.electra_zh_en import JOB
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from fleet.inputs import find_inputs, read_all
 from fleet.job import InputError
 from fleet.lease import DONE, FAILED, LEASED, Lease
+from jobs.text.inputs import find_corpus, read_all
 from tests.helpers.cli import FLEET, fleet, one_line_error
 from tests.helpers.procs import LINEJOB, ROOT, write_corpus
 
@@ -71,7 +71,7 @@ def vocab(tmp_path) -> Path:
 def test_a_truncated_zst_says_so_wherever_it_is_cut(keep):
     import random
 
-    from fleet.inputs import Tally
+    from jobs.text.inputs import Tally
 
     rng = random.Random(5)
     text = "".join(" ".join(rng.choice(["alpha", "beta", "数据", "模型", str(i)]) for _ in range(9)) + "\n\n"
@@ -226,7 +226,7 @@ def test_symbolic_links_are_followed_once_and_bad_ones_named(tmp_path, corpus):
     (corpus / "again").symlink_to(corpus)  # a loop: read once
     (corpus / "broken.txt").symlink_to(tmp_path / "nowhere.txt")
     (corpus / "file-link.txt").symlink_to(elsewhere / "c.txt")  # the same file twice: once
-    names = [f.name for f in find_inputs([str(corpus)])]
+    names = [f.name for f in find_corpus([str(corpus)])]
     assert names == ["a.txt", "b.txt", "file-link.txt"] or names == ["a.txt", "b.txt", "linked/c.txt"], names
     proc = local(corpus, tmp_path / "out", tmp=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -258,7 +258,7 @@ def test_an_unreadable_input_is_one_clear_error(tmp_path, corpus, monkeypatch):
 
     monkeypatch.setattr(builtins, "open", guarded)
     with pytest.raises(InputError, match=r"in/b.txt: cannot read it \(Permission denied\)"):
-        find_inputs([str(corpus)])
+        find_corpus([str(corpus)])
 
 
 def test_a_gs_input_without_credentials_says_how_to_log_in(tmp_path):
@@ -323,7 +323,8 @@ def test_a_file_with_no_blank_line_is_cut_and_a_worker_stays_small(tmp_path, voc
     items = [json.loads(x) for x in (tmp_path / "b" / "runs" / "r" / "items.jsonl").read_text().splitlines()]
     # 24 MB in items of about 4 MB, each cut at a line end; the look for a blank line past the
     # fifth reaches the end of the file, which ends the document: the last item runs to it (8 MB).
-    assert len(items) == 5 and all(i["cuts_document"] for i in items[:-1]) and not items[-1]["cuts_document"]
+    cuts = [i["meta"].get("cuts_document", False) for i in items]
+    assert len(items) == 5 and all(cuts[:-1]) and not cuts[-1]
     assert items[-1]["end"] == big.stat().st_size
 
 

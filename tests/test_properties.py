@@ -25,11 +25,11 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from fleet.inputs import iter_documents, plan_ranges, read_all
 from fleet.job import ConfigError, InputError, ItemContext, Sink
 from fleet.store import StoreError
 from fleet.store.local import LocalStore
 from jobs.electra_zh_en import JOB, ElectraConfig
+from jobs.text.inputs import iter_documents, plan_ranges, read_all
 from jobs.electra_zh_en.builder import ExampleBuilder
 from jobs.text.tokenization import BertTokenizer, VocabError, load_vocab
 from jobs.text.vocab import train_vocab, write_vocab

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from fleet.claims import ClaimPolicy
 from fleet.lease import DONE, Lease
 from fleet.run import final_prefix, lease_prefix, load_spec, plan
-from fleet.spawner import Worker, drained
+from fleet.processes import drained
+from fleet.spawner import Worker
 from fleet.status import StatusReader
 from fleet.store import open_store
 from fleet import verify
@@ -223,7 +224,7 @@ def test_any_deletions_of_leases_markers_and_outputs_end_in_a_clean_run(tmp_path
 def test_a_sigterm_while_a_drained_worker_sweeps_its_scratch_is_no_traceback(tmp_path, monkeypatch):
     import signal
 
-    from fleet import spawner
+    from fleet import processes, spawner
 
     bucket, _ = _plan(tmp_path)
     close = spawner.Worker.close
@@ -237,7 +238,7 @@ def test_a_sigterm_while_a_drained_worker_sweeps_its_scratch_is_no_traceback(tmp
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     try:
-        assert spawner.work_one(bucket, RUN, "w", log_file=str(tmp_path / "w.log")) == 0
+        assert processes.work_one(bucket, RUN, "w", log_file=str(tmp_path / "w.log")) == 0
     finally:  # work_one sets up the process's logging: give pytest its own back
         root.handlers[:], root.level = handlers, level
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

@@ -23,7 +23,7 @@ JOB = "tests.helpers.linejob:JOB"
 
 def start_worker(bucket: str, run: str, name: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    code = f"from fleet.spawner import work_one; raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}))"
+    code = f"from fleet.processes import work_one; raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}))"
     return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

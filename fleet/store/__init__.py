@@ -155,3 +155,6 @@ def read_url(url: str) -> bytes:
     """A small object (a vocab, a config) named by URL or local path."""
     store, name = locate(url)
     return store.read(name)
+
+
+from fleet.store.file import StoreFile  # noqa: E402,F401  (a reader over the Store above)

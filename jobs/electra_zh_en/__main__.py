@@ -100,8 +100,8 @@ def vocab(
     min_frequency: int = typer.Option(2, help="Fewest occurrences for a merged piece."),
 ) -> None:
     """Train a BERT WordPiece vocab ([PAD] [UNK] [CLS] [SEP] [MASK] first)."""
-    from fleet.inputs import ReadOptions
     from fleet.store import StoreError
+    from jobs.text.inputs import ReadOptions
 
     from jobs.text.tokenization import SPECIAL_TOKENS
     from jobs.text.vocab import VocabTooSmall, check_options, train_vocab, write_vocab
@@ -213,8 +213,8 @@ def check(
     """A look before the spend: read a bounded sample of the inputs and print documents and lines
     per MB, tokens per line, the [UNK] share, Chinese/English share, lines longer than
     max_seq_length, and what split_sentences would change."""
-    from fleet.inputs import ReadOptions
     from fleet.store import StoreError
+    from jobs.text.inputs import ReadOptions
 
     from jobs.text.sample import Sampled, sample_documents
     from jobs.text.survey import Survey

@@ -9,8 +9,11 @@
   file naming, and writers for TFRecord and Parquet (``parquet``);
 - ``tokenizer_cache``: tokenizers loaded once per process, by the digest of their file;
 - ``report``: a look at a run's records; ``sample`` + ``survey``: a bounded sample of a corpus
-  and its figures, before the spend (the ``check`` tool).
+  and its figures, before the spend (the ``check`` tool);
+- ``job``: ``TextJob``, the fleet's item API read as documents; ``inputs``: the corpus
+  formats, cutting files into items at document boundaries, and bad-record accounting.
 
-It depends on ``fleet.job`` only, never on a job; but ``sample``, which reads a corpus as the
-fleet does, through ``fleet.inputs`` and ``fleet.store`` (the input layer is to move here).
+It depends on fleet's public APIs only, never on a job: ``fleet.job`` (the item API),
+``fleet.store`` (ranged reads of an input's pinned version: Parquet's footer, a plan's look
+for document boundaries) and ``fleet.sources`` (finding a corpus's files, for the tools).
 """

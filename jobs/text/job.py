@@ -3,25 +3,22 @@
 The text jobs (electra_zh_en, causal_lm) turn documents, each a list of lines, into
 records. ``TextJob`` does the rest once for all of them: it takes only corpus files
 from a folder, cuts each file into items at document boundaries (whole compressed
-files, row groups of Parquet files), and hands the converter a job names in
+files, row groups of Parquet files), checks the run's read options (``--text-column``,
+``--keep-titles``, ``--max-bad-share``), and hands the converter a job names in
 ``document_converter`` each item's documents, with the bad records counted in the
 item's stats. A document is never split between items, except one longer than an item.
+The formats themselves are jobs.text.inputs'.
 """
 
 from __future__ import annotations
 
 import abc
-import logging
+import dataclasses
 from typing import Any, Iterable, Iterator, Mapping
 
-from fleet.job import Converter, ItemContext, ItemInput, Job, Opener, Piece, Sink, Source
+from fleet.job import ConfigError, Converter, ItemContext, ItemInput, Job, Opener, Piece, Sink, Source
 
-from fleet.inputs import ReadOptions, Tally, describe, file_format, plan_ranges
-from fleet.inputs.files import _corpus_file
-from fleet.inputs.parquet import plan_row_groups, row_groups
-from fleet.inputs.slices import Slice, read_slice
-
-log = logging.getLogger("fleet.plan")
+from jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
 
 
 class DocumentConverter(abc.ABC):
@@ -33,34 +30,42 @@ class DocumentConverter(abc.ABC):
 
 
 def read_options(read: Mapping[str, Any]) -> ReadOptions:
+    """The run's read options (RunSpec.read, as check_read stored them)."""
     return ReadOptions(**read) if read else ReadOptions()
+
+
+def check_read_options(read: Mapping[str, Any]) -> ReadOptions:
+    """The options as given (``fleet plan``/``local`` flags), checked: one line naming the flag."""
+    known = {f.name for f in dataclasses.fields(ReadOptions)}
+    unknown = sorted(set(read) - known)
+    if unknown:
+        raise ConfigError(f"read option {unknown[0]!r}: a text job knows {', '.join(sorted(known))}")
+    options = ReadOptions(**read)
+    share = options.max_bad_share
+    if isinstance(share, bool) or not isinstance(share, (int, float)):
+        raise ConfigError(f"--max-bad-share {share!r}: give a number from 0 to 1 (a share of the records)")
+    if not 0 <= share <= 1:  # NaN and inf too
+        raise ConfigError(f"--max-bad-share {share:g}: give 0 to 1 (a share of the records)")
+    if not isinstance(options.text_column, str) or not options.text_column:
+        raise ConfigError(f"--text-column {options.text_column!r}: give the name of a JSON field or Parquet column")
+    if not isinstance(options.keep_titles, bool):
+        raise ConfigError(f"--keep-titles {options.keep_titles!r}: a flag, true or false")
+    return options
 
 
 class TextJob(Job):
     """A job over text corpora: plain text, JSON Lines, WikiExtractor, CirrusSearch, Parquet."""
 
     def accepts(self, name: str) -> bool:
-        return _corpus_file(name)
+        return corpus_file(name)
+
+    def check_read(self, read: Mapping[str, Any]) -> dict[str, Any]:
+        return dataclasses.asdict(check_read_options(read))
 
     def cut(self, source: Source, item_bytes: int, config: Any, read: Mapping[str, Any]) -> list[Piece]:
         """Byte ranges of a plain file cut at document boundaries, the whole of a compressed one,
         ranges of row groups of a Parquet file."""
-        store = source_store(source)
-        _, compression = describe(source.name)
-        fmt = file_format(store, source.name, source.size)
-        if fmt == "parquet":
-            groups = row_groups(store, source.name, source.size, source.version or None,
-                                read_options(read).text_column, source.display)
-            return [Piece(first, end, max(1, size), _meta(fmt, "none", False, "row groups"))
-                    for first, end, size in plan_row_groups(groups, item_bytes)]
-        if compression != "none":
-            return [Piece(0, source.size, source.size, _meta(fmt, compression, False))]
-        ranges = plan_ranges(store, source.name, source.size, fmt, item_bytes)
-        cuts = sum(cut for _, _, cut in ranges)
-        if cuts:
-            log.warning("warning: %s: %d document(s) longer than an item (%s bytes) cut between items at a "
-                        "line boundary", source.display, cuts, f"{item_bytes:,}")
-        return [Piece(start, end, end - start, _meta(fmt, compression, cut)) for start, end, cut in ranges]
+        return [_piece(s) for s in cut_source(source, item_bytes, read_options(read))]
 
     def converter(self, config: Any, opener: Opener) -> Converter:
         return _Documents(self.document_converter(config, opener))
@@ -70,26 +75,25 @@ class TextJob(Job):
         """Per worker process: load what every item needs (a vocab) once."""
 
 
-def _meta(fmt: str, compression: str, cuts_document: bool, unit: str = "") -> dict[str, Any]:
-    meta: dict[str, Any] = {"format": fmt, "compression": compression}
-    if cuts_document:
+def _piece(s: Slice) -> Piece:
+    """A slice as the fleet keeps it in an item: what the reader needs to know goes in meta."""
+    meta: dict[str, Any] = {"format": s.format, "compression": s.compression}
+    if s.cuts_document:
         meta["cuts_document"] = True
-    if unit:
-        meta["unit"] = unit
-    return meta
+    if s.format == "parquet":
+        meta["unit"] = "row groups"
+    return Piece(s.start, s.end, s.size, meta)
 
 
-def source_store(source: Source):
-    from fleet.store import open_store
-    return open_store(source.url)
+def item_slice(item: ItemInput) -> Slice:
+    """The slice an item's input is (the inverse of _piece)."""
+    return Slice(item.url, item.name, item.start, item.end, item.meta.get("format", "text"),
+                 item.meta.get("compression", "none"), item.version, bool(item.meta.get("cuts_document")), 0)
 
 
 def item_documents(item: ItemInput, ctx: ItemContext, tally: Tally) -> Iterator[list[str]]:
     """The item's documents, read as the run's options say, with ctx.checkpoint between them."""
-    piece = Slice(item.url, item.name, item.start, item.end, item.meta.get("format", "text"),
-                  item.meta.get("compression", "none"), item.version, bool(item.meta.get("cuts_document")),
-                  0)
-    for doc in read_slice(piece, ctx.workdir, tally, read_options(ctx.read)):
+    for doc in read_slice(item_slice(item), ctx.workdir, tally, read_options(ctx.read)):
         ctx.checkpoint()
         yield doc
 

@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from fleet.inputs import InputFile, ReadOptions, Tally, describe, find_inputs, iter_documents
-from fleet.inputs.parquet import StoreFile, parquet_documents, row_groups
-from fleet.inputs.slices import file_format
-from fleet.job import InputError
-from fleet.store import StoreError, open_store
+from fleet.job import InputError, Source
+from fleet.store import StoreError, StoreFile, open_store
+
+from jobs.text.inputs import ReadOptions, Tally, describe, file_format, find_corpus, iter_documents
+from jobs.text.inputs.parquet import parquet_documents, row_groups
 
 _MIN_FILE_BYTES = 256 << 10  # a file's share is never smaller than this
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -49,7 +49,7 @@ def sample_documents(paths: list[str], max_bytes: int, max_seconds: float, optio
     stops at ``max_seconds`` (``math.inf`` for both: every document). Raises InputError (naming
     the file) when a file cannot be read or is not the format it looks like."""
     start = time.monotonic()
-    files = find_inputs(paths)
+    files = find_corpus(paths)
     sampled.files = len(files)
     share = max(_MIN_FILE_BYTES, max_bytes / max(1, len(files)))  # (not //: inf // n is nan)
     total = 0
@@ -87,7 +87,7 @@ def sample_documents(paths: list[str], max_bytes: int, max_seconds: float, optio
     sampled.seconds = time.monotonic() - start
 
 
-def _documents(inp: InputFile, options: ReadOptions, tally: Tally, sampled: Sampled) -> Iterator[list[str]]:
+def _documents(inp: Source, options: ReadOptions, tally: Tally, sampled: Sampled) -> Iterator[list[str]]:
     store = open_store(inp.url)
     fmt, (_, compression) = file_format(store, inp.name, inp.size), describe(inp.name)
     sampled.formats[fmt] = sampled.formats.get(fmt, 0) + 1

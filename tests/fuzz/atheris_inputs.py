@@ -19,8 +19,8 @@ import tempfile
 import atheris
 
 with atheris.instrument_imports():
-    from fleet.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges
     from fleet.store.local import LocalStore
+    from jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges
 
 FORMATS = ["text", "jsonl", "cirrus", "wikiextractor"]
 STORE = tempfile.mkdtemp(prefix="atheris-inputs-")

@@ -24,46 +24,15 @@ import io
 from dataclasses import dataclass
 from typing import Iterator
 
-from fleet.inputs.formats import _END, MAX_DOCUMENT_CHARS, MAX_LINE_BYTES, Bad, ReadOptions, Tally, _assemble
 from fleet.job import InputError
-from fleet.store import Changed, NotFound, Store
+from fleet.store import Changed, NotFound, Store, StoreFile
+
+from jobs.text.inputs.formats import _END, MAX_DOCUMENT_CHARS, MAX_LINE_BYTES, Bad, ReadOptions, Tally, _assemble
 
 _BATCH = 1024  # rows decoded at a time, at most
 _BATCH_BYTES = 8 << 20  # ... and about this much text (from the row group's mean row size)
 _WINDOW = 4 << 20  # bytes of a long row decoded at a time
 _READ_BUFFER = 4 << 20  # column chunks are read through a buffer this big, not whole
-
-
-class StoreFile(io.RawIOBase):
-    """A seekable read-only file over one object version, by ranged reads (what pyarrow needs
-    to read a footer and some column chunks without fetching the whole object)."""
-
-    def __init__(self, store: Store, name: str, size: int, version: str | None):
-        self.store, self.name, self.size, self.version = store, name, size, version
-        self.pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def readinto(self, buffer) -> int:
-        end = min(self.size, self.pos + len(buffer))
-        if end <= self.pos:
-            return 0
-        data = self.store.read(self.name, self.pos, end, version=self.version)
-        buffer[:len(data)] = data
-        self.pos += len(data)
-        return len(data)
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,11 @@ import re
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
 
-from fleet.inputs.compression import COMPRESSIONS, decompressed, head_of
-from fleet.inputs.files import describe
-from fleet.inputs.longjson import NotJSON, TextField
 from fleet.job import InputError
+
+from jobs.text.inputs.compression import COMPRESSIONS, decompressed, head_of
+from jobs.text.inputs.longjson import NotJSON, TextField
+from jobs.text.inputs.names import describe
 
 _BLOCK = 4 << 20  # at most MAX_LINE_BYTES: then only a line that a block's carry starts can be over-long
 MAX_LINE_BYTES = 16 << 20

@@ -1,9 +1,11 @@
-"""Finding a corpus's files: folders walked (links followed once), each file planned once.
+"""Finding a run's input objects: files and folders (local or gs://) named as input, each
+object planned once and pinned to the version found.
 
 Once means once per file, not per name: a symbolic link, a hard link or the same folder
-named twice all reach one inode, and its bytes are read once. Inside a folder only corpus
-files are taken: not READMEs, licences or build files (with or without an extension), and
-not the outputs or run state of another fleet run, which are named in a warning.
+named twice all reach one inode, and its bytes are read once. Inside a folder the job says
+which files are input (``Job.accepts``: a text job skips READMEs); hidden files ('.', '_')
+and the outputs or run state of another fleet run, named in a warning, never are. What is in
+an object is the job's business: this module never reads one.
 """
 
 from __future__ import annotations
@@ -11,77 +13,22 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from fleet.inputs.compression import COMPRESSIONS
-from fleet.job import InputError
+from fleet.job import InputError, Source, printable
 from fleet.store import open_store, split_url
 from fleet.store.local import file_version
 
-log = logging.getLogger("fleet.inputs")
-
-
-def printable(text: str) -> str:
-    """A file name fit for a log line or a terminal: bytes that are not UTF-8 (kept by
-    the OS as surrogate escapes) shown as \\xNN instead of crashing the writer."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-@dataclass(frozen=True)
-class InputFile:
-    url: str  # store URL (a local folder or gs://bucket[/prefix])
-    name: str  # object name inside that store
-    size: int
-    version: str = ""  # Blob.version when found: what a worker checks before reading
-
-    @property
-    def display(self) -> str:
-        return printable(f"{self.url.rstrip('/')}/{self.name}")
-
-
-def describe(name: str) -> tuple[str, str]:
-    """(format, compression) from a file name: 'a.jsonl.gz' -> ('jsonl', 'gz')."""
-    base = name.lower()
-    compression = "none"
-    for ext, comp in COMPRESSIONS.items():
-        if base.endswith(ext):
-            compression, base = comp, base[: -len(ext)]
-            break
-    if base.endswith(".parquet"):
-        return "parquet", compression
-    fmt = "jsonl" if base.endswith((".jsonl", ".json", ".ndjson")) else "text"
-    return fmt, compression
-
-
-TEXT_EXTENSIONS = (".txt", ".text", ".jsonl", ".json", ".ndjson", ".parquet")
+log = logging.getLogger("fleet.sources")
 
 
 def _hidden(name: str) -> bool:
     return any(part.startswith((".", "_")) for part in name.split("/"))
 
 
-# Files that come with a corpus but are not corpus, whatever their extension (README, readme.txt,
-# LICENSE.md, Makefile.am): taken only when named on their own.
-NOT_CORPUS = frozenset({
-    "readme", "license", "licence", "licenses", "licences", "copying", "copyright", "notice", "authors",
-    "contributors", "contributing", "changelog", "codeowners", "makefile", "dockerfile", "containerfile",
-    "cmakelists", "manifest", "checksums", "md5sums", "sha1sums", "sha256sums", "sha512sums",
-})
-
-
-def _corpus_file(name: str) -> bool:
-    """Inside a folder, take text files and extension-less shards (wiki_00); skip READMEs and code."""
-    if _hidden(name):
-        return False
-    base = name.rsplit("/", 1)[-1].lower()
-    if base.split(".", 1)[0] in NOT_CORPUS:
-        return False
-    for ext in COMPRESSIONS:
-        if base.endswith(ext):
-            base = base[: -len(ext)]
-            break
-    return base.endswith(TEXT_EXTENSIONS) or "." not in base
+def every_file(name: str) -> bool:
+    """The default ``accept``: every file a folder holds is input."""
+    return True
 
 
 def fleet_output(folder: str, entries: Iterable[str], exists: Callable[[str], bool]) -> str | None:
@@ -117,9 +64,9 @@ def _readable(path: str, display: str) -> None:
         raise InputError(f"{display}: cannot read it ({e.strerror or e})") from None
 
 
-def _walk(root: str, exclude: tuple[str, ...], accept: Callable[[str], bool] = _corpus_file
+def _walk(root: str, exclude: tuple[str, ...], accept: Callable[[str], bool] = every_file
           ) -> Iterator[tuple[str, os.stat_result]]:
-    """Corpus files under a folder, following symbolic links to files and folders.
+    """Input files under a folder, following symbolic links to files and folders.
 
     A folder reached twice (a link loop, or two links to one folder) is read once; a
     broken or looping link, a FIFO or a device is named in a warning and skipped."""
@@ -170,18 +117,19 @@ def _walk(root: str, exclude: tuple[str, ...], accept: Callable[[str], bool] = _
     yield from visit(root, "")
 
 
-def find_inputs(paths: list[str], exclude: list[str] = (), accept: Callable[[str], bool] = _corpus_file
-                ) -> list[InputFile]:
-    """Expand files and folders (local or gs://) into input files, in a stable order.
+def find_sources(paths: list[str], exclude: list[str] = (), accept: Callable[[str], bool] = every_file
+                 ) -> list[Source]:
+    """Expand files and folders (local or gs://) into input objects, in a stable order.
 
     Each file is planned once, however often it is named (directly, inside a named
     folder, or through links): the same corpus twice would be converted twice. Paths
-    under ``exclude`` (the output folder of `fleet local`) are never inputs."""
-    found: list[InputFile] = []
+    under ``exclude`` (the output folder of `fleet local`) are never inputs. ``accept(name)``
+    says which files inside a folder are input (``Job.accepts``)."""
+    found: list[Source] = []
     seen: dict[object, str] = {}  # (device, inode) of a local file, or a URL -> how it was first found
     excluded = tuple(os.path.realpath(x) for x in exclude)
 
-    def add(inp: InputFile, key: object) -> None:
+    def add(inp: Source, key: object) -> None:
         if key in seen:
             if seen[key] != inp.display:
                 _warn(f"{inp.display}: the same file as {seen[key]}; planned once")
@@ -197,28 +145,29 @@ def find_inputs(paths: list[str], exclude: list[str] = (), accept: Callable[[str
             store = open_store(root)
             blob = store.stat(prefix) if prefix else None
             if blob is not None:
-                add(InputFile(root, prefix, blob.size, blob.version), f"{root}/{prefix}")
+                add(Source(root, prefix, blob.size, blob.version), f"{root}/{prefix}")
                 continue
             folder = prefix + "/" if prefix else ""
             listed = list(store.list(folder))
             skipped = _gcs_outputs(path, [b.name[len(folder):] for b in listed])
-            blobs = [b for b in listed if accept(b.name[len(folder):]) and b.size > 0
-                     and not any(b.name[len(folder):].startswith(s) for s in skipped)]
+            blobs = [b for b in listed if b.size > 0 and not _hidden(rel := b.name[len(folder):]) and accept(rel)
+                     and not any(rel.startswith(s) for s in skipped)]
             if not blobs:
                 raise InputError(f"{path}: no input files there")
             for b in blobs:
-                add(InputFile(root, b.name, b.size, b.version), f"{root}/{b.name}")
+                add(Source(root, b.name, b.size, b.version), f"{root}/{b.name}")
             continue
         if "://" in path and not path.startswith("file://"):
             raise InputError(f"{path}: unsupported URL (inputs are local paths or gs://BUCKET/PATH)")
         local = os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
         if os.path.isfile(local):
             st = os.stat(local)
-            inp = InputFile(os.path.dirname(local), os.path.basename(local), st.st_size, file_version(st))
+            inp = Source(os.path.dirname(local), os.path.basename(local), st.st_size, file_version(st))
             _readable(local, inp.display)
             add(inp, (st.st_dev, st.st_ino))  # a hard or symbolic link to a file planned already: once
         elif os.path.isdir(local):
-            files = [(InputFile(local, rel, st.st_size, file_version(st)), st) for rel, st in _walk(local, excluded, accept)]
+            files = [(Source(local, rel, st.st_size, file_version(st)), st)
+                     for rel, st in _walk(local, excluded, accept)]
             if not files:
                 raise InputError(f"{printable(path)}: no input files there")
             for inp, st in files:

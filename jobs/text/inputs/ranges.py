@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from fleet.inputs.formats import _DOC_OPEN
 from fleet.store import Store
+
+from jobs.text.inputs.formats import _DOC_OPEN
 
 _SCAN = 64 << 10
 _SHORT = 64 << 10  # a line longer than this is not taken for a document boundary (the reader may

@@ -1,18 +1,26 @@
-"""A work item's slice of an input file, read as exactly the bytes that were planned."""
+"""A work item's slice of an input file: how the text layer cuts a file into items (at
+document boundaries, whole compressed files, ranges of Parquet row groups), and reads one as
+exactly the bytes that were planned."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from typing import Iterator
 
-from fleet.inputs.compression import head_of
-from fleet.inputs.files import describe, find_inputs, printable
-from fleet.inputs.formats import ReadOptions, Tally, decide, iter_documents
-from fleet.inputs.parquet import parquet_documents, row_groups
-from fleet.job import InputError
+from fleet.job import InputError, Source, printable
+from fleet.sources import find_sources
 from fleet.store import Changed, NotFound, Store, open_store
+
+from jobs.text.inputs.compression import head_of
+from jobs.text.inputs.formats import ReadOptions, Tally, decide, iter_documents
+from jobs.text.inputs.names import corpus_file, describe
+from jobs.text.inputs.parquet import parquet_documents, plan_row_groups, row_groups
+from jobs.text.inputs.ranges import plan_ranges
+
+log = logging.getLogger("fleet.plan")
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,40 @@ class Slice:
         elif self.compression == "none" and self.start:
             where += f" (from byte {self.start})"
         return printable(where)
+
+
+def cut_source(source: Source, item_bytes: int, options: ReadOptions = ReadOptions()) -> list[Slice]:
+    """A file's slices of about ``item_bytes``: byte ranges of a plain file cut at document
+    boundaries, the whole of a compressed one, ranges of row groups of a Parquet file."""
+    store = open_store(source.url)
+    _, compression = describe(source.name)
+    fmt = file_format(store, source.name, source.size)
+    if fmt == "parquet":
+        groups = row_groups(store, source.name, source.size, source.version or None, options.text_column,
+                            source.display)
+        return [Slice(source.url, source.name, first, end, fmt, "none", source.version, False, max(1, size))
+                for first, end, size in plan_row_groups(groups, item_bytes)]
+    if compression != "none":
+        return [Slice(source.url, source.name, 0, source.size, fmt, compression, source.version)]
+    ranges = plan_ranges(store, source.name, source.size, fmt, item_bytes)
+    cuts = sum(cut for _, _, cut in ranges)
+    if cuts:
+        log.warning("warning: %s: %d document(s) longer than an item (%s bytes) cut between items at a "
+                    "line boundary", source.display, cuts, f"{item_bytes:,}")
+    return [Slice(source.url, source.name, start, end, fmt, compression, source.version, cut)
+            for start, end, cut in ranges]
+
+
+def find_corpus(paths: list[str]) -> list[Source]:
+    """The corpus files under some files or folders (a file named is always taken)."""
+    return find_sources(paths, accept=corpus_file)
+
+
+def plan_slices(paths: list[str], item_bytes: int, options: ReadOptions = ReadOptions()) -> list[Slice]:
+    """Every corpus file under some files or folders cut into slices (what a text job's items
+    are; for tests and tools: a run plans them through fleet.run)."""
+    return [piece for source in find_corpus(paths) if source.size
+            for piece in cut_source(source, item_bytes, options)]
 
 
 def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
@@ -98,7 +140,7 @@ def file_format(store: Store, name: str, size: int) -> str:
 
 def iter_path_documents(paths: list[str], options: ReadOptions = ReadOptions()) -> Iterator[list[str]]:
     """Every document under some files or folders (for vocab training and tools)."""
-    for inp in find_inputs(paths):
+    for inp in find_corpus(paths):
         store = open_store(inp.url)
         fmt, (_, compression) = file_format(store, inp.name, inp.size), describe(inp.name)
         if fmt == "parquet":

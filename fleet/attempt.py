@@ -1,0 +1,264 @@
+"""One attempt at one item, as the lease protocol wants it: renew the lease while the job
+converts, upload the outputs, then commit, fail (an attempt spent) or give the item back.
+
+A thread renews the lease; if renewal finds it taken over, the converter is stopped at its
+next ``ctx.checkpoint()`` (Cancelled) and the work discarded, so a stale worker never commits.
+Which item to try, and when, is the claim loop's (fleet.spawner); this is what happens to
+an item once it is held.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import BinaryIO, Callable
+
+from fleet.codesync import sha256_file
+from fleet.job import Converter, InputError, ItemContext, ItemFailed, Sink, item_seed
+from fleet.lease import Held, Leases, Lost
+from fleet.run import Item, RunSpec, released_prefix
+from fleet.store import Store, StoreError, open_store
+
+log = logging.getLogger("fleet.worker")
+
+
+def _test_pause(point: str, item: str) -> None:
+    """Test-only hook, off unless FLEET_TEST_PAUSE is set (e.g. "claimed=0.5,uploaded=0.5"):
+    log that this worker reached a named point, then sleep there, so a test can SIGKILL
+    or SIGSTOP it at that moment. Points: claimed (lease written, no work yet),
+    converting (first document read), uploaded (outputs written, renewal stopped, lease not
+    yet done)."""
+    for part in os.environ.get("FLEET_TEST_PAUSE", "").split(","):
+        name, _, seconds = part.partition("=")
+        if name == point:
+            log.info("test pause at %s, item %s", point, item)
+            time.sleep(float(seconds or 0))
+
+
+class Shutdown(BaseException):
+    """SIGTERM (preemption, `fleet down`) or Ctrl-C: give the item back and leave."""
+
+
+class Environment(Exception):
+    """This worker's surroundings fail, not the item: a full disk, a read-only or forbidden
+    output place. Every item would fail alike, so the item is given back (no attempt
+    spent) and the worker stops with this one-line reason; a rerun after the fix finishes."""
+
+
+# Errors of the machine, not of the data: retrying the item elsewhere (or later) is the cure.
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EMFILE,
+                      errno.ENFILE, errno.ENOMEM, errno.EIO}
+
+
+def environmental(e: BaseException) -> str | None:
+    """The one-line reason if ``e`` is the machine's fault, else None."""
+    if isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS:
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror or os.strerror(e.errno)}"
+    return None
+
+
+class DirSink(Sink):
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.files: list[tuple[str, str]] = []  # (suffix, local path)
+
+    def open(self, suffix: str) -> BinaryIO:
+        if any(s == suffix for s, _ in self.files) or "/" in suffix:
+            raise ValueError(f"output suffix {suffix!r} used twice or contains '/'")
+        path = os.path.join(self.folder, f"out-{len(self.files)}")
+        self.files.append((suffix, path))
+        return open(path, "wb")
+
+    def add(self, suffix: str, path: str) -> None:
+        """Take over a finished file of the item's scratch folder as it is: no copy. A suffix may
+        name a subfolder, never climb out of the output place."""
+        parts = suffix.split("/")
+        if any(s == suffix for s, _ in self.files) or any(p in ("", ".", "..") for p in parts[1:]) \
+                or "\\" in suffix or "\x00" in suffix:
+            raise ValueError(f"output suffix {suffix!r} used twice or not a plain relative path")
+        self.files.append((suffix, path))
+
+
+def output_name(item: str, suffix: str) -> str:
+    return f"part-{item}{suffix}"
+
+
+class _Renewer(threading.Thread):
+    """Renews a held lease every ttl/3 until stopped, beating the worker's heartbeat with it
+    (so a busy worker looks alive as long as it holds a live lease); flags loss of the lease."""
+
+    def __init__(self, leases: Leases, held: Held, beat=None):
+        super().__init__(daemon=True)
+        self.leases, self.held, self.beat = leases, held, beat
+        self.stop = threading.Event()
+        self.lost = threading.Event()
+
+    def run(self) -> None:
+        interval = max(0.05, self.leases.ttl / 3)
+        while not self.stop.wait(interval):
+            try:
+                self.leases.renew(self.held)
+                if self.beat is not None:
+                    self.beat("working")
+            except Lost:
+                self.lost.set()
+                return
+            except Exception as e:  # a store hiccup: keep trying until the lease would expire
+                log.warning("renewing %s failed: %s", self.held.item, e)
+                if time.time() > self.held.lease.expires:
+                    self.lost.set()
+                    return
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join()
+
+
+@dataclass
+class Counters:
+    items_done: int = 0
+    items_failed: int = 0
+    items_lost: int = 0
+    bytes_done: int = 0
+    started: float = field(default_factory=time.time)
+
+
+class ItemRunner:
+    """The items of one worker process, one at a time: ``process`` is one attempt's whole
+    protocol; ``release`` gives an item back without spending an attempt."""
+
+    def __init__(self, store: Store, spec: RunSpec, leases: Leases, converter: Converter, seed: int,
+                 scratch: str, counters: Counters, beat: Callable[[str], None]):
+        self.store, self.run, self.spec = store, spec.run, spec
+        self.leases = leases
+        self.output = open_store(spec.output)
+        self.converter = converter
+        self.seed = seed  # the run's seed (Job.seed); each item's comes from it and the item id
+        self.scratch = scratch  # each attempt works in a fresh folder under it
+        self.counters = counters
+        self.beat = beat  # the worker's heartbeat, beaten while the lease is renewed
+        self.current: str | None = None  # the item in hand, for the heartbeat
+
+    def _checkpoint(self, item: Item, renewer: _Renewer):
+        """What a converter calls as it goes: the first call is the "converting" test pause,
+        and each raises Lost (discard the work) once the lease is taken over."""
+        first = [True]
+
+        def checkpoint() -> None:
+            if first[0]:
+                first[0] = False
+                _test_pause("converting", item.id)
+            if renewer.lost.is_set():
+                raise Lost(f"item {item.id}: lease taken over")
+
+        return checkpoint
+
+    def process(self, item: Item, held: Held) -> None:
+        _test_pause("claimed", item.id)
+        self.current = item.id
+        self.beat("working")
+        t0 = time.time()
+        renewer = _Renewer(self.leases, held, self.beat)
+        renewer.start()
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"item-{item.id}-", dir=self.scratch) as workdir:
+                sink = DirSink(workdir)
+                ctx = ItemContext(item.id, item_seed(self.seed, item.id), item.display, workdir,
+                                  self.spec.read, self._checkpoint(item, renewer))
+                stats = dict(self.converter.convert(item.input(), ctx, sink))
+                outputs = []
+                for suffix, path in sink.files:
+                    if renewer.lost.is_set():
+                        raise Lost(f"item {item.id}: lease taken over")
+                    name = output_name(item.id, suffix)
+                    try:
+                        generation = self.output.upload_file(name, path)
+                    except StoreError as e:  # the output place refuses every item alike
+                        raise Environment(f"writing outputs: {e}") from None
+                    outputs.append({"name": name, "size": os.path.getsize(path), "sha256": sha256_file(path),
+                                    "generation": generation, "version": self._version_of(name, generation)})
+            renewer.finish()
+            if renewer.lost.is_set():
+                raise Lost(f"item {item.id}: lease taken over")
+            _test_pause("uploaded", item.id)  # no renewal from here to the commit: the risky gap
+            stats.update(input_bytes=item.size, seconds=round(time.time() - t0, 3))
+            self.leases.commit(held, outputs, stats)
+            self.counters.items_done += 1
+            self.counters.bytes_done += item.size
+            log.info("item %s done in %.1fs (%s)", item.id, time.time() - t0, item.display)
+        except Lost as e:
+            renewer.finish()
+            self.counters.items_lost += 1
+            log.warning("%s; discarding its work", e)
+        except ItemFailed as e:  # the job said why (a program's exit code and stderr): no traceback
+            renewer.finish()
+            message = f"{item.display}: {e}".splitlines()[0]
+            final = self.leases.fail(held, message, retry=True, detail=e.detail)
+            if final:
+                self.counters.items_failed += 1
+            elif held.lease.expires == 0.0:
+                self.announce_release(item.id)
+            tail = "".join(f"\n    {line}" for line in e.detail.get("stderr_tail") or ())
+            log.error("item %s attempt %d failed%s: %s%s", item.id, held.lease.attempt,
+                      " for good" if final else "", message, tail)
+        except InputError as e:
+            renewer.finish()
+            self.leases.fail(held, str(e), retry=False)
+            self.counters.items_failed += 1
+            log.error("item %s failed: %s", item.id, e)
+        except Shutdown:
+            renewer.finish()
+            self.release(held)
+            raise
+        except Exception as e:
+            renewer.finish()
+            reason = str(e) if isinstance(e, Environment) else environmental(e)
+            if reason is not None:
+                self._give_back(held)
+                raise Environment(reason) from None
+            message = f"{item.display}: {type(e).__name__}: {e}".splitlines()[0]
+            final = self.leases.fail(held, message, retry=True)
+            if final:
+                self.counters.items_failed += 1
+            elif held.lease.expires == 0.0:
+                self.announce_release(item.id)
+            # A store error (403, bucket gone) is explained by its one line; anything else is a bug: keep the trace.
+            trace = "" if isinstance(e, StoreError) else "\n" + traceback.format_exc()
+            log.error("item %s attempt %d failed%s: %s%s", item.id, held.lease.attempt,
+                      " for good" if final else "", message, trace)
+        finally:
+            self.current = None
+
+    def _version_of(self, name: str, generation: int) -> str:
+        """The uploaded object's version, which a cheap check of the outputs compares (see
+        fleet.verify): "" if it is already another generation (then the generation is compared)."""
+        blob = self.output.stat(name)
+        return blob.version if blob is not None and blob.generation == generation else ""
+
+    def _give_back(self, held: Held) -> None:
+        """Release an item without spending an attempt; if even that cannot be written (the
+        full disk holds the bucket too), its lease simply expires."""
+        try:
+            self.release(held)
+        except Exception as e:
+            log.warning("could not give item %s back (%s); its lease expires in %.0f s", held.item,
+                        environmental(e) or e, max(0.0, held.lease.expires - time.time()))
+
+    def release(self, held: Held) -> None:
+        """Give an item back without spending an attempt, and say so in released/."""
+        self.leases.release(held)
+        if held.lease.expires == 0.0:
+            self.announce_release(held.item)
+
+    def announce_release(self, item: str) -> None:
+        try:  # advisory: without it the item is still taken, once its lease stands still
+            self.store.write(released_prefix(self.run) + item, b"", idempotent=True)
+        except Exception as e:
+            log.warning("released marker for %s not written: %s", item, e)

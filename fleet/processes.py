@@ -1,0 +1,214 @@
+"""Worker processes: one per core (spawned, so no client state is shared across a fork),
+each running fleet.spawner's Worker until the run is drained; SIGTERM and Ctrl-C give the
+item in hand back; the exit code says whether a process crashed (1) or said why in one
+line (2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+
+from fleet.attempt import Environment, Shutdown, environmental
+from fleet.job import ConfigError, JobNotFound
+from fleet.run import PlanError, final_prefix, lease_prefix, load_spec
+from fleet.spawner import Worker
+from fleet.store import StoreError, open_store
+
+log = logging.getLogger("fleet.worker")
+
+
+def _setup_logging(name: str, log_file: str | None) -> None:
+    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def _on_sigterm(signum, frame):
+    # Once only: a second SIGTERM (a VM's shutdown signals every process, and startup.sh forwards
+    # its own), or SIGTERM after Ctrl-C (fleet local stops its workers), must not interrupt the
+    # release of the item being given back. A handler that does nothing, not SIG_IGN: a signal
+    # already pending when the handler changes would otherwise raise "ignored due to race condition".
+    signal.signal(signal.SIGTERM, _ignore)
+    signal.signal(signal.SIGINT, _ignore)
+    raise Shutdown()
+
+
+def _ignore(signum, frame):
+    pass
+
+
+def work_one(bucket: str, run: str, name: str | None = None, log_file: str | None = None,
+             standby: int | None = None) -> int:
+    """One worker process until the run is drained; exit code 0 unless it crashed.
+
+    A problem that is the user's, the store's or the machine's (no such run or bucket, 403,
+    a bad or changed vocab, an unknown job, a full disk) is one log line and exit code 2,
+    never a traceback; an item in hand is given back first."""
+    previous = signal.signal(signal.SIGTERM, _on_sigterm), signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches every process of the group: same as SIGTERM
+    try:
+        worker = Worker(bucket, run, name, standby=standby)
+    except Shutdown:
+        return 0
+    except (PlanError, ConfigError, JobNotFound, StoreError) as e:
+        _setup_logging(name or "worker", log_file)
+        log.error("cannot start: %s", e)
+        return 2
+    except OSError as e:
+        _setup_logging(name or "worker", log_file)
+        log.error("cannot start: %s", environmental(e) or e)
+        return 2
+    _setup_logging(worker.name, log_file)
+    # What the worker loaded lives as long as it does (modules, the job's vocab and tokenizer): kept
+    # out of the collector's reach, so its full collections no longer walk them while items convert.
+    gc.freeze()
+    try:
+        try:
+            counters = worker.run_until_drained()
+        except Shutdown:
+            held = worker.holding
+            if held is not None and held.lease.live(time.time()):
+                worker.runner.release(held)  # the signal came after the claim, before process() could give it back
+            worker.mark_idle(False)
+            worker.beat("stopped")
+            log.info("stopped by a signal; items given back")
+            return 0
+        except Environment as e:
+            log.error("stopped: %s", e)
+            worker.mark_idle(False)
+            worker.beat("stopped")
+            return 2
+        except StoreError as e:  # retries (fleet.store.gcs) are spent: the store is gone or refuses us
+            log.error("stopped: %s", e)
+            worker.beat("stopped")
+            return 2
+        except OSError as e:
+            reason = environmental(e)
+            if reason is None:
+                raise
+            log.error("stopped: %s", reason)
+            return 2
+    finally:
+        # Leaving: nothing is held any more, so a SIGTERM now (`fleet local` stops its workers once the
+        # run is finished) must not interrupt the scratch sweep with a Shutdown and a traceback.
+        signal.signal(signal.SIGTERM, _ignore)
+        signal.signal(signal.SIGINT, _ignore)
+        worker.close()
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    log.info("drained: %d done, %d failed here", counters.items_done, counters.items_failed)
+    return 0
+
+
+def _child(bucket: str, run: str, name: str, log_file: str | None, standby: int | None = None) -> None:
+    raise SystemExit(work_one(bucket, run, name, log_file, standby))
+
+
+@contextlib.contextmanager
+def _without_cli_main():
+    """Spawn runs the parent's main script again in each child before its target (as
+    ``__mp_main__``). A worker needs nothing of it (its target is ``_child``, here), and when the
+    parent is the ``fleet`` command that script imports the whole CLI (typer, rich, pydantic):
+    about 0.1 s of every worker's start. So, for fleet's own CLI only, the main module looks
+    like no script while the children start (another main script may define what its jobs need)."""
+    main = sys.modules.get("__main__")
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    entry = getattr(main, "main", None)
+    if main is None or not (spec_name == "fleet.cli" or getattr(entry, "__module__", None) == "fleet.cli"):
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+
+
+def start_workers(bucket: str, run: str, procs: int, log_dir: str | None = None,
+                  prefix: str | None = None, standby: int | None = None) -> list[multiprocessing.process.BaseProcess]:
+    """Start worker processes (spawned, so no client state is shared across a fork)."""
+    base = prefix or f"{socket.gethostname()}-{uuid.uuid4().hex[:4]}"
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+    ctx = multiprocessing.get_context("spawn")
+    children = []
+    for i in range(procs):
+        name = f"{base}-w{i}"
+        log_file = os.path.join(log_dir, f"{name}.log") if log_dir else None
+        child = ctx.Process(target=_child, args=(bucket, run, name, log_file, standby), name=name)
+        with _without_cli_main():
+            child.start()
+        children.append(child)
+    return children
+
+
+def stop_workers(children: list, timeout: float = 10.0) -> None:
+    """SIGTERM (each gives its item back), then SIGKILL whatever is left."""
+    for c in children:
+        if c.is_alive():
+            with contextlib.suppress(Exception):
+                os.kill(c.pid, signal.SIGTERM)
+    deadline = time.time() + timeout
+    for c in children:
+        c.join(max(0.0, deadline - time.time()))
+        if c.is_alive():
+            c.kill()
+            c.join()
+
+
+def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, prefix: str | None = None,
+         standby: int | None = None) -> int:
+    """Run `procs` worker processes (one per core is right: conversion is CPU-bound)."""
+    if procs == 1:
+        name = f"{prefix or socket.gethostname() + '-' + uuid.uuid4().hex[:4]}-w0"
+        return work_one(bucket, run, name, os.path.join(log_dir, f"{name}.log") if log_dir else None, standby)
+    children = start_workers(bucket, run, procs, log_dir, prefix, standby)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop_workers(children))
+    try:
+        pending = list(children)
+        while pending:
+            for c in list(pending):
+                c.join(0.2)
+                if c.is_alive():
+                    continue
+                pending.remove(c)
+                if c.exitcode == 0 and pending and drained(bucket, run):
+                    # The others can only be idle now, waiting out a poll: let them go at once.
+                    stop_workers(pending)
+                    pending = []
+                    break
+    except KeyboardInterrupt:  # Ctrl-C reached the children too: they give their items back
+        stop_workers(children)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    failed = [c.exitcode for c in children if c.exitcode and c.exitcode != -signal.SIGTERM]
+    if not failed:
+        return 0
+    return 2 if all(code == 2 for code in failed) else 1  # 2: each said why in one line (work_one)
+
+
+def drained(bucket: str, run: str) -> bool:
+    """Every item finished: one listing of the leases, then one of the final/ markers; a
+    marker counts only while its lease is there (a stale one must not stop the workers)."""
+    try:
+        store = open_store(bucket)
+        prefix, final = lease_prefix(run), final_prefix(run)
+        leased = {b.name[len(prefix):] for b in store.list(prefix)}
+        finals = {b.name[len(final):] for b in store.list(final)}
+        return len(finals & leased) >= load_spec(store, run).items
+    except Exception:  # then the workers find out themselves
+        return False
