@@ -16,6 +16,7 @@ from typer.core import TyperGroup
 from fleet.config import PROCS_PER_CORE, ConfigError as FleetConfigError
 from fleet.render import print_skipped, say
 from fleet.job import ConfigError, InputError, JobNotFound
+from fleet.layout import LOG_SUFFIX, launch_name, log_prefix
 from fleet.run import PlanError, check_run_name, list_runs
 from fleet.store import StoreError, open_store
 
@@ -175,7 +176,7 @@ def plan_cmd(
     check_inputs(input, "--input")
     cfg = _config()
     bucket = _bucket(bucket, cfg)
-    version = code_version(paths=cfg.code_paths) if cfg else code_version()
+    version = code_version(paths=code_paths(cfg))
     spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), version,
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6),
                                 read=ReadOptions(text_column, keep_titles, max_bad_share))
@@ -438,6 +439,14 @@ def _bucket(bucket: Optional[str], cfg) -> str:
     return cfg.bucket
 
 
+def code_paths(cfg) -> list[str]:
+    """What a code version is made of: fleet.toml's code_paths, else the default (fleet.codesync takes
+    them from here, so that the worker side never reads the configuration)."""
+    from fleet.config import DEFAULT_CODE_PATHS
+
+    return list(cfg.code_paths) if cfg else list(DEFAULT_CODE_PATHS)
+
+
 def _required_config():
     from fleet.config import load
 
@@ -482,10 +491,9 @@ def sync_cmd(
 ) -> None:
     """Upload the code to gs://BUCKET/code/<version>/: only files whose content is new."""
     from fleet.codesync import sync
-    from fleet.config import DEFAULT_CODE_PATHS
 
     cfg = _config()
-    result = sync(_bucket(bucket, cfg), root, cfg.code_paths if cfg else list(DEFAULT_CODE_PATHS))
+    result = sync(_bucket(bucket, cfg), root, paths=code_paths(cfg))
     console.print(f"code {result.version}: {result.files} files, {result.uploaded} new "
                   f"({result.uploaded_bytes / 1e3:,.1f} kB uploaded)"
                   + ("" if result.manifest_created else "; this version was already synced"), highlight=False)
@@ -521,7 +529,7 @@ def launch_cmd(
             print(line)
         print("checks: " + (f"quota and service-account checks skipped: {checks.skipped}" if checks.skipped
                             else "; ".join(problems) or "quota and service account ok"))
-        console.print(f"dry run: nothing created; `fleet launch` would also write {cfg.bucket}/{gcp.launch_name(run)}",
+        console.print(f"dry run: nothing created; `fleet launch` would also write {cfg.bucket}/{launch_name(run)}",
                       highlight=False)
         if problems and not force:
             raise typer.Exit(1)
@@ -626,8 +634,8 @@ def logs_cmd(
     from fleet import gcp
 
     store = open_store(_bucket(bucket, _config()))
-    prefix = gcp.log_prefix(run)
-    logs = {b.name[len(prefix):].removesuffix(".log"): b for b in store.list(prefix)}
+    prefix = log_prefix(run)
+    logs = {b.name[len(prefix):].removesuffix(LOG_SUFFIX): b for b in store.list(prefix)}
     if worker is None:
         if not logs:
             fail(f"no logs for run {run!r} in {store.url} yet")

@@ -27,6 +27,8 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from fleet import layout
+
 ENDPOINT_ENV = "FLEET_COMPUTE_ENDPOINT"
 DEFAULT_ENDPOINT = "https://compute.googleapis.com"
 # What a worker needs: read inputs/code and write outputs/leases/logs; remove its own VM from the MIG.
@@ -40,9 +42,10 @@ MIG_LIMIT = {"zonal": 1000, "regional": 2000}  # VMs per managed instance group 
 _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
               gexc.GatewayTimeout, ConnectionError)
 
-# Metadata keys startup.sh reads.
+# Metadata keys startup.sh reads. MD_PATHS: the run's object names it writes (fleet.layout.vm_paths), so
+# that the bucket layout has one owner; metadata, since the VM needs them before (and if) its code downloads.
 MD_BUCKET, MD_RUN, MD_VERSION = "fleet-bucket", "fleet-run", "fleet-code-version"
-MD_PROCS, MD_STANDBY = "fleet-workers-per-vm", "fleet-standby"
+MD_PROCS, MD_STANDBY, MD_PATHS = "fleet-workers-per-vm", "fleet-standby", "fleet-paths"
 
 
 class ComputeError(Exception):
@@ -156,6 +159,7 @@ def template_resource(spec: FleetSpec) -> compute_v1.InstanceTemplate:
         MD_VERSION: spec.code_version,
         MD_PROCS: str(spec.workers_per_vm),
         MD_STANDBY: str(spec.standby),
+        MD_PATHS: layout.vm_paths_text(spec.run),
     }
     if spec.shutdown_script:
         items["shutdown-script"] = spec.shutdown_script

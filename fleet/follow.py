@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from fleet.layout import final_prefix, lease_prefix
 from fleet.lease import DONE, FAILED, Lease
-from fleet.run import final_prefix, lease_prefix, load_spec
+from fleet.run import load_spec
 from fleet.store import NotFound, Store, open_store
 
 

@@ -19,19 +19,12 @@ from fleet import boots, compute, estimate, iam, prelaunch
 from fleet.codesync import has_version, project_root
 from fleet.config import PROCS_PER_CORE, FleetConfig
 from fleet.records import JsonRecord
-from fleet.run import PlanError, load_items, load_spec, run_prefix
+from fleet.layout import launch_name
+from fleet.run import PlanError, load_items, load_spec
 from fleet.store import NotFound, Store, open_store
 
 STARTUP_SCRIPT = os.path.join("startup", "startup.sh")
 SHUTDOWN_SCRIPT = os.path.join("startup", "shutdown.sh")
-
-
-def launch_name(run: str) -> str:
-    return f"{run_prefix(run)}/launch.json"
-
-
-def log_prefix(run: str) -> str:
-    return f"{run_prefix(run)}/logs/"
 
 
 @dataclass

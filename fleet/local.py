@@ -21,10 +21,12 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.codesync import code_version
+from fleet.config import DEFAULT_CODE_PATHS
 from fleet.inputs import ReadOptions
 from fleet.job import load_job
+from fleet.layout import spec_name
 from fleet.render import printable, print_skipped, say
-from fleet.run import PlanError, load_spec, plan, spec_name
+from fleet.run import PlanError, load_spec, plan
 from fleet.spawner import start_workers, stop_workers
 from fleet.status import RunStatus, StatusReader
 from fleet.store import open_store
@@ -163,7 +165,7 @@ def run_local(
     if item_bytes is None:
         item_bytes = _existing_item_bytes(bucket)
     size_for = item_bytes if item_bytes is not None else auto_item_bytes
-    spec, items, created = plan(bucket, RUN, job, inputs, out_dir, settings, code_version(),
+    spec, items, created = plan(bucket, RUN, job, inputs, out_dir, settings, code_version(paths=DEFAULT_CODE_PATHS),
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=size_for,
                                 exclude=[out_dir], read=read,
                                 again="write to another OUT_DIR, or restore what changed to resume this one")
@@ -259,7 +261,7 @@ def release_dead(store, reader: StatusReader) -> int:
     import dataclasses
 
     from fleet.lease import LEASED, Lease
-    from fleet.run import lease_prefix, released_prefix
+    from fleet.layout import lease_prefix, released_prefix
     from fleet.liveness import worker_alive
     from fleet.store import NotFound, PreconditionFailed
 

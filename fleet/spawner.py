@@ -35,10 +35,10 @@ from fleet.claims import ClaimPolicy
 from fleet.codesync import check_pinned, sha256_file
 from fleet.inputs import Tally, read_slice
 from fleet.job import ConfigError, InputError, ItemContext, JobNotFound, Sink, item_seed, load_job
+from fleet.layout import final_prefix, idle_prefix, lease_prefix, released_prefix, worker_prefix
 from fleet.lease import Held, Lease, Leases, Lost
 from fleet.liveness import pid_alive
-from fleet.run import (Item, PlanError, RunSpec, final_prefix, idle_prefix, lease_prefix, load_items, load_spec,
-                       pinned_opener, read_options, released_prefix, worker_prefix)
+from fleet.run import Item, PlanError, RunSpec, load_items, load_spec, pinned_opener, read_options
 from fleet.store import PreconditionFailed, Store, StoreError, open_store
 
 log = logging.getLogger("fleet.worker")

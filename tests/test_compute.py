@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from fleet import compute, iam
 from fleet.cli import app
 from fleet.codesync import sync
+from fleet.config import DEFAULT_CODE_PATHS
 from fleet.run import plan
 from fleet.store import open_store
 from tests.standins.catalog import Catalog
@@ -144,7 +145,7 @@ def launched(fake_gcs, gcs_bucket, standin, tmp_path, monkeypatch):
         f'service_account = "w@{PROJECT}.iam.gserviceaccount.com"\n')
     store = open_store(bucket)
     store.upload_file("corpus/sample_en.txt", str(ROOT / "corpus" / "sample_en.txt"))
-    version = sync(bucket).version
+    version = sync(bucket, paths=DEFAULT_CODE_PATHS).version
     plan(bucket, "r1", "tests.helpers.linejob:JOB", [f"{bucket}/corpus/"], f"{bucket}/out/", {}, version,
          item_bytes=200_000)
     return bucket, standin

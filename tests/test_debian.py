@@ -25,6 +25,7 @@ from fleet import compute
 from fleet.boots import boot_records
 from fleet.codesync import sync
 from fleet.config import DEFAULT_CODE_PATHS
+from fleet.layout import vm_paths_text
 from fleet.run import plan
 from fleet.status import StatusReader
 from fleet.store import open_store
@@ -119,7 +120,7 @@ def test_startup_sh_installs_and_works_on_a_bare_debian_12(fake_gcs, gcs_bucket,
             time.sleep(0.1)
         (vm,) = standin.running()
         attributes = {"fleet-bucket": bucket, "fleet-run": "deb", "fleet-code-version": version,
-                      "fleet-workers-per-vm": "1", "fleet-standby": "0",
+                      "fleet-workers-per-vm": "1", "fleet-standby": "0", "fleet-paths": vm_paths_text("deb"),
                       "created-by": f"projects/123456789012/zones/{ZONE}/instanceGroupManagers/fleet-deb",
                       "instance-template": "projects/123456789012/global/instanceTemplates/t-deb"}
         server = MetadataServer(Instance(vm.name, PROJECT, ZONE, attributes)).start()
