@@ -58,7 +58,7 @@ def test_template_request_has_only_the_scopes_workers_need_and_a_safety_net():
                                    "maxRunDuration": {"seconds": "21600"}}  # int64 as a JSON string
     items = {i["key"]: i["value"] for i in props["metadata"]["items"]}
     assert set(items) == {"startup-script", "fleet-bucket", "fleet-run", "fleet-code-version",
-                          "fleet-workers-per-vm", "fleet-standby"}  # nothing secret
+                          "fleet-workers-per-vm", "fleet-standby", "fleet-paths"}  # nothing secret
     standard = compute.to_dict(compute.template_resource(spec(spot=False, max_run_hours=0)))["properties"]
     assert standard["scheduling"] == {"provisioningModel": "STANDARD"}
 
