@@ -14,7 +14,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet import compute, layout
+from fleet import compute_requests, layout
 from fleet.run import check_run_name, list_runs
 from fleet.store import open_store
 
@@ -72,10 +72,10 @@ def test_startup_sh_spells_no_object_name_and_uses_only_keys_the_launch_gives():
 
 
 def test_the_template_hands_startup_sh_the_run_s_names():
-    spec = compute.FleetSpec(run="r1", bucket="gs://b", code_version="0" * 16, template="fleet-r1",
+    spec = compute_requests.FleetSpec(run="r1", bucket="gs://b", code_version="0" * 16, template="fleet-r1",
                              machine_type="e2-standard-4", image="img", service_account="", startup_script="#!")
-    items = {i.key: i.value for i in compute.template_resource(spec).properties.metadata.items}
-    assert items[compute.MD_PATHS] == layout.vm_paths_text("r1")
+    items = {i.key: i.value for i in compute_requests.template_resource(spec).properties.metadata.items}
+    assert items[compute_requests.MD_PATHS] == layout.vm_paths_text("r1")
 
 
 def test_a_damaged_paths_metadata_is_refused():
