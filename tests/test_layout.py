@@ -7,6 +7,7 @@ any run, instance and boot, and must give exactly fleet.layout's names.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -107,3 +108,26 @@ def test_list_runs_finds_the_runs_by_their_specs(tmp_path):
                  layout.run_prefix("d") + "x/run.json"):
         store.write(name, b"{}")
     assert list_runs(store) == ["a", "b.2"]
+
+
+def _strings(tree: ast.AST) -> list[str]:
+    """The string literals of a module (f-strings' literal parts too), docstrings left out."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]
+
+
+def test_no_other_fleet_module_spells_a_run_s_object_name():
+    """(It finds the old run_prefix family, and the launch record's and logs' names in gcp.py.)"""
+    names = ("runs/", "run.json", "items.jsonl", "leases/", "final/", "released/", "workers/", "idle/",
+             "launch.json", "logs/", "boots/", "failed-boots", "stopped.json")
+    spelled = {}
+    for path in sorted((STARTUP.parent.parent / "fleet").glob("*.py")):
+        if path.name != "layout.py":
+            found = [s for s in _strings(ast.parse(path.read_text()))
+                     if any(n in s for n in names) and " " not in s]  # a name, not a message about one
+            if found:
+                spelled[path.name] = found
+    assert spelled == {}
