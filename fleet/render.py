@@ -1,5 +1,5 @@
-"""How the fleet's commands look on a terminal: messages, tables, status and summaries (fleet.cli
-says what to show; this module, how).
+"""How the fleet's commands look on a terminal: messages, tables, status and summaries
+(fleet.cli and fleet.local say what to show; this module, how).
 
 Every message goes out with rich markup off: a path, a URL or a job's hint may hold `[/`,
 which rich would read as a closing tag and crash on. Only the label before it is styled.
