@@ -248,7 +248,8 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     from requests.adapters import HTTPAdapter
 
     from fleet.lease import DONE, FAILED, Lease
-    from fleet.run import lease_prefix, plan
+    from fleet.layout import lease_prefix
+    from fleet.run import plan
     from fleet.spawner import Worker
     from fleet.store import open_store
     from fleet.store.gcs import make_client

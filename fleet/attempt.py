@@ -22,7 +22,8 @@ from typing import BinaryIO, Callable
 from fleet.codesync import sha256_file
 from fleet.job import Converter, InputError, ItemContext, ItemFailed, Sink, item_seed
 from fleet.lease import Held, Leases, Lost
-from fleet.run import Item, RunSpec, released_prefix
+from fleet.run import Item, RunSpec
+from fleet.layout import released_prefix
 from fleet.store import Store, StoreError, open_store
 
 log = logging.getLogger("fleet.worker")

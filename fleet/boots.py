@@ -1,7 +1,8 @@
 """What a run's VMs record about their boots, and the run's stop when boots keep failing.
 
 startup/startup.sh writes these with nothing but curl (it must, when Python or the code is
-what failed); this module reads them for `fleet status` and clears the stop for a new launch:
+what failed), at the names fleet.layout gives it; this module reads them for `fleet status`
+and clears the stop for a new launch:
 
     runs/<run>/boots/<instance>-<boot>      one record per VM boot: outcome, reason, last log lines.
                                             <boot> differs for every boot, so a VM the MIG recreates
@@ -18,21 +19,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from fleet.layout import boots_prefix, failed_prefix, stop_name
 from fleet.records import JsonRecord
-from fleet.run import run_prefix
 from fleet.store import NotFound, Store
-
-
-def boots_prefix(run: str) -> str:
-    return f"{run_prefix(run)}/boots/"
-
-
-def failed_prefix(run: str) -> str:
-    return f"{run_prefix(run)}/failed-boots/"
-
-
-def stop_name(run: str) -> str:
-    return f"{run_prefix(run)}/stopped.json"
 
 
 @dataclass

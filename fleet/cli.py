@@ -10,12 +10,13 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from typer.core import TyperGroup
 
 from fleet.config import PROCS_PER_CORE, ConfigError as FleetConfigError
-from fleet.render import print_detail, print_skipped, say
+from fleet.render import (logs_text, plan_line, print_fleet, print_options, print_status, roles_text, say, stdout,
+                          sync_line)
 from fleet.job import ConfigError, InputError, JobNotFound
+from fleet.layout import LOG_SUFFIX, launch_name, log_prefix
 from fleet.run import PlanError, check_run_name, list_runs
 from fleet.store import StoreError, open_store
 
@@ -63,11 +64,6 @@ console = Console(stderr=True, soft_wrap=True, markup=False)  # one line however
 USER_ERRORS = (PlanError, ConfigError, InputError, JobNotFound, StoreError, FleetConfigError)
 
 
-def stdout() -> Console:
-    """Tables and reports: markup off, since they hold run names, paths and job texts."""
-    return Console(markup=False)
-
-
 def fail(message: str, code: int = 2) -> None:
     """The one line of a user error: only the prefix is styled; the message is printed as it is."""
     say(console, " ".join(str(message).splitlines()), "fleet: error:", "red")
@@ -85,7 +81,7 @@ def explain(e: Exception) -> str:
 
 def user_error(e: BaseException) -> bool:
     """A problem the user can fix (bad input, a setting, the bucket, the disk): one line, no traceback."""
-    compute = sys.modules.get("fleet.compute")  # imported only by the commands that talk to Compute Engine
+    compute = sys.modules.get("fleet.compute_requests")  # imported only by the commands that talk to Compute Engine
     return isinstance(e, (*USER_ERRORS, OSError)) or (compute is not None and isinstance(e, compute.ComputeError))
 
 
@@ -173,13 +169,11 @@ def plan_cmd(
     check_inputs(input, "--input")
     cfg = _config()
     bucket = _bucket(bucket, cfg)
-    version = code_version(paths=cfg.code_paths) if cfg else code_version()
+    version = code_version(paths=code_paths(cfg))
     spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), version,
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6),
                                 read=_read(text_column, keep_titles, max_bad_share))
-    verb = "planned" if created else "already planned (unchanged)"
-    console.print(f"run {run} {verb}: {len(items)} items, {spec.input_bytes / 1e6:,.1f} MB, "
-                  f"job {job}, code {spec.code_version}")
+    console.print(plan_line(spec, len(items), created))
 
 
 def _plan_numbers(item_mb: float | None, lease_ttl: float, max_attempts: int) -> None:
@@ -301,12 +295,7 @@ def jobs_cmd(
     for job_name in names:
         job = load_job(job_name)
         doc = (type(job).__doc__ or (job.__doc__ or "")).strip().splitlines()
-        table = Table(title=f"{job_name}" + (f": {doc[0]}" if doc else ""), show_header=True, title_justify="left")
-        for col in ("option", "type", "default", "meaning"):
-            table.add_column(col)
-        for opt in describe_options(job.config_type):
-            table.add_row(opt.name, opt.type, repr(opt.default), opt.help)
-        stdout().print(table)
+        print_options(stdout(), job_name + (f": {doc[0]}" if doc else ""), describe_options(job.config_type))
 
 
 @app.command("follow")
@@ -361,9 +350,9 @@ def status_cmd(
             print(json.dumps({**st.to_dict(), **({"fleet": fleet_view} if fleet_view else {})},
                              indent=1, sort_keys=True))
         else:
-            render_status(st)
+            print_status(stdout(), st)
             if fleet_view:
-                render_fleet(fleet_view)
+                print_fleet(stdout(), fleet_view)
         if not watch or (st.finished and not (fleet_view or {}).get("mig")):
             break
         time.sleep(5)
@@ -393,38 +382,6 @@ def _verify(store, reader, run: str) -> None:
         console.print(f"verify: the outputs of all {done} done items match their digests", highlight=False)
 
 
-def render_status(st) -> None:
-    out = stdout()
-    table = Table(title=f"run {st.run} ({st.job})", show_header=False)
-    table.add_row("items", f"{st.items:,}")
-    table.add_row("pending", f"{st.pending:,}")
-    table.add_row("leased", f"{st.leased:,}")
-    table.add_row("done", f"{st.done:,}")
-    table.add_row("failed", f"{st.failed:,}")
-    table.add_row("MB done", f"{st.bytes_done / 1e6:,.1f} of {st.input_bytes / 1e6:,.1f}")
-    for key in ("examples", "tokens", "items_without_outputs"):
-        if key in st.totals:
-            table.add_row(key.replace("_", " "), f"{int(st.totals[key]):,}")
-    if st.first_start and st.bytes_done:
-        span = (st.last_finish if st.finished else time.time()) - st.first_start
-        if span > 0:
-            rate = st.bytes_done / span
-            table.add_row("MB/s", f"{rate / 1e6:,.2f}")
-            if not st.finished and rate > 0 and st.live_workers:
-                table.add_row("ETA", f"{(st.input_bytes - st.bytes_done) / rate:,.0f} s")
-    if not st.finished and not st.live_workers:
-        table.add_row("ETA", "none: no live worker (resume the run to go on)")
-    table.add_row("live workers", str(st.live_workers))
-    out.print(table)
-    for f in st.failures:
-        say(out, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
-        print_detail(out, f.get("detail") or {})
-    print_skipped(out, st.bad_records, int(st.totals.get("bad_records", 0)))
-    for r in st.retrying:
-        say(out, f"item {r['item']} after attempt {r['attempt']}: {r['error']}", "retrying", "yellow")
-        print_detail(out, r.get("detail") or {})
-
-
 # -- the fleet on Google Cloud ---------------------------------------------------------------------
 def _config():
     """fleet.toml if there is one: it only supplies defaults here."""
@@ -439,6 +396,14 @@ def _bucket(bucket: Optional[str], cfg) -> str:
     if cfg is None:
         fail("give --bucket, or write fleet.toml with `fleet init`")
     return cfg.bucket
+
+
+def code_paths(cfg) -> list[str]:
+    """What a code version is made of: fleet.toml's code_paths, else the default (fleet.codesync takes
+    them from here, so that the worker side never reads the configuration)."""
+    from fleet.config import DEFAULT_CODE_PATHS
+
+    return list(cfg.code_paths) if cfg else list(DEFAULT_CODE_PATHS)
 
 
 def _required_config():
@@ -485,13 +450,10 @@ def sync_cmd(
 ) -> None:
     """Upload the code to gs://BUCKET/code/<version>/: only files whose content is new."""
     from fleet.codesync import sync
-    from fleet.config import DEFAULT_CODE_PATHS
 
     cfg = _config()
-    result = sync(_bucket(bucket, cfg), root, cfg.code_paths if cfg else list(DEFAULT_CODE_PATHS))
-    console.print(f"code {result.version}: {result.files} files, {result.uploaded} new "
-                  f"({result.uploaded_bytes / 1e3:,.1f} kB uploaded)"
-                  + ("" if result.manifest_created else "; this version was already synced"), highlight=False)
+    result = sync(_bucket(bucket, cfg), root, paths=code_paths(cfg))
+    console.print(sync_line(result), highlight=False)
     print(result.version)
 
 
@@ -524,7 +486,7 @@ def launch_cmd(
             print(line)
         print("checks: " + (f"quota and service-account checks skipped: {checks.skipped}" if checks.skipped
                             else "; ".join(problems) or "quota and service account ok"))
-        console.print(f"dry run: nothing created; `fleet launch` would also write {cfg.bucket}/{gcp.launch_name(run)}",
+        console.print(f"dry run: nothing created; `fleet launch` would also write {cfg.bucket}/{launch_name(run)}",
                       highlight=False)
         if problems and not force:
             raise typer.Exit(1)
@@ -565,35 +527,6 @@ def _print_stop(store, run: str) -> None:
         say(console, stop.line(), style="red")
 
 
-def render_fleet(view: dict) -> None:
-    out = stdout()
-    launch = view["launch"]
-    mig = view["mig"]
-    title = f"fleet {launch['mig']} ({launch['zone'] or launch['region']}, {launch['machine_type']}" \
-            f"{', Spot' if launch['spot'] else ''})"
-    table = Table(title=title, show_header=True)
-    for col in ("VM", "zone", "status", "action", "last error"):
-        table.add_column(col)
-    for vm in (mig or {}).get("instances", []):
-        table.add_row(vm["name"], vm["zone"], vm["status"], vm["action"], "; ".join(vm["errors"]))
-    out.print(table)
-    if mig:
-        out.print(f"target size {mig['target_size']}, template {mig['template']}", highlight=False)
-    elif view.get("stopped"):
-        say(out, view["stopped"], style="red")
-    elif not view["problem"]:
-        out.print("the MIG is gone (the run's VMs have all left)", highlight=False)
-    if view["problem"]:
-        say(out, view["problem"], "cannot read the MIG:", "yellow")
-    for e in (mig or {}).get("errors", [])[:10]:
-        say(out, f"{e['time']}: {e['code']}: {e['message']}", f"{e['action'].lower()} {e['instance']}", "red")
-    out.print(f"VM-hours so far: {view['vm_hours']:,.2f} over {view['vms_seen']} VMs (from heartbeats; boot not counted)",
-              highlight=False)
-    if view.get("boots"):
-        out.print("VM boots: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(view["boots"].items())),
-                  highlight=False)
-
-
 @app.command("iam")
 def iam_cmd(
     role: Optional[str] = typer.Option(None, help="Print only this role's definition (YAML for gcloud --file)"),
@@ -610,12 +543,7 @@ def iam_cmd(
     cfg = _config()
     project = cfg.project if cfg else "PROJECT"
     bucket = cfg.bucket if cfg else "gs://BUCKET"
-    for r in iam.ROLES:
-        print(f"# role {r.id}: {r.description}")
-        for p in sorted(r.permissions, key=lambda p: p.name):
-            print(f"#   {p.name:40} {p.calls}")
-    print(f"# bound on the project with the condition {iam.CONDITION_TITLE}: "
-          f"MIGs and templates named {iam.NAME_PREFIX}* only")
+    sys.stdout.write(roles_text(iam.ROLES, iam.CONDITION_TITLE, iam.NAME_PREFIX))
     sys.stdout.write(iam.setup_commands(project, bucket, cfg.service_account if cfg else ""))
 
 
@@ -629,13 +557,12 @@ def logs_cmd(
     from fleet import gcp
 
     store = open_store(_bucket(bucket, _config()))
-    prefix = gcp.log_prefix(run)
-    logs = {b.name[len(prefix):].removesuffix(".log"): b for b in store.list(prefix)}
+    prefix = log_prefix(run)
+    logs = {b.name[len(prefix):].removesuffix(LOG_SUFFIX): b for b in store.list(prefix)}
     if worker is None:
         if not logs:
             fail(f"no logs for run {run!r} in {store.url} yet")
-        for name, blob in sorted(logs.items()):
-            print(f"{name}\t{blob.size:,} bytes")
+        sys.stdout.write(logs_text(logs))
         return
     vm = worker if worker in logs else gcp.vm_of(worker)
     if vm not in logs:

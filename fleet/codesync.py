@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from typing import Sequence
 
-from fleet.config import DEFAULT_CODE_PATHS
 from fleet.run import PlanError
 
 MANIFEST = "MANIFEST.sha256"  # the manifest's name inside a downloaded snapshot
@@ -72,8 +72,11 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def code_files(root: str | None = None, paths: tuple[str, ...] | list[str] = DEFAULT_CODE_PATHS) -> list[str]:
-    """Files of the snapshot, relative to root, sorted; leaves out VCS folders, venvs and caches."""
+def code_files(root: str | None = None, *, paths: Sequence[str]) -> list[str]:
+    """Files of the snapshot, relative to root, sorted; leaves out VCS folders, venvs and caches.
+
+    ``paths`` (what to take, relative to root) come from the caller: fleet.toml's code_paths or the
+    CLI's default, so this module knows nothing of the configuration."""
     root = root or project_root()
     found = []
     for top in paths:
@@ -95,10 +98,10 @@ def code_files(root: str | None = None, paths: tuple[str, ...] | list[str] = DEF
     return sorted(set(found))
 
 
-def snapshot(root: str | None = None, paths: tuple[str, ...] | list[str] = DEFAULT_CODE_PATHS) -> list[Entry]:
+def snapshot(root: str | None = None, *, paths: Sequence[str]) -> list[Entry]:
     root = root or project_root()
     return [Entry(rel, sha256_file(os.path.join(root, rel)), os.path.getsize(os.path.join(root, rel)))
-            for rel in code_files(root, paths)]
+            for rel in code_files(root, paths=paths)]
 
 
 def manifest_bytes(entries: list[Entry]) -> bytes:
@@ -136,7 +139,7 @@ def verify(root: str) -> str:
     return version_of(manifest)
 
 
-def code_version(root: str | None = None, paths: tuple[str, ...] | list[str] = DEFAULT_CODE_PATHS) -> str:
+def code_version(root: str | None = None, *, paths: Sequence[str]) -> str:
     """The version a run pins: the manifest's hash.
 
     In a downloaded snapshot (it has MANIFEST.sha256) that is the verified
@@ -146,7 +149,7 @@ def code_version(root: str | None = None, paths: tuple[str, ...] | list[str] = D
     root = root or project_root()
     if os.path.exists(os.path.join(root, MANIFEST)):
         return verify(root)
-    return version_of(manifest_bytes(snapshot(root, paths)))
+    return version_of(manifest_bytes(snapshot(root, paths=paths)))
 
 
 def check_pinned(pinned: str, root: str | None = None) -> None:
@@ -159,13 +162,12 @@ def check_pinned(pinned: str, root: str | None = None) -> None:
         raise CodeError(f"this code is version {have} ({root}) but the run pins {pinned}; refusing to work on it")
 
 
-def sync(bucket: str, root: str | None = None, paths: tuple[str, ...] | list[str] = DEFAULT_CODE_PATHS,
-         threads: int = 16) -> SyncResult:
+def sync(bucket: str, root: str | None = None, *, paths: Sequence[str], threads: int = 16) -> SyncResult:
     """Upload the files the bucket lacks (in parallel), then the manifest, create-only."""
     from fleet.store import PreconditionFailed, open_store
 
     root = root or project_root()
-    entries = snapshot(root, paths)
+    entries = snapshot(root, paths=paths)
     if not entries:
         raise CodeError(f"{root}: no files under {', '.join(paths)}")
     manifest = manifest_bytes(entries)

@@ -28,7 +28,8 @@ import numpy as np
 from fleet.job import ConfigError, Feature, JobNotFound, load_job
 from fleet.lease import DONE, FAILED, Lease
 from fleet.outputs import OutputError, is_parquet, parquet_columns, parquet_examples, read_records, record_examples
-from fleet.run import PlanError, final_prefix, lease_prefix, list_runs, load_spec
+from fleet.run import PlanError, list_runs, load_spec
+from fleet.layout import final_prefix, lease_prefix
 from fleet.store import NotFound, Store, StoreError, open_store
 
 if TYPE_CHECKING:

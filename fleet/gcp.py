@@ -2,9 +2,9 @@
 
 The bucket is the only shared state: `fleet launch` writes ``runs/<run>/launch.json``
 (where the MIG and template are), so `status`, `logs` and `down` need only the
-bucket and the run name. All Compute calls go through fleet.compute; a VM leaves its MIG
-from startup/startup.sh (curl and the metadata server's token: it must work when Python or
-the code is what failed).
+bucket and the run name. Compute requests are built by fleet.compute_requests and sent by
+fleet.compute; a VM leaves its MIG from startup/startup.sh (curl and the metadata server's
+token: it must work when Python or the code is what failed).
 """
 
 from __future__ import annotations
@@ -15,23 +15,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from fleet import boots, compute, estimate, iam, prelaunch
+from fleet import boots, compute, compute_requests, estimate, iam, prelaunch
 from fleet.codesync import has_version, project_root
 from fleet.config import PROCS_PER_CORE, FleetConfig
 from fleet.records import JsonRecord
-from fleet.run import PlanError, load_items, load_spec, run_prefix
+from fleet.layout import launch_name
+from fleet.run import PlanError, load_items, load_spec
 from fleet.store import NotFound, Store, open_store
 
 STARTUP_SCRIPT = os.path.join("startup", "startup.sh")
 SHUTDOWN_SCRIPT = os.path.join("startup", "shutdown.sh")
-
-
-def launch_name(run: str) -> str:
-    return f"{run_prefix(run)}/launch.json"
-
-
-def log_prefix(run: str) -> str:
-    return f"{run_prefix(run)}/logs/"
 
 
 @dataclass
@@ -50,8 +43,8 @@ class LaunchRecord(JsonRecord):
     launched: float = field(default_factory=time.time)
 
     @property
-    def place(self) -> compute.Place:
-        return compute.Place(self.project, self.zone, self.region)
+    def place(self) -> compute_requests.Place:
+        return compute_requests.Place(self.project, self.zone, self.region)
 
 
 def load_record(store: Store, run: str) -> LaunchRecord | None:
@@ -73,10 +66,10 @@ def read_startup_script(root: str | None = None, script: str = STARTUP_SCRIPT) -
 @dataclass
 class LaunchPlan:
     record: LaunchRecord
-    spec: compute.FleetSpec
+    spec: compute_requests.FleetSpec
     template: object  # compute_v1.InstanceTemplate
     mig: object  # compute_v1.InstanceGroupManager
-    requests: list[compute.Request]
+    requests: list[compute_requests.Request]
     estimate: estimate.Estimate
 
 
@@ -97,11 +90,11 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     ``vcpus`` per VM (machineTypes.get, see fleet.prelaunch) sizes the estimate and the derived
     maxRunDuration; without it the machine type's name says."""
     kind = "zonal" if cfg.zone else "regional"
-    limit = compute.MIG_LIMIT[kind]
+    limit = compute_requests.MIG_LIMIT[kind]
     if workers > limit and cfg.zone:
         raise PlanError(f"--workers {workers}: a zonal managed instance group holds at most {limit} VMs; "
                         f"set region = \"{cfg.zone.rpartition('-')[0]}\" in fleet.toml instead of zone "
-                        f"(a regional one holds {compute.MIG_LIMIT['regional']})")
+                        f"(a regional one holds {compute_requests.MIG_LIMIT['regional']})")
     if not 1 <= workers <= limit:
         raise PlanError(f"--workers {workers}: give 1 to {limit} (the limit of a {kind} managed instance group; "
                         "more needs several runs)")
@@ -130,20 +123,20 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     est = estimate.estimate([item.size for item in items], workers, cores, cfg.workers_per_vm, use_spot, rates(cfg),
                             override)
     hours = est.bound_hours
-    mig = compute.mig_name(run)
-    fspec = compute.FleetSpec(
+    mig = compute_requests.mig_name(run)
+    fspec = compute_requests.FleetSpec(
         run=run, bucket=cfg.bucket, code_version=spec.code_version, template=template or mig,
         machine_type=cfg.machine_type, image=cfg.image, service_account=cfg.service_account,
         startup_script=read_startup_script(), shutdown_script=read_startup_script(script=SHUTDOWN_SCRIPT),
         spot=use_spot, max_run_hours=hours,
         disk_gb=cfg.disk_gb, disk_type=cfg.disk_type, workers_per_vm=cfg.workers_per_vm, standby=cfg.standby, network=cfg.network,
         subnetwork=cfg.subnetwork, external_ip=cfg.external_ip)
-    place = compute.Place(cfg.project, cfg.zone, cfg.region)
-    tpl = compute.template_resource(fspec)
-    mig_res = compute.mig_resource(fspec, place, mig, workers)
+    place = compute_requests.Place(cfg.project, cfg.zone, cfg.region)
+    tpl = compute_requests.template_resource(fspec)
+    mig_res = compute_requests.mig_resource(fspec, place, mig, workers)
     record = LaunchRecord(run, cfg.project, cfg.zone, cfg.region, mig, fspec.template, workers, fspec.spot,
                           cfg.machine_type, hours, spec.code_version)
-    return LaunchPlan(record, fspec, tpl, mig_res, compute.launch_requests(tpl, mig_res, place), est)
+    return LaunchPlan(record, fspec, tpl, mig_res, compute_requests.launch_requests(tpl, mig_res, place), est)
 
 
 @dataclass(frozen=True)
@@ -161,7 +154,7 @@ def prepare(cfg: FleetConfig, run: str, workers: int, template: str | None = Non
     credentials the plan is sized from the machine type's name and the checks are skipped:
     a dry run still shows the requests and the cost, a launch refuses (fleet.cli)."""
     plan = plan_launch(cfg, run, workers, template, spot, max_run_hours)  # what the bucket alone can refuse, first
-    comp = compute.Compute(compute.Place(cfg.project, cfg.zone, cfg.region))
+    comp = compute.Compute(compute_requests.Place(cfg.project, cfg.zone, cfg.region))
     try:
         facts = prelaunch.gather(cfg, comp)
     except compute.NoCredentials as e:
@@ -187,7 +180,7 @@ def launch(cfg: FleetConfig, plan: LaunchPlan, echo: Callable[[str], None] = pri
     return plan.record
 
 
-def fleet_state(store: Store, run: str) -> tuple[LaunchRecord | None, compute.MigState | None, str]:
+def fleet_state(store: Store, run: str) -> tuple[LaunchRecord | None, compute_requests.MigState | None, str]:
     """The launch record, the MIG's live state (None once deleted) and a problem reaching it, if any."""
     record = load_record(store, run)
     if record is None:
@@ -204,7 +197,7 @@ def down(store: Store, run: str, cfg: FleetConfig | None, echo: Callable[[str], 
     if record is None:
         if cfg is None:
             raise PlanError(f"run {run!r} was never launched from this bucket and there is no fleet.toml to say where")
-        record = LaunchRecord(run, cfg.project, cfg.zone, cfg.region, compute.mig_name(run), compute.mig_name(run),
+        record = LaunchRecord(run, cfg.project, cfg.zone, cfg.region, compute_requests.mig_name(run), compute_requests.mig_name(run),
                               0, cfg.spot, cfg.machine_type, cfg.max_run_hours or 0.0, "")
     comp = compute.Compute(record.place)
     gone = comp.delete_mig(record.mig)

@@ -22,9 +22,11 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.codesync import code_version
+from fleet.config import DEFAULT_CODE_PATHS
 from fleet.job import load_job
 from fleet.render import print_detail, printable, print_skipped, say
-from fleet.run import PlanError, load_spec, plan, spec_name
+from fleet.run import PlanError, load_spec, plan
+from fleet.layout import spec_name
 from fleet.processes import start_workers, stop_workers
 from fleet.status import RunStatus, StatusReader
 from fleet.store import open_store
@@ -166,7 +168,7 @@ def run_local(
     size_for = item_bytes if item_bytes is not None else auto_item_bytes
     chosen = load_job(job)
     chosen.check_here(chosen.parse_config(settings))  # the workers run here: what they need must be here
-    spec, items, created = plan(bucket, RUN, job, inputs, out_dir, settings, code_version(),
+    spec, items, created = plan(bucket, RUN, job, inputs, out_dir, settings, code_version(paths=DEFAULT_CODE_PATHS),
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=size_for,
                                 exclude=[out_dir], read=read,
                                 again="write to another OUT_DIR, or restore what changed to resume this one")
@@ -262,7 +264,7 @@ def release_dead(store, reader: StatusReader) -> int:
     import dataclasses
 
     from fleet.lease import LEASED, Lease
-    from fleet.run import lease_prefix, released_prefix
+    from fleet.layout import lease_prefix, released_prefix
     from fleet.liveness import worker_alive
     from fleet.store import NotFound, PreconditionFailed
 

@@ -22,7 +22,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from fleet import compute, iam
+from fleet import compute, compute_requests, iam
 from fleet.config import FleetConfig
 
 _PREDEFINED = re.compile(r"^[a-z][a-z0-9]*-(?:standard|highmem|highcpu|highgpu|megamem|ultramem|custom)-(\d+)")
@@ -54,7 +54,7 @@ def gather(cfg: FleetConfig, comp: compute.Compute) -> Facts:
         zones, quotas = comp.region_info()
     except compute.NoCredentials:
         raise  # not a permission to grant: the caller says how to log in
-    except compute.ComputeError as e:
+    except compute_requests.ComputeError as e:
         zones, quotas = [], {}
         problems.append(f"cannot read the quotas of region {comp.region} ({e}); grant compute.regions.get")
     zone = cfg.zone or (zones[0] if zones else "")
@@ -64,7 +64,7 @@ def gather(cfg: FleetConfig, comp: compute.Compute) -> Facts:
             vcpus = comp.machine_vcpus(zone, cfg.machine_type)
         except compute.NoCredentials:
             raise
-        except compute.ComputeError as e:
+        except compute_requests.ComputeError as e:
             if " 404 " in f" {e} ":
                 problems.append(f"machine type {cfg.machine_type} does not exist in {zone}: fix machine_type in "
                                 "fleet.toml (gcloud compute machine-types list --zones " + zone + ")")

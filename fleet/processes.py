@@ -19,7 +19,8 @@ import uuid
 
 from fleet.attempt import Environment, Shutdown, environmental
 from fleet.job import ConfigError, JobNotFound
-from fleet.run import PlanError, final_prefix, lease_prefix, load_spec
+from fleet.run import PlanError, load_spec
+from fleet.layout import final_prefix, lease_prefix
 from fleet.spawner import Worker
 from fleet.store import StoreError, open_store
 

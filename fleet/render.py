@@ -1,4 +1,5 @@
-"""How parts of a run look on a terminal, shared by `fleet status` and `fleet local`.
+"""How the fleet's commands look on a terminal: messages, tables, status and summaries
+(fleet.cli and fleet.local say what to show; this module, how).
 
 Every message goes out with rich markup off: a path, a URL or a job's hint may hold `[/`,
 which rich would read as a closing tag and crash on. Only the label before it is styled.
@@ -6,7 +7,10 @@ which rich would read as a closing tag and crash on. Only the label before it is
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 
@@ -47,3 +51,109 @@ def print_detail(out: Console, detail: dict, indent: str = "    ") -> None:
         say(out, f"{indent}last {len(tail)} line(s) of its stderr:")
         for line in tail:
             say(out, f"{indent}| {line}")
+
+
+def stdout() -> Console:
+    """Tables and reports: markup off, since they hold run names, paths and job texts."""
+    return Console(markup=False)
+
+
+def print_options(out: Console, title: str, options: list) -> None:
+    """`fleet jobs`: a job's options (fleet.job.describe_options), one row each."""
+    table = Table(title=title, show_header=True, title_justify="left")
+    for col in ("option", "type", "default", "meaning"):
+        table.add_column(col)
+    for opt in options:
+        table.add_row(opt.name, opt.type, repr(opt.default), opt.help)
+    out.print(table)
+
+
+def plan_line(spec, items: int, created: bool) -> str:
+    """`fleet plan`'s one line."""
+    verb = "planned" if created else "already planned (unchanged)"
+    return (f"run {spec.run} {verb}: {items} items, {spec.input_bytes / 1e6:,.1f} MB, "
+            f"job {spec.job}, code {spec.code_version}")
+
+
+def sync_line(result) -> str:
+    """`fleet sync`'s one line (fleet.codesync.SyncResult)."""
+    return (f"code {result.version}: {result.files} files, {result.uploaded} new "
+            f"({result.uploaded_bytes / 1e3:,.1f} kB uploaded)"
+            + ("" if result.manifest_created else "; this version was already synced"))
+
+
+def roles_text(roles, condition_title: str, name_prefix: str) -> str:
+    """`fleet iam`: the workers' roles and the calls each permission is for, as comments."""
+    lines = []
+    for r in roles:
+        lines.append(f"# role {r.id}: {r.description}")
+        lines += [f"#   {p.name:40} {p.calls}" for p in sorted(r.permissions, key=lambda p: p.name)]
+    lines.append(f"# bound on the project with the condition {condition_title}: "
+                 f"MIGs and templates named {name_prefix}* only")
+    return "".join(line + "\n" for line in lines)
+
+
+def logs_text(logs: dict) -> str:
+    """`fleet logs`: the VMs' logs with their sizes, by name."""
+    return "".join(f"{name}\t{blob.size:,} bytes\n" for name, blob in sorted(logs.items()))
+
+
+def print_status(out: Console, st) -> None:
+    """`fleet status`: the run's counts, speed and ETA, then its failures and skipped records."""
+    table = Table(title=f"run {st.run} ({st.job})", show_header=False)
+    table.add_row("items", f"{st.items:,}")
+    table.add_row("pending", f"{st.pending:,}")
+    table.add_row("leased", f"{st.leased:,}")
+    table.add_row("done", f"{st.done:,}")
+    table.add_row("failed", f"{st.failed:,}")
+    table.add_row("MB done", f"{st.bytes_done / 1e6:,.1f} of {st.input_bytes / 1e6:,.1f}")
+    for key in ("examples", "tokens", "items_without_outputs"):
+        if key in st.totals:
+            table.add_row(key, f"{int(st.totals[key]):,}")
+    if st.first_start and st.bytes_done:
+        span = (st.last_finish if st.finished else time.time()) - st.first_start
+        if span > 0:
+            rate = st.bytes_done / span
+            table.add_row("MB/s", f"{rate / 1e6:,.2f}")
+            if not st.finished and rate > 0 and st.live_workers:
+                table.add_row("ETA", f"{(st.input_bytes - st.bytes_done) / rate:,.0f} s")
+    if not st.finished and not st.live_workers:
+        table.add_row("ETA", "none: no live worker (resume the run to go on)")
+    table.add_row("live workers", str(st.live_workers))
+    out.print(table)
+    for f in st.failures:
+        say(out, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
+        print_detail(out, f.get("detail") or {})
+    print_skipped(out, st.bad_records, int(st.totals.get("bad_records", 0)))
+    for r in st.retrying:
+        say(out, f"item {r['item']} after attempt {r['attempt']}: {r['error']}", "retrying", "yellow")
+        print_detail(out, r.get("detail") or {})
+
+
+def print_fleet(out: Console, view: dict) -> None:
+    """`fleet status` of a launched run: its MIG's VMs, errors, VM-hours and boots."""
+    launch = view["launch"]
+    mig = view["mig"]
+    title = f"fleet {launch['mig']} ({launch['zone'] or launch['region']}, {launch['machine_type']}" \
+            f"{', Spot' if launch['spot'] else ''})"
+    table = Table(title=title, show_header=True)
+    for col in ("VM", "zone", "status", "action", "last error"):
+        table.add_column(col)
+    for vm in (mig or {}).get("instances", []):
+        table.add_row(vm["name"], vm["zone"], vm["status"], vm["action"], "; ".join(vm["errors"]))
+    out.print(table)
+    if mig:
+        out.print(f"target size {mig['target_size']}, template {mig['template']}", highlight=False)
+    elif view.get("stopped"):
+        say(out, view["stopped"], style="red")
+    elif not view["problem"]:
+        out.print("the MIG is gone (the run's VMs have all left)", highlight=False)
+    if view["problem"]:
+        say(out, view["problem"], "cannot read the MIG:", "yellow")
+    for e in (mig or {}).get("errors", [])[:10]:
+        say(out, f"{e['time']}: {e['code']}: {e['message']}", f"{e['action'].lower()} {e['instance']}", "red")
+    out.print(f"VM-hours so far: {view['vm_hours']:,.2f} over {view['vms_seen']} VMs (from heartbeats; boot not counted)",
+              highlight=False)
+    if view.get("boots"):
+        out.print("VM boots: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(view["boots"].items())),
+                  highlight=False)

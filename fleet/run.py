@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from fleet.job import ConfigError, ItemInput, Job, Opener, Source, load_job, printable
+from fleet.layout import RUNS, items_name, run_of_spec, spec_name
 from fleet.records import JsonRecord
 from fleet.sources import find_sources
 from fleet.store import BucketNotFound, NotFound, PreconditionFailed, Store, open_store, read_url
@@ -84,42 +85,6 @@ class RunSpec(JsonRecord):
     read: dict[str, Any] = field(default_factory=dict)  # the job's read options (Job.check_read), opaque here
     item_bytes: int = field(default=0, compare=False)  # the target the items were cut to
     created: float = field(default=0.0, compare=False)
-
-
-def run_prefix(run: str) -> str:
-    return f"runs/{run}"
-
-
-def spec_name(run: str) -> str:
-    return f"{run_prefix(run)}/run.json"
-
-
-def items_name(run: str) -> str:
-    return f"{run_prefix(run)}/items.jsonl"
-
-
-def lease_prefix(run: str) -> str:
-    return f"{run_prefix(run)}/leases/"
-
-
-def final_prefix(run: str) -> str:
-    """Create-once markers of finished items: one listing tells every worker what is left."""
-    return f"{run_prefix(run)}/final/"
-
-
-def released_prefix(run: str) -> str:
-    """An empty object per item given back (preemption, shutdown, a retry): workers list these
-    and take the item at once instead of waiting for its lease to stand still."""
-    return f"{run_prefix(run)}/released/"
-
-
-def worker_prefix(run: str) -> str:
-    return f"{run_prefix(run)}/workers/"
-
-
-def idle_prefix(run: str) -> str:
-    """An empty object per idle worker: one listing finds the standby candidates."""
-    return f"{run_prefix(run)}/idle/"
 
 
 def check_run_name(run: str) -> None:
@@ -380,4 +345,4 @@ def _parse_items(store: Store, run: str, data: bytes) -> list[Item]:
 
 
 def list_runs(store: Store) -> list[str]:
-    return sorted({b.name.split("/")[1] for b in store.list("runs/") if b.name.endswith("/run.json")})
+    return sorted({run for run in map(run_of_spec, (b.name for b in store.list(RUNS))) if run})

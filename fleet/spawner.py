@@ -28,8 +28,8 @@ from fleet.codesync import check_pinned
 from fleet.job import load_job
 from fleet.lease import Held, Lease, Leases
 from fleet.liveness import pid_alive
-from fleet.run import (Item, RunSpec, final_prefix, idle_prefix, lease_prefix, load_items, load_spec, pinned_opener,
-                       released_prefix, worker_prefix)
+from fleet.run import Item, RunSpec, load_items, load_spec, pinned_opener
+from fleet.layout import final_prefix, idle_prefix, lease_prefix, released_prefix, worker_prefix
 from fleet.store import PreconditionFailed, Store, open_store
 
 log = logging.getLogger("fleet.worker")

@@ -8,9 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fleet.layout import lease_prefix, worker_prefix
 from fleet.lease import DONE, FAILED, Lease
 from fleet.liveness import worker_alive
-from fleet.run import Item, RunSpec, lease_prefix, load_items, load_spec, worker_prefix
+from fleet.run import Item, RunSpec, load_items, load_spec
 from fleet.store import NotFound, Store
 
 

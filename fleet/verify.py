@@ -20,8 +20,9 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
+from fleet.layout import final_prefix, lease_prefix
 from fleet.lease import DONE, Lease
-from fleet.run import RunSpec, final_prefix, lease_prefix
+from fleet.run import RunSpec
 from fleet.store import Blob, NotFound, Store, open_store
 
 

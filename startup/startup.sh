@@ -5,7 +5,8 @@
 #      the bucket and removes the VM from its MIG with nothing but bash, curl and the metadata
 #      server's token (REST deleteInstances); when a few boots in a row have failed with no item
 #      finished in between, it deletes the MIG and the template instead: the run stops itself
-#   1. read the run, bucket and code version from instance metadata
+#   1. read the run, bucket, code version and the run's object names from instance metadata
+#      (fleet-paths: fleet/layout.py owns every name under runs/<run>/; this script spells none)
 #   2. download the pinned code snapshot and check every file against its manifest
 #   3. make sure Python and the locked dependencies are there (a Packer image already has them),
 #      and build the C core of the tokenizer once (gcc installed if missing; without it the
@@ -177,29 +178,48 @@ leave() { # remove this VM from its MIG (deleteInstances lowers the target size;
   fi
 }
 
-record_boot() { # OUTCOME REASON: this boot's record, runs/<run>/boots/<instance>-<boot> (never another boot's)
+declare -A PATHS=() # KEY -> an object name under runs/<run>/, a template over {instance}, {boot} and {finished}
+
+load_paths() { # TEXT: the metadata fleet-paths, one KEY=TEMPLATE a line (fleet/layout.py: vm_paths_text)
+  local key value
+  while IFS='=' read -r key value; do
+    [[ -n $key ]] || continue
+    [[ $key =~ ^[a-z-]+$ && $value =~ ^[-A-Za-z0-9_./{}]+$ ]] || return 1
+    PATHS[$key]=$value
+  done <<<"$1"
+  for key in boot log final failed failed-now stop; do [[ -n ${PATHS[$key]:-} ]] || return 1; done
+}
+
+at() { # KEY [FINISHED]: the object name, this VM's instance and boot (and FINISHED) filled in
+  local name=${PATHS[$1]}
+  name=${name//\{instance\}/$INSTANCE}
+  name=${name//\{boot\}/$BOOT}
+  printf '%s' "${name//\{finished\}/${2:-}}"
+}
+
+record_boot() { # OUTCOME REASON: this boot's record (at boot: one per boot, never another boot's)
   local f=$WORK_DIR/boot.json
   printf '{"instance": %s, "boot": %s, "zone": %s, "code_version": %s, "started": %s, "updated": %s, "outcome": %s, "reason": %s, "log_tail": %s}\n' \
     "$(json "$INSTANCE")" "$(json "$BOOT")" "$(json "$ZONE")" "$(json "${VERSION:-}")" "$STARTED" "$(date +%s)" \
     "$(json "$1")" "$(json "$2")" "$(json "$(tail -n 20 "$LOG" 2>/dev/null)")" >"$f"
-  gs_put "$f" "runs/$RUN/boots/$INSTANCE-$BOOT" application/json || log "boot record upload failed"
+  gs_put "$f" "$(at boot)" application/json || log "boot record upload failed"
 }
 
 count_failure() { # REASON: a failed boot; after MAX_FAILED_BOOTS of them with no item finished in between, stop the run
-  local finished failed f=$WORK_DIR/stopped.json
-  finished=$(gs_count "runs/$RUN/final/") || { log "cannot list runs/$RUN/final/"; return; }
-  gs_put /dev/null "runs/$RUN/failed-boots/$finished/$INSTANCE-$BOOT" || { log "cannot record the failure"; return; }
-  failed=$(gs_count "runs/$RUN/failed-boots/$finished/") || return
+  local finished failed f=$WORK_DIR/stop.json
+  finished=$(gs_count "$(at final)") || { log "cannot list $(at final)"; return; }
+  gs_put /dev/null "$(at failed "$finished")" || { log "cannot record the failure"; return; }
+  failed=$(gs_count "$(at failed-now "$finished")") || return
   log "$failed failed boot(s) with $finished item(s) finished, none since; the run stops at $MAX_FAILED_BOOTS"
   if ((failed >= MAX_FAILED_BOOTS)); then
     STOP_RUN=1
     printf '{"time": %s, "instance": %s, "failed_boots": %s, "items_finished": %s, "reason": %s}\n' "$(date +%s)" \
       "$(json "$INSTANCE-$BOOT")" "$failed" "$finished" "$(json "$1")" >"$f"
-    gs_put "$f" "runs/$RUN/stopped.json" application/json || log "could not write runs/$RUN/stopped.json"
+    gs_put "$f" "$(at stop)" application/json || log "could not write $(at stop)"
   fi
 }
 
-ship_log() { gs_put "$LOG" "runs/$RUN/logs/$INSTANCE.log" || log "log upload failed"; }
+ship_log() { gs_put "$LOG" "$(at log)" || log "log upload failed"; }
 
 run() { # COMMAND...: one step of the boot, in the background so that a stop (SIGTERM) interrupts it at once
   "$@" &
@@ -239,7 +259,7 @@ on_exit() { # the way out: record the boot, then leave the MIG (or stop the run)
     log "cannot leave the MIG (its name, zone or project is unreadable from metadata); this VM ends at maxRunDuration"
     return
   fi
-  if [[ -n ${RUN:-} && -n ${BUCKET:-} ]]; then
+  if [[ -n ${BUCKET:-} && ${#PATHS[@]} -gt 0 ]]; then
     record_boot "$outcome" "$reason"
     if [[ $outcome == failed ]]; then count_failure "$reason"; fi
     ship_log
@@ -249,7 +269,7 @@ on_exit() { # the way out: record the boot, then leave the MIG (or stop the run)
   else
     leave # its deletion starts this VM's shutdown: the log went up first, and goes once more if there is time
   fi
-  if [[ -n ${RUN:-} && -n ${BUCKET:-} ]]; then ship_log; fi
+  if [[ -n ${BUCKET:-} && ${#PATHS[@]} -gt 0 ]]; then ship_log; fi
 }
 
 apt_install() { # PACKAGE...: waiting for the dpkg lock (unattended-upgrades at boot) instead of failing on it
@@ -383,8 +403,10 @@ BUCKET_URL=$(md instance/attributes/fleet-bucket) || fail "metadata fleet-bucket
 [[ $BUCKET_URL =~ ^gs://[a-z0-9][-a-z0-9_.]*$ ]] || fail "metadata fleet-bucket '$BUCKET_URL' is not gs://BUCKET"
 BUCKET=${BUCKET_URL#gs://}
 RUN=$(md instance/attributes/fleet-run) || fail "metadata fleet-run is unreadable"
-[[ $RUN =~ ^[A-Za-z0-9_][-A-Za-z0-9_.]*$ ]] || { RUN=; fail "metadata fleet-run is not a run name"; }
-log "VM $INSTANCE (boot $BOOT) of $MIG: run $RUN; log in $LOG and gs://$BUCKET/runs/$RUN/logs/$INSTANCE.log"
+[[ $RUN =~ ^[A-Za-z0-9_][-A-Za-z0-9_.]*$ ]] || fail "metadata fleet-run is not a run name"
+PATHS_TEXT=$(md instance/attributes/fleet-paths) || fail "metadata fleet-paths is unreadable"
+load_paths "$PATHS_TEXT" || { PATHS=(); fail "metadata fleet-paths is not the run's object names (KEY=NAME lines)"; }
+log "VM $INSTANCE (boot $BOOT) of $MIG: run $RUN; log in $LOG and gs://$BUCKET/$(at log)"
 record_boot booting ""
 (while sleep "$LOG_INTERVAL"; do ship_log; done) 9>&- &
 SHIPPER=$!

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from fleet.lease import DONE, LEASED, Lease
-from fleet.run import lease_prefix, worker_prefix
+from fleet.layout import lease_prefix, worker_prefix
 from fleet.status import StatusReader
 from fleet.store import open_store
 from tests.helpers.procs import (clean_run, committed, listed_outputs, plan_lines, start_worker, wait_exit,

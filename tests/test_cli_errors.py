@@ -143,9 +143,9 @@ def test_work_refuses_an_absurd_process_count(procs, tmp_path):
 @pytest.fixture
 def no_credentials(monkeypatch, tmp_path):
     """Google's Compute and IAM APIs for real (no stand-in endpoints), with no credentials to find."""
-    from fleet import compute, iam
+    from fleet import compute_requests, iam
 
-    monkeypatch.delenv(compute.ENDPOINT_ENV, raising=False)
+    monkeypatch.delenv(compute_requests.ENDPOINT_ENV, raising=False)
     monkeypatch.delenv(iam.ENDPOINT_ENV, raising=False)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

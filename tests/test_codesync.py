@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from fleet.codesync import (MANIFEST, OBJECTS, CodeError, check_pinned, code_files, code_version, manifest_bytes,
                             manifest_name, parse_manifest, snapshot, sync, verify, version_of)
+from fleet.config import DEFAULT_CODE_PATHS
 from fleet.store import open_store
 
 PATHS = ["fleet", "jobs", "startup", "pyproject.toml"]
@@ -44,20 +47,20 @@ def tree(tmp_path) -> Path:
 
 
 def test_snapshot_holds_code_only(tree):
-    assert code_files(str(tree), PATHS) == [
+    assert code_files(str(tree), paths=PATHS) == [
         "fleet/__init__.py", "fleet/a.py", "fleet/sub/b.py", "fleet/sub/data.json",
         "jobs/__init__.py", "pyproject.toml", "startup/startup.sh"]
 
 
 def test_version_is_the_hash_of_a_sha256sum_manifest(tree):
-    entries = snapshot(str(tree), PATHS)
+    entries = snapshot(str(tree), paths=PATHS)
     manifest = manifest_bytes(entries)
-    assert code_version(str(tree), PATHS) == version_of(manifest) == hashlib.sha256(manifest).hexdigest()[:16]
+    assert code_version(str(tree), paths=PATHS) == version_of(manifest) == hashlib.sha256(manifest).hexdigest()[:16]
     first = manifest.decode().splitlines()[0]
     assert first == f"{hashlib.sha256(b'').hexdigest()}  fleet/__init__.py"  # what `sha256sum --check` reads
     assert parse_manifest(manifest) == [(e.sha256, e.path) for e in entries]
     (tree / "fleet" / "a.py").write_text("A = 2\n")
-    assert code_version(str(tree), PATHS) != version_of(manifest)
+    assert code_version(str(tree), paths=PATHS) != version_of(manifest)
 
 
 @pytest.mark.parametrize("line", ["abc  x.py", "f" * 64 + "  /etc/passwd", "f" * 64 + "  a/../../x", "f" * 64 + " x.py"])
@@ -67,17 +70,17 @@ def test_a_bad_manifest_line_is_refused(line):
 
 
 def test_sync_uploads_only_new_content(tree, store_url):
-    first = sync(store_url, str(tree), PATHS)
+    first = sync(store_url, str(tree), paths=PATHS)
     assert first.files == 7 and first.manifest_created
     assert first.uploaded == 6  # two empty __init__.py files share one object
     store = open_store(store_url)
-    assert store.read(manifest_name(first.version)) == manifest_bytes(snapshot(str(tree), PATHS))
+    assert store.read(manifest_name(first.version)) == manifest_bytes(snapshot(str(tree), paths=PATHS))
     for sha, path in parse_manifest(store.read(manifest_name(first.version))):
         assert store.read(OBJECTS + sha) == (tree / path).read_bytes()
-    again = sync(store_url, str(tree), PATHS)
+    again = sync(store_url, str(tree), paths=PATHS)
     assert (again.version, again.uploaded, again.manifest_created) == (first.version, 0, False)
     (tree / "fleet" / "sub" / "b.py").write_text("B = 3\n")
-    third = sync(store_url, str(tree), PATHS)
+    third = sync(store_url, str(tree), paths=PATHS)
     assert third.version != first.version and third.uploaded == 1 and third.uploaded_bytes == 6
     assert store.stat(manifest_name(first.version)) is not None  # a running fleet's version stays
 
@@ -93,10 +96,10 @@ def download(store_url: str, version: str, dest: Path) -> None:
 
 
 def test_a_snapshot_verifies_and_refuses_tampering(tree, tmp_path, store_url):
-    result = sync(store_url, str(tree), PATHS)
+    result = sync(store_url, str(tree), paths=PATHS)
     snap = tmp_path / "snap"
     download(store_url, result.version, snap)
-    assert verify(str(snap)) == result.version == code_version(str(snap))
+    assert verify(str(snap)) == result.version == code_version(str(snap), paths=PATHS)
     check_pinned(result.version, str(snap))
     with pytest.raises(CodeError, match="run pins 0123456789abcdef; refusing"):
         check_pinned("0123456789abcdef", str(snap))
@@ -116,6 +119,13 @@ def test_a_working_tree_is_trusted_and_has_no_manifest(tree):
 
 def test_this_repository_syncs_without_tests_or_venv():
     root = Path(__file__).resolve().parent.parent
-    files = code_files(str(root))
+    files = code_files(str(root), paths=DEFAULT_CODE_PATHS)
     assert "fleet/codesync.py" in files and "startup/startup.sh" in files and "pyproject.toml" in files
     assert not [f for f in files if f.startswith((".venv", "tests/", ".git")) or "__pycache__" in f]
+
+
+def test_the_worker_side_reads_no_configuration():
+    """codesync is what a worker checks its code with: its paths come from its caller (the CLI),
+    and importing it loads nothing of fleet.toml's module."""
+    code = "import sys, fleet.codesync; print('fleet.config' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

@@ -36,7 +36,8 @@ from fleet.cli import app
 from fleet.job import ConfigError, ItemContext, ItemFailed, item_seed, load_job
 from fleet.lease import DONE, LEASED, Lease, Lost
 from fleet.local import run_local
-from fleet.run import lease_prefix, load_items, plan, released_prefix
+from fleet.run import load_items, plan
+from fleet.layout import lease_prefix, released_prefix
 from fleet.status import StatusReader
 from fleet.store import open_store
 from jobs.command.job import input_name, substitute

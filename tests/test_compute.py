@@ -13,9 +13,10 @@ import pytest
 from google.cloud import compute_v1
 from typer.testing import CliRunner
 
-from fleet import compute, iam
+from fleet import compute, compute_requests, iam
 from fleet.cli import app
 from fleet.codesync import sync
+from fleet.config import DEFAULT_CODE_PATHS
 from fleet.run import plan
 from fleet.store import open_store
 from tests.standins.catalog import Catalog
@@ -25,7 +26,7 @@ from tests.standins.iam import IamStandin
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "fleet-test-1"
-ZONAL, REGIONAL = compute.Place(PROJECT, zone="us-central1-a"), compute.Place(PROJECT, region="us-central1")
+ZONAL, REGIONAL = compute_requests.Place(PROJECT, zone="us-central1-a"), compute_requests.Place(PROJECT, region="us-central1")
 
 
 @pytest.fixture
@@ -33,22 +34,22 @@ def standin(monkeypatch):
     s = ComputeStandin(PROJECT).start()
     Catalog(PROJECT).install(s)  # regions.get and machineTypes.get, which `fleet launch` reads first
     accounts = IamStandin([f"w@{PROJECT}.iam.gserviceaccount.com"]).start()
-    monkeypatch.setenv(compute.ENDPOINT_ENV, s.url)
+    monkeypatch.setenv(compute_requests.ENDPOINT_ENV, s.url)
     monkeypatch.setenv(iam.ENDPOINT_ENV, accounts.url)
     yield s
     s.stop()
     accounts.stop()
 
 
-def spec(**changes) -> compute.FleetSpec:
+def spec(**changes) -> compute_requests.FleetSpec:
     base = dict(run="r1", bucket="gs://bkt", code_version="0123456789abcdef", template="t-r1",
                 machine_type="e2-standard-4", image="projects/debian-cloud/global/images/family/debian-12",
                 service_account=f"w@{PROJECT}.iam.gserviceaccount.com", startup_script="#!/bin/bash\ntrue\n")
-    return compute.FleetSpec(**{**base, **changes})
+    return compute_requests.FleetSpec(**{**base, **changes})
 
 
 def test_template_request_has_only_the_scopes_workers_need_and_a_safety_net():
-    body = compute.to_dict(compute.template_resource(spec(max_run_hours=6)))
+    body = compute_requests.to_dict(compute_requests.template_resource(spec(max_run_hours=6)))
     props = body["properties"]
     assert props["serviceAccounts"] == [{"email": f"w@{PROJECT}.iam.gserviceaccount.com", "scopes": [
         "https://www.googleapis.com/auth/devstorage.read_write", "https://www.googleapis.com/auth/compute"]}]
@@ -57,33 +58,33 @@ def test_template_request_has_only_the_scopes_workers_need_and_a_safety_net():
                                    "maxRunDuration": {"seconds": "21600"}}  # int64 as a JSON string
     items = {i["key"]: i["value"] for i in props["metadata"]["items"]}
     assert set(items) == {"startup-script", "fleet-bucket", "fleet-run", "fleet-code-version",
-                          "fleet-workers-per-vm", "fleet-standby"}  # nothing secret
-    standard = compute.to_dict(compute.template_resource(spec(spot=False, max_run_hours=0)))["properties"]
+                          "fleet-workers-per-vm", "fleet-standby", "fleet-paths"}  # nothing secret
+    standard = compute_requests.to_dict(compute_requests.template_resource(spec(spot=False, max_run_hours=0)))["properties"]
     assert standard["scheduling"] == {"provisioningModel": "STANDARD"}
 
 
 @pytest.mark.parametrize("run, mig", [("wiki-zh-en", "fleet-wiki-zh-en"), ("Wiki_ZH.v2", None), ("x" * 80, None)])
 def test_mig_names_are_valid_gce_names(run, mig):
-    name = compute.mig_name(run)
-    compute.check_name("managed instance group", name)
+    name = compute_requests.mig_name(run)
+    compute_requests.check_name("managed instance group", name)
     assert mig is None or name == mig
-    assert compute.mig_name(run) == name and compute.mig_name(run + "x") != name
+    assert compute_requests.mig_name(run) == name and compute_requests.mig_name(run + "x") != name
 
 
 def test_bad_names_are_refused_before_any_request():
-    with pytest.raises(compute.ComputeError, match=r"instance template name 'T_1': use 1-63 lowercase"):
+    with pytest.raises(compute_requests.ComputeError, match=r"instance template name 'T_1': use 1-63 lowercase"):
         spec(template="T_1")
 
 
 @pytest.mark.parametrize("place", [ZONAL, REGIONAL], ids=["zonal", "regional"])
 def test_template_and_mig_lifecycle(standin, place):
     comp = compute.Compute(place)
-    tpl = compute.template_resource(spec())
+    tpl = compute_requests.template_resource(spec())
     assert comp.ensure_template(tpl) == "created"
     assert comp.ensure_template(tpl) == "reused"  # identical: kept, whatever defaults the API filled in
-    with pytest.raises(compute.ComputeError, match="exists with other settings"):
-        comp.ensure_template(compute.template_resource(spec(machine_type="n2d-standard-8")))
-    mig = compute.mig_resource(spec(), place, "fleet-r1", 3)
+    with pytest.raises(compute_requests.ComputeError, match="exists with other settings"):
+        comp.ensure_template(compute_requests.template_resource(spec(machine_type="n2d-standard-8")))
+    mig = compute_requests.mig_resource(spec(), place, "fleet-r1", 3)
     assert comp.create_mig(mig) == "created" and comp.create_mig(mig) == "exists"
     # Creating operations came back RUNNING and were waited on through the operations clients.
     waits = [c.path for c in standin.calls if c.path.endswith("/wait")]
@@ -97,7 +98,7 @@ def test_template_and_mig_lifecycle(standin, place):
     victim = st.instances[0]
     comp.delete_instances("fleet-r1", [f"zones/{victim['zone']}/instances/{victim['name']}"])
     assert comp.get_mig("fleet-r1").target_size == 2  # the MIG will not replace it
-    with pytest.raises(compute.ComputeError, match="already being used by"):
+    with pytest.raises(compute_requests.ComputeError, match="already being used by"):
         comp.delete_template("t-r1")
     assert comp.delete_mig("fleet-r1") is True and comp.get_mig("fleet-r1") is None
     assert comp.delete_template("t-r1") is True
@@ -115,22 +116,22 @@ def test_template_and_mig_lifecycle(standin, place):
     (lambda t: setattr(t, "name", "a" * 64), r"instanceTemplate.*Must be a match of regex"),  # the get, before the insert
 ])
 def test_the_standin_validates_templates_as_gce_does(standin, mutate, message):
-    tpl = compute.template_resource(spec())
+    tpl = compute_requests.template_resource(spec())
     mutate(tpl)
-    with pytest.raises(compute.ComputeError, match=message):
+    with pytest.raises(compute_requests.ComputeError, match=message):
         compute.Compute(ZONAL).ensure_template(tpl)
 
 
 def test_a_regional_any_shape_mig_needs_redistribution_off(standin):
     comp = compute.Compute(REGIONAL)
-    comp.ensure_template(compute.template_resource(spec()))
-    mig = compute.mig_resource(spec(), REGIONAL, "fleet-r1", 1)
+    comp.ensure_template(compute_requests.template_resource(spec()))
+    mig = compute_requests.mig_resource(spec(), REGIONAL, "fleet-r1", 1)
     mig.update_policy.instance_redistribution_type = "PROACTIVE"
-    with pytest.raises(compute.ComputeError, match="instanceRedistributionType.*must be NONE"):
+    with pytest.raises(compute_requests.ComputeError, match="instanceRedistributionType.*must be NONE"):
         comp.create_mig(mig)
-    zonal = compute.mig_resource(spec(), ZONAL, "fleet-r1", 1)
+    zonal = compute_requests.mig_resource(spec(), ZONAL, "fleet-r1", 1)
     zonal.distribution_policy = compute_v1.DistributionPolicy(target_shape="ANY")
-    with pytest.raises(compute.ComputeError, match="only regional"):
+    with pytest.raises(compute_requests.ComputeError, match="only regional"):
         compute.Compute(ZONAL).create_mig(zonal)
 
 
@@ -144,7 +145,7 @@ def launched(fake_gcs, gcs_bucket, standin, tmp_path, monkeypatch):
         f'service_account = "w@{PROJECT}.iam.gserviceaccount.com"\n')
     store = open_store(bucket)
     store.upload_file("corpus/sample_en.txt", str(ROOT / "corpus" / "sample_en.txt"))
-    version = sync(bucket).version
+    version = sync(bucket, paths=DEFAULT_CODE_PATHS).version
     plan(bucket, "r1", "tests.helpers.linejob:JOB", [f"{bucket}/corpus/"], f"{bucket}/out/", {}, version,
          item_bytes=200_000)
     return bucket, standin

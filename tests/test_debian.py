@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from fleet import compute
+from fleet import compute, compute_requests
 from fleet.boots import boot_records
 from fleet.codesync import sync
 from fleet.config import DEFAULT_CODE_PATHS
+from fleet.layout import vm_paths_text
 from fleet.run import plan
 from fleet.status import StatusReader
 from fleet.store import open_store
@@ -101,25 +102,25 @@ def test_startup_sh_installs_and_works_on_a_bare_debian_12(fake_gcs, gcs_bucket,
 
     # Compute: a template and a MIG of one VM, which this chroot is.
     standin = ComputeStandin(PROJECT).start()
-    monkeypatch.setenv(compute.ENDPOINT_ENV, standin.url)
+    monkeypatch.setenv(compute_requests.ENDPOINT_ENV, standin.url)
     servers = []
     points: list[Path] = []
     try:
-        spec = compute.FleetSpec(run="deb", bucket=bucket, code_version=version, template="t-deb",
+        spec = compute_requests.FleetSpec(run="deb", bucket=bucket, code_version=version, template="t-deb",
                                  machine_type="e2-standard-2", image="projects/debian-cloud/global/images/family/debian-12",
                                  service_account=f"fleet-worker@{PROJECT}.iam.gserviceaccount.com",
                                  startup_script=(ROOT / "startup" / "startup.sh").read_text(), workers_per_vm=1, standby=0)
-        place = compute.Place(PROJECT, zone=ZONE)
+        place = compute_requests.Place(PROJECT, zone=ZONE)
         comp = compute.Compute(place)
-        comp.ensure_template(compute.template_resource(spec))
-        comp.create_mig(compute.mig_resource(spec, place, "fleet-deb", 1))
+        comp.ensure_template(compute_requests.template_resource(spec))
+        comp.create_mig(compute_requests.mig_resource(spec, place, "fleet-deb", 1))
         deadline = time.time() + 30
         while not standin.running():
             assert time.time() < deadline
             time.sleep(0.1)
         (vm,) = standin.running()
         attributes = {"fleet-bucket": bucket, "fleet-run": "deb", "fleet-code-version": version,
-                      "fleet-workers-per-vm": "1", "fleet-standby": "0",
+                      "fleet-workers-per-vm": "1", "fleet-standby": "0", "fleet-paths": vm_paths_text("deb"),
                       "created-by": f"projects/123456789012/zones/{ZONE}/instanceGroupManagers/fleet-deb",
                       "instance-template": "projects/123456789012/global/instanceTemplates/t-deb"}
         server = MetadataServer(Instance(vm.name, PROJECT, ZONE, attributes)).start()
@@ -128,7 +129,7 @@ def test_startup_sh_installs_and_works_on_a_bare_debian_12(fake_gcs, gcs_bucket,
         shutil.copy2(ROOT / "startup" / "startup.sh", rootfs / "startup-script")
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
                "GCE_METADATA_HOST": server.host, "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"],
-               compute.ENDPOINT_ENV: standin.url, "FLEET_LOG_INTERVAL": "5", **pip_env}
+               compute_requests.ENDPOINT_ENV: standin.url, "FLEET_LOG_INTERVAL": "5", **pip_env}
         points = mount(rootfs)
         t1 = time.time()
         ran = subprocess.run(["chroot", str(rootfs), "/usr/bin/env", "-i", *[f"{k}={v}" for k, v in env.items()],

@@ -18,28 +18,28 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from fleet import compute
+from fleet import compute, compute_requests
 from fleet.config import ConfigError, FleetConfig
 from tests.standins import discovery
 from tests.standins.compute import ComputeStandin
 
 PROJECT = "fleet-test-1"
-ZONAL, REGIONAL = compute.Place(PROJECT, zone="us-central1-a"), compute.Place(PROJECT, region="us-central1")
+ZONAL, REGIONAL = compute_requests.Place(PROJECT, zone="us-central1-a"), compute_requests.Place(PROJECT, region="us-central1")
 BASE = f"/compute/v1/projects/{PROJECT}"
 
 
-def spec(**changes) -> compute.FleetSpec:
+def spec(**changes) -> compute_requests.FleetSpec:
     base = dict(run="r1", bucket="gs://bkt", code_version="0123456789abcdef", template="t-r1",
                 machine_type="e2-standard-4", image="projects/debian-cloud/global/images/family/debian-12",
                 service_account=f"w@{PROJECT}.iam.gserviceaccount.com", startup_script="#!/bin/bash\ntrue\n",
                 shutdown_script="#!/bin/bash\ntrue\n")
-    return compute.FleetSpec(**{**base, **changes})
+    return compute_requests.FleetSpec(**{**base, **changes})
 
 
 @pytest.fixture
 def standin(monkeypatch):
     s = ComputeStandin(PROJECT, op_delay=0.05).start()
-    monkeypatch.setenv(compute.ENDPOINT_ENV, s.url)
+    monkeypatch.setenv(compute_requests.ENDPOINT_ENV, s.url)
     yield s
     s.stop()
 
@@ -65,11 +65,11 @@ def refused(standin, method, path, body=None, status=400, reason="invalid") -> s
 
 
 def template_body(**changes) -> dict:
-    return compute.to_dict(compute.template_resource(spec(**changes)))
+    return compute_requests.to_dict(compute_requests.template_resource(spec(**changes)))
 
 
 def mig_body(place=ZONAL, size=2, name="fleet-r1") -> dict:
-    return compute.to_dict(compute.mig_resource(spec(), place, name, size))
+    return compute_requests.to_dict(compute_requests.mig_resource(spec(), place, name, size))
 
 
 def test_the_document_is_the_pinned_one_and_says_its_revision():
@@ -151,8 +151,8 @@ def test_the_products_requests_pass_the_document():
         for changes in ({}, {"spot": False, "max_run_hours": 0}, {"disk_type": "hyperdisk-balanced",
                                                                    "machine_type": "c4-standard-8"},
                         {"external_ip": False, "subnetwork": "regions/us-central1/subnetworks/s"}):
-            tpl = compute.template_resource(spec(**changes))
-            for req in compute.launch_requests(tpl, compute.mig_resource(spec(), place, "fleet-r1", 7), place):
+            tpl = compute_requests.template_resource(spec(**changes))
+            for req in compute_requests.launch_requests(tpl, compute_requests.mig_resource(spec(), place, "fleet-r1", 7), place):
                 method_id, _ = discovery.check(req.method, req.path, {}, req.body)
                 assert method_id.endswith(".insert")
 
@@ -185,7 +185,7 @@ def test_metadata_sizes_run_duration_and_base_name(standin):
     mig = mig_body(size=1)
     mig["baseInstanceName"] = "fleet-" + "x" * 53  # 59 characters: GCE adds "-xxxx" to at most 58
     assert "baseInstanceName" in refused(standin, "POST", f"{BASE}/zones/us-central1-a/instanceGroupManagers", mig)
-    assert compute.base_instance_name("fleet-" + "x" * 60) == "fleet-" + "x" * 52
+    assert compute_requests.base_instance_name("fleet-" + "x" * 60) == "fleet-" + "x" * 52
 
 
 def test_zones_are_real_ones_not_invented_letters(standin):
@@ -212,8 +212,8 @@ def test_zones_are_real_ones_not_invented_letters(standin):
 
 def test_delete_instances_takes_1000_urls_and_the_product_batches(standin):
     comp = compute.Compute(ZONAL)
-    comp.ensure_template(compute.template_resource(spec()))
-    comp.create_mig(compute.mig_resource(spec(), ZONAL, "fleet-r1", 2))
+    comp.ensure_template(compute_requests.template_resource(spec()))
+    comp.create_mig(compute_requests.mig_resource(spec(), ZONAL, "fleet-r1", 2))
     path = f"{BASE}/zones/us-central1-a/instanceGroupManagers/fleet-r1/deleteInstances"
     urls = [f"zones/us-central1-a/instances/fleet-r1-{i:04x}" for i in range(1001)]
     assert "at most 1000 per request" in refused(standin, "POST", path, {"instances": urls,
@@ -225,8 +225,8 @@ def test_delete_instances_takes_1000_urls_and_the_product_batches(standin):
 
 # -- errors arrive where GCE puts them --------------------------------------------------------------
 def _two_vms(comp: compute.Compute, standin) -> list[str]:
-    comp.ensure_template(compute.template_resource(spec()))
-    comp.create_mig(compute.mig_resource(spec(), ZONAL, "fleet-r1", 2))
+    comp.ensure_template(compute_requests.template_resource(spec()))
+    comp.create_mig(compute_requests.mig_resource(spec(), ZONAL, "fleet-r1", 2))
     deadline = time.time() + 10
     while (st := comp.state("fleet-r1")) and sum(i["action"] == "NONE" for i in st.instances) < 2:
         assert time.time() < deadline
@@ -242,7 +242,7 @@ def test_a_delete_instances_validation_failure_is_in_the_operation(standin):
                     {"instances": [vms[0], stranger]})
     assert code == 200 and op["status"] == "DONE" and op["error"]["errors"][0]["code"] == "RESOURCE_NOT_FOUND"
     assert comp.get_mig("fleet-r1").target_size == 2  # nothing was deleted
-    with pytest.raises(compute.ComputeError, match="deleteInstances on fleet-r1: RESOURCE_NOT_FOUND: Instance "
+    with pytest.raises(compute_requests.ComputeError, match="deleteInstances on fleet-r1: RESOURCE_NOT_FOUND: Instance "
                                                    "'zones/us-central1-a/instances/not-in-the-group' is not a member"):
         comp.delete_instances("fleet-r1", [vms[0], stranger], skip_invalid=False)
     comp.delete_instances("fleet-r1", [vms[0], stranger])  # skipped: the member goes, the stranger is ignored
@@ -252,7 +252,7 @@ def test_a_delete_instances_validation_failure_is_in_the_operation(standin):
 @pytest.mark.parametrize("mode", ["sync", "operation"])
 def test_a_template_in_use_is_refused_either_way_and_the_product_waits_out_both(monkeypatch, mode):
     standin = ComputeStandin(PROJECT, op_delay=0.05, in_use_error=mode).start()
-    monkeypatch.setenv(compute.ENDPOINT_ENV, standin.url)
+    monkeypatch.setenv(compute_requests.ENDPOINT_ENV, standin.url)
     try:
         comp = compute.Compute(ZONAL)
         _two_vms(comp, standin)
@@ -264,7 +264,7 @@ def test_a_template_in_use_is_refused_either_way_and_the_product_waits_out_both(
             _, done = send(standin, "POST", f"{BASE}/global/operations/{answer['name']}/wait")
             assert done["status"] == "DONE" and done["error"]["errors"][0]["code"] == "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE"
         assert "t-r1" in standin.templates
-        with pytest.raises(compute.ComputeError, match="already being used by"):
+        with pytest.raises(compute_requests.ComputeError, match="already being used by"):
             comp.delete_template("t-r1")  # no patience: the error, in one line
         comp.delete_mig("fleet-r1", wait=False)
         assert comp.delete_template("t-r1", in_use_timeout=60) is True  # retried until the MIG is gone
@@ -292,8 +292,8 @@ def test_the_disk_type_is_the_series_default_unless_configured(standin):
 def test_a_c4_mig_boots_from_hyperdisk_and_not_from_pd(standin, disk_type, fails):
     comp = compute.Compute(ZONAL)
     s = spec(machine_type="c4-standard-8", disk_type=disk_type)
-    comp.ensure_template(compute.template_resource(s))
-    comp.create_mig(compute.mig_resource(s, ZONAL, "fleet-r1", 1))
+    comp.ensure_template(compute_requests.template_resource(s))
+    comp.create_mig(compute_requests.mig_resource(s, ZONAL, "fleet-r1", 1))
     deadline = time.time() + 10
     while not (standin.events_of("create") or standin.events_of("create-failed")):
         assert time.time() < deadline

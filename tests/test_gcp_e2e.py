@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from fleet.boots import boot_records
 from fleet.cli import app
 from fleet.lease import DONE, Lease
-from fleet.run import lease_prefix
+from fleet.layout import lease_prefix
 from fleet.status import StatusReader
 from fleet.store import open_store
 from tests.standins.catalog import Catalog

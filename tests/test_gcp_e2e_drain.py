@@ -14,7 +14,8 @@ import sys
 import time
 
 from fleet.lease import DONE, Lease
-from fleet.run import lease_prefix, plan, worker_prefix
+from fleet.layout import lease_prefix, worker_prefix
+from fleet.run import plan
 from fleet.status import StatusReader
 from fleet.store import open_store
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import compute
+from fleet import compute, compute_requests
 from tests.standins.compute import ComputeStandin
 from tests.standins.vm import LocalVMs
 
@@ -41,15 +41,15 @@ def fleet_of(tmp_path, monkeypatch):
         vms = LocalVMs(tmp_path / "vms", env)
         standin = ComputeStandin(PROJECT, launcher=vms, on_gone=vms.gone, run_duration_scale=scale).start()
         standins.append(standin)
-        monkeypatch.setenv(compute.ENDPOINT_ENV, standin.url)
-        spec = compute.FleetSpec(run="g", bucket="gs://b", code_version="0" * 16, template="t-g",
+        monkeypatch.setenv(compute_requests.ENDPOINT_ENV, standin.url)
+        spec = compute_requests.FleetSpec(run="g", bucket="gs://b", code_version="0" * 16, template="t-g",
                                  machine_type="e2-standard-2", image="projects/debian-cloud/global/images/family/debian-12",
                                  service_account=f"w@{PROJECT}.iam.gserviceaccount.com", startup_script=STARTUP,
                                  shutdown_script=SHUTDOWN, max_run_hours=max_run_seconds / 3600)
-        place = compute.Place(PROJECT, zone=ZONE)
+        place = compute_requests.Place(PROJECT, zone=ZONE)
         comp = compute.Compute(place)
-        comp.ensure_template(compute.template_resource(spec))
-        comp.create_mig(compute.mig_resource(spec, place, "fleet-g", 1))
+        comp.ensure_template(compute_requests.template_resource(spec))
+        comp.create_mig(compute_requests.mig_resource(spec, place, "fleet-g", 1))
         return standin, vms
 
     yield make

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from fleet.claims import ClaimPolicy
 from fleet.lease import DONE, Lease
-from fleet.run import final_prefix, lease_prefix, load_spec, plan
+from fleet.run import load_spec, plan
+from fleet.layout import final_prefix, lease_prefix
 from fleet.processes import drained
 from fleet.spawner import Worker
 from fleet.status import StatusReader

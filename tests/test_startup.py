@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from fleet.codesync import OBJECTS, manifest_name, parse_manifest, sync
+from fleet.config import DEFAULT_CODE_PATHS
+from fleet.layout import log_name, vm_paths_text
 from fleet.run import plan
 from fleet.status import StatusReader
 from fleet.store import open_store
@@ -39,14 +41,14 @@ class Boot:
 @pytest.fixture
 def vm(fake_gcs, gcs_bucket, tmp_path):
     bucket = f"gs://{gcs_bucket}"
-    version = sync(bucket).version
+    version = sync(bucket, paths=DEFAULT_CODE_PATHS).version
     standin = ComputeStandin("fleet-test-1").start()
     servers = []
 
     def boot(run: str, code_version: str = version, disk: Path | None = None, drop: tuple[str, ...] = (),
              during=None, **extra_env: str) -> Boot:
         attributes = {"fleet-bucket": bucket, "fleet-run": run, "fleet-code-version": code_version,
-                      "fleet-workers-per-vm": "1", "fleet-standby": "1",
+                      "fleet-workers-per-vm": "1", "fleet-standby": "1", "fleet-paths": vm_paths_text(run),
                       "created-by": "projects/1/zones/us-central1-a/instanceGroupManagers/fleet-x"}
         attributes = {k: v for k, v in attributes.items() if k not in drop}
         server = MetadataServer(Instance("fleet-x-abcd", "fleet-test-1", "us-central1-a", attributes)).start()
@@ -66,7 +68,7 @@ def vm(fake_gcs, gcs_bucket, tmp_path):
             proc.wait(timeout=120)
         finally:
             proc.kill()
-        log = open_store(bucket).read(f"runs/{run}/logs/fleet-x-abcd.log").decode()
+        log = open_store(bucket).read(log_name(run, "fleet-x-abcd")).decode()
         return Boot(proc.returncode, log, disk)
 
     try:

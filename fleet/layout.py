@@ -1,0 +1,129 @@
+"""Every object name under ``runs/<run>/`` in the bucket: the one contract between the planner,
+the workers, the readers, `fleet status` and the VMs' startup/startup.sh.
+
+    runs/<run>/run.json                       the run's spec, written once by `fleet plan`
+    runs/<run>/items.jsonl                    its immutable list of work items
+    runs/<run>/leases/<item>                  an item's lease: who holds it, its attempts, its outputs
+    runs/<run>/final/<item>                   create-once marker of a finished (done or failed) item
+    runs/<run>/released/<item>                an item given back: taken at once, not after its lease's TTL
+    runs/<run>/workers/<worker>               a worker's heartbeat
+    runs/<run>/idle/<worker>                  an idle worker (the standby candidates)
+    runs/<run>/launch.json                    where `fleet launch` put the run's MIG and template
+    runs/<run>/logs/<instance>.log            a VM's log, streamed by startup.sh
+    runs/<run>/boots/<instance>-<boot>        one record per VM boot (startup.sh)
+    runs/<run>/failed-boots/<n>/<instance>-<boot>  a failed boot, n = items finished when it failed
+    runs/<run>/stopped.json                   the run's stop, when boots kept failing (startup.sh)
+
+startup.sh writes the last four with curl alone and never spells a name itself: the launch
+hands it :func:`vm_paths` (templates over ``{instance}``, ``{boot}``, ``{finished}``) in the
+instance metadata, so the two sides cannot drift (tests/test_layout.py holds them together).
+"""
+
+from __future__ import annotations
+
+RUNS = "runs/"
+SPEC = "run.json"
+LOG_SUFFIX = ".log"
+
+
+def run_prefix(run: str) -> str:
+    return f"{RUNS}{run}/"
+
+
+def run_of_spec(name: str) -> str | None:
+    """The run whose spec an object name is (``runs/<run>/run.json``), else None: listing runs."""
+    if not name.startswith(RUNS) or not name.endswith("/" + SPEC):
+        return None
+    run = name[len(RUNS):-len(SPEC) - 1]
+    return run if run and "/" not in run else None
+
+
+def spec_name(run: str) -> str:
+    return f"{run_prefix(run)}{SPEC}"
+
+
+def items_name(run: str) -> str:
+    return f"{run_prefix(run)}items.jsonl"
+
+
+def lease_prefix(run: str) -> str:
+    return f"{run_prefix(run)}leases/"
+
+
+def final_prefix(run: str) -> str:
+    """Create-once markers of finished items: one listing tells every worker what is left."""
+    return f"{run_prefix(run)}final/"
+
+
+def released_prefix(run: str) -> str:
+    """An empty object per item given back (preemption, shutdown, a retry): workers list these
+    and take the item at once instead of waiting for its lease to stand still."""
+    return f"{run_prefix(run)}released/"
+
+
+def worker_prefix(run: str) -> str:
+    return f"{run_prefix(run)}workers/"
+
+
+def idle_prefix(run: str) -> str:
+    """An empty object per idle worker: one listing finds the standby candidates."""
+    return f"{run_prefix(run)}idle/"
+
+
+def launch_name(run: str) -> str:
+    return f"{run_prefix(run)}launch.json"
+
+
+def log_prefix(run: str) -> str:
+    return f"{run_prefix(run)}logs/"
+
+
+def log_name(run: str, instance: str) -> str:
+    return f"{log_prefix(run)}{instance}{LOG_SUFFIX}"
+
+
+def boots_prefix(run: str) -> str:
+    return f"{run_prefix(run)}boots/"
+
+
+def boot_name(run: str, instance: str, boot: str) -> str:
+    """<boot> differs for every boot, so a VM the MIG recreates under the same name never
+    overwrites its predecessor's record."""
+    return f"{boots_prefix(run)}{instance}-{boot}"
+
+
+def failed_prefix(run: str, finished: int | str | None = None) -> str:
+    """All failed-boot markers, or (``finished`` given) those of the boots that failed while that
+    many items were finished: the failures since the run last finished an item."""
+    base = f"{run_prefix(run)}failed-boots/"
+    return base if finished is None else f"{base}{finished}/"
+
+
+def failed_name(run: str, finished: int | str, instance: str, boot: str) -> str:
+    return f"{failed_prefix(run, finished)}{instance}-{boot}"
+
+
+def stop_name(run: str) -> str:
+    return f"{run_prefix(run)}stopped.json"
+
+
+# What startup.sh fills in, and the keys it looks the templates up by.
+INSTANCE, BOOT, FINISHED = "{instance}", "{boot}", "{finished}"
+
+
+def vm_paths(run: str) -> dict[str, str]:
+    """The names a VM's startup.sh writes or lists, as templates over {instance}, {boot} and
+    {finished}: it gets them from the launch (metadata), never spells them itself."""
+    return {
+        "boot": boot_name(run, INSTANCE, BOOT),
+        "log": log_name(run, INSTANCE),
+        "final": final_prefix(run),
+        "failed": failed_name(run, FINISHED, INSTANCE, BOOT),
+        "failed-now": failed_prefix(run, FINISHED),
+        "stop": stop_name(run),
+    }
+
+
+def vm_paths_text(run: str) -> str:
+    """vm_paths as the metadata value startup.sh parses: one ``key=template`` a line."""
+    return "".join(f"{key}={value}\n" for key, value in vm_paths(run).items())
