@@ -262,7 +262,7 @@ def local_cmd(
 
 
 def _resolve(target: Optional[str], bucket: Optional[str], run: Optional[str]) -> tuple[str, str]:
-    from fleet.local import STATE_DIR
+    from fleet.layout import STATE_DIR
 
     if target and not bucket:
         local_state = os.path.join(target, STATE_DIR)

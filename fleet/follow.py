@@ -122,7 +122,7 @@ class FollowError(Exception):
 def resolve_run(source: str, run: str | None = None) -> tuple[str, str]:
     """(bucket, run) from a bucket URL, a local bucket folder or an output folder of
     ``fleet local``; the run may be left out when the bucket holds only one."""
-    from fleet.local import STATE_DIR
+    from fleet.layout import STATE_DIR
 
     bucket = source
     state = os.path.join(source, STATE_DIR)

@@ -24,6 +24,11 @@ from dataclasses import field
 from typing import Any, BinaryIO, Callable, Mapping
 
 
+# What a job may use of the store, through this module only (a job imports nothing else of the
+# fleet): ranged reads of pinned object versions, their errors, and a seekable file over one.
+from fleet.store import Changed, NotFound, Store, StoreError, StoreFile, open_store, read_url  # noqa: E402,F401
+
+
 class InputError(Exception):
     """The item's data is bad: retrying will not help. The message names the file."""
 
@@ -277,6 +282,15 @@ def cut_at_newlines(source: Source, item_bytes: int, scan: int = 1 << 20) -> lis
         pieces.append(Piece(start, end))
         start = end
     return pieces
+
+
+def find_sources(paths: list[str], exclude: list[str] = (), accept: Callable[[str], bool] | None = None
+                 ) -> list[Source]:
+    """The input objects under some files, folders or ``gs://`` prefixes, as ``fleet plan`` finds
+    them (for a job's own tools: a vocab trained over a corpus, a pre-flight look)."""
+    from fleet.sources import find_sources as find
+
+    return find(paths, exclude, accept) if accept is not None else find(paths, exclude)
 
 
 def item_seed(run_seed: int, item_id: str) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 RUNS = "runs/"
 SPEC = "run.json"
+STATE_DIR = ".fleet"  # `fleet local OUT_DIR`: the folder in OUT_DIR that stands in for the bucket
 LOG_SUFFIX = ".log"
 
 

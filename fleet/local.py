@@ -26,13 +26,12 @@ from fleet.config import DEFAULT_CODE_PATHS
 from fleet.job import load_job
 from fleet.render import print_detail, printable, print_skipped, say
 from fleet.run import PlanError, load_spec, plan
-from fleet.layout import spec_name
+from fleet.layout import STATE_DIR, spec_name
 from fleet.processes import start_workers, stop_workers
 from fleet.status import RunStatus, StatusReader
 from fleet.store import open_store
 from fleet.verify import check_outputs, describe_stale, reopen, stale_markers
 
-STATE_DIR = ".fleet"
 RUN = "local"
 
 

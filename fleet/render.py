@@ -109,7 +109,7 @@ def print_status(out: Console, st) -> None:
     table.add_row("MB done", f"{st.bytes_done / 1e6:,.1f} of {st.input_bytes / 1e6:,.1f}")
     for key in ("examples", "tokens", "items_without_outputs"):
         if key in st.totals:
-            table.add_row(key, f"{int(st.totals[key]):,}")
+            table.add_row(key.replace("_", " "), f"{int(st.totals[key]):,}")
     if st.first_start and st.bytes_done:
         span = (st.last_finish if st.finished else time.time()) - st.first_start
         if span > 0:

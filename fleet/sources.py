@@ -16,6 +16,7 @@ import stat
 from typing import Callable, Iterable, Iterator
 
 from fleet.job import InputError, Source, printable
+from fleet.layout import RUNS, SPEC, STATE_DIR
 from fleet.store import open_store, split_url
 from fleet.store.local import file_version
 
@@ -39,12 +40,12 @@ def fleet_output(folder: str, entries: Iterable[str], exists: Callable[[str], bo
     the summary `fleet local` writes beside them, its .fleet/ state, or a bucket's
     runs/<run>/run.json do."""
     entries = set(entries)
-    if ".fleet" in entries:
-        return "the outputs of a `fleet local` run: it holds .fleet/"
+    if STATE_DIR in entries:
+        return f"the outputs of a `fleet local` run: it holds {STATE_DIR}/"
     if "summary.json" in entries and any(e.startswith("part-") for e in entries):
         return "the outputs of a fleet run: it holds summary.json and part-* files"
-    if folder.rstrip("/").rsplit("/", 1)[-1] == "runs" and any(exists(f"{e}/run.json") for e in entries):
-        return "the run state of a fleet bucket: it holds runs/*/run.json"
+    if folder.rstrip("/").rsplit("/", 1)[-1] == RUNS.rstrip("/") and any(exists(f"{e}/{SPEC}") for e in entries):
+        return f"the run state of a fleet bucket: it holds {RUNS}*/{SPEC}"
     return None
 
 

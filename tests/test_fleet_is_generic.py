@@ -179,17 +179,3 @@ def test_a_plan_names_the_piece_sizes_the_job_gives(tmp_path):
         del me.HALVES
     assert [(i.start, i.end, i.size, i.meta) for i in items] == [(0, 5, 5, {"half": 1}), (5, 10, 7, {"half": 2})]
     assert os.path.basename(items[0].file) == "f"
-
-
-def test_the_text_layer_uses_only_the_fleets_public_apis():
-    # jobs/text reads through the item API, the store and the sources finder: never the fleet's
-    # planner, leases or workers, so that those can change under it.
-    allowed = ("fleet.job", "fleet.store", "fleet.sources")
-    text = FLEET.parent / "jobs" / "text"
-    bad = []
-    for path in sorted(text.rglob("*.py")):
-        for module in imports(path):
-            if (module == "fleet" or module.startswith("fleet.")) and not any(
-                    module == a or module.startswith(a + ".") for a in allowed):
-                bad.append(f"{path.relative_to(FLEET.parent)} imports {module}")
-    assert not bad, "\n".join(bad)

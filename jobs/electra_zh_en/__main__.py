@@ -61,7 +61,7 @@ app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pre
 
 def _read_vocab(vocab: str) -> bytes:
     """A local vocab file, or one named by URL (``gs://``) as a run's ``vocab_file`` may be."""
-    from fleet.store import StoreError, read_url
+    from fleet.job import StoreError, read_url
 
     try:
         if "://" in vocab:
@@ -100,7 +100,7 @@ def vocab(
     min_frequency: int = typer.Option(2, help="Fewest occurrences for a merged piece."),
 ) -> None:
     """Train a BERT WordPiece vocab ([PAD] [UNK] [CLS] [SEP] [MASK] first)."""
-    from fleet.store import StoreError
+    from fleet.job import StoreError
     from jobs.text.inputs import ReadOptions
 
     from jobs.text.tokenization import SPECIAL_TOKENS
@@ -213,7 +213,7 @@ def check(
     """A look before the spend: read a bounded sample of the inputs and print documents and lines
     per MB, tokens per line, the [UNK] share, Chinese/English share, lines longer than
     max_seq_length, and what split_sentences would change."""
-    from fleet.store import StoreError
+    from fleet.job import StoreError
     from jobs.text.inputs import ReadOptions
 
     from jobs.text.sample import Sampled, sample_documents

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from fleet.job import InputError, Source
-from fleet.store import StoreError, StoreFile, open_store
+from fleet.job import StoreError, StoreFile, open_store
 
 from jobs.text.inputs import ReadOptions, Tally, describe, file_format, find_corpus, iter_documents
 from jobs.text.inputs.parquet import parquet_documents, row_groups

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from fleet.job import InputError
-from fleet.store import Changed, NotFound, Store, StoreFile
+from fleet.job import Changed, NotFound, Store, StoreFile
 
 from jobs.text.inputs.formats import _END, MAX_DOCUMENT_CHARS, MAX_LINE_BYTES, Bad, ReadOptions, Tally, _assemble
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet.store import Store
+from fleet.job import Store
 
 from jobs.text.inputs.formats import _DOC_OPEN
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from fleet.job import InputError, Source, printable
-from fleet.sources import find_sources
-from fleet.store import Changed, NotFound, Store, open_store
+from fleet.job import find_sources
+from fleet.job import Changed, NotFound, Store, open_store
 
 from jobs.text.inputs.compression import head_of
 from jobs.text.inputs.formats import ReadOptions, Tally, decide, iter_documents
