@@ -100,7 +100,6 @@ class ItemInput:
     def store(self):
         """The store holding the input (fleet.store.Store): ``read(name, start, end, version)``."""
         if self._store is None:
-            from fleet.store import open_store
             self._store = open_store(self.url)
         return self._store
 
@@ -113,7 +112,6 @@ class ItemInput:
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes start-end of the pinned version of the object."""
-        from fleet.store import Changed, NotFound
         try:
             return self.store.read(self.name, start, end, version=self.version or None)
         except NotFound:
@@ -123,7 +121,6 @@ class ItemInput:
 
     def fetch(self, path: str) -> str:
         """Download the item's byte range (start-end) to a local file, checked to be all of it."""
-        from fleet.store import Changed, NotFound
         try:
             self.store.download_file(self.name, path, self.start, self.end, version=self.version or None)
         except NotFound:
@@ -259,7 +256,6 @@ def printable(text: str) -> str:
 def cut_at_newlines(source: Source, item_bytes: int, scan: int = 1 << 20) -> list[Piece]:
     """Byte ranges of about ``item_bytes`` that each end just after a newline (or at the end of
     the object), so no line is split; a line longer than an item makes its item longer."""
-    from fleet.store import open_store
 
     store = open_store(source.url)
     pieces, start = [], 0
@@ -291,6 +287,21 @@ def find_sources(paths: list[str], exclude: list[str] = (), accept: Callable[[st
     from fleet.sources import find_sources as find
 
     return find(paths, exclude, accept) if accept is not None else find(paths, exclude)
+
+
+def tfrecord_records(f: BinaryIO):
+    """The records of a TFRecord stream, both checksums checked (``fleet.tfexample``: the one
+    reader of the format, which the run's readers use too)."""
+    from fleet.tfexample import records
+
+    return records(f)
+
+
+def parse_example(data: bytes) -> dict:
+    """A serialized ``tf.train.Example`` -> {name: int64 or float32 array, or list of bytes}."""
+    from fleet.tfexample import parse_example as parse
+
+    return parse(data)
 
 
 def item_seed(run_seed: int, item_id: str) -> int:
