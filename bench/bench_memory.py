@@ -32,7 +32,7 @@ command) in a fresh process tree and prints:
 A worker figure is marked ``ok`` (at most 300 MB), ``>`` (above) or ``!`` (the run failed).
 
 ``--tree DIR`` runs another checkout (e.g. ``git worktree add /tmp/old main``) as ``python -m
-fleet.cli`` from DIR, with this venv, for before/after figures. The figures are MiB (2^20).
+fleet.cli.commands`` from DIR, with this venv, for before/after figures. The figures are MiB (2^20).
 Nothing is asserted: this prints figures.
 """
 

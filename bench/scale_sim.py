@@ -1,6 +1,6 @@
 """Scale simulation: many workers against fake-gcs-server, conversion replaced by a sleep.
 
-Runs the real ``fleet.spawner.Worker`` loop (claim, renew, commit, heartbeats,
+Runs the real ``fleet.core.spawner.Worker`` loop (claim, renew, commit, heartbeats,
 listing) in N threads of one process against a fresh fake-gcs-server, on a
 run of M one-document items whose conversion is a sleep
 (tests/helpers/sleepjob.py), and prints what the protocol costs:
@@ -133,9 +133,9 @@ class _Meter:
     def install(self):
         import requests.adapters
 
-        from fleet.lease import Leases
-        from fleet.attempt import ItemRunner, _Renewer
-        from fleet.store.gcs import GCSStore
+        from fleet.core.lease import Leases
+        from fleet.core.attempt import ItemRunner, _Renewer
+        from fleet.core.store.gcs import GCSStore
 
         meter = self
 
@@ -180,7 +180,7 @@ class _Meter:
                 finally:
                     with meter.lock:
                         meter.claim_calls.append(time.perf_counter() - t0)
-                from fleet.lease import Held
+                from fleet.core.lease import Held
 
                 if isinstance(got, Held):
                     with meter.lock:
@@ -243,16 +243,16 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     """One run of `items` items by `workers` Worker threads on gs://`bucket` (STORAGE_EMULATOR_HOST set).
 
     `standby` as `fleet work --standby` (what `fleet launch` gives each VM; None: every worker
-    stays until the run is drained). `worker_class`: a fleet.spawner.Worker subclass, to try a
+    stays until the run is drained). `worker_class`: a fleet.core.spawner.Worker subclass, to try a
     variant of the loop."""
     from requests.adapters import HTTPAdapter
 
-    from fleet.lease import DONE, FAILED, Lease
-    from fleet.layout import lease_prefix
-    from fleet.run import plan
-    from fleet.spawner import Worker
-    from fleet.store import open_store
-    from fleet.store.gcs import make_client
+    from fleet.core.lease import DONE, FAILED, Lease
+    from fleet.core.layout import lease_prefix
+    from fleet.core.run import plan
+    from fleet.core.spawner import Worker
+    from fleet.core.store import open_store
+    from fleet.core.store.gcs import make_client
 
     run = run or f"sim-{uuid.uuid4().hex[:6]}"
     store = open_store(f"gs://{bucket}")
@@ -488,7 +488,7 @@ def main() -> None:
     proc, url = start_fake_gcs()
     os.environ["STORAGE_EMULATOR_HOST"] = url
     try:
-        from fleet.store.gcs import make_client
+        from fleet.core.store.gcs import make_client
 
         bucket = f"sim-{uuid.uuid4().hex[:12]}"
         make_client().create_bucket(bucket)

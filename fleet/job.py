@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 
 # What a job may use of the store, through this module only (a job imports nothing else of the
 # fleet): ranged reads of pinned object versions, their errors, and a seekable file over one.
-from fleet.store import Changed, NotFound, Store, StoreError, StoreFile, open_store, read_url  # noqa: E402,F401
+from fleet.core.store import Changed, NotFound, Store, StoreError, StoreFile, open_store, read_url  # noqa: E402,F401
 
 
 class InputError(Exception):
@@ -98,7 +98,7 @@ class ItemInput:
 
     @property
     def store(self):
-        """The store holding the input (fleet.store.Store): ``read(name, start, end, version)``."""
+        """The store holding the input (fleet.core.store.Store): ``read(name, start, end, version)``."""
         if self._store is None:
             self._store = open_store(self.url)
         return self._store
@@ -233,9 +233,9 @@ class Job(abc.ABC):
 
     def features(self, config: Any) -> dict[str, Feature]:
         """The features every example of a run with this config holds, by name: the run's
-        readers (``fleet.follow.follow_examples``, ``follow_dataset``) parse and check the
+        readers (``fleet.core.follow.follow_examples``, ``follow_dataset``) parse and check the
         outputs with it and need no code of the job's. Empty (the default): the outputs are
-        not examples of fixed-length features, and only ``fleet.follow.follow`` reads them."""
+        not examples of fixed-length features, and only ``fleet.core.follow.follow`` reads them."""
         return {}
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
@@ -284,22 +284,22 @@ def find_sources(paths: list[str], exclude: list[str] = (), accept: Callable[[st
                  ) -> list[Source]:
     """The input objects under some files, folders or ``gs://`` prefixes, as ``fleet plan`` finds
     them (for a job's own tools: a vocab trained over a corpus, a pre-flight look)."""
-    from fleet.sources import find_sources as find
+    from fleet.core.sources import find_sources as find
 
     return find(paths, exclude, accept) if accept is not None else find(paths, exclude)
 
 
 def tfrecord_records(f: BinaryIO):
-    """The records of a TFRecord stream, both checksums checked (``fleet.tfexample``: the one
+    """The records of a TFRecord stream, both checksums checked (``fleet.core.tfexample``: the one
     reader of the format, which the run's readers use too)."""
-    from fleet.tfexample import records
+    from fleet.core.tfexample import records
 
     return records(f)
 
 
 def parse_example(data: bytes) -> dict:
     """A serialized ``tf.train.Example`` -> {name: int64 or float32 array, or list of bytes}."""
-    from fleet.tfexample import parse_example as parse
+    from fleet.core.tfexample import parse_example as parse
 
     return parse(data)
 

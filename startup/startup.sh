@@ -6,7 +6,7 @@
 #      server's token (REST deleteInstances); when a few boots in a row have failed with no item
 #      finished in between, it deletes the MIG and the template instead: the run stops itself
 #   1. read the run, bucket, code version and the run's object names from instance metadata
-#      (fleet-paths: fleet/layout.py owns every name under runs/<run>/; this script spells none)
+#      (fleet-paths: fleet/core/layout.py owns every name under runs/<run>/; this script spells none)
 #   2. download the pinned code snapshot and check every file against its manifest
 #   3. make sure Python and the locked dependencies are there (a Packer image already has them),
 #      and build the C core of the tokenizer once (gcc installed if missing; without it the
@@ -180,7 +180,7 @@ leave() { # remove this VM from its MIG (deleteInstances lowers the target size;
 
 declare -A PATHS=() # KEY -> an object name under runs/<run>/, a template over {instance}, {boot} and {finished}
 
-load_paths() { # TEXT: the metadata fleet-paths, one KEY=TEMPLATE a line (fleet/layout.py: vm_paths_text)
+load_paths() { # TEXT: the metadata fleet-paths, one KEY=TEMPLATE a line (fleet/core/layout.py: vm_paths_text)
   local key value
   while IFS='=' read -r key value; do
     [[ -n $key ]] || continue

@@ -103,7 +103,7 @@ def fake_gcs():
 @pytest.fixture
 def gcs_bucket(fake_gcs):
     """A new, uniquely named bucket per test: the emulator slows down as a bucket grows."""
-    from fleet.store.gcs import make_client
+    from fleet.core.store.gcs import make_client
 
     name = f"t-{uuid.uuid4().hex[:20]}"
     make_client().create_bucket(name)
@@ -112,14 +112,14 @@ def gcs_bucket(fake_gcs):
 
 @pytest.fixture
 def local_store(tmp_path):
-    from fleet.store.local import LocalStore
+    from fleet.core.store.local import LocalStore
 
     return LocalStore(str(tmp_path / "store"))
 
 
 @pytest.fixture
 def gcs_store(gcs_bucket):
-    from fleet.store.gcs import GCSStore
+    from fleet.core.store.gcs import GCSStore
 
     return GCSStore(gcs_bucket)
 

@@ -239,7 +239,7 @@ def test_a_403_from_the_store_is_one_line(gcs_bucket, tmp_path, vocab, forbiddin
 
 
 def test_a_403_on_one_input_fails_that_item_after_its_attempts(gcs_bucket, tmp_path, vocab, forbidding):
-    from fleet.store import open_store
+    from fleet.core.store import open_store
 
     bucket = f"gs://{gcs_bucket}"
     store = open_store(bucket)

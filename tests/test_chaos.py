@@ -1,7 +1,7 @@
 """Worker deaths: SIGKILL at random moments, and at the moments that matter.
 
 Workers are real processes running the real loop on a local folder and on
-fake-gcs-server. The test-only hook FLEET_TEST_PAUSE (fleet/attempt.py) makes
+fake-gcs-server. The test-only hook FLEET_TEST_PAUSE (fleet/core/attempt.py) makes
 each worker log and linger at three points: right after its claim is written
 ("claimed"), at its first document ("converting"), and after its outputs are
 written but before its lease says done ("uploaded"). The test kills workers
@@ -20,10 +20,10 @@ import time
 
 import pytest
 
-from fleet.lease import DONE, LEASED, Lease
-from fleet.layout import lease_prefix, worker_prefix
-from fleet.status import StatusReader
-from fleet.store import open_store
+from fleet.core.lease import DONE, LEASED, Lease
+from fleet.core.layout import lease_prefix, worker_prefix
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
 from tests.helpers.procs import (clean_run, committed, listed_outputs, plan_lines, start_worker, wait_exit,
                                  write_corpus)
 

@@ -137,7 +137,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, vocab):
 
 
 def test_gcs_inputs_are_sampled_by_ranged_reads(tmp_path, vocab, gcs_bucket):
-    from fleet.store import open_store
+    from fleet.core.store import open_store
 
     paths = write_formats(tmp_path / "in")
     store = open_store(f"gs://{gcs_bucket}")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fleet.claims import ClaimPolicy
-from fleet.lease import DONE, LEASED, Lease
+from fleet.core.claims import ClaimPolicy
+from fleet.core.lease import DONE, LEASED, Lease
 
 ITEMS = [f"{i:05d}" for i in range(6)]
 TTL = 60.0

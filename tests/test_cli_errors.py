@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fleet.cli import app
+from fleet.cli.commands import app
 from tests.test_gcp_e2e import cloud_fixture  # noqa: F401 (the `cloud` fixture: bucket, Compute and IAM stand-ins)
 
 LINEJOB = "tests.helpers.linejob:JOB"
@@ -143,7 +143,7 @@ def test_work_refuses_an_absurd_process_count(procs, tmp_path):
 @pytest.fixture
 def no_credentials(monkeypatch, tmp_path):
     """Google's Compute and IAM APIs for real (no stand-in endpoints), with no credentials to find."""
-    from fleet import compute_requests, iam
+    from fleet.gce import compute_requests, iam
 
     monkeypatch.delenv(compute_requests.ENDPOINT_ENV, raising=False)
     monkeypatch.delenv(iam.ENDPOINT_ENV, raising=False)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet.codesync import (MANIFEST, OBJECTS, CodeError, check_pinned, code_files, code_version, manifest_bytes,
+from fleet.core.codesync import (MANIFEST, OBJECTS, CodeError, check_pinned, code_files, code_version, manifest_bytes,
                             manifest_name, parse_manifest, snapshot, sync, verify, version_of)
-from fleet.config import DEFAULT_CODE_PATHS
-from fleet.store import open_store
+from fleet.gce.config import DEFAULT_CODE_PATHS
+from fleet.core.store import open_store
 
 PATHS = ["fleet", "jobs", "startup", "pyproject.toml"]
 
@@ -120,12 +120,12 @@ def test_a_working_tree_is_trusted_and_has_no_manifest(tree):
 def test_this_repository_syncs_without_tests_or_venv():
     root = Path(__file__).resolve().parent.parent
     files = code_files(str(root), paths=DEFAULT_CODE_PATHS)
-    assert "fleet/codesync.py" in files and "startup/startup.sh" in files and "pyproject.toml" in files
+    assert "fleet/core/codesync.py" in files and "startup/startup.sh" in files and "pyproject.toml" in files
     assert not [f for f in files if f.startswith((".venv", "tests/", ".git")) or "__pycache__" in f]
 
 
 def test_the_worker_side_reads_no_configuration():
     """codesync is what a worker checks its code with: its paths come from its caller (the CLI),
     and importing it loads nothing of fleet.toml's module."""
-    code = "import sys, fleet.codesync; print('fleet.config' in sys.modules)"
+    code = "import sys, fleet.core.codesync; print('fleet.gce.config' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

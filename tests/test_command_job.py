@@ -32,14 +32,14 @@ from hypothesis import given, settings, strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
-from fleet.cli import app
+from fleet.cli.commands import app
 from fleet.job import ConfigError, ItemContext, ItemFailed, item_seed, load_job
-from fleet.lease import DONE, LEASED, Lease, Lost
-from fleet.local import run_local
-from fleet.run import load_items, plan
-from fleet.layout import lease_prefix, released_prefix
-from fleet.status import StatusReader
-from fleet.store import open_store
+from fleet.core.lease import DONE, LEASED, Lease, Lost
+from fleet.cli.local import run_local
+from fleet.core.run import load_items, plan
+from fleet.core.layout import lease_prefix, released_prefix
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
 from jobs.command.job import input_name, substitute
 from tests.helpers.procs import committed, listed_outputs, start_worker, wait_exit
 from tests.helpers.sinks import MemorySink
@@ -564,7 +564,7 @@ def test_fleet_jobs_lists_command_with_its_options():
 
 def test_a_failed_attempts_detail_stays_with_the_lease_until_a_commit(tmp_path):
     """The retry's lease still shows why the last attempt failed (for `fleet status`); a commit clears it."""
-    from fleet.lease import Leases
+    from fleet.core.lease import Leases
 
     leases_ = Leases(open_store(str(tmp_path)), "leases/", "w", ttl=30, max_attempts=3)
     held = leases_.claim("00000")

@@ -1,4 +1,4 @@
-"""fleet.compute through the real google-cloud-compute client against the local Compute stand-in.
+"""fleet.gce.compute through the real google-cloud-compute client against the local Compute stand-in.
 
 VMs here are placeholders (no process); tests/test_gcp_e2e.py runs real ones.
 """
@@ -13,12 +13,12 @@ import pytest
 from google.cloud import compute_v1
 from typer.testing import CliRunner
 
-from fleet import compute, compute_requests, iam
-from fleet.cli import app
-from fleet.codesync import sync
-from fleet.config import DEFAULT_CODE_PATHS
-from fleet.run import plan
-from fleet.store import open_store
+from fleet.gce import compute, compute_requests, iam
+from fleet.cli.commands import app
+from fleet.core.codesync import sync
+from fleet.gce.config import DEFAULT_CODE_PATHS
+from fleet.core.run import plan
+from fleet.core.store import open_store
 from tests.standins.catalog import Catalog
 from tests.standins.compute import ComputeStandin
 from tests.standins.faultproxy import FaultProxy

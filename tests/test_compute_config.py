@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from fleet.cli import app
-from fleet.config import ConfigError, FleetConfig, load
+from fleet.cli.commands import app
+from fleet.gce.config import ConfigError, FleetConfig, load
 
 
 @pytest.fixture

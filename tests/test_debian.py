@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from fleet import compute, compute_requests
-from fleet.boots import boot_records
-from fleet.codesync import sync
-from fleet.config import DEFAULT_CODE_PATHS
-from fleet.layout import vm_paths_text
-from fleet.run import plan
-from fleet.status import StatusReader
-from fleet.store import open_store
+from fleet.gce import compute, compute_requests
+from fleet.gce.boots import boot_records
+from fleet.core.codesync import sync
+from fleet.gce.config import DEFAULT_CODE_PATHS
+from fleet.core.layout import vm_paths_text
+from fleet.core.run import plan
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
 from tests.standins.compute import ComputeStandin
 from tests.standins.metadata import Instance, MetadataServer
 

@@ -4,7 +4,7 @@ Every request is checked against Compute Engine's v1 discovery document
 (tests/standins/discovery.py); what the document does not say (limits, real zones,
 where an error arrives) the stand-in models from Google's documentation. Each test
 here sends what GCE would refuse and expects GCE's answer; the product's own requests
-(built by fleet.compute, sent by the real client and by startup/startup.sh in the
+(built by fleet.gce.compute, sent by the real client and by startup/startup.sh in the
 end-to-end tests) must pass.
 """
 
@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from fleet import compute, compute_requests
-from fleet.config import ConfigError, FleetConfig
+from fleet.gce import compute, compute_requests
+from fleet.gce.config import ConfigError, FleetConfig
 from tests.standins import discovery
 from tests.standins.compute import ComputeStandin
 
@@ -146,7 +146,7 @@ def test_methods_paths_and_query_parameters_are_the_documents(standin):
 
 
 def test_the_products_requests_pass_the_document():
-    """Everything fleet.compute builds, in every shape it can take, is a request GCE accepts."""
+    """Everything fleet.gce.compute builds, in every shape it can take, is a request GCE accepts."""
     for place in (ZONAL, REGIONAL):
         for changes in ({}, {"spot": False, "max_run_hours": 0}, {"disk_type": "hyperdisk-balanced",
                                                                    "machine_type": "c4-standard-8"},

@@ -13,7 +13,7 @@ import random
 import pytest
 from rich.console import Console
 
-from fleet.local import run_local
+from fleet.cli.local import run_local
 from jobs.text import tfrecord
 from jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
 from jobs.text.vocab import train_vocab, write_vocab

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.lease import DONE, Held, Leases
-from fleet.store import PreconditionFailed, StoreError
-from fleet.store.gcs import GCSStore
+from fleet.core.lease import DONE, Held, Leases
+from fleet.core.store import PreconditionFailed, StoreError
+from fleet.core.store.gcs import GCSStore
 from tests.helpers.procs import (clean_run, committed, listed_outputs, plan_lines, start_worker, wait_exit,
                                  write_corpus)
 from tests.standins.faultproxy import FaultProxy, is_conditional_create
@@ -164,8 +164,8 @@ def test_runs_through_faults_end_with_a_clean_runs_bytes(fake_gcs, gcs_bucket, c
     assert len(lost_claims) >= 3
     assert committed(bucket, "faulty") == expected
     assert listed_outputs(f"{bucket}/out-faulty") == expected
-    from fleet.status import StatusReader
-    from fleet.store import open_store
+    from fleet.core.status import StatusReader
+    from fleet.core.store import open_store
 
     leases = StatusReader(open_store(bucket), "faulty").leases()
     assert len(leases) == len(items)

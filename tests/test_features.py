@@ -90,7 +90,7 @@ def test_every_example_written_holds_exactly_the_declared_features(vocab, case):
         example = tfrecord.parse_example(record)
         assert {fname: (len(v), v.dtype) for fname, v in example.items()} == expected
     tf = pytest.importorskip("tensorflow")
-    from fleet.follow import feature_spec
+    from fleet.core.follow import feature_spec
 
     parsed = tf.io.parse_example(records, feature_spec(layout))  # TensorFlow's parser: fails on any other length
     assert {fname: (tuple(v.shape), v.dtype.as_numpy_dtype) for fname, v in parsed.items()} == {

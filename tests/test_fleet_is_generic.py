@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from fleet.job import ConfigError, InputError, Job, Piece, Source
-from fleet.run import load_items, load_spec, plan
-from fleet.sources import find_sources
-from fleet.store import open_store
+from fleet.core.run import load_items, load_spec, plan
+from fleet.core.sources import find_sources
+from fleet.core.store import open_store
 from tests.helpers.linejob import JOB as LINEJOB
 
 FLEET = Path(__file__).resolve().parent.parent / "fleet"
@@ -59,14 +59,14 @@ def test_no_module_under_fleet_imports_a_text_format_module_or_a_job():
 def test_the_import_walk_sees_lazy_and_relative_imports(tmp_path):
     # The check above is only as good as its walk: a lazy import inside a function and a relative
     # import both count.
-    pkg = FLEET / "store"
+    pkg = FLEET / "core" / "store"
     probe = pkg / "_probe_for_test.py"
     try:
         probe.write_text("def f():\n    from ..inputs import formats\n    import jobs.text.job\n")
         got = imports(probe)
     finally:
         probe.unlink()
-    assert "fleet.inputs.formats" in got and "jobs.text.job" in got
+    assert "fleet.core.inputs.formats" in got and "jobs.text.job" in got
 
 
 @dataclasses.dataclass

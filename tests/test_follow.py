@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from fleet.follow import follow
-from fleet.store import open_store
+from fleet.core.follow import follow
+from fleet.core.store import open_store
 from tests.helpers.cli import FLEET, fleet
 from tests.helpers.procs import LINEJOB, ROOT, write_corpus
 

@@ -15,7 +15,7 @@ import os
 import pytest
 
 from fleet.job import InputError
-from fleet.store.local import LocalStore
+from fleet.core.store.local import LocalStore
 from jobs.text.inputs import ReadOptions, Tally, file_format, plan_ranges, read_all
 from tests.helpers.cli import fleet, one_line_error
 
@@ -197,7 +197,7 @@ def test_parquet_rows_are_documents_and_items_are_row_group_ranges(tmp_path):
 
 
 def test_parquet_on_gcs_is_read_by_ranges_of_the_planned_generation(tmp_path, gcs_bucket):
-    from fleet.store import open_store
+    from fleet.core.store import open_store
     from jobs.text.inputs import plan_slices, read_slice
 
     write_parquet(tmp_path / "a.parquet", ROWS)

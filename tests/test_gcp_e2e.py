@@ -21,12 +21,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from fleet.boots import boot_records
-from fleet.cli import app
-from fleet.lease import DONE, Lease
-from fleet.layout import lease_prefix
-from fleet.status import StatusReader
-from fleet.store import open_store
+from fleet.gce.boots import boot_records
+from fleet.cli.commands import app
+from fleet.core.lease import DONE, Lease
+from fleet.core.layout import lease_prefix
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
 from tests.standins.catalog import Catalog
 from tests.standins.compute import ComputeStandin
 from tests.standins.faultproxy import FaultProxy
@@ -77,7 +77,7 @@ def cloud_fixture(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
     vms = LocalVMs(tmp_path / "vms", vm_env)
     standin = ComputeStandin(PROJECT, launcher=vms, on_gone=vms.gone).start()  # GCE's stop windows: 30 s, 90 s
     catalog = Catalog(PROJECT).install(standin)  # regions.get (quotas) and machineTypes.get for `fleet launch`
-    # The VMs' account holds exactly fleet/iam.py's roles: the stand-ins refuse (403) any VM call outside them.
+    # The VMs' account holds exactly fleet/gce/iam.py's roles: the stand-ins refuse (403) any VM call outside them.
     policy = Policy.for_fleet(PROJECT, gcs_bucket, vms.tokens, upstream=fake_gcs.url, account=ACCOUNT)
     standin.guard = policy.compute_guard
     storage = FaultProxy(fake_gcs.url, guard=policy.storage_guard).start()  # the VMs' way to the bucket
@@ -173,7 +173,7 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     assert cloud.standin.events_of("template-in-use")  # startup.sh met the in-use error (in the operation), retried
 
     # The same outputs, byte for byte, as `fleet local` on this machine.
-    from fleet.local import run_local
+    from fleet.cli.local import run_local
 
     out = tmp_path / "local-out"
     result = run_local([str(CORPUS)], str(out), "electra_zh_en", 2, {"vocab_file": str(vocab)},
@@ -298,7 +298,7 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
     check_clean_exit(cloud, "pre")
 
     # Same bytes as an undisturbed local run of the same plan.
-    from fleet.local import run_local
+    from fleet.cli.local import run_local
 
     out = tmp_path / "local-pre"
     result = run_local([str(CORPUS / "sample_en.txt")], str(out), job, 2, {"delay": "0"},

@@ -10,9 +10,9 @@ import time
 
 from rich.console import Console
 
-from fleet.local import run_local
-from fleet.status import StatusReader
-from fleet.store import open_store
+from fleet.cli.local import run_local
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
 from tests.test_gcp_e2e import (CORPUS, ROOT, cloud_fixture, init, local_digests, output_digests,  # noqa: F401
                                 ship_test_jobs)
 from tests.test_gcp_e2e_failures import check_stopped, until_nothing_left

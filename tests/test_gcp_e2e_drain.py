@@ -13,11 +13,11 @@ import subprocess
 import sys
 import time
 
-from fleet.lease import DONE, Lease
-from fleet.layout import lease_prefix, worker_prefix
-from fleet.run import plan
-from fleet.status import StatusReader
-from fleet.store import open_store
+from fleet.core.lease import DONE, Lease
+from fleet.core.layout import lease_prefix, worker_prefix
+from fleet.core.run import plan
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS_EN = os.path.join(ROOT, "corpus", "sample_en.txt")
@@ -25,7 +25,7 @@ JOB = "tests.helpers.linejob:JOB"
 
 
 def start(bucket: str, run: str, name: str, standby: int) -> subprocess.Popen:
-    code = (f"from fleet.processes import work_one; "
+    code = (f"from fleet.core.processes import work_one; "
             f"raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}, standby={standby}))")
     return subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -83,7 +83,7 @@ def test_sigterm_right_after_a_claim_still_gives_the_item_back(store_url):
     """A VM stopped between a claim and the conversion's start must not keep the item for a whole TTL."""
     plan(store_url, "justclaimed", JOB, [CORPUS_EN], f"{store_url}/out-jc", {}, "test", lease_ttl=300,
          item_bytes=10_000_000)
-    code = f"from fleet.processes import work_one; raise SystemExit(work_one({store_url!r}, 'justclaimed', 'w', standby=1))"
+    code = f"from fleet.core.processes import work_one; raise SystemExit(work_one({store_url!r}, 'justclaimed', 'w', standby=1))"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE,
                             env=dict(os.environ, PYTHONPATH=ROOT, FLEET_TEST_PAUSE="claimed=30"))
     store = open_store(store_url)

@@ -15,12 +15,12 @@ import time
 
 from typer.testing import CliRunner
 
-from fleet import gcp
-from fleet.cli import app
-from fleet.boots import boot_records, load_stop
-from fleet.codesync import OBJECTS, manifest_name, parse_manifest
-from fleet.config import load
-from fleet.store import open_store
+from fleet.gce import gcp
+from fleet.cli.commands import app
+from fleet.gce.boots import boot_records, load_stop
+from fleet.core.codesync import OBJECTS, manifest_name, parse_manifest
+from fleet.gce.config import load
+from fleet.core.store import open_store
 from tests.test_gcp_e2e import Cloud, cloud_fixture, init, ship_test_jobs  # noqa: F401 (the `cloud` fixture)
 
 LIMIT = 240.0  # seconds to zero VMs; each takes well under a minute here
@@ -78,7 +78,7 @@ def test_code_that_fails_its_hash_check(cloud, capsys):
     init(cloud)
     version = cloud.fleet("sync").strip().splitlines()[-1]
     store = open_store(cloud.bucket)
-    sha = dict((p, s) for s, p in parse_manifest(store.read(manifest_name(version))))["fleet/spawner.py"]
+    sha = dict((p, s) for s, p in parse_manifest(store.read(manifest_name(version))))["fleet/core/spawner.py"]
     store.write(OBJECTS + sha, b"raise SystemExit('not the real spawner')\n")
     started = launch(cloud, "hash")
     until_nothing_left(cloud, "hash", started, "code that fails its hash check", capsys)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import compute, compute_requests
+from fleet.gce import compute, compute_requests
 from tests.standins.compute import ComputeStandin
 from tests.standins.vm import LocalVMs
 

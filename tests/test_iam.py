@@ -1,4 +1,4 @@
-"""Least privilege, checked: the workers' roles (fleet/iam.py) are exactly what VMs use.
+"""Least privilege, checked: the workers' roles (fleet/gce/iam.py) are exactly what VMs use.
 
 A fleet runs end to end on the stand-ins, which record every API method each caller
 makes and refuse (403, Google's error shape) any VM call outside the roles; the
@@ -18,8 +18,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from fleet import iam
-from fleet.cli import app
+from fleet.gce import iam
+from fleet.cli.commands import app
 from tests.standins.compute import ComputeStandin
 from tests.standins.faultproxy import FaultProxy
 from tests.standins.iam import Policy, compute_method, evaluate, storage_method
@@ -181,7 +181,7 @@ def test_fleet_iam_prints_gcloud_ready_role_files():
 
 
 def test_fleet_toml_no_longer_suggests_instance_admin():
-    from fleet.config import FleetConfig, dumps
+    from fleet.gce.config import FleetConfig, dumps
 
     text = dumps(FleetConfig(project="proj-123", bucket="gs://b-1", zone=ZONE))
     assert "instanceAdmin" not in text and "fleet iam" in text

@@ -104,7 +104,7 @@ def test_a_folder_that_is_only_another_runs_outputs_is_one_line(tmp_path):
 
 
 def test_on_gcs_readmes_and_another_runs_outputs_and_state_are_skipped(gcs_bucket, caplog):
-    from fleet.store import open_store
+    from fleet.core.store import open_store
 
     store = open_store(f"gs://{gcs_bucket}")
     for name in ["data/wiki_00", "data/AA/wiki_01", "data/a.txt", "data/README", "data/LICENSE.txt",

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet.job import InputError
-from fleet.store.local import LocalStore
+from fleet.core.store.local import LocalStore
 from jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges, read_all
 
 

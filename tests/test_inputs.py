@@ -11,8 +11,8 @@ import pytest
 import zstandard
 
 from fleet.job import InputError
-from fleet.run import make_items
-from fleet.store.local import LocalStore
+from fleet.core.run import make_items
+from fleet.core.store.local import LocalStore
 from jobs.text.inputs import (describe, find_corpus, iter_documents, iter_path_documents, plan_ranges, plan_slices,
                               read_all)
 from tests.helpers.linejob import JOB as LINEJOB, LineConfig
@@ -192,7 +192,7 @@ def test_iter_path_documents_reads_folders(tmp_path):
 
 def test_an_item_planned_before_the_item_api_reads_as_the_slice_it_was(tmp_path):
     # Runs planned by 83e8d26 wrote the text layer's slice fields at the top of each item line.
-    from fleet.run import Item
+    from fleet.core.run import Item
     from jobs.text.job import item_slice
 
     (tmp_path / "c.txt").write_bytes(b"a\n\nb\nc\n\nd\n")

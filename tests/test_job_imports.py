@@ -2,7 +2,7 @@
 
 A job is written against ``fleet.job`` alone (and the shared text layer ``jobs/text``),
 so the fleet's internals can change without breaking a job, and a job's reader needs no
-fleet internals: ``fleet.follow`` reads any job's examples from ``Job.features``.
+fleet internals: ``fleet.core.follow`` reads any job's examples from ``Job.features``.
 Every import in every module under jobs/ is checked, top level or inside a function.
 """
 
@@ -52,7 +52,7 @@ def test_job_modules_import_only_the_job_api_of_the_fleet():
 
 def test_the_check_sees_every_form_of_import(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("import fleet.store\nfrom fleet import job, run\nfrom fleet.job import Job\n"
+    source.write_text("import fleet.core.store\nfrom fleet import job, run\nfrom fleet.job import Job\n"
                       "def f():\n    from fleet.inputs.parquet import StoreFile\n    import fleet\n"
                       "from . import fleet\nfrom jobs.text import tfrecord\n")
-    assert fleet_imports(str(source)) == ["1: fleet.store", "2: fleet.run", "5: fleet.inputs.parquet", "6: fleet"]
+    assert fleet_imports(str(source)) == ["1: fleet.core.store", "2: fleet.run", "5: fleet.inputs.parquet", "6: fleet"]

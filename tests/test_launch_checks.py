@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from fleet import estimate, prelaunch
-from fleet.cli import app
-from fleet.config import FleetConfig
+from fleet.gce import estimate, prelaunch
+from fleet.cli.commands import app
+from fleet.gce.config import FleetConfig
 from tests.test_gcp_e2e import ACCOUNT, _bodies, cloud_fixture, init, ship_test_jobs  # noqa: F401 (the `cloud` fixture)
 
 RATES = estimate.Rates(mb_per_vcpu_s=5.0, boot_minutes=3.0, vcpu_hour_usd=0.0335, spot_vcpu_hour_usd=0.01)
@@ -120,7 +120,7 @@ def test_a_template_name_outside_the_iam_condition_is_refused(cloud):
 def test_max_run_hours_unset_round_trips_through_fleet_toml(tmp_path, monkeypatch):
     import tomllib
 
-    from fleet.config import dumps, from_dict
+    from fleet.gce.config import dumps, from_dict
 
     cfg = _cfg()
     assert cfg.max_run_hours is None
@@ -130,7 +130,7 @@ def test_max_run_hours_unset_round_trips_through_fleet_toml(tmp_path, monkeypatc
 
 
 def test_no_credentials_is_a_check_that_cannot_tell_not_a_traceback(monkeypatch, tmp_path):
-    from fleet import iam
+    from fleet.gce import iam
 
     monkeypatch.delenv(iam.ENDPOINT_ENV, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))

@@ -1,8 +1,8 @@
-"""fleet.layout owns every object name under runs/<run>/, and startup.sh agrees with it.
+"""fleet.core.layout owns every object name under runs/<run>/, and startup.sh agrees with it.
 
 startup.sh spells no name: it fills in the templates the launch puts in the metadata
 (fleet-paths). Here its own code (load_paths and at, cut out of the script) resolves them for
-any run, instance and boot, and must give exactly fleet.layout's names.
+any run, instance and boot, and must give exactly fleet.core.layout's names.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet import compute_requests, layout
-from fleet.run import check_run_name, list_runs
-from fleet.store import open_store
+from fleet.core import layout
+from fleet.gce import compute_requests
+from fleet.core.run import check_run_name, list_runs
+from fleet.core.store import open_store
 
 STARTUP = Path(__file__).resolve().parent.parent / "startup" / "startup.sh"
 

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from fleet.lease import DONE, FAILED, LEASED, Held, Lease, Leases, Lost
-from fleet.store import PreconditionFailed
+from fleet.core.lease import DONE, FAILED, LEASED, Held, Lease, Leases, Lost
+from fleet.core.store import PreconditionFailed
 
 
 class Clock:

@@ -18,7 +18,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from fleet.config import DEFAULT_CODE_PATHS, tomllib
+from fleet.gce.config import DEFAULT_CODE_PATHS, tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements.lock"

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fleet.store import open_store
+from fleet.core.store import open_store
 from jobs.text.inputs import formats, parquet
 from jobs.text.inputs.formats import Bad, ReadOptions, Tally, checked
 

@@ -23,7 +23,7 @@ import pytest
 import zstandard
 
 from fleet.job import InputError
-from fleet.lease import DONE, FAILED, LEASED, Lease
+from fleet.core.lease import DONE, FAILED, LEASED, Lease
 from jobs.text.inputs import find_corpus, read_all
 from tests.helpers.cli import FLEET, fleet, one_line_error
 from tests.helpers.procs import LINEJOB, ROOT, write_corpus
@@ -141,7 +141,7 @@ def test_an_input_truncated_after_planning_fails_its_items_with_the_reason(tmp_p
     source = write_corpus(str(tmp_path / "big.txt"), 400)
     data = Path(source).read_bytes()
     if kind == "gcs":
-        from fleet.store import open_store
+        from fleet.core.store import open_store
 
         bucket = f"gs://{request.getfixturevalue('gcs_bucket')}"
         open_store(bucket).write("in/big.txt", data)
@@ -183,7 +183,7 @@ def test_outputs_deleted_or_overwritten_after_a_run_are_converted_again(tmp_path
 
 
 def test_status_verify_checks_outputs_on_gcs_and_sends_lost_ones_back(tmp_path, corpus, gcs_bucket):
-    from fleet.store import open_store
+    from fleet.core.store import open_store
 
     bucket = f"gs://{gcs_bucket}"
     run = ["--bucket", bucket, "--run", "r"]
@@ -272,7 +272,7 @@ def test_a_gs_input_without_credentials_says_how_to_log_in(tmp_path):
 
 
 def test_an_unknown_url_scheme_is_an_error_not_a_folder(tmp_path):
-    from fleet.store import StoreError, open_store
+    from fleet.core.store import StoreError, open_store
 
     with pytest.raises(StoreError, match="unsupported URL scheme s3://"):
         open_store("s3://bucket/path")
@@ -449,14 +449,14 @@ def test_a_read_only_bucket_stops_workers_in_one_line_and_fails_nothing(tmp_path
 def test_a_403_on_the_outputs_gives_items_back_and_retry_failed_retries(tmp_path, corpus, gcs_bucket, fake_gcs):
     import uuid
 
-    from fleet.store.gcs import make_client
+    from fleet.core.store.gcs import make_client
     from tests.standins.faultproxy import FaultProxy
 
     bucket = f"gs://{gcs_bucket}"
     other = f"t-{uuid.uuid4().hex[:20]}"  # outputs in a bucket of their own, so that a rule can forbid just them
     make_client().create_bucket(other)
     run = ["--bucket", bucket, "--run", "r"]
-    from fleet.store import open_store
+    from fleet.core.store import open_store
 
     for name in ("a.txt", "b.txt"):
         open_store(bucket).write(f"in/{name}", (corpus / name).read_bytes())

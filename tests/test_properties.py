@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from fleet.job import ConfigError, InputError, ItemContext, Sink
-from fleet.store import StoreError
-from fleet.store.local import LocalStore
+from fleet.core.store import StoreError
+from fleet.core.store.local import LocalStore
 from jobs.electra_zh_en import JOB, ElectraConfig
 from jobs.text.inputs import iter_documents, plan_ranges, read_all
 from jobs.electra_zh_en.builder import ExampleBuilder

@@ -1,6 +1,6 @@
 """pyproject.toml promises Python 3.10: nothing in fleet/ or jobs/ may need 3.11 to start.
 
-Caught before: fleet/config.py imported tomllib (3.11+), so no command of the CLI started on 3.10.
+Caught before: fleet/gce/config.py imported tomllib (3.11+), so no command of the CLI started on 3.10.
 The interpreter under test is newer, so this reads the sources instead of running them.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from fleet.config import tomllib
+from fleet.gce.config import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 # Standard-library modules and names that first appeared in Python 3.11.

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from fleet.follow import FollowError, RunReader, follow_examples
-from fleet.store import locate, open_store
+from fleet.core.follow import FollowError, RunReader, follow_examples
+from fleet.core.store import locate, open_store
 from jobs.text import tfrecord
 from jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.cli import FLEET, fleet
@@ -213,7 +213,7 @@ def test_the_layout_follows_the_config():
 
 def test_tf_dataset_follows_a_bert_run_and_fails_naming_the_failed_item(tmp_path, corpus):
     tf = pytest.importorskip("tensorflow")
-    from fleet.follow import follow_dataset
+    from fleet.core.follow import follow_dataset
 
     path, vocab = corpus
     bad = tmp_path / "broken.jsonl"
@@ -252,7 +252,7 @@ def test_a_parquet_run_reads_as_the_same_examples_as_its_tfrecord_twin(tmp_path,
     """output=parquet: the readers hand over the same examples as for output=tfrecord (before:
     'bad length checksum ... not a TFRecord file?')."""
     tf = pytest.importorskip("tensorflow")
-    from fleet.follow import follow_dataset
+    from fleet.core.follow import follow_dataset
 
     path, vocab = corpus
     got = {}
@@ -281,7 +281,7 @@ def test_a_causal_lm_run_reads_as_tensorflow_and_pyarrow_read_its_files(tmp_path
     tf = pytest.importorskip("tensorflow")
     import pyarrow.parquet as pq
 
-    from fleet.follow import feature_spec, follow_dataset
+    from fleet.core.follow import feature_spec, follow_dataset
     from jobs.causal_lm import JOB
 
     path, vocab = corpus
@@ -321,7 +321,7 @@ def test_a_run_of_a_job_without_features_is_one_clear_error(tmp_path):
     proc = fleet("plan", "--bucket", bucket, "--run", "r", "--job", LINEJOB, "--input", corpus,
                  "--output", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
-    with pytest.raises(FollowError, match=r"run r in .*declares no features \(Job.features\).*fleet.follow.follow"):
+    with pytest.raises(FollowError, match=r"run r in .*declares no features \(Job.features\).*fleet.core.follow.follow"):
         RunReader(bucket)
 
 

@@ -17,16 +17,16 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.claims import ClaimPolicy
-from fleet.lease import DONE, Lease
-from fleet.run import load_spec, plan
-from fleet.layout import final_prefix, lease_prefix
-from fleet.processes import drained
-from fleet.spawner import Worker
-from fleet.status import StatusReader
-from fleet.store import open_store
-from fleet import verify
-from fleet.verify import check_outputs, reopen
+from fleet.core.claims import ClaimPolicy
+from fleet.core.lease import DONE, Lease
+from fleet.core.run import load_spec, plan
+from fleet.core.layout import final_prefix, lease_prefix
+from fleet.core.processes import drained
+from fleet.core.spawner import Worker
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
+from fleet.core import verify
+from fleet.core.verify import check_outputs, reopen
 from tests.helpers.cli import fleet
 from tests.helpers.procs import LINEJOB, write_corpus
 
@@ -225,7 +225,7 @@ def test_any_deletions_of_leases_markers_and_outputs_end_in_a_clean_run(tmp_path
 def test_a_sigterm_while_a_drained_worker_sweeps_its_scratch_is_no_traceback(tmp_path, monkeypatch):
     import signal
 
-    from fleet import processes, spawner
+    from fleet.core import processes, spawner
 
     bucket, _ = _plan(tmp_path)
     close = spawner.Worker.close

@@ -8,9 +8,9 @@ import importlib.util
 import os
 import sys
 
-from fleet.lease import DONE
-from fleet.status import StatusReader
-from fleet.store import open_store
+from fleet.core.lease import DONE
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from fleet.lease import DONE, Lease
-from fleet.layout import lease_prefix, worker_prefix
-from fleet.run import plan
-from fleet.status import StatusReader
-from fleet.store import open_store
+from fleet.core.lease import DONE, Lease
+from fleet.core.layout import lease_prefix, worker_prefix
+from fleet.core.run import plan
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS_EN = os.path.join(ROOT, "corpus", "sample_en.txt")
@@ -24,7 +24,7 @@ JOB = "tests.helpers.linejob:JOB"
 
 def start_worker(bucket: str, run: str, name: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    code = f"from fleet.processes import work_one; raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}))"
+    code = f"from fleet.core.processes import work_one; raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}))"
     return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

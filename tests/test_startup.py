@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from fleet.codesync import OBJECTS, manifest_name, parse_manifest, sync
-from fleet.config import DEFAULT_CODE_PATHS
-from fleet.layout import log_name, vm_paths_text
-from fleet.run import plan
-from fleet.status import StatusReader
-from fleet.store import open_store
+from fleet.core.codesync import OBJECTS, manifest_name, parse_manifest, sync
+from fleet.gce.config import DEFAULT_CODE_PATHS
+from fleet.core.layout import log_name, vm_paths_text
+from fleet.core.run import plan
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
 from tests.standins.compute import ComputeStandin
 from tests.standins.metadata import Instance, MetadataServer
 
@@ -146,7 +146,7 @@ def test_a_stop_while_the_c_core_builds_starts_no_workers(vm, tmp_path):
 def test_a_tampered_code_object_is_refused(vm):
     bucket, version, boot = vm
     store = open_store(bucket)
-    sha = dict((path, sha) for sha, path in parse_manifest(store.read(manifest_name(version))))["fleet/spawner.py"]
+    sha = dict((path, sha) for sha, path in parse_manifest(store.read(manifest_name(version))))["fleet/core/spawner.py"]
     store.write(OBJECTS + sha, b"raise SystemExit('not the real spawner')\n")
     plan_pinned_to(bucket, "tampered", version)
     result = boot("tampered")
@@ -159,7 +159,7 @@ def test_a_tampered_manifest_is_refused(vm):
     bucket, version, boot = vm
     store = open_store(bucket)
     manifest = store.read(manifest_name(version))
-    store.write(manifest_name(version), manifest.replace(b"fleet/cli.py", b"fleet/cli2.py"))
+    store.write(manifest_name(version), manifest.replace(b"fleet/cli/commands.py", b"fleet/cli2.py"))
     plan_pinned_to(bucket, "badmanifest", version)
     result = boot("badmanifest")
     assert result.returncode == 1

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fleet.store import Blob, Forbidden, NotFound, PreconditionFailed, StoreError, open_store
+from fleet.core.store import Blob, Forbidden, NotFound, PreconditionFailed, StoreError, open_store
 
 RACERS = 32
 
@@ -224,7 +224,7 @@ def test_local_store_rejects_escaping_names(local_store, name):
 
 
 def test_local_temp_files_never_listed(local_store):
-    from fleet.store.local import _TMP_PREFIX
+    from fleet.core.store.local import _TMP_PREFIX
 
     local_store.write("a/b", b"x")
     # Leftovers of a crashed writer, at the root and in a folder.
@@ -276,7 +276,7 @@ def test_local_delete_of_absent_leaves_no_folders(local_store):
 
 
 def test_gcs_missing_bucket_is_not_found(fake_gcs):
-    from fleet.store.gcs import GCSStore
+    from fleet.core.store.gcs import GCSStore
 
     s = GCSStore("no-such-bucket-fleet")
     for call in (lambda: s.read("x"), lambda: s.write("x", b"1", if_generation_match=0), lambda: list(s.list())):
@@ -287,7 +287,7 @@ def test_gcs_missing_bucket_is_not_found(fake_gcs):
 
 
 def test_gcs_prefix_is_transparent(gcs_bucket):
-    from fleet.store.gcs import GCSStore
+    from fleet.core.store.gcs import GCSStore
 
     root = GCSStore(gcs_bucket)
     sub = open_store(f"gs://{gcs_bucket}/runs/r1/")
@@ -334,7 +334,7 @@ def test_gcs_error_mapping(gcs_store):
 
 
 def test_open_store_kinds(tmp_path):
-    from fleet.store.local import LocalStore
+    from fleet.core.store.local import LocalStore
 
     assert isinstance(open_store(str(tmp_path)), LocalStore)
     assert open_store(f"file://{tmp_path}").root == str(tmp_path)

@@ -148,7 +148,7 @@ def test_a_leading_bom_is_dropped_and_every_other_id_is_berts(vocab, tmp_path, c
 
 
 def test_the_tools_read_a_vocab_from_the_bucket_as_a_run_does(vocab, corpus, gcs_bucket, tmp_path):
-    from fleet.store import open_store
+    from fleet.core.store import open_store
 
     open_store(f"gs://{gcs_bucket}").write("vocab.txt", BOM + read_file(vocab))
     result = run("tokenize", "--vocab", f"gs://{gcs_bucket}/vocab.txt", corpus)

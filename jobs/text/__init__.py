@@ -13,7 +13,7 @@
 - ``job``: ``TextJob``, the fleet's item API read as documents; ``inputs``: the corpus
   formats, cutting files into items at document boundaries, and bad-record accounting.
 
-It depends on fleet's public APIs only, never on a job: ``fleet.job`` (the item API),
-``fleet.store`` (ranged reads of an input's pinned version: Parquet's footer, a plan's look
-for document boundaries) and ``fleet.sources`` (finding a corpus's files, for the tools).
+It depends on the fleet's job API only (``fleet.job``: the item API, ranged reads of an
+input's pinned version for Parquet's footer and a plan's look for document boundaries, and
+``find_sources`` for the tools), never on a job.
 """

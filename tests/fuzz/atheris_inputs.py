@@ -19,7 +19,7 @@ import tempfile
 import atheris
 
 with atheris.instrument_imports():
-    from fleet.store.local import LocalStore
+    from fleet.core.store.local import LocalStore
     from jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges
 
 FORMATS = ["text", "jsonl", "cirrus", "wikiextractor"]

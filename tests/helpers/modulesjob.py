@@ -7,7 +7,7 @@ import sys
 
 from tests.helpers.linejob import LineJob
 
-WATCHED = ("fleet.cli", "typer", "rich", "pydantic")
+WATCHED = ("fleet.cli.commands", "typer", "rich", "pydantic")
 
 
 class ModulesConverter:

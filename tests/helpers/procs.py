@@ -1,8 +1,8 @@
 """Worker processes for tests that kill, stop or starve them: each logs to its own file.
 
 Shared by the chaos, fault and bad-input tests. A worker is the real
-``fleet.processes.work_one`` in a fresh interpreter; its log file tells the test
-where it is (see ``FLEET_TEST_PAUSE`` in fleet/attempt.py).
+``fleet.core.processes.work_one`` in a fresh interpreter; its log file tells the test
+where it is (see ``FLEET_TEST_PAUSE`` in fleet/core/attempt.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from fleet.lease import DONE
-from fleet.run import plan
-from fleet.status import StatusReader
-from fleet.store import open_store
+from fleet.core.lease import DONE
+from fleet.core.run import plan
+from fleet.core.status import StatusReader
+from fleet.core.store import open_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LINEJOB = "tests.helpers.linejob:JOB"
@@ -87,7 +87,7 @@ def start_worker(bucket: str, run: str, name: str, log_dir: str, env: dict | Non
     log = os.path.join(log_dir, f"{name}.log")
     err = os.path.join(log_dir, f"{name}.stderr")
     full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
-    code = ("from fleet.processes import work_one; "
+    code = ("from fleet.core.processes import work_one; "
             f"raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}, {log!r}))")
     with open(err, "wb") as stderr:
         popen = subprocess.Popen([sys.executable, "-c", code], env=full_env, cwd=ROOT,

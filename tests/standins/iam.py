@@ -254,8 +254,8 @@ class Policy:
 
     @classmethod
     def for_fleet(cls, project: str, bucket: str, vm_tokens: Iterable[str], **kw) -> "Policy":
-        """The roles of fleet/iam.py, with its condition."""
-        from fleet import iam
+        """The roles of fleet/gce/iam.py, with its condition."""
+        from fleet.gce import iam
 
         return cls(project, bucket, vm_tokens, set(iam.COMPUTE_ROLE.names), set(iam.STORAGE_ROLE.names),
                    iam.condition_expression(), **kw)

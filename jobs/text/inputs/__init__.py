@@ -9,7 +9,7 @@ document is never split and every line is read exactly once. Compressed files ca
 entered in the middle, so each is one item; a Parquet file's items are ranges of its row groups.
 
 This is the text layer's, not the fleet's: the fleet finds input objects
-(fleet.sources), pins their versions and hands a job an item's byte range; the text
+(fleet.core.sources), pins their versions and hands a job an item's byte range; the text
 jobs (``jobs.text.job.TextJob``) say here how a file is cut and read.
 
 Modules: ``names`` (which files in a folder are corpus; a format from a name),

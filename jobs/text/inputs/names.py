@@ -2,7 +2,7 @@
 (``corpus_file``, the text jobs' ``Job.accepts``), and its format and compression (``describe``).
 
 Inside a folder only corpus files are taken: not READMEs, licences or build files (with or
-without an extension). A file named on its own is always taken (fleet.sources)."""
+without an extension). A file named on its own is always taken (fleet.core.sources)."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def find_corpus(paths: list[str]) -> list[Source]:
 
 def plan_slices(paths: list[str], item_bytes: int, options: ReadOptions = ReadOptions()) -> list[Slice]:
     """Every corpus file under some files or folders cut into slices (what a text job's items
-    are; for tests and tools: a run plans them through fleet.run)."""
+    are; for tests and tools: a run plans them through fleet.core.run)."""
     return [piece for source in find_corpus(paths) if source.size
             for piece in cut_source(source, item_bytes, options)]
 

@@ -22,8 +22,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from fleet import compute, compute_requests, iam
-from fleet.config import FleetConfig
+from fleet.gce import compute, compute_requests, iam
+from fleet.gce.config import FleetConfig
 
 _PREDEFINED = re.compile(r"^[a-z][a-z0-9]*-(?:standard|highmem|highcpu|highgpu|megamem|ultramem|custom)-(\d+)")
 _SHARED = {"e2-micro": 2, "e2-small": 2, "e2-medium": 2, "f1-micro": 1, "g1-small": 1}

@@ -21,16 +21,16 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 from rich.text import Text
 
-from fleet.codesync import code_version
-from fleet.config import DEFAULT_CODE_PATHS
+from fleet.core.codesync import code_version
+from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.job import load_job
-from fleet.render import print_detail, printable, print_skipped, say
-from fleet.run import PlanError, load_spec, plan
-from fleet.layout import STATE_DIR, spec_name
-from fleet.processes import start_workers, stop_workers
-from fleet.status import RunStatus, StatusReader
-from fleet.store import open_store
-from fleet.verify import check_outputs, describe_stale, reopen, stale_markers
+from fleet.cli.render import print_detail, printable, print_skipped, say
+from fleet.core.run import PlanError, load_spec, plan
+from fleet.core.layout import STATE_DIR, spec_name
+from fleet.core.processes import start_workers, stop_workers
+from fleet.core.status import RunStatus, StatusReader
+from fleet.core.store import open_store
+from fleet.core.verify import check_outputs, describe_stale, reopen, stale_markers
 
 RUN = "local"
 
@@ -262,10 +262,10 @@ def release_dead(store, reader: StatusReader) -> int:
     attempt stays counted: an item that kills its worker must still end failed."""
     import dataclasses
 
-    from fleet.lease import LEASED, Lease
-    from fleet.layout import lease_prefix, released_prefix
-    from fleet.liveness import worker_alive
-    from fleet.store import NotFound, PreconditionFailed
+    from fleet.core.lease import LEASED, Lease
+    from fleet.core.layout import lease_prefix, released_prefix
+    from fleet.core.liveness import worker_alive
+    from fleet.core.store import NotFound, PreconditionFailed
 
     now = time.time()
     beats = {w.get("worker"): w for w in reader.workers()}

@@ -1,12 +1,12 @@
 """One committed output read back as a job's examples, checked against its lease.
 
-A run's readers (``fleet.follow``) get from the job only its feature layout
+A run's readers (``fleet.core.follow``) get from the job only its feature layout
 (``Job.features``); what is generic is here: the file is read through fleet's store
 (local folder or ``gs://``, one pinned object version), its sha256 compared with the
 one its lease recorded at commit, and its examples checked against the layout.
 
 - ``.tfrecord`` / ``.tfrecord.gz``: streamed in ranged reads (bounded memory), GZIP
-  decompressed on the way, each record's checksums checked (``fleet.tfexample``);
+  decompressed on the way, each record's checksums checked (``fleet.core.tfexample``);
 - ``.parquet``: read whole (a third of its TFRecords' size), checked, then handed
   over a row group at a time as 2-D arrays, one per feature.
 """
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Iterator, Mapping
 
 import numpy as np
 
-from fleet import tfexample
+from fleet.core import tfexample
 from fleet.job import Feature
-from fleet.store import Store, StoreError, locate
+from fleet.core.store import Store, StoreError, locate
 
 if TYPE_CHECKING:
-    from fleet.follow import Output
+    from fleet.core.follow import Output
 
 _BUFFER = 8 << 20  # bytes per ranged read of an output
 PARQUET_SUFFIX = ".parquet"

@@ -3,7 +3,7 @@ converts, upload the outputs, then commit, fail (an attempt spent) or give the i
 
 A thread renews the lease; if renewal finds it taken over, the converter is stopped at its
 next ``ctx.checkpoint()`` (Cancelled) and the work discarded, so a stale worker never commits.
-Which item to try, and when, is the claim loop's (fleet.spawner); this is what happens to
+Which item to try, and when, is the claim loop's (fleet.core.spawner); this is what happens to
 an item once it is held.
 """
 
@@ -19,12 +19,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable
 
-from fleet.codesync import sha256_file
+from fleet.core.codesync import sha256_file
 from fleet.job import Converter, InputError, ItemContext, ItemFailed, Sink, item_seed
-from fleet.lease import Held, Leases, Lost
-from fleet.run import Item, RunSpec
-from fleet.layout import released_prefix
-from fleet.store import Store, StoreError, open_store
+from fleet.core.lease import Held, Leases, Lost
+from fleet.core.run import Item, RunSpec
+from fleet.core.layout import released_prefix
+from fleet.core.store import Store, StoreError, open_store
 
 log = logging.getLogger("fleet.worker")
 
@@ -239,7 +239,7 @@ class ItemRunner:
 
     def _version_of(self, name: str, generation: int) -> str:
         """The uploaded object's version, which a cheap check of the outputs compares (see
-        fleet.verify): "" if it is already another generation (then the generation is compared)."""
+        fleet.core.verify): "" if it is already another generation (then the generation is compared)."""
         blob = self.output.stat(name)
         return blob.version if blob is not None and blob.generation == generation else ""
 

@@ -117,14 +117,14 @@ _BUCKET_NAME = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]$")  # Cloud Stor
 def open_store(url: str) -> Store:
     """A store for ``gs://bucket`` or a local folder (``file://`` or a plain path)."""
     if url.startswith("gs://"):
-        from fleet.store.gcs import GCSStore
+        from fleet.core.store.gcs import GCSStore
 
         bucket, prefix = split_url(url)
         if not _BUCKET_NAME.match(bucket[len("gs://"):]):  # the client would fail on it with an IndexError or a 400
             raise StoreError(f"{url}: not a bucket URL (gs://BUCKET[/PATH], a bucket name of 3-222 lowercase "
                              "letters, digits, '-', '_' and '.')")
         return GCSStore(bucket[len("gs://"):], prefix=prefix)
-    from fleet.store.local import LocalStore
+    from fleet.core.store.local import LocalStore
 
     if url.startswith("file://"):
         url = url[len("file://"):]
@@ -157,4 +157,4 @@ def read_url(url: str) -> bytes:
     return store.read(name)
 
 
-from fleet.store.file import StoreFile  # noqa: E402,F401  (a reader over the Store above)
+from fleet.core.store.file import StoreFile  # noqa: E402,F401  (a reader over the Store above)

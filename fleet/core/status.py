@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fleet.layout import lease_prefix, worker_prefix
-from fleet.lease import DONE, FAILED, Lease
-from fleet.liveness import worker_alive
-from fleet.run import Item, RunSpec, load_items, load_spec
-from fleet.store import NotFound, Store
+from fleet.core.layout import lease_prefix, worker_prefix
+from fleet.core.lease import DONE, FAILED, Lease
+from fleet.core.liveness import worker_alive
+from fleet.core.run import Item, RunSpec, load_items, load_spec
+from fleet.core.store import NotFound, Store
 
 
 @dataclass
@@ -27,7 +27,7 @@ class RunStatus:
     failed: int = 0
     bytes_done: int = 0
     totals: dict[str, float] = field(default_factory=dict)
-    failures: list[dict[str, Any]] = field(default_factory=list)  # item, source, error, detail (fleet.lease.Lease)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # item, source, error, detail (fleet.core.lease.Lease)
     bad_records: list[dict[str, str]] = field(default_factory=list)  # skipped records of done items: item, where
     retrying: list[dict[str, Any]] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)

@@ -1,5 +1,5 @@
 """How the fleet's commands look on a terminal: messages, tables, status and summaries
-(fleet.cli and fleet.local say what to show; this module, how).
+(fleet.cli.commands and fleet.cli.local say what to show; this module, how).
 
 Every message goes out with rich markup off: a path, a URL or a job's hint may hold `[/`,
 which rich would read as a closing tag and crash on. Only the label before it is styled.
@@ -76,7 +76,7 @@ def plan_line(spec, items: int, created: bool) -> str:
 
 
 def sync_line(result) -> str:
-    """`fleet sync`'s one line (fleet.codesync.SyncResult)."""
+    """`fleet sync`'s one line (fleet.core.codesync.SyncResult)."""
     return (f"code {result.version}: {result.files} files, {result.uploaded} new "
             f"({result.uploaded_bytes / 1e3:,.1f} kB uploaded)"
             + ("" if result.manifest_created else "; this version was already synced"))

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from fleet.run import PlanError
+from fleet.core.run import PlanError
 
 MANIFEST = "MANIFEST.sha256"  # the manifest's name inside a downloaded snapshot
 OBJECTS = "code/objects/"
@@ -48,7 +48,7 @@ class SyncResult:
 
 
 def project_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def manifest_name(version: str) -> str:
@@ -164,7 +164,7 @@ def check_pinned(pinned: str, root: str | None = None) -> None:
 
 def sync(bucket: str, root: str | None = None, *, paths: Sequence[str], threads: int = 16) -> SyncResult:
     """Upload the files the bucket lacks (in parallel), then the manifest, create-only."""
-    from fleet.store import PreconditionFailed, open_store
+    from fleet.core.store import PreconditionFailed, open_store
 
     root = root or project_root()
     entries = snapshot(root, paths=paths)
@@ -192,7 +192,7 @@ def sync(bucket: str, root: str | None = None, *, paths: Sequence[str], threads:
 
 def _upload(store, files: dict[str, str], threads: int) -> None:
     """Objects are named by content, so a create-only upload that finds one present is harmless."""
-    from fleet.store.gcs import GCSStore
+    from fleet.core.store.gcs import GCSStore
 
     if isinstance(store, GCSStore):
         from google.cloud.storage import transfer_manager
@@ -211,6 +211,6 @@ def _upload(store, files: dict[str, str], threads: int) -> None:
 
 
 def has_version(bucket: str, version: str) -> bool:
-    from fleet.store import open_store
+    from fleet.core.store import open_store
 
     return open_store(bucket).stat(manifest_name(version)) is not None

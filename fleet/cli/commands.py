@@ -12,13 +12,13 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from fleet.config import PROCS_PER_CORE, ConfigError as FleetConfigError
-from fleet.render import (logs_text, plan_line, print_fleet, print_options, print_status, roles_text, say, stdout,
+from fleet.gce.config import PROCS_PER_CORE, ConfigError as FleetConfigError
+from fleet.cli.render import (logs_text, plan_line, print_fleet, print_options, print_status, roles_text, say, stdout,
                           sync_line)
 from fleet.job import ConfigError, InputError, JobNotFound
-from fleet.layout import LOG_SUFFIX, launch_name, log_prefix
-from fleet.run import PlanError, check_run_name, list_runs
-from fleet.store import StoreError, open_store
+from fleet.core.layout import LOG_SUFFIX, launch_name, log_prefix
+from fleet.core.run import PlanError, check_run_name, list_runs
+from fleet.core.store import StoreError, open_store
 
 try:  # typer 0.2x carries its own copy of click
     from typer._click import exceptions as _click_errors
@@ -81,7 +81,7 @@ def explain(e: Exception) -> str:
 
 def user_error(e: BaseException) -> bool:
     """A problem the user can fix (bad input, a setting, the bucket, the disk): one line, no traceback."""
-    compute = sys.modules.get("fleet.compute_requests")  # imported only by the commands that talk to Compute Engine
+    compute = sys.modules.get("fleet.gce.compute_requests")  # imported only by the commands that talk to Compute Engine
     return isinstance(e, (*USER_ERRORS, OSError)) or (compute is not None and isinstance(e, compute.ComputeError))
 
 
@@ -162,8 +162,8 @@ def plan_cmd(
                                         "(fewer are skipped and counted)"),
 ) -> None:
     """Write a run's spec and work items to the bucket."""
-    from fleet.codesync import code_version
-    from fleet.run import plan
+    from fleet.core.codesync import code_version
+    from fleet.core.run import plan
 
     _plan_numbers(item_mb, lease_ttl, max_attempts)
     check_inputs(input, "--input")
@@ -202,7 +202,7 @@ def work_cmd(
                                       "(run it from one place only)"),
 ) -> None:
     """Claim, convert and commit items until the run is drained (what each VM runs)."""
-    from fleet.processes import work
+    from fleet.core.processes import work
 
     processes("--procs", procs)
     if standby is not None:
@@ -215,8 +215,8 @@ def work_cmd(
 
 
 def _retry_failed(bucket: str, run: str) -> None:
-    from fleet.status import StatusReader
-    from fleet.verify import reopen
+    from fleet.core.status import StatusReader
+    from fleet.core.verify import reopen
 
     store = open_store(bucket)
     failed = [f["item"] for f in StatusReader(store, run).collect().failures]
@@ -242,7 +242,7 @@ def local_cmd(
                                         "(fewer are skipped and counted)"),
 ) -> None:
     """Run the whole job on this machine: plan, N workers, progress, summary."""
-    from fleet.local import Interrupted, run_local
+    from fleet.cli.local import Interrupted, run_local
 
     if len(paths) < 2:
         fail("give at least one input and an output folder: fleet local INPUT... OUT_DIR")
@@ -262,7 +262,7 @@ def local_cmd(
 
 
 def _resolve(target: Optional[str], bucket: Optional[str], run: Optional[str]) -> tuple[str, str]:
-    from fleet.layout import STATE_DIR
+    from fleet.core.layout import STATE_DIR
 
     if target and not bucket:
         local_state = os.path.join(target, STATE_DIR)
@@ -309,7 +309,7 @@ def follow_cmd(
     """Print each committed output's URL once, in commit order, as items finish; exit when the run drains.
 
     Exits 0 when every item is done, 1 (listing them) when some failed."""
-    from fleet.follow import follow
+    from fleet.core.follow import follow
 
     within("--poll", poll, POLL, " seconds")
     bucket, run = _resolve(bucket, None, run)
@@ -333,7 +333,7 @@ def status_cmd(
                                 "back to pending"),
 ) -> None:
     """Counts of items pending/leased/done/failed, throughput, failures, workers."""
-    from fleet.status import StatusReader
+    from fleet.core.status import StatusReader
 
     bucket, run = _resolve(target, bucket, run)
     try:
@@ -359,7 +359,7 @@ def status_cmd(
 
 
 def _verify(store, reader, run: str) -> None:
-    from fleet.verify import check_outputs, describe_stale, reopen, stale_markers
+    from fleet.core.verify import check_outputs, describe_stale, reopen, stale_markers
 
     stale = stale_markers(store, run, repair=True)
     if stale:
@@ -385,7 +385,7 @@ def _verify(store, reader, run: str) -> None:
 # -- the fleet on Google Cloud ---------------------------------------------------------------------
 def _config():
     """fleet.toml if there is one: it only supplies defaults here."""
-    from fleet.config import load_optional
+    from fleet.gce.config import load_optional
 
     return load_optional()
 
@@ -399,15 +399,15 @@ def _bucket(bucket: Optional[str], cfg) -> str:
 
 
 def code_paths(cfg) -> list[str]:
-    """What a code version is made of: fleet.toml's code_paths, else the default (fleet.codesync takes
+    """What a code version is made of: fleet.toml's code_paths, else the default (fleet.core.codesync takes
     them from here, so that the worker side never reads the configuration)."""
-    from fleet.config import DEFAULT_CODE_PATHS
+    from fleet.gce.config import DEFAULT_CODE_PATHS
 
     return list(cfg.code_paths) if cfg else list(DEFAULT_CODE_PATHS)
 
 
 def _required_config():
-    from fleet.config import load
+    from fleet.gce.config import load
 
     return load()
 
@@ -432,7 +432,7 @@ def init_cmd(
     force: bool = typer.Option(False, help="Overwrite an existing fleet.toml"),
 ) -> None:
     """Write fleet.toml: where the fleet runs and what its VMs look like."""
-    from fleet.config import FleetConfig, write
+    from fleet.gce.config import FleetConfig, write
 
     cfg = FleetConfig(project=project, bucket=bucket, zone=zone or "", region=region or "",
                       service_account=service_account, machine_type=machine_type, image=image, spot=spot,
@@ -449,7 +449,7 @@ def sync_cmd(
     root: Optional[str] = typer.Option(None, help="Project root (default: the one this fleet runs from)"),
 ) -> None:
     """Upload the code to gs://BUCKET/code/<version>/: only files whose content is new."""
-    from fleet.codesync import sync
+    from fleet.core.codesync import sync
 
     cfg = _config()
     result = sync(_bucket(bucket, cfg), root, paths=code_paths(cfg))
@@ -472,7 +472,7 @@ def launch_cmd(
 
     First, read-only: the region's quotas, the machine type and the service account; a
     shortfall stops the launch with the fix (--force goes on)."""
-    from fleet import gcp
+    from fleet.gce import gcp
 
     cfg = _required_config()
     plan, checks = gcp.prepare(cfg, run, workers, template, spot, max_run_hours)
@@ -505,9 +505,9 @@ def _fleet_view(store, run: str, workers: list) -> dict | None:
     """The MIG side of a launched run, for `fleet status`; None for a run never launched."""
     if not store.url.startswith("gs://"):
         return None
-    from fleet import gcp  # imports the Compute client: only for buckets that can have a fleet
+    from fleet.gce import gcp  # imports the Compute client: only for buckets that can have a fleet
 
-    from fleet import boots
+    from fleet.gce import boots
 
     record, state, problem = gcp.fleet_state(store, run)
     if record is None:
@@ -520,7 +520,7 @@ def _fleet_view(store, run: str, workers: list) -> dict | None:
 
 
 def _print_stop(store, run: str) -> None:
-    from fleet.boots import load_stop
+    from fleet.gce.boots import load_stop
 
     stop = load_stop(store, run) if store.url.startswith("gs://") else None
     if stop is not None:
@@ -532,7 +532,7 @@ def iam_cmd(
     role: Optional[str] = typer.Option(None, help="Print only this role's definition (YAML for gcloud --file)"),
 ) -> None:
     """The workers' least-privilege roles, and the gcloud commands that create and bind them."""
-    from fleet import iam
+    from fleet.gce import iam
 
     if role is not None:
         found = next((r for r in iam.ROLES if r.id == role), None)
@@ -554,7 +554,7 @@ def logs_cmd(
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET (default: fleet.toml's)"),
 ) -> None:
     """The logs the VMs stream to the bucket: list them, or print one VM's."""
-    from fleet import gcp
+    from fleet.gce import gcp
 
     store = open_store(_bucket(bucket, _config()))
     prefix = log_prefix(run)
@@ -576,7 +576,7 @@ def down_cmd(
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET (default: fleet.toml's)"),
 ) -> None:
     """Delete the run's MIG (its VMs give their items back) and its instance template."""
-    from fleet import gcp
+    from fleet.gce import gcp
 
     cfg = _config()
     gcp.down(open_store(_bucket(bucket, cfg)), run, cfg, echo=lambda m: say(console, m))

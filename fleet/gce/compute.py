@@ -1,4 +1,4 @@
-"""Every Compute Engine call the fleet makes: it sends what fleet.compute_requests builds.
+"""Every Compute Engine call the fleet makes: it sends what fleet.gce.compute_requests builds.
 
 Operations are waited on with our own operations clients, built with the same
 client options as the resource clients: the library's
@@ -18,7 +18,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from fleet.compute_requests import (DELETE_INSTANCES_LIMIT, ComputeError, MigState, Place, api_endpoint,
+from fleet.gce.compute_requests import (DELETE_INSTANCES_LIMIT, ComputeError, MigState, Place, api_endpoint,
                                     delete_instances_body, mig_state)
 
 _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,

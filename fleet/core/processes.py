@@ -1,5 +1,5 @@
 """Worker processes: one per core (spawned, so no client state is shared across a fork),
-each running fleet.spawner's Worker until the run is drained; SIGTERM and Ctrl-C give the
+each running fleet.core.spawner's Worker until the run is drained; SIGTERM and Ctrl-C give the
 item in hand back; the exit code says whether a process crashed (1) or said why in one
 line (2).
 """
@@ -17,12 +17,12 @@ import sys
 import time
 import uuid
 
-from fleet.attempt import Environment, Shutdown, environmental
+from fleet.core.attempt import Environment, Shutdown, environmental
 from fleet.job import ConfigError, JobNotFound
-from fleet.run import PlanError, load_spec
-from fleet.layout import final_prefix, lease_prefix
-from fleet.spawner import Worker
-from fleet.store import StoreError, open_store
+from fleet.core.run import PlanError, load_spec
+from fleet.core.layout import final_prefix, lease_prefix
+from fleet.core.spawner import Worker
+from fleet.core.store import StoreError, open_store
 
 log = logging.getLogger("fleet.worker")
 
@@ -90,7 +90,7 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
             worker.mark_idle(False)
             worker.beat("stopped")
             return 2
-        except StoreError as e:  # retries (fleet.store.gcs) are spent: the store is gone or refuses us
+        except StoreError as e:  # retries (fleet.core.store.gcs) are spent: the store is gone or refuses us
             log.error("stopped: %s", e)
             worker.beat("stopped")
             return 2

@@ -3,8 +3,8 @@
 Each worker process visits the items in its own shuffled order, so many
 workers do not all contend for the same lease object, and stops when every
 item is done or failed. What happens to an item once claimed (renewal, the
-converter, upload, commit or failure) is fleet.attempt's; starting and stopping
-worker processes is fleet.processes'.
+converter, upload, commit or failure) is fleet.core.attempt's; starting and stopping
+worker processes is fleet.core.processes'.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import time
 import uuid
 import weakref
 
-from fleet.attempt import Counters, ItemRunner
-from fleet.claims import ClaimPolicy
-from fleet.codesync import check_pinned
+from fleet.core.attempt import Counters, ItemRunner
+from fleet.core.claims import ClaimPolicy
+from fleet.core.codesync import check_pinned
 from fleet.job import load_job
-from fleet.lease import Held, Lease, Leases
-from fleet.liveness import pid_alive
-from fleet.run import Item, RunSpec, load_items, load_spec, pinned_opener
-from fleet.layout import final_prefix, idle_prefix, lease_prefix, released_prefix, worker_prefix
-from fleet.store import PreconditionFailed, Store, open_store
+from fleet.core.lease import Held, Lease, Leases
+from fleet.core.liveness import pid_alive
+from fleet.core.run import Item, RunSpec, load_items, load_spec, pinned_opener
+from fleet.core.layout import final_prefix, idle_prefix, lease_prefix, released_prefix, worker_prefix
+from fleet.core.store import PreconditionFailed, Store, open_store
 
 log = logging.getLogger("fleet.worker")
 
@@ -59,8 +59,8 @@ def standby_rank(name: str) -> str:
 
 class Worker:
     """One worker process's claim loop: which item to try next, from listings of the leases and
-    markers (fleet.claims decides), its heartbeat, idle and final markers, and when to leave;
-    an item claimed is handed to the ItemRunner (fleet.attempt)."""
+    markers (fleet.core.claims decides), its heartbeat, idle and final markers, and when to leave;
+    an item claimed is handed to the ItemRunner (fleet.core.attempt)."""
 
     def __init__(self, bucket: str, run: str, name: str | None = None, poll: float | None = None,
                  standby: int | None = None):
@@ -110,7 +110,7 @@ class Worker:
         """Visit items until all are done or failed (or this worker may leave).
 
         Coordination costs a few requests per item, whatever the fleet size: each pass
-        takes two listings, and fleet.claims decides from them which items to try and
+        takes two listings, and fleet.core.claims decides from them which items to try and
         which leases are worth reading. After an item a worker goes on to the next item
         that had no lease in its listing, and lists again as soon as one turns out taken:
         listings are taken about as often as they go stale.

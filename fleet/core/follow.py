@@ -10,7 +10,7 @@ On top of it, the run's examples for any job that declares its features
 (``Job.features``): ``follow_examples`` (a plain-Python iterator of ``{feature: numpy
 array}``: no TensorFlow, no torch) and ``follow_dataset`` (a ``tf.data.Dataset`` of
 parsed examples). The layout comes from the run's job and config in ``run.json``;
-each output is read and checked by ``fleet.outputs`` (TFRecord, GZIP or Parquet).
+each output is read and checked by ``fleet.core.outputs`` (TFRecord, GZIP or Parquet).
 Items that failed are what ``fleet follow`` reports: once everything else is read,
 the reading raises ``FollowError`` naming them (and the dataset fails with it).
 """
@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 import numpy as np
 
 from fleet.job import ConfigError, Feature, JobNotFound, load_job
-from fleet.lease import DONE, FAILED, Lease
-from fleet.outputs import OutputError, is_parquet, parquet_columns, parquet_examples, read_records, record_examples
-from fleet.run import PlanError, list_runs, load_spec
-from fleet.layout import final_prefix, lease_prefix
-from fleet.store import NotFound, Store, StoreError, open_store
+from fleet.core.lease import DONE, FAILED, Lease
+from fleet.core.outputs import OutputError, is_parquet, parquet_columns, parquet_examples, read_records, record_examples
+from fleet.core.run import PlanError, list_runs, load_spec
+from fleet.core.layout import final_prefix, lease_prefix
+from fleet.core.store import NotFound, Store, StoreError, open_store
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -122,7 +122,7 @@ class FollowError(Exception):
 def resolve_run(source: str, run: str | None = None) -> tuple[str, str]:
     """(bucket, run) from a bucket URL, a local bucket folder or an output folder of
     ``fleet local``; the run may be left out when the bucket holds only one."""
-    from fleet.layout import STATE_DIR
+    from fleet.core.layout import STATE_DIR
 
     bucket = source
     state = os.path.join(source, STATE_DIR)
@@ -177,7 +177,7 @@ class RunReader:
         self.layout = dict(job.features(self.config))
         if not self.layout:
             raise FollowError(f"run {self.run} in {self.bucket}: its job {spec.job} declares no features "
-                              "(Job.features); read its outputs with fleet.follow.follow")
+                              "(Job.features); read its outputs with fleet.core.follow.follow")
 
     # -- the outputs, then their records or examples --------------------------------------
     def outputs(self) -> Iterator[Output]:

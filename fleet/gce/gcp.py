@@ -2,8 +2,8 @@
 
 The bucket is the only shared state: `fleet launch` writes ``runs/<run>/launch.json``
 (where the MIG and template are), so `status`, `logs` and `down` need only the
-bucket and the run name. Compute requests are built by fleet.compute_requests and sent by
-fleet.compute; a VM leaves its MIG from startup/startup.sh (curl and the metadata server's
+bucket and the run name. Compute requests are built by fleet.gce.compute_requests and sent by
+fleet.gce.compute; a VM leaves its MIG from startup/startup.sh (curl and the metadata server's
 token: it must work when Python or the code is what failed).
 """
 
@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from fleet import boots, compute, compute_requests, estimate, iam, prelaunch
-from fleet.codesync import has_version, project_root
-from fleet.config import PROCS_PER_CORE, FleetConfig
-from fleet.records import JsonRecord
-from fleet.layout import launch_name
-from fleet.run import PlanError, load_items, load_spec
-from fleet.store import NotFound, Store, open_store
+from fleet.gce import boots, compute, compute_requests, estimate, iam, prelaunch
+from fleet.core.codesync import has_version, project_root
+from fleet.gce.config import PROCS_PER_CORE, FleetConfig
+from fleet.core.records import JsonRecord
+from fleet.core.layout import launch_name
+from fleet.core.run import PlanError, load_items, load_spec
+from fleet.core.store import NotFound, Store, open_store
 
 STARTUP_SCRIPT = os.path.join("startup", "startup.sh")
 SHUTDOWN_SCRIPT = os.path.join("startup", "shutdown.sh")
@@ -87,7 +87,7 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
                 max_run_hours: float | None = None, vcpus: int | None = None) -> LaunchPlan:
     """Check the run can go to VMs and build the exact requests; sends nothing to Compute.
 
-    ``vcpus`` per VM (machineTypes.get, see fleet.prelaunch) sizes the estimate and the derived
+    ``vcpus`` per VM (machineTypes.get, see fleet.gce.prelaunch) sizes the estimate and the derived
     maxRunDuration; without it the machine type's name says."""
     kind = "zonal" if cfg.zone else "regional"
     limit = compute_requests.MIG_LIMIT[kind]
@@ -152,7 +152,7 @@ def prepare(cfg: FleetConfig, run: str, workers: int, template: str | None = Non
     """The plan, sized with the machine type's real vCPUs, and what stands in its way (quota, the
     service account): read-only calls only, so a dry run makes them too. Without Google
     credentials the plan is sized from the machine type's name and the checks are skipped:
-    a dry run still shows the requests and the cost, a launch refuses (fleet.cli)."""
+    a dry run still shows the requests and the cost, a launch refuses (fleet.cli.commands)."""
     plan = plan_launch(cfg, run, workers, template, spot, max_run_hours)  # what the bucket alone can refuse, first
     comp = compute.Compute(compute_requests.Place(cfg.project, cfg.zone, cfg.region))
     try:
@@ -210,7 +210,7 @@ _WORKER_SUFFIX = re.compile(r"-w\d+$")
 
 
 def vm_of(worker: str) -> str:
-    """Worker processes are named <vm>-w<i> (fleet.processes)."""
+    """Worker processes are named <vm>-w<i> (fleet.core.processes)."""
     return _WORKER_SUFFIX.sub("", worker)
 
 

@@ -55,7 +55,7 @@ class FleetConfig:
     disk_type: str = ""  # boot disk type; "" = the machine series' default (hyperdisk-balanced on C4/N4)
     workers_per_vm: int = 0  # worker processes per VM; 0 = one per core
     standby: int = 2  # idle workers kept in the tail to take over expired leases
-    # scheduling.maxRunDuration of every VM: unset = derived from the plan (fleet.estimate); 0 = no limit
+    # scheduling.maxRunDuration of every VM: unset = derived from the plan (fleet.gce.estimate); 0 = no limit
     max_run_hours: float | None = None
     network: str = "global/networks/default"
     subnetwork: str = ""

@@ -11,7 +11,7 @@ two (a standby) also reads leases it has not seen at their current generation; a
 item given back (preemption, shutdown, a failure to retry) is announced by a marker in
 ``released/`` that every worker lists, so a busy fleet takes it at once too.
 
-Pure: the worker loop (fleet.spawner) lists, reads and writes; this decides.
+Pure: the worker loop (fleet.core.spawner) lists, reads and writes; this decides.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Iterable, Sequence
 
-from fleet.lease import Lease
+from fleet.core.lease import Lease
 
 
 class ClaimPolicy:

@@ -20,10 +20,10 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.layout import final_prefix, lease_prefix
-from fleet.lease import DONE, Lease
-from fleet.run import RunSpec
-from fleet.store import Blob, NotFound, Store, open_store
+from fleet.core.layout import final_prefix, lease_prefix
+from fleet.core.lease import DONE, Lease
+from fleet.core.run import RunSpec
+from fleet.core.store import Blob, NotFound, Store, open_store
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """TFRecord files of ``tf.train.Example``s read back without TensorFlow or protobuf.
 
-The readers of a run (``fleet.follow``) hand a trainer its examples as numpy arrays;
+The readers of a run (``fleet.core.follow``) hand a trainer its examples as numpy arrays;
 the fleet must not import a job to do so, so the read side of the format lives here:
 the framing (a length, the data, each with a masked crc32c) and the few protobuf
 fields of an Example of int64, float and bytes lists.

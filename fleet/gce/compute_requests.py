@@ -1,5 +1,5 @@
 """What the fleet asks of Compute Engine, as data: names, the instance template, the MIG, and the
-bodies of the calls fleet.compute sends (and what their answers mean).
+bodies of the calls fleet.gce.compute sends (and what their answers mean).
 
 What a fleet is: one instance template (startup script, run, bucket and code
 version in its metadata; a service account with only the Storage read/write
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from google.cloud import compute_v1
 
-from fleet import layout
+from fleet.core import layout
 
 ENDPOINT_ENV = "FLEET_COMPUTE_ENDPOINT"
 DEFAULT_ENDPOINT = "https://compute.googleapis.com"
@@ -31,7 +31,7 @@ _NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 DELETE_INSTANCES_LIMIT = 1000  # instance URLs per deleteInstances request (documented)
 MIG_LIMIT = {"zonal": 1000, "regional": 2000}  # VMs per managed instance group (documented)
 
-# Metadata keys startup.sh reads. MD_PATHS: the run's object names it writes (fleet.layout.vm_paths), so
+# Metadata keys startup.sh reads. MD_PATHS: the run's object names it writes (fleet.core.layout.vm_paths), so
 # that the bucket layout has one owner; metadata, since the VM needs them before (and if) its code downloads.
 MD_BUCKET, MD_RUN, MD_VERSION = "fleet-bucket", "fleet-run", "fleet-code-version"
 MD_PROCS, MD_STANDBY, MD_PATHS = "fleet-workers-per-vm", "fleet-standby", "fleet-paths"

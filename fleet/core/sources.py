@@ -16,9 +16,9 @@ import stat
 from typing import Callable, Iterable, Iterator
 
 from fleet.job import InputError, Source, printable
-from fleet.layout import RUNS, SPEC, STATE_DIR
-from fleet.store import open_store, split_url
-from fleet.store.local import file_version
+from fleet.core.layout import RUNS, SPEC, STATE_DIR
+from fleet.core.store import open_store, split_url
+from fleet.core.store.local import file_version
 
 log = logging.getLogger("fleet.sources")
 

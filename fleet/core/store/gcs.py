@@ -20,7 +20,7 @@ from google.cloud.storage.exceptions import DataCorruption
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY, DEFAULT_RETRY_IF_GENERATION_SPECIFIED
 
-from fleet.store import Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed, Store, StoreError
+from fleet.core.store import Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed, Store, StoreError
 
 
 def make_client() -> storage.Client:

@@ -1,7 +1,7 @@
 """What a run's VMs record about their boots, and the run's stop when boots keep failing.
 
 startup/startup.sh writes these with nothing but curl (it must, when Python or the code is
-what failed), at the names fleet.layout gives it; this module reads them for `fleet status`
+what failed), at the names fleet.core.layout gives it; this module reads them for `fleet status`
 and clears the stop for a new launch:
 
     runs/<run>/boots/<instance>-<boot>      one record per VM boot: outcome, reason, last log lines.
@@ -19,9 +19,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from fleet.layout import boots_prefix, failed_prefix, stop_name
-from fleet.records import JsonRecord
-from fleet.store import NotFound, Store
+from fleet.core.layout import boots_prefix, failed_prefix, stop_name
+from fleet.core.records import JsonRecord
+from fleet.core.store import NotFound, Store
 
 
 @dataclass

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from fleet.job import ConfigError, ItemInput, Job, Opener, Source, load_job, printable
-from fleet.layout import RUNS, items_name, run_of_spec, spec_name
-from fleet.records import JsonRecord
-from fleet.sources import find_sources
-from fleet.store import BucketNotFound, NotFound, PreconditionFailed, Store, open_store, read_url
+from fleet.core.layout import RUNS, items_name, run_of_spec, spec_name
+from fleet.core.records import JsonRecord
+from fleet.core.sources import find_sources
+from fleet.core.store import BucketNotFound, NotFound, PreconditionFailed, Store, open_store, read_url
 
 log = logging.getLogger("fleet.plan")
 

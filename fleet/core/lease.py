@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fleet.job import Cancelled
-from fleet.records import JsonRecord
-from fleet.store import NotFound, PreconditionFailed, Store
+from fleet.core.records import JsonRecord
+from fleet.core.store import NotFound, PreconditionFailed, Store
 
 LEASED, DONE, FAILED = "leased", "done", "failed"
 DAMAGED = "damaged"  # the token of a lease read from an object that was not a lease
