@@ -22,7 +22,7 @@ import numpy as np
 
 from fleet.core import tfexample
 from fleet.job import Feature
-from fleet.core.store import Store, StoreError, locate
+from fleet.core.store import Store, StoreError, StoreFile, locate
 
 if TYPE_CHECKING:
     from fleet.core.follow import Output
@@ -131,23 +131,17 @@ def _check_digest(out: "Output", digest: str) -> None:
                           f"{out.sha256[:12]}): changed since its item was committed")
 
 
-class _HashingObject(io.RawIOBase):
+class _HashingObject(StoreFile):
     """One object version read front to back in ranged reads, hashed as it goes by."""
 
     def __init__(self, store: Store, name: str, size: int, version: str | None):
-        self.store, self.name, self.size, self.version = store, name, size, version
-        self.pos = 0
+        super().__init__(store, name, size, version)
         self.hash = hashlib.sha256()
 
-    def readable(self) -> bool:
-        return True
+    def seekable(self) -> bool:
+        return False  # the hash holds only if every byte passes once, in order
 
     def readinto(self, buffer) -> int:
-        end = min(self.size, self.pos + len(buffer))
-        if end <= self.pos:
-            return 0
-        data = self.store.read(self.name, self.pos, end, version=self.version)
-        buffer[:len(data)] = data
-        self.hash.update(data)
-        self.pos += len(data)
-        return len(data)
+        n = super().readinto(buffer)
+        self.hash.update(memoryview(buffer)[:n])
+        return n
