@@ -92,10 +92,17 @@ def item_slice(item: ItemInput) -> Slice:
 
 
 def item_documents(item: ItemInput, ctx: ItemContext, tally: Tally) -> Iterator[list[str]]:
-    """The item's documents, read as the run's options say, with ctx.checkpoint between them."""
-    for doc in read_slice(item_slice(item), ctx.workdir, tally, read_options(ctx.read)):
-        ctx.checkpoint()
+    """The item's documents, read as the run's options say, with ctx.checkpoint before the first
+    and every CHECK_EVERY after: a call per document costs short-document corpora 4% of the CPU
+    (bench_before_after); a lost lease still stops the item within CHECK_EVERY documents."""
+    checkpoint = ctx.checkpoint
+    for n, doc in enumerate(read_slice(item_slice(item), ctx.workdir, tally, read_options(ctx.read))):
+        if not n % CHECK_EVERY:
+            checkpoint()
         yield doc
+
+
+CHECK_EVERY = 64  # documents between checkpoints
 
 
 class _Documents(Converter):
