@@ -10,9 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterator
 
-from fleet.job import InputError, Source, printable
-from fleet.job import find_sources
-from fleet.job import Changed, NotFound, Store, open_store
+from fleet.job import ItemInput, Source, Store, find_sources, open_store, printable
 
 from jobs.text.inputs.compression import head_of
 from jobs.text.inputs.formats import ReadOptions, Tally, decide, iter_documents
@@ -94,31 +92,18 @@ def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
     The bytes read must be the bytes planned: a file that was rewritten, truncated or
     replaced since (another version, or fewer bytes than the slice) fails the item
     with an InputError rather than feed it other data or nothing."""
-    store = open_store(piece.url)
     source = printable(f"{piece.url.rstrip('/')}/{piece.name}")
+    item = ItemInput(piece.url, piece.name, piece.start, piece.end, piece.version, display=piece.display)
     if piece.format == "parquet":  # ranged reads of its row groups, no download
-        blob = store.stat(piece.name)
-        if blob is None:
-            raise InputError(f"{piece.display}: input file is gone")
-        yield from parquet_documents(store, piece.name, blob.size, piece.version or None, piece.start, piece.end,
-                                     source, tally if tally is not None else Tally(), options)
+        yield from parquet_documents(item.store, piece.name, item.stat_size(), piece.version or None, piece.start,
+                                     piece.end, source, tally if tally is not None else Tally(), options)
         return
     fd, tmp = tempfile.mkstemp(prefix="input-", dir=workdir)
     os.close(fd)
     try:
-        try:
-            if piece.compression == "none":
-                store.download_file(piece.name, tmp, piece.start, piece.end, version=piece.version or None)
-            else:
-                store.download_file(piece.name, tmp, version=piece.version or None)
-        except NotFound:
-            raise InputError(f"{piece.display}: input file is gone") from None
-        except Changed as e:
-            raise InputError(f"{printable(str(e))}; plan a new run for the new contents") from None
-        got = os.path.getsize(tmp)
-        if piece.compression == "none" and got != piece.end - piece.start:
-            raise InputError(f"{source}: changed since it was planned (bytes {piece.start}-{piece.end} planned, "
-                             f"{got} there now); plan a new run for the new contents")
+        # The fleet's checked download of exactly the planned bytes (a compressed file is one
+        # slice, 0 to its size, read whole).
+        item.fetch(tmp)
         with open(tmp, "rb") as f:
             base = piece.start if piece.compression == "none" else 0
             yield from iter_documents(f, piece.format, piece.compression, source, base, tally, options)
