@@ -42,11 +42,24 @@ class Finished:
     seconds: float
 
 
+def _prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+# Looked up here, in the worker, not in the forked child: a dlopen after fork can deadlock on a
+# loader lock that another thread (the lease renewer) held at the fork.
+_PRCTL = _prctl()
+
+
 def _die_with_parent() -> None:
     """In the child, before exec (Linux): SIGKILL when the worker dies, even by SIGKILL. That
     reaches the shell only, not what it started: those are found by sweep_orphans."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        with contextlib.suppress(Exception):
+            _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def stop_group(proc: subprocess.Popen, grace: float) -> None:
