@@ -14,6 +14,7 @@ config, item seed) so that a retried item rewrites the same bytes.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -110,23 +111,25 @@ class ItemInput:
             raise InputError(f"{self.display}: input file is gone")
         return blob.size
 
-    def read(self, start: int, end: int) -> bytes:
-        """Bytes start-end of the pinned version of the object."""
+    @contextlib.contextmanager
+    def _pinned(self):
+        """A read of the pinned version: the object gone or rewritten since the plan is bad input."""
         try:
-            return self.store.read(self.name, start, end, version=self.version or None)
+            yield
         except NotFound:
             raise InputError(f"{self.display}: input file is gone") from None
         except Changed as e:
             raise InputError(f"{printable(str(e))}; plan a new run for the new contents") from None
 
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes start-end of the pinned version of the object."""
+        with self._pinned():
+            return self.store.read(self.name, start, end, version=self.version or None)
+
     def fetch(self, path: str) -> str:
         """Download the item's byte range (start-end) to a local file, checked to be all of it."""
-        try:
+        with self._pinned():
             self.store.download_file(self.name, path, self.start, self.end, version=self.version or None)
-        except NotFound:
-            raise InputError(f"{self.display}: input file is gone") from None
-        except Changed as e:
-            raise InputError(f"{printable(str(e))}; plan a new run for the new contents") from None
         got = os.path.getsize(path)
         if got != self.end - self.start:
             raise InputError(f"{self.file}: changed since it was planned (bytes {self.start}-{self.end} planned, "
