@@ -22,7 +22,7 @@ import os
 import typing
 from dataclasses import dataclass
 from dataclasses import field
-from typing import Any, BinaryIO, Callable, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
 
 # What a job may use of the store, through this module only (a job imports nothing else of the
@@ -145,6 +145,11 @@ class ItemContext:
     workdir: str = ""  # an empty scratch folder of this attempt, removed after it
     read: Mapping[str, Any] = field(default_factory=dict)  # the run's input options (``fleet plan --text-column``...)
     checkpoint: Callable[[], None] = lambda: None  # call often: raises Cancelled once the lease is lost
+    stage: str = "map"  # the stage this item belongs to: "map" (the inputs), or a Stage.name the job asked for
+    # The stage this item's outputs feed, or "" when they are the run's outputs. When set, the sink
+    # is a KeyedSink: the item emits (key, value) records, and that stage's items get them by key.
+    feeds: str = ""
+    run_seed: int = 0  # the run's seed (Job.seed): what a key that must not depend on the item is seeded by
 
 
 class Sink(abc.ABC):
@@ -162,6 +167,76 @@ class Sink(abc.ABC):
 
         with open(path, "rb") as src, self.open(suffix) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
+
+
+class KeyedSink(abc.ABC):
+    """The sink of an item whose outputs feed a later stage (``ctx.feeds``): records keyed for
+    the shuffle between stages. The fleet cuts the key space [0, 2**64) into equal ranges,
+    one per partition, so the reduce items get every record of their range, from every item
+    of this stage, sorted by (key, value): a global order that does not depend on how the
+    work was cut into items or which worker did it."""
+
+    partitions: int
+
+    @abc.abstractmethod
+    def emit(self, key: int, value: bytes) -> None:
+        """One record: ``key`` an unsigned 64-bit integer (see :func:`shuffle_key`)."""
+
+
+def shuffle_key(seed: int, value: bytes) -> int:
+    """A key that puts records in a pseudo-random order seeded by ``seed`` (the run's seed): a
+    keyed 64-bit BLAKE2b of the record. Equal records get equal keys, so the order depends on
+    nothing but the records and the seed."""
+    return int.from_bytes(hashlib.blake2b(value, digest_size=8, key=_seed_bytes(seed)).digest(), "big")
+
+
+def _seed_bytes(seed: int) -> bytes:
+    return (seed % (1 << 128)).to_bytes(16, "big")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage a job asks for after its map over the inputs (``Job.stages``): MapReduce through
+    the bucket. Each stage's items read the records the stage before emitted (KeyedSink), once
+    every item of that stage is done; the same leases, retries and workers run them.
+
+    ``items`` reduce items each get one key range (a partition) of the records, sorted by
+    (key, value); ``balanced``: instead, the records in (key, value) order are cut into
+    ``items`` runs of equal counts (differing by at most one), e.g. shards of a global shuffle.
+    The last stage writes the run's outputs: item i of n names them ``part-<i>-of-<n>...``."""
+
+    name: str
+    items: int
+    balanced: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.name == "map":
+            raise ValueError(f"stage name {self.name!r}: an identifier other than 'map'")
+        if self.items < 1:
+            raise ValueError(f"stage {self.name}: {self.items} items; give 1 or more")
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """The run's stage options as ``fleet plan`` / ``fleet local`` take them (``--shards``,
+    ``--dedup``), checked by the fleet for form only; a job says what they mean (Job.stages)."""
+
+    shards: int = 0  # 0: no sharding, the map's items write the outputs
+    dedup: str = ""  # "": none; a mode the job knows ("exact")
+
+    def __bool__(self) -> bool:
+        return bool(self.shards or self.dedup)
+
+
+class Reducer(abc.ABC):
+    """One stage's work on one item after the map: records in, outputs (or records for the
+    next stage) out."""
+
+    @abc.abstractmethod
+    def reduce(self, records: Iterator[tuple[int, bytes]], ctx: ItemContext, sink: Sink | KeyedSink
+               ) -> dict[str, float]:
+        """The item's records, sorted by (key, value), to outputs; return counters. ``sink`` is
+        a KeyedSink when ``ctx.feeds`` names a next stage."""
 
 
 Opener = Callable[[str], bytes]  # reads a small object by URL or local path
@@ -232,7 +307,22 @@ class Job(abc.ABC):
 
     @abc.abstractmethod
     def converter(self, config: Any, opener: Opener) -> Converter:
-        """Per worker process: load what every item needs (a vocab) once."""
+        """Per worker process: load what every item needs (a vocab) once. In a run with stages
+        the map's sink is a KeyedSink (``ctx.feeds`` names the stage it feeds)."""
+
+    def stages(self, config: Any, options: StageOptions, map_items: int) -> list[Stage]:
+        """The stages after the map that ``--shards`` / ``--dedup`` ask of this job, at plan time
+        (``map_items``: how many items the inputs were cut into). By default a job has none and
+        refuses both in one line; raise ConfigError naming the option for a value it cannot do."""
+        if options.shards:
+            raise ConfigError(f"--shards: job {self.name} cannot shard its outputs (it has no stages)")
+        if options.dedup:
+            raise ConfigError(f"--dedup: job {self.name} cannot deduplicate its inputs (it has no stages)")
+        return []
+
+    def reducer(self, config: Any, opener: Opener, stage: str) -> Reducer:
+        """Per worker process: the Reducer of a stage this job asked for (Job.stages), by name."""
+        raise ConfigError(f"job {self.name} has no stage {stage!r}")
 
     def features(self, config: Any) -> dict[str, Feature]:
         """The features every example of a run with this config holds, by name: the run's
