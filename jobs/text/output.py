@@ -11,6 +11,13 @@ framed TFRecords it encoded (``write``: with a fast batch encoder,
 ``token_records`` or BERT's) or rows of values (``write_columns``). Either way both
 formats hold the same values. Bytes depend on the examples only (no time stamp,
 no file name), so a retried item rewrites identical bytes.
+
+In a run with stages (``--shards``) an item's examples feed the next stage instead
+of a file: ``example_sink`` wraps the KeyedSink, and ``open_writer`` then gives a
+writer that emits each ``tf.train.Example``, keyed by ``shuffle_key``: records or rows,
+it encodes them as ``TFRecordWriter`` does, so the shuffle carries the bytes an
+``output=tfrecord`` run holds whatever the run's output, and the shard that writes
+them in the end gives the file the run asks for.
 """
 
 from __future__ import annotations
@@ -18,12 +25,13 @@ from __future__ import annotations
 import abc
 import contextlib
 import gzip
+import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator, Mapping, Sequence
+from typing import BinaryIO, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
-from fleet.job import ConfigError, Sink
+from fleet.job import ConfigError, ItemContext, KeyedSink, Sink, shuffle_key
 
 from . import tfrecord
 
@@ -128,9 +136,74 @@ def _row_count(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> i
     return counts.pop()
 
 
+class ShuffledExamples(KeyedSink):
+    """A KeyedSink that examples go to keyed by ``shuffle_key`` of the run's seed: what a text
+    job's item writes to when its outputs feed a stage (``example_sink``)."""
+
+    def __init__(self, inner: KeyedSink, run_seed: int):
+        self.inner, self.run_seed = inner, run_seed
+        self.partitions = inner.partitions
+
+    def emit(self, key: int, value: bytes) -> None:
+        self.inner.emit(key, value)
+
+    def emit_example(self, example: bytes) -> None:
+        """One serialized ``tf.train.Example`` (no TFRecord framing)."""
+        self.inner.emit(shuffle_key(self.run_seed, example), example)
+
+
+def example_sink(sink: Union[Sink, KeyedSink], ctx: ItemContext) -> Union[Sink, ShuffledExamples]:
+    """Where an item's examples go: its sink, or, when its outputs feed a stage, the shuffle."""
+    if not ctx.feeds:
+        return sink
+    if not isinstance(sink, KeyedSink):
+        raise TypeError(f"item {ctx.item_id} feeds stage {ctx.feeds!r} but its sink is not a KeyedSink")
+    return ShuffledExamples(sink, ctx.run_seed)
+
+
+class KeyedExampleWriter(ExampleWriter):
+    """Examples to the shuffle: each the record a TFRecord file of them would hold."""
+
+    def __init__(self, sink: ShuffledExamples, columns: Sequence[Column]):
+        super().__init__(columns)
+        self.sink = sink
+        self.order = sorted(columns, key=lambda c: c.name)  # as TFRecordWriter: the same bytes
+
+    def write(self, records: bytes) -> None:
+        for example in unframe(records):
+            self.sink.emit_example(example)
+
+    def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
+        for framed in encode_rows(self.order, values):
+            self.sink.emit_example(framed[12:-4])
+
+
+_LENGTH = struct.Struct("<Q")
+
+
+def unframe(records: bytes) -> Iterator[bytes]:
+    """The payloads of framed TFRecords this process just encoded (checksums not checked:
+    ``tfrecord.iter_records`` reads files that come from elsewhere)."""
+    view, at = memoryview(records), 0
+    while at < len(records):
+        (length,) = _LENGTH.unpack_from(records, at)
+        end = at + 12 + length
+        if end + 4 > len(records):
+            raise ValueError("a TFRecord frame runs past the end of the records")
+        yield bytes(view[at + 12:end])
+        at = end + 4
+
+
 @contextlib.contextmanager
-def open_writer(sink: Sink, output: str, compression: str, columns: Sequence[Column]) -> Iterator[ExampleWriter]:
-    """The item's output file and its writer; the file is complete when the block ends."""
+def open_writer(sink: Union[Sink, ShuffledExamples], output: str, compression: str, columns: Sequence[Column]
+                ) -> Iterator[ExampleWriter]:
+    """The item's output file and its writer; the file is complete when the block ends. A
+    ShuffledExamples sink (``example_sink``) gets the examples keyed instead of a file."""
+    if isinstance(sink, ShuffledExamples):
+        yield KeyedExampleWriter(sink, columns)
+        return
+    if isinstance(sink, KeyedSink):
+        raise TypeError("open_writer: a KeyedSink takes examples through example_sink(sink, ctx)")
     suffix = output_suffix(output, compression)
     with sink.open(suffix) as raw:
         if output == "parquet":
