@@ -7,7 +7,8 @@ files, row groups of Parquet files), checks the run's read options (``--text-col
 ``--keep-titles``, ``--max-bad-share``), and hands the converter a job names in
 ``document_converter`` each item's documents, with the bad records counted in the
 item's stats. A document is never split between items, except one longer than an item.
-The formats themselves are jobs.text.inputs'.
+The formats themselves are jobs.text.inputs'. ``--dedup exact`` and ``--shards N`` are
+stages every text job has the same way (jobs.text.stages).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import abc
 import dataclasses
 from typing import Any, Iterable, Iterator, Mapping
 
-from fleet.job import ConfigError, Converter, ItemContext, ItemInput, Job, Opener, Piece, Sink, Source
+from fleet.job import (ConfigError, Converter, ItemContext, ItemInput, Job, Opener, Piece, Reducer, Sink, Source,
+                       Stage, StageOptions)
 
 from jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
+from jobs.text.output import example_sink
 
 
 class DocumentConverter(abc.ABC):
@@ -70,6 +73,18 @@ class TextJob(Job):
     def converter(self, config: Any, opener: Opener) -> Converter:
         return _Documents(self.document_converter(config, opener))
 
+    def stages(self, config: Any, options: StageOptions, map_items: int) -> list[Stage]:
+        """``--dedup exact`` and ``--shards N`` (jobs.text.stages)."""
+        from .stages import text_stages
+
+        return text_stages(options, map_items)
+
+    def reducer(self, config: Any, opener: Opener, stage: str) -> Reducer:
+        """The "dedup" stage converts with ``document_converter``; "shards" writes ``features``."""
+        from .stages import text_reducer
+
+        return text_reducer(self, config, opener, stage)
+
     @abc.abstractmethod
     def document_converter(self, config: Any, opener: Opener) -> DocumentConverter:
         """Per worker process: load what every item needs (a vocab) once."""
@@ -110,8 +125,15 @@ class _Documents(Converter):
         self.inner = inner
 
     def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        """The item's documents converted; in a dedup run, emitted for the dedup stage instead."""
+        from .stages import DEDUP, dedup_map  # stages imports this module
+
         tally = Tally()
-        stats = dict(self.inner.convert(item_documents(item, ctx, tally), ctx, sink))
+        documents = item_documents(item, ctx, tally)
+        if ctx.feeds == DEDUP:
+            stats = dedup_map(documents, ctx, sink)
+        else:
+            stats = dict(self.inner.convert(documents, ctx, example_sink(sink, ctx)))
         tally.documents_cut += int(bool(item.meta.get("cuts_document")))
         stats.update(tally.stats())
         return stats
