@@ -180,11 +180,12 @@ def chunk_of(values: np.ndarray, seq: int = 3, preds: int = 2) -> shuffle.Chunk:
                          v + 2, v + 3, v % 2)
 
 
-@given(sizes=st.lists(st.integers(0, 1500), max_size=6), limit=st.integers(0, 1 << 20), seed=st.integers(0, 2**64))
-def test_shuffled_examples_give_every_row_in_the_seeded_order(tmp_path_factory, sizes, limit, seed):
+@given(sizes=st.lists(st.integers(0, 1500), max_size=6), limit=st.integers(0, 1 << 20), seed=st.integers(0, 2**64),
+       id_bound=st.sampled_from([1 << 15, 1 << 16, 1 << 31]))
+def test_shuffled_examples_give_every_row_in_the_seeded_order(tmp_path_factory, sizes, limit, seed, id_bound):
     start = np.cumsum([0] + sizes)
-    chunks = [chunk_of(np.arange(a, b)) for a, b in zip(start[:-1], start[1:])]
-    with shuffle.ShuffledExamples(seed, str(tmp_path_factory.getbasetemp()), limit) as store:
+    chunks = [chunk_of(np.arange(a, b)) for a, b in zip(start[:-1], start[1:])]  # ids up to 27,000
+    with shuffle.ShuffledExamples(seed, str(tmp_path_factory.getbasetemp()), limit, id_bound) as store:
         out = list(store.shuffled(iter(chunks)))
     n = int(start[-1])
     assert [len(c) for c in out] == [min(shuffle.ROWS_OUT, n - i) for i in range(0, n, shuffle.ROWS_OUT)]
@@ -196,3 +197,8 @@ def test_shuffled_examples_give_every_row_in_the_seeded_order(tmp_path_factory, 
         got = [row for c in out for row in getattr(c.masked, field).tolist()]
         assert got == (getattr(expected.masked, field).tolist() if n else [])
     assert all(c.masked.input_ids.dtype == np.int32 and c.lengths.dtype == np.int64 for c in out)
+
+
+def test_an_id_beyond_the_bound_is_an_error_not_a_wrapped_id():
+    with shuffle.ShuffledExamples(1, id_bound=1 << 16) as store, pytest.raises(ValueError, match="id 70002, the vocab has 65536"):
+        list(store.shuffled([chunk_of(np.array([1, 70000]))]))

@@ -68,6 +68,7 @@ class BertConverter(DocumentConverter):
                               config.short_seq_prob, config.dupe_factor, config.whole_word_masking,
                               config.v2_feature_names, config.pack_documents)
         self.examples = BertExamples(tokenizer, options, _chinese_words() if config.whole_word_masking else None)
+        self.id_bound = max(tokenizer.vocab.values()) + 1
         names = feature_names(config.v2_feature_names)
         self.columns = [Column(names[f], "float" if f == "masked_lm_weights" else "int") for f in FEATURES]
 
@@ -75,7 +76,7 @@ class BertConverter(DocumentConverter):
         counters = BertCounters()
         config = self.config
         with open_writer(sink, config.output, config.compression, self.columns) as out, SpillingBatches() as keep, \
-                ShuffledExamples(ctx.seed, ctx.workdir) as shuffle:
+                ShuffledExamples(ctx.seed, ctx.workdir, id_bound=self.id_bound) as shuffle:
             order = None if ctx.feeds else shuffle  # (records that feed a stage are ordered by its shuffle)
             if config.output == "parquet":  # rows as they are, not records the writer would parse back
                 for values in self.examples.rows(documents, ctx.seed, counters, keep, order):

@@ -4,7 +4,8 @@ google-research/bert's ``create_pretraining_data.py`` builds every instance of i
 input (all ``dupe_factor`` passes) and then ``rng.shuffle(instances)``, so consecutive
 records do not come from one document. Here an item's examples are kept as packed
 fixed-width rows (what the encoders need: masked ids, predictions, lengths, label;
-about 700 bytes at ``max_seq_length`` 128, the size of the record they become) and
+ids as uint16 when the vocab allows, so about 340 bytes at ``max_seq_length`` 128,
+half the record they become) and
 come out in the order of ``random.Random(f"{item seed}:shuffle").shuffle`` over
 their indices: a pure function of the examples and the item seed, so a retried
 item rewrites the same bytes (the ``":shuffle"`` keeps this stream apart from the
@@ -58,28 +59,37 @@ def permutation(n: int, item_seed: int) -> np.ndarray:
     return np.array(order, np.int64)
 
 
-def _row_dtype(chunk: Chunk) -> np.dtype:
+def _fields(chunk: Chunk) -> dict[str, np.ndarray]:
     m = chunk.masked
-    return np.dtype([("input_ids", m.input_ids.dtype, m.input_ids.shape[1:]),
-                     ("positions", m.positions.dtype, m.positions.shape[1:]),
-                     ("labels", m.labels.dtype, m.labels.shape[1:]),
-                     ("counts", np.int64), ("lengths", np.int64), ("first_lengths", np.int64),
-                     ("random_next", np.int64)])
+    return {"input_ids": m.input_ids, "positions": m.positions, "labels": m.labels, "counts": m.counts,
+            "lengths": chunk.lengths, "first_lengths": chunk.first_lengths, "random_next": chunk.random_next}
 
 
-def _pack(chunk: Chunk, dtype: np.dtype) -> np.ndarray:
+def _row_dtype(chunk: Chunk, id_bound: int) -> np.dtype:
+    """Narrow types where the values allow: memory (and pages touched) is the shuffle's cost.
+    Ids are below ``id_bound``; positions, counts and lengths at most the sequence length."""
+    seq, preds = chunk.masked.input_ids.shape[1], chunk.masked.positions.shape[1]
+    ids = np.uint16 if id_bound <= 1 << 16 else np.int32
+    small = np.uint16 if seq < 1 << 16 else np.int64
+    return np.dtype([("input_ids", ids, (seq,)), ("positions", small, (preds,)), ("labels", ids, (preds,)),
+                     ("counts", small), ("lengths", small), ("first_lengths", small), ("random_next", np.uint8)])
+
+
+def _pack(chunk: Chunk, dtype: np.dtype, id_bound: int) -> np.ndarray:
+    m = chunk.masked
+    for ids in (m.input_ids, m.labels):  # (a wrong bound would wrap ids silently)
+        if ids.size and (ids.min() < 0 or ids.max() >= id_bound):
+            raise ValueError(f"an example holds id {ids.max()}, the vocab has {id_bound}")
     rows = np.empty(len(chunk), dtype)
-    m = chunk.masked
-    for name, values in (("input_ids", m.input_ids), ("positions", m.positions), ("labels", m.labels),
-                         ("counts", m.counts), ("lengths", chunk.lengths), ("first_lengths", chunk.first_lengths),
-                         ("random_next", chunk.random_next)):
+    for name, values in _fields(chunk).items():
         rows[name] = values
     return rows
 
 
-def _unpack(rows: np.ndarray) -> Chunk:
+def _unpack(rows: np.ndarray, types: dict[str, np.dtype]) -> Chunk:
+    """The rows as a chunk with the types the chunks came with."""
     def column(name: str) -> np.ndarray:
-        return np.ascontiguousarray(rows[name])
+        return rows[name].astype(types[name])
 
     return Chunk(Masked(column("input_ids"), column("positions"), column("labels"), column("counts")),
                  column("lengths"), column("first_lengths"), column("random_next"))
@@ -88,10 +98,11 @@ def _unpack(rows: np.ndarray) -> Chunk:
 class ShuffledExamples:
     """Takes an item's example chunks, gives them back in the item's seeded order (see above)."""
 
-    def __init__(self, item_seed: int, workdir: str = "", limit: int = SHUFFLE_BYTES):
+    def __init__(self, item_seed: int, workdir: str = "", limit: int = SHUFFLE_BYTES, id_bound: int = 1 << 31):
         self.item_seed = item_seed
-        self.workdir = workdir
+        self.workdir = workdir  # where the scratch file goes ("": the system's temporary folder)
         self.limit = limit
+        self.id_bound = id_bound  # every token id is below it (the vocab's size)
         self.file: BinaryIO | None = None
 
     def __enter__(self) -> "ShuffledExamples":
@@ -110,13 +121,15 @@ class ShuffledExamples:
         """Every row of ``chunks`` (all read first), in the permuted order, ``ROWS_OUT`` at a time."""
         buffer = bytearray()
         dtype: np.dtype | None = None
+        types: dict[str, np.dtype] = {}
         n = 0
         for chunk in chunks:
             if not len(chunk):
                 continue
             if dtype is None:
-                dtype = _row_dtype(chunk)
-            data = _pack(chunk, dtype).view(np.uint8).data  # (a memoryview: bytearray += ndarray is numpy's add)
+                dtype = _row_dtype(chunk, self.id_bound)
+                types = {name: values.dtype for name, values in _fields(chunk).items()}
+            data = _pack(chunk, dtype, self.id_bound).view(np.uint8).data  # (a memoryview: bytearray += ndarray is numpy's add)
             n += len(chunk)
             if self.file is None and len(buffer) + len(data) > self.limit:  # once spilling, always
                 self.file = tempfile.TemporaryFile(prefix="fleet-bert-shuffle-", dir=self.workdir or None)
@@ -132,10 +145,10 @@ class ShuffledExamples:
         if self.file is None:
             rows = np.frombuffer(buffer, dtype)
             for start in range(0, n, ROWS_OUT):
-                yield _unpack(rows[order[start:start + ROWS_OUT]])
+                yield _unpack(rows[order[start:start + ROWS_OUT]], types)
             return
         self.file.flush()
         fd, width = self.file.fileno(), dtype.itemsize
         for start in range(0, n, ROWS_OUT):
             data = b"".join([os.pread(fd, width, i * width) for i in order[start:start + ROWS_OUT].tolist()])
-            yield _unpack(np.frombuffer(data, dtype))
+            yield _unpack(np.frombuffer(data, dtype), types)
