@@ -4,12 +4,11 @@ google-research/bert's ``create_pretraining_data.py`` builds every instance of i
 input (all ``dupe_factor`` passes) and then ``rng.shuffle(instances)``, so consecutive
 records do not come from one document. Here an item's examples are kept as packed
 fixed-width rows (what the encoders need: masked ids, predictions, lengths, label;
-ids as uint16 when the vocab allows, so about 340 bytes at ``max_seq_length`` 128,
-half the record they become) and
-come out in the order of ``random.Random(f"{item seed}:shuffle").shuffle`` over
-their indices: a pure function of the examples and the item seed, so a retried
-item rewrites the same bytes (the ``":shuffle"`` keeps this stream apart from the
-passes' ``f"{seed}:{dupe}"``).
+ids as uint16 when the vocab allows: about 340 bytes at ``max_seq_length`` 128, half
+the record they become) and come out in the order of
+``random.Random(f"{item seed}:shuffle").shuffle`` over their indices: a pure function
+of the examples and the item seed, so a retried item rewrites the same bytes (the
+``":shuffle"`` keeps this stream apart from the passes' ``f"{seed}:{dupe}"``).
 
 Rows stay in memory up to ``limit`` bytes; beyond it they all go to a scratch
 file (in the item's work folder) and are read back a row at a time in the
@@ -30,7 +29,7 @@ import numpy as np
 
 from .masking import Masked
 
-SHUFFLE_BYTES = 128 << 20  # an item's example rows kept in memory, at most (issue 17: a worker under 1 GB)
+SHUFFLE_BYTES = 128 << 20  # an item's example rows kept in memory, at most: with spill's 64 MB, a worker stays far under 1 GB
 ROWS_OUT = 1024  # examples handed back together (encoded or written as rows together)
 
 
@@ -129,7 +128,7 @@ class ShuffledExamples:
             if dtype is None:
                 dtype = _row_dtype(chunk, self.id_bound)
                 types = {name: values.dtype for name, values in _fields(chunk).items()}
-            data = _pack(chunk, dtype, self.id_bound).view(np.uint8).data  # (a memoryview: bytearray += ndarray is numpy's add)
+            data = _pack(chunk, dtype, self.id_bound).view(np.uint8).data  # (bytearray += ndarray: numpy's add)
             n += len(chunk)
             if self.file is None and len(buffer) + len(data) > self.limit:  # once spilling, always
                 self.file = tempfile.TemporaryFile(prefix="fleet-bert-shuffle-", dir=self.workdir or None)
