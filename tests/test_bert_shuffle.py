@@ -63,8 +63,8 @@ def read_file(path: str) -> bytes:
 def convert(vocab, docs, seed=7, feeds="", **options) -> tuple[dict, bytes]:
     config = JOB.parse_config({"vocab_file": vocab, **options})
     sink = MemorySink()
-    stats = JOB.document_converter(config, read_file).convert(iter(docs), ItemContext("item", seed, "test", feeds=feeds),
-                                                              sink)
+    ctx = ItemContext("item", seed, "test", feeds=feeds)
+    stats = JOB.document_converter(config, read_file).convert(iter(docs), ctx, sink)
     (data,) = sink.files.values()
     return stats, data
 
@@ -200,5 +200,6 @@ def test_shuffled_examples_give_every_row_in_the_seeded_order(tmp_path_factory, 
 
 
 def test_an_id_beyond_the_bound_is_an_error_not_a_wrapped_id():
-    with shuffle.ShuffledExamples(1, id_bound=1 << 16) as store, pytest.raises(ValueError, match="id 70002, the vocab has 65536"):
-        list(store.shuffled([chunk_of(np.array([1, 70000]))]))
+    with shuffle.ShuffledExamples(1, id_bound=1 << 16) as store:
+        with pytest.raises(ValueError, match="id 70002, the vocab has 65536"):
+            list(store.shuffled([chunk_of(np.array([1, 70000]))]))

@@ -29,7 +29,7 @@ import numpy as np
 
 from .masking import Masked
 
-SHUFFLE_BYTES = 128 << 20  # an item's example rows kept in memory, at most: with spill's 64 MB, a worker stays far under 1 GB
+SHUFFLE_BYTES = 128 << 20  # example rows kept in memory, at most (with spill's 64 MB: a worker far under 1 GB)
 ROWS_OUT = 1024  # examples handed back together (encoded or written as rows together)
 
 
