@@ -25,6 +25,7 @@ import numpy as np
 from .builder import DocBatch, DocBatcher, NegativePool, PairOptions, assemble, build_spans, truncate_pairs
 from .records import FEATURES, BertLayout, BertRecordEncoder, feature_names
 from .masking import MaskingOptions, mask_batch
+from .shuffle import Chunk, ShuffledExamples
 from jobs.text.groups import line_groups
 from jobs.text.output import mask_and_segments
 from jobs.text.tokenization import BertTokenizer
@@ -92,22 +93,25 @@ class BertExamples:
         return self.tokenizer.tokenize_lines(lines)
 
     def records(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
-                keep: KeptBatches | None = None) -> Iterator[bytes]:
+                keep: KeptBatches | None = None, shuffle: ShuffledExamples | None = None) -> Iterator[bytes]:
         """Framed TFRecords, a batch at a time (each yield is the bytes of many records).
-        With dupe_factor > 1 the item's batches go to ``keep`` (default: a list in memory)."""
-        for masked, pairs in self._chunks(documents, seed, counters, keep):
-            yield self.encoder.encode(masked, pairs.lengths, pairs.first_lengths, pairs.random_next)
+        With dupe_factor > 1 the item's batches go to ``keep`` (default: a list in memory);
+        with ``shuffle`` the records come in its order, else in the order they were built."""
+        for chunk in self._chunks(documents, seed, counters, keep, shuffle):
+            yield self.encoder.encode(chunk.masked, chunk.lengths, chunk.first_lengths, chunk.random_next)
 
     def rows(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
-             keep: KeptBatches | None = None) -> Iterator[dict[str, np.ndarray]]:
-        """The examples ``records`` encodes, as one 2-D array per feature (by its written name,
-        row i of each is example i), a chunk at a time: for a writer of rows (Parquet), which
-        would otherwise parse the records back."""
+             keep: KeptBatches | None = None, shuffle: ShuffledExamples | None = None
+             ) -> Iterator[dict[str, np.ndarray]]:
+        """The examples ``records`` encodes, in its order, as one 2-D array per feature (by its
+        written name, row i of each is example i), a chunk at a time: for a writer of rows
+        (Parquet), which would otherwise parse the records back."""
         names = feature_names(self.opts.v2_feature_names)
         preds = self.opts.max_predictions_per_seq
         prediction = np.arange(preds)
-        for masked, pairs in self._chunks(documents, seed, counters, keep):
-            input_mask, segment_ids = mask_and_segments(pairs.lengths, pairs.first_lengths, self.opts.max_seq_length)
+        for chunk in self._chunks(documents, seed, counters, keep, shuffle):
+            masked = chunk.masked
+            input_mask, segment_ids = mask_and_segments(chunk.lengths, chunk.first_lengths, self.opts.max_seq_length)
             values = {
                 "input_ids": masked.input_ids,
                 "input_mask": input_mask,
@@ -115,13 +119,19 @@ class BertExamples:
                 "masked_lm_positions": masked.positions,
                 "masked_lm_ids": masked.labels,
                 "masked_lm_weights": (prediction < np.asarray(masked.counts)[:, None]).astype(np.float32),
-                "next_sentence_labels": np.asarray(pairs.random_next, np.int64).reshape(-1, 1),
+                "next_sentence_labels": np.asarray(chunk.random_next, np.int64).reshape(-1, 1),
             }
             yield {names[name]: values[name] for name in FEATURES}
 
     def _chunks(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
-                keep: KeptBatches | None):
-        """(masked, pairs) of every chunk of examples, in the order of the records."""
+                keep: KeptBatches | None, shuffle: ShuffledExamples | None) -> Iterator[Chunk]:
+        """Every chunk of examples, in the order of the records."""
+        built = self._built(documents, seed, counters, keep)
+        return built if shuffle is None else shuffle.shuffled(built)
+
+    def _built(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
+               keep: KeptBatches | None) -> Iterator[Chunk]:
+        """Every chunk of examples, in the order they are built: batch by batch, pass by pass."""
         if self.opts.dupe_factor > 1 and keep is None:
             keep = []
         elif self.opts.dupe_factor == 1:
@@ -209,5 +219,5 @@ class BertExamples:
             counters.tokens += int(pairs.lengths.sum())
             counters.masked_lm_predictions += int(masked.counts.sum())
             counters.random_next += int(pairs.random_next.sum())
-            yield masked, pairs
+            yield Chunk(masked, pairs.lengths, pairs.first_lengths, pairs.random_next)
 

@@ -4,7 +4,9 @@ An item becomes one output file (``jobs.text.output``: ``.tfrecord``, ``.tfrecor
 ``.parquet``) of masked-LM + next-sentence examples, as google-research/bert's
 ``create_pretraining_data.py`` makes them (``examples``). Pairs mix documents (a random
 next sentence comes from another one), so an item is seeded as a whole (``ctx.seed``):
-a retried item rewrites the same bytes.
+a retried item rewrites the same bytes. As BERT shuffles its instances, an item's
+examples are written in a random order seeded by the item (``shuffle``), unless they
+feed a later stage (``ctx.feeds``), whose shuffle orders them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from jobs.text.tokenization import BertTokenizer
 
 from .examples import BertCounters, BertExamples, BertOptions
 from .records import FEATURES, feature_names
+from .shuffle import ShuffledExamples
 from .spill import SpillingBatches
 
 REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60-130 µs each, paid by every run
@@ -65,18 +68,21 @@ class BertConverter(DocumentConverter):
                               config.short_seq_prob, config.dupe_factor, config.whole_word_masking,
                               config.v2_feature_names, config.pack_documents)
         self.examples = BertExamples(tokenizer, options, _chinese_words() if config.whole_word_masking else None)
+        self.id_bound = max(tokenizer.vocab.values()) + 1
         names = feature_names(config.v2_feature_names)
         self.columns = [Column(names[f], "float" if f == "masked_lm_weights" else "int") for f in FEATURES]
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
         counters = BertCounters()
         config = self.config
-        with open_writer(sink, config.output, config.compression, self.columns) as out, SpillingBatches() as keep:
+        with open_writer(sink, config.output, config.compression, self.columns) as out, SpillingBatches() as keep, \
+                ShuffledExamples(ctx.seed, ctx.workdir, id_bound=self.id_bound) as shuffle:
+            order = None if ctx.feeds else shuffle  # (records that feed a stage are ordered by its shuffle)
             if config.output == "parquet":  # rows as they are, not records the writer would parse back
-                for values in self.examples.rows(documents, ctx.seed, counters, keep):
+                for values in self.examples.rows(documents, ctx.seed, counters, keep, order):
                     out.write_examples(values)
             else:
-                for chunk in self.examples.records(documents, ctx.seed, counters, keep):
+                for chunk in self.examples.records(documents, ctx.seed, counters, keep, order):
                     out.write(chunk)
         return {**dataclasses.asdict(counters), "positions": counters.examples * config.max_seq_length}
 
