@@ -77,8 +77,11 @@ def test_file_depends_only_on_the_records(records, partitions, budget_a, budget_
     assert writer.counts == [len(p) for p in parts] and writer.records == len(records)
 
 
-def test_keys_at_the_edges_of_the_ranges_go_to_their_partition(tmp_path):
-    """Key k is in partition (k * P) >> 64: the first and last keys of every range, exactly."""
+@pytest.mark.parametrize("batch", [1, 2, shuffle._BATCH])
+def test_keys_at_the_edges_of_the_ranges_go_to_their_partition(tmp_path, monkeypatch, batch):
+    """Key k is in partition (k * P) >> 64: the first and last keys of every range, exactly
+    (also where a partition starts at the first or last record of a batch written at once)."""
+    monkeypatch.setattr(shuffle, "_BATCH", batch)
     for partitions in range(1, 30):
         keys = {e for p in range(partitions + 1) for d in (-1, 0, 1)
                 if 0 <= (e := -(-(p << 64) // partitions) + d) < 2**64}
@@ -142,15 +145,17 @@ def index_of(store, pieces, partitions) -> Index:
 
 @SLOW
 @given(RECORDS, st.integers(1, 5), st.integers(1, 7), st.booleans(), st.lists(BUDGETS, min_size=5, max_size=5),
-       st.randoms(use_true_random=False), st.sampled_from([2, 3, shuffle.FANIN]), st.sampled_from([1, 13, 0]))
-def test_reduce_items_get_every_record_once_in_order(records, writers, items, balanced, budgets, rnd, fanin, chunk):
+       st.randoms(use_true_random=False), st.sampled_from([2, 3, shuffle.FANIN]), st.sampled_from([1, 13, 0]),
+       st.sampled_from([1, 5, shuffle._BATCH]))
+def test_reduce_items_get_every_record_once_in_order(records, writers, items, balanced, budgets, rnd, fanin, chunk,
+                                                      batch):
     """Whatever the budgets or how the records were dealt to map items: not balanced, item k
     gets exactly partition k's records, sorted; balanced, the items' counts differ by at most
     one and their concatenation in item order is all the records, sorted. (A small ``fanin``
     makes the merges of runs and pieces go through intermediate passes, a small ``chunk`` of
-    read buffer cuts records across reads.)"""
+    read buffer cuts records across reads, a small ``batch`` an item's range across batches.)"""
     partitions = partitions_for(items, balanced)
-    knobs = {"FANIN": fanin} | ({"_READ_MIN": chunk, "_MERGE_BUFFER": chunk} if chunk else {})
+    knobs = {"FANIN": fanin, "_BATCH": batch} | ({"_READ_MIN": chunk, "_MERGE_BUFFER": chunk} if chunk else {})
     saved = {name: getattr(shuffle, name) for name in knobs}
     try:
         for name, value in knobs.items():
@@ -313,6 +318,9 @@ def test_bad_index_names_it(tmp_path):
     data = build_index(store, [piece], 3)
     store.write("stage/index", b"garbage!" + data[8:])
     with pytest.raises(ShuffleError, match="^shuffle index stage/index: not a shuffle index"):
+        load_index(store, "stage/index")
+    store.write("stage/index", data[:8] + b"\x7f" * 8 + data[16:])
+    with pytest.raises(ShuffleError, match="^shuffle index stage/index: damaged head \\(claims"):
         load_index(store, "stage/index")
     store.write("stage/index", data[:20])
     with pytest.raises(ShuffleError, match="^shuffle index stage/index: damaged head"):

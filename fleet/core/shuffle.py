@@ -67,6 +67,7 @@ _BATCH = 4096  # records serialised, or merged between checkpoints, at a time
 _MERGE_BUFFER = 16 << 20  # read buffers over all the files of one merge
 _READ_MIN = 64 << 10  # read buffer of one file, at least
 _INDEX_HEAD_READ = 64 << 10
+_INDEX_HEAD_MAX = 1 << 30  # a head's length beyond this is damage, not pieces
 
 
 class ShuffleError(Exception):
@@ -403,6 +404,8 @@ def load_index(store: Store, name: str, version: str | None = None) -> Index:
         if len(data) < 16 or data[:8] != INDEX_MAGIC:
             raise ShuffleError(f"{where}: not a shuffle index (no {INDEX_MAGIC.decode()} header)")
         length = _U64.unpack_from(data, 8)[0]
+        if length > _INDEX_HEAD_MAX:
+            raise ShuffleError(f"{where}: damaged head (claims {length} bytes)")
         if 16 + length > len(data):
             data += store.read(name, len(data), 16 + length, version=version or None)
     except (NotFound, Changed) as e:
@@ -465,11 +468,20 @@ def reduce_records(store: Store, index: Index, item: int, items: int, balanced: 
             list(pool.map(download, wanted, paths))
         checkpoint()
         merged = _merge_files(paths, [f"{p.name} (item {p.item})" for _, p, _, _ in wanted], workdir, checkpoint)
-        if balanced:
-            merged = itertools.islice(merged, skip, skip + hi - lo)
+        if not balanced:
+            for batch in _batches(merged):
+                checkpoint()
+                yield from batch
+            return
+        seen, stop = 0, skip + hi - lo  # ranks in the merged partitions k1..k2: ours are [skip, stop)
         for batch in _batches(merged):
             checkpoint()
-            yield from batch
+            a, b = max(skip - seen, 0), min(stop - seen, len(batch))
+            seen += len(batch)
+            if b > a:
+                yield from batch[a:b]
+            if seen >= stop:
+                return
     finally:
         for path in paths:
             if os.path.exists(path):
