@@ -22,7 +22,8 @@ from fleet.core.shuffle import (Index, PartitionWriter, ShuffleError, ShufflePie
 from fleet.core.store import open_store
 
 # Keys at the edges of the partitions' key ranges (P up to 28: 7 balanced items) too.
-EDGES = sorted({e for n in range(1, 29) for p in range(n + 1) for d in (-1, 0, 1) if 0 <= (e := (p << 64) // n + d) < 2**64})
+EDGES = sorted({e for n in range(1, 29) for p in range(n + 1) for d in (-1, 0, 1)
+                if 0 <= (e := -(-(p << 64) // n) + d) < 2**64})
 KEYS = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from(EDGES))
 RECORDS = st.lists(st.tuples(KEYS, st.binary(max_size=24)), max_size=120)
 BUDGETS = st.one_of(st.integers(0, 400), st.just(1 << 30))
