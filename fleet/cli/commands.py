@@ -91,6 +91,11 @@ ITEM_MB = (0.001, 1e6)  # 1 kB to 1 TB of input per item
 LEASE_TTL = (1.0, 86400.0)  # seconds: a lease is renewed every TTL/3, so a day is already generous
 MAX_ATTEMPTS = (1, 100)
 POLL = (0.05, 3600.0)  # seconds
+SHARDS_HELP = ("Write exactly N output files of examples globally shuffled by the run's seed, their counts "
+               "differing by at most one (a second stage on the same workers)")
+DEDUP_HELP = "exact: drop documents whose normalized text equals an earlier one's (a stage before converting)"
+SHUFFLE_MB_HELP = "Memory (MB) a worker's sort between stages holds before it spills to local disk"
+SHUFFLE_MB = (1.0, 1e5)
 
 
 def max_procs() -> int:
@@ -160,6 +165,9 @@ def plan_cmd(
     keep_titles: bool = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line"),
     max_bad_share: float = typer.Option(0.5, help="An item fails when more of its records than this share are bad "
                                         "(fewer are skipped and counted)"),
+    shards: Optional[int] = typer.Option(None, help=SHARDS_HELP),
+    dedup: Optional[str] = typer.Option(None, help=DEDUP_HELP),
+    shuffle_mb: float = typer.Option(256.0, help=SHUFFLE_MB_HELP),
 ) -> None:
     """Write a run's spec and work items to the bucket."""
     from fleet.core.codesync import code_version
@@ -170,9 +178,11 @@ def plan_cmd(
     cfg = _config()
     bucket = _bucket(bucket, cfg)
     version = code_version(paths=code_paths(cfg))
+    stage_options = _stage_options(shards, dedup, shuffle_mb)
     spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), version,
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6),
-                                read=_read(text_column, keep_titles, max_bad_share))
+                                read=_read(text_column, keep_titles, max_bad_share), stage_options=stage_options,
+                                shuffle_budget=int(shuffle_mb * 1e6))
     console.print(plan_line(spec, len(items), created))
 
 
@@ -181,6 +191,18 @@ def _plan_numbers(item_mb: float | None, lease_ttl: float, max_attempts: int) ->
         within("--item-mb", item_mb, ITEM_MB, " MB")
     within("--lease-ttl", lease_ttl, LEASE_TTL, " seconds")
     within("--max-attempts", max_attempts, MAX_ATTEMPTS)
+
+
+def _stage_options(shards: Optional[int], dedup: Optional[str], shuffle_mb: float):
+    """--shards and --dedup as given: a number of files >= 1, a mode named (the job checks which)."""
+    from fleet.job import StageOptions
+
+    if shards is not None:
+        within("--shards", shards, (1, 100_000), " output files")
+    if dedup is not None and not dedup.strip():
+        fail("--dedup '': give a mode (exact)")
+    within("--shuffle-mb", shuffle_mb, SHUFFLE_MB, " MB")
+    return StageOptions(shards or 0, (dedup or "").strip())
 
 
 def _read(text_column: str, keep_titles: bool, max_bad_share: float) -> dict:
@@ -240,6 +262,9 @@ def local_cmd(
     keep_titles: bool = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line"),
     max_bad_share: float = typer.Option(0.5, help="An item fails when more of its records than this share are bad "
                                         "(fewer are skipped and counted)"),
+    shards: Optional[int] = typer.Option(None, help=SHARDS_HELP),
+    dedup: Optional[str] = typer.Option(None, help=DEDUP_HELP),
+    shuffle_mb: float = typer.Option(256.0, help=SHUFFLE_MB_HELP),
 ) -> None:
     """Run the whole job on this machine: plan, N workers, progress, summary."""
     from fleet.cli.local import Interrupted, run_local
@@ -250,11 +275,13 @@ def local_cmd(
     _plan_numbers(item_mb, lease_ttl, max_attempts)
     *inputs, out_dir = paths
     check_inputs(inputs)
+    stage_options = _stage_options(shards, dedup, shuffle_mb)
     try:
         result = run_local(inputs, out_dir, job, workers or os.cpu_count() or 1, parse_settings(set_),
                            lease_ttl=lease_ttl, max_attempts=max_attempts,
                            item_bytes=int(item_mb * 1e6) if item_mb else None, console=console,
-                           retry_failed=retry_failed, read=_read(text_column, keep_titles, max_bad_share))
+                           retry_failed=retry_failed, read=_read(text_column, keep_titles, max_bad_share),
+                           stage_options=stage_options, shuffle_budget=int(shuffle_mb * 1e6))
     except Interrupted as e:
         say(console, str(e))
         raise typer.Exit(130)
@@ -359,14 +386,14 @@ def status_cmd(
 
 
 def _verify(store, reader, run: str) -> None:
-    from fleet.core.verify import check_outputs, describe_stale, reopen, stale_markers
+    from fleet.core.verify import check_outputs, describe_stale, downstream, reopen, stale_markers
 
     stale = stale_markers(store, run, repair=True)
     if stale:
         say(console, f"verify: {describe_stale(stale)}")
     leases = reader.leases()
     done = sum(1 for lease in leases.values() if lease.state == "done")
-    damage = check_outputs(reader.spec, leases, deep=True)
+    damage = check_outputs(reader.spec, leases, deep=True, state=store)
     for d in damage:
         say(console, str(d), "output lost:", "yellow")
     damaged = [item for item, lease in leases.items() if lease.damaged]
@@ -374,7 +401,10 @@ def _verify(store, reader, run: str) -> None:
         say(console, f"item {item}: {leases[item].error}", "damaged lease:", "yellow")
     items = sorted({d.item for d in damage} | set(damaged))
     if items:
-        reopen(store, run, items)
+        later = [i for i in downstream(reader.items, items) if i not in items and i in leases]
+        if later:
+            say(console, f"verify: {len(later)} item(s) of later stages read those and are redone with them")
+        reopen(store, run, items + later)
         console.print(f"verify: {len(items)} of {done} done items sent back to pending (outputs gone or changed); "
                       "resume the run to convert them again (`fleet local` with the same arguments, "
                       "`fleet work`, or `fleet launch`)", highlight=False, soft_wrap=True)

@@ -23,14 +23,14 @@ from rich.text import Text
 
 from fleet.core.codesync import code_version
 from fleet.gce.config import DEFAULT_CODE_PATHS
-from fleet.job import load_job
-from fleet.cli.render import print_detail, printable, print_skipped, say
+from fleet.job import StageOptions, load_job
+from fleet.cli.render import print_detail, printable, print_skipped, say, stage_counts
 from fleet.core.run import PlanError, load_spec, plan
 from fleet.core.layout import STATE_DIR, spec_name
 from fleet.core.processes import start_workers, stop_workers
 from fleet.core.status import RunStatus, StatusReader
 from fleet.core.store import open_store
-from fleet.core.verify import check_outputs, describe_stale, reopen, stale_markers
+from fleet.core.verify import check_outputs, describe_stale, downstream, reopen, stale_markers
 
 RUN = "local"
 
@@ -65,6 +65,7 @@ def summarize(st: RunStatus, job_name: str, wall: float, workers: int) -> dict:
         "items": st.items,
         "done": st.done,
         "failed": st.failed,
+        **({"stages": stage_counts(st), "blocked": st.blocked} if st.stages else {}),
         "input_mb": round(mb, 3),
         "wall_seconds": round(wall, 2),
         "workers": workers,
@@ -154,6 +155,8 @@ def run_local(
     console: Console | None = None,
     retry_failed: bool = False,
     read: Mapping[str, Any] | None = None,
+    stage_options: StageOptions = StageOptions(),
+    shuffle_budget: int = 256 << 20,
 ) -> LocalResult:
     console = console or Console(stderr=True, markup=False)
     if workers < 1:
@@ -169,7 +172,8 @@ def run_local(
     chosen.check_here(chosen.parse_config(settings))  # the workers run here: what they need must be here
     spec, items, created = plan(bucket, RUN, job, inputs, out_dir, settings, code_version(paths=DEFAULT_CODE_PATHS),
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=size_for,
-                                exclude=[out_dir], read=read,
+                                exclude=[out_dir], read=read, stage_options=stage_options,
+                                shuffle_budget=shuffle_budget,
                                 again="write to another OUT_DIR, or restore what changed to resume this one")
     store = open_store(bucket)
     reader = StatusReader(store, RUN)
@@ -186,17 +190,18 @@ def run_local(
         freed = release_dead(store, reader)
         if freed:
             say(console, f"{freed} item(s) held by workers of an earlier run that died are given back")
-        damage = check_outputs(spec, reader.leases())
+        leases = reader.leases()
+        damage = check_outputs(spec, leases, state=store)
         if damage:
             items_hit = sorted({d.item for d in damage})
             for d in damage[:10]:
                 say(console, str(d), "output lost:", "yellow")
             say(console, f"{len(items_hit)} done item(s) whose outputs are gone or changed are converted again")
-            reopen(store, RUN, items_hit)
+            reopen(store, RUN, [i for i in downstream(items, items_hit) if i in leases])
         if retry_failed and st.failed:
             failed = [f["item"] for f in st.failures]
             say(console, f"retrying {len(failed)} failed item(s) (--retry-failed)")
-            reopen(store, RUN, failed)
+            reopen(store, RUN, [i for i in downstream(items, failed) if i in leases])
         st = reader.collect()
         say(console, f"resuming the run in {out_dir}: {st.done} of {st.items} items already done"
             + (f", {st.failed} failed (--retry-failed retries them)" if st.failed else ""))
@@ -218,8 +223,7 @@ def run_local(
             task = progress.add_task("", total=spec.input_bytes, completed=st.bytes_done)
             while True:
                 st = reader.collect()
-                progress.update(task, completed=st.bytes_done,
-                                description=f"items {st.done}/{st.items}" + (f" ({st.failed} failed)" if st.failed else ""))
+                progress.update(task, completed=st.bytes_done, description=_progress_line(st))
                 if st.finished or not any(c.is_alive() for c in children):
                     break
                 # A worker that ends (the last one out: the run is drained) wakes this at once.
@@ -248,12 +252,24 @@ def run_local(
         say(console, f"{path}: not written ({e.strerror})", style="yellow")
     print_summary(console, summary, out_dir)
     print_report(console, job, spec.config, out_dir)
+    if st.blocked:
+        say(console, f"{st.blocked} item(s) of later stages did not run: a stage before them failed", style="red")
+    if any((f.get("detail") or {}).get("option") for f in st.failures):
+        return LocalResult(st, summary, 2)  # an option the data cannot satisfy (--shards above the records)
     if not st.finished:
         reasons = stopped_reasons(os.path.join(bucket, "logs"))
         say(console, f"workers stopped with {st.items - st.done - st.failed} items unfinished"
             + (f": {reasons[0]}" if reasons else "") + f"; see their logs in {os.path.join(bucket, 'logs')}", style="red")
         return LocalResult(st, summary, 1)
     return LocalResult(st, summary, 1 if st.failed else 0)
+
+
+def _progress_line(st: RunStatus) -> str:
+    """Items done, by stage in a run with stages: the bar's bytes count only the map's input."""
+    failed = f" ({st.failed} failed)" if st.failed else ""
+    if not st.stages:
+        return f"items {st.done}/{st.items}{failed}"
+    return stage_counts(st) + failed
 
 
 def release_dead(store, reader: StatusReader) -> int:

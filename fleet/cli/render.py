@@ -98,6 +98,17 @@ def logs_text(logs: dict) -> str:
     return "".join(f"{name}\t{blob.size:,} bytes\n" for name, blob in sorted(logs.items()))
 
 
+def stage_row(row: dict) -> str:
+    parts = [f"{row['done']:,}/{row['items']:,} done"]
+    parts += [f"{row[k]:,} {k}" for k in ("leased", "failed", "blocked") if row.get(k)]
+    return ", ".join(parts)
+
+
+def stage_counts(st) -> str:
+    """A run with stages, in one line: items done per stage."""
+    return " · ".join(f"{row['name']} {row['done']}/{row['items']}" for row in st.stages)
+
+
 def print_status(out: Console, st) -> None:
     """`fleet status`: the run's counts, speed and ETA, then its failures and skipped records."""
     table = Table(title=f"run {st.run} ({st.job})", show_header=False)
@@ -106,8 +117,13 @@ def print_status(out: Console, st) -> None:
     table.add_row("leased", f"{st.leased:,}")
     table.add_row("done", f"{st.done:,}")
     table.add_row("failed", f"{st.failed:,}")
+    if st.stages:
+        for row in st.stages:
+            table.add_row(f"stage {row['name']}", stage_row(row))
+        if st.blocked:
+            table.add_row("blocked", f"{st.blocked:,} (a stage before them failed)")
     table.add_row("MB done", f"{st.bytes_done / 1e6:,.1f} of {st.input_bytes / 1e6:,.1f}")
-    for key in ("examples", "tokens", "items_without_outputs"):
+    for key in ("examples", "tokens", "items_without_outputs", "dedup_documents_dropped", "dedup_bytes_dropped"):
         if key in st.totals:
             table.add_row(key.replace("_", " "), f"{int(st.totals[key]):,}")
     if st.first_start and st.bytes_done:

@@ -16,14 +16,17 @@ import tempfile
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
 from fleet.core.codesync import sha256_file
-from fleet.job import Converter, InputError, ItemContext, ItemFailed, Sink, item_seed
-from fleet.core.lease import Held, Leases, Lost
-from fleet.core.run import Item, RunSpec
-from fleet.core.layout import released_prefix
+from fleet.job import Converter, InputError, ItemContext, ItemFailed, Reducer, Sink, item_seed
+from fleet.core.lease import DONE, FAILED, Held, Leases, Lost
+from fleet.core.run import Item, RunSpec, StepPlan
+from fleet.core.layout import index_name, released_prefix, shuffle_name
+from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, index_totals, load_index, partitions_for, \
+    reduce_records
 from fleet.core.store import Store, StoreError, open_store
 
 log = logging.getLogger("fleet.worker")
@@ -131,16 +134,38 @@ class Counters:
     started: float = field(default_factory=time.time)
 
 
+class StageError(InputError):
+    """A stage cannot run on what the stages before it made (an item failed; fewer records
+    than shards): retrying will not help. ``detail`` says which option, for the exit code."""
+
+    def __init__(self, message: str, detail: dict | None = None):
+        super().__init__(message)
+        self.detail = dict(detail or {})
+
+
 class ItemRunner:
     """The items of one worker process, one at a time: ``process`` is one attempt's whole
-    protocol; ``release`` gives an item back without spending an attempt."""
+    protocol; ``release`` gives an item back without spending an attempt.
+
+    In a run with stages (fleet.core.run.StepPlan) an item is one of three kinds: a map item
+    (the job's converter over its input), a barrier (checks the step before is all done and
+    indexes its records: fleet.core.shuffle) or a stage's item (the job's reducer over its
+    records). An item whose step feeds a stage writes keyed records (a PartitionWriter) into
+    the run's state instead of outputs."""
 
     def __init__(self, store: Store, spec: RunSpec, leases: Leases, converter: Converter, seed: int,
-                 scratch: str, counters: Counters, beat: Callable[[str], None]):
+                 scratch: str, counters: Counters, beat: Callable[[str], None],
+                 reducer: Callable[[str], Reducer] | None = None, steps: StepPlan | None = None,
+                 items: list[Item] = ()):
         self.store, self.run, self.spec = store, spec.run, spec
         self.leases = leases
         self.output = open_store(spec.output)
         self.converter = converter
+        self.make_reducer = reducer
+        self.reducers: dict[str, Reducer] = {}
+        self.steps = steps or StepPlan(spec)
+        self.items = list(items)
+        self._index: tuple[str, str, Any] | None = None  # (name, version, Index): one load per worker and stage
         self.seed = seed  # the run's seed (Job.seed); each item's comes from it and the item id
         self.scratch = scratch  # each attempt works in a fresh folder under it
         self.counters = counters
@@ -170,21 +195,26 @@ class ItemRunner:
         renewer.start()
         try:
             with tempfile.TemporaryDirectory(prefix=f"item-{item.id}-", dir=self.scratch) as workdir:
-                sink = DirSink(workdir)
+                checkpoint = self._checkpoint(item, renewer)
+                feeds = self.steps.feeds(item.step)
                 ctx = ItemContext(item.id, item_seed(self.seed, item.id), item.display, workdir,
-                                  self.spec.read, self._checkpoint(item, renewer))
-                stats = dict(self.converter.convert(item.input(), ctx, sink))
-                outputs = []
-                for suffix, path in sink.files:
-                    if renewer.lost.is_set():
-                        raise Lost(f"item {item.id}: lease taken over")
-                    name = output_name(item.id, suffix)
-                    try:
-                        generation = self.output.upload_file(name, path)
-                    except StoreError as e:  # the output place refuses every item alike
-                        raise Environment(f"writing outputs: {e}") from None
-                    outputs.append({"name": name, "size": os.path.getsize(path), "sha256": sha256_file(path),
-                                    "generation": generation, "version": self._version_of(name, generation)})
+                                  self.spec.read, checkpoint, self.steps.name(item.step), feeds, self.seed)
+                sink: DirSink | PartitionWriter = (
+                    PartitionWriter(workdir, self.steps.partitions(item.step), self.spec.shuffle_budget) if feeds
+                    else DirSink(workdir))
+                if item.meta.get("barrier"):
+                    stats, files = self._barrier(item, workdir)
+                else:
+                    if item.step:
+                        stats = dict(self._reducer(item).reduce(self._records(item, workdir, checkpoint), ctx, sink))
+                    else:
+                        stats = dict(self.converter.convert(item.input(), ctx, sink))
+                    if isinstance(sink, PartitionWriter):
+                        files = [(self.store, shuffle_name(self.run, item.id), sink.finish())]
+                        stats["shuffle_records"] = sink.records
+                    else:
+                        files = [(self.output, output_name(item.id, suffix), path) for suffix, path in sink.files]
+                outputs = [self._upload(item, store, name, path, renewer) for store, name, path in files]
             renewer.finish()
             if renewer.lost.is_set():
                 raise Lost(f"item {item.id}: lease taken over")
@@ -211,7 +241,7 @@ class ItemRunner:
                       " for good" if final else "", message, tail)
         except InputError as e:
             renewer.finish()
-            self.leases.fail(held, str(e), retry=False)
+            self.leases.fail(held, str(e), retry=False, detail=getattr(e, "detail", None))
             self.counters.items_failed += 1
             log.error("item %s failed: %s", item.id, e)
         except Shutdown:
@@ -237,10 +267,80 @@ class ItemRunner:
         finally:
             self.current = None
 
-    def _version_of(self, name: str, generation: int) -> str:
+    def _upload(self, item: Item, store: Store, name: str, path: str, renewer: "_Renewer") -> dict:
+        """One output (or, in the run's state, records for the next stage) uploaded and described
+        as the lease records it: size, sha256, and the generation and version written."""
+        if renewer.lost.is_set():
+            raise Lost(f"item {item.id}: lease taken over")
+        try:
+            generation = store.upload_file(name, path)
+        except StoreError as e:  # the output place refuses every item alike
+            raise Environment(f"writing outputs: {e}") from None
+        out = {"name": name, "size": os.path.getsize(path), "sha256": sha256_file(path),
+               "generation": generation, "version": self._version_of(name, generation, store)}
+        if store is not self.output:
+            out["place"] = "state"  # in the bucket with the run's state, not among the outputs
+        return out
+
+    def _reducer(self, item: Item) -> Reducer:
+        stage = item.meta["stage"]
+        if stage not in self.reducers:
+            if self.make_reducer is None:
+                raise StageError(f"{item.display}: this worker runs no stages")
+            self.reducers[stage] = self.make_reducer(stage)
+        return self.reducers[stage]
+
+    def _barrier_of(self, step: int) -> Item:
+        return next(i for i in self.items if i.step == step - 1 and i.meta.get("barrier"))
+
+    def _records(self, item: Item, workdir: str, checkpoint: Callable[[], None]):
+        """A stage item's records, sorted by (key, value), from the index its barrier wrote."""
+        stage = self.steps.stage(item.step)
+        name = index_name(self.run, self._barrier_of(item.step).id)
+        blob = self.store.stat(name)
+        if blob is None:
+            raise StageError(f"{item.display}: its index {name} is gone; reopen the stage's barrier")
+        if self._index is None or self._index[:2] != (name, blob.version):
+            self._index = (name, blob.version, load_index(self.store, name, blob.version or None))
+        return reduce_records(self.store, self._index[2], item.meta["part"], stage.items, stage.balanced, workdir,
+                              checkpoint)
+
+    def _barrier(self, item: Item, workdir: str) -> tuple[dict, list]:
+        """Every item of the step before is done: index their records for this stage's items (one
+        read of each), or fail for good naming what failed, so the stage never runs on less."""
+        before = [i for i in self.items if i.step == item.step - 1]
+        with ThreadPoolExecutor(16) as pool:
+            leases = list(pool.map(lambda i: self.leases.read(i.id), before))
+        failed = [(i, got[0]) for i, got in zip(before, leases) if got is not None and got[0].state == FAILED]
+        if failed:
+            first, lease = failed[0]
+            raise StageError(f"stage {item.meta['stage']} cannot run: {len(failed)} item(s) before it failed "
+                             f"(item {first.id}: {lease.error})", {"failed_items": [i.id for i, _ in failed]})
+        unfinished = [i.id for i, got in zip(before, leases) if got is None or got[0].state != DONE]
+        if unfinished:  # reopened since the gate opened (fleet status --verify): wait for them
+            raise ItemFailed(f"item(s) {', '.join(unfinished[:5])} of the step before are not done yet")
+        pieces = []
+        for i, (lease, _) in zip(before, leases):
+            out = next((o for o in lease.outputs if o.get("place") == "state"), None)
+            if out is None:
+                raise StageError(f"stage {item.meta['stage']} cannot run: item {i.id} left no records for it "
+                                 "(planned by another version?)")
+            pieces.append(ShufflePiece(i.id, out["name"], out.get("version", "")))
+        stage = self.steps.stage(item.step + 1)
+        data = build_index(self.store, pieces, partitions_for(stage.items, stage.balanced))
+        path = os.path.join(workdir, "index")
+        with open(path, "wb") as f:
+            f.write(data)
+        total = sum(index_totals(data))
+        if stage.balanced and total < stage.items:
+            raise StageError(f"--shards {stage.items}: the run holds only {total:,} record(s); give at most {total:,}",
+                             {"option": "--shards"})
+        return {"stage_records": total}, [(self.store, index_name(self.run, item.id), path)]
+
+    def _version_of(self, name: str, generation: int, store: Store | None = None) -> str:
         """The uploaded object's version, which a cheap check of the outputs compares (see
         fleet.core.verify): "" if it is already another generation (then the generation is compared)."""
-        blob = self.output.stat(name)
+        blob = (store or self.output).stat(name)
         return blob.version if blob is not None and blob.generation == generation else ""
 
     def _give_back(self, held: Held) -> None:

@@ -17,15 +17,24 @@ Pure: the worker loop (fleet.core.spawner) lists, reads and writes; this decides
 from __future__ import annotations
 
 import random
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
-from fleet.core.lease import Lease
+from fleet.core.lease import DONE, FAILED, Lease
 
 
 class ClaimPolicy:
-    def __init__(self, items: Sequence[str], worker: str, lease_ttl: float, standby: bool):
+    def __init__(self, items: Sequence[str], worker: str, lease_ttl: float, standby: bool,
+                 steps: Mapping[str, int] | None = None, barriers: Iterable[str] = ()):
         self.order = list(items)
         random.Random(worker).shuffle(self.order)  # each worker its own order: 200 do not queue on one lease
+        # A run with stages (fleet.core.run.StepPlan): an item of a step is tried only once every item
+        # of the steps before is finished, and every barrier before is done (a failed one blocks the rest).
+        self.steps = dict(steps or {})
+        self.step_list = sorted(set(self.steps.values()) | {0})
+        self.barrier_of = {self.steps.get(b, 0): b for b in barriers}
+        self.by_step: dict[int, list[str]] = {}
+        for item in self.order:
+            self.by_step.setdefault(self.steps.get(item, 0), []).append(item)
         self.terminal: set[str] = set()  # finished as of the last listings (recomputed every pass)
         self.stale: set[str] = set()  # final/ markers whose lease was not listed: not finished
         self.known: dict[str, tuple[Lease, int]] = {}  # leases read: (lease, its generation)
@@ -58,10 +67,37 @@ class ClaimPolicy:
             if self.since.get(name, (None, 0.0))[0] != gen:
                 self.since[name] = (gen, now)
 
+    def barrier_state(self, item: str) -> str | None:
+        """A finished barrier's state (done or failed) as known at its listed generation, else None."""
+        known = self.current(item)
+        return known[0].state if known is not None and known[0].terminal else None
+
+    def unknown_barriers(self) -> list[str]:
+        """Finished barriers whose state this worker must read before the steps after them open."""
+        return [b for b in self.barrier_of.values() if b in self.terminal and self.barrier_state(b) is None]
+
+    def _gate(self) -> tuple[int, bool]:
+        """(the last step open for claims, whether the steps after it are blocked for good)."""
+        for step in self.step_list:
+            if any(item not in self.terminal for item in self.by_step.get(step, ())):
+                return step, False
+            barrier = self.barrier_of.get(step)
+            if barrier is not None:
+                state = self.barrier_state(barrier)
+                if state != DONE:
+                    return step, state == FAILED
+        return self.step_list[-1], False
+
+    def waiting(self) -> bool:
+        """Items of later steps will open once the open ones finish: not a time to leave."""
+        step, blocked = self._gate()
+        return not blocked and step < self.step_list[-1]
+
     def candidates(self, now: float, wall: float) -> list[tuple[str, bool]]:
         """Items to try this pass, in order, each with True when it had no lease when listed.
         Unleased ones first; then leases that stood still long enough to be read."""
-        todo = [item for item in self.order if item not in self.terminal]
+        open_step = self._gate()[0]
+        todo = [item for item in self.order if item not in self.terminal and self.steps.get(item, 0) <= open_step]
         unleased = [(item, True) for item in todo if item not in self.listing]
         watch = 0.0 if self.idle >= self.watch_after else self.still
         stalled = [(item, False) for item in todo if item in self.listing
@@ -92,4 +128,6 @@ class ClaimPolicy:
         self.idle = 0 if worked else self.idle + 1
 
     def drained(self) -> bool:
-        return all(item in self.terminal for item in self.order)
+        """Every item finished, or every item that can still run: a failed barrier blocks the rest."""
+        step, blocked = self._gate()
+        return all(item in self.terminal for item in self.order if not blocked or self.steps.get(item, 0) <= step)

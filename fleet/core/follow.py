@@ -28,7 +28,7 @@ import numpy as np
 from fleet.job import ConfigError, Feature, JobNotFound, load_job
 from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.outputs import OutputError, is_parquet, parquet_columns, parquet_examples, read_records, record_examples
-from fleet.core.run import PlanError, list_runs, load_spec
+from fleet.core.run import PlanError, list_runs, load_items, load_spec
 from fleet.core.layout import final_prefix, lease_prefix
 from fleet.core.store import NotFound, Store, StoreError, open_store
 
@@ -68,6 +68,8 @@ class Follower:
         output_root = spec.output.rstrip("/")
         skip_before = 0.0 if self.from_start else time.time()
         prefix = final_prefix(self.run)
+        # A run with stages: a failed barrier means the stages after it never run (StepPlan).
+        barriers = {i.id for i in load_items(store, self.run) if i.meta.get("barrier")} if spec.stages else set()
         idle = 0
         while True:
             finished = [b.name[len(prefix):] for b in store.list(prefix)]
@@ -89,9 +91,11 @@ class Follower:
                 if committed < skip_before:
                     continue
                 for out in lease.outputs:
+                    if out.get("place") == "state":
+                        continue  # records between stages, not outputs
                     yield Output(f"{output_root}/{out['name']}", item, committed, int(out.get("size", 0)),
                                  str(out.get("sha256", "")))
-            if len(self._seen) >= spec.items:
+            if len(self._seen) >= spec.items or any(item in barriers for item, _ in self.failed):
                 return
             idle = 0 if found or any(item in self._seen for item in fresh) else idle + 1
             time.sleep(self.poll)

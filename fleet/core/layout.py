@@ -13,6 +13,8 @@ the workers, the readers, `fleet status` and the VMs' startup/startup.sh.
     runs/<run>/boots/<instance>-<boot>        one record per VM boot (startup.sh)
     runs/<run>/failed-boots/<n>/<instance>-<boot>  a failed boot, n = items finished when it failed
     runs/<run>/stopped.json                   the run's stop, when boots kept failing (startup.sh)
+    runs/<run>/shuffle/<item>                 a stage's keyed records of one item, for the next stage
+    runs/<run>/shuffle/<barrier>.index        where the next stage's items find them (fleet.core.shuffle)
 
 startup.sh writes the last four with curl alone and never spells a name itself: the launch
 hands it :func:`vm_paths` (templates over ``{instance}``, ``{boot}``, ``{finished}``) in the
@@ -102,6 +104,19 @@ def failed_prefix(run: str, finished: int | str | None = None) -> str:
 
 def failed_name(run: str, finished: int | str, instance: str, boot: str) -> str:
     return f"{failed_prefix(run, finished)}{instance}-{boot}"
+
+
+def shuffle_prefix(run: str) -> str:
+    """Records between stages: they stay with the run's state, not among its outputs."""
+    return f"{run_prefix(run)}shuffle/"
+
+
+def shuffle_name(run: str, item: str) -> str:
+    return f"{shuffle_prefix(run)}{item}"
+
+
+def index_name(run: str, barrier: str) -> str:
+    return f"{shuffle_prefix(run)}{barrier}.index"
 
 
 def stop_name(run: str) -> str:

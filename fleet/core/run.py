@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from fleet.job import ConfigError, ItemInput, Job, Opener, Source, load_job, printable
+from fleet.job import ConfigError, ItemInput, Job, Opener, Source, Stage, StageOptions, load_job, printable
 from fleet.core.layout import RUNS, items_name, run_of_spec, spec_name
 from fleet.core.records import JsonRecord
 from fleet.core.sources import find_sources
@@ -40,6 +40,9 @@ class Item:
     id: str = ""
     size: int = 0  # bytes of work: what progress and the run's input_bytes count
     meta: dict[str, Any] = field(default_factory=dict)
+    # Its step in the run's chain (see StepPlan): 0 the map over the inputs; 2g-1 the barrier
+    # that indexes what stage g reads; 2g stage g's items. A step opens when all before are done.
+    step: int = 0
 
     @property
     def file(self) -> str:
@@ -48,6 +51,11 @@ class Item:
     @property
     def display(self) -> str:
         """Where the item's input is, for log lines and errors."""
+        if self.step:
+            stage = self.meta.get("stage", "")
+            if self.meta.get("barrier"):
+                return f"the index of stage {stage}"
+            return f"stage {stage}, item {self.meta.get('part', 0) + 1} of {self.meta.get('of', 0)}"
         unit = self.meta.get("unit")
         if unit:
             return f"{self.file} ({unit} {self.start}-{self.end - 1})"
@@ -83,8 +91,74 @@ class RunSpec(JsonRecord):
     # every file a job option names, by option. A run refuses to go on with other contents.
     files: dict[str, str] = field(default_factory=dict)
     read: dict[str, Any] = field(default_factory=dict)  # the job's read options (Job.check_read), opaque here
+    shards: int = 0  # --shards, as given (0: none)
+    dedup: str = ""  # --dedup, as given
+    stages: list[dict[str, Any]] = field(default_factory=list)  # the job's stages after the map (fleet.job.Stage)
+    # Memory a stage's sort holds before it spills to local disk: it changes no output byte.
+    shuffle_budget: int = field(default=256 << 20, compare=False)
     item_bytes: int = field(default=0, compare=False)  # the target the items were cut to
     created: float = field(default=0.0, compare=False)
+
+
+class StepPlan:
+    """The run's chain of steps, from its spec: step 0 the map over the inputs, then per stage g
+    the job asked for (Job.stages), step 2g-1 its barrier (one item: checks that every item
+    before is done and indexes their records, fleet.core.shuffle) and step 2g its items."""
+
+    def __init__(self, spec: "RunSpec"):
+        self.stages = [Stage(**s) for s in spec.stages]
+
+    @property
+    def last(self) -> int:
+        return 2 * len(self.stages)
+
+    def name(self, step: int) -> str:
+        return "map" if step == 0 else self.stages[(step - 1) // 2].name
+
+    def stage(self, step: int) -> Stage | None:
+        return self.stages[step // 2 - 1] if step and not step % 2 else None
+
+    def feeds(self, step: int) -> str:
+        """The stage whose barrier reads this step's items' records; "" for the run's outputs."""
+        if step % 2 or step // 2 >= len(self.stages):
+            return ""
+        return self.stages[step // 2].name
+
+    def partitions(self, step: int) -> int:
+        """How many key ranges the records of a step feeding a stage are cut into."""
+        from fleet.core.shuffle import partitions_for
+
+        nxt = self.stages[step // 2]
+        return partitions_for(nxt.items, nxt.balanced)
+
+
+def stage_items(stages: list[Stage], first_id_width: int) -> list[Item]:
+    """The items of the steps after the map: a barrier per stage, then the stage's items. The
+    last stage's items name the run's outputs, ``part-00003-of-00016...``."""
+    out = []
+    for g, stage in enumerate(stages, 1):
+        out.append(Item("", "", 0, 0, id=f"{stage.name}-index", step=2 * g - 1,
+                        meta={"stage": stage.name, "barrier": True}))
+        width = max(5, len(str(stage.items - 1)))
+        last = g == len(stages)
+        for k in range(stage.items):
+            item_id = f"{k:0{width}d}-of-{stage.items:0{width}d}" if last else f"{stage.name}-{k:0{width}d}"
+            out.append(Item("", "", k, k + 1, id=item_id, step=2 * g,
+                            meta={"stage": stage.name, "part": k, "of": stage.items}))
+    return out
+
+
+def check_stage_options(options: StageOptions) -> None:
+    """The form of --shards and --dedup (what they mean is the job's: Job.stages)."""
+    if isinstance(options.shards, bool) or not isinstance(options.shards, int) or options.shards < 0:
+        raise PlanError(f"--shards {options.shards}: give a number of output files, 1 or more")
+    if options.shards > MAX_SHARDS:
+        raise PlanError(f"--shards {options.shards}: give at most {MAX_SHARDS:,}")
+    if not isinstance(options.dedup, str):
+        raise PlanError(f"--dedup {options.dedup!r}: give a mode (exact)")
+
+
+MAX_SHARDS = 100_000
 
 
 def check_run_name(run: str) -> None:
@@ -225,6 +299,8 @@ def plan(
     exclude: list[str] = (),
     again: str = "plan it under another run name",
     read: Mapping[str, Any] | None = None,
+    stage_options: StageOptions = StageOptions(),
+    shuffle_budget: int = 256 << 20,
 ) -> tuple[RunSpec, list[Item], bool]:
     """Write run.json and the items; returns (spec, items, created_now).
 
@@ -236,6 +312,7 @@ def plan(
     """
     check_run_name(run)
     check_numbers(lease_ttl, max_attempts, item_bytes if isinstance(item_bytes, int) else 1)
+    check_stage_options(stage_options)
     job = load_job(job_name)
     config = job.parse_config(settings)
     read = job.check_read(read or {})
@@ -250,6 +327,9 @@ def plan(
     items = make_items(job, config, found, item_bytes, read)
     if not items:
         raise PlanError(f"{', '.join(map(printable, inputs))}: the inputs hold no data")
+    stages = job.stages(config, stage_options, len(items)) if stage_options else []
+    if stages:
+        items += stage_items(stages, len(items[0].id))
     spec = RunSpec(
         run=run,
         job=job_name,
@@ -262,11 +342,15 @@ def plan(
         input_bytes=sum(i.size for i in items),
         files=files,
         read=read,
+        shards=stage_options.shards,
+        dedup=stage_options.dedup,
+        stages=[dataclasses.asdict(s) for s in stages],
+        shuffle_budget=shuffle_budget,
         item_bytes=item_bytes,
         created=time.time(),
     )
     store = open_store(bucket)
-    items_blob = b"".join(json.dumps(dataclasses.asdict(i), sort_keys=True).encode() + b"\n" for i in items)
+    items_blob = b"".join(json.dumps(_item_dict(i), sort_keys=True).encode() + b"\n" for i in items)
     old_spec = _read_spec(store, run)
     old_items = store.read(items_name(run)) if old_spec is not None or store.stat(items_name(run)) else None
     differences = []
@@ -296,6 +380,15 @@ def plan(
             if old_spec != spec:
                 raise PlanError(f"run {run!r} in {store.url} was just planned with other options; {again}") from None
     return (old_spec or spec), items, created
+
+
+def _item_dict(item: Item) -> dict[str, Any]:
+    """An item as its line in items.jsonl; a map item's as before steps existed, so that a run
+    planned then plans the same bytes now and resumes."""
+    d = dataclasses.asdict(item)
+    if not d["step"]:
+        del d["step"]
+    return d
 
 
 def _check_output_is_free(output: str) -> None:

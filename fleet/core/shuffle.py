@@ -353,6 +353,13 @@ def build_index(store: Store, pieces: list[ShufflePiece], partitions: int, threa
     return INDEX_MAGIC + _U64.pack(len(head)) + head + b"".join(rows)
 
 
+def index_totals(data: bytes) -> list[int]:
+    """Records per partition of an index object's bytes (what its barrier checks before writing it)."""
+    length = _U64.unpack_from(data, len(INDEX_MAGIC))[0]
+    start = len(INDEX_MAGIC) + 8
+    return list(json.loads(data[start:start + length])["totals"])
+
+
 @dataclass
 class Index:
     """A stage's index as a reduce item reads it: the head (pieces, totals) loaded once; the

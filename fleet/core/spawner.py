@@ -28,7 +28,7 @@ from fleet.core.codesync import check_pinned
 from fleet.job import load_job
 from fleet.core.lease import Held, Lease, Leases
 from fleet.core.liveness import pid_alive
-from fleet.core.run import Item, RunSpec, load_items, load_spec, pinned_opener
+from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec, pinned_opener
 from fleet.core.layout import final_prefix, idle_prefix, lease_prefix, released_prefix, worker_prefix
 from fleet.core.store import PreconditionFailed, Store, open_store
 
@@ -79,12 +79,16 @@ class Worker:
         self.job = load_job(self.spec.job)
         self.config = self.job.parse_config(self.spec.config)
         # The files the run pinned (a vocab) must still be what was planned, or records would mix.
-        converter = self.job.converter(self.config, pinned_opener(self.spec, self.job, self.config))
+        opener = pinned_opener(self.spec, self.job, self.config)
+        steps = StepPlan(self.spec)
+        converter = self.job.converter(self.config, opener)
         self.scratch = make_scratch()
         # Removed with the worker, however it ends short of a kill (a worker made in-process by a test too).
         self._sweep = weakref.finalize(self, shutil.rmtree, self.scratch, True)
         self.runner = ItemRunner(self.store, self.spec, self.leases, converter, self.job.seed(self.config),
-                                 self.scratch, self.counters, self.beat)
+                                 self.scratch, self.counters, self.beat,
+                                 reducer=lambda stage: self.job.reducer(self.config, opener, stage), steps=steps,
+                                 items=self.items)
         self.holding: Held | None = None  # from claim to the end of process(), for a SIGTERM in between
         self.live_window = max(4 * self.poll + 1.0, 3.0)  # an idle worker beats every poll
         self.idle_marked = False
@@ -116,7 +120,8 @@ class Worker:
         listings are taken about as often as they go stale.
         """
         policy = ClaimPolicy([item.id for item in self.items], self.name, self.spec.lease_ttl,
-                             standby=self.standby is not None)
+                             standby=self.standby is not None, steps={i.id: i.step for i in self.items if i.step},
+                             barriers=[i.id for i in self.items if i.meta.get("barrier")])
         by_id = {item.id: item for item in self.items}
         prefix, final, back = lease_prefix(self.run), final_prefix(self.run), released_prefix(self.run)
         self.beat("starting")
@@ -125,6 +130,10 @@ class Worker:
             listing = {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
             finals = [b.name[len(final):] for b in self.store.list(final)]
             policy.observe(finals, listing, time.monotonic(), [b.name[len(back):] for b in self.store.list(back)])
+            for barrier in policy.unknown_barriers():  # a stage opens (or is blocked) by its barrier's state
+                current = self.leases.read(barrier)
+                if current is not None:
+                    policy.remember(barrier, *current)
             worked = False
             for item_id, fresh in policy.candidates(time.monotonic(), time.time()):
                 if worked and not fresh:
@@ -175,7 +184,7 @@ class Worker:
                 return self.leave()
             policy.end_pass(worked)
             if not worked:
-                if self.standby is not None and self.standbys_ahead() >= self.standby:
+                if self.standby is not None and not policy.waiting() and self.standbys_ahead() >= self.standby:
                     log.info("leaving: nothing to claim, and %d standby worker(s) stay", self.standby)
                     return self.leave()
                 self.mark_idle(True)

@@ -11,7 +11,7 @@ from typing import Any
 from fleet.core.layout import lease_prefix, worker_prefix
 from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.liveness import worker_alive
-from fleet.core.run import Item, RunSpec, load_items, load_spec
+from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec
 from fleet.core.store import NotFound, Store
 
 
@@ -35,10 +35,13 @@ class RunStatus:
     outputs: list[str] = field(default_factory=list)
     first_start: float = 0.0
     last_finish: float = 0.0
+    blocked: int = 0  # items of stages that cannot run: a stage before them failed
+    # A run with stages: per stage (its barrier counted with it), {name, items, done, failed, leased, blocked}.
+    stages: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
-        return self.done + self.failed == self.items
+        return self.done + self.failed + self.blocked == self.items
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,11 +89,26 @@ class StatusReader:
         leases = self.leases()
         by_id = {i.id: i for i in self.items}
         starts, finishes = [], []
+        steps = StepPlan(self.spec)
+        stages: dict[str, dict[str, Any]] = {}
+        blocked_after = min((i.step for i in self.items if i.meta.get("barrier")
+                             and getattr(leases.get(i.id), "state", None) == FAILED), default=None)
         for item in self.items:
             lease = leases.get(item.id)
+            row = stages.setdefault(steps.name(item.step), {"name": steps.name(item.step), "items": 0, "done": 0,
+                                                             "failed": 0, "leased": 0, "blocked": 0})
+            row["items"] += 1
+            if blocked_after is not None and item.step > blocked_after and (lease is None or not lease.terminal):
+                st.blocked += 1
+                row["blocked"] += 1
+                continue
             if lease is None:
                 st.pending += 1
                 continue
+            if lease.state in (DONE, FAILED):
+                row[lease.state] += 1
+            elif lease.live(now):
+                row["leased"] += 1
             starts.append(lease.started)
             if lease.state == DONE:
                 st.done += 1
@@ -99,7 +117,7 @@ class StatusReader:
                 for k, v in lease.stats.items():
                     if isinstance(v, (int, float)):
                         st.totals[k] = st.totals.get(k, 0) + v
-                st.outputs += [o["name"] for o in lease.outputs]
+                st.outputs += [o["name"] for o in lease.outputs if o.get("place") != "state"]
                 for where in lease.stats.get("bad_examples") or ():
                     st.bad_records.append({"item": item.id, "where": str(where)})
             elif lease.state == FAILED:
@@ -113,6 +131,8 @@ class StatusReader:
                 if lease.error:
                     st.retrying.append({"item": item.id, "attempt": str(lease.attempt), "error": lease.error,
                                         "detail": lease.detail})
+        if steps.stages:
+            st.stages = list(stages.values())
         st.first_start = min((s for s in starts if s), default=0.0)
         st.last_finish = max(finishes, default=0.0)
         if with_workers:

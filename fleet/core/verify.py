@@ -20,9 +20,9 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.core.layout import final_prefix, lease_prefix
+from fleet.core.layout import final_prefix, lease_prefix, shuffle_prefix
 from fleet.core.lease import DONE, Lease
-from fleet.core.run import RunSpec
+from fleet.core.run import Item, RunSpec
 from fleet.core.store import Blob, NotFound, Store, open_store
 
 
@@ -47,31 +47,37 @@ def _sha256_of(store: Store, name: str) -> str:
         return h.hexdigest()
 
 
-def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False) -> list[Damage]:
+def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False, state: Store | None = None
+                  ) -> list[Damage]:
     """Outputs of done items that are missing or differ from what their lease recorded.
 
     One listing of the output place finds missing and resized outputs. An output whose
     version (or, in leases from before versions were kept, generation) is not the one its
-    commit recorded is read and hashed; ``deep`` hashes every output."""
+    commit recorded is read and hashed; ``deep`` hashes every output. ``state``, the run's
+    bucket: the records a stage left for the next one are checked there too."""
     output = open_store(spec.output)
     try:
         present: dict[str, Blob] = {b.name: b for b in output.list("part-")}
     except NotFound:
         present = {}
+    kept: dict[str, Blob] = {b.name: b for b in state.list(shuffle_prefix(spec.run))} if state is not None else {}
     damage = []
     for item, lease in sorted(leases.items()):
         if lease.state != DONE:
             continue
         for out in lease.outputs:
             name = out.get("name", "")
-            blob = present.get(name)
+            in_state = out.get("place") == "state"
+            if in_state and state is None:
+                continue
+            blob = (kept if in_state else present).get(name)
             if blob is None:
                 damage.append(Damage(item, name, "is missing"))
             elif "size" in out and blob.size != out["size"]:
                 damage.append(Damage(item, name, f"has {blob.size:,} bytes, not the {out['size']:,} committed"))
             elif deep or _moved(out, blob):
                 try:
-                    same = _sha256_of(output, name) == out.get("sha256")
+                    same = _sha256_of(state if in_state else output, name) == out.get("sha256")
                 except NotFound:
                     damage.append(Damage(item, name, "is missing"))
                     continue
@@ -109,6 +115,15 @@ def describe_stale(items: list[str]) -> str:
     shown = ", ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
     return (f"{len(items)} item(s) had a final/ marker but no lease ({shown}): stale markers removed; "
             "the lease is the truth, so those items are pending and are converted again")
+
+
+def downstream(items: list[Item], reopened: Iterable[str]) -> list[str]:
+    """The items to reopen with these in a run with stages: every item of a later step, since
+    each read what these made. They rewrite the same bytes; nothing else would be redone."""
+    step_of = {i.id: i.step for i in items}
+    first = min((step_of.get(i, 0) for i in reopened), default=None)
+    later = [i.id for i in items if first is not None and i.step > first]
+    return list(dict.fromkeys([*reopened, *later]))
 
 
 def reopen(store: Store, run: str, items: Iterable[str]) -> None:

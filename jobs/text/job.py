@@ -74,9 +74,13 @@ class TextJob(Job):
         return _Documents(self.document_converter(config, opener))
 
     def stages(self, config: Any, options: StageOptions, map_items: int) -> list[Stage]:
-        """``--dedup exact`` and ``--shards N`` (jobs.text.stages)."""
+        """``--dedup exact`` and ``--shards N`` (jobs.text.stages). Shards hold examples: a job
+        whose outputs are not examples of fixed features (Job.features) cannot shard them."""
         from .stages import text_stages
 
+        if options.shards and not self.features(config):
+            raise ConfigError(f"--shards: job {self.name} writes no examples of fixed features (Job.features), "
+                              "so it cannot shard them")
         return text_stages(options, map_items)
 
     def reducer(self, config: Any, opener: Opener, stage: str) -> Reducer:

@@ -1,0 +1,226 @@
+"""Stages: MapReduce through the bucket, on the same leases and workers (issue 19).
+
+A tiny job with stages (tests/helpers/stagejob.py) keeps the fleet's part apart from any
+real job's: lines are mapped to keyed records, an optional ``uniq`` stage drops repeated
+lines, and ``--shards N`` writes them in the seeded global order to N balanced files.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from fleet.cli.local import run_local
+from fleet.core.claims import ClaimPolicy
+from fleet.core.lease import DONE, FAILED, Lease
+from fleet.core.run import load_items
+from fleet.core.store import open_store
+from fleet.job import StageOptions, shuffle_key
+from tests.helpers.procs import write_corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = "tests.helpers.stagejob:JOB"
+FLEET = [sys.executable, "-m", "fleet.cli"]
+
+
+# -- the claim policy's gate, pure -----------------------------------------------------------
+def _policy(standby=False):
+    steps = {"shards-index": 1, "00000-of-00002": 2, "00001-of-00002": 2}
+    return ClaimPolicy(["00000", "00001", *steps], "w", 10.0, standby, steps=steps, barriers=["shards-index"])
+
+
+def _lease(state):
+    return Lease(state=state, worker="x", attempt=1, expires=0.0)
+
+
+def _claimable(policy):
+    return {item for item, _ in policy.candidates(0.0, 0.0)}
+
+
+def test_a_step_opens_only_when_every_step_before_is_done():
+    policy = _policy()
+    policy.observe([], {}, 0.0)
+    assert _claimable(policy) == {"00000", "00001"}
+    assert policy.waiting() and not policy.drained()
+    policy.observe(["00000"], {"00000": 1}, 0.0)
+    assert "shards-index" not in _claimable(policy)  # one map item still open
+    policy.observe(["00000", "00001"], {"00000": 1, "00001": 1}, 0.0)
+    assert _claimable(policy) == {"shards-index"}
+    listing = {"00000": 1, "00001": 1, "shards-index": 4}
+    policy.observe(["00000", "00001", "shards-index"], listing, 0.0)
+    assert policy.unknown_barriers() == ["shards-index"]
+    assert _claimable(policy) == set()  # the barrier finished, but done or failed is not known yet
+    policy.remember("shards-index", _lease(DONE), 4)
+    policy.observe(["00000", "00001", "shards-index"], listing, 0.0)
+    assert _claimable(policy) == {"00000-of-00002", "00001-of-00002"}
+    assert not policy.waiting()
+    policy.observe(list(listing) + ["00000-of-00002", "00001-of-00002"],
+                   {**listing, "00000-of-00002": 1, "00001-of-00002": 1}, 0.0)
+    assert policy.drained()
+
+
+def test_a_failed_barrier_blocks_the_steps_after_it_and_the_run_drains():
+    policy = _policy()
+    listing = {"00000": 1, "00001": 1, "shards-index": 4}
+    policy.remember("shards-index", _lease(FAILED), 4)
+    policy.observe(list(listing), listing, 0.0)
+    assert _claimable(policy) == set()
+    assert policy.drained() and not policy.waiting()
+
+
+def test_a_reopened_map_item_closes_the_steps_after_it_again():
+    policy = _policy()
+    policy.remember("shards-index", _lease(DONE), 4)
+    policy.observe(["00001", "shards-index"], {"00001": 1, "shards-index": 4}, 0.0)  # 00000's lease deleted
+    assert _claimable(policy) == {"00000"}
+
+
+# -- fleet local with stages -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(str(tmp_path_factory.mktemp("stages") / "corpus.txt"), docs=120, seed=3)
+
+
+def _lines(corpus):
+    return [line for line in open(corpus, encoding="utf-8").read().split("\n") if line]
+
+
+def _run(corpus, out, workers=1, item_bytes=2000, shards=0, dedup="", **settings):
+    console = Console(file=io.StringIO(), width=200)
+    result = run_local([corpus], str(out), JOB, workers, {k: str(v) for k, v in settings.items()},
+                       item_bytes=item_bytes, console=console, stage_options=StageOptions(shards, dedup),
+                       lease_ttl=10)
+    return result, console.file.getvalue()
+
+
+def _shards(out):
+    return {os.path.basename(p): open(p, "rb").read() for p in sorted(glob.glob(os.path.join(out, "part-*")))}
+
+
+def _global_order(lines, seed=7):
+    return sorted((line.encode() for line in lines), key=lambda v: (shuffle_key(seed, v), v))
+
+
+def test_shards_are_n_balanced_files_of_every_record_in_the_seeded_global_order(corpus, tmp_path):
+    result, text = _run(corpus, tmp_path / "a", shards=4)
+    assert result.exit_code == 0, text
+    files = _shards(str(tmp_path / "a"))
+    assert list(files) == [f"part-0000{i}-of-00004.txt" for i in range(4)]
+    counts = [len(data.splitlines()) for data in files.values()]
+    assert max(counts) - min(counts) <= 1
+    assert b"".join(files.values()).splitlines() == _global_order(_lines(corpus))
+    assert result.status.stages == [
+        {"name": "map", "items": result.status.stages[0]["items"], "done": result.status.stages[0]["items"],
+         "failed": 0, "leased": 0, "blocked": 0},
+        {"name": "shards", "items": 5, "done": 5, "failed": 0, "leased": 0, "blocked": 0}]
+    assert result.status.stages[0]["items"] > 4  # several map items fed every shard
+    assert sorted(result.summary["outputs"]) == list(files)  # the records between stages are no outputs
+
+
+def test_shards_are_the_same_bytes_whatever_the_workers_or_the_item_size(corpus, tmp_path):
+    one, _ = _run(corpus, tmp_path / "one", workers=1, item_bytes=2000, shards=3)
+    two, _ = _run(corpus, tmp_path / "two", workers=2, item_bytes=7000, shards=3)
+    assert one.exit_code == two.exit_code == 0
+    assert _shards(str(tmp_path / "one")) == _shards(str(tmp_path / "two"))
+    other_seed, _ = _run(corpus, tmp_path / "seed", shards=3, seed=8)
+    assert _shards(str(tmp_path / "seed")) != _shards(str(tmp_path / "one"))
+
+
+def test_a_chain_of_two_stages_drops_repeats_then_shards(corpus, tmp_path):
+    doubled = tmp_path / "doubled.txt"
+    doubled.write_text(open(corpus, encoding="utf-8").read() * 2, encoding="utf-8")
+    result, text = _run(str(doubled), tmp_path / "out", workers=2, shards=2, dedup="lines")
+    assert result.exit_code == 0, text
+    files = _shards(str(tmp_path / "out"))
+    assert list(files) == ["part-00000-of-00002.txt", "part-00001-of-00002.txt"]
+    assert b"".join(files.values()).splitlines() == _global_order(set(_lines(corpus)))
+    assert result.summary["lines_dropped"] == len(_lines(str(doubled))) - len(set(_lines(corpus)))
+    assert [s["name"] for s in result.status.stages] == ["map", "uniq", "shards"]
+
+
+def test_a_failed_map_item_blocks_the_stages_after_it_and_writes_no_output(corpus, tmp_path):
+    out = tmp_path / "out"
+    result, text = _run(corpus, out, shards=2, poison="doc 7 ")
+    assert result.exit_code == 1
+    st = result.status
+    assert st.failed == 2  # the poisoned map item and the barrier that refused to index without it
+    assert st.blocked == 2 and st.finished
+    assert not _shards(str(out))
+    assert "stage shards cannot run: 1 item(s) before it failed" in text
+    assert "2 item(s) of later stages did not run" in text
+
+
+def _cli(*args, check_traceback=True):
+    proc = subprocess.run(FLEET + list(args), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def test_more_shards_than_records_is_one_line_exit_2_and_no_output(corpus, tmp_path):
+    small = tmp_path / "small.txt"
+    small.write_text("one\ntwo\n\nthree\n", encoding="utf-8")
+    out = tmp_path / "out"
+    proc = _cli("local", str(small), str(out), "--job", JOB, "--shards", "4", "--workers", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert "--shards 4: the run holds only 3 record(s); give at most 3" in proc.stderr
+    assert not _shards(str(out))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shards", "0"], "--shards 0: give 1 to 100000"),
+    (["--shards", "-3"], "--shards -3: give 1 to 100000"),
+    (["--dedup", "fuzzy"], "--dedup 'fuzzy': unknown mode; known: lines"),
+])
+def test_bad_stage_options_are_one_line_exit_2_and_nothing_written(corpus, tmp_path, args, message):
+    out = tmp_path / "out"
+    proc = _cli("local", corpus, str(out), "--job", JOB, "--workers", "1", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not os.path.exists(out / ".fleet" / "runs")
+
+
+@pytest.mark.parametrize("job, settings, message", [
+    ("command", ["--set", "command=cp {input} {output}/x"], "--shards: job command cannot shard its outputs (it has no stages)"),
+    ("tests.helpers.linejob:JOB", [], "--shards: job linejob writes no examples of fixed features"),
+])
+def test_a_job_that_cannot_shard_refuses_shards_in_one_line(corpus, tmp_path, job, settings, message):
+    proc = _cli("local", corpus, str(tmp_path / "out"), "--job", job, "--shards", "2", "--workers", "1", *settings)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not os.path.exists(tmp_path / "out" / ".fleet" / "runs")
+
+
+def test_a_shard_deleted_after_the_run_is_named_by_verify_and_redone_the_same(corpus, tmp_path):
+    out = tmp_path / "out"
+    result, _ = _run(corpus, out, workers=2, shards=3)
+    before = _shards(str(out))
+    os.remove(out / "part-00001-of-00003.txt")
+    with open(out / "part-00002-of-00003.txt", "ab") as f:
+        f.write(b"garbage\n")
+    proc = _cli("status", str(out), "--verify")
+    assert proc.returncode == 0, proc.stderr
+    assert "part-00001-of-00003.txt is missing" in proc.stderr
+    assert "part-00002-of-00003.txt has" in proc.stderr
+    again, text = _run(corpus, out, workers=2, shards=3)
+    assert again.exit_code == 0, text
+    assert _shards(str(out)) == before
+
+
+def test_records_between_stages_lost_after_the_run_are_redone_with_what_read_them(corpus, tmp_path):
+    out = tmp_path / "out"
+    result, _ = _run(corpus, out, shards=2)
+    before = _shards(str(out))
+    bucket = open_store(str(out / ".fleet"))
+    pieces = [b.name for b in bucket.list("runs/local/shuffle/") if not b.name.endswith(".index")]
+    bucket.delete(pieces[0])
+    again, text = _run(corpus, out, shards=2)
+    assert again.exit_code == 0, text
+    assert "is missing" in text
+    assert _shards(str(out)) == before
+    assert len(load_items(bucket, "local")) == result.status.items
