@@ -10,8 +10,10 @@ from __future__ import annotations
 import glob
 import io
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from rich.console import Console
@@ -224,3 +226,68 @@ def test_records_between_stages_lost_after_the_run_are_redone_with_what_read_the
     assert "is missing" in text
     assert _shards(str(out)) == before
     assert len(load_items(bucket, "local")) == result.status.items
+
+
+# -- worker deaths in every step ------------------------------------------------------------------
+CHAOS_PAUSES = {"FLEET_TEST_PAUSE": "claimed=0.6,uploaded=0.8"}
+WINDOW = {"claimed": 0.6, "uploaded": 0.8}
+
+
+def _plan(bucket, run, corpus, shards, ttl, **settings):
+    from fleet.core.run import plan
+
+    plan(bucket, run, JOB, [corpus], f"{bucket}/out-{run}", {k: str(v) for k, v in settings.items()}, "test",
+         lease_ttl=ttl, max_attempts=10, item_bytes=2500, stage_options=StageOptions(shards, "lines"))
+
+
+def _digests(bucket, run):
+    """Every lease done; name -> sha256 of everything committed, outputs and records between stages
+    alike. Not the indexes: they pin the object versions of the records they index, which differ
+    from run to run (and after a retry rewrote a piece) while the bytes stay the same."""
+    from tests.helpers.procs import committed
+
+    return {name.replace(f"runs/{run}/", ""): sha for name, sha in committed(bucket, run).items()
+            if not name.endswith(".index")}
+
+
+def test_sigkills_in_every_step_leave_the_bytes_of_a_clean_run(store_url, corpus, tmp_path):
+    from tests.helpers.procs import start_worker, wait_exit
+
+    logs = str(tmp_path / "logs")
+    _plan(store_url, "clean", corpus, 3, ttl=30)
+    solo = start_worker(store_url, "clean", "solo", logs)
+    wait_exit([solo], 120)
+    expected = _digests(store_url, "clean")
+    items = {i.id: i for i in load_items(open_store(store_url), "clean")}
+    assert sum(1 for i in items.values() if i.step == 0) >= 6
+
+    # A TTL above the two pauses together: an item too short to renew its lease is not taken over.
+    _plan(store_url, "chaos", corpus, 3, ttl=2.5, delay=0.03, reduce_delay=0.01)
+    live = [start_worker(store_url, "chaos", f"w{i}", logs, CHAOS_PAUSES) for i in range(3)]
+    everyone, serial = list(live), 3
+    kind = {0: "map", 1: "uniq-index", 2: "uniq", 3: "shards-index", 4: "shards"}
+    steps = {i.id: i.step for i in load_items(open_store(store_url), "chaos")}
+    targets = [(point, step) for step in (0, 1, 2, 3, 4) for point in ("claimed", "uploaded")]
+    killed = []
+    deadline = time.time() + 150
+    while targets and any(w.alive() for w in live):
+        assert time.time() < deadline, f"kills left: {targets}; done: {killed}"
+        for w in [w for w in live if w.alive()]:
+            at = w.paused()
+            if at and (at[0], steps[at[1]]) in targets and at[2] < WINDOW[at[0]] - 0.3:
+                w.popen.send_signal(signal.SIGKILL)
+                w.popen.wait()
+                targets.remove((at[0], steps[at[1]]))
+                killed.append((at[0], kind[steps[at[1]]], at[1]))
+                live.remove(w)
+                fresh = start_worker(store_url, "chaos", f"w{serial}", logs, CHAOS_PAUSES)
+                serial += 1
+                live.append(fresh)
+                everyone.append(fresh)
+                break
+        time.sleep(0.02)
+    wait_exit([w for w in live if w.alive()], 120)
+    assert not targets, f"no kill landed at {targets} (killed: {killed})"
+    for w in everyone:
+        assert "Traceback" not in w.stderr_text(), w.stderr_text()
+    assert _digests(store_url, "chaos") == expected
