@@ -268,8 +268,11 @@ def _checked(items: Iterator) -> Iterator:
 
 
 def _share(item: str, count: int) -> int:
-    """Items are numbered: consecutive ones go to different shares (else a stable hash)."""
-    return int(item) % count if item.isdigit() else zlib.crc32(item.encode()) % count
+    """Items are numbered: consecutive ones go to different shares (else a stable hash). The
+    files of ``--shards N`` are numbered too (``00003-of-00016``): with ``count`` = N, share i
+    is file i, so every host of a pod reads one balanced shard."""
+    number = item.split("-of-", 1)[0]
+    return int(number) % count if number.isdigit() else zlib.crc32(item.encode()) % count
 
 
 def follow_examples(source: str, run: str | None = None, from_start: bool = True, poll: float = 2.0,

@@ -241,11 +241,13 @@ def _short(version: str) -> str:
 
 
 def _item_differences(old: list[Item], new: list[Item]) -> list[str]:
-    """What differs between two item lists, by input file, in words."""
+    """What differs between two item lists, by input file, in words. The items of later stages
+    read no input file: they follow from the spec's stages, whose differences say it."""
     def by_file(items: list[Item]) -> dict[str, list[Item]]:
         out: dict[str, list[Item]] = {}
         for item in items:
-            out.setdefault(item.file, []).append(item)
+            if not item.step:
+                out.setdefault(item.file, []).append(item)
         return out
 
     before, after = by_file(old), by_file(new)
