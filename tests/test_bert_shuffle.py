@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from fleet.job import ItemContext, ItemInput, item_seed
+from fleet.job import ItemContext, ItemInput, KeyedSink, item_seed
 from jobs.bert import JOB
 from jobs.bert import examples as bert_examples, job as bert_job, shuffle
 from jobs.bert.masking import Masked
@@ -159,16 +159,22 @@ def test_fleet_local_writes_each_item_as_the_pure_core_shuffles_it(vocab, tmp_pa
     config = JOB.parse_config({"vocab_file": vocab})
     seed = item_seed(JOB.seed(config), item_id)
 
-    def pure(feeds: str) -> bytes:
-        sink = MemorySink()
-        item = ItemInput(str(both.parent), both.name, 0, both.stat().st_size)
-        JOB.converter(config, read_file).convert(item, ItemContext(item_id, seed, "t", feeds=feeds), sink)
-        (data,) = sink.files.values()
-        return data
+    item = ItemInput(str(both.parent), both.name, 0, both.stat().st_size)
+    sink = MemorySink()
+    JOB.converter(config, read_file).convert(item, ItemContext(item_id, seed, "t"), sink)
+    (pure,) = sink.files.values()
 
+    class Emitted(KeyedSink):  # what the item emits when it feeds a shards stage: the examples as built
+        partitions, values = 1, []
+
+        def emit(self, key, value):
+            self.values.append(value)
+
+    keyed = Emitted()
+    JOB.converter(config, read_file).convert(item, ItemContext(item_id, seed, "t", feeds="shards"), keyed)
     written = read_file(path)
-    assert written == pure("")
-    assert_shuffled(records(written), records(pure("dedup")), seed)
+    assert written == pure
+    assert_shuffled(records(written), keyed.values, seed)
 
 
 def chunk_of(values: np.ndarray, seq: int = 3, preds: int = 2) -> shuffle.Chunk:

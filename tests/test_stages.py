@@ -120,7 +120,7 @@ def test_shards_are_n_balanced_files_of_every_record_in_the_seeded_global_order(
     assert result.status.stages == [
         {"name": "map", "items": result.status.stages[0]["items"], "done": result.status.stages[0]["items"],
          "failed": 0, "leased": 0, "blocked": 0},
-        {"name": "shards", "items": 5, "done": 5, "failed": 0, "leased": 0, "blocked": 0}]
+        {"name": "shards", "items": 4, "done": 4, "failed": 0, "leased": 0, "blocked": 0}]
     assert result.status.stages[0]["items"] > 4  # several map items fed every shard
     assert sorted(result.summary["outputs"]) == list(files)  # the records between stages are no outputs
 
@@ -170,8 +170,11 @@ def test_more_shards_than_records_is_one_line_exit_2_and_no_output(corpus, tmp_p
     out = tmp_path / "out"
     proc = _cli("local", str(small), str(out), "--job", JOB, "--shards", "4", "--workers", "1")
     assert proc.returncode == 2, proc.stderr
-    assert "--shards 4: the run holds only 3 record(s); give at most 3" in proc.stderr
-    assert not _shards(str(out))
+    assert proc.stderr.strip() == "fleet: error: --shards 4: the run holds only 3 record(s); give at most 3"
+    assert not os.path.exists(out)  # nothing kept: the same command with --shards 3 plans afresh
+    proc = _cli("local", str(small), str(out), "--job", JOB, "--shards", "3", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert len(_shards(str(out))) == 3
 
 
 @pytest.mark.parametrize("args, message", [

@@ -7,8 +7,10 @@ Running it again on the same OUT_DIR resumes: done items stay done.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import time
 from urllib.parse import unquote, urlsplit
@@ -95,6 +97,10 @@ def print_summary(console: Console, summary: dict, out_dir: str) -> None:
         say(console, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
         print_detail(console, f.get("detail") or {})
     print_skipped(console, summary["skipped"], int(summary.get("bad_records", 0)))
+    if "dedup_documents_dropped" in summary:
+        dropped, kept = int(summary["dedup_documents_dropped"]), int(summary.get("dedup_documents_kept", 0))
+        say(console, f"dedup: {dropped:,} of {dropped + kept:,} documents dropped as exact copies of earlier ones "
+                     f"({summary.get('dedup_bytes_dropped', 0) / 1e6:,.2f} MB of text)")
     if summary.get("hint"):
         say(console, summary["hint"])
 
@@ -219,7 +225,8 @@ def run_local(
             children = start_workers(bucket, RUN, workers, log_dir=os.path.join(bucket, "logs"), prefix="local")
         columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn())
-        with Progress(*columns, console=console, transient=False) as progress:
+        # Transient: the summary table says where the run ended, and a refusal stays one line.
+        with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("", total=spec.input_bytes, completed=st.bytes_done)
             while True:
                 st = reader.collect()
@@ -242,6 +249,13 @@ def run_local(
         raise Interrupted(f"interrupted: {st.done} of {st.items} items done, the others given back; "
                           "run the same command again to resume")
     st = reader.collect()
+    refused = [f["error"] for f in st.failures if (f.get("detail") or {}).get("option")]
+    if refused:  # an option the data cannot satisfy (--shards above the examples): a user error, nothing kept
+        if created:
+            shutil.rmtree(bucket, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.rmdir(out_dir)  # only if this left it empty
+        raise PlanError(refused[0])
     wall = time.time() - t0
     summary = summarize(st, job, wall, workers)
     path = os.path.join(out_dir, "summary.json")
@@ -254,8 +268,6 @@ def run_local(
     print_report(console, job, spec.config, out_dir)
     if st.blocked:
         say(console, f"{st.blocked} item(s) of later stages did not run: a stage before them failed", style="red")
-    if any((f.get("detail") or {}).get("option") for f in st.failures):
-        return LocalResult(st, summary, 2)  # an option the data cannot satisfy (--shards above the records)
     if not st.finished:
         reasons = stopped_reasons(os.path.join(bucket, "logs"))
         say(console, f"workers stopped with {st.items - st.done - st.failed} items unfinished"

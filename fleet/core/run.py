@@ -280,7 +280,7 @@ def _spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
         if old.read.get(key) != new.read.get(key):
             out.append(f"{key.replace('_', ' ')} is {new.read.get(key)!r}, was {old.read.get(key)!r}")
     for f in dataclasses.fields(RunSpec):
-        if f.compare and f.name not in ("config", "files", "items", "input_bytes", "run", "read"):
+        if f.compare and f.name not in ("config", "files", "items", "input_bytes", "run", "read", "stages"):
             a, b = getattr(old, f.name), getattr(new, f.name)
             if a != b:
                 out.append(f"{f.name.replace('_', ' ')} is {b!r}, was {a!r}")

@@ -95,20 +95,23 @@ class StatusReader:
                              and getattr(leases.get(i.id), "state", None) == FAILED), default=None)
         for item in self.items:
             lease = leases.get(item.id)
+            # A stage's row counts its own items; its barrier (one item) only in the run's totals.
             row = stages.setdefault(steps.name(item.step), {"name": steps.name(item.step), "items": 0, "done": 0,
                                                              "failed": 0, "leased": 0, "blocked": 0})
-            row["items"] += 1
+            if item.meta.get("barrier"):
+                row = {}
+            row["items"] = row.get("items", 0) + 1
             if blocked_after is not None and item.step > blocked_after and (lease is None or not lease.terminal):
                 st.blocked += 1
-                row["blocked"] += 1
+                row["blocked"] = row.get("blocked", 0) + 1
                 continue
             if lease is None:
                 st.pending += 1
                 continue
             if lease.state in (DONE, FAILED):
-                row[lease.state] += 1
+                row[lease.state] = row.get(lease.state, 0) + 1
             elif lease.live(now):
-                row["leased"] += 1
+                row["leased"] = row.get("leased", 0) + 1
             starts.append(lease.started)
             if lease.state == DONE:
                 st.done += 1
