@@ -168,6 +168,24 @@ class Sink(abc.ABC):
         with open(path, "rb") as src, self.open(suffix) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
 
+    def count(self, suffix: str, counts: Mapping[str, int]) -> None:
+        """Exact counts of what the output ``<item_id><suffix>`` holds (tokens, documents,
+        examples...): the fleet keeps them with the output in its lease, and the run's manifest
+        (RunManifest) sums them, so a trainer's token budget comes from what was written."""
+        totals = self.__dict__.setdefault("output_counts", {}).setdefault(suffix, {})
+        for name, value in counts.items():
+            totals[name] = totals.get(name, 0) + int(value)
+
+
+@dataclass(frozen=True)
+class RunManifest:
+    """A finished run's exact counts: per input file (summed over its items' counters) and per
+    output (what ``Sink.count`` recorded), by counter name; ``outputs`` maps output names
+    (relative to the output place) to their counts, in output-name order."""
+
+    sources: dict[str, dict[str, int]]
+    outputs: dict[str, dict[str, int]]
+
 
 class KeyedSink(abc.ABC):
     """The sink of an item whose outputs feed a later stage (``ctx.feeds``): records keyed for
@@ -329,6 +347,12 @@ class Job(abc.ABC):
         readers (``fleet.core.follow.follow_examples``, ``follow_dataset``) parse and check the
         outputs with it and need no code of the job's. Empty (the default): the outputs are
         not examples of fixed-length features, and only ``fleet.core.follow.follow`` reads them."""
+        return {}
+
+    def run_files(self, config: Any, manifest: RunManifest) -> dict[str, bytes]:
+        """Files the fleet writes into the output place once the run is finished, by name: what
+        only the whole run can say (Megatron's --data-path list of every dataset and its weight).
+        A pure function of the manifest, so whoever writes them writes the same bytes."""
         return {}
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
