@@ -25,6 +25,20 @@ that queue rather than the protocol.
 
     .venv/bin/python bench/scale_sim.py                    # 200 workers, 2,000 items: ~6 min
     .venv/bin/python bench/scale_sim.py --workers 30 --items 200 --seconds 0.5 --ttl 20
+    .venv/bin/python bench/scale_sim.py --workers 200 --items 2000 --seconds 15 --shards 256   # stages
+
+With ``--shards N`` the run has stages (issue 19): the map items emit ``--records`` keyed records
+each, a barrier indexes them, and N shard items read them and sleep. Then it also prints, per
+step (map, barrier, shards): requests per item by kind (made while working on the step's items,
+and by the claim loop during the step's phase), the busiest object name for writes (writes per
+second to one name; GCS allows about 1), the downloads per shard item against the protocol's
+formula, and the time the shuffle adds after the map drains (how much of it the barrier). Then
+a projection to 200 VMs x 8 workers, 100 GB in 64 MB items and ``--shards 1024`` (``Scale``): the
+measured fixed requests per item, plus what grows with the run as fleet.core.shuffle says (a
+barrier reads every map lease and one header per map item; a shard item reads the index head
+once per worker, its rows once, and one range per map item with records in its range, which at
+real sizes is every map item), under stated assumptions (GCS latency, 16 parallel reads,
+throughputs from bench_shards.py). The printout says which figures are measured and which projected.
 
 All threads share one storage client (one process); a fleet has one per VM.
 The figures say where fake-gcs-server and this one Python process are the
@@ -546,6 +560,9 @@ def notes(fig: Figures, realistic_seconds: float = 180.0) -> str:
     read_rate = fig.workers * per("lease read") / realistic_seconds
     share = lease_requests * 0.03 / realistic_seconds
     bound = tail_bound(fig)
+    staged = "" if fig.stages is None else (
+        "\n  (With stages this counts a worker's wait for the barrier after its last map item as idle"
+        "\n  too, and workers that ran no shard item idle until they leave: the bound is for one stage.)")
     return f"""
 notes
 - Lease writes: {per("lease write"):.1f} per item besides renewals: a claim and a commit make 2, and
@@ -561,7 +578,7 @@ notes
   {100 * share:.2f}% of a {realistic_seconds:g} s item: {"above" if share > 0.01 else "within"} the 1% target.
 - Tail: {sum(fig.tail_idle):.0f} idle VM-seconds measured, against a bound of {bound:.0f} s
   ({fig.workers} workers x ~3 polls to leave, plus {fig.standby} standby worker(s) x (longest item + ttl));
-  {"within" if sum(fig.tail_idle) <= bound else "ABOVE"} the bound.
+  {"within" if sum(fig.tail_idle) <= bound else "ABOVE"} the bound.{staged}
 - Cloud Storage limits: one lease object is written at its claim, at each renewal
   (every ttl/3) and at its commit, by one holder at a time: far below ~1 write/s per
   object name (failed creates are not mutations, but still requests on that object:
@@ -668,6 +685,9 @@ def stage_projection(fig: Figures, sc: Scale, realistic_seconds: float) -> str:
     stage_time = max(waves * shard_time, floor)
     map_time = math.ceil(maps / sc.workers) * realistic_seconds
     added = sc.poll + barrier_time + sc.poll + stage_time
+    # While the barrier runs, every other worker is idle and lists leases, final/ and released/ each pass.
+    pages = 2 * math.ceil((maps + 1 + sc.shards) / 1000) + 1
+    idle_lists = sc.workers * pages / sc.poll
     return f"""
 stages at {sc.workers:,} workers, {sc.gb:g} GB, --shards {sc.shards:,}: PROJECTED from the measured per-item requests
 (assumptions: {maps:,} map items of {sc.item_mb:g} MB; GCS ~{1000 * sc.latency:.0f} ms a request; a barrier's and a shard
@@ -678,7 +698,9 @@ item's reads {sc.threads} at a time; {sc.record_ratio:g} bytes of keyed records 
   renewals every ttl/3, one partition file written, one commit)
 - barrier (1 item): {barrier_requests:,.0f} requests = a lease read and a header read per map item ({2 * maps:,})
   + {barrier_fixed:.0f} fixed (measured); ~{barrier_time:.0f} s with reads {sc.threads} at a time; it writes an index of
-  {index_bytes / 1e6:.0f} MB ({parts:,} partitions x {maps:,} pieces x 8 bytes of rows), its head {head_reads} read(s)
+  {index_bytes / 1e6:.0f} MB ({parts:,} partitions x {maps:,} pieces x 8 bytes of rows), its head {head_reads} read(s).
+  Meanwhile the other workers wait idle, each listing {pages} page(s) a pass: ~{idle_lists:,.0f} list requests/s in all
+  (measured above as the claim loop during the barrier's phase)
 - shard item: ~{shard_requests:,.0f} requests = a download per map item ({maps:,}: every map item has records in every
   shard's range) + the index head ({head_reads}) and its rows (1) + {shard_fixed:.1f} fixed (measured: claim, renewals,
   upload, commit, stats); {shard_mb:.0f} MB of records each: ~{shard_time:.0f} s ({math.ceil(maps / sc.threads) * sc.latency:.0f} s
