@@ -118,11 +118,15 @@ def stage_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
         f"--dedup exact --shards {args.shards}": ["--dedup", "exact", "--shards", str(args.shards)],
     }
     best: dict[str, RunFigures] = {}
+    shares: dict[str, list[float]] = collections.defaultdict(list)  # the shuffle stage's share, each round
     for _ in range(args.rounds):
         for label, extra in modes.items():
             r = fleet_local(label, corpus, os.path.join(folder, "out"), vocab, args.workers, extra)
             if label not in best or r.cpu < best[label].cpu:
                 best[label] = r
+            if "shards" in r.seconds:
+                stage = r.seconds["shards"] + r.seconds.get("shards barrier", 0.0)
+                shares[label].append(stage / (r.item_seconds - stage))
     plain, shards, dedup, both = (best[m] for m in modes)
     docs = plain.summary.get("documents", 0)
     lines = [f"input: the short-document corpus x{args.repeat} ({os.path.getsize(corpus) / 1e6:.1f} MB, "
@@ -146,7 +150,8 @@ def stage_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
     lines += [
         "",
         f"--shards {args.shards}: the shuffle stage (its barrier + {shards.counts.get('shards', 0)} shard items) took "
-        f"{stage:.2f} s = {100 * stage / before:.0f}% of the map stage's {before:.2f} s (goal: at most 25%)",
+        f"{stage:.2f} s = {100 * stage / before:.0f}% of the map stage's {before:.2f} s (goal: at most 25%); "
+        f"{spread(shares[shards.label])}",
         f"  the map of the sharded run (keyed records into partition files instead of output files) took "
         f"{before / plain.item_seconds:.2f}x the plain run's map ({plain.item_seconds:.2f} s)",
         f"  the whole cost of sharding against the plain run: item seconds {shards.item_seconds / plain.item_seconds:.2f}x, "
@@ -167,9 +172,17 @@ def stage_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
     stage, before = shuffle_share(both)
     lines.append(f"--dedup exact --shards {args.shards}: item seconds {both.item_seconds:.2f} "
                  f"({', '.join(f'{n} {s:.2f}' for n, s in both.seconds.items())}); the shuffle stage "
-                 f"= {100 * stage / before:.0f}% of the stages before it; run wall {both.run_wall / plain.run_wall:.2f}x "
+                 f"= {100 * stage / before:.0f}% of the stages before it ({spread(shares[both.label])}); run wall {both.run_wall / plain.run_wall:.2f}x "
                  f"the plain run's")
     return lines
+
+
+def spread(values: list[float]) -> str:
+    """The share in every round, as the median and range: item seconds are wall time, so a busy
+    machine moves them; the share within one run moves less."""
+    values = sorted(values)
+    return (f"over the {len(values)} rounds: median {100 * values[len(values) // 2]:.0f}%, "
+            f"{100 * values[0]:.0f}-{100 * values[-1]:.0f}%")
 
 
 def worker_child(bucket: str, name: str, log_file: str) -> None:
