@@ -25,6 +25,20 @@ that queue rather than the protocol.
 
     .venv/bin/python bench/scale_sim.py                    # 200 workers, 2,000 items: ~6 min
     .venv/bin/python bench/scale_sim.py --workers 30 --items 200 --seconds 0.5 --ttl 20
+    .venv/bin/python bench/scale_sim.py --workers 200 --items 2000 --seconds 15 --shards 256   # stages
+
+With ``--shards N`` the run has stages (issue 19): the map items emit ``--records`` keyed records
+each, a barrier indexes them, and N shard items read them and sleep. Then it also prints, per
+step (map, barrier, shards): requests per item by kind (made while working on the step's items,
+and by the claim loop during the step's phase), the busiest object name for writes (writes per
+second to one name; GCS allows about 1), the downloads per shard item against the protocol's
+formula, and the time the shuffle adds after the map drains (how much of it the barrier). Then
+a projection to 200 VMs x 8 workers, 100 GB in 64 MB items and ``--shards 1024`` (``Scale``): the
+measured fixed requests per item, plus what grows with the run as fleet.core.shuffle says (a
+barrier reads every map lease and one header per map item; a shard item reads the index head
+once per worker, its rows once, and one range per map item with records in its range, which at
+real sizes is every map item), under stated assumptions (GCS latency, 16 parallel reads,
+throughputs from bench_shards.py). The printout says which figures are measured and which projected.
 
 All threads share one storage client (one process); a fleet has one per VM.
 The figures say where fake-gcs-server and this one Python process are the
@@ -54,6 +68,34 @@ COORDINATION = ("lease write", "lease renew", "lease read", "lease list", "final
                 "idle marker", "run spec")
 # Renewals run in a thread beside the conversion: requests, but no worker time.
 COORDINATION_TIME = tuple(k for k in COORDINATION if k != "lease renew")
+WRITES = ("write", "upload_file", "delete")  # the store calls that mutate an object (or try to)
+STEPS = ("map", "barrier", "shards")  # a run with --shards: step 0, 1 and 2 (fleet.core.run.StepPlan)
+
+
+@dataclass
+class StageFigures:
+    """A run with a shards stage, per step ("map", "barrier", "shards"): requests made while
+    working on the step's items (renewals and pool threads included), requests of the claim
+    loop (listings, claims, markers, heartbeats) during the step's phase (the map's: until its
+    last commit; the barrier's: until the barrier's commit; the shards': to the end), the
+    busiest object name for writes, and when each step's last item committed."""
+
+    shards: int
+    records: int  # keyed records per map item
+    reduce_seconds: float
+    items: dict[str, int] = field(default_factory=dict)
+    in_items: dict[str, dict[str, int]] = field(default_factory=dict)  # step -> kind -> requests
+    loop: dict[str, dict[str, int]] = field(default_factory=dict)  # phase -> kind -> requests
+    # step -> (object name, writes in its busiest 1-s window): successful mutations, then all attempts
+    hot_writes: dict[str, tuple[str, int]] = field(default_factory=dict)
+    hot_attempts: dict[str, tuple[str, int]] = field(default_factory=dict)
+    map_drained: float = 0.0  # the last map commit, seconds from the start
+    barrier_done: float = 0.0
+    last_shard: float = 0.0
+    barrier_seconds: float = 0.0  # the barrier item's own work (its lease's seconds)
+    shard_seconds: list[float] = field(default_factory=list)
+    shard_downloads: list[int] = field(default_factory=list)  # partition-file downloads per shard item
+    barrier_lease_tries: int = 0  # writes tried on the barrier's lease object in its busiest second (412s too)
 
 
 @dataclass
@@ -77,6 +119,7 @@ class Figures:
     tail_idle: list[float] = field(default_factory=list)
     last_claim: float = 0.0  # when the last item was first claimed, from start
     errors: list[str] = field(default_factory=list)
+    stages: StageFigures | None = None  # a run with --shards
 
     @property
     def coordination_seconds(self) -> float:
@@ -101,6 +144,12 @@ class _Meter:
         self.convert_seconds = 0.0
         self.processed = 0
         self.undo: list[tuple[object, str, object]] = []
+        self.step_of: dict[str, int] = {}  # item -> its step (0 map, 1 barrier, 2 shards)
+        self.stage_requests: collections.Counter[tuple[int, str]] = collections.Counter()
+        self.loop_requests: list[tuple[float, str]] = []  # (time, kind) of requests outside any item
+        self.writes: list[tuple[float, str, int | None, bool]] = []  # (time, object, step, took)
+        self.commit_time: dict[str, float] = {}
+        self.downloads: collections.Counter[str] = collections.Counter()  # item -> partition files downloaded
 
     def patch(self, owner, attr, make):
         original = getattr(owner, attr)
@@ -112,8 +161,24 @@ class _Meter:
             setattr(owner, attr, original)
         self.undo.clear()
 
+    def step_now(self) -> int | None:
+        """The step of the item this thread works for (a renewer: its lease's item), else None."""
+        from fleet.core.attempt import _Renewer
+
+        step = getattr(self.local, "step", None)
+        thread = threading.current_thread()
+        if step is None and isinstance(thread, _Renewer):
+            step = self.step_of.get(thread.held.item)
+        return step
+
     @staticmethod
     def kind(method: str, name: str) -> str:
+        if "/shuffle/" in name:  # records between stages (fleet.core.layout.shuffle_name, index_name)
+            if name.endswith(".index"):
+                return {"upload_file": "index write", "read": "index read", "stat": "index stat"}.get(
+                    method, f"index {method}")
+            return {"upload_file": "shuffle write", "read": "shuffle header", "download_file": "shuffle download",
+                    "stat": "shuffle stat"}.get(method, f"shuffle {method}")
         if method in ("download_file",):
             return "input"
         if method == "upload_file":
@@ -142,20 +207,27 @@ class _Meter:
         def timed(method):
             def make(original):
                 def wrapper(store, name="", *args, **kwargs):
-                    kind = meter.kind(method, store._full(name))
+                    full = store._full(name)
+                    kind = meter.kind(method, full)
                     if kind == "lease write" and isinstance(threading.current_thread(), _Renewer):
                         kind = "lease renew"
                     outer = getattr(meter.local, "kind", None)
                     meter.local.kind = kind
                     t0 = time.perf_counter()
+                    took = False
                     try:
                         result = original(store, name, *args, **kwargs)
                         if method == "list":
                             result = iter(list(result))  # the HTTP requests happen here, inside the timing
+                        took = True
                         return result
                     finally:
                         with meter.lock:
                             meter.seconds[kind] += time.perf_counter() - t0
+                            if method in WRITES:
+                                meter.writes.append((time.time(), full, meter.step_now(), took))
+                            if kind == "shuffle download":
+                                meter.downloads[getattr(meter.local, "item", None)] += 1
                         meter.local.kind = outer
                 return wrapper
             return make
@@ -165,8 +237,14 @@ class _Meter:
 
         def count_send(original):
             def send(adapter, request, *args, **kwargs):
+                kind = getattr(meter.local, "kind", None) or "unattributed"
+                step = meter.step_now()
                 with meter.lock:
-                    meter.requests[getattr(meter.local, "kind", None) or "unattributed"] += 1
+                    meter.requests[kind] += 1
+                    if step is None:
+                        meter.loop_requests.append((time.time(), kind))
+                    else:
+                        meter.stage_requests[step, kind] += 1
                 return original(adapter, request, *args, **kwargs)
             return send
 
@@ -195,6 +273,7 @@ class _Meter:
                 original(leases, held, outputs, stats)  # raises Lost unless this commit took
                 with meter.lock:
                     meter.commits[held.item] += 1
+                    meter.commit_time[held.item] = time.time()
             return wrapper
 
         self.patch(Leases, "commit", commit)
@@ -204,9 +283,11 @@ class _Meter:
                 local = meter.local
                 now = time.time()
                 local.waits.append(now - local.free_since)
+                local.step, local.item = item.step, item.id
                 try:
                     return original(runner, item, held)
                 finally:
+                    local.step = local.item = None
                     local.free_since = local.last_work_end = time.time()
                     with meter.lock:
                         meter.processed += 1
@@ -214,7 +295,24 @@ class _Meter:
 
         self.patch(ItemRunner, "process", process)
 
-        from tests.helpers.sleepjob import SleepConverter
+        import concurrent.futures
+
+        def submit(original):  # a pool thread works for the item of the thread that gave it work
+            def wrapper(pool, fn, /, *args, **kwargs):
+                step, item = getattr(meter.local, "step", None), getattr(meter.local, "item", None)
+
+                def run(*a, **k):
+                    meter.local.step, meter.local.item = step, item
+                    try:
+                        return fn(*a, **k)
+                    finally:
+                        meter.local.step = meter.local.item = None
+                return original(pool, run, *args, **kwargs)
+            return wrapper
+
+        self.patch(concurrent.futures.ThreadPoolExecutor, "submit", submit)
+
+        from tests.helpers.sleepjob import SleepConverter, SleepShards
 
         def convert(original):
             def wrapper(conv, documents, ctx, sink):
@@ -227,6 +325,7 @@ class _Meter:
             return wrapper
 
         self.patch(SleepConverter, "convert", convert)
+        self.patch(SleepShards, "reduce", convert)
 
 
 def make_corpus(n_items: int) -> tuple[bytes, int]:
@@ -239,12 +338,13 @@ def make_corpus(n_items: int) -> tuple[bytes, int]:
 
 def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, jitter: float = 0.2,
              standby: int | None = 2, run: str | None = None, pool: int = 256, progress: bool = False,
-             worker_class=None) -> Figures:
+             worker_class=None, shards: int = 0, records: int = 4, reduce_seconds: float = 0.2) -> Figures:
     """One run of `items` items by `workers` Worker threads on gs://`bucket` (STORAGE_EMULATOR_HOST set).
 
     `standby` as `fleet work --standby` (what `fleet launch` gives each VM; None: every worker
     stays until the run is drained). `worker_class`: a fleet.core.spawner.Worker subclass, to try a
-    variant of the loop."""
+    variant of the loop. `shards`: plan the run with ``--shards`` (the sleep job's shards stage: each
+    map item emits `records` keyed records, each shard item sleeps `reduce_seconds`)."""
     from requests.adapters import HTTPAdapter
 
     from fleet.core.lease import DONE, FAILED, Lease
@@ -253,20 +353,25 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     from fleet.core.spawner import Worker
     from fleet.core.store import open_store
     from fleet.core.store.gcs import make_client
+    from fleet.job import StageOptions
 
     run = run or f"sim-{uuid.uuid4().hex[:6]}"
     store = open_store(f"gs://{bucket}")
     data, size = make_corpus(items)
     store.write(f"in/{run}.txt", data)
+    settings = {"seconds": str(seconds), "jitter": str(jitter)}
+    if shards:
+        settings.update(records=str(records), reduce_seconds=str(reduce_seconds))
     _, planned, _ = plan(f"gs://{bucket}", run, SLEEPJOB, [f"gs://{bucket}/in/{run}.txt"], f"gs://{bucket}/out/{run}",
-                         {"seconds": str(seconds), "jitter": str(jitter)}, "sim", lease_ttl=ttl,
-                         max_attempts=5, item_bytes=size - 1)  # cuts at the next blank line: one document each
-    assert len(planned) == items, (len(planned), items)
+                         settings, "sim", lease_ttl=ttl, max_attempts=5, item_bytes=size - 1,  # one document each
+                         stage_options=StageOptions(shards))
+    assert sum(1 for i in planned if i.step == 0) == items, (len(planned), items)
     # One client for all threads (one process): give it a pool as large as the crowd.
     make_client()._http.mount("http://", HTTPAdapter(pool_connections=4, pool_maxsize=pool))
 
     fig = Figures(workers, items, seconds, ttl, standby)
     meter = _Meter()
+    meter.step_of = {i.id: i.step for i in planned}
     meter.install()
     exits: dict[str, float] = {}
     last_end: dict[str, float] = {}
@@ -300,7 +405,7 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
             time.sleep(1)
             if progress:
                 done = sum(meter.commits.values())
-                print(f"\r  {time.time() - start:6.1f} s: {done}/{items} committed, "
+                print(f"\r  {time.time() - start:6.1f} s: {done}/{len(planned)} committed, "
                       f"{sum(meter.requests.values())} requests", end="", file=sys.stderr, flush=True)
         if progress:
             print(file=sys.stderr)
@@ -325,7 +430,57 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     fig.convert_seconds = meter.convert_seconds
     fig.tail_idle = [exits[n] - last_end[n] for n in exits]
     fig.last_claim = max(meter.first_claim.values(), default=start) - start
+    if shards:
+        fig.stages = stage_figures(meter, planned, leases, start, shards, records, reduce_seconds)
     return fig
+
+
+def stage_figures(meter: "_Meter", planned: list, leases: dict, start: float, shards: int, records: int,
+                  reduce_seconds: float) -> StageFigures:
+    """The per-step figures of a run with a shards stage, from what the meter saw."""
+    sf = StageFigures(shards, records, reduce_seconds)
+    step_name = dict(enumerate(STEPS))
+    for i in planned:
+        sf.items[step_name[i.step]] = sf.items.get(step_name[i.step], 0) + 1
+
+    def last_commit(step: int) -> float:
+        return max((meter.commit_time.get(i.id, start) for i in planned if i.step == step), default=start)
+
+    ends = [last_commit(0), last_commit(1), float("inf")]  # each phase ends at its step's last commit
+    sf.map_drained, sf.barrier_done, sf.last_shard = (last_commit(s) - start for s in range(3))
+
+    def phase(t: float) -> str:
+        return STEPS[next(s for s, end in enumerate(ends) if t <= end)]
+
+    for (step, kind), n in meter.stage_requests.items():
+        sf.in_items.setdefault(step_name[step], collections.Counter())[kind] += n
+    for t, kind in meter.loop_requests:
+        sf.loop.setdefault(phase(t), collections.Counter())[kind] += 1
+    windows: dict[str, collections.Counter] = {}
+    tries: dict[str, collections.Counter] = {}
+    for t, name, step, took in meter.writes:
+        where = step_name[step] if step is not None else phase(t)
+        key = (name, int(t))
+        tries.setdefault(where, collections.Counter())[key] += 1
+        if took:
+            windows.setdefault(where, collections.Counter())[key] += 1
+    barrier = next(i.id for i in planned if i.step == 1)
+    on_barrier = collections.Counter(int(t) for t, name, _, _ in meter.writes if name.endswith(f"/leases/{barrier}"))
+    sf.barrier_lease_tries = max(on_barrier.values(), default=0)
+    for out, counts in ((sf.hot_writes, windows), (sf.hot_attempts, tries)):
+        for where, c in counts.items():
+            (name, _), n = c.most_common(1)[0]
+            out[where] = (name, n)
+    for i in planned:
+        lease = leases.get(i.id)
+        if lease is None or i.step == 0:
+            continue
+        if i.step == 1:
+            sf.barrier_seconds = float(lease.stats.get("seconds", 0.0))
+        else:
+            sf.shard_seconds.append(float(lease.stats.get("seconds", 0.0)))
+    sf.shard_downloads = sorted(meter.downloads.get(i.id, 0) for i in planned if i.step == 2)
+    return sf
 
 
 def pct(values: list[float], q: float) -> float:
@@ -405,6 +560,9 @@ def notes(fig: Figures, realistic_seconds: float = 180.0) -> str:
     read_rate = fig.workers * per("lease read") / realistic_seconds
     share = lease_requests * 0.03 / realistic_seconds
     bound = tail_bound(fig)
+    staged = "" if fig.stages is None else (
+        "\n  (With stages this counts a worker's wait for the barrier after its last map item as idle"
+        "\n  too, and workers that ran no shard item idle until they leave: the bound is for one stage.)")
     return f"""
 notes
 - Lease writes: {per("lease write"):.1f} per item besides renewals: a claim and a commit make 2, and
@@ -420,7 +578,7 @@ notes
   {100 * share:.2f}% of a {realistic_seconds:g} s item: {"above" if share > 0.01 else "within"} the 1% target.
 - Tail: {sum(fig.tail_idle):.0f} idle VM-seconds measured, against a bound of {bound:.0f} s
   ({fig.workers} workers x ~3 polls to leave, plus {fig.standby} standby worker(s) x (longest item + ttl));
-  {"within" if sum(fig.tail_idle) <= bound else "ABOVE"} the bound.
+  {"within" if sum(fig.tail_idle) <= bound else "ABOVE"} the bound.{staged}
 - Cloud Storage limits: one lease object is written at its claim, at each renewal
   (every ttl/3) and at its commit, by one holder at a time: far below ~1 write/s per
   object name (failed creates are not mutations, but still requests on that object:
@@ -435,6 +593,133 @@ notes
   the tail and the wall time are theirs more than the protocol's (a fleet makes its requests
   in parallel from many VMs); requests per item and the double-commit and stranded counts
   are the protocol's own.
+"""
+
+
+def stage_report(fig: Figures) -> str:
+    """What the sim measured of a run with a shards stage, per step."""
+    sf = fig.stages
+    m, s = sf.items.get("map", 0), sf.items.get("shards", 0)
+    lines = [f"stages, measured: {m} map items -> 1 barrier -> {s} shard items (--shards {sf.shards}); "
+             f"{sf.records} keyed records per map item; a shard item sleeps {sf.reduce_seconds:g} s (±20%)"]
+    for step in STEPS:
+        n = sf.items.get(step, 0) or 1
+        mine = sf.in_items.get(step, {})
+        loop = sf.loop.get(step, {})
+        kinds = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(mine.items(), key=lambda kv: -kv[1]))
+        lines.append(f"  {step:8} requests per item while working on it: {sum(mine.values()) / n:.1f} ({kinds})")
+        kinds = ", ".join(f"{k} {v / n:.1f}" for k, v in sorted(loop.items(), key=lambda kv: -kv[1])[:6])
+        lines.append(f"  {'':8} claim loop during its phase, per item: {sum(loop.values()) / n:.1f} ({kinds})")
+        hot, tried = sf.hot_writes.get(step), sf.hot_attempts.get(step)
+        if hot or tried:
+            lines.append(f"  {'':8} busiest object for writes: {hot[1] if hot else 0} write(s) in one second "
+                         f"({hot[0].split('/', 2)[-1] if hot else '-'}); with failed creates (412): {tried[1]} "
+                         f"({tried[0].split('/', 2)[-1]})")
+    lines.append(f"  the barrier's lease object: {sf.barrier_lease_tries} write(s) tried in its busiest second "
+                 "(when the map drains, every worker whose listing shows it unleased tries to create it; one wins)")
+    dl = sf.shard_downloads
+    if dl:
+        expect = m * (1 - (1 - 1.25 / sf.shards) ** sf.records)
+        lines.append(f"  partition files downloaded per shard item: median {statistics.median(dl):g}, max {max(dl)} "
+                     f"(the protocol: one per map item with records in the shard's range; with {sf.records} random keys "
+                     f"per map item and a shard reading ~1.25/{sf.shards} of the key space, ~{expect:.1f} expected)")
+    shuffle = sf.last_shard - sf.map_drained
+    lines += [
+        f"  map drained (last map commit) at {sf.map_drained:.1f} s; barrier committed at {sf.barrier_done:.1f} s; "
+        f"last shard committed at {sf.last_shard:.1f} s",
+        f"  the shuffle stage added {shuffle:.1f} s after the map drained ({100 * shuffle / max(sf.map_drained, 1e-9):.0f}% "
+        f"of the map phase): barrier {sf.barrier_done - sf.map_drained:.1f} s (its own work {sf.barrier_seconds:.2f} s, "
+        f"the rest workers noticing the map drained and claiming it), shards {sf.last_shard - sf.barrier_done:.1f} s "
+        f"(shard items took median {statistics.median(sf.shard_seconds) if sf.shard_seconds else float('nan'):.2f} s, "
+        f"max {max(sf.shard_seconds, default=float('nan')):.2f} s each)",
+    ]
+    return "\n".join(lines)
+
+
+@dataclass
+class Scale:
+    """The run projected to (the issue's: 200 VMs x 8 workers, 100 GB in 64 MB items, --shards 1024)
+    and what Cloud Storage is assumed to do."""
+
+    workers: int = 1600
+    gb: float = 100.0
+    item_mb: float = 64.0
+    shards: int = 1024
+    latency: float = 0.05  # seconds a request
+    threads: int = 16  # parallel reads of a barrier (lease reads, headers) and of a shard item (downloads)
+    poll: float = 10.0  # a worker's pass when idle: min(10, ttl/6) at a 300 s ttl
+    record_ratio: float = 3.0  # bytes of keyed records per byte of text (bench_shards.py, electra: 36.9 MB of 12.1 MB)
+    merge_mb_s: float = 120.0  # a shard item merging and writing its records, per core (bench_shards.py)
+    download_mb_s: float = 100.0  # one worker's downloads (8 workers share a VM's network)
+    bucket_reads: float = 5000.0  # reads/s a new bucket serves before it scales up (doubles every ~20 min)
+    head_bytes_per_piece: int = 140  # the index head's JSON per map item (item, name, version)
+
+
+def stage_projection(fig: Figures, sc: Scale, realistic_seconds: float) -> str:
+    """The stages at `sc`'s size, from the per-item requests measured and the protocol's scaling (see
+    fleet.core.shuffle's docstring): what is measured, what projected, and from what."""
+    import math
+
+    sf = fig.stages
+    per = lambda step: sum(sf.in_items.get(step, {}).values()) / max(1, sf.items.get(step, 1))  # noqa: E731
+    kinds = lambda step, *ks: sum(sf.in_items.get(step, {}).get(k, 0) for k in ks)  # noqa: E731
+    maps = math.ceil(sc.gb * 1e9 / (sc.item_mb * 1e6))
+    parts = 4 * sc.shards  # fleet.core.shuffle.SPLIT partitions per shard
+    # The barrier: a lease read and a header read per map item, the rest (claim, index write, commit) fixed.
+    barrier_fixed = sum(sf.in_items.get("barrier", {}).values()) - kinds("barrier", "lease read", "shuffle header")
+    barrier_requests = 2 * maps + barrier_fixed
+    index_bytes = 8 * (parts + 1) * maps + sc.head_bytes_per_piece * maps
+    head_reads = 1 if sc.head_bytes_per_piece * maps + 16 <= 64 << 10 else 2
+    barrier_time = 2 * math.ceil(maps / sc.threads) * sc.latency + index_bytes / (sc.download_mb_s * 1e6)
+    # A shard item: fixed requests (claim, renewals, rows, upload, commit), the index head once per worker
+    # (each worker runs about one shard when workers >= shards), and a download per map item: at real
+    # sizes every map item has records in every shard's range.
+    n_shards = max(1, sf.items.get("shards", 1))
+    shard_fixed = per("shards") - (kinds("shards", "shuffle download", "index read", "index stat") / n_shards)
+    shard_requests = shard_fixed + maps + head_reads + 1
+    shard_mb = sc.gb * 1e3 * sc.record_ratio / sc.shards
+    shard_time = (math.ceil(maps / sc.threads) * sc.latency + shard_mb / sc.download_mb_s + shard_mb / sc.merge_mb_s)
+    waves = math.ceil(sc.shards / sc.workers)
+    reads = sc.shards * maps
+    floor = reads / sc.bucket_reads
+    stage_time = max(waves * shard_time, floor)
+    map_time = math.ceil(maps / sc.workers) * realistic_seconds
+    added = sc.poll + barrier_time + sc.poll + stage_time
+    # While the barrier runs, every other worker is idle and lists leases, final/ and released/ each pass.
+    pages = 2 * math.ceil((maps + 1 + sc.shards) / 1000) + 1
+    idle_lists = sc.workers * pages / sc.poll
+    return f"""
+stages at {sc.workers:,} workers, {sc.gb:g} GB, --shards {sc.shards:,}: PROJECTED from the measured per-item requests
+(assumptions: {maps:,} map items of {sc.item_mb:g} MB; GCS ~{1000 * sc.latency:.0f} ms a request; a barrier's and a shard
+item's reads {sc.threads} at a time; {sc.record_ratio:g} bytes of keyed records per byte of text and a shard merging
+{sc.merge_mb_s:g} MB/s (bench_shards.py, electra); {sc.download_mb_s:g} MB/s of downloads per worker; a map item of
+{realistic_seconds:g} s; an idle worker's pass {sc.poll:g} s; a new bucket's ~{sc.bucket_reads:,.0f} reads/s)
+- map item: {per("map"):.1f} requests while working on it (measured; independent of the fleet's size: a claim,
+  renewals every ttl/3, one partition file written, one commit)
+- barrier (1 item): {barrier_requests:,.0f} requests = a lease read and a header read per map item ({2 * maps:,})
+  + {barrier_fixed:.0f} fixed (measured); ~{barrier_time:.0f} s with reads {sc.threads} at a time; it writes an index of
+  {index_bytes / 1e6:.0f} MB ({parts:,} partitions x {maps:,} pieces x 8 bytes of rows), its head {head_reads} read(s).
+  Meanwhile the other workers wait idle, each listing {pages} page(s) a pass: ~{idle_lists:,.0f} list requests/s in all
+  (measured above as the claim loop during the barrier's phase)
+- shard item: ~{shard_requests:,.0f} requests = a download per map item ({maps:,}: every map item has records in every
+  shard's range) + the index head ({head_reads}) and its rows (1) + {shard_fixed:.1f} fixed (measured: claim, renewals,
+  upload, commit, stats); {shard_mb:.0f} MB of records each: ~{shard_time:.0f} s ({math.ceil(maps / sc.threads) * sc.latency:.0f} s
+  of request latency, {shard_mb / sc.download_mb_s:.0f} s downloading, {shard_mb / sc.merge_mb_s:.0f} s merging and writing);
+  {sc.shards:,} shards on {sc.workers:,} workers: {waves} wave(s)
+- the shard stage's reads in all: {reads:,} ranged downloads ({sc.shards:,} x {maps:,}); at a new bucket's
+  ~{sc.bucket_reads:,.0f} reads/s that alone takes {floor:.0f} s: {"the bucket's read rate, not the workers, bounds the stage" if floor > waves * shard_time else "under the workers' own time"}
+- writes per object: the stages write each partition file, the index and each output once; a lease
+  gets a claim, a renewal every ttl/3 and a commit; a worker's heartbeat one write per item it starts,
+  per renewal and per idle pass. The busiest names measured above are those, at scaled times (items of
+  {fig.seconds:g} s, leases of {fig.ttl:g} s, shard items of {sf.reduce_seconds:g} s); at real times (shard items of ~{shard_time:.0f} s,
+  map items of {realistic_seconds:g} s, 300 s leases, {sc.poll:g} s passes) each is written at most ~{1 / shard_time + 3 / 300 + 1 / sc.poll:.2f}/s,
+  under GCS's ~1 write/s per object. Failed creates of the barrier's lease when the map drains are
+  requests on one object in a burst (measured above), not mutations.
+- time the shuffle adds after the map drains: ~{added:.0f} s = a pass to see the map drained ({sc.poll:g} s, at most)
+  + the barrier ({barrier_time:.0f} s) + a pass to see it done ({sc.poll:g} s) + the shard stage ({stage_time:.0f} s);
+  the map stage is {math.ceil(maps / sc.workers)} wave(s) of {realistic_seconds:g} s items = {map_time:.0f} s: the shuffle adds
+  {100 * added / map_time:.0f}% (the goal: 25%); if the bucket served the reads as fast as the workers ask
+  (it scales up under sustained load), {added - stage_time + waves * shard_time:.0f} s = {100 * (added - stage_time + waves * shard_time) / map_time:.0f}%
 """
 
 
@@ -480,6 +765,10 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=None, help="lease TTL (default: seconds x 300/180)")
     parser.add_argument("--realistic-seconds", type=float, default=180.0, help="item time to project to")
     parser.add_argument("--standby", type=int, default=2, help="as `fleet work --standby` (-1: stay until drained)")
+    parser.add_argument("--shards", type=int, default=0, help="plan with --shards N: a map, a barrier, N shard items")
+    parser.add_argument("--records", type=int, default=4, help="with --shards: keyed records per map item")
+    parser.add_argument("--reduce-seconds", type=float, default=None,
+                        help="with --shards: sleep per shard item (default: seconds x 10/realistic-seconds)")
     args = parser.parse_args()
     ttl = args.ttl or round(args.seconds * 300 / 180, 2)
     for var in ("NO_PROXY", "no_proxy"):
@@ -494,12 +783,19 @@ def main() -> None:
         make_client().create_bucket(bucket)
         print(f"simulating {args.workers} workers x {args.items} items on fake-gcs-server ({url}) ...",
               file=sys.stderr)
+        reduce_seconds = args.reduce_seconds
+        if reduce_seconds is None:
+            reduce_seconds = round(args.seconds * 10 / args.realistic_seconds, 3)
         fig = simulate(bucket, args.workers, args.items, args.seconds, ttl,
-                       standby=None if args.standby < 0 else args.standby, progress=True)
+                       standby=None if args.standby < 0 else args.standby, progress=True, shards=args.shards,
+                       records=args.records, reduce_seconds=reduce_seconds)
     finally:
         proc.terminate()
         proc.wait()
     print(report(fig, args.realistic_seconds))
+    if fig.stages is not None:
+        print(stage_report(fig))
+        print(stage_projection(fig, Scale(), args.realistic_seconds))
     print(notes(fig, args.realistic_seconds))
 
 
