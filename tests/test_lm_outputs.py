@@ -127,10 +127,11 @@ def megatron_sequences(megatron, prefix: str) -> list[list[int]]:
     return [dataset[i].tolist() for i in range(len(dataset))]
 
 
-def local(inputs: list[str], out, settings_: dict[str, str], shards: int = 0, item_bytes: int = 6_000):
+def local(inputs: list[str], out, settings_: dict[str, str], shards: int = 0, item_bytes: int = 6_000,
+          dedup: str = ""):
     console = Console(file=io.StringIO(), width=200)
     result = run_local(inputs, str(out), "causal_lm", 2, settings_, item_bytes=item_bytes, console=console,
-                       stage_options=StageOptions(shards, ""), lease_ttl=20)
+                       stage_options=StageOptions(shards, dedup), lease_ttl=20)
     assert result.exit_code == 0, console.file.getvalue()
     return result
 
@@ -249,6 +250,17 @@ def test_shards_are_balanced_datasets_holding_every_sequence_of_the_run(megatron
         if output == "megatron":
             assert [tuple(s) for p in prefixes for s in megatron_sequences(megatron, p)] == \
                 [s for shard in shards for s in shard]
+
+
+def test_dedup_then_shards_keeps_one_copy_of_each_document(tmp_path, corpus, documents, bpe_path):
+    copy = tmp_path / "copy" / "again.txt"
+    copy.parent.mkdir()
+    copy.write_bytes(read_file(corpus))
+    local([corpus, str(copy)], tmp_path / "out", {"tokenizer_file": bpe_path, "output": "megatron"}, shards=2,
+          dedup="exact")
+    got = [tuple(s.tolist()) for p in datasets(tmp_path / "out", "megatron")
+           for s in read_sequences(p + ".bin", read_file(p + ".idx"), "megatron", 1500)]
+    assert sorted(got) == sorted(set(map(tuple, expected_sequences(documents, "tokenizer_file", bpe_path))))
 
 
 # -- Megatron's --data-path list -------------------------------------------------------------------
