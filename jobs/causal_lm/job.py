@@ -4,18 +4,31 @@ Documents are tokenized a batch of about ``BATCH_CHARS`` characters at a time an
 by ``blocks.BlockCutter``; each batch's blocks go to the shared writer
 (``jobs.text.output``) as columns: ``input_ids`` and, when partial blocks are padded,
 ``attention_mask``. Nothing here is random, so a retried item rewrites the same bytes.
+
+``output=megatron`` and ``output=tokens`` write no blocks: one sequence per document (its ids
+and the end-of-document id) into a Megatron indexed dataset or a flat token file
+(``jobs.text.token_files``); the trainer cuts its own samples, so the block options are refused.
+With ``--shards`` each sequence goes to the shuffle as one Example and every shard is a dataset.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable, Iterator, Sequence, Union
 
-from fleet.job import ConfigError, Feature, ItemContext, Opener, Sink
+import numpy as np
+
+from fleet.job import (ConfigError, Feature, ItemContext, KeyedSink, Opener, Reducer, RunManifest, Sink, Stage,
+                       StageOptions, parse_example)
 
 from jobs.text.job import DocumentConverter, TextJob
 from jobs.text.groups import document_groups
-from jobs.text.output import Column, check_output, open_writer
+from jobs.text.output import OUTPUTS, Column, ShuffledExamples, check_output, open_writer
+from jobs.text.stages import SHARD_BATCH, SHARDS, checkpointed, text_stages
+from jobs.text.token_files import (DATA_PATH_FILE, SEQUENCE_FEATURE, SEQUENCE_OUTPUTS, describe, megatron_data_path,
+                                   open_sequence_writer, sequence_example)
 from jobs.text.tokenizer_cache import bert_tokenizer, json_tokenizer
 
 from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions
@@ -36,7 +49,7 @@ class CausalLMConfig:
     pack_documents: bool = False  # one token stream per item: no padding, but blocks depend on the item cut
     eod_token: str = ""  # ends each document (default: <|endoftext|>, </s>, <eos> or [SEP], the first known)
     pad_token: str = ""  # fills padded blocks (default: [PAD], <pad> or <|padding|>, else the eod token)
-    output: str = "tfrecord"  # tfrecord | parquet (one row per example, list columns, zstd; files end .parquet)
+    output: str = "tfrecord"  # tfrecord | parquet | megatron (.bin + .idx) | tokens (.bin + .npy): see README
     compression: str = "none"  # none | GZIP (output=tfrecord; files end .tfrecord.gz)
 
 
@@ -48,7 +61,17 @@ def _validate(config: CausalLMConfig) -> None:
         raise ConfigError(f"option max_seq_length: must be between 2 and 1048576, got {config.max_seq_length}")
     if config.last_block not in LAST_BLOCKS:
         raise ConfigError(f"option last_block: {config.last_block!r} is not supported (known: pad, drop)")
-    check_output(config.output, config.compression)
+    check_output(config.output, config.compression, OUTPUTS + SEQUENCE_OUTPUTS)
+    if config.output in SEQUENCE_OUTPUTS:
+        defaults = {f.name: f.default for f in dataclasses.fields(CausalLMConfig)}
+        for name in BLOCK_OPTIONS:
+            if getattr(config, name) != defaults[name]:
+                raise ConfigError(f"option {name}: output={config.output} writes each document whole, as one "
+                                  "sequence (the trainer cuts its samples); leave it unset")
+
+
+# What only blocks use: output=megatron and output=tokens refuse them when set.
+BLOCK_OPTIONS = ("max_seq_length", "shifted_labels", "last_block", "pack_documents", "pad_token")
 
 
 def _tokenizer(config: CausalLMConfig, opener: Opener) -> DocumentTokenizer:
@@ -78,6 +101,8 @@ class CausalLMConverter(DocumentConverter):
         self.columns = [Column(name) for name in features(config)]
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        if self.config.output in SEQUENCE_OUTPUTS:
+            return self._sequences(documents, sink)
         cutter = BlockCutter(self.options)
         counts = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "examples", "real_tokens"), 0)
         with open_writer(sink, self.config.output, self.config.compression, self.columns) as out:
@@ -103,6 +128,57 @@ class CausalLMConverter(DocumentConverter):
         counts["positions"] = counts["examples"] * self.options.block_size
         return counts
 
+    def _sequences(self, documents: Iterable[list[str]], sink: Union[Sink, ShuffledExamples]) -> dict[str, float]:
+        """One sequence per document with ids (its ids, then the end-of-document id)."""
+        counts = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "sequences"), 0)
+        eod = np.array([self.tokenizer.eod_id], np.int64)
+        with self._sequence_output(sink) as write:
+            for batch in document_groups(documents, BATCH_CHARS):
+                counts["documents"] += len(batch)
+                counts["lines"] += sum(map(len, batch))
+                counts["text_bytes"] += sum(len(line.encode()) for document in batch for line in document)
+                sequences = [np.concatenate([np.asarray(ids, np.int64), eod])
+                             for ids in self.tokenizer.encode(batch) if len(ids)]
+                write(sequences)
+                counts["tokens"] += sum(map(len, sequences))
+                counts["sequences"] += len(sequences)
+        return counts
+
+    @contextlib.contextmanager
+    def _sequence_output(self, sink: Union[Sink, ShuffledExamples]
+                         ) -> Iterator[Callable[[Sequence[np.ndarray]], None]]:
+        """Where sequences go: the item's dataset, or (``--shards``) the shuffle, one Example each."""
+        if isinstance(sink, ShuffledExamples):
+            def emit(sequences: Sequence[np.ndarray]) -> None:
+                for sequence in sequences:
+                    sink.emit_example(sequence_example(sequence))
+
+            yield emit
+            return
+        with open_sequence_writer(sink, self.config.output, self.tokenizer.vocab_size) as out:
+            yield out.write
+
+
+class SequenceShardReducer(Reducer):
+    """A "shards" item of output=megatron|tokens: its share of the shuffled sequences, in the
+    order given, as one dataset (``part-<i>-of-<n>.bin`` and its index)."""
+
+    def __init__(self, output: str, vocab_size: int):
+        self.output, self.vocab_size = output, vocab_size
+
+    def reduce(self, records, ctx: ItemContext, sink: Sink | KeyedSink) -> dict[str, float]:
+        if isinstance(sink, KeyedSink):
+            raise TypeError(f"item {ctx.item_id}: the shards stage writes the run's outputs, not records")
+        with open_sequence_writer(sink, self.output, self.vocab_size) as out:
+            batch: list[np.ndarray] = []
+            for _key, example in checkpointed(records, ctx):
+                batch.append(parse_example(example)[SEQUENCE_FEATURE])
+                if len(batch) >= SHARD_BATCH:
+                    out.write(batch)
+                    batch.clear()
+            out.write(batch)
+        return {"shard_documents": out.documents, "shard_tokens": out.tokens}
+
 
 class CausalLMJob(TextJob):
     name = "causal_lm"
@@ -117,10 +193,32 @@ class CausalLMJob(TextJob):
         return CausalLMConverter(config, _tokenizer(config, opener))
 
     def features(self, config: CausalLMConfig) -> dict[str, Feature]:
-        return features(config)
+        """The blocks' features; none for output=megatron|tokens, whose sequences are not examples."""
+        return {} if config.output in SEQUENCE_OUTPUTS else features(config)
+
+    def stages(self, config: CausalLMConfig, options: StageOptions, map_items: int) -> list[Stage]:
+        """As every text job's; with output=megatron|tokens the shards hold sequences, not examples."""
+        if config.output in SEQUENCE_OUTPUTS:
+            return text_stages(options, map_items)
+        return super().stages(config, options, map_items)
+
+    def reducer(self, config: CausalLMConfig, opener: Opener, stage: str) -> Reducer:
+        if stage == SHARDS and config.output in SEQUENCE_OUTPUTS:
+            _validate(config)
+            return SequenceShardReducer(config.output, _tokenizer(config, opener).vocab_size)
+        return super().reducer(config, opener, stage)
+
+    def run_files(self, config: CausalLMConfig, manifest: RunManifest) -> dict[str, bytes]:
+        """output=megatron: ``megatron-data-path.txt``, Megatron's --data-path list of every dataset
+        of the run, weighted by its exact token count (the manifest's, as ``Sink.count`` recorded it)."""
+        if config.output != "megatron":
+            return {}
+        return {DATA_PATH_FILE: megatron_data_path(manifest.outputs)}
 
     def summarize(self, totals) -> dict[str, float]:
         positions, tokens = totals.get("positions", 0), totals.get("tokens", 0)
+        if "sequences" in totals:  # output=megatron|tokens: whole documents, no blocks to fill
+            return {}
         return {"fill_ratio": totals.get("real_tokens", 0) / positions if positions else 0.0,
                 "dropped_share": totals.get("dropped_tokens", 0) / tokens if tokens else 0.0}
 
@@ -128,4 +226,7 @@ class CausalLMJob(TextJob):
         """Block lengths and fill of a local run (``fleet local`` prints it)."""
         from jobs.text.report import local_report
 
+        if config.output in SEQUENCE_OUTPUTS:
+            path = output_url[len("file://"):] if output_url.startswith("file://") else output_url
+            return describe(path, config.output) if "://" not in path else None
         return local_report(output_url, config.vocab_file, REPORT_RECORDS)

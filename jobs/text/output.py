@@ -50,14 +50,20 @@ class Column:
     kind: str = "int"  # int | float
 
 
-def check_output(output: str, compression: str) -> None:
-    """The shared options' plan-time check (``ConfigError`` names the option)."""
-    if output not in OUTPUTS:
-        raise ConfigError(f"option output: {output!r} is not supported (known: {', '.join(OUTPUTS)})")
+def check_output(output: str, compression: str, known: Sequence[str] = OUTPUTS) -> None:
+    """The shared options' plan-time check (``ConfigError`` names the option); ``known``: the
+    outputs of the job (causal_lm adds the token-sequence files of ``token_files``)."""
+    if output not in known:
+        if output in ("megatron", "tokens"):
+            raise ConfigError(f"option output: {output} holds token sequences, which this job does not make "
+                              f"(causal_lm does); known here: {', '.join(known)}")
+        raise ConfigError(f"option output: {output!r} is not supported (known: {', '.join(known)})")
     if str(compression).lower() not in COMPRESSIONS:
         raise ConfigError(f"option compression: {compression!r} is not supported (known: none, GZIP)")
-    if output == "parquet" and str(compression).lower() != "none":
-        raise ConfigError("option compression applies to output=tfrecord; Parquet files are zstd-compressed inside")
+    if output != "tfrecord" and str(compression).lower() != "none":
+        raise ConfigError("option compression applies to output=tfrecord; "
+                          + ("Parquet files are zstd-compressed inside" if output == "parquet"
+                             else f"output={output} files are memory-mapped, so never compressed"))
 
 
 def output_suffix(output: str, compression: str) -> str:
