@@ -19,6 +19,7 @@ No I/O and no randomness: the same ids give the same blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -65,23 +66,36 @@ class BlockCutter:
     def add(self, documents: Sequence[Sequence[int]]) -> Blocks:
         """The blocks these documents complete (a document with no ids adds nothing, not even
         an end-of-document id)."""
-        streams = [np.asarray(ids, np.int32) for ids in documents if len(ids)]
-        eod = np.array([self.opts.eod_id], np.int32)
+        stream, lengths = _stream(documents, self.opts.eod_id)
         if self.opts.pack_documents:
-            stream = np.concatenate([self.carry, *(part for ids in streams for part in (ids, eod))])
+            stream = np.concatenate([self.carry, stream])
             n = len(stream) // self.opts.block_size * self.opts.block_size
             self.carry = stream[n:]
             return self._full(stream[:n])
-        return self._concat([self._document(np.concatenate([ids, eod])) for ids in streams])
+        return self._documents(stream, lengths)
 
     def finish(self) -> Blocks:
         """What the item's stream left over (``pack_documents`` only; else nothing)."""
         tail, self.carry = self.carry, np.zeros(0, np.int32)
         return self._tail(tail)
 
-    def _document(self, ids: np.ndarray) -> Blocks:
-        n = len(ids) // self.opts.block_size * self.opts.block_size
-        return self._concat([self._full(ids[:n]), self._tail(ids[n:])])
+    def _documents(self, stream: np.ndarray, lengths: np.ndarray) -> Blocks:
+        """Each document's blocks, in order, from the documents' ids end to end (``lengths``
+        each, end token included): every id lands in its document's block at its place, in a
+        few array operations whatever the number of documents (short documents are many)."""
+        size = self.opts.block_size
+        full, rest = np.divmod(lengths, size)
+        position = np.arange(len(stream)) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # in its document
+        if self.opts.last_block == "drop":
+            self.dropped += int(rest.sum())
+            return self._full(stream[position < np.repeat(full * size, lengths)])
+        rows = full + (rest > 0)
+        first_row = np.cumsum(rows) - rows
+        ids = np.full((int(rows.sum()), size), self.opts.pad_id, np.int32)
+        ids.reshape(-1)[np.repeat(first_row * size, lengths) + position] = stream
+        row_lengths = np.full(len(ids), size, np.int32)
+        row_lengths[(first_row + full)[rest > 0]] = rest[rest > 0]
+        return Blocks(ids, row_lengths)
 
     def _full(self, ids: np.ndarray) -> Blocks:
         size = self.opts.block_size
@@ -98,7 +112,18 @@ class BlockCutter:
         row[0, :len(ids)] = ids
         return Blocks(row, np.array([len(ids)], np.int32))
 
-    def _concat(self, parts: list[Blocks]) -> Blocks:
-        if not parts:
-            return Blocks(np.zeros((0, self.opts.block_size), np.int32), np.zeros(0, np.int32))
-        return Blocks(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]))
+
+def _stream(documents: Sequence[Sequence[int]], eod_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The non-empty documents' ids end to end, each followed by ``eod_id``, and each one's length
+    (with its end token). Lists of ints (``tokenizers``, SentencePiece, tiktoken) are read in one
+    ``fromiter``, not an array per document."""
+    docs = [ids for ids in documents if len(ids)]
+    lengths = np.fromiter(map(len, docs), np.int64, len(docs)) + 1
+    if not docs:
+        return np.zeros(0, np.int32), lengths
+    if all(isinstance(ids, list) for ids in docs):
+        eod = [eod_id]
+        chained = chain.from_iterable(part for ids in docs for part in (ids, eod))
+        return np.fromiter(chained, np.int32, int(lengths.sum())), lengths
+    eod = np.array([eod_id], np.int32)
+    return np.concatenate([part for ids in docs for part in (np.asarray(ids, np.int32), eod)]), lengths

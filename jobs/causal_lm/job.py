@@ -29,10 +29,10 @@ from jobs.text.output import OUTPUTS, Column, ShuffledExamples, check_output, op
 from jobs.text.stages import SHARD_BATCH, SHARDS, checkpointed, text_stages
 from jobs.text.token_files import (DATA_PATH_FILE, SEQUENCE_FEATURE, SEQUENCE_OUTPUTS, describe, megatron_data_path,
                                    open_sequence_writer, sequence_example)
-from jobs.text.tokenizer_cache import bert_tokenizer, json_tokenizer
+from jobs.text.tokenizer_cache import TOKENIZER_KINDS, bert_tokenizer, file_tokenizer
 
 from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions
-from .tokenizer import DocumentTokenizer, from_bert, from_json
+from .tokenizer import DocumentTokenizer, from_bert, from_json, from_sentencepiece, from_tiktoken
 
 BATCH_CHARS = 1 << 20  # text tokenized per call: amortises the call, bounds memory
 REPORT_RECORDS = 20_000  # records the report at the end of fleet local reads
@@ -40,7 +40,10 @@ REPORT_RECORDS = 20_000  # records the report at the end of fleet local reads
 
 @dataclass
 class CausalLMConfig:
-    tokenizer_file: str = ""  # URL or path of a tokenizers tokenizer.json (e.g. byte-level BPE); or vocab_file
+    tokenizer_file: str = ""  # URL or path: a tokenizer.json, a SentencePiece .model or a .tiktoken file; or vocab_file
+    tokenizer_type: str = "auto"  # auto | json | sentencepiece | tiktoken: tokenizer_file's kind (auto: by name, else content)
+    tiktoken_pattern: str = ""  # tiktoken: the split regex (default: the known encoding's, else cl100k_base's)
+    tiktoken_special_tokens: str = ""  # tiktoken: TOKEN=ID,... e.g. <|endoftext|>=100257 (default: the known encoding's)
     vocab_file: str = ""  # URL or path of a BERT vocab.txt (WordPiece); or tokenizer_file
     do_lower_case: bool = True  # vocab_file only (a tokenizer.json carries its own normalizer)
     max_seq_length: int = 1024  # tokens per example
@@ -55,8 +58,11 @@ class CausalLMConfig:
 
 def _validate(config: CausalLMConfig) -> None:
     if bool(config.tokenizer_file) == bool(config.vocab_file):
-        raise ConfigError("give one of the options tokenizer_file (a tokenizers tokenizer.json) "
-                          "or vocab_file (a BERT vocab.txt)")
+        raise ConfigError("give one of the options tokenizer_file (a tokenizers tokenizer.json, a SentencePiece "
+                          ".model or a .tiktoken file) or vocab_file (a BERT vocab.txt)")
+    if config.tokenizer_type not in TOKENIZER_KINDS:
+        raise ConfigError(f"option tokenizer_type: {config.tokenizer_type!r} is not supported "
+                          f"(known: {', '.join(TOKENIZER_KINDS)})")
     if not 2 <= config.max_seq_length <= 1 << 20:
         raise ConfigError(f"option max_seq_length: must be between 2 and 1048576, got {config.max_seq_length}")
     if config.last_block not in LAST_BLOCKS:
@@ -78,8 +84,13 @@ def _tokenizer(config: CausalLMConfig, opener: Opener) -> DocumentTokenizer:
     if config.vocab_file:
         bert = bert_tokenizer(config.vocab_file, config.do_lower_case, opener)
         return from_bert(bert, config.vocab_file, config.eod_token, config.pad_token)
-    return from_json(json_tokenizer(config.tokenizer_file, opener), config.tokenizer_file,
-                     config.eod_token, config.pad_token)
+    kind, tokenizer = file_tokenizer(config.tokenizer_file, opener, config.tokenizer_type, config.tiktoken_pattern,
+                                     config.tiktoken_special_tokens)
+    if kind != "tiktoken" and (config.tiktoken_pattern or config.tiktoken_special_tokens):
+        raise ConfigError(f"options tiktoken_pattern and tiktoken_special_tokens apply to a .tiktoken file, "
+                          f"not {config.tokenizer_file} ({kind})")
+    build = {"json": from_json, "sentencepiece": from_sentencepiece, "tiktoken": from_tiktoken}[kind]
+    return build(tokenizer, config.tokenizer_file, config.eod_token, config.pad_token)
 
 
 def features(config: CausalLMConfig) -> dict[str, Feature]:
