@@ -181,7 +181,7 @@ class Worker:
                 if fresh and worked:
                     break  # this listing has gone stale while we worked: take fresh ones
             if policy.drained():
-                return self.leave()
+                return self.leave(drained=True)
             policy.end_pass(worked)
             if not worked:
                 if self.standby is not None and not policy.waiting() and self.standbys_ahead() >= self.standby:
@@ -197,10 +197,32 @@ class Worker:
         if item in policy.released:
             self._unannounce(item)
 
-    def leave(self) -> Counters:
+    def leave(self, drained: bool = False) -> Counters:
+        """Stop; a worker that finds the run drained writes its files first (finish_run)."""
         self.mark_idle(False)
+        if drained:
+            self.finish_run()
         self.beat("exited")
         return self.counters
+
+    def finish_run(self) -> None:
+        """The run's manifest and the job's run files (fleet.core.manifest), if every item is done.
+        Every worker that finds the run drained may try: the writes are create-only and the bytes
+        a pure function of the leases, so the first wins and the rest find them equal. Advisory
+        for the worker: a failure here is logged, never stops it (`fleet local` writes them too)."""
+        from fleet.core.manifest import MANIFEST, finish_run
+        from fleet.core.status import StatusReader
+
+        try:
+            output = self.runner.output
+            if output.stat(MANIFEST) is not None:
+                return  # another worker got there first
+            reader = StatusReader(self.store, self.run)
+            manifest, _ = finish_run(output, self.job, self.config, self.spec, reader.items, reader.leases())
+            if manifest is not None:
+                log.info("run finished: %s written with %d output(s) counted", MANIFEST, len(manifest.outputs))
+        except Exception as e:
+            log.warning("run files not written: %s", e)
 
     def close(self) -> None:
         self._sweep()
