@@ -24,7 +24,7 @@ from rich.console import Console
 from fleet.cli.local import run_local
 from fleet.core.attempt import DirSink
 from fleet.core.lease import DONE, FAILED, Lease
-from fleet.core.manifest import MANIFEST, build_manifest, counters, manifest_json, manifest_of, totals, \
+from fleet.core.manifest import MANIFEST, build_manifest, claim_finish, counters, finishing_name, manifest_json, manifest_of, totals, \
     write_run_files
 from fleet.core.run import Item, RunSpec, plan
 from fleet.core.spawner import Worker
@@ -294,3 +294,11 @@ def test_per_source_sums_are_the_done_map_items_and_the_bytes_do_not_depend_on_o
     rng.shuffle(shuffled_items)
     shuffled_leases = dict(sorted(leases.items(), key=lambda kv: rng.random()))
     assert manifest_json(SPEC, manifest_of(shuffled_items, shuffled_leases)) == manifest_json(SPEC, manifest)
+
+
+def test_one_drained_worker_claims_the_run_files_and_a_dead_claimant_is_replaced(tmp_path):
+    store = open_store(str(tmp_path))
+    assert claim_finish(store, "r", "a", stale_after=60, now=1000.0)
+    assert not claim_finish(store, "r", "b", stale_after=60, now=1030.0)  # a is at it
+    assert claim_finish(store, "r", "c", stale_after=60, now=1061.0)  # a died before the manifest
+    assert json.loads(store.read(finishing_name("r")))["worker"] == "c"

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any, Iterable, Mapping
 
 from fleet.job import Job, RunManifest
+from fleet.core.layout import run_prefix
 from fleet.core.lease import DONE, Lease
 from fleet.core.run import Item, RunSpec
 from fleet.core.store import NotFound, PreconditionFailed, Store
@@ -129,6 +131,39 @@ def finish_run(output: Store, job: Job, config: Any, spec: RunSpec, items: list[
     for name in differ:
         log.warning("%s/%s holds other bytes than this run's leases give; left as it is", output.url, name)
     return manifest, differ
+
+
+def finishing_name(run: str) -> str:
+    """The run-state object the worker that writes the run's files claims first (create-only), so
+    that the workers that find the run drained together do not all read every lease."""
+    return f"{run_prefix(run)}finishing"
+
+
+def claim_finish(store: Store, run: str, worker: str, stale_after: float, now: float | None = None) -> bool:
+    """Whether this worker is the one to write the run's files: it created the claim, or took over
+    one older than ``stale_after`` seconds (its writer died before the manifest was written)."""
+    now = time.time() if now is None else now
+    body = json.dumps({"worker": worker, "claimed": now}, sort_keys=True).encode()
+    name = finishing_name(run)
+    try:
+        store.write(name, body, if_generation_match=0)
+        return True
+    except PreconditionFailed:
+        pass
+    try:
+        data, generation = store.read_generation(name)
+        claimed = float(json.loads(data).get("claimed", 0))
+    except NotFound:
+        return False  # removed between the calls: the next worker to look claims it
+    except (ValueError, TypeError, AttributeError):
+        claimed = 0.0  # not a claim: take it over
+    if now - claimed < stale_after:
+        return False
+    try:
+        store.write(name, body, if_generation_match=generation)
+        return True
+    except PreconditionFailed:
+        return False  # another took it over first
 
 
 def build_manifest(store: Store, run: str) -> RunManifest:

@@ -207,16 +207,21 @@ class Worker:
 
     def finish_run(self) -> None:
         """The run's manifest and the job's run files (fleet.core.manifest), if every item is done.
-        Every worker that finds the run drained may try: the writes are create-only and the bytes
-        a pure function of the leases, so the first wins and the rest find them equal. Advisory
+        The first worker to find the run drained claims the job (fleet.core.manifest.claim_finish);
+        the writes are create-only and the bytes a pure function of the leases, so any other
+        writer (a claim taken over, `fleet local`) finds them equal. Advisory
         for the worker: a failure here is logged, never stops it (`fleet local` writes them too)."""
-        from fleet.core.manifest import MANIFEST, finish_run
+        from fleet.core.manifest import MANIFEST, claim_finish, finish_run
         from fleet.core.status import StatusReader
 
         try:
             output = self.runner.output
             if output.stat(MANIFEST) is not None:
                 return  # another worker got there first
+            # One worker reads every lease, not each that drains at once; one that died doing it is
+            # replaced by the next to drain after a lease TTL (a relaunch, `fleet local` again).
+            if not claim_finish(self.store, self.run, self.name, self.spec.lease_ttl):
+                return
             reader = StatusReader(self.store, self.run)
             manifest, _ = finish_run(output, self.job, self.config, self.spec, reader.items, reader.leases())
             if manifest is not None:
