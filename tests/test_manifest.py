@@ -24,8 +24,8 @@ from rich.console import Console
 from fleet.cli.local import run_local
 from fleet.core.attempt import DirSink
 from fleet.core.lease import DONE, FAILED, Lease
-from fleet.core.manifest import MANIFEST, build_manifest, claim_finish, counters, finishing_name, manifest_json, manifest_of, totals, \
-    write_run_files
+from fleet.core.manifest import MANIFEST, build_manifest, claim_finish, counters, finishing_name, manifest_json, \
+    manifest_of, totals, write_run_files
 from fleet.core.run import Item, RunSpec, plan
 from fleet.core.spawner import Worker
 from fleet.core.store import open_store
@@ -206,6 +206,7 @@ def test_no_run_files_while_an_item_failed_then_written_once_it_is_retried(tmp_p
     result, _ = local([str(folder)], out, RUNFILEJOB, {}, item_bytes=700, expect=1, max_attempts=1)
     assert result.status.failed == 1
     assert not (out / MANIFEST).exists() and not (out / "outputs.txt").exists()
+    assert not (out / ".fleet" / finishing_name("local")).exists()  # the next drain may write them
     assert result.summary["sources"]  # the done items are still counted, for the summary
     monkeypatch.delenv("LINEJOB_CRASH")
     result, _ = local([str(folder)], out, RUNFILEJOB, {}, item_bytes=700, max_attempts=1, retry_failed=True)

@@ -31,7 +31,7 @@ from fleet.core.run import PlanError, load_spec, plan
 from fleet.core.layout import STATE_DIR, spec_name
 from fleet.core.processes import start_workers, stop_workers
 from fleet.core.status import RunStatus, StatusReader
-from fleet.core.manifest import finish_run
+from fleet.core.manifest import finish_run, finishing_name
 from fleet.core.store import StoreError, open_store
 from fleet.core.verify import check_outputs, describe_stale, downstream, reopen, stale_markers
 
@@ -284,6 +284,8 @@ def run_local(
         say(console, f"{path}: not written ({e.strerror})", style="yellow")
     if st.done == st.items:
         write_run_files(console, chosen, spec, reader, out_dir)
+    else:  # a worker stopped while claiming the run's files leaves no claim to wait out after a retry
+        store.delete(finishing_name(RUN))
     print_summary(console, summary, out_dir)
     print_report(console, job, spec.config, out_dir)
     if st.blocked:

@@ -211,7 +211,7 @@ class Worker:
         the writes are create-only and the bytes a pure function of the leases, so any other
         writer (a claim taken over, `fleet local`) finds them equal. Advisory
         for the worker: a failure here is logged, never stops it (`fleet local` writes them too)."""
-        from fleet.core.manifest import MANIFEST, claim_finish, finish_run
+        from fleet.core.manifest import MANIFEST, claim_finish, finish_run, finishing_name
         from fleet.core.status import StatusReader
 
         try:
@@ -226,6 +226,8 @@ class Worker:
             manifest, _ = finish_run(output, self.job, self.config, self.spec, reader.items, reader.leases())
             if manifest is not None:
                 log.info("run finished: %s written with %d output(s) counted", MANIFEST, len(manifest.outputs))
+            else:  # an item failed: no files, and the claim goes, for the drain after a retry
+                self.store.delete(finishing_name(self.run))
         except Exception as e:
             log.warning("run files not written: %s", e)
 
