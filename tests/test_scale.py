@@ -36,7 +36,8 @@ def test_thirty_workers_two_hundred_items_no_double_commit_none_stranded(fake_gc
     assert len(leases) == 200 and all(lease.state == DONE for lease in leases.values())
     out = open_store(f"gs://{gcs_bucket}/out/scale")
     listed = {b.name for b in out.list("")}
-    assert listed == {o["name"] for lease in leases.values() for o in lease.outputs}
+    # Every item's output, and the manifest of the finished run (written once, by a drained worker).
+    assert listed == {o["name"] for lease in leases.values() for o in lease.outputs} | {"manifest.json"}
     for item, lease in leases.items():
         [o] = lease.outputs
         assert out.read(o["name"]).startswith(f"{item} 1 ".encode())  # one document per item, its own

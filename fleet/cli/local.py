@@ -26,12 +26,13 @@ from rich.text import Text
 from fleet.core.codesync import code_version
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.job import StageOptions, load_job
-from fleet.cli.render import print_detail, printable, print_skipped, say, stage_counts
+from fleet.cli.render import print_counts, print_detail, printable, print_skipped, say, stage_counts
 from fleet.core.run import PlanError, load_spec, plan
 from fleet.core.layout import STATE_DIR, spec_name
 from fleet.core.processes import start_workers, stop_workers
 from fleet.core.status import RunStatus, StatusReader
-from fleet.core.store import open_store
+from fleet.core.manifest import finish_run, finishing_name
+from fleet.core.store import StoreError, open_store
 from fleet.core.verify import check_outputs, describe_stale, downstream, reopen, stale_markers
 
 RUN = "local"
@@ -76,6 +77,8 @@ def summarize(st: RunStatus, job_name: str, wall: float, workers: int) -> dict:
         **{k: v for k, v in sorted(totals.items()) if k not in ("seconds", "input_bytes")},
         **job.summarize(totals),
         "outputs": sorted(st.outputs),
+        "sources": st.sources,  # exact counts per input file (fleet.core.manifest)
+        "output_counts": st.output_counts,  # exact counts per output, by name
         "failures": st.failures,
         "skipped": st.bad_records,
     }
@@ -87,12 +90,13 @@ def summarize(st: RunStatus, job_name: str, wall: float, workers: int) -> dict:
 def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     table = Table(title=f"fleet local: {summary['done']}/{summary['items']} items done", show_header=False)
     for key, value in summary.items():
-        if key in ("outputs", "failures", "run", "hint", "skipped"):
+        if key in ("outputs", "failures", "run", "hint", "skipped", "sources", "output_counts"):
             continue
         table.add_row(key, Text(f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int)
                                 else printable(str(value))))  # a job name or a path, as it is
     table.add_row("outputs", Text(printable(f"{len(summary['outputs'])} files in {out_dir}")))
     console.print(table)
+    print_counts(console, summary.get("sources") or {}, summary.get("output_counts") or {})
     for f in summary["failures"]:
         say(console, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
         print_detail(console, f.get("detail") or {})
@@ -103,6 +107,20 @@ def print_summary(console: Console, summary: dict, out_dir: str) -> None:
                      f"({summary.get('dedup_bytes_dropped', 0) / 1e6:,.2f} MB of text)")
     if summary.get("hint"):
         say(console, summary["hint"])
+
+
+def write_run_files(console: Console, job, spec, reader: StatusReader, out_dir: str) -> None:
+    """A finished run's manifest.json and the job's run files (fleet.core.manifest), if its
+    workers have not written them already; a file there with other bytes is named, not replaced."""
+    try:
+        _, differ = finish_run(open_store(out_dir), job, job.parse_config(spec.config), spec, reader.items,
+                               reader.leases())
+    except (OSError, StoreError, ValueError, TypeError) as e:  # the outputs are all there; say what is missing
+        say(console, f"{out_dir}: the run's files (manifest.json) not written: {e}", style="yellow")
+        return
+    for name in differ:
+        say(console, f"{os.path.join(out_dir, name)} holds other bytes than this run's counts give; left as it is "
+                     "(remove it and run again to rewrite it)", style="yellow")
 
 
 def print_report(console: Console, job_name: str, config: dict, out_dir: str) -> None:
@@ -264,6 +282,10 @@ def run_local(
             json.dump(summary, f, indent=1)
     except OSError as e:  # the table below still says it all
         say(console, f"{path}: not written ({e.strerror})", style="yellow")
+    if st.done == st.items:
+        write_run_files(console, chosen, spec, reader, out_dir)
+    else:  # a worker stopped while claiming the run's files leaves no claim to wait out after a retry
+        store.delete(finishing_name(RUN))
     print_summary(console, summary, out_dir)
     print_report(console, job, spec.config, out_dir)
     if st.blocked:

@@ -7,6 +7,7 @@ which rich would read as a closing tag and crash on. Only the label before it is
 
 from __future__ import annotations
 
+import os
 import time
 
 from rich.console import Console
@@ -137,6 +138,7 @@ def print_status(out: Console, st) -> None:
         table.add_row("ETA", "none: no live worker (resume the run to go on)")
     table.add_row("live workers", str(st.live_workers))
     out.print(table)
+    print_counts(out, st.sources, st.output_counts)
     for f in st.failures:
         say(out, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
         print_detail(out, f.get("detail") or {})
@@ -144,6 +146,36 @@ def print_status(out: Console, st) -> None:
     for r in st.retrying:
         say(out, f"item {r['item']} after attempt {r['attempt']}: {r['error']}", "retrying", "yellow")
         print_detail(out, r.get("detail") or {})
+
+
+COUNT_COLUMNS = ("documents", "documents_read", "examples", "tokens")  # the counts a trainer budgets by, when a job gives them
+TOP_SOURCES = 10
+
+
+def print_counts(out: Console, sources: dict, outputs: dict) -> None:
+    """The run's exact counts (fleet.core.manifest): the top input files by tokens (else by
+    input bytes), with the sum over all of them, and the outputs' sum in one line."""
+    if sources:
+        names = [c for c in COUNT_COLUMNS if any(c in row for row in sources.values())]
+        key = "tokens" if "tokens" in names else "input_bytes"
+        folder = os.path.commonprefix(list(sources)).rpartition("/")[0] + "/"  # shown once, in the title
+        table = Table(title=f"per input file in {printable(folder)} ({len(sources):,}; top "
+                            f"{min(TOP_SOURCES, len(sources))} by {key.replace('_', ' ')})",
+                      show_header=True, title_justify="left")
+        for col in ("input file", "input bytes", *names):
+            table.add_column(col, justify="left" if col == "input file" else "right",
+                             overflow="fold" if col == "input file" else "ellipsis")
+        top = sorted(sources.items(), key=lambda kv: (-kv[1].get(key, 0), kv[0]))[:TOP_SOURCES]
+        for name, row in top:
+            table.add_row(Text(printable(name[len(folder):])), *(f"{row.get(c, 0):,}" for c in ("input_bytes", *names)))
+        table.add_row(Text("all", style="bold"),
+                      *(f"{sum(row.get(c, 0) for row in sources.values()):,}" for c in ("input_bytes", *names)))
+        out.print(table)
+    counted = {c: sum(row.get(c, 0) for row in outputs.values()) for c in COUNT_COLUMNS
+               if any(c in row for row in outputs.values())}
+    if outputs and counted:
+        say(out, f"{len(outputs):,} output files hold " + ", ".join(f"{v:,} {k}" for k, v in counted.items()),
+            "counted:")
 
 
 def print_fleet(out: Console, view: dict) -> None:

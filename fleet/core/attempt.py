@@ -89,6 +89,19 @@ class DirSink(Sink):
             raise ValueError(f"output suffix {suffix!r} used twice or not a plain relative path")
         self.files.append((suffix, path))
 
+    def describe(self, outputs: list[dict]) -> None:
+        """Put what the converter counted of each output (``Sink.count``) into its entry of the
+        lease (``"counts"``), in the order the files were opened; counts of an output it never
+        wrote are a bug of the job's, which fails the item rather than vanish."""
+        counted = dict(getattr(self, "output_counts", {}))
+        for (suffix, _), out in zip(self.files, outputs):
+            counts = counted.pop(suffix, None)
+            if counts is not None:
+                out["counts"] = dict(sorted(counts.items()))
+        if counted:
+            raise ValueError(f"counts given for output(s) {', '.join(sorted(map(repr, counted)))} that the item "
+                             "did not write")
+
 
 def output_name(item: str, suffix: str) -> str:
     return f"part-{item}{suffix}"
@@ -215,6 +228,8 @@ class ItemRunner:
                     else:
                         files = [(self.output, output_name(item.id, suffix), path) for suffix, path in sink.files]
                 outputs = [self._upload(item, store, name, path, renewer) for store, name, path in files]
+                if isinstance(sink, DirSink):
+                    sink.describe(outputs)
             renewer.finish()
             if renewer.lost.is_set():
                 raise Lost(f"item {item.id}: lease taken over")

@@ -181,7 +181,7 @@ class Worker:
                 if fresh and worked:
                     break  # this listing has gone stale while we worked: take fresh ones
             if policy.drained():
-                return self.leave()
+                return self.leave(drained=True)
             policy.end_pass(worked)
             if not worked:
                 if self.standby is not None and not policy.waiting() and self.standbys_ahead() >= self.standby:
@@ -197,10 +197,39 @@ class Worker:
         if item in policy.released:
             self._unannounce(item)
 
-    def leave(self) -> Counters:
+    def leave(self, drained: bool = False) -> Counters:
+        """Stop; a worker that finds the run drained writes its files first (finish_run)."""
         self.mark_idle(False)
+        if drained:
+            self.finish_run()
         self.beat("exited")
         return self.counters
+
+    def finish_run(self) -> None:
+        """The run's manifest and the job's run files (fleet.core.manifest), if every item is done.
+        The first worker to find the run drained claims the job (fleet.core.manifest.claim_finish);
+        the writes are create-only and the bytes a pure function of the leases, so any other
+        writer (a claim taken over, `fleet local`) finds them equal. Advisory
+        for the worker: a failure here is logged, never stops it (`fleet local` writes them too)."""
+        from fleet.core.manifest import MANIFEST, claim_finish, finish_run, finishing_name
+        from fleet.core.status import StatusReader
+
+        try:
+            output = self.runner.output
+            if output.stat(MANIFEST) is not None:
+                return  # another worker got there first
+            # One worker reads every lease, not each that drains at once; one that died doing it is
+            # replaced by the next to drain after a lease TTL (a relaunch, `fleet local` again).
+            if not claim_finish(self.store, self.run, self.name, self.spec.lease_ttl):
+                return
+            reader = StatusReader(self.store, self.run)
+            manifest, _ = finish_run(output, self.job, self.config, self.spec, reader.items, reader.leases())
+            if manifest is not None:
+                log.info("run finished: %s written with %d output(s) counted", MANIFEST, len(manifest.outputs))
+            else:  # an item failed: no files, and the claim goes, for the drain after a retry
+                self.store.delete(finishing_name(self.run))
+        except Exception as e:
+            log.warning("run files not written: %s", e)
 
     def close(self) -> None:
         self._sweep()

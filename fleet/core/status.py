@@ -11,6 +11,7 @@ from typing import Any
 from fleet.core.layout import lease_prefix, worker_prefix
 from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.liveness import worker_alive
+from fleet.core.manifest import manifest_of
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec
 from fleet.core.store import NotFound, Store
 
@@ -38,6 +39,10 @@ class RunStatus:
     blocked: int = 0  # items of stages that cannot run: a stage before them failed
     # A run with stages: per stage (its barrier counted with it), {name, items, done, failed, leased, blocked}.
     stages: list[dict[str, Any]] = field(default_factory=list)
+    # Exact counts of the done items (fleet.core.manifest): per input file, the map items' integer
+    # counters summed; per output (name in the output place), what its converter counted.
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
+    output_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -136,6 +141,8 @@ class StatusReader:
                                         "detail": lease.detail})
         if steps.stages:
             st.stages = list(stages.values())
+        manifest = manifest_of(self.items, leases)
+        st.sources, st.output_counts = manifest.sources, manifest.outputs
         st.first_start = min((s for s in starts if s), default=0.0)
         st.last_finish = max(finishes, default=0.0)
         if with_workers:

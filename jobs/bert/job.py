@@ -84,6 +84,7 @@ class BertConverter(DocumentConverter):
             else:
                 for chunk in self.examples.records(documents, ctx.seed, counters, keep, order):
                     out.write(chunk)
+            out.note(documents=counters.documents, tokens=counters.tokens)  # exact, with the file (the manifest)
         return {**dataclasses.asdict(counters), "positions": counters.examples * config.max_seq_length}
 
 

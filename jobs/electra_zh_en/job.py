@@ -143,6 +143,7 @@ class ElectraConverter(DocumentConverter):
                         out.write_examples(encoder.columns_of(ids, lengths, firsts))
                 else:
                     out.write(encoder.records_of(ids, lengths, firsts))
+            out.note(documents=n_docs, tokens=n_tokens)  # exact, with the file (the run's manifest)
         return {
             "documents": n_docs,
             "lines": n_lines,

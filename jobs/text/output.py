@@ -76,6 +76,14 @@ class ExampleWriter(abc.ABC):
 
     def __init__(self, columns: Sequence[Column]):
         self.columns = list(columns)
+        self.examples = 0  # written so far: open_writer records it as the file's count (Sink.count)
+        self.counts: dict[str, int] = {}  # what the job adds of the file (``note``): tokens, documents
+
+    def note(self, **counts: int) -> None:
+        """Exact counts of what this file holds besides its examples (tokens, documents), kept with
+        the output (``Sink.count``) when open_writer closes it; nothing when examples feed a stage."""
+        for name, value in counts.items():
+            self.counts[name] = self.counts.get(name, 0) + int(value)
 
     @abc.abstractmethod
     def write(self, records: bytes) -> None:
@@ -101,10 +109,13 @@ class TFRecordWriter(ExampleWriter):
         self.order = sorted(columns, key=lambda c: c.name)  # tfrecord.example's order: stable bytes
 
     def write(self, records: bytes) -> None:
+        self.examples += count_frames(records)
         self.out.write(records)
 
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
-        self.out.write(b"".join(encode_rows(self.order, values)))
+        rows = encode_rows(self.order, values)
+        self.examples += len(rows)
+        self.out.write(b"".join(rows))
 
 
 def encode_rows(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> list[bytes]:
@@ -187,6 +198,18 @@ class KeyedExampleWriter(ExampleWriter):
 _LENGTH = struct.Struct("<Q")
 
 
+def count_frames(records: bytes) -> int:
+    """How many framed TFRecords ``records`` holds (their lengths walked, nothing decoded)."""
+    n = at = 0
+    while at < len(records):
+        (length,) = _LENGTH.unpack_from(records, at)
+        at += 16 + length
+        n += 1
+    if at != len(records):
+        raise ValueError("a TFRecord frame runs past the end of the records")
+    return n
+
+
 def unframe(records: bytes) -> Iterator[bytes]:
     """The payloads of framed TFRecords this process just encoded (checksums not checked:
     ``tfrecord.iter_records`` reads files that come from elsewhere)."""
@@ -220,9 +243,12 @@ def open_writer(sink: Union[Sink, ShuffledExamples], output: str, compression: s
             writer.close()
         elif suffix.endswith(".gz"):
             with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0) as out:
-                yield TFRecordWriter(out, columns)
+                writer = TFRecordWriter(out, columns)
+                yield writer
         else:
-            yield TFRecordWriter(raw, columns)
+            writer = TFRecordWriter(raw, columns)
+            yield writer
+    sink.count(suffix, {**writer.counts, "examples": writer.examples})  # the file's exact counts (RunManifest)
 
 
 def mask_and_segments(lengths, first_lengths, width: int) -> tuple[np.ndarray, np.ndarray]:

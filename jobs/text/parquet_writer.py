@@ -45,6 +45,7 @@ class ParquetExampleWriter(ExampleWriter):
             for name, rows in self.rows.items():
                 rows.append(example[name])
             self.pending += 1
+            self.examples += 1
             if self.pending >= ROW_GROUP_ROWS:
                 self._flush()
 
@@ -53,6 +54,7 @@ class ParquetExampleWriter(ExampleWriter):
         for name, rows in self.rows.items():
             rows.extend(np.asarray(values[name]).reshape(n, -1))
         self.pending += n
+        self.examples += n
         if self.pending >= ROW_GROUP_ROWS:
             self._flush()
 
@@ -63,6 +65,7 @@ class ParquetExampleWriter(ExampleWriter):
         if not n:
             return
         arrays = {name: np.asarray(values[name]).reshape(n, -1) for name in self.rows}
+        self.examples += n
         done = 0
         while done < n:
             take = min(n - done, ROW_GROUP_ROWS - self.pending)

@@ -127,9 +127,12 @@ def committed(bucket: str, run: str) -> dict[str, str]:
 
 
 def listed_outputs(output_url: str) -> dict[str, str]:
-    """Every object under an output prefix, name -> sha256 of its bytes."""
+    """Every output under an output prefix, name -> sha256 of its bytes: every object but the
+    manifest a finished run writes beside them (fleet.core.manifest), a file of the run, no item's."""
+    from fleet.core.manifest import MANIFEST
+
     store = open_store(output_url)
-    return {b.name: hashlib.sha256(store.read(b.name)).hexdigest() for b in store.list("")}
+    return {b.name: hashlib.sha256(store.read(b.name)).hexdigest() for b in store.list("") if b.name != MANIFEST}
 
 
 def clean_run(bucket: str, run: str, corpus: str, item_bytes: int, log_dir: str, **settings) -> dict[str, str]:

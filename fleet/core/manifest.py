@@ -1,0 +1,174 @@
+"""A run's exact counts (fleet.job.RunManifest), from its leases, and the files only a finished
+run can write: ``manifest.json`` and the job's own (``Job.run_files``).
+
+Per output: what the converter recorded with ``Sink.count`` (the lease keeps it in the output's
+entry, ``"counts"``). Per source (input file): the integer counters of the map items cut from it,
+summed. The items of later stages read no single file (a dedup or shard item mixes every
+source), so their counters are in no source's row: they are in the run's totals, and what they
+wrote is in the per-output counts. ``seconds`` (a duration, not a count) and float counters
+(ratios) are left out, so the manifest is a pure function of the outputs and is the same
+whoever computes it, whenever.
+
+``manifest.json`` is written once every item is done (never with an item failed or blocked),
+create-only: the workers that find the run drained and ``fleet local`` may all try, and all write
+the same bytes (sorted keys, no time stamp), so the first wins and the others find it equal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Iterable, Mapping
+
+from fleet.job import Job, RunManifest
+from fleet.core.layout import run_prefix
+from fleet.core.lease import DONE, Lease
+from fleet.core.run import Item, RunSpec
+from fleet.core.store import NotFound, PreconditionFailed, Store
+
+log = logging.getLogger("fleet.manifest")
+
+MANIFEST = "manifest.json"  # in the output place, beside the outputs
+RESERVED = (MANIFEST, "summary.json")  # names a job's run file may not take (fleet local writes the second)
+NOT_COUNTS = ("seconds",)  # stats that are measured, not counted: they differ between attempts
+
+
+def counters(stats: Mapping[str, Any]) -> dict[str, int]:
+    """The exact counts among an item's stats: integers, durations left out."""
+    return {k: v for k, v in stats.items()
+            if isinstance(v, int) and not isinstance(v, bool) and k not in NOT_COUNTS}
+
+
+def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
+    for name, value in counts.items():
+        into[name] = into.get(name, 0) + value
+
+
+def manifest_of(items: Iterable[Item], leases: Mapping[str, Lease]) -> RunManifest:
+    """The counts of the done items (all of a finished run's), in name order."""
+    sources: dict[str, dict[str, int]] = {}
+    outputs: dict[str, dict[str, int]] = {}
+    for item in items:
+        lease = leases.get(item.id)
+        if lease is None or lease.state != DONE:
+            continue
+        if not item.step:
+            _add(sources.setdefault(item.file, {}), counters(lease.stats))
+        for out in lease.outputs:
+            if out.get("place") != "state":
+                outputs[out["name"]] = counters(out.get("counts") or {})
+    return RunManifest({k: dict(sorted(v.items())) for k, v in sorted(sources.items())},
+                       {k: dict(sorted(v.items())) for k, v in sorted(outputs.items())})
+
+
+def totals(rows: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """Each counter summed over the rows (sources or outputs)."""
+    out: dict[str, int] = {}
+    for counts in rows.values():
+        _add(out, counts)
+    return dict(sorted(out.items()))
+
+
+def manifest_json(spec: RunSpec, manifest: RunManifest) -> bytes:
+    """``manifest.json``: the run, its job, per source and per output counts and their totals.
+    Bytes that depend on the leases only, so every writer writes the same."""
+    body = {
+        "run": spec.run,
+        "job": spec.job,
+        "sources": manifest.sources,
+        "outputs": manifest.outputs,
+        "totals": {"sources": totals(manifest.sources), "outputs": totals(manifest.outputs)},
+    }
+    return (json.dumps(body, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def all_done(items: Iterable[Item], leases: Mapping[str, Lease]) -> bool:
+    """Every item done: the only state in which the run's files are written."""
+    return all(getattr(leases.get(item.id), "state", None) == DONE for item in items)
+
+
+def run_files(job: Job, config: Any, spec: RunSpec, manifest: RunManifest) -> dict[str, bytes]:
+    """Every file the finished run writes into the output place, by name: the job's, then the
+    manifest (written last, so that a manifest there says the job's files are there too)."""
+    files = {}
+    for name, data in sorted(job.run_files(config, manifest).items()):
+        parts = name.split("/")
+        if name in RESERVED or name.startswith("part-") or any(p in ("", ".", "..") for p in parts) or "\\" in name:
+            raise ValueError(f"job {spec.job}: run file {name!r} is taken or not a plain relative name")
+        if not isinstance(data, bytes):
+            raise TypeError(f"job {spec.job}: run file {name!r} is {type(data).__name__}, not bytes")
+        files[name] = data
+    files[MANIFEST] = manifest_json(spec, manifest)
+    return files
+
+
+def write_run_files(output: Store, files: Mapping[str, bytes]) -> list[str]:
+    """Create-only writes of the run's files. One already there with the same bytes was written by
+    another worker (fine); with other bytes, it is left alone and named in the result."""
+    differ = []
+    for name, data in files.items():
+        try:
+            output.write(name, data, if_generation_match=0)
+        except PreconditionFailed:
+            try:
+                there = output.read(name)
+            except NotFound:  # removed between the two calls: whoever removed it meant it
+                continue
+            if there != data:
+                differ.append(name)
+    return differ
+
+
+def finish_run(output: Store, job: Job, config: Any, spec: RunSpec, items: list[Item],
+               leases: Mapping[str, Lease]) -> tuple[RunManifest | None, list[str]]:
+    """If every item is done: the manifest, written with the job's run files (and the names of
+    those found there with other bytes). Else (None, []), nothing written."""
+    if not all_done(items, leases):
+        return None, []
+    manifest = manifest_of(items, leases)
+    differ = write_run_files(output, run_files(job, config, spec, manifest))
+    for name in differ:
+        log.warning("%s/%s holds other bytes than this run's leases give; left as it is", output.url, name)
+    return manifest, differ
+
+
+def finishing_name(run: str) -> str:
+    """The run-state object the worker that writes the run's files claims first (create-only), so
+    that the workers that find the run drained together do not all read every lease."""
+    return f"{run_prefix(run)}finishing"
+
+
+def claim_finish(store: Store, run: str, worker: str, stale_after: float, now: float | None = None) -> bool:
+    """Whether this worker is the one to write the run's files: it created the claim, or took over
+    one older than ``stale_after`` seconds (its writer died before the manifest was written)."""
+    now = time.time() if now is None else now
+    body = json.dumps({"worker": worker, "claimed": now}, sort_keys=True).encode()
+    name = finishing_name(run)
+    try:
+        store.write(name, body, if_generation_match=0)
+        return True
+    except PreconditionFailed:
+        pass
+    try:
+        data, generation = store.read_generation(name)
+        claimed = float(json.loads(data).get("claimed", 0))
+    except NotFound:
+        return False  # removed between the calls: the next worker to look claims it
+    except (ValueError, TypeError, AttributeError):
+        claimed = 0.0  # not a claim: take it over
+    if now - claimed < stale_after:
+        return False
+    try:
+        store.write(name, body, if_generation_match=generation)
+        return True
+    except PreconditionFailed:
+        return False  # another took it over first
+
+
+def build_manifest(store: Store, run: str) -> RunManifest:
+    """A run's manifest as its leases have it now (the done items' counts)."""
+    from fleet.core.status import StatusReader
+
+    reader = StatusReader(store, run)
+    return manifest_of(reader.items, reader.leases())
