@@ -15,6 +15,7 @@ the workers, the readers, `fleet status` and the VMs' startup/startup.sh.
     runs/<run>/stopped.json                   the run's stop, when boots kept failing (startup.sh)
     runs/<run>/shuffle/<item>                 a stage's keyed records of one item, for the next stage
     runs/<run>/shuffle/<barrier>.index        where the next stage's items find them (fleet.core.shuffle)
+    runs/<run>/finishing                      claimed by the one drained worker that writes the run's files
 
 startup.sh writes the last four with curl alone and never spells a name itself: the launch
 hands it :func:`vm_paths` (templates over ``{instance}``, ``{boot}``, ``{finished}``) in the
@@ -117,6 +118,13 @@ def shuffle_name(run: str, item: str) -> str:
 
 def index_name(run: str, barrier: str) -> str:
     return f"{shuffle_prefix(run)}{barrier}.index"
+
+
+def finishing_name(run: str) -> str:
+    """The run-state object the worker that writes the run's files (manifest.json, Job.run_files)
+    claims first (create-only), so that the workers that find the run drained together do not all
+    read every lease."""
+    return f"{run_prefix(run)}finishing"
 
 
 def stop_name(run: str) -> str:

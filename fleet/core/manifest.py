@@ -22,7 +22,7 @@ import time
 from typing import Any, Iterable, Mapping
 
 from fleet.job import Job, RunManifest
-from fleet.core.layout import run_prefix
+from fleet.core.layout import finishing_name
 from fleet.core.lease import DONE, Lease
 from fleet.core.run import Item, RunSpec
 from fleet.core.store import NotFound, PreconditionFailed, Store
@@ -131,12 +131,6 @@ def finish_run(output: Store, job: Job, config: Any, spec: RunSpec, items: list[
     for name in differ:
         log.warning("%s/%s holds other bytes than this run's leases give; left as it is", output.url, name)
     return manifest, differ
-
-
-def finishing_name(run: str) -> str:
-    """The run-state object the worker that writes the run's files claims first (create-only), so
-    that the workers that find the run drained together do not all read every lease."""
-    return f"{run_prefix(run)}finishing"
 
 
 def claim_finish(store: Store, run: str, worker: str, stale_after: float, now: float | None = None) -> bool:
