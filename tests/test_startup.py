@@ -55,8 +55,7 @@ def vm(fake_gcs, gcs_bucket, tmp_path):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env.update(FLEET_PYTHON=sys.executable, FLEET_SKIP_INSTALL="1", FLEET_WORK_DIR=str(disk), FLEET_RUN_AS="",
                    FLEET_LOG_INTERVAL="1", GCE_METADATA_HOST=server.host, FLEET_COMPUTE_ENDPOINT=standin.url)
-        for name in ("FLEET_NATIVE", "FLEET_NATIVE_CACHE", "CC"):
-            env.pop(name, None)
+        env.pop("FLEET_NATIVE", None)
         env.update(extra_env)
         proc = subprocess.Popen(["bash", str(STARTUP)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
