@@ -143,11 +143,7 @@ def check_places(draw, fmt: str) -> None:
                 if fmt == "text" and compression == "none" and place.offset not in (0, 3):
                     # a plain-text item may start inside a document longer than an item: its lines
                     assert stream[place.offset - 1:place.offset] == b"\n"
-            if fmt == "text" and used == 0:
-                assert record[:len(doc)] == doc or record[-len(doc):] == doc or doc == record[:len(doc)], \
-                    (record, doc)
-            else:
-                assert record[used:used + len(doc)] == doc, (record, used, doc)
+            assert record[used:used + len(doc)] == doc, (record, used, doc)
             previous = (place.offset, used + len(doc))
     finally:
         for m, a, v in saved:
@@ -294,7 +290,7 @@ def test_each_sequence_of_output_megatron_is_traced_to_its_document(tmp_path, co
             sequences = read_sequences(bin_path, f.read(), "megatron", 1200)
         lines = sidecar(prefix + PROVENANCE_SUFFIX)
         assert len(lines) == len(sequences) > 0
-        assert [line["document"] for line in lines] == sorted({line["document"] for line in lines})
+        assert [line["document"] for line in lines] == list(range(len(lines)))  # no document is empty
         for line, sequence in zip(lines, sequences):
             doc = document_at(line)
             assert encode(doc) == sequence.tolist(), line
