@@ -16,7 +16,7 @@ from typing import Generic, Sequence, TypeVar
 from fleet.job import Sink
 
 from jobs.text.inputs.places import Place
-from jobs.text.provenance import PROVENANCE_SUFFIX, PlacedDocuments, ProvenanceWriter
+from jobs.text.provenance import PlacedDocuments, Sidecar
 
 from .blocks import BlockOptions
 
@@ -66,30 +66,24 @@ class BlockSources(Generic[T]):
         return [tail] if tail and self.opts.last_block == "pad" else []
 
 
-class Trace:
+class Trace(Sidecar):
     """An item's sidecar, fed batch by batch as the converter tokenizes and writes."""
 
     def __init__(self, documents: PlacedDocuments, sink: Sink, opts: BlockOptions | None):
-        if not isinstance(documents, PlacedDocuments):
-            raise TypeError("provenance=true: these documents come with no places (a map item's do)")
-        self.documents = documents
+        super().__init__(documents, sink)
         self.sources: BlockSources[Place] | None = BlockSources(opts) if opts else None
-        self.raw = sink.open(PROVENANCE_SUFFIX)
-        self.out = ProvenanceWriter(self.raw)
 
     def batch(self, ids: Sequence[Sequence[int]]) -> None:
         """A batch of documents tokenized (``ids``, one per document): the lines of its blocks,
         or (no BlockOptions: one sequence per document) of its sequences."""
         places = self.documents.take(len(ids))
         if self.sources is None:
-            self.out.write([[place] for place, doc in zip(places, ids) if len(doc)])
+            self.write([[place] for place, doc in zip(places, ids) if len(doc)])
         else:
-            self.out.write(self.sources.add([len(doc) for doc in ids], places))
+            self.write(self.sources.add([len(doc) for doc in ids], places))
 
     def close(self, examples: int) -> None:
         """The sidecar complete; ``examples``: what the output holds, which it must match line for line."""
         if self.sources is not None:
-            self.out.write(self.sources.finish())
-        self.raw.close()
-        if self.out.lines != examples:
-            raise AssertionError(f"provenance: {self.out.lines} lines for {examples} examples")
+            self.write(self.sources.finish())
+        super().close(examples)

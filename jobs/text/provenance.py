@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import BinaryIO, Iterable, Iterator, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 from fleet.job import ConfigError, Sink, StageOptions
 
@@ -39,6 +39,10 @@ class PlacedDocuments:
 
     def __iter__(self) -> Iterator[list[str]]:
         return iter(self._documents)
+
+    def mapped(self, change: Callable[[list[str]], list[str]]) -> PlacedDocuments:
+        """The same documents, each changed (one for one: split_sentences), with the same places."""
+        return PlacedDocuments(map(change, self._documents), self._places)
 
     def take(self, n: int) -> list[Place]:
         """The places of the next ``n`` documents handed on (in order), forgotten here."""
@@ -83,3 +87,24 @@ def open_provenance(sink: Sink) -> Iterator[ProvenanceWriter]:
     """The item's sidecar, ``part-<item>.provenance.jsonl``, complete when the block ends."""
     with sink.open(PROVENANCE_SUFFIX) as raw:
         yield ProvenanceWriter(raw)
+
+
+class Sidecar:
+    """An item's sidecar opened beside its output and fed as examples are written, for a converter
+    that writes in several places (``with`` would re-indent its body): ``close`` it at the end with
+    the examples written, which the lines must match."""
+
+    def __init__(self, documents: Iterable[list[str]], sink: Sink):
+        if not isinstance(documents, PlacedDocuments):
+            raise TypeError("provenance=true: these documents come with no places (a map item's do)")
+        self.documents = documents
+        self.raw = sink.open(PROVENANCE_SUFFIX)
+        self.out = ProvenanceWriter(self.raw)
+
+    def write(self, examples: Sequence[Sequence[Place]]) -> None:
+        self.out.write(examples)
+
+    def close(self, examples: int) -> None:
+        self.raw.close()
+        if self.out.lines != examples:
+            raise AssertionError(f"provenance: {self.out.lines} lines for {examples} examples")
