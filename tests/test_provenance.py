@@ -353,3 +353,71 @@ def test_places_of_a_parquet_item_count_rows_from_the_file_start(tmp_path):
     assert len({piece for piece in plan_slices([str(tmp_path / "x.parquet")], 1)}) > 1
     assert seen == [([f"row {i}", "second"], i) for i in range(30) if i % 3]
     assert np.all(np.diff([row for _, row in seen]) > 0)
+
+
+@pytest.fixture(scope="module")
+def vocab_path(tmp_path_factory, documents) -> str:
+    from jobs.text.vocab import train_vocab, write_vocab
+
+    path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
+    write_vocab(train_vocab((line for d in documents for line in d), 2000), path)
+    return path
+
+
+@pytest.mark.parametrize("sentences", [False, True])
+def test_each_electra_example_is_traced_to_its_document(tmp_path, corpus, vocab_path, sentences):
+    from jobs.text.sentences import split_lines
+    from jobs.text.tokenization import BertTokenizer
+
+    settings_ = {"vocab_file": vocab_path, "max_seq_length": "32", "split_sentences": str(sentences).lower()}
+    for name, extra in (("on", {"provenance": "true"}), ("off", {})):
+        console = Console(file=io.StringIO(), width=200)
+        result = run_local(corpus, str(tmp_path / name), "electra_zh_en", 2, {**settings_, **extra}, item_bytes=3_000,
+                           console=console, lease_ttl=20)
+        assert result.exit_code == 0, console.file.getvalue()
+    assert output_files(tmp_path / "on") == output_files(tmp_path / "off")
+    bert = BertTokenizer.from_file(vocab_path)
+    cls, sep = bert.vocab["[CLS]"], bert.vocab["[SEP]"]
+    paths = sorted(glob.glob(str(tmp_path / "on" / "part-*.tfrecord")))
+    assert len(paths) > 3
+    for path in paths:
+        with open(path, "rb") as f:
+            rows = examples(f.read(), ".tfrecord")
+        lines = sidecar(path[:-len(".tfrecord")] + PROVENANCE_SUFFIX)
+        assert len(lines) == len(rows) > 0
+        for line, row in zip(lines, rows):
+            doc = document_at(line)
+            pieces = [ids for ids in bert.tokenize_lines(split_lines(doc) if sentences else doc) if ids]
+            ids = [t for t, m in zip(row["input_ids"], row["input_mask"]) if m]
+            assert ids[0] == cls and ids[-1] == sep
+            segments, part = [], []
+            for t in ids[1:]:
+                if t == sep:
+                    segments.append(part)
+                    part = []
+                else:
+                    part.append(t)
+            for segment in segments:  # each the ids of some of the document's lines, in order (the last cut)
+                assert of_lines(segment, pieces), (line, segment, pieces)
+
+
+def of_lines(segment: list[int], lines: list[list[int]], at: int = 0, line: int = 0) -> bool:
+    """Whether ``segment`` is the ids of lines of ``lines`` taken in order, the last maybe cut short."""
+    if at == len(segment):
+        return True
+    rest = segment[at:]
+    return any(rest == ids[:len(rest)] or rest[:len(ids)] == ids and of_lines(segment, lines, at + len(ids), j + 1)
+               for j, ids in enumerate(lines[line:], line))
+
+
+def test_electra_provenance_refuses_what_mixes_documents(vocab_path):
+    from jobs.electra_zh_en import JOB as ELECTRA
+
+    def check(**values):
+        config = ELECTRA.parse_config({"vocab_file": vocab_path, "provenance": True, **values})
+        ELECTRA.check(config, None)
+
+    with pytest.raises(ConfigError, match=r"^option provenance: not with pack_documents"):
+        check(pack_documents=True)
+    with pytest.raises(ConfigError, match=r"^option provenance: format=electra only"):
+        check(format="bert")
