@@ -376,6 +376,11 @@ def test_each_electra_example_is_traced_to_its_document(tmp_path, corpus, vocab_
                            console=console, lease_ttl=20)
         assert result.exit_code == 0, console.file.getvalue()
     assert output_files(tmp_path / "on") == output_files(tmp_path / "off")
+    # The run's readers read the examples and pass the sidecars by.
+    from fleet.core.follow import follow_examples
+
+    assert sum(1 for _ in follow_examples(str(tmp_path / "on"))) == \
+        sum(1 for _ in follow_examples(str(tmp_path / "off"))) > 0
     bert = BertTokenizer.from_file(vocab_path)
     cls, sep = bert.vocab["[CLS]"], bert.vocab["[SEP]"]
     paths = sorted(glob.glob(str(tmp_path / "on" / "part-*.tfrecord")))
