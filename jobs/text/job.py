@@ -142,7 +142,7 @@ class _Documents(Converter):
         from .stages import DEDUP, dedup_map  # stages imports this module
 
         tally = Tally()
-        if self.inner.provenance and not ctx.feeds:
+        if getattr(self.inner, "provenance", False) and not ctx.feeds:  # a converter of any class may go without
             places: list[Place] = []
             documents: Iterable[list[str]] = PlacedDocuments(item_documents(item, ctx, tally, places), places)
         else:
