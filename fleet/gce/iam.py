@@ -12,7 +12,7 @@ predefined ones, each with only the permissions those calls need:
   one out or when the run stops itself, delete the MIG and the template.
 
 tests/test_iam.py derives the same sets from the calls VMs make on the stand-ins,
-which refuse (403) any VM call outside them, and checks the README lists them.
+which refuse (403) any VM call outside them, and checks the GCP guide (docs/gcp.md) lists them.
 """
 
 from __future__ import annotations
