@@ -397,10 +397,11 @@ def tokenizer_core() -> str:
     from jobs.text import native
 
     try:
-        lib = native.available()
+        if native.mode() == "0":
+            return "Python (FLEET_NATIVE=0)"
+        return f"C ({native.load().path})"
     except native.NativeError as e:
-        return f"unavailable ({e})"
-    return "C (jobs/text/wordpiece.c)" if lib is not None else "Python (FLEET_NATIVE=0 or no C compiler)"
+        return f"Python ({e})"
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@
 #      (fleet-paths: fleet/core/layout.py owns every name under runs/<run>/; this script spells none)
 #   2. download the pinned code snapshot and check every file against its manifest
 #   3. make sure Python and the locked dependencies are there (a Packer image already has them),
-#      and build the C core of the tokenizer once (gcc installed if missing; without it the
-#      workers tokenize in Python, slower but the same records)
+#      and log which path the tokenizer takes: the C core the snapshot carries (built by setup.py
+#      where it was synced from; no compiler here), else Python (slower, the same records)
 #   4. run `fleet work` as an unprivileged user, one process per core, in its own process group
 #      (recorded for shutdown.sh), streaming this log to the bucket
 #   5. on exit, leave the MIG through deleteInstances; the last one out deletes the MIG and
@@ -24,8 +24,7 @@
 #   FLEET_LOG_INTERVAL  seconds between log uploads (default 30)
 #   FLEET_RUN_AS        the system user the workers run as (default fleet; empty = this user)
 #   FLEET_MAX_FAILED_BOOTS  failed boots with no item finished in between that stop the run (default 3)
-#   FLEET_INSTALL_ONLY  path of a requirements.lock: install Python, exactly it and a C compiler, then stop (Packer)
-#   FLEET_NATIVE_CACHE  where the tokenizer's C library is built and found (default $FLEET_WORK_DIR/native)
+#   FLEET_INSTALL_ONLY  path of a requirements.lock: install Python and exactly it, then stop (Packer)
 #   FLEET_COMPUTE_ENDPOINT, GCE_METADATA_HOST, STORAGE_EMULATOR_HOST  as fleet, google-auth and
 #                       google-cloud-storage read them
 set -euo pipefail
@@ -36,7 +35,6 @@ VENV=$(dirname "$(dirname "$PY")")
 STAMP=$VENV/fleet-lock.sha256 # sha256 of the lock file the venv was installed from
 LOCK=requirements.lock       # in the code snapshot: exact versions and hashes of the dependencies
 WORK_DIR=${FLEET_WORK_DIR:-/var/lib/fleet}
-NATIVE_CACHE=${FLEET_NATIVE_CACHE:-$WORK_DIR/native}
 SKIP_INSTALL=${FLEET_SKIP_INSTALL:-0}
 LOG_INTERVAL=${FLEET_LOG_INTERVAL:-30}
 RUN_AS=${FLEET_RUN_AS-fleet}
@@ -309,21 +307,15 @@ install_deps() { # LOCK: Python and exactly the locked dependencies (versions an
   echo "$want" >"$STAMP"
 }
 
-install_cc() { # a C compiler and the C library's headers, for the tokenizer's C core (jobs/text/native.py)
-  if command -v cc >/dev/null 2>&1 && [[ -f /usr/include/stdlib.h ]]; then return; fi
-  log "installing gcc and libc6-dev (the tokenizer's C core is built with them)"
-  apt_install gcc libc6-dev
-}
-
-build_native() { # the tokenizer's C core, once per code version (jobs/text/native.py: cached by source hash)
+check_native() { # which path the tokenizer takes: the C core in the snapshot (jobs/text/native.py), or Python
   local out
-  out=$("$PY" -m jobs.text.native build 2>&1) && { log "tokenizer C core: $out"; return; }
+  if out=$("$PY" -m jobs.text.native 2>&1); then
+    log "tokenizer C core: $out"
+    return
+  fi
   out=$(tail -n 1 <<<"$out")
   log "tokenizer C core: ${out#fleet: }"
-  [[ $SKIP_INSTALL != 1 ]] || return 1
-  install_cc
-  out=$("$PY" -m jobs.text.native build 2>&1) || { out=$(tail -n 1 <<<"$out"); log "still: ${out#fleet: }"; return 1; }
-  log "tokenizer C core: $out"
+  return 1
 }
 
 fetch_code() { # the pinned snapshot into $CODE, every file checked against the manifest
@@ -373,7 +365,6 @@ if [[ -n ${FLEET_INSTALL_ONLY:-} ]]; then # image build: Python and the locked d
   WORK_DIR=$(mktemp -d)
   run() { "$@"; }
   install_deps "$FLEET_INSTALL_ONLY"
-  [[ $SKIP_INSTALL == 1 ]] || install_cc
   exit 0
 fi
 
@@ -424,10 +415,7 @@ run fetch_code || step_failed "downloading code $VERSION failed"
 run install_deps "$CODE/$LOCK" || step_failed "installing the dependencies failed"
 cd "$CODE"
 export PYTHONPATH=$CODE
-export FLEET_NATIVE_CACHE=$NATIVE_CACHE # (the workers load what this root process built: it is 0755)
-if ! run build_native; then # never a reason to fail: the records are the same either way
-  rm -f "$WORK_DIR/reason"
-  if [[ ${STOPPING:-0} == 1 ]]; then exit 1; fi # a stop (SIGTERM) interrupted it: no workers now
+if ! check_native; then # never a reason to fail: the records are the same either way
   log "the tokenizer's C core is unavailable: workers tokenize in Python (about 3x slower)"
   export FLEET_NATIVE=0 # (so that each worker does not try and warn again)
 fi

@@ -518,7 +518,7 @@ def test_config_errors(vocab_path, tmp_path):
 # planned with them must still parse, resume and read (a resumed run compares its config).
 ELECTRA_OPTIONS = {"vocab_file", "max_seq_length", "do_lower_case", "seed", "format", "compression", "output",
                    "pack_documents", "split_sentences", "masked_lm_prob", "max_predictions_per_seq",
-                   "short_seq_prob", "dupe_factor", "whole_word_masking", "v2_feature_names"}
+                   "short_seq_prob", "dupe_factor", "whole_word_masking", "v2_feature_names", "provenance"}
 
 
 def test_the_electra_options_and_their_defaults_are_those_runs_were_planned_with():
@@ -530,9 +530,9 @@ def test_the_electra_options_and_their_defaults_are_those_runs_were_planned_with
                       "format": "electra", "compression": "none", "output": "tfrecord", "pack_documents": False,
                       "split_sentences": False, "masked_lm_prob": 0.15, "max_predictions_per_seq": 20,
                       "short_seq_prob": 0.1, "dupe_factor": 1, "whole_word_masking": True,
-                      "v2_feature_names": False}
+                      "v2_feature_names": False, "provenance": False}
     bert = dataclasses.asdict(BertConfig())
-    assert set(bert) == ELECTRA_OPTIONS - {"format"}  # the bert job: the same options, without format
+    assert set(bert) == ELECTRA_OPTIONS - {"format", "provenance"}  # the bert job: the same options, without format
     assert all(bert[name] == config[name] for name in bert)
 
 
@@ -582,5 +582,5 @@ def test_fleet_jobs_lists_the_bert_job_with_help_for_every_option():
     proc = fleet("jobs", "bert", env={"COLUMNS": "250"})
     assert proc.returncode == 0, proc.stderr
     rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") == 5}
-    assert set(rows) == set(ELECTRA_OPTIONS) - {"format"}
+    assert set(rows) == set(ELECTRA_OPTIONS) - {"format", "provenance"}
     assert "URL or path of a BERT vocab.txt" in rows["vocab_file"] and "0.15" in rows["masked_lm_prob"]

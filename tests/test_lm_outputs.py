@@ -212,8 +212,13 @@ def test_fleet_local_megatron_and_tokens_give_back_every_token_in_order(
         result = local([corpus], out, {tokenizer: path, "output": output})
         prefixes = datasets(out, output)
         assert len(prefixes) == result.status.items > 2  # one dataset per item
-        assert sorted(os.listdir(out)) == sorted([".fleet", "summary.json"] + [
+        run_files = ["manifest.json"] + (["megatron-data-path.txt"] if output == "megatron" else [])
+        assert sorted(os.listdir(out)) == sorted([".fleet", "summary.json", *run_files] + [
             os.path.basename(p) + s for p in prefixes for s in (".bin", INDEX_SUFFIXES[output])])
+        if output == "megatron":  # the --data-path list names every dataset, weighted by its tokens
+            listed = read_file(str(out / "megatron-data-path.txt")).decode().split()
+            assert listed[1::2] == [os.path.basename(p) for p in prefixes]
+            assert list(map(int, listed[0::2])) == [len(sum(megatron_sequences(megatron, p), [])) for p in prefixes]
         ours = [s.tolist() for p in prefixes
                 for s in read_sequences(p + ".bin", read_file(p + INDEX_SUFFIXES[output]), output, vocab_size)]
         assert ours == want

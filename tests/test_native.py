@@ -1,7 +1,9 @@
 """The C tokenizer core (jobs/text/wordpiece.c through jobs/text/native.py) gives exactly the
-ids of the Python path, in every mode, on the sample corpus and on arbitrary Unicode; it is
-built once per machine and shared safely; and without a compiler everything still works in
-Python (one warning), unless FLEET_NATIVE=1 asked for native.
+ids of the Python path, in every mode, on the sample corpus and on arbitrary Unicode; the library
+the install built (setup.py) is found beside native.py and shared safely; and without it (no
+compiler at install time), or with one built from another wordpiece.c, everything still works in
+Python (one warning), unless FLEET_NATIVE=1 asked for native. tests/test_wheel.py builds it as
+a user's pip does.
 
 Silently different ids would cost TPU weeks: the Python path is the reference here, and
 tests/test_tokenization.py checks that reference against BERT's (and runs with both paths).
@@ -13,6 +15,7 @@ import ctypes
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -247,60 +250,45 @@ def test_the_class_table_is_the_regexes_on_every_code_point():
     assert table[0] == native.CLS_MARK
 
 
-# -- building, sharing, falling back ------------------------------------------------------------
+# -- finding, sharing, falling back --------------------------------------------------------------
 
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """A process state as if nothing was built or loaded yet, and an empty cache."""
+    """A process state as if nothing was loaded yet, and native.py's folder an empty one holding
+    only a copy of wordpiece.c (as in a package installed where no compiler was)."""
     monkeypatch.setattr(native, "_LOADED", None)
     monkeypatch.setattr(native, "_WARNED", False)
-    monkeypatch.setenv("FLEET_NATIVE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("FLEET_NATIVE", raising=False)
-    monkeypatch.delenv("CC", raising=False)
-    return tmp_path / "cache"
+    folder = tmp_path / "text"
+    folder.mkdir()
+    (folder / "wordpiece.c").write_bytes(native.SOURCE.read_bytes())
+    monkeypatch.setattr(native, "SOURCE", folder / "wordpiece.c")
+    return folder
 
 
-def test_build_once_readable_by_all_and_keyed_by_the_source(fresh, monkeypatch, tmp_path):
-    path = native.build()
-    assert path.parent == fresh and path.stat().st_mode & 0o777 == 0o755  # the VM's workers are another user
-    assert sorted(p.name for p in fresh.iterdir()) == [path.name]  # no temporary file left
-    assert ctypes.CDLL(str(path)).wp_abi_version() == native.ABI_VERSION
-    before = path.stat().st_mtime_ns
-    assert native.build() == path and path.stat().st_mtime_ns == before  # cached: not built again
-    changed = tmp_path / "wordpiece.c"
-    changed.write_bytes(native.SOURCE.read_bytes() + b"\n/* changed */\n")
-    monkeypatch.setattr(native, "SOURCE", changed)
-    assert native.library_path() != path  # a changed source builds again
-    key = hashlib.sha256(changed.read_bytes() + repr((native.FLAGS, os.uname().machine)).encode()).hexdigest()[:20]
-    assert native.library_path().name == f"wordpiece-{key}.so"
+def test_the_installed_library_is_beside_native_py_and_built_from_its_source():
+    """setup.py built it (pip install -e . in place): plain C, loaded under this Python whatever
+    Python built it (abi3), carrying the sha256 of the wordpiece.c it was built from."""
+    path = native.library_path()
+    assert path.parent == native.SOURCE.parent and path.name.startswith("_wordpiece.")
+    lib = ctypes.CDLL(str(path))
+    assert lib.wp_abi_version() == native.ABI_VERSION
+    lib.wp_source_sha256.restype = ctypes.c_char_p
+    assert lib.wp_source_sha256().decode() == hashlib.sha256(native.SOURCE.read_bytes()).hexdigest()
+    assert native.load().path == path
 
 
-def test_default_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.delenv("FLEET_NATIVE_CACHE", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert native.cache_dir() == tmp_path / "fleet" / "native"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert native.cache_dir() == tmp_path / "home" / ".cache" / "fleet" / "native"
-
-
-@pytest.mark.parametrize("how", ["CC=false", "no cc on PATH"])
-def test_without_a_compiler_python_does_the_work_after_one_warning(fresh, monkeypatch, capsys, odd, how):
+def test_without_the_library_python_does_the_work_after_one_warning(fresh, monkeypatch, capsys, odd):
     expected = odd.tokenize_lines(["Hello 中文 world", "x"])
     fresh_tok = BertTokenizer(odd.vocab)
-    if how == "CC=false":
-        monkeypatch.setenv("CC", "false")
-        reason = "false failed on wordpiece.c: exit status 1"
-    else:
-        monkeypatch.setenv("PATH", str(fresh))  # (an empty folder)
-        reason = "no C compiler (cc/gcc) found; install gcc"
+    reason = f"no _wordpiece.abi3.so in {fresh} (no C compiler when fleet was installed): {native.REINSTALL}"
     for _ in range(3):
         assert fresh_tok.tokenize_lines(["Hello 中文 world", "x"]) == expected
         assert BertTokenizer(odd.vocab).tokenize_flat(["Hello 中文 world"])[0].tolist() == expected[0]
     err = capsys.readouterr().err.splitlines()
     assert err == [f"fleet: {reason}: tokenizing in Python, about 3x slower"]
-    assert fresh_tok._table is None and not list(fresh.glob("*.so"))
+    assert fresh_tok._table is None
     monkeypatch.setenv("FLEET_NATIVE", "1")
     with pytest.raises(native.NativeError, match=re.escape(f"FLEET_NATIVE=1 but the C tokenizer is unavailable: {reason}")):
         BertTokenizer(odd.vocab).tokenize_lines(["x"])
@@ -309,14 +297,22 @@ def test_without_a_compiler_python_does_the_work_after_one_warning(fresh, monkey
     assert capsys.readouterr().err == ""
 
 
-def test_a_compiler_that_makes_no_library_caches_nothing(fresh, monkeypatch, tmp_path):
-    fake = tmp_path / "fake-cc"
-    fake.write_text("#!/bin/sh\nexit 0\n")  # "succeeds", leaves the output empty
-    fake.chmod(0o755)
-    monkeypatch.setenv("CC", str(fake))
-    with pytest.raises(native.NativeError, match="made a library that does not load"):
-        native.build()
-    assert not list(fresh.iterdir())
+def test_a_library_built_from_another_wordpiece_c_is_not_loaded(fresh):
+    """A checkout whose wordpiece.c changed since its last pip install -e .: its ids could differ."""
+    built = native.library_path(Path(native.__file__).parent)
+    shutil.copy2(built, fresh / built.name)
+    assert native.load().path == fresh / built.name  # the same source: it loads from there
+    native._LOADED = None
+    (fresh / "wordpiece.c").write_bytes(native.SOURCE.read_bytes() + b"\n/* changed */\n")
+    with pytest.raises(native.NativeError, match=f"{re.escape(built.name)} was built from another wordpiece.c than"):
+        native.load()
+
+
+def test_a_file_that_is_no_library_for_this_machine_is_one_line(fresh, capsys):
+    (fresh / "_wordpiece.abi3.so").write_bytes(b"\x7fELF but not really")
+    assert native.main([]) == 1
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("fleet: cannot load the C tokenizer: ") and out.err.count("\n") == 1
 
 
 def test_a_bad_fleet_native_value_is_one_clear_error(monkeypatch, odd):
@@ -331,25 +327,15 @@ def test_fleet_native_0_switches_an_existing_tokenizer_to_python(monkeypatch, od
     assert odd._native() is None
 
 
-def _cli(cache: Path, **env) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("CC", "FLEET_NATIVE")}
-    environ.update(FLEET_NATIVE_CACHE=str(cache), PYTHONPATH=str(ROOT), **env)
-    return subprocess.Popen([sys.executable, "-m", "jobs.text.native", "build"], env=environ, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def test_cli_build_concurrent_first_builds_and_a_failing_compiler(tmp_path):
-    """Two processes building into one empty cache at once both end with a working library
-    (the VM's workers may start together); a compiler that fails is exit 1 and one line."""
-    procs = [_cli(tmp_path / "cache"), _cli(tmp_path / "cache"), _cli(tmp_path / "broken", CC="false")]
-    (out1, err1), (out2, err2), (out3, err3) = (p.communicate(timeout=120) for p in procs)
-    assert [p.returncode for p in procs] == [0, 0, 1], (err1, err2, err3)
-    assert out1 == out2 and Path(out1.strip()).parent == tmp_path / "cache"
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [Path(out1.strip()).name]
-    lib = ctypes.CDLL(out1.strip())
-    assert lib.wp_abi_version() == native.ABI_VERSION
-    assert out3 == "" and err3 == "fleet: false failed on wordpiece.c: exit status 1\n"
-    assert not list((tmp_path / "broken").iterdir())
+def test_cli_says_which_path_runs():
+    """What a VM's startup.sh logs: the library's path (exit 0), or why Python (exit 1, one line)."""
+    environ = {k: v for k, v in os.environ.items() if k != "FLEET_NATIVE"}
+    done = subprocess.run([sys.executable, "-m", "jobs.text.native"], env={**environ, "PYTHONPATH": str(ROOT)},
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and Path(done.stdout.strip()) == native.library_path(), done.stderr
+    wrong = subprocess.run([sys.executable, "-m", "jobs.text.native", "build"], env={**environ, "PYTHONPATH": str(ROOT)},
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and wrong.stderr == "usage: python -m jobs.text.native\n"
 
 
 def test_threads_share_one_table(monkeypatch, odd, sample):
@@ -384,7 +370,7 @@ def test_big_calls_do_not_keep_big_buffers(monkeypatch, odd):
 @pytest.mark.parametrize("options", [{"format": "electra"}, {"format": "bert", "whole_word_masking": True},
                                      {"format": "electra", "pack_documents": True}])
 def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocabs, sample, options):
-    """End to end in one process (the README's job on short documents of the sample): the same
+    """End to end in one process (the docs' job on short documents of the sample): the same
     bytes with FLEET_NATIVE=0 and =1. bench proves it with ``fleet local`` on whole corpora."""
     from jobs.text.inputs import read_all
     from fleet.job import ItemContext

@@ -245,3 +245,26 @@ def test_a_sigterm_while_a_drained_worker_sweeps_its_scratch_is_no_traceback(tmp
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
     leases, _ = _state(bucket)
     assert leases and all(lease.state == DONE for lease in leases.values())
+
+
+def test_a_run_planned_before_an_option_existed_resumes_with_its_default(tmp_path):
+    """A job that gains an option (causal_lm's provenance, tokenizer_type...) must not refuse to
+    resume the runs planned before: they ran with what is now the default. Another value is refused."""
+    import json
+
+    import pytest
+
+    from fleet.core.run import PlanError
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a\nb\n\nc\n", encoding="utf-8")
+    bucket, job = str(tmp_path / "b"), "tests.helpers.linejob:JOB"
+    plan(bucket, "r", job, [str(corpus)], str(tmp_path / "out"), {}, "v")
+    spec_path = tmp_path / "b" / "runs" / "r" / "run.json"
+    old = json.loads(spec_path.read_text())
+    del old["config"]["poison"]  # as written by a version of the job without that option
+    spec_path.write_text(json.dumps(old))
+    spec, _, created = plan(bucket, "r", job, [str(corpus)], str(tmp_path / "out"), {}, "v")
+    assert not created and spec.config["poison"] == ""
+    with pytest.raises(PlanError, match="option poison is 'x', was ''"):
+        plan(bucket, "r", job, [str(corpus)], str(tmp_path / "out"), {"poison": "x"}, "v")

@@ -10,6 +10,11 @@ So syncing again uploads only files whose content is new, and a VM can check
 what it downloaded with nothing but ``sha256sum --check`` (startup.sh does).
 A run pins the version it was planned with, so a fleet never mixes two
 versions of the converter in one output.
+
+The files come from the project root: a checkout, or, for a fleet installed from a wheel, the
+folder holding the installed packages, with what is no package (startup/, requirements.lock,
+pyproject.toml) taken from ``fleet/_data``, where setup.py puts them in the wheel. So an
+installed fleet syncs the same tree a checkout does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ MANIFEST = "MANIFEST.sha256"  # the manifest's name inside a downloaded snapshot
 OBJECTS = "code/objects/"
 _SKIP_DIRS = {"__pycache__", "node_modules"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
+DATA = "_data"  # fleet/_data in an installed wheel (setup.py: build_py_with_data)
 
 
 class CodeError(PlanError):
@@ -49,6 +55,27 @@ class SyncResult:
 
 def project_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def data_root() -> str:
+    """``fleet/_data``: the project's files that are no package, as an installed wheel holds them."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), DATA)
+
+
+def installed(root: str | None = None) -> bool:
+    """True when root is the folder of an installed fleet (site-packages), not a checkout."""
+    root = root or project_root()
+    return os.path.isdir(data_root()) and os.path.abspath(root) == project_root()
+
+
+def locate(rel: str, root: str | None = None) -> str:
+    """Where the project's file or folder ``rel`` is on disk: under root, else, for an installed
+    fleet, under fleet/_data (startup/startup.sh, requirements.lock...)."""
+    root = root or project_root()
+    path = os.path.join(root, rel)
+    if not os.path.exists(path) and installed(root):
+        return os.path.join(data_root(), rel)
+    return path
 
 
 def manifest_name(version: str) -> str:
@@ -77,31 +104,38 @@ def code_files(root: str | None = None, *, paths: Sequence[str]) -> list[str]:
 
     ``paths`` (what to take, relative to root) come from the caller: fleet.toml's code_paths or the
     CLI's default, so this module knows nothing of the configuration."""
-    root = root or project_root()
-    found = []
+    return sorted(_files(root or project_root(), paths))
+
+
+def _files(root: str, paths: Sequence[str]) -> dict[str, str]:
+    """The snapshot's files: path in the manifest -> path on disk (see ``locate``)."""
+    found: dict[str, str] = {}
+    data = os.path.abspath(data_root())
     for top in paths:
-        start = os.path.join(root, top)
+        top = os.path.normpath(top).replace(os.sep, "/")
+        start = locate(top, root)
         if os.path.isfile(start):
-            found.append(top)
+            found[top] = start
             continue
         if not os.path.isdir(start):
             continue  # a project without e.g. startup/ still syncs
         for dirpath, dirnames, filenames in os.walk(start):
-            dirnames[:] = sorted(d for d in dirnames if not _skipped(d) and not _is_venv(os.path.join(dirpath, d)))
+            dirnames[:] = sorted(d for d in dirnames if not _skipped(d) and not _is_venv(os.path.join(dirpath, d))
+                                 and os.path.abspath(os.path.join(dirpath, d)) != data)
             for fn in filenames:
-                if _skipped(fn) or not os.path.isfile(os.path.join(dirpath, fn)):
+                full = os.path.join(dirpath, fn)
+                if _skipped(fn) or not os.path.isfile(full):
                     continue
-                found.append(os.path.relpath(os.path.join(dirpath, fn), root).replace(os.sep, "/"))
+                found[top + "/" + os.path.relpath(full, start).replace(os.sep, "/")] = full
     for rel in found:
         if any(c in rel for c in "\n\r\\") or rel.startswith("/") or ".." in rel.split("/"):
             raise CodeError(f"{rel!r}: a file name that cannot go into a manifest")
-    return sorted(set(found))
+    return found
 
 
 def snapshot(root: str | None = None, *, paths: Sequence[str]) -> list[Entry]:
-    root = root or project_root()
-    return [Entry(rel, sha256_file(os.path.join(root, rel)), os.path.getsize(os.path.join(root, rel)))
-            for rel in code_files(root, paths=paths)]
+    files = _files(root or project_root(), paths)
+    return [Entry(rel, sha256_file(files[rel]), os.path.getsize(files[rel])) for rel in sorted(files)]
 
 
 def manifest_bytes(entries: list[Entry]) -> bytes:
@@ -167,7 +201,8 @@ def sync(bucket: str, root: str | None = None, *, paths: Sequence[str], threads:
     from fleet.core.store import PreconditionFailed, open_store
 
     root = root or project_root()
-    entries = snapshot(root, paths=paths)
+    files = _files(root, paths)
+    entries = [Entry(rel, sha256_file(files[rel]), os.path.getsize(files[rel])) for rel in sorted(files)]
     if not entries:
         raise CodeError(f"{root}: no files under {', '.join(paths)}")
     manifest = manifest_bytes(entries)
@@ -177,7 +212,7 @@ def sync(bucket: str, root: str | None = None, *, paths: Sequence[str], threads:
     new: dict[str, str] = {}
     for e in entries:
         if e.sha256 not in have:
-            new.setdefault(e.sha256, os.path.join(root, e.path))
+            new.setdefault(e.sha256, files[e.path])
     if new:
         _upload(store, new, threads)
     created = True

@@ -35,6 +35,7 @@ from fleet.core.store import NotFound, Store, StoreError, open_store
 if TYPE_CHECKING:
     import tensorflow as tf
 
+EXAMPLE_FILES = (".tfrecord", ".tfrecord.gz", ".parquet")  # what the examples readers read of an item's outputs
 _CHUNK = 256  # records per element handed from Python to tf.data (then unbatched)
 
 
@@ -189,6 +190,8 @@ class RunReader:
         follower = Follower(self.bucket, self.run, self.from_start, self.poll)
         index, count = self.shard
         for out in follower:
+            if not out.url.endswith(EXAMPLE_FILES):
+                continue  # beside the examples: a provenance sidecar, a log
             if count == 1 or _share(out.item, count) == index:
                 yield out
         if follower.failed:

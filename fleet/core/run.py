@@ -353,7 +353,7 @@ def plan(
     )
     store = open_store(bucket)
     items_blob = b"".join(json.dumps(_item_dict(i), sort_keys=True).encode() + b"\n" for i in items)
-    old_spec = _read_spec(store, run)
+    old_spec = _with_new_defaults(job, _read_spec(store, run))
     old_items = store.read(items_name(run)) if old_spec is not None or store.stat(items_name(run)) else None
     differences = []
     if old_spec is not None and old_spec != spec:
@@ -382,6 +382,20 @@ def plan(
             if old_spec != spec:
                 raise PlanError(f"run {run!r} in {store.url} was just planned with other options; {again}") from None
     return (old_spec or spec), items, created
+
+
+def _with_new_defaults(job: Job, spec: RunSpec | None) -> RunSpec | None:
+    """A run planned before the job had some option holds no value for it: it ran with what is
+    now the option's default (a new option must keep the old behaviour by default), so it resumes
+    as planned instead of being refused as "planned differently"."""
+    if spec is None:
+        return None
+    try:
+        full = dataclasses.asdict(job.parse_config(spec.config))
+    except (ConfigError, TypeError, ValueError):  # an option since removed: a real difference, named below
+        return spec
+    known = {k: v for k, v in full.items() if k not in spec.config}
+    return dataclasses.replace(spec, config={**spec.config, **known}) if known else spec
 
 
 def _item_dict(item: Item) -> dict[str, Any]:

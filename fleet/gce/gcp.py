@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from fleet.gce import boots, compute, compute_requests, estimate, iam, prelaunch
-from fleet.core.codesync import has_version, project_root
+from fleet.core.codesync import has_version, locate
 from fleet.gce.config import PROCS_PER_CORE, FleetConfig
 from fleet.core.records import JsonRecord
 from fleet.core.layout import launch_name
@@ -55,7 +55,7 @@ def load_record(store: Store, run: str) -> LaunchRecord | None:
 
 
 def read_startup_script(root: str | None = None, script: str = STARTUP_SCRIPT) -> str:
-    path = os.path.join(root or project_root(), script)
+    path = locate(script, root)  # (a checkout's, or an installed fleet's copy in fleet/_data)
     try:
         with open(path) as f:
             return f.read()

@@ -31,7 +31,7 @@ DEFAULT_ENDPOINT = "https://iam.googleapis.com"
 @dataclass(frozen=True)
 class Permission:
     name: str
-    calls: str  # which calls of a VM need it, for the README and `fleet iam`
+    calls: str  # which calls of a VM need it, for docs/gcp.md and `fleet iam`
 
 
 @dataclass(frozen=True)

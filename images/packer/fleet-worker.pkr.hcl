@@ -1,8 +1,9 @@
 # A worker image: Debian 12 with Python, a venv holding exactly the fleet's locked dependencies
-# (requirements.lock, installed with --require-hashes), gcc, the tokenizer's C core built from
-# this checkout, and the startup script baked in, so a VM's boot skips apt-get, pip and the
-# compiler (startup.sh sees the stamp in the venv match the lock of the code it downloads, and
-# the C library cached under the hash of its source; other code installs or builds at boot).
+# (requirements.lock, installed with --require-hashes) and the startup script baked in, so a
+# VM's boot skips apt-get and pip (startup.sh sees the stamp in the venv match the lock of the
+# code it downloads; other code installs at boot). No compiler and no tokenizer C core: the
+# C core is built where fleet is installed (setup.py) and travels with each code version that
+# `fleet sync` uploads, so an image never holds one built from another wordpiece.c.
 #
 #   packer init images/packer && packer build -var project_id=MY_PROJECT images/packer
 #
@@ -44,8 +45,6 @@ locals {
   # What startup.sh expects (its FLEET_PYTHON default and its stamp file): tests/test_packer.py checks both.
   python     = "/opt/fleet/venv/bin/python"
   stamp_file = "/opt/fleet/venv/fleet-lock.sha256"
-  # startup.sh's FLEET_NATIVE_CACHE default ($FLEET_WORK_DIR/native): the C library it finds there.
-  native_cache = "/var/lib/fleet/native"
 }
 
 source "googlecompute" "worker" {
@@ -77,17 +76,6 @@ build {
     destination = "/tmp/requirements.lock"
   }
 
-  # The tokenizer's C core: native.py builds wordpiece.c next to it (it runs as a script too).
-  provisioner "file" {
-    source      = "${path.root}/../../jobs/text/native.py"
-    destination = "/tmp/fleet-native/native.py"
-  }
-
-  provisioner "file" {
-    source      = "${path.root}/../../jobs/text/wordpiece.c"
-    destination = "/tmp/fleet-native/wordpiece.c"
-  }
-
   # The same install step a stock VM runs at boot, so the image holds exactly what startup.sh checks for.
   provisioner "shell" {
     inline = [
@@ -95,8 +83,7 @@ build {
       "sudo install -m 0755 /tmp/startup.sh /opt/fleet/startup.sh",
       "sudo env FLEET_INSTALL_ONLY=/tmp/requirements.lock FLEET_PYTHON=${local.python} bash /opt/fleet/startup.sh",
       "test -x ${local.python} && test -s ${local.stamp_file}",
-      "sudo env FLEET_NATIVE_CACHE=${local.native_cache} ${local.python} /tmp/fleet-native/native.py build",
-      "rm -rf /tmp/startup.sh /tmp/requirements.lock /tmp/fleet-native",
+      "rm -f /tmp/startup.sh /tmp/requirements.lock",
     ]
   }
 }

@@ -26,12 +26,14 @@ from fleet.job import (ConfigError, Feature, ItemContext, KeyedSink, Opener, Red
 from jobs.text.job import DocumentConverter, TextJob
 from jobs.text.groups import document_groups
 from jobs.text.output import OUTPUTS, Column, ShuffledExamples, check_output, open_writer
+from jobs.text.provenance import check_provenance
 from jobs.text.stages import SHARD_BATCH, SHARDS, checkpointed, text_stages
 from jobs.text.token_files import (DATA_PATH_FILE, SEQUENCE_FEATURE, SEQUENCE_OUTPUTS, describe, megatron_data_path,
                                    open_sequence_writer, sequence_example)
 from jobs.text.tokenizer_cache import TOKENIZER_KINDS, bert_tokenizer, file_tokenizer
 
 from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions
+from .provenance import Trace
 from .tokenizer import DocumentTokenizer, from_bert, from_json, from_sentencepiece, from_tiktoken
 
 BATCH_CHARS = 1 << 20  # text tokenized per call: amortises the call, bounds memory
@@ -54,6 +56,7 @@ class CausalLMConfig:
     pad_token: str = ""  # fills padded blocks (default: [PAD], <pad> or <|padding|>, else the eod token)
     output: str = "tfrecord"  # tfrecord | parquet | megatron (.bin + .idx) | tokens (.bin + .npy): docs/outputs.md
     compression: str = "none"  # none | GZIP (output=tfrecord; files end .tfrecord.gz)
+    provenance: bool = False  # part-<item>.provenance.jsonl: each example's documents in the corpus (docs/outputs.md)
 
 
 def _validate(config: CausalLMConfig) -> None:
@@ -110,11 +113,13 @@ class CausalLMConverter(DocumentConverter):
                                     tokenizer.pad_id, config.last_block, config.pack_documents)
         self.padded = config.last_block == "pad"
         self.columns = [Column(name) for name in features(config)]
+        self.provenance = config.provenance
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
         if self.config.output in SEQUENCE_OUTPUTS:
             return self._sequences(documents, sink)
         cutter = BlockCutter(self.options)
+        trace = Trace(documents, sink, self.options) if self.provenance else None
         counts = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "examples", "real_tokens"), 0)
         with open_writer(sink, self.config.output, self.config.compression, self.columns) as out:
 
@@ -134,7 +139,11 @@ class CausalLMConverter(DocumentConverter):
                 ids = self.tokenizer.encode(batch)
                 counts["tokens"] += sum(len(d) + 1 for d in ids if len(d))  # with each document's end token
                 write(cutter.add(ids))
+                if trace:
+                    trace.batch(ids)
             write(cutter.finish())
+        if trace:
+            trace.close(counts["examples"])
         counts["dropped_tokens"] = cutter.dropped
         counts["positions"] = counts["examples"] * self.options.block_size
         return counts
@@ -143,16 +152,21 @@ class CausalLMConverter(DocumentConverter):
         """One sequence per document with ids (its ids, then the end-of-document id)."""
         counts = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "sequences"), 0)
         eod = np.array([self.tokenizer.eod_id], np.int64)
+        trace = Trace(documents, sink, None) if self.provenance else None
         with self._sequence_output(sink) as write:
             for batch in document_groups(documents, BATCH_CHARS):
                 counts["documents"] += len(batch)
                 counts["lines"] += sum(map(len, batch))
                 counts["text_bytes"] += sum(len(line.encode()) for document in batch for line in document)
-                sequences = [np.concatenate([np.asarray(ids, np.int64), eod])
-                             for ids in self.tokenizer.encode(batch) if len(ids)]
+                encoded = self.tokenizer.encode(batch)
+                sequences = [np.concatenate([np.asarray(ids, np.int64), eod]) for ids in encoded if len(ids)]
                 write(sequences)
+                if trace:
+                    trace.batch(encoded)
                 counts["tokens"] += sum(map(len, sequences))
                 counts["sequences"] += len(sequences)
+        if trace:
+            trace.close(counts["sequences"])
         return counts
 
     @contextlib.contextmanager
@@ -210,6 +224,7 @@ class CausalLMJob(TextJob):
     def stages(self, config: CausalLMConfig, options: StageOptions, map_items: int) -> list[Stage]:
         """As every text job's; with output=megatron|tokens the shards hold sequences, not examples."""
         if config.output in SEQUENCE_OUTPUTS:
+            check_provenance(config.provenance, options)
             return text_stages(options, map_items)
         return super().stages(config, options, map_items)
 

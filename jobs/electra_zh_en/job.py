@@ -32,10 +32,12 @@ from jobs.text.groups import document_groups
 from jobs.text.job import DocumentConverter, TextJob
 from jobs.text.options import TextOptions, check_text_options, masking_tokenizer, with_sentences
 from jobs.text.output import Column, open_writer
+from jobs.text.provenance import Sidecar
 from jobs.text.token_records import TokenRecordEncoder
 from jobs.text.tokenization import BertTokenizer
 
 from .builder import CLS_RUN, SEP_RUN, DocumentRandom, ExampleBuilder, FlatExamples, seeded_document_runs
+from .provenance import example_documents
 
 FORMATS = ("electra", "bert")
 REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60-130 µs each, paid by every run
@@ -45,6 +47,7 @@ REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60
 class ElectraConfig(TextOptions):
     seed: int = 12345  # the run's seed: electra seeds each document from it and its text, bert each item
     format: str = "electra"  # electra | bert (the bert job: --job bert, which takes the options below)
+    provenance: bool = False  # part-<item>.provenance.jsonl: each example's document in the corpus (docs/outputs.md)
     # The bert job's own options, for format=bert only (kept so that format=bert runs, their run.json and
     # commands stay valid; `fleet jobs` describes them under bert):
     masked_lm_prob: float = 0.15  # format=bert: share of an example's tokens masked
@@ -66,7 +69,10 @@ def _as_bert(config: ElectraConfig):
         return None
     from jobs.bert import JOB
 
-    return JOB, JOB.parse_config({k: v for k, v in dataclasses.asdict(config).items() if k != "format"})
+    if config.provenance:
+        raise ConfigError("option provenance: format=electra only (bert's examples mix the documents of an item)")
+    return JOB, JOB.parse_config({k: v for k, v in dataclasses.asdict(config).items()
+                                  if k not in ("format", "provenance")})
 
 
 def _validate(config: ElectraConfig) -> None:
@@ -77,6 +83,8 @@ def _validate(config: ElectraConfig) -> None:
     for name in BERT_ONLY:
         if getattr(config, name) != getattr(defaults, name):
             raise ConfigError(f"option {name} applies to format=bert only (--job bert), not format=electra")
+    if config.provenance and config.pack_documents:
+        raise ConfigError("option provenance: not with pack_documents (its examples mix an item's sentences)")
 
 
 ELECTRA_COLUMNS = (Column("input_ids"), Column("input_mask"), Column("segment_ids"))
@@ -93,6 +101,7 @@ class ElectraConverter(DocumentConverter):
         self.cls_id = tokenizer.vocab["[CLS]"]
         self.sep_id = tokenizer.vocab["[SEP]"]
         self.encoder = TokenRecordEncoder(config.max_seq_length, max(tokenizer.vocab.values()))
+        self.provenance = config.provenance
 
     def _gather(self, flat: np.ndarray, runs: FlatExamples) -> np.ndarray:
         """The examples' ids end to end (int64), from ``tokenize_flat``'s array and their runs."""
@@ -113,6 +122,7 @@ class ElectraConverter(DocumentConverter):
         n_docs = n_lines = n_examples = n_tokens = n_bytes = 0
         parquet = self.config.output == "parquet"
         encoder = self.encoder
+        sidecar = Sidecar(documents, sink) if self.provenance else None
         with open_writer(sink, self.config.output, self.config.compression, ELECTRA_COLUMNS) as out:
             for group in _groups(documents):
                 lines = [line for document in group for line in document]
@@ -127,6 +137,8 @@ class ElectraConverter(DocumentConverter):
                     runs = seeded_document_runs(line_lengths.tolist(), accumulate(map(len, group)), texts, seed_key,
                                                 max_length)
                     ids, lengths, firsts = self._gather(flat, runs), runs.lengths, runs.first_lengths
+                    if sidecar:
+                        sidecar.write(example_documents(runs, line_lengths, group, sidecar.documents.take(len(group))))
                 else:
                     sentences = self.tokenizer.tokenize_lines(lines)  # one normalization for the group
                     n_bytes += len("\n".join(lines).encode()) - max(0, len(lines) - 1)
@@ -144,6 +156,8 @@ class ElectraConverter(DocumentConverter):
                 else:
                     out.write(encoder.records_of(ids, lengths, firsts))
             out.note(documents=n_docs, tokens=n_tokens)  # exact, with the file (the run's manifest)
+        if sidecar:
+            sidecar.close(n_examples)
         return {
             "documents": n_docs,
             "lines": n_lines,

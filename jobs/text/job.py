@@ -21,11 +21,17 @@ from fleet.job import (ConfigError, Converter, ItemContext, ItemInput, Job, Open
                        Stage, StageOptions)
 
 from jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
+from jobs.text.inputs.places import Place
 from jobs.text.output import example_sink
+from jobs.text.provenance import PlacedDocuments, check_provenance
 
 
 class DocumentConverter(abc.ABC):
     """The pure part of a text job: one item's documents to outputs, and counters."""
+
+    # True (``provenance=true``): ``convert`` gets a jobs.text.provenance.PlacedDocuments, whose
+    # ``take`` gives each document's place in the corpus, in a map item (not from a stage).
+    provenance: bool = False
 
     @abc.abstractmethod
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
@@ -78,6 +84,7 @@ class TextJob(Job):
         whose outputs are not examples of fixed features (Job.features) cannot shard them."""
         from .stages import text_stages
 
+        check_provenance(getattr(config, "provenance", False), options)
         if options.shards and not self.features(config):
             raise ConfigError(f"--shards: job {self.name} writes no examples of fixed features (Job.features), "
                               "so it cannot shard them")
@@ -110,12 +117,14 @@ def item_slice(item: ItemInput) -> Slice:
                  item.meta.get("compression", "none"), item.version, bool(item.meta.get("cuts_document")), 0)
 
 
-def item_documents(item: ItemInput, ctx: ItemContext, tally: Tally) -> Iterator[list[str]]:
+def item_documents(item: ItemInput, ctx: ItemContext, tally: Tally, places: list[Place] | None = None
+                   ) -> Iterator[list[str]]:
     """The item's documents, read as the run's options say, with ctx.checkpoint before the first
     and every CHECK_EVERY after: a call per document costs short-document corpora 4% of the CPU
-    (bench_before_after); a lost lease still stops the item within CHECK_EVERY documents."""
+    (bench_before_after); a lost lease still stops the item within CHECK_EVERY documents.
+    With ``places``, each document's Place is appended to it before it is handed on."""
     checkpoint = ctx.checkpoint
-    for n, doc in enumerate(read_slice(item_slice(item), ctx.workdir, tally, read_options(ctx.read))):
+    for n, doc in enumerate(read_slice(item_slice(item), ctx.workdir, tally, read_options(ctx.read), places)):
         if not n % CHECK_EVERY:
             checkpoint()
         yield doc
@@ -133,7 +142,11 @@ class _Documents(Converter):
         from .stages import DEDUP, dedup_map  # stages imports this module
 
         tally = Tally()
-        documents = item_documents(item, ctx, tally)
+        if self.inner.provenance and not ctx.feeds:
+            places: list[Place] = []
+            documents: Iterable[list[str]] = PlacedDocuments(item_documents(item, ctx, tally, places), places)
+        else:
+            documents = item_documents(item, ctx, tally)
         if ctx.feeds == DEDUP:
             stats = dedup_map(documents, ctx, sink)
         else:

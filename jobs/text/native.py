@@ -1,4 +1,4 @@
-"""The C core of ``BertTokenizer`` (``wordpiece.c``): built on first use, loaded with ctypes.
+"""The C core of ``BertTokenizer`` (``wordpiece.c``), built at install time, loaded with ctypes.
 
 ``tokenization.BertTokenizer`` normalizes text with whole-string operations (C speed already);
 what is left is per basic token: a ``str`` per token from ``re.findall``, a dict lookup, numpy
@@ -6,25 +6,25 @@ over a ``map``. ``wordpiece.c`` does that part over the normalized text's code p
 Python code stays as the fallback and as the reference: both give the same ids
 (tests/test_native.py), so records never depend on which ran.
 
-The library is compiled with the system C compiler (``$CC``, else ``cc``, else ``gcc``) the
-first time a process needs it, into ``$FLEET_NATIVE_CACHE`` (default
-``$XDG_CACHE_HOME/fleet/native`` or ``~/.cache/fleet/native``) under a name keyed by the
-source, the flags and the machine, so a changed source builds again and a cached one loads
-in a millisecond. Several processes may build at once: each builds to a temporary name and
-renames it into place.
+The library is built by the build backend (setup.py: an optional setuptools extension, plain C
+without Python.h) into this folder as ``_wordpiece.abi3.so``: by ``pip install`` / ``pip wheel``,
+and in place by ``pip install -e .``. Where no compiler worked at install time there is none,
+and Python does the work. A library built from another ``wordpiece.c`` than the one beside it
+(a checkout edited since its last ``pip install -e .``) is not loaded: it carries its source's
+sha256. `fleet sync` uploads the library with the code, so VMs load the one built here.
 
-``FLEET_NATIVE``: ``0`` always Python; ``1`` native or an error; unset: native when it builds,
-else Python after one warning line on stderr per process.
+``FLEET_NATIVE``: ``0`` always Python; ``1`` native or an error; unset: native when there is a
+library that loads, else Python after one warning line on stderr per process.
 
-    python -m jobs.text.native build    # build now (VM start-up), print the library's path
+    python -m jobs.text.native    # which path runs here: the library's path, or why Python (exit 1)
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.machinery
 import os
-import platform
 import sys
 import threading
 import weakref
@@ -34,92 +34,36 @@ from typing import Mapping
 import numpy as np
 
 SOURCE = Path(__file__).with_name("wordpiece.c")
-FLAGS = ("-O2", "-shared", "-fPIC", "-std=c99")
-ABI_VERSION = 2
+NAME = "_wordpiece"  # setup.py's Extension("jobs.text._wordpiece"): NAME + an extension suffix, beside this file
+ABI_VERSION = 3
 
 # The class bits of wordpiece.c.
 CLS_WS, CLS_CJK, CLS_PUNCT, CLS_MARK = 1, 2, 4, 8
 WP_LINES, WP_WORDS = 1, 2
 
+REINSTALL = "reinstall fleet with a C compiler present (in a checkout: pip install -e .)"
+
 
 class NativeError(RuntimeError):
-    """The C library cannot be built or loaded; the message says why and what to do."""
+    """The C library is missing or cannot be loaded; the message says why and what to do."""
 
 
 def mode() -> str:
-    """``FLEET_NATIVE``: "0" (Python only), "1" (native required) or "" (native when it builds)."""
+    """``FLEET_NATIVE``: "0" (Python only), "1" (native required) or "" (native when it loads)."""
     value = os.environ.get("FLEET_NATIVE", "").strip()
     if value not in ("", "0", "1"):
         raise NativeError(f"FLEET_NATIVE={value!r}: use 0 (Python), 1 (native, or fail) or leave it unset")
     return value
 
 
-def cache_dir() -> Path:
-    if os.environ.get("FLEET_NATIVE_CACHE"):
-        return Path(os.environ["FLEET_NATIVE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fleet" / "native"
-
-
-def compiler() -> list[str] | None:
-    """The C compiler command: ``$CC`` (may hold arguments), else ``cc``, else ``gcc``."""
-    import shutil
-
-    cc = os.environ.get("CC", "").split()
-    if cc:
-        return cc if shutil.which(cc[0]) else None
-    for name in ("cc", "gcc"):
-        if shutil.which(name):
-            return [name]
-    return None
-
-
-def library_path() -> Path:
-    """Where the library for this source, these flags and this machine lives (built or not)."""
-    key = hashlib.sha256(SOURCE.read_bytes() + repr((FLAGS, platform.machine())).encode()).hexdigest()[:20]
-    return cache_dir() / f"wordpiece-{key}.so"
-
-
-def build() -> Path:
-    """The library's path, compiling it first if it is not in the cache. Raises ``NativeError``."""
-    try:
-        path = library_path()
-    except OSError as e:
-        raise NativeError(f"cannot read {SOURCE}: {e.strerror}") from None
-    if path.exists():
-        return path
-    import subprocess  # (only to build: loading a built library stays a millisecond)
-    import tempfile
-
-    cc = compiler()
-    if cc is None:
-        named = f"CC={os.environ['CC']!r} is not" if os.environ.get("CC", "").strip() else "no C compiler (cc/gcc)"
-        raise NativeError(f"{named} found; install gcc")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".so", dir=path.parent)
-        os.close(fd)
-    except OSError as e:
-        raise NativeError(f"cannot write to {path.parent}: {e.strerror} (set FLEET_NATIVE_CACHE)") from None
-    try:
-        try:
-            done = subprocess.run([*cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
-                                  timeout=300, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise NativeError(f"{' '.join(cc)} could not run: {e}") from None
-        if done.returncode != 0:
-            said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-            raise NativeError(f"{' '.join(cc)} failed on {SOURCE.name}: {said}")
-        try:  # before it goes into place: a cached library that does not load would stay there
-            _Library(Path(tmp))
-        except (OSError, NativeError) as e:
-            raise NativeError(f"{' '.join(cc)} made a library that does not load: {e}") from None
-        os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users (the VM's workers) load it too
-        os.replace(tmp, path)  # atomic: a process building at the same time replaces it with the same
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+def library_path(folder: Path | None = None) -> Path:
+    """The built library in ``folder`` (default: beside this file). Raises ``NativeError`` if none."""
+    folder = folder or SOURCE.parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:  # (.cpython-3xx-...so, .abi3.so, .so)
+        path = folder / f"{NAME}{suffix}"
+        if path.is_file():
+            return path
+    raise NativeError(f"no {NAME}.abi3.so in {folder} (no C compiler when fleet was installed): {REINSTALL}")
 
 
 class _Library:
@@ -128,7 +72,11 @@ class _Library:
     def __init__(self, path: Path):
         lib = ctypes.CDLL(str(path))
         if lib.wp_abi_version() != ABI_VERSION:
-            raise NativeError(f"{path}: ABI {lib.wp_abi_version()}, expected {ABI_VERSION}")
+            raise NativeError(f"{path}: ABI {lib.wp_abi_version()}, expected {ABI_VERSION}: {REINSTALL}")
+        lib.wp_source_sha256.restype = ctypes.c_char_p
+        built_from = lib.wp_source_sha256().decode()
+        if SOURCE.is_file() and built_from != hashlib.sha256(SOURCE.read_bytes()).hexdigest():
+            raise NativeError(f"{path.name} was built from another {SOURCE.name} than {SOURCE}: {REINSTALL}")
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
         lib.wp_new.restype = p
         lib.wp_new.argtypes = [p, p, i64, p, p, p, i64, i32, i64, i64, i64]
@@ -217,15 +165,15 @@ _WARNED = False
 
 
 def load() -> _Library:
-    """The library, built if needed (once per process). Raises ``NativeError``."""
+    """The library (loaded once per process). Raises ``NativeError``."""
     global _LOADED
     if _LOADED is None:
         try:
-            _LOADED = _Library(build())
+            _LOADED = _Library(library_path())
         except NativeError as e:
             _LOADED = e
-        except OSError as e:  # a cached file that does not load (truncated, another arch)
-            _LOADED = NativeError(f"cannot load the C tokenizer: {e}")
+        except (OSError, AttributeError) as e:  # not a library for this machine, or not ours
+            _LOADED = NativeError(f"cannot load the C tokenizer: {e}: {REINSTALL}")
     if isinstance(_LOADED, NativeError):
         raise _LOADED
     return _LOADED
@@ -250,9 +198,10 @@ def available() -> _Library | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Say which path tokenizes here (VM start-up logs it): 0 and the library, or 1 and why not."""
     args = sys.argv[1:] if argv is None else argv
-    if args != ["build"]:
-        print("usage: python -m jobs.text.native build", file=sys.stderr)
+    if args:
+        print("usage: python -m jobs.text.native", file=sys.stderr)
         return 2
     try:
         print(load().path)

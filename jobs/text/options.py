@@ -15,6 +15,7 @@ from fleet.job import ConfigError, ItemContext, Opener, Sink
 
 from .job import DocumentConverter
 from .output import check_output
+from .provenance import PlacedDocuments
 from .tokenization import BertTokenizer
 from .tokenizer_cache import bert_tokenizer
 
@@ -73,8 +74,11 @@ class SentenceSplitting(DocumentConverter):
 
     def __init__(self, inner: DocumentConverter):
         self.inner = inner
+        self.provenance = inner.provenance
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
         from .sentences import split_lines  # its patterns cost every worker 10 ms to compile: only here
 
+        if isinstance(documents, PlacedDocuments):  # provenance=true: a document's sentences keep its place
+            return self.inner.convert(documents.mapped(split_lines), ctx, sink)
         return self.inner.convert(map(split_lines, documents), ctx, sink)

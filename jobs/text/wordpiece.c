@@ -17,7 +17,8 @@
  * positions of the CJK characters a mark would precede (the text unmarked): the same ids,
  * without making the marked text.
  *
- * No Python.h: plain C with a tiny ABI, so a VM without python3-dev builds it.
+ * No Python.h: plain C with a tiny ABI, built by setup.py (an optional setuptools extension,
+ * jobs/text/_wordpiece.abi3.so) without python3-dev, and loaded under any Python 3.
  */
 
 #include <stdint.h>
@@ -216,4 +217,11 @@ DEFINE_TOKENIZER(u8, uint8_t)
 
 /* The number of lines wp_tokenize_* found is not returned: the caller checks the count of
  * newlines itself (it needs it before the call to size line_lengths). */
-int wp_abi_version(void) { return 2; }
+int wp_abi_version(void) { return 3; }
+
+/* The sha256 of this file as setup.py compiled it: jobs/text/native.py loads no library built
+ * from another wordpiece.c (a checkout edited since its last `pip install -e .`). */
+#ifndef WP_SOURCE_SHA256
+#define WP_SOURCE_SHA256 ""
+#endif
+const char *wp_source_sha256(void) { return WP_SOURCE_SHA256; }

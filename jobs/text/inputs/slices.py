@@ -15,7 +15,9 @@ from fleet.job import ItemInput, Source, Store, find_sources, open_store, printa
 from jobs.text.inputs.compression import head_of
 from jobs.text.inputs.formats import ReadOptions, Tally, decide, iter_documents
 from jobs.text.inputs.names import corpus_file, describe
+from jobs.text.inputs.parquet import _open as parquet_file
 from jobs.text.inputs.parquet import parquet_documents, plan_row_groups, row_groups
+from jobs.text.inputs.places import Place, line_records, parquet_records, placed
 from jobs.text.inputs.ranges import plan_ranges
 
 log = logging.getLogger("fleet.plan")
@@ -86,17 +88,24 @@ def plan_slices(paths: list[str], item_bytes: int, options: ReadOptions = ReadOp
 
 
 def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
-               options: ReadOptions = ReadOptions()) -> Iterator[list[str]]:
-    """Download a slice to a local file, then stream its documents.
+               options: ReadOptions = ReadOptions(), places: list[Place] | None = None) -> Iterator[list[str]]:
+    """Download a slice to a local file, then stream its documents; with a ``places`` list,
+    each document's Place is appended to it before the document is handed on (places.py).
 
     The bytes read must be the bytes planned: a file that was rewritten, truncated or
     replaced since (another version, or fewer bytes than the slice) fails the item
     with an InputError rather than feed it other data or nothing."""
-    source = printable(f"{piece.url.rstrip('/')}/{piece.name}")
+    file = f"{piece.url.rstrip('/')}/{piece.name}"
+    source = printable(file)
     item = ItemInput(piece.url, piece.name, piece.start, piece.end, piece.version, display=piece.display)
     if piece.format == "parquet":  # ranged reads of its row groups, no download
-        yield from parquet_documents(item.store, piece.name, item.stat_size(), piece.version or None, piece.start,
-                                     piece.end, source, tally if tally is not None else Tally(), options)
+        size = item.stat_size()
+        docs = parquet_documents(item.store, piece.name, size, piece.version or None, piece.start,
+                                 piece.end, source, tally if tally is not None else Tally(), options)
+        if places is not None:
+            pf = parquet_file(item.store, piece.name, size, piece.version or None, source)
+            docs = placed(docs, parquet_records(pf, piece.start, piece.end, options.text_column), file, True, places)
+        yield from docs
         return
     fd, tmp = tempfile.mkstemp(prefix="input-", dir=workdir)
     os.close(fd)
@@ -106,7 +115,13 @@ def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
         item.fetch(tmp)
         with open(tmp, "rb") as f:
             base = piece.start if piece.compression == "none" else 0
-            yield from iter_documents(f, piece.format, piece.compression, source, base, tally, options)
+            docs = iter_documents(f, piece.format, piece.compression, source, base, tally, options)
+            if places is None:
+                yield from docs
+                return
+            with open(tmp, "rb") as again:  # read a second time, for the places
+                yield from placed(docs, line_records(again, piece.format, piece.compression, base, options), file,
+                                  False, places)
     finally:
         try:
             os.unlink(tmp)
