@@ -161,7 +161,7 @@ def test_examples_depend_on_the_documents_only_unless_packed(bpe_path, documents
     config = CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=32)
     assert items(config, []) == items(config, [7, 30, 31, 55])
     packed = CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=32, pack_documents=True)
-    assert items(packed, []) != items(packed, [7, 30, 31, 55])  # as the README says: packing mixes an item
+    assert items(packed, []) != items(packed, [7, 30, 31, 55])  # as docs/text-jobs.md says: packing mixes an item
 
 
 def test_a_bert_vocab_ends_documents_with_sep_and_pads_with_pad(vocab_path, documents):
@@ -215,7 +215,7 @@ def test_fleet_local_examples_do_not_depend_on_item_size_or_input_format(tmp_pat
     jsonl.write_bytes(gzip.compress("".join(json.dumps({"text": "\n".join(d)}) + "\n" for d in documents).encode()))
     opts = ["--set", f"tokenizer_file={bpe_path}", "--set", "max_seq_length=64"]
     fleet_local([str(text.parent)], tmp_path / "one", *opts)
-    # Items of 0.03 MB: more items, none cutting a document (the README says what a cut does).
+    # Items of 0.03 MB: more items, none cutting a document (docs/text-jobs.md says what a cut does).
     fleet_local([str(text.parent)], tmp_path / "many", *opts, "--item-mb", "0.03")
     fleet_local([str(jsonl.parent)], tmp_path / "jsonl", *opts, "--set", "output=parquet")  # .gz: one item
     with open(tmp_path / "many" / "summary.json") as f:

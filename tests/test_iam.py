@@ -3,7 +3,7 @@
 A fleet runs end to end on the stand-ins, which record every API method each caller
 makes and refuse (403, Google's error shape) any VM call outside the roles; the
 permissions the VMs used must equal the roles, none missing and none extra, and the
-README must list exactly them.
+GCP guide (docs/gcp.md) must list exactly them.
 """
 
 from __future__ import annotations
@@ -155,10 +155,10 @@ def test_the_condition_allows_fleets_names_only():
     assert all(evaluate(cel, name) for name in allowed) and not any(evaluate(cel, name) for name in refused)
 
 
-def test_the_readme_lists_exactly_the_roles_and_the_condition():
-    readme = (ROOT / "README.md").read_text()
+def test_the_gcp_guide_lists_exactly_the_roles_and_the_condition():
+    readme = (ROOT / "docs" / "gcp.md").read_text()
     block = re.search(r"<!-- worker-permissions -->(.*?)<!-- /worker-permissions -->", readme, re.S)
-    assert block, "README: the worker-permissions block is missing"
+    assert block, "docs/gcp.md: the worker-permissions block is missing"
     listed = set(re.findall(r"`((?:compute|storage)\.[A-Za-z]+\.[A-Za-z]+)`", block.group(1)))
     assert listed == iam.worker_permissions()
     assert iam.condition_expression() in readme

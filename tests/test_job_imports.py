@@ -1,4 +1,4 @@
-"""Jobs import nothing of the fleet but its job API (README, Layout; issue 22).
+"""Jobs import nothing of the fleet but its job API (docs/layout.md; issue 22).
 
 A job is written against ``fleet.job`` alone (and the shared text layer ``jobs/text``),
 so the fleet's internals can change without breaking a job, and a job's reader needs no

@@ -1,6 +1,6 @@
 """causal_lm's token-sequence outputs (issue 20): ``output=megatron`` (megatron-core's indexed
 datasets) and ``output=tokens`` (flat token files), read back by their users' readers: megatron-core's
-own ``IndexedDataset`` and ``numpy.memmap`` as the README shows it. Every token must come back, in
+own ``IndexedDataset`` and ``numpy.memmap`` as docs/outputs.md shows it. Every token must come back, in
 order, with a BERT vocab.txt and a tokenizer.json, per item and per shard (``--shards``); the
 dtype comes from the vocab size, so no id can wrap; Megatron's --data-path list is weighted by
 the exact counts the outputs recorded.
@@ -114,7 +114,7 @@ def datasets(out, output: str) -> list[str]:
 
 
 def readme_tokens(prefix: str, vocab_size: int) -> list[list[int]]:
-    """The README's reader of output=tokens, as written there."""
+    """The reader of output=tokens in docs/outputs.md, as written there."""
     starts = np.load(prefix + ".npy")
     ids = np.memmap(prefix + ".bin", dtype=np.uint16 if vocab_size <= 65536 else np.uint32, mode="r")
     assert len(ids) == starts[-1]

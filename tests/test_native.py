@@ -370,7 +370,7 @@ def test_big_calls_do_not_keep_big_buffers(monkeypatch, odd):
 @pytest.mark.parametrize("options", [{"format": "electra"}, {"format": "bert", "whole_word_masking": True},
                                      {"format": "electra", "pack_documents": True}])
 def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocabs, sample, options):
-    """End to end in one process (the README's job on short documents of the sample): the same
+    """End to end in one process (the docs' job on short documents of the sample): the same
     bytes with FLEET_NATIVE=0 and =1. bench proves it with ``fleet local`` on whole corpora."""
     from jobs.text.inputs import read_all
     from fleet.job import ItemContext

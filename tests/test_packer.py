@@ -82,7 +82,7 @@ def test_image_holds_what_startup_sh_expects(packer):
 
 
 def test_template_states_the_packer_version_it_needs(packer):
-    # required_plugins and `packer init` (the README's build command) need Packer 1.7 or later.
+    # required_plugins and `packer init` (the build command in docs/gcp.md) need Packer 1.7 or later.
     assert packer["packer"][0]["required_version"] == ">= 1.7.0"
 
 

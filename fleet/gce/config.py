@@ -61,7 +61,7 @@ class FleetConfig:
     subnetwork: str = ""
     external_ip: bool = True  # False needs Private Google Access (and a baked image: no PyPI)
     code_paths: list[str] = field(default_factory=lambda: list(DEFAULT_CODE_PATHS))
-    # The cost estimate of `fleet launch --dry-run` (README: "What it costs"): planning figures, not measurements.
+    # The cost estimate of `fleet launch --dry-run` (docs/costs.md): planning figures, not measurements.
     mb_per_vcpu_s: float = 5.0  # text per second per worker process on one vCPU (bench: electra 8.4, bert 4.6 per core)
     boot_minutes: float = 3.0  # VM creation to first item (1-2 min with the Packer image, more without)
     vcpu_hour_usd: float = 0.0335  # on-demand e2-standard-4, us-central1: $0.134/h over 4 vCPUs
@@ -188,7 +188,7 @@ _COMMENTS = {
                  "hyperdisk-balanced on C4/N4); e.g. pd-balanced for faster boots on E2",
     "max_run_hours": "every VM is deleted after this long whatever it is doing (0 = never); "
                      "unset = 3 x the run's expected time, shown by `fleet launch --dry-run`",
-    "mb_per_vcpu_s": "cost estimate (planning figures; README: What it costs): MB/s per vCPU, boot, "
+    "mb_per_vcpu_s": "cost estimate (planning figures; docs/costs.md): MB/s per vCPU, boot, "
                      "price per vCPU-hour",
     "code_paths": "what `fleet sync` uploads, relative to the project root",
 }

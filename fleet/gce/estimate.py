@@ -10,7 +10,7 @@ The bound every VM gets as ``maxRunDuration`` is 3 × the expected wall time in 
 least an hour (a slow boot or a slow mirror must not kill a healthy VM) and
 within GCE's 30 s to 120 days. The upper end of the price range is that bound
 for every VM once: what the run costs if no VM ever leaves on its own.
-Rates and prices come from fleet.toml (README: "What it costs"), so they can be
+Rates and prices come from fleet.toml (docs/costs.md), so they can be
 replaced by what `fleet status` measures on a slice of the corpus.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-EFFICIENCY = 0.8  # boot, the last items' tail, lease and upload I/O (README: "What it costs")
+EFFICIENCY = 0.8  # boot, the last items' tail, lease and upload I/O (docs/costs.md)
 MARGIN = 3.0
 MIN_BOUND_S = 3600.0
 MAX_BOUND_S = 120 * 86400.0  # GCE's maxRunDuration range: 30 s .. 120 days

@@ -100,7 +100,7 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
                         "more needs several runs)")
     if not cfg.service_account:
         raise PlanError("fleet.toml: service_account is empty; the VMs need one to reach the bucket "
-                        "(README: Run it on GCP, step 2)")
+                        "(docs/gcp.md, step 2)")
     override = cfg.max_run_hours if max_run_hours is None else max_run_hours
     if override is not None and not (override == 0 or 1 / 120 <= override <= 24 * 120):
         raise PlanError(f"--max-run-hours {override:g}: give 0 (no limit) or 0.0083 (30 s) to 2880 (120 days)")

@@ -12,7 +12,7 @@ predefined ones, each with only the permissions those calls need:
   one out or when the run stops itself, delete the MIG and the template.
 
 tests/test_iam.py derives the same sets from the calls VMs make on the stand-ins,
-which refuse (403) any VM call outside them, and checks the README lists them.
+which refuse (403) any VM call outside them, and checks the GCP guide (docs/gcp.md) lists them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ DEFAULT_ENDPOINT = "https://iam.googleapis.com"
 @dataclass(frozen=True)
 class Permission:
     name: str
-    calls: str  # which calls of a VM need it, for the README and `fleet iam`
+    calls: str  # which calls of a VM need it, for docs/gcp.md and `fleet iam`
 
 
 @dataclass(frozen=True)

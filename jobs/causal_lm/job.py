@@ -54,9 +54,9 @@ class CausalLMConfig:
     pack_documents: bool = False  # one token stream per item: no padding, but blocks depend on the item cut
     eod_token: str = ""  # ends each document (default: <|endoftext|>, </s>, <eos> or [SEP], the first known)
     pad_token: str = ""  # fills padded blocks (default: [PAD], <pad> or <|padding|>, else the eod token)
-    output: str = "tfrecord"  # tfrecord | parquet | megatron (.bin + .idx) | tokens (.bin + .npy): see README
+    output: str = "tfrecord"  # tfrecord | parquet | megatron (.bin + .idx) | tokens (.bin + .npy): docs/outputs.md
     compression: str = "none"  # none | GZIP (output=tfrecord; files end .tfrecord.gz)
-    provenance: bool = False  # part-<item>.provenance.jsonl: each example's documents in the corpus (README)
+    provenance: bool = False  # part-<item>.provenance.jsonl: each example's documents in the corpus (docs/outputs.md)
 
 
 def _validate(config: CausalLMConfig) -> None:

@@ -1,5 +1,5 @@
 """An existing program as a job: run once per item, its input a local file, its outputs the
-files it leaves in a folder (see job.py, and README "Run an existing script on a fleet")."""
+files it leaves in a folder (see job.py, and docs/command-job.md)."""
 
 from .job import CommandConfig, CommandConverter, CommandJob
 

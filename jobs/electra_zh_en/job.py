@@ -47,7 +47,7 @@ REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60
 class ElectraConfig(TextOptions):
     seed: int = 12345  # the run's seed: electra seeds each document from it and its text, bert each item
     format: str = "electra"  # electra | bert (the bert job: --job bert, which takes the options below)
-    provenance: bool = False  # part-<item>.provenance.jsonl: each example's document in the corpus (README)
+    provenance: bool = False  # part-<item>.provenance.jsonl: each example's document in the corpus (docs/outputs.md)
     # The bert job's own options, for format=bert only (kept so that format=bert runs, their run.json and
     # commands stay valid; `fleet jobs` describes them under bert):
     masked_lm_prob: float = 0.15  # format=bert: share of an example's tokens masked

@@ -174,7 +174,7 @@ def read_megatron_index(data: bytes) -> MegatronIndex:
 
 
 def read_sequences(bin_path: str, index: bytes, output: str, vocab_size: int) -> list[np.ndarray]:
-    """Every sequence of one dataset, through ``numpy.memmap``, as the README's reader does."""
+    """Every sequence of one dataset, through ``numpy.memmap``, as the reader in docs/outputs.md does."""
     if output == "megatron":
         idx = read_megatron_index(index)
         if not idx.sizes.sum():
