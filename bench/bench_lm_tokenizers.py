@@ -183,6 +183,9 @@ def profile(kind: str, opts: dict[str, str], corpus: str, top: int) -> list[str]
         def open(self, suffix):
             return io.BytesIO()
 
+        def count(self, suffix, counts):
+            pass
+
     prof = cProfile.Profile()
     prof.enable()
     converter.convert(iter(documents), ItemContext("bench", 1, "bench"), Sink())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
+from itertools import chain
 from typing import Callable, Iterable, Iterator, Sequence, Union
 
 import numpy as np
@@ -31,7 +32,7 @@ from jobs.text.token_files import (DATA_PATH_FILE, SEQUENCE_FEATURE, SEQUENCE_OU
                                    open_sequence_writer, sequence_example)
 from jobs.text.tokenizer_cache import TOKENIZER_KINDS, bert_tokenizer, file_tokenizer
 
-from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions
+from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions, with_ends
 from .tokenizer import DocumentTokenizer, from_bert, from_json, from_sentencepiece, from_tiktoken
 
 BATCH_CHARS = 1 << 20  # text tokenized per call: amortises the call, bounds memory
@@ -128,12 +129,10 @@ class CausalLMConverter(DocumentConverter):
                     counts["real_tokens"] += int(blocks.lengths.sum())
 
             for batch in document_groups(documents, BATCH_CHARS):
-                counts["documents"] += len(batch)
-                counts["lines"] += sum(map(len, batch))
-                counts["text_bytes"] += sum(len(line.encode()) for document in batch for line in document)
-                ids = self.tokenizer.encode(batch)
-                counts["tokens"] += sum(len(d) + 1 for d in ids if len(d))  # with each document's end token
-                write(cutter.add(ids))
+                _count_text(counts, batch)
+                ids, per_document = self.tokenizer.encode_flat(batch)
+                counts["tokens"] += len(ids) + int(np.count_nonzero(per_document))  # with each document's end token
+                write(cutter.add_flat(ids, per_document))
             write(cutter.finish())
         counts["dropped_tokens"] = cutter.dropped
         counts["positions"] = counts["examples"] * self.options.block_size
@@ -142,17 +141,14 @@ class CausalLMConverter(DocumentConverter):
     def _sequences(self, documents: Iterable[list[str]], sink: Union[Sink, ShuffledExamples]) -> dict[str, float]:
         """One sequence per document with ids (its ids, then the end-of-document id)."""
         counts = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "sequences"), 0)
-        eod = np.array([self.tokenizer.eod_id], np.int64)
         with self._sequence_output(sink) as write:
             for batch in document_groups(documents, BATCH_CHARS):
-                counts["documents"] += len(batch)
-                counts["lines"] += sum(map(len, batch))
-                counts["text_bytes"] += sum(len(line.encode()) for document in batch for line in document)
-                sequences = [np.concatenate([np.asarray(ids, np.int64), eod])
-                             for ids in self.tokenizer.encode(batch) if len(ids)]
+                _count_text(counts, batch)
+                stream, lengths = with_ends(*self.tokenizer.encode_flat(batch), self.tokenizer.eod_id)
+                sequences = np.split(stream.astype(np.int64), np.cumsum(lengths)[:-1]) if len(lengths) else []
                 write(sequences)
-                counts["tokens"] += sum(map(len, sequences))
-                counts["sequences"] += len(sequences)
+                counts["tokens"] += len(stream)
+                counts["sequences"] += len(lengths)
         return counts
 
     @contextlib.contextmanager
@@ -168,6 +164,13 @@ class CausalLMConverter(DocumentConverter):
             return
         with open_sequence_writer(sink, self.config.output, self.tokenizer.vocab_size) as out:
             yield out.write
+
+
+def _count_text(counts: dict[str, int], batch: Sequence[list[str]]) -> None:
+    """A batch's documents, lines and UTF-8 bytes of its lines, counted in one join and one encode."""
+    counts["documents"] += len(batch)
+    counts["lines"] += sum(map(len, batch))
+    counts["text_bytes"] += len("".join(chain.from_iterable(batch)).encode())
 
 
 class SequenceShardReducer(Reducer):
