@@ -74,7 +74,7 @@ class WordCache:
         self.tokenizer = tokenizer
         self.pattern = regex.compile(GPT2_PATTERN)
         self.added = list(added_tokens)
-        self.alphabet = byte_alphabet()
+        self.spelling = dict(enumerate(byte_alphabet()))  # str.translate of a piece's bytes read as Latin-1
         self.checked: set[str] = set()  # characters both engines class alike
         self.differ: set[str] = set()  # characters they do not (or the library refuses): their texts go to it
         self._start_over()
@@ -118,8 +118,8 @@ class WordCache:
 
     def _learn(self, pieces: dict[str, None]) -> None:
         """Rows for new pieces: the model's ids of each, from its bytes in the byte alphabet."""
-        tokenize, alphabet = self.tokenizer.model.tokenize, self.alphabet
-        ids = [[t.id for t in tokenize("".join([alphabet[b] for b in piece.encode()]))] for piece in pieces]
+        tokenize, spell = self.tokenizer.model.tokenize, self.spelling
+        ids = [[t.id for t in tokenize(piece.encode().decode("latin-1").translate(spell))] for piece in pieces]
         for k, piece in enumerate(pieces, len(self.index)):
             self.index[piece] = k
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
