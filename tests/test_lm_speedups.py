@@ -89,6 +89,17 @@ def test_the_word_cache_gives_the_librarys_ids_on_any_text(tokenizer, texts):
     assert cached_ids(cache, texts) == library_ids(tokenizer, texts)  # the second time from the cache
 
 
+def test_a_full_cache_starts_over_and_gives_the_same_ids(tokenizer, documents, monkeypatch):
+    from jobs.causal_lm import word_cache as module
+
+    monkeypatch.setattr(module, "MAX_WORDS", 50)
+    cache = word_cache(tokenizer)
+    texts = ["\n".join(d) for d in documents[:30]]
+    for at in range(0, len(texts), 10):
+        assert cached_ids(cache, texts[at:at + 10]) == library_ids(tokenizer, texts[at:at + 10])
+        assert len(cache.index) <= 50 + sum(len(cache.pattern.findall(t)) for t in texts[at:at + 10])
+
+
 def test_a_character_the_engines_class_differently_sends_its_text_to_the_library(tokenizer):
     cache = word_cache(tokenizer)
     texts = ["plain words", f"x!{NEW_LETTERS} ?{NEW_LETTERS[:2]}y", "more words"]
