@@ -1,7 +1,7 @@
 """causal_lm's speed per tokenizer kind, whole process, against the tokenizer library alone.
 
     .venv/bin/python bench/bench_lm_tokenizers.py [--repeat 10] [--rounds 2] [--max-seq-length 128]
-        [--kinds json,sentencepiece,tiktoken] [--profile] [--same-as REV]
+        [--kinds json,sentencepiece,tiktoken] [--profile] [--same-as REV] [--before REV]
 
 Input: the short-document corpus (``bench/short_corpus.py``: the sample's lines in documents of
 1-3 lines, 7,122 documents) repeated ``--repeat`` times into one file. Tokenizers, trained here on
@@ -24,7 +24,8 @@ The ratio is library CPU / fleet CPU (goal >= 1.0x: the whole job costs no more 
 alone). ``--profile`` adds, per kind, the top of a cProfile of the converter in this process on
 the same documents (where the time of a worker goes). ``--same-as REV`` also runs each kind's
 ``fleet local`` from REV (a commit with these tokenizers, exported by ``git archive``, run with
-this venv) and says whether every output file is the same bytes.
+this venv) and says whether every output file is the same bytes; ``--before REV`` times REV's
+``fleet local`` in the same rounds (before and after from one run, on one load).
 
 Start-up: ``fleet local`` of each kind on a one-line file (the fixed cost of a process: imports,
 plan, worker, report), and the ratio with it taken off both sides (the library's start-up is a
@@ -127,10 +128,12 @@ def options(kind: str, path: str, eod: int, max_seq_length: int) -> dict[str, st
     return {"tokenizer_file": path, "max_seq_length": str(max_seq_length), **extra}
 
 
-def run_process(cmd: list[str]) -> dict:
-    """CPU seconds (user + system, waited-for children included) and wall seconds of cmd."""
+def run_process(cmd: list[str], cwd: str = ROOT) -> dict:
+    """CPU seconds (user + system, waited-for children included) and wall seconds of cmd (run in cwd,
+    which is first on its PYTHONPATH: another checkout's fleet runs with this venv)."""
     w0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
+                            env={**os.environ, "PYTHONPATH": cwd})
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - w0
     err = proc.stderr.read().decode(errors="replace")
@@ -146,13 +149,20 @@ def outputs_digest(folder: str) -> dict[str, str]:
             for name in sorted(os.listdir(folder)) if name.startswith("part-")}
 
 
+def export(rev: str, folder: str) -> str:
+    """REV's tree (``git archive``) in folder/rev-REV, once."""
+    tree = os.path.join(folder, f"rev-{rev}")
+    if not os.path.isdir(tree):
+        os.makedirs(tree)
+        archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
 def same_as(rev: str, kinds: list[str], corpus: str, paths: dict[str, str], eod: int, max_seq_length: int,
             folder: str) -> list[str]:
     """Whether REV's fleet local writes the same bytes as this checkout's, per kind."""
-    tree = os.path.join(folder, "rev")
-    os.makedirs(tree)
-    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    tree = export(rev, folder)
     lines = []
     for kind in kinds:
         opts = [a for k, v in options(kind, paths[kind], eod, max_seq_length).items() for a in ("--set", f"{k}={v}")]
@@ -183,6 +193,9 @@ def profile(kind: str, opts: dict[str, str], corpus: str, top: int) -> list[str]
         def open(self, suffix):
             return io.BytesIO()
 
+        def count(self, suffix, counts):
+            pass
+
     prof = cProfile.Profile()
     prof.enable()
     converter.convert(iter(documents), ItemContext("bench", 1, "bench"), Sink())
@@ -203,6 +216,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also profile the converter per kind")
     ap.add_argument("--top", type=int, default=14, help="profile rows per kind")
     ap.add_argument("--same-as", metavar="REV", help="also compare every output file with REV's")
+    ap.add_argument("--before", metavar="REV", help="also time REV's fleet local (git archive, this venv) in "
+                    "the same rounds: before and after in one run")
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
 
@@ -238,9 +253,11 @@ def main() -> None:
                 "fleet start-up": [fleet, "local", tiny, out, "--job", "causal_lm", "--workers", "1", *sets],
                 "library start-up": [sys.executable, "-c", LIBRARY, kind, tiny, paths[kind], CL100K_PATTERN],
             }
+            if args.before:
+                rows["before"] = rows["fleet"]  # (the same script: PYTHONPATH picks the checkout)
             for row, cmd in rows.items():
                 shutil.rmtree(out, ignore_errors=True)
-                r = run_process(cmd)
+                r = run_process(cmd, export(args.before, tmp.name) if row == "before" else ROOT)
                 if (kind, row) not in results or r["cpu"] < results[kind, row]["cpu"]:
                     results[kind, row] = r
             shutil.rmtree(out, ignore_errors=True)
@@ -258,6 +275,13 @@ def main() -> None:
               f"{f'{f0:.2f} s, {lib0:.2f} s':>28}{(lib['cpu'] - lib0) / (f['cpu'] - f0):21.2f}x")
     print("(MB/s = text MB / CPU s of the process tree; ratio = library CPU / fleet CPU, goal >= 1.0x; start-up: "
           "the same commands on a one-line file)")
+    if args.before:
+        print(f"\nfleet local before ({args.before}) and now, same rounds:")
+        for kind in kinds:
+            b, f, lib = results[kind, "before"], results[kind, "fleet"], results[kind, "library"]
+            print(f"{kind:16}before {mb / b['cpu']:6.2f} MB/s ({b['cpu']:5.2f} s, ratio {lib['cpu'] / b['cpu']:.2f}x), "
+                  f"now {mb / f['cpu']:6.2f} MB/s ({f['cpu']:5.2f} s, ratio {lib['cpu'] / f['cpu']:.2f}x): "
+                  f"{b['cpu'] / f['cpu']:.2f}x faster")
     if args.same_as:
         print(f"\noutputs of this checkout against {args.same_as} (short corpus x{args.repeat}, fleet local):")
         print("\n".join(same_as(args.same_as, kinds, corpus, paths, eod, args.max_seq_length, tmp.name)))

@@ -66,7 +66,11 @@ class BlockCutter:
     def add(self, documents: Sequence[Sequence[int]]) -> Blocks:
         """The blocks these documents complete (a document with no ids adds nothing, not even
         an end-of-document id)."""
-        stream, lengths = _stream(documents, self.opts.eod_id)
+        return self.add_flat(*flatten(documents))
+
+    def add_flat(self, ids: np.ndarray, counts: np.ndarray) -> Blocks:
+        """``add`` of documents given end to end: ``ids`` (int32) and each document's count."""
+        stream, lengths = with_ends(ids, counts, self.opts.eod_id)
         if self.opts.pack_documents:
             stream = np.concatenate([self.carry, stream])
             n = len(stream) // self.opts.block_size * self.opts.block_size
@@ -113,17 +117,19 @@ class BlockCutter:
         return Blocks(row, np.array([len(ids)], np.int32))
 
 
-def _stream(documents: Sequence[Sequence[int]], eod_id: int) -> tuple[np.ndarray, np.ndarray]:
+def with_ends(ids: np.ndarray, counts: np.ndarray, eod_id: int) -> tuple[np.ndarray, np.ndarray]:
     """The non-empty documents' ids end to end, each followed by ``eod_id``, and each one's length
-    (with its end token). Lists of ints (``tokenizers``, SentencePiece, tiktoken) are read in one
-    ``fromiter``, not an array per document."""
-    docs = [ids for ids in documents if len(ids)]
-    lengths = np.fromiter(map(len, docs), np.int64, len(docs)) + 1
-    if not docs:
-        return np.zeros(0, np.int32), lengths
-    if all(isinstance(ids, list) for ids in docs):
-        eod = [eod_id]
-        chained = chain.from_iterable(part for ids in docs for part in (ids, eod))
-        return np.fromiter(chained, np.int32, int(lengths.sum())), lengths
-    eod = np.array([eod_id], np.int32)
-    return np.concatenate([part for ids in docs for part in (np.asarray(ids, np.int32), eod)]), lengths
+    (with its end token), from their ids end to end and every document's count."""
+    counts = np.asarray(counts, np.int64)
+    keep = counts > 0
+    stream = np.insert(np.asarray(ids, np.int32), np.cumsum(counts)[keep], np.int32(eod_id))
+    return stream, counts[keep] + 1
+
+
+def flatten(documents: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Ids per document -> (end to end as int32, counts): lists of ints in one ``fromiter``."""
+    counts = np.fromiter(map(len, documents), np.int64, len(documents))
+    if all(isinstance(ids, list) for ids in documents):
+        return np.fromiter(chain.from_iterable(documents), np.int32, int(counts.sum())), counts
+    arrays = [np.asarray(ids, np.int32).reshape(-1) for ids in documents]
+    return (np.concatenate(arrays) if arrays else np.zeros(0, np.int32)), counts

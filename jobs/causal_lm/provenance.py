@@ -73,14 +73,14 @@ class Trace(Sidecar):
         super().__init__(documents, sink)
         self.sources: BlockSources[Place] | None = BlockSources(opts) if opts else None
 
-    def batch(self, ids: Sequence[Sequence[int]]) -> None:
-        """A batch of documents tokenized (``ids``, one per document): the lines of its blocks,
-        or (no BlockOptions: one sequence per document) of its sequences."""
-        places = self.documents.take(len(ids))
+    def batch(self, lengths: Sequence[int]) -> None:
+        """A batch of documents tokenized (``lengths``: each document's number of ids): the lines
+        of its blocks, or (no BlockOptions: one sequence per document) of its sequences."""
+        places = self.documents.take(len(lengths))
         if self.sources is None:
-            self.write([[place] for place, doc in zip(places, ids) if len(doc)])
+            self.write([[place] for place, n in zip(places, lengths) if n])
         else:
-            self.write(self.sources.add([len(doc) for doc in ids], places))
+            self.write(self.sources.add([int(n) for n in lengths], places))
 
     def close(self, examples: int) -> None:
         """The sidecar complete; ``examples``: what the output holds, which it must match line for line."""

@@ -13,12 +13,15 @@ always one the job put there; a ``tokenizer.json`` matches its added tokens in t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from fleet.job import ConfigError
 from jobs.text.groups import line_groups
+
+from .blocks import flatten
+from .word_cache import word_cache
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")  # eod_token="" takes the first in the vocab
 PAD_CANDIDATES = ("[PAD]", "<pad>", "<|padding|>")  # else padding uses the end-of-document id
@@ -33,6 +36,16 @@ class DocumentTokenizer:
     eod_id: int
     pad_id: int
     vocab_size: int
+    # The same ids end to end (int32) and each document's count, where a tokenizer makes them so
+    # (the byte-level BPE word cache); ``encode_flat`` below gives them for every tokenizer.
+    flat: Optional[Callable[[Sequence[list[str]]], tuple[np.ndarray, np.ndarray]]] = None
+
+    def encode_flat(self, documents: Sequence[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+        """(the documents' ids end to end as int32, each document's number of ids)."""
+        if self.flat is not None:
+            return self.flat(documents)
+        return flatten(self.encode(documents))
+
 
 
 def _special(vocab: dict[str, int], name: str, option: str, wanted: str, candidates: Sequence[str],
@@ -83,7 +96,13 @@ def from_json(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
         encodings = encode_batch(["\n".join(lines) for lines in documents], add_special_tokens=False)
         return [e.ids for e in encodings]
 
-    return DocumentTokenizer(encode, eod, eod if pad is None else pad, tokenizer.get_vocab_size(with_added_tokens=True))
+    cache = word_cache(tokenizer)  # a byte-level BPE it reproduces exactly: most words looked up
+
+    def flat(documents: Sequence[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+        return cache.encode(["\n".join(lines) for lines in documents])
+
+    return DocumentTokenizer(encode, eod, eod if pad is None else pad, tokenizer.get_vocab_size(with_added_tokens=True),
+                             flat if cache is not None else None)
 
 
 def from_sentencepiece(sp, source: str, eod_token: str, pad_token: str) -> DocumentTokenizer:
