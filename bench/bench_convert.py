@@ -53,11 +53,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from jobs.text.inputs import read_all  # noqa: E402
+from fleet_jobs.text.inputs import read_all  # noqa: E402
 from short_corpus import short_documents  # noqa: E402
 from fleet.job import ItemContext, Sink  # noqa: E402
-from jobs.electra_zh_en import JOB  # noqa: E402
-from jobs.text.tokenization import BertTokenizer  # noqa: E402
+from fleet_jobs.electra_zh_en import JOB  # noqa: E402
+from fleet_jobs.text.tokenization import BertTokenizer  # noqa: E402
 
 FORMATS = {  # row label -> job options
     "format=electra": {"format": "electra"},
@@ -105,7 +105,7 @@ def timed(fn, rounds):
 
 def rss_child(path: str, vocab_path: str, options: dict) -> None:
     """In a fresh process: convert one big item, print MB/s and peak RSS as JSON."""
-    from jobs.text.inputs import iter_path_documents
+    from fleet_jobs.text.inputs import iter_path_documents
 
     config = JOB.parse_config({"vocab_file": vocab_path, **options})
     converter = JOB.document_converter(config, read_file)
@@ -286,7 +286,7 @@ def main() -> None:
     vocab_path = args.vocab
     if not vocab_path:  # in another process, so this one stays small until the peak RSS rows ran
         vocab_path = os.path.join(tmp.name, "vocab.txt")
-        subprocess.run([sys.executable, "-m", "jobs.electra_zh_en", "vocab", *samples, "--size", "21128",
+        subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", *samples, "--size", "21128",
                         "--out", vocab_path], cwd=ROOT, check=True, capture_output=True)
     rss_lines = peak_rss(raw, vocab_path, args.rss_mb, args.max_seq_length, tmp.name) if args.rss_mb > 0 else []
     whole_lines: list[str] = []
@@ -394,7 +394,7 @@ BASELINE = "tokenizers: encode_batch, 10,000 lines a batch"
 
 def tokenizer_core() -> str:
     """Which path fleet's tokenizer takes here: the C core or Python (``FLEET_NATIVE``)."""
-    from jobs.text import native
+    from fleet_jobs.text import native
 
     try:
         if native.mode() == "0":

@@ -182,8 +182,8 @@ def same_as(rev: str, kinds: list[str], corpus: str, paths: dict[str, str], eod:
 def profile(kind: str, opts: dict[str, str], corpus: str, top: int) -> list[str]:
     """The top of a cProfile of the converter on the corpus's documents, in this process."""
     from fleet.job import ItemContext
-    from jobs.causal_lm import JOB
-    from jobs.text.inputs import read_all
+    from fleet_jobs.causal_lm import JOB
+    from fleet_jobs.text.inputs import read_all
 
     with open(corpus, "rb") as f:
         documents = read_all(f.read(), "short.txt")
@@ -221,7 +221,7 @@ def main() -> None:
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
 
-    from jobs.text.tiktoken_file import CL100K_PATTERN
+    from fleet_jobs.text.tiktoken_file import CL100K_PATTERN
 
     parts = short_sample()
     raw = parts["zh"] + parts["en"]

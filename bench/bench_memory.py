@@ -53,7 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INPUTS = ("txt", "zst", "jsonl", "parquet", "parts")
 FORMATS = ("electra", "bert", "causal_lm")
 GOAL_MIB = 300 * 1e6 / (1 << 20)  # 300 MB
-MAX_DOCUMENT_CHARS = 4 << 20  # jobs.text.inputs.MAX_DOCUMENT_CHARS (not imported: --tree may be another checkout)
+MAX_DOCUMENT_CHARS = 4 << 20  # fleet_jobs.text.inputs.MAX_DOCUMENT_CHARS (not imported: --tree may be another checkout)
 
 # Imported first by every Python process of the tree (PYTHONPATH): at exit each writes its own
 # peak RSS, and whether it is a multiprocessing child (a worker), into FLEET_BENCH_HWM_DIR.
@@ -162,7 +162,7 @@ def train_vocab(folder: str) -> str:
     if os.path.exists(path):
         return path
     samples = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]
-    subprocess.run([sys.executable, "-m", "jobs.electra_zh_en", "vocab", *samples, "--size", "8000", "--out", path],
+    subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", *samples, "--size", "8000", "--out", path],
                    cwd=ROOT, check=True, capture_output=True)
     return path
 

@@ -24,9 +24,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from jobs.text.inputs import read_all  # noqa: E402
+from fleet_jobs.text.inputs import read_all  # noqa: E402
 from fleet.job import ItemContext, Sink, load_job  # noqa: E402
-from jobs.text.vocab import train_vocab, write_vocab  # noqa: E402
+from fleet_jobs.text.vocab import train_vocab, write_vocab  # noqa: E402
 
 
 class MemorySink(Sink):

@@ -5,7 +5,7 @@ for this checkout and optionally an earlier commit, in one run.
 
 The corpus is bench_convert's "short" one (the sample's lines cut into documents of 1-3 lines,
 ``--repeat`` times; 27: about 33 MB), written as plain text, JSON Lines and WikiExtractor
-shards. Each tree iterates ``jobs.text.inputs.iter_documents`` (``fleet.inputs`` before) over
+shards. Each tree iterates ``fleet_jobs.text.inputs.iter_documents`` (``fleet.inputs`` before) over
 each file in a child process (its code first on sys.path); the figure is MB of file per CPU
 second, best of ``--rounds``, and the script says whether both trees read the same documents
 and tallies. Prints figures; asserts nothing.
@@ -32,7 +32,7 @@ _CHILD = r"""
 import hashlib, json, sys, time
 sys.path.insert(0, sys.argv[1])
 try:
-    from jobs.text.inputs.formats import Tally, iter_documents
+    from fleet_jobs.text.inputs.formats import Tally, iter_documents
 except ImportError:  # a tree from before the text layer held the formats
     from fleet.inputs.formats import Tally, iter_documents
 fmt, path, rounds = sys.argv[2], sys.argv[3], int(sys.argv[4])

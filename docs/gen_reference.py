@@ -1,6 +1,6 @@
 """Write the reference pages from the code, so that they cannot drift from it.
 
-docs/reference/jobs.md: every job under jobs/ and its options, from its config dataclass
+docs/reference/jobs.md: every job under fleet_jobs/ and its options, from its config dataclass
 (fleet.job.describe_options: what `fleet jobs` prints). docs/reference/cli.md: every `fleet`
 command, its arguments and options, from the command line's own definitions (what `--help`
 prints). tests/test_docs.py regenerates both and fails when the committed pages differ.
@@ -42,11 +42,11 @@ def code(text: str) -> str:
 
 
 def in_tree_jobs() -> list[str]:
-    """The jobs of this checkout (folders under jobs/): entry points of whatever else is installed
+    """The jobs of this checkout (folders under fleet_jobs/): entry points of whatever else is installed
     here are not this project's, and would make the page depend on the machine."""
     from fleet.job import available_jobs
 
-    return [name for name in available_jobs() if (ROOT / "jobs" / name / "__init__.py").is_file()]
+    return [name for name in available_jobs() if (ROOT / "fleet_jobs" / name / "__init__.py").is_file()]
 
 
 def jobs_page() -> str:
@@ -97,9 +97,9 @@ def programs() -> list[tuple[str, str, object]]:
     """The command lines a user types, each as (prog, its heading's name, app): `fleet`, and the
     text tools of electra_zh_en (headings without `python -m`, so GitHub and mkdocs make one anchor)."""
     from fleet.cli.commands import app as fleet_app
-    from jobs.electra_zh_en.__main__ import app as tools_app
+    from fleet_jobs.electra_zh_en.__main__ import app as tools_app
 
-    return [("fleet", "fleet", fleet_app), ("python -m jobs.electra_zh_en", "jobs.electra_zh_en", tools_app)]
+    return [("fleet", "fleet", fleet_app), ("python -m fleet_jobs.electra_zh_en", "fleet_jobs.electra_zh_en", tools_app)]
 
 
 def _command_section(prog: str, title: str, name: str, command, hints: dict) -> list[str]:
@@ -128,7 +128,7 @@ def cli_page() -> str:
 
     out = [HEAD, "# The commands\n\n",
            "Every command of `fleet` (also `python -m fleet.cli`) and of the text tools "
-           "(`python -m jobs.electra_zh_en`), from the command lines' own definitions: `COMMAND --help` "
+           "(`python -m fleet_jobs.electra_zh_en`), from the command lines' own definitions: `COMMAND --help` "
            "prints the same. A user error is one line and exit 2.\n\n",
            "| command | what it does |\n| --- | --- |\n"]
     sections = []

@@ -1,6 +1,6 @@
 """The small API between the fleet and a job.
 
-A job is a module ``jobs.<name>`` (or a ``fleet.jobs`` entry point) exposing
+A job is a module ``fleet_jobs.<name>`` (or a ``fleet.jobs`` entry point) exposing
 ``JOB``, an instance of :class:`Job`. The fleet knows input objects and byte
 ranges, never what is in them: at plan time the job says how each input object
 is cut into items (:meth:`Job.cut`: whole objects by default, byte ranges at
@@ -466,9 +466,9 @@ def parse_dataclass(cls: type, values: Mapping[str, Any]) -> Any:
 
 
 def available_jobs() -> list[str]:
-    """Jobs by discovery: the packages under jobs/ that define JOB (a shared library there,
+    """Jobs by discovery: the packages under fleet_jobs/ that define JOB (a shared library there,
     which defines none, is not a job), and ``fleet.jobs`` entry points."""
-    import jobs as _jobs_pkg  # the jobs package is found by discovery, not by name
+    import fleet_jobs as _jobs_pkg  # the jobs package is found by discovery, not by name
 
     names = []
     for path in _jobs_pkg.__path__:
@@ -506,7 +506,7 @@ def _defines_job(init: str) -> bool:
 
 
 def load_job(name: str) -> Job:
-    """Discovery: a ``fleet.jobs`` entry point, else the module ``jobs.<name>``."""
+    """Discovery: a ``fleet.jobs`` entry point, else the module ``fleet_jobs.<name>``."""
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="fleet.jobs"):
@@ -516,7 +516,7 @@ def load_job(name: str) -> Job:
         module_name, _, attr = name.partition(":")
         if not (all(part.isidentifier() for part in module_name.split(".")) and attr.isidentifier()):
             raise JobNotFound(f"job {name!r}: expected package.module:NAME (an out-of-tree job) or the name of "
-                              "a job under jobs/ (`fleet jobs` lists them)")
+                              "a job under fleet_jobs/ (`fleet jobs` lists them)")
         try:
             job = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as e:
@@ -527,15 +527,15 @@ def load_job(name: str) -> Job:
     if not name.isidentifier():
         raise JobNotFound(f"unknown job {name!r} (available: {', '.join(available_jobs()) or 'none'})")
     try:
-        module = importlib.import_module(f"jobs.{name}")
+        module = importlib.import_module(f"fleet_jobs.{name}")
     except ModuleNotFoundError as e:
-        if e.name in (f"jobs.{name}", "jobs"):
+        if e.name in (f"fleet_jobs.{name}", "fleet_jobs"):
             known = ", ".join(available_jobs()) or "none"
             raise JobNotFound(f"unknown job {name!r} (available: {known})") from None
         raise
     job = getattr(module, "JOB", None)
     if not isinstance(job, Job):
-        raise JobNotFound(f"jobs.{name} does not define JOB, a fleet.job.Job")
+        raise JobNotFound(f"fleet_jobs.{name} does not define JOB, a fleet.job.Job")
     return job
 
 

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from jobs.text.inputs import MAX_LINE_BYTES
+from fleet_jobs.text.inputs import MAX_LINE_BYTES
 from tests.helpers.cli import fleet, one_line_error
 from tests.helpers.procs import start_worker, wait_exit
 from tests.standins.faultproxy import FaultProxy

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.bert.builder import (
+from fleet_jobs.bert.builder import (
     DocBatch,
     DocBatcher,
     NegativePool,

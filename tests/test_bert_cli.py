@@ -1,4 +1,4 @@
-"""`python -m jobs.electra_zh_en report` and `fleet local --job bert` (or `--set format=bert`) end to end."""
+"""`python -m fleet_jobs.electra_zh_en report` and `fleet local --job bert` (or `--set format=bert`) end to end."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet.job import ItemContext, Sink
-from jobs.electra_zh_en import JOB
-from jobs.text import tfrecord
-from jobs.electra_zh_en.__main__ import app
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.electra_zh_en import JOB
+from fleet_jobs.text import tfrecord
+from fleet_jobs.electra_zh_en.__main__ import app
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "corpus")
@@ -121,7 +121,7 @@ def test_report_reads_parquet_outputs_as_it_reads_tfrecords(tmp_path, vocabs, do
 
 
 def test_report_on_causal_lm_blocks(tmp_path, vocabs, documents):
-    from jobs.causal_lm import JOB as LM
+    from fleet_jobs.causal_lm import JOB as LM
 
     out = tmp_path / "lm"
     out.mkdir()
@@ -176,7 +176,7 @@ def test_fleet_local_with_the_bert_job(tmp_path, vocabs, job):
     assert 0.14 < summary["masked_share"] < 0.152 and 0.45 < summary["random_next_share"] < 0.62
     # The job's report is printed at the end, with the vocab found in the run's config.
     # (it reads the first REPORT_RECORDS records: a bounded cost at the end of every run)
-    from jobs.bert.job import REPORT_RECORDS
+    from fleet_jobs.bert.job import REPORT_RECORDS
 
     n = min(summary["examples"], REPORT_RECORDS)
     where = (re.escape(f"in {summary['items']} files (") if n == summary["examples"]
@@ -204,7 +204,7 @@ def test_report_reads_only_the_records_it_shows(tmp_path, vocabs, documents):
     is no longer decompressed whole (hundreds of MB for a big item) to show a few thousand."""
     import gzip
 
-    from jobs.text.report import read_report
+    from fleet_jobs.text.report import read_report
 
     out = tmp_path / "run"
     write_run(out, vocabs["good"], documents, compression="GZIP")

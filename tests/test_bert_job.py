@@ -16,15 +16,15 @@ import pytest
 import rjieba
 
 from fleet.job import ConfigError, ItemContext, Sink
-from jobs.bert import JOB as BERT, BertConfig
-from jobs.electra_zh_en import JOB, ElectraConfig
-from jobs.text import tfrecord
-from jobs.bert.builder import DocBatcher, PairOptions, assemble, build_spans, truncate_pairs
-from jobs.bert import records as bert_records
-from jobs.bert.records import BertLayout, BertRecordEncoder, feature_names
-from jobs.bert.masking import Masked, mask_batch
-from jobs.text.tokenization import CJK_RANGES, WORD_CONTINUES, BertTokenizer
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.bert import JOB as BERT, BertConfig
+from fleet_jobs.electra_zh_en import JOB, ElectraConfig
+from fleet_jobs.text import tfrecord
+from fleet_jobs.bert.builder import DocBatcher, PairOptions, assemble, build_spans, truncate_pairs
+from fleet_jobs.bert import records as bert_records
+from fleet_jobs.bert.records import BertLayout, BertRecordEncoder, feature_names
+from fleet_jobs.bert.masking import Masked, mask_batch
+from fleet_jobs.text.tokenization import CJK_RANGES, WORD_CONTINUES, BertTokenizer
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 
@@ -248,7 +248,7 @@ def test_tokenizer_marks_whole_words_in_both_languages(tokenizer, documents):
 def test_whole_words_are_masked_together_in_the_sample(tokenizer, documents):
     """The converter's pieces on real text: every word (rjieba's for Chinese, ## pieces for English)
     is masked whole or not at all, and multi-character words do get masked."""
-    from jobs.bert.examples import BertExamples, BertOptions
+    from fleet_jobs.bert.examples import BertExamples, BertOptions
 
     ex = BertExamples(tokenizer, BertOptions(), rjieba.cut)
     batcher = DocBatcher()
@@ -294,8 +294,8 @@ def test_same_seed_same_bytes(vocab_path, documents):
 def test_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch, options):
     """format=bert hands Parquet its rows (``BertExamples.rows``), not records for the writer to
     parse back; the file is the one the records made, row groups included (here of 7 rows)."""
-    from jobs.bert import examples as bert_examples
-    from jobs.text import parquet_writer
+    from fleet_jobs.bert import examples as bert_examples
+    from fleet_jobs.text import parquet_writer
 
     monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 7)
     docs = documents["zh"][:12] + documents["en"][:6]
@@ -368,7 +368,7 @@ def test_dupe_factor_builds_the_item_again_with_other_randomness(vocab_path, doc
 def test_dupe_factor_spills_to_a_file_beyond_its_memory_limit(vocab_path, documents, monkeypatch):
     import functools
 
-    from jobs.bert import examples as bert_examples, job
+    from fleet_jobs.bert import examples as bert_examples, job
 
     docs = documents["zh"][:12] + documents["en"][:8]
     monkeypatch.setattr(bert_examples, "DocBatcher", functools.partial(bert_examples.DocBatcher, batch_tokens=5000))
@@ -408,7 +408,7 @@ def test_pack_documents_fills_sequences_of_short_documents(vocab_path, documents
 
 
 def test_a_huge_document_is_tokenized_in_parts(vocab_path, documents, monkeypatch):
-    from jobs.bert import examples as bert_examples
+    from fleet_jobs.bert import examples as bert_examples
 
     doc = [line for d in documents["zh"][:20] for line in d]
     stats, _, whole = convert(vocab_path, [doc])
@@ -434,7 +434,7 @@ def test_short_documents_tokenized_together_give_the_records_of_one_at_a_time(vo
                                                                                options):
     import functools
 
-    from jobs.bert import examples as bert_examples
+    from fleet_jobs.bert import examples as bert_examples
 
     docs = short_documents(documents)
     monkeypatch.setattr(bert_examples, "DocBatcher", functools.partial(bert_examples.DocBatcher, batch_tokens=3000))
@@ -448,8 +448,8 @@ def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_pat
                                                                        pack):
     import random as random_module
 
-    from jobs.electra_zh_en import job
-    from jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
+    from fleet_jobs.electra_zh_en import job
+    from fleet_jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
 
     docs = short_documents(documents) + documents["en"][:3]
     _, _, together = convert(vocab_path, docs, format="electra", pack_documents=pack)

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from fleet.job import ItemContext, ItemInput, KeyedSink, item_seed
-from jobs.bert import JOB
-from jobs.bert import examples as bert_examples, job as bert_job, shuffle
-from jobs.bert.masking import Masked
-from jobs.text import tfrecord
-from jobs.text.parquet_writer import read_rows
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.bert import JOB
+from fleet_jobs.bert import examples as bert_examples, job as bert_job, shuffle
+from fleet_jobs.bert.masking import Masked
+from fleet_jobs.text import tfrecord
+from fleet_jobs.text.parquet_writer import read_rows
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.electra_zh_en.builder import Example, ExampleBuilder, build_examples
+from fleet_jobs.electra_zh_en.builder import Example, ExampleBuilder, build_examples
 
 CLS, SEP = 2, 3
 
@@ -177,7 +177,7 @@ def test_add_documents_is_add_document_for_each(docs, seed):
 
 def seeded_case(docs, seed):
     """The documents' seed key, texts, lines and ends, as format=electra hands them to the builder."""
-    from jobs.electra_zh_en.builder import DocumentRandom
+    from fleet_jobs.electra_zh_en.builder import DocumentRandom
 
     documents = numbered(docs)
     texts = [b"document %d of seed %d" % (i, seed) for i in range(len(documents))]
@@ -187,7 +187,7 @@ def seeded_case(docs, seed):
 
 def per_document(max_length, sentences, ends, texts, key):
     """The reference: ``add_documents`` with one ``DocumentRandom`` per document."""
-    from jobs.electra_zh_en.builder import DocumentRandom
+    from fleet_jobs.electra_zh_en.builder import DocumentRandom
 
     return ExampleBuilder(max_length, CLS, SEP, random.Random(0), pad=False).add_documents(
         sentences, ends, [DocumentRandom(key, t) for t in texts])
@@ -195,7 +195,7 @@ def per_document(max_length, sentences, ends, texts, key):
 
 def gathered(runs, flat: list[int]) -> list[list[int]]:
     """Each example's ids from ``FlatExamples`` runs into ``flat`` (plain Python)."""
-    from jobs.electra_zh_en.builder import CLS_RUN, SEP_RUN
+    from fleet_jobs.electra_zh_en.builder import CLS_RUN, SEP_RUN
 
     ids = []
     for start, n in zip(runs.run_starts, runs.run_lengths):
@@ -214,7 +214,7 @@ def test_seeded_document_runs_are_add_documents_with_a_document_random_each(docs
     """format=electra packs from the lines' lengths alone (runs into the flat ids): the examples
     of the generic path, draw for draw, truncation and empty lines included (one-line documents
     and a last example whose lines all fit the first segment skip draws nobody sees)."""
-    from jobs.electra_zh_en.builder import seeded_document_runs
+    from fleet_jobs.electra_zh_en.builder import seeded_document_runs
 
     key, texts, sentences, ends = seeded_case(docs, seed)
     expected = per_document(max_length, sentences, ends, texts, key)
@@ -228,7 +228,7 @@ def test_seeded_document_runs_are_add_documents_with_a_document_random_each(docs
 def test_seeded_document_runs_on_many_small_documents(max_length):
     """The same, on many documents of short lines (ties of a segment's length with its target,
     which random lists rarely hit, are many here)."""
-    from jobs.electra_zh_en.builder import DocumentRandom, seeded_document_runs
+    from fleet_jobs.electra_zh_en.builder import DocumentRandom, seeded_document_runs
 
     rng = random.Random(max_length)
     documents = numbered([[rng.randint(0, max_length // 2) for _ in range(rng.randint(0, 9))] for _ in range(1500)])

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.job import ConfigError, ItemContext, load_job
-from jobs.causal_lm import JOB, CausalLMConfig
-from jobs.causal_lm.blocks import BlockCutter, BlockOptions
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.causal_lm import JOB, CausalLMConfig
+from fleet_jobs.causal_lm.blocks import BlockCutter, BlockOptions
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.records import canonical, examples, folder_examples
 from tests.helpers.sinks import MemorySink
 
@@ -165,7 +165,7 @@ def test_examples_depend_on_the_documents_only_unless_packed(bpe_path, documents
 
 
 def test_a_bert_vocab_ends_documents_with_sep_and_pads_with_pad(vocab_path, documents):
-    from jobs.text.tokenization import BertTokenizer
+    from fleet_jobs.text.tokenization import BertTokenizer
 
     bert = BertTokenizer.from_file(vocab_path)
     stats, rows = convert(CausalLMConfig(vocab_file=vocab_path, max_seq_length=40), documents[:5])

@@ -1,4 +1,4 @@
-"""python -m jobs.electra_zh_en check: a bounded look at the inputs before the spend (issue 11)."""
+"""python -m fleet_jobs.electra_zh_en check: a bounded look at the inputs before the spend (issue 11)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from jobs.electra_zh_en.__main__ import app
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.electra_zh_en.__main__ import app
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.cli import one_line_job_error as one_line_error
 
 DOCS = [

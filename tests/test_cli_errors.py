@@ -111,7 +111,7 @@ def test_plan_refuses_a_number_out_of_range(option, value, corpus, tmp_path):
 
 
 @pytest.mark.parametrize("job", [":", "a:", ":b", "..x:y", ".:JOB", "a..b:c", "tests.helpers.linejob:", "x y:z",
-                                 "-:-", "\x00:x", "jobs/electra", "", "..", "a\udcffb"])
+                                 "-:-", "\x00:x", "fleet_jobs/electra", "", "..", "a\udcffb"])
 def test_a_malformed_job_name_is_one_line(job, corpus, tmp_path):
     one_line_error(invoke("local", corpus, tmp_path / "out", "--job", job), "job")
 

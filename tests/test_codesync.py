@@ -15,7 +15,7 @@ from fleet.core.codesync import (MANIFEST, OBJECTS, CodeError, check_pinned, cod
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.store import open_store
 
-PATHS = ["fleet", "jobs", "startup", "pyproject.toml"]
+PATHS = ["fleet", "fleet_jobs", "startup", "pyproject.toml"]
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def tree(tmp_path) -> Path:
         "fleet/a.py": "A = 1\n",
         "fleet/sub/b.py": "B = 2\n",
         "fleet/sub/data.json": "{}\n",
-        "jobs/__init__.py": "",
+        "fleet_jobs/__init__.py": "",
         "startup/startup.sh": "#!/bin/bash\n",
         "pyproject.toml": "[project]\nname = 'x'\n",
         # left out:
@@ -34,9 +34,9 @@ def tree(tmp_path) -> Path:
         "fleet/a.pyc": "junk",
         "fleet/.hidden": "x",
         "fleet/x.egg-info/PKG-INFO": "x",
-        "jobs/venv/pyvenv.cfg": "home = /usr\n",
-        "jobs/venv/lib/site.py": "x",
-        "jobs/.git/HEAD": "ref",
+        "fleet_jobs/venv/pyvenv.cfg": "home = /usr\n",
+        "fleet_jobs/venv/lib/site.py": "x",
+        "fleet_jobs/.git/HEAD": "ref",
         "out/part-00000.tfrecord": "x",
         "README.md": "not code",
     }.items():
@@ -49,7 +49,7 @@ def tree(tmp_path) -> Path:
 def test_snapshot_holds_code_only(tree):
     assert code_files(str(tree), paths=PATHS) == [
         "fleet/__init__.py", "fleet/a.py", "fleet/sub/b.py", "fleet/sub/data.json",
-        "jobs/__init__.py", "pyproject.toml", "startup/startup.sh"]
+        "fleet_jobs/__init__.py", "pyproject.toml", "startup/startup.sh"]
 
 
 def test_version_is_the_hash_of_a_sha256sum_manifest(tree):

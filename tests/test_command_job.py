@@ -40,7 +40,7 @@ from fleet.core.run import load_items, plan
 from fleet.core.layout import lease_prefix, released_prefix
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
-from jobs.command.job import input_name, substitute
+from fleet_jobs.command.job import input_name, substitute
 from tests.helpers.procs import committed, listed_outputs, start_worker, wait_exit
 from tests.helpers.sinks import MemorySink
 
@@ -587,7 +587,7 @@ def test_every_file_left_in_output_is_committed_once_under_its_path(tree):
     part-<item>-<its path>, with its bytes; hidden ones are counted, nothing else is added."""
     import tempfile as _tempfile
 
-    from jobs.command.job import CommandConverter, CommandConfig
+    from fleet_jobs.command.job import CommandConverter, CommandConfig
 
     with _tempfile.TemporaryDirectory() as out_dir:
         written = {}

@@ -68,3 +68,14 @@ def test_commands_take_the_bucket_from_the_config(config_file, tmp_path):
                                       "--bucket", str(store)])
     assert result.exit_code == 0, result.output  # --bucket still wins over the config
     assert (store / "runs" / "r" / "run.json").exists()
+
+
+def test_a_fleet_toml_from_before_the_rename_still_syncs_the_jobs():
+    """fleet.toml files written by `fleet init` before issue 21 list "jobs" in code_paths: the
+    package is fleet_jobs now, and a sync without it would leave the VMs with no job to run."""
+    from fleet.gce.config import DEFAULT_CODE_PATHS, FleetConfig
+
+    old = FleetConfig(project="my-project-1", zone="us-central1-a", bucket="gs://my-bucket",
+                      code_paths=["fleet", "jobs", "startup", "pyproject.toml"])
+    assert old.code_paths == ["fleet", "fleet_jobs", "startup", "pyproject.toml"]
+    assert "fleet_jobs" in DEFAULT_CODE_PATHS and "jobs" not in DEFAULT_CODE_PATHS

@@ -14,9 +14,9 @@ import pytest
 from rich.console import Console
 
 from fleet.cli.local import run_local
-from jobs.text import tfrecord
-from jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text import tfrecord
+from fleet_jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]

@@ -9,11 +9,11 @@ import random
 import pytest
 
 from fleet.job import ConfigError, ItemContext, Sink, load_job
-from jobs.electra_zh_en import JOB, ElectraConfig
-from jobs.text import tfrecord
-from jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
-from jobs.text.tokenization import BertTokenizer
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.electra_zh_en import JOB, ElectraConfig
+from fleet_jobs.text import tfrecord
+from fleet_jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
+from fleet_jobs.text.tokenization import BertTokenizer
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 
@@ -186,7 +186,7 @@ def test_parquet_output_option_checks(vocab_path):
 def test_records_are_record_of_each_example(vocab_path, big_ids):
     """The converter's batch encoder gives ``record``'s bytes for every example, with ids below
     2**16 (varints of the real tokens, the padding with the tail) and above (padded rows)."""
-    from jobs.electra_zh_en.builder import Example
+    from fleet_jobs.electra_zh_en.builder import Example
 
     converter = JOB.document_converter(ElectraConfig(vocab_file=vocab_path, max_seq_length=40), read_file)
     converter.encoder.small_ids = not big_ids
@@ -209,8 +209,8 @@ def test_records_are_record_of_each_example(vocab_path, big_ids):
 def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch):
     """format=electra hands Parquet its rows, not records to parse back; the file is the same,
     row groups included (a group ends after exactly ROW_GROUP_ROWS rows, here 7)."""
-    from jobs.text import parquet_writer
-    from jobs.text.output import encode_rows
+    from fleet_jobs.text import parquet_writer
+    from fleet_jobs.text.output import encode_rows
 
     monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 7)
     config = ElectraConfig(vocab_file=vocab_path, max_seq_length=64, output="parquet")
@@ -235,7 +235,7 @@ def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents,
     group of documents at a time."""
     from itertools import accumulate
 
-    from jobs.electra_zh_en import job
+    from fleet_jobs.electra_zh_en import job
 
     rng = random.Random(5)
     lines = [line for doc in documents for line in doc]
@@ -272,7 +272,7 @@ def test_a_format_electra_worker_does_not_import_the_bert_modules(vocab_path, do
             f"config = job.parse_config({{'vocab_file': {vocab_path!r}}})\n"
             "job.document_converter(config, lambda p: open(p, 'rb').read()).convert(iter([['a b', 'c'], ['d']]),"
             " ItemContext('i', 1, 't'), MemorySink())\n"
-            "print(sorted(m for m in sys.modules if m.startswith('jobs.bert') or m.split('.')[-1] in "
+            "print(sorted(m for m in sys.modules if m.startswith('fleet_jobs.bert') or m.split('.')[-1] in "
             "('sentences', 'rjieba', 'pyarrow')))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -2,7 +2,7 @@
 
 For any config of electra_zh_en (both formats) and causal_lm, every example the real
 converter writes holds exactly the declared features, with their lengths and dtypes:
-in TFRecords (read by jobs.text's decoder and by TensorFlow's parser with the spec the
+in TFRecords (read by fleet_jobs.text's decoder and by TensorFlow's parser with the spec the
 readers build) and in Parquet rows (pyarrow's schema and row lengths).
 """
 
@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet.job import ItemContext, load_job
-from jobs.text import tfrecord
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text import tfrecord
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

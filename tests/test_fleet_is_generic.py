@@ -1,7 +1,7 @@
 """fleet/ is the generic layer (issue 18): it knows input objects and byte ranges, never text.
 
 The text formats, the cutting of files at document boundaries, the corpus-name filter and the
-read options are the text layer's (jobs/text/inputs, jobs.text.job.TextJob). These tests fail
+read options are the text layer's (fleet_jobs/text/inputs, fleet_jobs.text.job.TextJob). These tests fail
 if a module under fleet/ imports the text layer or any job (discovery in fleet/job.py excepted),
 if the old fleet/inputs comes back, or if the fleet reads its input options instead of handing
 them to the job.
@@ -25,8 +25,8 @@ from tests.helpers.linejob import JOB as LINEJOB
 
 FLEET = Path(__file__).resolve().parent.parent / "fleet"
 # Modules that are text formats (or the old home of them): the fleet imports none.
-TEXT_MODULES = ("fleet.inputs", "jobs.text", "jobs")
-DISCOVERY = {("job.py", "jobs")}  # fleet/job.py finds jobs by scanning the jobs package
+TEXT_MODULES = ("fleet.inputs", "fleet_jobs.text", "fleet_jobs")
+DISCOVERY = {("job.py", "fleet_jobs")}  # fleet/job.py finds jobs by scanning the jobs package
 
 
 def imports(path: Path) -> list[str]:
@@ -53,7 +53,7 @@ def test_no_module_under_fleet_imports_a_text_format_module_or_a_job():
             if hit and (str(path.relative_to(FLEET)), module) not in DISCOVERY:
                 bad.append(f"fleet/{path.relative_to(FLEET)} imports {module}")
     assert not bad, "\n".join(bad)
-    assert not (FLEET / "inputs").exists(), "the text readers live in jobs/text/inputs"
+    assert not (FLEET / "inputs").exists(), "the text readers live in fleet_jobs/text/inputs"
 
 
 def test_the_import_walk_sees_lazy_and_relative_imports(tmp_path):
@@ -62,11 +62,11 @@ def test_the_import_walk_sees_lazy_and_relative_imports(tmp_path):
     pkg = FLEET / "core" / "store"
     probe = pkg / "_probe_for_test.py"
     try:
-        probe.write_text("def f():\n    from ..inputs import formats\n    import jobs.text.job\n")
+        probe.write_text("def f():\n    from ..inputs import formats\n    import fleet_jobs.text.job\n")
         got = imports(probe)
     finally:
         probe.unlink()
-    assert "fleet.core.inputs.formats" in got and "jobs.text.job" in got
+    assert "fleet.core.inputs.formats" in got and "fleet_jobs.text.job" in got
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ import pytest
 
 from fleet.job import InputError
 from fleet.core.store.local import LocalStore
-from jobs.text.inputs import ReadOptions, Tally, file_format, plan_ranges, read_all
+from fleet_jobs.text.inputs import ReadOptions, Tally, file_format, plan_ranges, read_all
 from tests.helpers.cli import fleet, one_line_error
 
 ARTICLES = [
@@ -183,7 +183,7 @@ ROWS = [f"row {i} first line.\n\nrow {i} second line 数据" if i % 7 else f"row
 
 
 def test_parquet_rows_are_documents_and_items_are_row_group_ranges(tmp_path):
-    from jobs.text.inputs import plan_slices, read_slice
+    from fleet_jobs.text.inputs import plan_slices, read_slice
 
     write_parquet(tmp_path / "train-00000.parquet", ROWS)
     items = plan_slices([str(tmp_path)], 3000)
@@ -198,7 +198,7 @@ def test_parquet_rows_are_documents_and_items_are_row_group_ranges(tmp_path):
 
 def test_parquet_on_gcs_is_read_by_ranges_of_the_planned_generation(tmp_path, gcs_bucket):
     from fleet.core.store import open_store
-    from jobs.text.inputs import plan_slices, read_slice
+    from fleet_jobs.text.inputs import plan_slices, read_slice
 
     write_parquet(tmp_path / "a.parquet", ROWS)
     store = open_store(f"gs://{gcs_bucket}")
@@ -225,7 +225,7 @@ def test_parquet_text_column_option_and_bad_rows(tmp_path):
 
 
 def read_parquet_file(path, options=ReadOptions(), tally=None):
-    from jobs.text.inputs.parquet import parquet_documents, row_groups
+    from fleet_jobs.text.inputs.parquet import parquet_documents, row_groups
 
     store = LocalStore(str(path.parent))
     size = path.stat().st_size

@@ -110,7 +110,7 @@ def init(cloud: Cloud, *extra: str) -> None:
 def ship_test_jobs() -> None:
     """Add the slow test jobs (tests/helpers) to what `fleet sync` uploads: they travel in the snapshot like any job."""
     config = Path(os.environ["FLEET_CONFIG"])
-    default_paths = 'code_paths = ["fleet", "jobs", "startup", "pyproject.toml", "requirements.lock"]'
+    default_paths = 'code_paths = ["fleet", "fleet_jobs", "startup", "pyproject.toml", "requirements.lock"]'
     assert default_paths in config.read_text()
     config.write_text(config.read_text().replace(default_paths, default_paths[:-1] + ', "tests/__init__.py", "tests/helpers"]'))
 
@@ -144,7 +144,7 @@ def check_clean_exit(cloud: Cloud, run: str) -> None:
 
 def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     vocab = tmp_path / "vocab.txt"
-    subprocess.run([sys.executable, "-m", "jobs.electra_zh_en", "vocab", str(CORPUS), "--size", "8000",
+    subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", str(CORPUS), "--size", "8000",
                     "--out", str(vocab)], cwd=ROOT, check=True, capture_output=True)
     open_store(cloud.bucket).upload_file("vocab.txt", str(vocab))
     init(cloud)

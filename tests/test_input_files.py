@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.text.inputs import find_corpus
-from jobs.text.inputs.names import NOT_CORPUS, corpus_file
+from fleet_jobs.text.inputs import find_corpus
+from fleet_jobs.text.inputs.names import NOT_CORPUS, corpus_file
 
 
 def names(paths) -> list[str]:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from fleet.job import InputError
 from fleet.core.store.local import LocalStore
-from jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges, read_all
+from fleet_jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges, read_all
 
 
 def documents_of_ranges(store, name, data, fmt, target, tally=None):

@@ -13,7 +13,7 @@ import zstandard
 from fleet.job import InputError
 from fleet.core.run import make_items
 from fleet.core.store.local import LocalStore
-from jobs.text.inputs import (describe, find_corpus, iter_documents, iter_path_documents, plan_ranges, plan_slices,
+from fleet_jobs.text.inputs import (describe, find_corpus, iter_documents, iter_path_documents, plan_ranges, plan_slices,
                               read_all)
 from tests.helpers.linejob import JOB as LINEJOB, LineConfig
 from tests.test_properties import assert_pieces_are_the_documents
@@ -57,7 +57,7 @@ def test_jsonl_text_field_is_a_document():
 
 
 def test_jsonl_bad_records_are_skipped_and_named_until_most_are_bad():
-    from jobs.text.inputs import Tally
+    from fleet_jobs.text.inputs import Tally
 
     tally = Tally()
     data = b'{"text": "ok"}\n{not json\n{"text": "fine"}\n{"body": "x"}\n{"text": "also"}\n'
@@ -71,7 +71,7 @@ def test_jsonl_bad_records_are_skipped_and_named_until_most_are_bad():
 
 def test_invalid_utf8_skips_its_line_naming_the_byte_offset():
     # A bad line costs itself, not its document (issue 17): the document goes on around it.
-    from jobs.text.inputs import Tally
+    from fleet_jobs.text.inputs import Tally
 
     tally = Tally()
     assert read_all(b"good\n\nhello\n\xff\xfe\nmore\n\nfine\nend\n", "bad.txt", tally=tally) == [
@@ -86,7 +86,7 @@ def test_nul_and_control_characters_are_text():
 
 
 def test_a_truncated_gzip_keeps_the_documents_before_the_damage():
-    from jobs.text.inputs import Tally
+    from fleet_jobs.text.inputs import Tally
 
     data = gzip.compress(b"".join(b"doc %d line\nsecond line\n\n" % i for i in range(3000)))
     tally = Tally()
@@ -193,7 +193,7 @@ def test_iter_path_documents_reads_folders(tmp_path):
 def test_an_item_planned_before_the_item_api_reads_as_the_slice_it_was(tmp_path):
     # Runs planned by 83e8d26 wrote the text layer's slice fields at the top of each item line.
     from fleet.core.run import Item
-    from jobs.text.job import item_slice
+    from fleet_jobs.text.job import item_slice
 
     (tmp_path / "c.txt").write_bytes(b"a\n\nb\nc\n\nd\n")
     for s in plan_slices([str(tmp_path)], 4):

@@ -48,7 +48,7 @@ def test_the_item_seed_comes_from_the_job_api():
 
 
 def test_the_shared_text_layer_is_a_library_not_a_job(tmp_path, monkeypatch):
-    import jobs
+    import fleet_jobs
 
     assert "text" not in available_jobs() and "causal_lm" in available_jobs()
     # Only a top-level binding of JOB makes a job: a word in a docstring does not.
@@ -56,5 +56,5 @@ def test_the_shared_text_layer_is_a_library_not_a_job(tmp_path, monkeypatch):
                        "imports": "from .job import JOB\n", "broken": "JOB = (\n"}.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(body)
-    monkeypatch.setattr(jobs, "__path__", [str(tmp_path)])
+    monkeypatch.setattr(fleet_jobs, "__path__", [str(tmp_path)])
     assert [n for n in available_jobs() if n in ("mentions", "assigns", "imports", "broken")] == ["assigns", "imports"]

@@ -1,9 +1,9 @@
 """Jobs import nothing of the fleet but its job API (docs/layout.md; issue 22).
 
-A job is written against ``fleet.job`` alone (and the shared text layer ``jobs/text``),
+A job is written against ``fleet.job`` alone (and the shared text layer ``fleet_jobs/text``),
 so the fleet's internals can change without breaking a job, and a job's reader needs no
 fleet internals: ``fleet.core.follow`` reads any job's examples from ``Job.features``.
-Every import in every module under jobs/ is checked, top level or inside a function.
+Every import in every module under fleet_jobs/ is checked, top level or inside a function.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def fleet_imports(path: str) -> list[str]:
 
 
 def job_modules() -> list[str]:
-    root = os.path.join(ROOT, "jobs")
+    root = os.path.join(ROOT, "fleet_jobs")
     return sorted(os.path.join(folder, name) for folder, _, names in os.walk(root)
                   for name in names if name.endswith(".py"))
 
@@ -46,7 +46,7 @@ def test_job_modules_import_only_the_job_api_of_the_fleet():
     assert len(modules) > 20 and any(m.endswith(os.path.join("causal_lm", "job.py")) for m in modules)
     breaking = {os.path.relpath(m, ROOT): found for m in modules if (found := fleet_imports(m))}
     listed = "; ".join(f"{module} ({', '.join(found)})" for module, found in sorted(breaking.items()))
-    assert not breaking, (f"{len(breaking)} module(s) under jobs/ import fleet internals; a job may import only "
+    assert not breaking, (f"{len(breaking)} module(s) under fleet_jobs/ import fleet internals; a job may import only "
                           f"{', '.join(sorted(ALLOWED))} from the fleet: {listed}")
 
 
@@ -54,5 +54,5 @@ def test_the_check_sees_every_form_of_import(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("import fleet.core.store\nfrom fleet import job, run\nfrom fleet.job import Job\n"
                       "def f():\n    from fleet.inputs.parquet import StoreFile\n    import fleet\n"
-                      "from . import fleet\nfrom jobs.text import tfrecord\n")
+                      "from . import fleet\nfrom fleet_jobs.text import tfrecord\n")
     assert fleet_imports(str(source)) == ["1: fleet.core.store", "2: fleet.run", "5: fleet.inputs.parquet", "6: fleet"]

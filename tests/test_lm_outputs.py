@@ -25,10 +25,10 @@ from rich.console import Console
 
 from fleet.cli.local import run_local
 from fleet.job import ConfigError, ItemContext, RunManifest, StageOptions, load_job
-from jobs.causal_lm import JOB, CausalLMConfig
-from jobs.text.token_files import (INDEX_SUFFIXES, MEGATRON_HEADER, open_sequence_writer, read_megatron_index,
+from fleet_jobs.causal_lm import JOB, CausalLMConfig
+from fleet_jobs.text.token_files import (INDEX_SUFFIXES, MEGATRON_HEADER, open_sequence_writer, read_megatron_index,
                                    read_sequences, token_dtype)
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron")  # its builder, numpy 2
@@ -95,7 +95,7 @@ def expected_sequences(documents, tokenizer_option: str, path: str) -> list[list
         eod = tok.token_to_id("<|endoftext|>")
         seqs = [tok.encode("\n".join(d), add_special_tokens=False).ids for d in documents]
     else:
-        from jobs.text.tokenization import BertTokenizer
+        from fleet_jobs.text.tokenization import BertTokenizer
 
         bert = BertTokenizer.from_file(path)
         eod = bert.vocab["[SEP]"]

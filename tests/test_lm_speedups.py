@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.job import ItemContext
-from jobs.causal_lm import JOB, CausalLMConverter
-from jobs.causal_lm.blocks import BlockCutter, BlockOptions
-from jobs.causal_lm.records import BlockRecords
-from jobs.causal_lm.word_cache import WordCache, word_cache
-from jobs.text.output import Column, encode_rows
+from fleet_jobs.causal_lm import JOB, CausalLMConverter
+from fleet_jobs.causal_lm.blocks import BlockCutter, BlockOptions
+from fleet_jobs.causal_lm.records import BlockRecords
+from fleet_jobs.causal_lm.word_cache import WordCache, word_cache
+from fleet_jobs.text.output import Column, encode_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW_LETTERS = "".join(chr(c) for c in range(0x10940, 0x10946))  # Garay letters (Unicode 16)
@@ -90,7 +90,7 @@ def test_the_word_cache_gives_the_librarys_ids_on_any_text(tokenizer, texts):
 
 
 def test_a_full_cache_starts_over_and_gives_the_same_ids(tokenizer, documents, monkeypatch):
-    from jobs.causal_lm import word_cache as module
+    from fleet_jobs.causal_lm import word_cache as module
 
     monkeypatch.setattr(module, "MAX_WORDS", 50)
     cache = word_cache(tokenizer)

@@ -31,7 +31,7 @@ from fleet.core.spawner import Worker
 from fleet.core.store import open_store
 from fleet.core.tfexample import parse_example, records
 from fleet.job import StageOptions
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.procs import write_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.bert.masking import MaskingOptions, _divmod, mask_batch, predictions_per_row
-from jobs.text.tokenization import WORD_CONTINUES
+from fleet_jobs.bert.masking import MaskingOptions, _divmod, mask_batch, predictions_per_row
+from fleet_jobs.text.tokenization import WORD_CONTINUES
 
 CLS, SEP, MASK = 2, 3, 4
 RANDOM_IDS = np.arange(100, 1100, dtype=np.int32)  # what a random replacement may be
@@ -132,7 +132,7 @@ def test_tiny_batches(n_rows):
 def test_finishing_the_last_rows_one_by_one_changes_nothing(monkeypatch, p_continue):
     """mask_batch ends its numpy loop early and finishes the few rows left in Python: the
     masks are those of the numpy loop run to the end (long words leave rows short of budget)."""
-    import jobs.bert.masking as masking
+    import fleet_jobs.bert.masking as masking
 
     tokens, lengths, first = make_rows(7, 300, 128, p_continue)
     opts = MaskingOptions(MASK, RANDOM_IDS, 0.15, 20, True)

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fleet.core.store import open_store
-from jobs.text.inputs import formats, parquet
-from jobs.text.inputs.formats import Bad, ReadOptions, Tally, checked
+from fleet_jobs.text.inputs import formats, parquet
+from fleet_jobs.text.inputs.formats import Bad, ReadOptions, Tally, checked
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -171,10 +171,10 @@ def test_causal_lm_tokenizes_a_long_document_into_arrays(tmp_path):
     """causal_lm encoded a document as lists of Python ints (over 36 bytes a token: 150 MB for a
     part of 4 Mi Chinese characters); now as int32 arrays, a group of lines at a time (before:
     26 MiB for this document of 500,000 tokens; now: 6 MiB)."""
-    from jobs.causal_lm import tokenizer as module
-    from jobs.causal_lm.tokenizer import from_bert
-    from jobs.text import native
-    from jobs.text.tokenization import BertTokenizer
+    from fleet_jobs.causal_lm import tokenizer as module
+    from fleet_jobs.causal_lm.tokenizer import from_bert
+    from fleet_jobs.text import native
+    from fleet_jobs.text.tokenization import BertTokenizer
 
     if native.available() is None:
         pytest.skip("the C tokenizer core is not built here (in Python, tokenizing holds its tokens as strings)")
@@ -203,7 +203,7 @@ def test_bert_keeps_at_most_64_mb_of_an_items_token_ids_in_memory():
     """dupe_factor > 1 keeps the item's token ids (about 4 bytes a token) to build its examples
     again. A compressed file is one item however big, so they spill to a file beyond a limit;
     at 256 MB that limit alone was most of the 300 MB a worker may take."""
-    from jobs.bert.spill import SpillingBatches
+    from fleet_jobs.bert.spill import SpillingBatches
 
     assert SpillingBatches().limit <= 64 << 20
 
@@ -213,7 +213,7 @@ def test_causal_lm_tokenizer_json_ids_are_encode_batchs(tmp_path):
     4 Mi-character part with them, 718 without): the ids must be encode_batch's, byte for byte."""
     from tokenizers import ByteLevelBPETokenizer, Tokenizer
 
-    from jobs.causal_lm.tokenizer import from_json
+    from fleet_jobs.causal_lm.tokenizer import from_json
 
     samples = [str(ROOT / "corpus" / f"sample_{lang}.txt") for lang in ("zh", "en")]
     bpe = ByteLevelBPETokenizer()

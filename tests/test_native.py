@@ -1,4 +1,4 @@
-"""The C tokenizer core (jobs/text/wordpiece.c through jobs/text/native.py) gives exactly the
+"""The C tokenizer core (fleet_jobs/text/wordpiece.c through fleet_jobs/text/native.py) gives exactly the
 ids of the Python path, in every mode, on the sample corpus and on arbitrary Unicode; the library
 the install built (setup.py) is found beside native.py and shared safely; and without it (no
 compiler at install time), or with one built from another wordpiece.c, everything still works in
@@ -25,9 +25,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from jobs.text import native
-from jobs.text.tokenization import SPECIAL_TOKENS, WORD_CONTINUES, BertTokenizer
-from jobs.text.vocab import train_vocab
+from fleet_jobs.text import native
+from fleet_jobs.text.tokenization import SPECIAL_TOKENS, WORD_CONTINUES, BertTokenizer
+from fleet_jobs.text.vocab import train_vocab
 from tests.helpers.sinks import MemorySink
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +159,7 @@ def test_any_text_gives_the_same_ids(monkeypatch, odd, lines):
 
 def _regex_ids(tok: BertTokenizer, text: str, words: bool) -> list[int]:
     """The Python path's ids of already normalized (and marked) text, -1 at each newline."""
-    from jobs.text.tokenization import _patterns
+    from fleet_jobs.text.tokenization import _patterns
 
     pats = _patterns(0x110000)
     found = (pats.marked_tokens_nl if words else pats.tokens_nl).findall(text)
@@ -189,7 +189,7 @@ def test_the_scanner_on_any_text_with_marks_anywhere(monkeypatch, odd, text):
 @given(st.text(st.one_of(chars, st.sampled_from("中文\U0002b820\uf900 a\n，")), max_size=60), st.randoms())
 def test_marks_given_as_positions_equal_marks_in_the_text(monkeypatch, odd, text, rnd):
     """The words modes pass the C core the positions of the marks (run_marked), not the marked text."""
-    from jobs.text.tokenization import _MARK, _class_table
+    from fleet_jobs.text.tokenization import _MARK, _class_table
 
     text = text.replace(_MARK, "")
     if any("\ud800" <= c <= "\udfff" for c in text):
@@ -223,7 +223,7 @@ def test_any_text_with_any_word_limit_cased_or_not(monkeypatch, vocabs, lines, l
 def test_the_class_table_is_the_regexes_on_every_code_point():
     """One source for both paths: each code point alone is a token of the regex exactly as
     its class in the C table says (BMP and all-Unicode patterns, marked and not)."""
-    from jobs.text.tokenization import _MARK, _class_table, _patterns
+    from fleet_jobs.text.tokenization import _MARK, _class_table, _patterns
 
     table = _class_table()
     everything = np.arange(0x110000, dtype="<u4")
@@ -330,12 +330,12 @@ def test_fleet_native_0_switches_an_existing_tokenizer_to_python(monkeypatch, od
 def test_cli_says_which_path_runs():
     """What a VM's startup.sh logs: the library's path (exit 0), or why Python (exit 1, one line)."""
     environ = {k: v for k, v in os.environ.items() if k != "FLEET_NATIVE"}
-    done = subprocess.run([sys.executable, "-m", "jobs.text.native"], env={**environ, "PYTHONPATH": str(ROOT)},
+    done = subprocess.run([sys.executable, "-m", "fleet_jobs.text.native"], env={**environ, "PYTHONPATH": str(ROOT)},
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and Path(done.stdout.strip()) == native.library_path(), done.stderr
-    wrong = subprocess.run([sys.executable, "-m", "jobs.text.native", "build"], env={**environ, "PYTHONPATH": str(ROOT)},
+    wrong = subprocess.run([sys.executable, "-m", "fleet_jobs.text.native", "build"], env={**environ, "PYTHONPATH": str(ROOT)},
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert wrong.returncode == 2 and wrong.stderr == "usage: python -m jobs.text.native\n"
+    assert wrong.returncode == 2 and wrong.stderr == "usage: python -m fleet_jobs.text.native\n"
 
 
 def test_threads_share_one_table(monkeypatch, odd, sample):
@@ -372,9 +372,9 @@ def test_big_calls_do_not_keep_big_buffers(monkeypatch, odd):
 def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocabs, sample, options):
     """End to end in one process (the docs' job on short documents of the sample): the same
     bytes with FLEET_NATIVE=0 and =1. bench proves it with ``fleet local`` on whole corpora."""
-    from jobs.text.inputs import read_all
+    from fleet_jobs.text.inputs import read_all
     from fleet.job import ItemContext
-    from jobs.electra_zh_en import JOB
+    from fleet_jobs.electra_zh_en import JOB
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(vocabs["small"]) + "\n", encoding="utf-8")

@@ -24,7 +24,7 @@ import zstandard
 
 from fleet.job import InputError
 from fleet.core.lease import DONE, FAILED, LEASED, Lease
-from jobs.text.inputs import find_corpus, read_all
+from fleet_jobs.text.inputs import find_corpus, read_all
 from tests.helpers.cli import FLEET, fleet, one_line_error
 from tests.helpers.procs import LINEJOB, ROOT, write_corpus
 
@@ -71,7 +71,7 @@ def vocab(tmp_path) -> Path:
 def test_a_truncated_zst_says_so_wherever_it_is_cut(keep):
     import random
 
-    from jobs.text.inputs import Tally
+    from fleet_jobs.text.inputs import Tally
 
     rng = random.Random(5)
     text = "".join(" ".join(rng.choice(["alpha", "beta", "数据", "模型", str(i)]) for _ in range(9)) + "\n\n"

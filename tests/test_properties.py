@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 from fleet.job import ConfigError, InputError, ItemContext, Sink
 from fleet.core.store import StoreError
 from fleet.core.store.local import LocalStore
-from jobs.electra_zh_en import JOB, ElectraConfig
-from jobs.text.inputs import iter_documents, plan_ranges, read_all
-from jobs.electra_zh_en.builder import ExampleBuilder
-from jobs.text.tokenization import BertTokenizer, VocabError, load_vocab
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.electra_zh_en import JOB, ElectraConfig
+from fleet_jobs.text.inputs import iter_documents, plan_ranges, read_all
+from fleet_jobs.electra_zh_en.builder import ExampleBuilder
+from fleet_jobs.text.tokenization import BertTokenizer, VocabError, load_vocab
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]

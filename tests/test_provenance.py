@@ -25,14 +25,14 @@ from rich.console import Console
 from fleet.cli.local import run_local
 from fleet.job import ConfigError, StageOptions
 from fleet.core.store.local import LocalStore
-from jobs.causal_lm import JOB, CausalLMConfig
-from jobs.causal_lm.blocks import BlockCutter, BlockOptions
-from jobs.causal_lm.provenance import BlockSources
-from jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges
-from jobs.text.inputs.formats import _DOC_OPEN
-from jobs.text.inputs.places import line_records, placed
-from jobs.text.provenance import PROVENANCE_SUFFIX
-from jobs.text.token_files import read_sequences
+from fleet_jobs.causal_lm import JOB, CausalLMConfig
+from fleet_jobs.causal_lm.blocks import BlockCutter, BlockOptions
+from fleet_jobs.causal_lm.provenance import BlockSources
+from fleet_jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges
+from fleet_jobs.text.inputs.formats import _DOC_OPEN
+from fleet_jobs.text.inputs.places import line_records, placed
+from fleet_jobs.text.provenance import PROVENANCE_SUFFIX
+from fleet_jobs.text.token_files import read_sequences
 from tests.helpers.records import examples
 from tests.test_input_invariants import COMPRESS, FORMATS_NAMES, FUZZ_SETTINGS, _STORE, damage, lines, render
 
@@ -341,7 +341,7 @@ def test_places_of_a_parquet_item_count_rows_from_the_file_start(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jobs.text.inputs import plan_slices, read_slice
+    from fleet_jobs.text.inputs import plan_slices, read_slice
 
     texts = [f"row {i}\nsecond" if i % 3 else ("" if i % 2 else None) for i in range(30)]
     pq.write_table(pa.table({"text": texts}), tmp_path / "x.parquet", row_group_size=7)
@@ -357,7 +357,7 @@ def test_places_of_a_parquet_item_count_rows_from_the_file_start(tmp_path):
 
 @pytest.fixture(scope="module")
 def vocab_path(tmp_path_factory, documents) -> str:
-    from jobs.text.vocab import train_vocab, write_vocab
+    from fleet_jobs.text.vocab import train_vocab, write_vocab
 
     path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
     write_vocab(train_vocab((line for d in documents for line in d), 2000), path)
@@ -366,8 +366,8 @@ def vocab_path(tmp_path_factory, documents) -> str:
 
 @pytest.mark.parametrize("sentences", [False, True])
 def test_each_electra_example_is_traced_to_its_document(tmp_path, corpus, vocab_path, sentences):
-    from jobs.text.sentences import split_lines
-    from jobs.text.tokenization import BertTokenizer
+    from fleet_jobs.text.sentences import split_lines
+    from fleet_jobs.text.tokenization import BertTokenizer
 
     settings_ = {"vocab_file": vocab_path, "max_seq_length": "32", "split_sentences": str(sentences).lower()}
     for name, extra in (("on", {"provenance": "true"}), ("off", {})):
@@ -416,7 +416,7 @@ def of_lines(segment: list[int], lines: list[list[int]], at: int = 0, line: int 
 
 
 def test_electra_provenance_refuses_what_mixes_documents(vocab_path):
-    from jobs.electra_zh_en import JOB as ELECTRA
+    from fleet_jobs.electra_zh_en import JOB as ELECTRA
 
     def check(**values):
         config = ELECTRA.parse_config({"vocab_file": vocab_path, "provenance": True, **values})

@@ -1,4 +1,4 @@
-"""pyproject.toml promises Python 3.10: nothing in fleet/ or jobs/ may need 3.11 to start.
+"""pyproject.toml promises Python 3.10: nothing in fleet/ or fleet_jobs/ may need 3.11 to start.
 
 Caught before: fleet/gce/config.py imported tomllib (3.11+), so no command of the CLI started on 3.10.
 The interpreter under test is newer, so this reads the sources instead of running them.
@@ -61,7 +61,7 @@ def test_the_promise_is_python_3_10():
 
 
 def test_nothing_the_product_runs_needs_python_3_11():
-    files = sorted([*ROOT.glob("fleet/**/*.py"), *ROOT.glob("jobs/**/*.py")])
+    files = sorted([*ROOT.glob("fleet/**/*.py"), *ROOT.glob("fleet_jobs/**/*.py")])
     assert len(files) > 20
     assert [p for f in files for p in problems(f)] == []
 

@@ -12,8 +12,8 @@ import pytest
 
 from fleet.core.follow import FollowError, RunReader, follow_examples
 from fleet.core.store import locate, open_store
-from jobs.text import tfrecord
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text import tfrecord
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.cli import FLEET, fleet
 from tests.helpers.procs import ROOT, write_corpus
 
@@ -201,7 +201,7 @@ def test_nothing_to_follow_is_one_clear_error(tmp_path):
 
 
 def test_the_layout_follows_the_config():
-    from jobs.electra_zh_en import JOB
+    from fleet_jobs.electra_zh_en import JOB
 
     bert = JOB.features(JOB.parse_config({"vocab_file": "v", "format": "bert", "max_seq_length": 64,
                                             "max_predictions_per_seq": 10, "v2_feature_names": "true"}))
@@ -282,7 +282,7 @@ def test_a_causal_lm_run_reads_as_tensorflow_and_pyarrow_read_its_files(tmp_path
     import pyarrow.parquet as pq
 
     from fleet.core.follow import feature_spec, follow_dataset
-    from jobs.causal_lm import JOB
+    from fleet_jobs.causal_lm import JOB
 
     path, vocab = corpus
     out = tmp_path / "out"

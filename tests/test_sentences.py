@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.text.sentences import split_lines, split_sentences
+from fleet_jobs.text.sentences import split_lines, split_sentences
 
 
 @pytest.mark.parametrize("line, expected", [
@@ -99,8 +99,8 @@ def test_nothing_lost_nothing_empty_and_idempotent(line):
 @pytest.mark.parametrize("fmt", ["electra", "bert"])
 def test_the_option_cuts_the_lines_where_documents_enter_the_job(tmp_path, fmt):
     from fleet.job import ItemContext
-    from jobs.electra_zh_en import JOB
-    from jobs.text.vocab import train_vocab, write_vocab
+    from fleet_jobs.electra_zh_en import JOB
+    from fleet_jobs.text.vocab import train_vocab, write_vocab
     from tests.helpers.sinks import MemorySink
 
     paragraphs = [["今天天气很好。我们去公园吧！你来吗？" * 3, "Mr. Smith met Dr. Jones. They talked about 3.14 things. " * 4],

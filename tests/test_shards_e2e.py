@@ -28,8 +28,8 @@ from fleet.core.follow import RunReader, feature_spec, follow_dataset, follow_ex
 from fleet.core.run import load_items
 from fleet.core.store import open_store
 from fleet.job import StageOptions, load_job, shuffle_key
-from jobs.text import tfrecord
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text import tfrecord
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("en", "zh")]

@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 
 from fleet.job import (ConfigError, ItemContext, ItemInput, KeyedSink, Sink, Source, Stage, StageOptions,
                        item_seed, load_job, parse_example, shuffle_key)
-from jobs.text import tfrecord
-from jobs.text.dedup import (DedupCounts, decode_value, document_digest, document_record, normalize,
+from fleet_jobs.text import tfrecord
+from fleet_jobs.text.dedup import (DedupCounts, decode_value, document_digest, document_record, normalize,
                              unique_documents)
-from jobs.text.job import DocumentConverter, TextJob
-from jobs.text.output import example_sink
-from jobs.text.stages import DedupReducer
-from jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.job import DocumentConverter, TextJob
+from fleet_jobs.text.output import example_sink
+from fleet_jobs.text.stages import DedupReducer
+from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.records import canonical, examples
 from tests.helpers.sinks import MemorySink
 

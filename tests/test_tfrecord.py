@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from jobs.text import tfrecord
-from jobs.electra_zh_en.builder import build_examples
+from fleet_jobs.text import tfrecord
+from fleet_jobs.electra_zh_en.builder import build_examples
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +110,10 @@ def test_iter_records_detects_corruption():
 
 
 def test_rows_written_as_columns_are_the_bytes_of_tfrecord_example(tf):
-    """jobs.text.output.encode_rows (the writer's column path) against the generic encoder and TensorFlow."""
+    """fleet_jobs.text.output.encode_rows (the writer's column path) against the generic encoder and TensorFlow."""
     import numpy as np
 
-    from jobs.text.output import Column, encode_rows
+    from fleet_jobs.text.output import Column, encode_rows
 
     rng = np.random.default_rng(3)
     columns = [Column("input_ids"), Column("attention_mask"), Column("weights", "float"), Column("wide")]
@@ -173,7 +173,7 @@ def test_token_records_are_int64_examples(rows, small):
     """``token_records``' batch encoder gives ``int64_example``'s bytes of the padded features."""
     from types import SimpleNamespace
 
-    from jobs.text.token_records import TokenRecordEncoder
+    from fleet_jobs.text.token_records import TokenRecordEncoder
 
     width = 24
     examples = []

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from fleet.job import ConfigError
-from jobs.electra_zh_en import JOB, ElectraConfig
-from jobs.electra_zh_en.__main__ import app
-from jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
+from fleet_jobs.electra_zh_en import JOB, ElectraConfig
+from fleet_jobs.electra_zh_en.__main__ import app
+from fleet_jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
 from tests.helpers.cli import one_line_job_error as one_line_error
 
 DOCS = ["Hello world, this is English text.\nIt has two lines.", "第二个文档。中文和 English 混合。",
@@ -115,7 +115,7 @@ def test_a_vocab_without_mask_is_refused_at_plan_time(tmp_path, fmt):
 
 
 def test_causal_lm_needs_an_end_of_document_token(tmp_path):
-    from jobs.causal_lm import JOB as CAUSAL, CausalLMConfig
+    from fleet_jobs.causal_lm import JOB as CAUSAL, CausalLMConfig
 
     path = tmp_path / "v.txt"
     path.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\na\n")
@@ -174,7 +174,7 @@ def test_a_vocab_of_bare_cr_lines_says_so():
 def test_a_tokenizer_json_with_a_bom_loads(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from jobs.causal_lm import JOB as CAUSAL, CausalLMConfig
+    from fleet_jobs.causal_lm import JOB as CAUSAL, CausalLMConfig
 
     tokenizer = Tokenizer(models.WordLevel({"a": 0, "</s>": 1, "[UNK]": 2}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()

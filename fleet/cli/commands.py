@@ -154,7 +154,7 @@ def plan_cmd(
     bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or a local folder that holds the run's state "
                                          "(default: fleet.toml's bucket)"),
     run: str = typer.Option(..., callback=_run_name, help="Run name"),
-    job: str = typer.Option(..., help="Job name (a folder under jobs/)"),
+    job: str = typer.Option(..., help="Job name (a folder under fleet_jobs/)"),
     input: List[str] = typer.Option(..., "--input", help="Input file or folder (repeatable)"),
     output: str = typer.Option(..., help="Where outputs go: gs://BUCKET/prefix or a local folder"),
     set_: List[str] = typer.Option([], "--set", help="Job option key=value (repeatable)"),

@@ -25,7 +25,7 @@ CONFIG_ENV = "FLEET_CONFIG"  # another path for the file (tests, several project
 # (`fleet local --workers`, `fleet work --procs`, workers_per_vm against the VM's vCPUs).
 PROCS_PER_CORE = 4
 
-DEFAULT_CODE_PATHS = ("fleet", "jobs", "startup", "pyproject.toml", "requirements.lock")
+DEFAULT_CODE_PATHS = ("fleet", "fleet_jobs", "startup", "pyproject.toml", "requirements.lock")
 
 _PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
@@ -119,6 +119,9 @@ class FleetConfig:
                 raise bad(name, "must be a positive number")
         if not self.code_paths or any(p.startswith(("/", "..")) or not p for p in self.code_paths):
             raise bad("code_paths", "give paths relative to the project root")
+        # A fleet.toml written before the jobs package became fleet_jobs (no top-level `jobs` in
+        # site-packages) names "jobs": it means the package the code has now.
+        self.code_paths = ["fleet_jobs" if p.rstrip("/") == "jobs" else p for p in self.code_paths]
 
 
 def config_path(path: str | None = None) -> str:

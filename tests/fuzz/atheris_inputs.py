@@ -20,7 +20,7 @@ import atheris
 
 with atheris.instrument_imports():
     from fleet.core.store.local import LocalStore
-    from jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges
+    from fleet_jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges
 
 FORMATS = ["text", "jsonl", "cirrus", "wikiextractor"]
 STORE = tempfile.mkdtemp(prefix="atheris-inputs-")

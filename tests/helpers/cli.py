@@ -34,7 +34,7 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
 
 
 def one_line_job_error(result, *needles) -> str:
-    """A job's own command (``python -m jobs.NAME``, run in process by typer's CliRunner) that refused
+    """A job's own command (``python -m fleet_jobs.NAME``, run in process by typer's CliRunner) that refused
     its input: exit 2 and one line on stderr, ``error: ...``, naming what is wrong."""
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from fleet.job import ConfigError, InputError
 
-from jobs.text.job import DocumentConverter, TextJob
+from fleet_jobs.text.job import DocumentConverter, TextJob
 
 
 @dataclass

@@ -9,8 +9,8 @@ import os
 
 import pyarrow.parquet as pq
 
-from jobs.text import tfrecord
-from jobs.text.output import SUFFIXES
+from fleet_jobs.text import tfrecord
+from fleet_jobs.text.output import SUFFIXES
 
 
 def examples(data: bytes, suffix: str) -> list[dict[str, list]]:

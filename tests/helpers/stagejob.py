@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from fleet.job import ConfigError, InputError, Reducer, Stage, shuffle_key
 
-from jobs.text.job import DocumentConverter, TextJob
+from fleet_jobs.text.job import DocumentConverter, TextJob
 
 
 @dataclass

@@ -1,0 +1,217 @@
+"""The fleet glue: options, plan-time checks, and the per-item conversion.
+
+An item becomes one ``.tfrecord`` file (``.tfrecord.gz`` with GZIP, ``.parquet``
+with ``output=parquet``: ``fleet_jobs.text.output``) of ELECTRA examples. Without
+``pack_documents`` each document draws from its own stream, seeded by the run
+seed and the document's text (``builder.DocumentRandom``): the multiset of
+examples depends only on the documents and the seed, not on how the corpus was
+cut into items, how many workers ran or which input format carried it.
+``pack_documents`` mixes documents, so it is seeded per item (``ctx.seed``).
+Either way a retried item rewrites the same bytes.
+Within a document, blank lines carry no tokens and do not split it: the
+fleet's inputs already cut documents (for ``.txt`` at blank lines, which is
+what ELECTRA's builder does with ``--blanks-separate-docs``).
+
+``format=bert`` is the ``bert`` job (``fleet_jobs/bert``) under its former name: runs planned
+with it (their ``run.json``) and commands that name it keep working (``_as_bert``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from itertools import accumulate, chain
+
+import numpy as np
+from typing import Iterable, Iterator
+
+from fleet.job import ConfigError, Feature, ItemContext, Opener, Sink
+
+from fleet_jobs.text.groups import document_groups
+from fleet_jobs.text.job import DocumentConverter, TextJob
+from fleet_jobs.text.options import TextOptions, check_text_options, masking_tokenizer, with_sentences
+from fleet_jobs.text.output import Column, open_writer
+from fleet_jobs.text.provenance import Sidecar
+from fleet_jobs.text.token_records import TokenRecordEncoder
+from fleet_jobs.text.tokenization import BertTokenizer
+
+from .builder import CLS_RUN, SEP_RUN, DocumentRandom, ExampleBuilder, FlatExamples, seeded_document_runs
+from .provenance import example_documents
+
+FORMATS = ("electra", "bert")
+REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60-130 µs each, paid by every run
+
+
+@dataclass
+class ElectraConfig(TextOptions):
+    seed: int = 12345  # the run's seed: electra seeds each document from it and its text, bert each item
+    format: str = "electra"  # electra | bert (the bert job: --job bert, which takes the options below)
+    provenance: bool = False  # part-<item>.provenance.jsonl: each example's document in the corpus (docs/outputs.md)
+    # The bert job's own options, for format=bert only (kept so that format=bert runs, their run.json and
+    # commands stay valid; `fleet jobs` describes them under bert):
+    masked_lm_prob: float = 0.15  # format=bert: share of an example's tokens masked
+    max_predictions_per_seq: int = 20  # format=bert: masked positions an example holds, at most
+    short_seq_prob: float = 0.1  # format=bert: share of examples given a shorter target length
+    dupe_factor: int = 1  # format=bert: build the item's examples this many times, each with other randomness
+    whole_word_masking: bool = True  # format=bert: ## pieces with their word; Chinese words (rjieba) all characters
+    v2_feature_names: bool = False  # format=bert: tf-models' input_word_ids / input_type_ids
+
+
+BERT_ONLY = ("masked_lm_prob", "max_predictions_per_seq", "short_seq_prob", "dupe_factor", "whole_word_masking",
+             "v2_feature_names")
+
+
+def _as_bert(config: ElectraConfig):
+    """(the bert job, its config) for ``format=bert``, else None: the one place ``format`` is read.
+    The bert job loads only here, so a format=electra worker does not import it."""
+    if config.format != "bert":
+        return None
+    from fleet_jobs.bert import JOB
+
+    if config.provenance:
+        raise ConfigError("option provenance: format=electra only (bert's examples mix the documents of an item)")
+    return JOB, JOB.parse_config({k: v for k, v in dataclasses.asdict(config).items()
+                                  if k not in ("format", "provenance")})
+
+
+def _validate(config: ElectraConfig) -> None:
+    check_text_options(config)
+    if config.format not in FORMATS:
+        raise ConfigError(f"option format: {config.format!r} is not supported (known: {', '.join(FORMATS)})")
+    defaults = ElectraConfig()
+    for name in BERT_ONLY:
+        if getattr(config, name) != getattr(defaults, name):
+            raise ConfigError(f"option {name} applies to format=bert only (--job bert), not format=electra")
+    if config.provenance and config.pack_documents:
+        raise ConfigError("option provenance: not with pack_documents (its examples mix an item's sentences)")
+
+
+ELECTRA_COLUMNS = (Column("input_ids"), Column("input_mask"), Column("segment_ids"))
+
+
+def _tokenizer(config: ElectraConfig, opener: Opener) -> BertTokenizer:
+    return masking_tokenizer(config, opener, "format=electra")
+
+
+class ElectraConverter(DocumentConverter):
+    def __init__(self, config: ElectraConfig, tokenizer: BertTokenizer):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.cls_id = tokenizer.vocab["[CLS]"]
+        self.sep_id = tokenizer.vocab["[SEP]"]
+        self.encoder = TokenRecordEncoder(config.max_seq_length, max(tokenizer.vocab.values()))
+        self.provenance = config.provenance
+
+    def _gather(self, flat: np.ndarray, runs: FlatExamples) -> np.ndarray:
+        """The examples' ids end to end (int64), from ``tokenize_flat``'s array and their runs."""
+        if not runs.run_starts:
+            return np.zeros(0, np.int64)
+        source = np.concatenate([flat.astype(np.int64), [self.cls_id, self.sep_id]])
+        starts = np.array(runs.run_starts, np.int64)
+        sizes = np.array(runs.run_lengths, np.int64)
+        starts[starts == CLS_RUN] = len(flat)
+        starts[starts == SEP_RUN] = len(flat) + 1
+        ends = np.cumsum(sizes)
+        return source[np.repeat(starts - ends + sizes, sizes) + np.arange(int(ends[-1]))]
+
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        max_length = self.config.max_seq_length
+        builder = ExampleBuilder(max_length, self.cls_id, self.sep_id, random.Random(ctx.seed), pad=False)
+        seed_key = DocumentRandom.seed_key(self.config.seed)
+        n_docs = n_lines = n_examples = n_tokens = n_bytes = 0
+        parquet = self.config.output == "parquet"
+        encoder = self.encoder
+        sidecar = Sidecar(documents, sink) if self.provenance else None
+        with open_writer(sink, self.config.output, self.config.compression, ELECTRA_COLUMNS) as out:
+            for group in _groups(documents):
+                lines = [line for document in group for line in document]
+                n_docs += len(group)
+                n_lines += len(lines)
+                if not self.config.pack_documents:  # each document seeded by its own text: examples do not
+                    # depend on how items were cut. Packed from the lines' lengths, ids gathered in numpy.
+                    texts = ["\n".join(document).encode() for document in group]
+                    # UTF-8 bytes of the lines: each text is its lines and a newline between two
+                    n_bytes += sum(map(len, texts)) - len(lines) + len(group) - group.count(_EMPTY)
+                    flat, line_lengths = self.tokenizer.tokenize_flat(lines)  # one normalization for the group
+                    runs = seeded_document_runs(line_lengths.tolist(), accumulate(map(len, group)), texts, seed_key,
+                                                max_length)
+                    ids, lengths, firsts = self._gather(flat, runs), runs.lengths, runs.first_lengths
+                    if sidecar:
+                        sidecar.write(example_documents(runs, line_lengths, group, sidecar.documents.take(len(group))))
+                else:
+                    sentences = self.tokenizer.tokenize_lines(lines)  # one normalization for the group
+                    n_bytes += len("\n".join(lines).encode()) - max(0, len(lines) - 1)
+                    examples = builder.add_sentences(sentences)
+                    last = builder.end_document() if group is _LAST else None  # what packing holds
+                    if last is not None:
+                        examples.append(last)
+                    ids = np.fromiter(chain.from_iterable([ex.input_ids for ex in examples]), np.int64)
+                    lengths, firsts = [ex.length for ex in examples], [ex.first_length for ex in examples]
+                n_tokens += sum(lengths)
+                n_examples += len(lengths)
+                if parquet:  # rows as they are, not records the writer would parse back
+                    if lengths:
+                        out.write_examples(encoder.columns_of(ids, lengths, firsts))
+                else:
+                    out.write(encoder.records_of(ids, lengths, firsts))
+            out.note(documents=n_docs, tokens=n_tokens)  # exact, with the file (the run's manifest)
+        if sidecar:
+            sidecar.close(n_examples)
+        return {
+            "documents": n_docs,
+            "lines": n_lines,
+            "examples": n_examples,
+            "tokens": n_tokens,
+            "positions": n_examples * max_length,
+            "text_bytes": n_bytes,
+        }
+
+
+GROUP_CHARS = 1 << 16  # documents are tokenized this many characters at a time
+_LAST: list[list[str]] = []  # the empty group _groups ends with
+_EMPTY: list[str] = []  # an empty document (no line): its text is b"", no newline to take off
+
+
+def _groups(documents: Iterable[list[str]]) -> Iterator[list[list[str]]]:
+    """Groups of about GROUP_CHARS characters, then ``_LAST`` (the end, for what packing holds)."""
+    yield from document_groups(documents, GROUP_CHARS)
+    yield _LAST
+
+
+class ElectraJob(TextJob):
+    name = "electra_zh_en"
+    config_type = ElectraConfig
+
+    def check(self, config: ElectraConfig, opener: Opener) -> None:
+        if bert := _as_bert(config):
+            return bert[0].check(bert[1], opener)
+        _validate(config)
+        _tokenizer(config, opener)
+
+    def document_converter(self, config: ElectraConfig, opener: Opener) -> DocumentConverter:
+        if bert := _as_bert(config):
+            return bert[0].document_converter(bert[1], opener)
+        _validate(config)
+        return with_sentences(ElectraConverter(config, _tokenizer(config, opener)), config)
+
+    def features(self, config: ElectraConfig) -> dict[str, Feature]:
+        if bert := _as_bert(config):
+            return bert[0].features(bert[1])
+        from .features import electra_features
+
+        return electra_features(config)
+
+    def summarize(self, totals) -> dict[str, float]:
+        if "masked_lm_predictions" in totals:  # a format=bert run's counters: the bert job's figures
+            from fleet_jobs.bert import JOB
+
+            return JOB.summarize(totals)
+        positions = totals.get("positions", 0)
+        return {"fill_ratio": totals.get("tokens", 0) / positions if positions else 0.0}
+
+    def report(self, output_url: str, config: ElectraConfig) -> str | None:
+        """The records' summary (``python -m fleet_jobs.electra_zh_en report``) for a local output folder."""
+        from fleet_jobs.text.report import local_report
+
+        return local_report(output_url, config.vocab_file, REPORT_RECORDS)

@@ -1,0 +1,269 @@
+"""Where each document of an item comes from (``provenance=true``): its input file, the byte
+offset of its record or its Parquet row, and its ordinal in the item.
+
+The readers (formats.py, parquet.py) are tuned so that clean input pays no offset bookkeeping,
+and a run that does not ask for places must not pay for them. So places are found by a second,
+plain reading of the same bytes, only when asked: the records of the item, in order, each with
+its place and the lines a document of it would hold, matched against the documents the real
+reader yields. A document (or each part of a long one) is the next record's lines, or the
+next lines of the record a part before it came from; a record that yields nothing (damaged,
+blank, dropped as the reader drops it) is passed over. Lines are compared, not guessed, so a
+place is exact wherever the reader and this module agree on what a record holds; a document
+that matches no record (none is known) gets no place (``None``) rather than a wrong one.
+
+What a place is, per format:
+
+- text: the byte offset of the document's first line (a document is the lines between blank lines);
+- JSON Lines: the offset of the document's JSON record (its line); CirrusSearch: of its content line;
+- WikiExtractor: the offset of its ``<doc id=…>`` line;
+- Parquet: its row, counted from the file's first row (0-based), over all row groups.
+
+Offsets count bytes of the file as it is stored; in a compressed file (one item, read whole)
+they count bytes of the decompressed stream (``zcat file | tail -c +$((offset + 1))`` shows the
+record). A document longer than MAX_DOCUMENT_CHARS reaches the job in parts, each its own
+document in the item's count; every part has its record's place.
+
+Cost, only when asked: the item's bytes are read twice (a Parquet item's text column too), and
+one record's lines are held while its documents are matched.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import chain
+from collections import deque
+from dataclasses import dataclass
+from typing import BinaryIO, Iterable, Iterator
+
+from fleet_jobs.text.inputs import formats
+from fleet_jobs.text.inputs.formats import _DOC_OPEN, _SURROGATE, ReadOptions
+
+
+@dataclass(frozen=True)
+class Place:
+    """One document's source: the file, where its record starts (``offset``, a byte of the file or
+    of its decompressed stream) or its Parquet ``row``, and its ordinal in the item (``document``)."""
+
+    file: str
+    document: int
+    offset: int | None = None
+    row: int | None = None
+
+    def as_json(self) -> dict:
+        key, value = ("row", self.row) if self.row is not None else ("offset", self.offset)
+        return {"file": self.file, key: value, "document": self.document}
+
+
+def placed(documents: Iterable[list[str]], records: Iterator[tuple[int, list[str]]], file: str, parquet: bool,
+           places: list[Place]) -> Iterator[list[str]]:
+    """``documents`` unchanged, each one's Place appended to ``places`` before it is handed on."""
+    match = _Matcher(records)
+    for n, doc in enumerate(documents):
+        where = match.place(doc)
+        places.append(Place(file, n, row=where) if parquet else Place(file, n, offset=where))
+        yield doc
+
+
+class _Matcher:
+    """Documents matched, in order, to the records that hold their lines. A record that yields
+    nothing is passed over; a document that no record of the next LOOKAHEAD holds (a case the
+    two readings see differently) gets no place, and the records stay for the next one."""
+
+    def __init__(self, records: Iterator[tuple[int, list[str]]]):
+        self.records = records
+        self.ahead: deque[tuple[int, list[str]]] = deque()
+        self.where, self.lines, self.used = 0, [], 0  # the record being matched, and its lines matched
+
+    def place(self, doc: list[str]) -> int | None:
+        if self.used and self.lines[self.used:self.used + len(doc)] == doc:  # the record's next part
+            self.used += len(doc)
+            return self.where
+        n = len(doc)
+        for i, (where, lines) in enumerate(self._ahead()):
+            if lines[:n] == doc:
+                for _ in range(i + 1):
+                    self.ahead.popleft()
+                self.where, self.lines, self.used = where, lines, n
+                return where
+        return None
+
+    def _ahead(self) -> Iterator[tuple[int, list[str]]]:
+        yield from list(self.ahead)
+        while len(self.ahead) < LOOKAHEAD:
+            record = next(self.records, None)
+            if record is None:
+                return
+            self.ahead.append(record)
+            yield record
+
+
+LOOKAHEAD = 4096  # records a document is looked for in, past the last one matched
+
+
+def _lines(raw: BinaryIO, compression: str, base: int, whole: bool) -> Iterator[tuple[int, str | bytes | None]]:
+    """(offset, line) for each line of the stream as the reader sees it (formats._lines): None
+    for a line the reader drops (invalid UTF-8, or longer than MAX_LINE_BYTES); with ``whole``
+    (JSON records), such a long line comes whole, as bytes, for it is read as a stream there. The same blocks as the reader's (formats._blocks), so a
+    stream that breaks off ends the lines where the reader's end; a byte-order mark that opens
+    the stream is in no line."""
+    limit = formats.MAX_LINE_BYTES
+    carry = b""
+    offset = base  # of carry[0]
+    skipping = False  # inside an over-long line (not ``whole``): its bytes are passed over
+    first = True
+    for block in formats._blocks(raw, compression):
+        if block.__class__ is not bytes:  # broken off: a JSON record the reader was streaming gave it lines
+            if whole and len(carry) > limit:
+                yield offset, carry
+            return
+        if first:
+            first = False
+            if offset == 0 and block.startswith(formats._BOM):
+                block, offset = block[len(formats._BOM):], len(formats._BOM)
+        data = carry + block if carry else block
+        at = 0
+        while True:
+            nl = data.find(b"\n", at)
+            if nl < 0:
+                break
+            if skipping:
+                skipping = False
+            else:
+                yield offset + at, _decoded(data[at:nl], limit, whole)
+            at = nl + 1
+        offset += at
+        carry = data[at:]
+        if not whole and len(carry) > limit:
+            if not skipping:
+                yield offset, None
+                skipping = True
+            offset += len(carry)
+            carry = b""
+    if carry and not skipping:
+        yield offset, _decoded(carry, limit, whole)
+
+
+def _decoded(line: bytes, limit: int, whole: bool) -> str | bytes | None:
+    if len(line) > limit:
+        return line if whole else None
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def line_records(raw: BinaryIO, fmt: str, compression: str, base: int, options: ReadOptions
+                 ) -> Iterator[tuple[int, list[str]]]:
+    """(offset, lines) of every record of a line format that may yield a document."""
+    if fmt == "text":
+        return _text_records(_lines(raw, compression, base, False))
+    if fmt == "wikiextractor":
+        return _wikiextractor_records(_lines(raw, compression, base, False), options.keep_titles)
+    return _json_records(_lines(raw, compression, base, True), options.text_column, fmt == "cirrus")
+
+
+def _text_records(lines: Iterator[tuple[int, str | None]]) -> Iterator[tuple[int, list[str]]]:
+    start, doc = 0, []
+    for offset, line in lines:
+        if line is None:  # a bad line is dropped; its document goes on
+            continue
+        if line.strip():
+            if not doc:
+                start = offset
+            doc.append(line)
+        elif doc:
+            yield start, doc
+            doc = []
+    if doc:
+        yield start, doc
+
+
+def _wikiextractor_records(lines: Iterator[tuple[int, str | None]], keep_titles: bool
+                           ) -> Iterator[tuple[int, list[str]]]:
+    """As formats._wikiextractor_events: a <doc> line opens (and drops an open one), </doc> closes."""
+    outside, title, text = 0, 1, 2
+    state, start, doc = outside, 0, []
+    for offset, line in lines:
+        if line is None:
+            if state:
+                state = text  # a bad line after <doc> is its title
+            continue
+        if line[:1] == "<":
+            if state and (line == "</doc>" or line.startswith("</doc>") and not line[6:].strip()):
+                if doc:
+                    yield start, doc
+                state, doc = outside, []
+                continue
+            if line.startswith("<doc") and _DOC_OPEN.match(line):
+                if state and sum(map(len, doc)) > formats.MAX_DOCUMENT_CHARS:
+                    yield start, doc  # unclosed: dropped, but for the parts handed on before
+                state, start, doc = (text if keep_titles else title), offset, []
+                continue
+        if state == text:
+            if line.strip():
+                doc.append(line)
+        elif state:
+            state = text
+    if state and sum(map(len, doc)) > formats.MAX_DOCUMENT_CHARS:
+        yield start, doc
+
+
+def _json_records(lines: Iterator[tuple[int, str | bytes | None]], column: str, cirrus: bool
+                  ) -> Iterator[tuple[int, list[str]]]:
+    for offset, line in lines:
+        if line.__class__ is bytes:  # longer than a line: read as the reader streams it
+            doc = _long_record(line, column)
+            if doc:
+                yield offset, doc
+            continue
+        if line is None or not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or cirrus and set(record) == {"index"}:
+            continue
+        text = record.get(column)
+        if not isinstance(text, str) or "\\u" in line and _SURROGATE.search(text):
+            continue
+        doc = [part for part in text.split("\n") if part.strip()]
+        if doc:
+            yield offset, doc
+
+
+def _long_record(line: bytes, column: str) -> list[str]:
+    """The lines a JSON record longer than MAX_LINE_BYTES gives the reader (formats._LongRecord),
+    up to where it fails, if it does (what was handed on before stays)."""
+    record = formats._LongRecord(0, 0, column)
+    doc: list[str] = []
+    for event in chain(record.feed(line), record.close()):
+        if event.__class__ is list:
+            doc += event
+    return doc
+
+
+def parquet_records(pf, first: int, end: int, column: str) -> Iterator[tuple[int, list[str]]]:
+    """(row, lines) of every row of row groups [first, end) with text (rows counted from the file's first)."""
+    meta = pf.metadata
+    row = sum(meta.row_group(i).num_rows for i in range(first))
+    for group in range(first, end):
+        for batch in pf.iter_batches(batch_size=256, row_groups=[group], columns=[column], use_threads=False):
+            array = batch.column(0)
+            try:
+                texts = array.to_pylist()
+            except UnicodeDecodeError:  # some row is not UTF-8 (the reader drops it)
+                texts = [_text(array, i) for i in range(len(array))]
+            for i, text in enumerate(texts):
+                if isinstance(text, str):
+                    doc = [line for line in text.split("\n") if line.strip()]
+                    if doc:
+                        yield row + i, doc
+            row += len(array)
+
+
+def _text(array, i: int) -> str | None:
+    try:
+        return array[i].as_py()
+    except UnicodeDecodeError:
+        return None

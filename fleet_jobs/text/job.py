@@ -1,0 +1,156 @@
+"""A text job: the fleet's item API read as documents.
+
+The text jobs (electra_zh_en, causal_lm) turn documents, each a list of lines, into
+records. ``TextJob`` does the rest once for all of them: it takes only corpus files
+from a folder, cuts each file into items at document boundaries (whole compressed
+files, row groups of Parquet files), checks the run's read options (``--text-column``,
+``--keep-titles``, ``--max-bad-share``), and hands the converter a job names in
+``document_converter`` each item's documents, with the bad records counted in the
+item's stats. A document is never split between items, except one longer than an item.
+The formats themselves are fleet_jobs.text.inputs'. ``--dedup exact`` and ``--shards N`` are
+stages every text job has the same way (fleet_jobs.text.stages).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Iterable, Iterator, Mapping
+
+from fleet.job import (ConfigError, Converter, ItemContext, ItemInput, Job, Opener, Piece, Reducer, Sink, Source,
+                       Stage, StageOptions)
+
+from fleet_jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
+from fleet_jobs.text.inputs.places import Place
+from fleet_jobs.text.output import example_sink
+from fleet_jobs.text.provenance import PlacedDocuments, check_provenance
+
+
+class DocumentConverter(abc.ABC):
+    """The pure part of a text job: one item's documents to outputs, and counters."""
+
+    # True (``provenance=true``): ``convert`` gets a fleet_jobs.text.provenance.PlacedDocuments, whose
+    # ``take`` gives each document's place in the corpus, in a map item (not from a stage).
+    provenance: bool = False
+
+    @abc.abstractmethod
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        """Turn one item's documents (each a list of lines) into outputs; return counters."""
+
+
+def read_options(read: Mapping[str, Any]) -> ReadOptions:
+    """The run's read options (RunSpec.read, as check_read stored them)."""
+    return ReadOptions(**read) if read else ReadOptions()
+
+
+def check_read_options(read: Mapping[str, Any]) -> ReadOptions:
+    """The options as given (``fleet plan``/``local`` flags), checked: one line naming the flag."""
+    known = {f.name for f in dataclasses.fields(ReadOptions)}
+    unknown = sorted(set(read) - known)
+    if unknown:
+        raise ConfigError(f"read option {unknown[0]!r}: a text job knows {', '.join(sorted(known))}")
+    options = ReadOptions(**read)
+    share = options.max_bad_share
+    if isinstance(share, bool) or not isinstance(share, (int, float)):
+        raise ConfigError(f"--max-bad-share {share!r}: give a number from 0 to 1 (a share of the records)")
+    if not 0 <= share <= 1:  # NaN and inf too
+        raise ConfigError(f"--max-bad-share {share:g}: give 0 to 1 (a share of the records)")
+    if not isinstance(options.text_column, str) or not options.text_column:
+        raise ConfigError(f"--text-column {options.text_column!r}: give the name of a JSON field or Parquet column")
+    if not isinstance(options.keep_titles, bool):
+        raise ConfigError(f"--keep-titles {options.keep_titles!r}: a flag, true or false")
+    return options
+
+
+class TextJob(Job):
+    """A job over text corpora: plain text, JSON Lines, WikiExtractor, CirrusSearch, Parquet."""
+
+    def accepts(self, name: str) -> bool:
+        return corpus_file(name)
+
+    def check_read(self, read: Mapping[str, Any]) -> dict[str, Any]:
+        return dataclasses.asdict(check_read_options(read))
+
+    def cut(self, source: Source, item_bytes: int, config: Any, read: Mapping[str, Any]) -> list[Piece]:
+        """Byte ranges of a plain file cut at document boundaries, the whole of a compressed one,
+        ranges of row groups of a Parquet file."""
+        return [_piece(s) for s in cut_source(source, item_bytes, read_options(read))]
+
+    def converter(self, config: Any, opener: Opener) -> Converter:
+        return _Documents(self.document_converter(config, opener))
+
+    def stages(self, config: Any, options: StageOptions, map_items: int) -> list[Stage]:
+        """``--dedup exact`` and ``--shards N`` (fleet_jobs.text.stages). Shards hold examples: a job
+        whose outputs are not examples of fixed features (Job.features) cannot shard them."""
+        from .stages import text_stages
+
+        check_provenance(getattr(config, "provenance", False), options)
+        if options.shards and not self.features(config):
+            raise ConfigError(f"--shards: job {self.name} writes no examples of fixed features (Job.features), "
+                              "so it cannot shard them")
+        return text_stages(options, map_items)
+
+    def reducer(self, config: Any, opener: Opener, stage: str) -> Reducer:
+        """The "dedup" stage converts with ``document_converter``; "shards" writes ``features``."""
+        from .stages import text_reducer
+
+        return text_reducer(self, config, opener, stage)
+
+    @abc.abstractmethod
+    def document_converter(self, config: Any, opener: Opener) -> DocumentConverter:
+        """Per worker process: load what every item needs (a vocab) once."""
+
+
+def _piece(s: Slice) -> Piece:
+    """A slice as the fleet keeps it in an item: what the reader needs to know goes in meta."""
+    meta: dict[str, Any] = {"format": s.format, "compression": s.compression}
+    if s.cuts_document:
+        meta["cuts_document"] = True
+    if s.format == "parquet":
+        meta["unit"] = "row groups"
+    return Piece(s.start, s.end, s.size, meta)
+
+
+def item_slice(item: ItemInput) -> Slice:
+    """The slice an item's input is (the inverse of _piece)."""
+    return Slice(item.url, item.name, item.start, item.end, item.meta.get("format", "text"),
+                 item.meta.get("compression", "none"), item.version, bool(item.meta.get("cuts_document")), 0)
+
+
+def item_documents(item: ItemInput, ctx: ItemContext, tally: Tally, places: list[Place] | None = None
+                   ) -> Iterator[list[str]]:
+    """The item's documents, read as the run's options say, with ctx.checkpoint before the first
+    and every CHECK_EVERY after: a call per document costs short-document corpora 4% of the CPU
+    (bench_before_after); a lost lease still stops the item within CHECK_EVERY documents.
+    With ``places``, each document's Place is appended to it before it is handed on."""
+    checkpoint = ctx.checkpoint
+    for n, doc in enumerate(read_slice(item_slice(item), ctx.workdir, tally, read_options(ctx.read), places)):
+        if not n % CHECK_EVERY:
+            checkpoint()
+        yield doc
+
+
+CHECK_EVERY = 64  # documents between checkpoints
+
+
+class _Documents(Converter):
+    def __init__(self, inner: DocumentConverter):
+        self.inner = inner
+
+    def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        """The item's documents converted; in a dedup run, emitted for the dedup stage instead."""
+        from .stages import DEDUP, dedup_map  # stages imports this module
+
+        tally = Tally()
+        if getattr(self.inner, "provenance", False) and not ctx.feeds:  # a converter of any class may go without
+            places: list[Place] = []
+            documents: Iterable[list[str]] = PlacedDocuments(item_documents(item, ctx, tally, places), places)
+        else:
+            documents = item_documents(item, ctx, tally)
+        if ctx.feeds == DEDUP:
+            stats = dedup_map(documents, ctx, sink)
+        else:
+            stats = dict(self.inner.convert(documents, ctx, example_sink(sink, ctx)))
+        tally.documents_cut += int(bool(item.meta.get("cuts_document")))
+        stats.update(tally.stats())
+        return stats

@@ -1,0 +1,84 @@
+"""The options the WordPiece example jobs (``electra_zh_en``, ``bert``) share, their checks, and
+what ``split_sentences`` does where documents enter a job.
+
+A job's config builds on ``TextOptions`` and adds its own fields after these (the fleet lists
+them in field order; a run's ``run.json`` holds them all). Help comes from the fields'
+metadata, as the fleet reads a comment from the job's own class only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from fleet.job import ConfigError, ItemContext, Opener, Sink
+
+from .job import DocumentConverter
+from .output import check_output
+from .provenance import PlacedDocuments
+from .tokenization import BertTokenizer
+from .tokenizer_cache import bert_tokenizer
+
+MAX_SEQ_LENGTHS = (5, 1 << 16)  # [CLS] a [SEP] b [SEP] at least; positions in 16 bits
+
+
+def _help(text: str, default):
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class TextOptions:
+    vocab_file: str = _help("URL or path of a BERT vocab.txt (required)", "")
+    max_seq_length: int = _help("tokens per example, [CLS] and [SEP] included", 128)
+    do_lower_case: bool = _help("lower-case and strip accents (as the vocab was made)", True)
+    seed: int = _help("the run's seed: each item's seed derives from it", 12345)
+    compression: str = _help("none | GZIP (files end .tfrecord.gz; TFRecordDataset(compression_type=\"GZIP\"))",
+                             "none")
+    output: str = _help("tfrecord | parquet (one row per example, list columns, zstd; files end .parquet)",
+                        "tfrecord")
+    pack_documents: bool = _help("fill examples across document boundaries (corpora of short documents)", False)
+    split_sentences: bool = _help("cut each line into sentences first (inputs with a paragraph per line)", False)
+
+
+def check_text_options(config: TextOptions) -> None:
+    """The shared options' plan-time check (``ConfigError`` names the option)."""
+    if not config.vocab_file:
+        raise ConfigError(
+            "option vocab_file is required (a BERT vocab.txt; make one with: python -m fleet_jobs.electra_zh_en vocab)"
+        )
+    low, high = MAX_SEQ_LENGTHS
+    if not low <= config.max_seq_length <= high:
+        raise ConfigError(f"option max_seq_length: must be between {low} and {high}, got {config.max_seq_length}")
+    check_output(config.output, config.compression)
+
+
+def masking_tokenizer(config: TextOptions, opener: Opener, needs: str) -> BertTokenizer:
+    """The run's tokenizer, refused without a [MASK] token: ELECTRA's generator input and BERT's
+    records both mask with it (``needs`` names who asks, for the message)."""
+    tokenizer = bert_tokenizer(config.vocab_file, config.do_lower_case, opener)
+    if "[MASK]" not in tokenizer.vocab:
+        raise ConfigError(f"{config.vocab_file}: {needs} needs a [MASK] token in the vocab "
+                          "(pre-training masks with it)")
+    return tokenizer
+
+
+def with_sentences(converter: DocumentConverter, config: TextOptions) -> DocumentConverter:
+    """The job's converter, cutting lines into sentences first when ``split_sentences`` asks."""
+    return SentenceSplitting(converter) if config.split_sentences else converter
+
+
+class SentenceSplitting(DocumentConverter):
+    """split_sentences: where documents enter the job, each line is cut into its sentences
+    (``sentences.split_sentences``), so examples are built from sentences, not paragraphs.
+    The counters' ``lines`` are then sentences."""
+
+    def __init__(self, inner: DocumentConverter):
+        self.inner = inner
+        self.provenance = inner.provenance
+
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+        from .sentences import split_lines  # its patterns cost every worker 10 ms to compile: only here
+
+        if isinstance(documents, PlacedDocuments):  # provenance=true: a document's sentences keep its place
+            return self.inner.convert(documents.mapped(split_lines), ctx, sink)
+        return self.inner.convert(map(split_lines, documents), ctx, sink)
