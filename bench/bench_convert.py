@@ -139,11 +139,11 @@ for i in range(0, len(lines), 10000):
 """
 
 
-def run_process(cmd: list[str]) -> dict:
+def run_process(cmd: list[str], cwd: str = ROOT, env: dict | None = None) -> dict:
     """Run cmd to its end: CPU seconds (user + system, its waited-for children included), wall
-    seconds and the largest peak RSS among the processes (MiB)."""
+    seconds and the largest peak RSS among the processes (MiB). The other benches time theirs here."""
     w0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - w0
     err = proc.stderr.read().decode(errors="replace")

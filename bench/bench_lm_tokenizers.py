@@ -50,12 +50,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bench_convert  # noqa: E402
 from short_corpus import short_sample  # noqa: E402
 
 KINDS = ("json", "sentencepiece", "tiktoken")
@@ -129,18 +129,8 @@ def options(kind: str, path: str, eod: int, max_seq_length: int) -> dict[str, st
 
 
 def run_process(cmd: list[str], cwd: str = ROOT) -> dict:
-    """CPU seconds (user + system, waited-for children included) and wall seconds of cmd (run in cwd,
-    which is first on its PYTHONPATH: another checkout's fleet runs with this venv)."""
-    w0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
-                            env={**os.environ, "PYTHONPATH": cwd})
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - w0
-    err = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
-    return {"cpu": usage.ru_utime + usage.ru_stime, "wall": wall}
+    """bench_convert's, with the code of ``cwd`` first on the path (a revision exported to compare)."""
+    return bench_convert.run_process(cmd, cwd, {**os.environ, "PYTHONPATH": cwd})
 
 
 def outputs_digest(folder: str) -> dict[str, str]:

@@ -42,6 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bench_convert import run_process  # noqa: E402
 from short_corpus import short_sample  # noqa: E402
 
 JOB = "electra_zh_en"
@@ -62,21 +63,6 @@ class RunFigures:
     @property
     def item_seconds(self) -> float:
         return sum(self.seconds.values())
-
-
-def run_process(cmd: list[str]) -> dict:
-    """Run cmd to its end: CPU seconds (user + system, its waited-for children included) and wall."""
-    import time
-
-    w0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - w0
-    err = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
-    return {"cpu": usage.ru_utime + usage.ru_stime, "wall": wall}
 
 
 def stage_seconds(state: str) -> tuple[dict[str, float], dict[str, int]]:

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,9 +16,9 @@ from hypothesis import strategies as st
 from fleet.job import ConfigError, ItemContext, load_job
 from fleet_jobs.causal_lm import JOB, CausalLMConfig
 from fleet_jobs.causal_lm.blocks import BlockCutter, BlockOptions
-from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.records import canonical, examples, folder_examples
 from tests.helpers.sinks import MemorySink
+from tests.helpers.trained import bpe_json, wordpiece_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EOD, PAD = 0, 1
@@ -38,22 +37,13 @@ def documents() -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def bpe_path(tmp_path_factory, documents) -> str:
-    """A byte-level BPE trained on the sample corpus, saved as a tokenizer.json."""
-    from tokenizers import ByteLevelBPETokenizer
-
-    tokenizer = ByteLevelBPETokenizer()
-    tokenizer.train_from_iterator(("\n".join(d) for d in documents), vocab_size=2000,
-                                  special_tokens=["<|endoftext|>"], show_progress=False)
-    path = str(tmp_path_factory.mktemp("bpe") / "tokenizer.json")
-    tokenizer.save(path)
-    return path
+    """A byte-level BPE trained on the documents, saved as a tokenizer.json."""
+    return bpe_json(documents, str(tmp_path_factory.mktemp("bpe")), 2000)
 
 
 @pytest.fixture(scope="module")
 def vocab_path(tmp_path_factory, documents) -> str:
-    path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
-    write_vocab(train_vocab((line for d in documents for line in d), 4000), path)
-    return path
+    return wordpiece_vocab(documents, str(tmp_path_factory.mktemp("vocab")), 4000)
 
 
 def read_file(path: str) -> bytes:

@@ -28,8 +28,8 @@ from fleet.job import ConfigError, ItemContext, RunManifest, StageOptions, load_
 from fleet_jobs.causal_lm import JOB, CausalLMConfig
 from fleet_jobs.text.token_files import (INDEX_SUFFIXES, MEGATRON_HEADER, open_sequence_writer, read_megatron_index,
                                    read_sequences, token_dtype)
-from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
+from tests.helpers.trained import bpe_json, wordpiece_vocab
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron")  # its builder, numpy 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,21 +69,13 @@ def corpus(tmp_path_factory, documents) -> str:
 
 @pytest.fixture(scope="module")
 def bpe_path(tmp_path_factory, documents) -> str:
-    from tokenizers import ByteLevelBPETokenizer
-
-    tokenizer = ByteLevelBPETokenizer()
-    tokenizer.train_from_iterator(("\n".join(d) for d in documents), vocab_size=1500,
-                                  special_tokens=["<|endoftext|>"], show_progress=False)
-    path = str(tmp_path_factory.mktemp("bpe") / "tokenizer.json")
-    tokenizer.save(path)
-    return path
+    """A byte-level BPE trained on the documents, saved as a tokenizer.json."""
+    return bpe_json(documents, str(tmp_path_factory.mktemp("bpe")), 1500)
 
 
 @pytest.fixture(scope="module")
 def vocab_path(tmp_path_factory, documents) -> str:
-    path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
-    write_vocab(train_vocab((line for d in documents for line in d), 3000), path)
-    return path
+    return wordpiece_vocab(documents, str(tmp_path_factory.mktemp("vocab")), 3000)
 
 
 def expected_sequences(documents, tokenizer_option: str, path: str) -> list[list[int]]:
