@@ -379,14 +379,16 @@ def test_copies_of_a_text_sort_by_their_place_in_the_plan(places, copies):
 
 
 def test_parse_example_reads_a_shuffled_record(vocab):
-    """The records between stages are tf.train.Examples: the fleet's parser reads them."""
+    """The records between stages are TFRecord frames of tf.train.Examples (checksums made once, in
+    the map): the fleet's parser reads them, and the shards stage only joins them."""
     job = load_job("electra_zh_en")
     config = config_of("electra_zh_en", vocab)
     sink = MemoryKeyedSink(1)
     converter = job.document_converter(config, read_file)
     ctx = ItemContext("00000", 1, "test", feeds="shards", run_seed=12345)
     converter.convert(iter([["hello world"] * 10]), ctx, example_sink(sink, ctx))
-    assert sink.records and all(set(parse_example(v)) == set(job.features(config)) for _k, v in sink.records)
+    assert sink.records and all(set(parse_example(v[12:-4])) == set(job.features(config)) for _k, v in sink.records)
+    assert all(v == tfrecord.frame(v[12:-4]) and k == shuffle_key(12345, v[12:-4]) for k, v in sink.records)
     with pytest.raises(TypeError, match="example_sink"):
         converter.convert(iter([["hello world"]]), ctx, sink)
 
@@ -406,7 +408,8 @@ def test_the_records_a_map_item_emits_do_not_depend_on_the_output_option(name, v
         job.document_converter(config, read_file).convert(iter(documents[:30]), ctx, plain)
         written.append(all_examples([("00000", suffix, data) for suffix, data in plain.files.items()]))
     assert emitted[0] and emitted[0] == emitted[1] == emitted[2]
-    assert [shuffle_key(5, value) for _key, value in emitted[0]] == [key for key, _value in emitted[0]]
-    assert all(parse_example(value).keys() == job.features(config).keys() for _k, value in emitted[0])
+    # Each a TFRecord frame of an Example, keyed by the Example's bytes.
+    assert [shuffle_key(5, value[12:-4]) for _key, value in emitted[0]] == [key for key, _value in emitted[0]]
+    assert all(parse_example(value[12:-4]).keys() == job.features(config).keys() for _k, value in emitted[0])
     assert canonical(written[0]) == canonical(all_examples([("", ".tfrecord", b"".join(
-        tfrecord.frame(value) for _k, value in emitted[0]))]))
+        value for _k, value in emitted[0]))]))

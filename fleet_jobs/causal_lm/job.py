@@ -208,7 +208,7 @@ class SequenceShardReducer(Reducer):
         with open_sequence_writer(sink, self.output, self.vocab_size) as out:
             batch: list[np.ndarray] = []
             for _key, example in checkpointed(records, ctx):
-                batch.append(parse_example(example)[SEQUENCE_FEATURE])
+                batch.append(parse_example(example[12:-4])[SEQUENCE_FEATURE])  # a TFRecord frame of the Example
                 if len(batch) >= SHARD_BATCH:
                     out.write(batch)
                     batch.clear()

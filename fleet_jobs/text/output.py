@@ -166,7 +166,12 @@ class ShuffledExamples(KeyedSink):
 
     def emit_example(self, example: bytes) -> None:
         """One serialized ``tf.train.Example`` (no TFRecord framing)."""
-        self.inner.emit(shuffle_key(self.run_seed, example), example)
+        self.emit_framed(memoryview(tfrecord.frame(example)))
+
+    def emit_framed(self, framed: memoryview) -> None:
+        """One TFRecord frame of an Example: keyed by the Example's bytes, and handed on framed, so
+        that the stage that writes it as a TFRecord only joins frames (their checksums made once)."""
+        self.inner.emit(shuffle_key(self.run_seed, framed[12:-4]), bytes(framed))
 
 
 def example_sink(sink: Union[Sink, KeyedSink], ctx: ItemContext) -> Union[Sink, ShuffledExamples]:
@@ -187,12 +192,12 @@ class KeyedExampleWriter(ExampleWriter):
         self.order = sorted(columns, key=lambda c: c.name)  # as TFRecordWriter: the same bytes
 
     def write(self, records: bytes) -> None:
-        for example in unframe(records):
-            self.sink.emit_example(example)
+        for framed in frames(records):
+            self.sink.emit_framed(framed)
 
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
         for framed in encode_rows(self.order, values):
-            self.sink.emit_example(framed[12:-4])
+            self.sink.emit_framed(memoryview(framed))
 
 
 _LENGTH = struct.Struct("<Q")
@@ -210,17 +215,17 @@ def count_frames(records: bytes) -> int:
     return n
 
 
-def unframe(records: bytes) -> Iterator[bytes]:
-    """The payloads of framed TFRecords this process just encoded (checksums not checked:
-    ``tfrecord.iter_records`` reads files that come from elsewhere)."""
+def frames(records: bytes) -> Iterator[memoryview]:
+    """The whole frames (length, checksums and payload) of framed TFRecords this process just
+    encoded, as views (checksums not checked)."""
     view, at = memoryview(records), 0
     while at < len(records):
         (length,) = _LENGTH.unpack_from(records, at)
-        end = at + 12 + length
-        if end + 4 > len(records):
+        end = at + 16 + length
+        if end > len(records):
             raise ValueError("a TFRecord frame runs past the end of the records")
-        yield bytes(view[at + 12:end])
-        at = end + 4
+        yield view[at:end]
+        at = end
 
 
 @contextlib.contextmanager

@@ -22,7 +22,6 @@ from fleet.job import ConfigError, Feature, ItemContext, KeyedSink, Reducer, Sin
 from .dedup import DedupCounts, document_record, document_text, unique_documents
 from .job import CHECK_EVERY, DocumentConverter
 from .output import Column, example_sink, open_writer
-from .tfrecord import frame
 
 DEDUP, SHARDS = "dedup", "shards"  # the stages' names (ItemContext.stage, .feeds)
 DEDUP_MODES = ("exact",)
@@ -87,8 +86,8 @@ class ShardReducer(Reducer):
         n = 0
         with open_writer(example_sink(sink, ctx), self.output, self.compression, self.columns) as out:
             batch: list[bytes] = []
-            for _key, example in checkpointed(records, ctx):
-                batch.append(frame(example))
+            for _key, framed in checkpointed(records, ctx):  # TFRecord frames of Examples (ShuffledExamples)
+                batch.append(framed)
                 if len(batch) >= SHARD_BATCH:
                     out.write(b"".join(batch))
                     n += len(batch)
