@@ -96,6 +96,14 @@ SHARDS_HELP = ("Write exactly N output files of examples globally shuffled by th
 DEDUP_HELP = "exact: drop documents whose normalized text equals an earlier one's (a stage before converting)"
 SHUFFLE_MB_HELP = "Memory (MB) a worker's sort between stages holds before it spills to local disk"
 SHUFFLE_MB = (1.0, 1e5)
+# The options `fleet plan` and `fleet local` share, declared once.
+TEXT_COLUMN = typer.Option("text", help="The text field of JSON records / column of Parquet files")
+KEEP_TITLES = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line")
+MAX_BAD_SHARE = typer.Option(0.5, help="An item fails when more of its records than this share are bad "
+                                       "(fewer are skipped and counted)")
+SHARDS = typer.Option(None, help=SHARDS_HELP)
+DEDUP = typer.Option(None, help=DEDUP_HELP)
+SHUFFLE_MB_OPTION = typer.Option(256.0, help=SHUFFLE_MB_HELP)
 
 
 def max_procs() -> int:
@@ -161,13 +169,12 @@ def plan_cmd(
     lease_ttl: float = typer.Option(300.0, help="Seconds a lease lives without renewal (1 to 86400)"),
     max_attempts: int = typer.Option(3, help="Attempts per item before it is marked failed"),
     item_mb: float = typer.Option(64.0, help="Target size of a work item (MB of input)"),
-    text_column: str = typer.Option("text", help="The text field of JSON records / column of Parquet files"),
-    keep_titles: bool = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line"),
-    max_bad_share: float = typer.Option(0.5, help="An item fails when more of its records than this share are bad "
-                                        "(fewer are skipped and counted)"),
-    shards: Optional[int] = typer.Option(None, help=SHARDS_HELP),
-    dedup: Optional[str] = typer.Option(None, help=DEDUP_HELP),
-    shuffle_mb: float = typer.Option(256.0, help=SHUFFLE_MB_HELP),
+    text_column: str = TEXT_COLUMN,
+    keep_titles: bool = KEEP_TITLES,
+    max_bad_share: float = MAX_BAD_SHARE,
+    shards: Optional[int] = SHARDS,
+    dedup: Optional[str] = DEDUP,
+    shuffle_mb: float = SHUFFLE_MB_OPTION,
 ) -> None:
     """Write a run's spec and work items to the bucket."""
     from fleet.core.codesync import code_version
@@ -258,13 +265,12 @@ def local_cmd(
     item_mb: Optional[float] = typer.Option(None, help="Target item size in MB (default: a few items per worker; "
                                             "a resumed run keeps its own)"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Give the failed items of a resumed run new attempts"),
-    text_column: str = typer.Option("text", help="The text field of JSON records / column of Parquet files"),
-    keep_titles: bool = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line"),
-    max_bad_share: float = typer.Option(0.5, help="An item fails when more of its records than this share are bad "
-                                        "(fewer are skipped and counted)"),
-    shards: Optional[int] = typer.Option(None, help=SHARDS_HELP),
-    dedup: Optional[str] = typer.Option(None, help=DEDUP_HELP),
-    shuffle_mb: float = typer.Option(256.0, help=SHUFFLE_MB_HELP),
+    text_column: str = TEXT_COLUMN,
+    keep_titles: bool = KEEP_TITLES,
+    max_bad_share: float = MAX_BAD_SHARE,
+    shards: Optional[int] = SHARDS,
+    dedup: Optional[str] = DEDUP,
+    shuffle_mb: float = SHUFFLE_MB_OPTION,
 ) -> None:
     """Run the whole job on this machine: plan, N workers, progress, summary."""
     from fleet.cli.local import Interrupted, run_local
