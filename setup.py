@@ -1,7 +1,7 @@
 """What pyproject.toml cannot say: the tokenizer's C core as an optional extension, and the
 files a VM needs (startup/, the Packer template, the lock) inside the wheel.
 
-The C core (fleet_jobs/text/wordpiece.c) is a plain C library loaded with ctypes (fleet_jobs/text/native.py),
+The C core (fleet_jobs/text/wordpiece.c and unigram.c) is a plain C library loaded with ctypes (fleet_jobs/text/native.py),
 not a CPython module: it uses no Python.h, so one build serves every Python 3 (an abi3 wheel)
 and needs no python3-dev. It stays optional: where no compiler works, the build warns and
 goes on, and the package tokenizes in Python (the same records, about 3x slower).
@@ -20,15 +20,19 @@ from setuptools.command.build_py import build_py
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = "fleet_jobs/text/wordpiece.c"
+SOURCES = ["fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c"]
 # Copied into the wheel as fleet/_data/<path> (fleet.core.codesync finds them there when there
 # is no checkout): what `fleet sync` uploads besides the packages, and the worker image's template.
 DATA = ("startup", "images/packer", "requirements.lock", "pyproject.toml")
 
 
 def source_sha256() -> str:
-    with open(os.path.join(HERE, SOURCE), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    """Of the sources end to end, as fleet_jobs/text/native.py checks it."""
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        with open(os.path.join(HERE, source), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
 
 
 class optional_build_ext(build_ext):
@@ -72,7 +76,7 @@ class build_py_with_data(build_py):
 
 setup(
     ext_modules=[Extension(
-        "fleet_jobs.text._wordpiece", [SOURCE], py_limited_api=True,
+        "fleet_jobs.text._wordpiece", SOURCES, py_limited_api=True,
         define_macros=[("WP_SOURCE_SHA256", f'"{source_sha256()}"')],
         extra_compile_args=["-O2", "-std=c99"],
     )],

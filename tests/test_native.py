@@ -256,13 +256,14 @@ def test_the_class_table_is_the_regexes_on_every_code_point():
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """A process state as if nothing was loaded yet, and native.py's folder an empty one holding
-    only a copy of wordpiece.c (as in a package installed where no compiler was)."""
+    only copies of the C sources (as in a package installed where no compiler was)."""
     monkeypatch.setattr(native, "_LOADED", None)
     monkeypatch.setattr(native, "_WARNED", False)
     monkeypatch.delenv("FLEET_NATIVE", raising=False)
     folder = tmp_path / "text"
     folder.mkdir()
-    (folder / "wordpiece.c").write_bytes(native.SOURCE.read_bytes())
+    for source in native.source_paths():
+        (folder / source.name).write_bytes(source.read_bytes())
     monkeypatch.setattr(native, "SOURCE", folder / "wordpiece.c")
     return folder
 
@@ -275,7 +276,8 @@ def test_the_installed_library_is_beside_native_py_and_built_from_its_source():
     lib = ctypes.CDLL(str(path))
     assert lib.wp_abi_version() == native.ABI_VERSION
     lib.wp_source_sha256.restype = ctypes.c_char_p
-    assert lib.wp_source_sha256().decode() == hashlib.sha256(native.SOURCE.read_bytes()).hexdigest()
+    sources = b"".join(native.SOURCE.with_name(name).read_bytes() for name in ("wordpiece.c", "unigram.c"))
+    assert lib.wp_source_sha256().decode() == hashlib.sha256(sources).hexdigest()
     assert native.load().path == path
 
 
@@ -297,14 +299,16 @@ def test_without_the_library_python_does_the_work_after_one_warning(fresh, monke
     assert capsys.readouterr().err == ""
 
 
-def test_a_library_built_from_another_wordpiece_c_is_not_loaded(fresh):
-    """A checkout whose wordpiece.c changed since its last pip install -e .: its ids could differ."""
+@pytest.mark.parametrize("source", ["wordpiece.c", "unigram.c"])
+def test_a_library_built_from_another_source_is_not_loaded(fresh, source):
+    """A checkout whose wordpiece.c or unigram.c changed since its last pip install -e .: its ids
+    could differ."""
     built = native.library_path(Path(native.__file__).parent)
     shutil.copy2(built, fresh / built.name)
-    assert native.load().path == fresh / built.name  # the same source: it loads from there
+    assert native.load().path == fresh / built.name  # the same sources: it loads from there
     native._LOADED = None
-    (fresh / "wordpiece.c").write_bytes(native.SOURCE.read_bytes() + b"\n/* changed */\n")
-    with pytest.raises(native.NativeError, match=f"{re.escape(built.name)} was built from another wordpiece.c than"):
+    (fresh / source).write_bytes((fresh / source).read_bytes() + b"\n/* changed */\n")
+    with pytest.raises(native.NativeError, match=f"{re.escape(built.name)} was built from other sources than"):
         native.load()
 
 

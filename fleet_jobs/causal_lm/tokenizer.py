@@ -21,6 +21,7 @@ from fleet.job import ConfigError
 from fleet_jobs.text.groups import line_groups
 
 from .blocks import flatten
+from .unigram import unigram_encoder
 from .word_cache import word_cache
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")  # eod_token="" takes the first in the vocab
@@ -124,7 +125,13 @@ def from_sentencepiece(sp, source: str, eod_token: str, pad_token: str) -> Docum
     def encode(documents: Sequence[list[str]]) -> list[list[int]]:
         return sp.encode(["\n".join(lines) for lines in documents], out_type=int, num_threads=1)
 
-    return DocumentTokenizer(encode, eod, eod if pad is None else pad, sp.get_piece_size())
+    fast = unigram_encoder(sp)  # a unigram model it reproduces exactly: normalized and encoded in C
+
+    def flat(documents: Sequence[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+        return fast(["\n".join(lines) for lines in documents])
+
+    return DocumentTokenizer(encode, eod, eod if pad is None else pad, sp.get_piece_size(),
+                             flat if fast is not None else None)
 
 
 def from_tiktoken(enc, source: str, eod_token: str, pad_token: str) -> DocumentTokenizer:

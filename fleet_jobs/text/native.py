@@ -1,4 +1,5 @@
-"""The C core of ``BertTokenizer`` (``wordpiece.c``), built at install time, loaded with ctypes.
+"""The C core of ``BertTokenizer`` (``wordpiece.c``) and of SentencePiece's unigram encoder
+(``unigram.c``, for ``fleet_jobs.causal_lm.unigram``), built at install time, loaded with ctypes.
 
 ``tokenization.BertTokenizer`` normalizes text with whole-string operations (C speed already);
 what is left is per basic token: a ``str`` per token from ``re.findall``, a dict lookup, numpy
@@ -9,9 +10,8 @@ Python code stays as the fallback and as the reference: both give the same ids
 The library is built by the build backend (setup.py: an optional setuptools extension, plain C
 without Python.h) into this folder as ``_wordpiece.abi3.so``: by ``pip install`` / ``pip wheel``,
 and in place by ``pip install -e .``. Where no compiler worked at install time there is none,
-and Python does the work. A library built from another ``wordpiece.c`` than the one beside it
-(a checkout edited since its last ``pip install -e .``) is not loaded: it carries its source's
-sha256. `fleet sync` uploads the library with the code, so VMs load the one built here.
+and Python does the work. A library built from other sources than the ones beside it (a
+checkout edited since its last ``pip install -e .``) is not loaded: it carries their sha256. `fleet sync` uploads the library with the code, so VMs load the one built here.
 
 ``FLEET_NATIVE``: ``0`` always Python; ``1`` native or an error; unset: native when there is a
 library that loads, else Python after one warning line on stderr per process.
@@ -34,8 +34,9 @@ from typing import Mapping
 import numpy as np
 
 SOURCE = Path(__file__).with_name("wordpiece.c")
+OTHER_SOURCES = ("unigram.c",)  # beside SOURCE; setup.py builds them into one library, in this order
 NAME = "_wordpiece"  # setup.py's Extension("fleet_jobs.text._wordpiece"): NAME + an extension suffix, beside this file
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # The class bits of wordpiece.c.
 CLS_WS, CLS_CJK, CLS_PUNCT, CLS_MARK = 1, 2, 4, 8
@@ -75,8 +76,10 @@ class _Library:
             raise NativeError(f"{path}: ABI {lib.wp_abi_version()}, expected {ABI_VERSION}: {REINSTALL}")
         lib.wp_source_sha256.restype = ctypes.c_char_p
         built_from = lib.wp_source_sha256().decode()
-        if SOURCE.is_file() and built_from != hashlib.sha256(SOURCE.read_bytes()).hexdigest():
-            raise NativeError(f"{path.name} was built from another {SOURCE.name} than {SOURCE}: {REINSTALL}")
+        sources = sources_sha256()
+        if sources is not None and built_from != sources:
+            raise NativeError(f"{path.name} was built from other sources than {SOURCE.parent}'s "
+                              f"{', '.join(p.name for p in source_paths())}: {REINSTALL}")
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
         lib.wp_new.restype = p
         lib.wp_new.argtypes = [p, p, i64, p, p, p, i64, i32, i64, i64, i64]
@@ -85,7 +88,31 @@ class _Library:
         for f in (lib.wp_tokenize_u32, lib.wp_tokenize_u8):
             f.restype = i64
             f.argtypes = [p, p, i64, ctypes.c_int, p, p, i64, p, i64]
+        lib.ug_new.restype = p
+        lib.ug_new.argtypes = [p, p, p, i64, p, i32, i32, ctypes.c_float, ctypes.c_double, p, i64, p, i64,
+                               ctypes.c_int, ctypes.c_int]
+        lib.ug_free.restype = None
+        lib.ug_free.argtypes = [p]
+        lib.ug_encode.restype = i64
+        lib.ug_encode.argtypes = [p, p, p, i64, p]
+        lib.ug_ids.restype = p
+        lib.ug_ids.argtypes = [p]
+        lib.ug_stats.restype = None
+        lib.ug_stats.argtypes = [p, p]
         self.lib, self.path = lib, path
+
+
+def source_paths() -> list[Path]:
+    return [SOURCE, *(SOURCE.with_name(name) for name in OTHER_SOURCES)]
+
+
+def sources_sha256() -> str | None:
+    """The sha256 of the C sources end to end (what setup.py builds into the library), or None
+    where they are not beside this file."""
+    paths = source_paths()
+    if not all(p.is_file() for p in paths):
+        return None
+    return hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()
 
 
 class Table:

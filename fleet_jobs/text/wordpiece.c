@@ -217,7 +217,7 @@ DEFINE_TOKENIZER(u8, uint8_t)
 
 /* The number of lines wp_tokenize_* found is not returned: the caller checks the count of
  * newlines itself (it needs it before the call to size line_lengths). */
-int wp_abi_version(void) { return 3; }
+int wp_abi_version(void) { return 4; }
 
 /* The sha256 of this file as setup.py compiled it: fleet_jobs/text/native.py loads no library built
  * from another wordpiece.c (a checkout edited since its last `pip install -e .`). */
