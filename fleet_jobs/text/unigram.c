@@ -49,7 +49,14 @@ typedef struct {
     double max_abs_a;
 } ug_slot;
 
+typedef struct { /* a double array's unit: node s's child by byte c is t = base[s] + c if check[t] == s */
+    int32_t base, check, value; /* value: the piece id ending at this node, or -1 */
+} ug_unit;
+
 typedef struct {
+    ug_unit *da; /* the pieces' trie as a double array (one load a byte) */
+    int64_t da_cap;
+    /* (while building: the trie as nodes and hashed edges) */
     int32_t *value; /* per trie node: a piece id, or -1 */
     int64_t n_nodes;
     ug_edge *edges;
@@ -119,7 +126,7 @@ static inline int one_char_len(uint8_t b) { /* util.h OneCharLen */
     return len[b >> 4];
 }
 
-static inline int32_t trie_child(const ug_model *m, int32_t node, uint8_t b) {
+static inline int32_t edge_child(const ug_model *m, int32_t node, uint8_t b) {
     uint64_t key = (((uint64_t)node << 8) | b) + 1;
     for (uint64_t i = mix64(key) & m->edge_mask;; i = (i + 1) & m->edge_mask) {
         if (m->edges[i].key == key) return m->edges[i].child;
@@ -127,8 +134,14 @@ static inline int32_t trie_child(const ug_model *m, int32_t node, uint8_t b) {
     }
 }
 
+static inline int32_t trie_child(const ug_model *m, int32_t s, uint8_t c) {
+    const int64_t t = (int64_t)m->da[s].base + c;
+    return t < m->da_cap && m->da[t].check == s ? (int32_t)t : -1;
+}
+
 void ug_free(ug_model *m) {
     if (!m) return;
+    free(m->da);
     free(m->value);
     free(m->edges);
     free(m->score);
@@ -144,6 +157,91 @@ void ug_free(ug_model *m) {
     free(m->norm);
     free(m->ids);
     free(m);
+}
+
+static int da_room(ug_model *m, int64_t need) {
+    if (need <= m->da_cap) return 1;
+    int64_t cap = m->da_cap ? m->da_cap : 1024;
+    while (cap < need) cap *= 2;
+    ug_unit *da = realloc(m->da, sizeof(ug_unit) * (size_t)cap);
+    if (!da) return 0;
+    for (int64_t i = m->da_cap; i < cap; i++) da[i] = (ug_unit){0, -1, -1};
+    m->da = da;
+    m->da_cap = cap;
+    return 1;
+}
+
+/* The hashed trie as a double array: breadth first, each node's children placed at the first
+ * base where all their slots are free. 0 when out of memory. */
+static int to_double_array(ug_model *m) {
+    const int64_t n = m->n_nodes;
+    int64_t *first = calloc((size_t)n + 1, sizeof(int64_t)); /* children of node i: kids[first[i]:first[i+1]] */
+    int32_t *kids = malloc(sizeof(int32_t) * (size_t)(n > 1 ? n - 1 : 1));
+    uint8_t *labels = malloc((size_t)(n > 1 ? n - 1 : 1));
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)n); /* node -> its unit */
+    int32_t *queue = malloc(sizeof(int32_t) * (size_t)n);
+    int ok = first && kids && labels && at && queue && da_room(m, 1024);
+    if (ok) {
+        for (uint64_t i = 0; i <= m->edge_mask; i++)
+            if (m->edges[i].key) first[((m->edges[i].key - 1) >> 8) + 1]++;
+        for (int64_t i = 0; i < n; i++) first[i + 1] += first[i];
+        int64_t *fill = calloc((size_t)n, sizeof(int64_t));
+        ok = fill != NULL;
+        for (uint64_t i = 0; ok && i <= m->edge_mask; i++) {
+            if (!m->edges[i].key) continue;
+            const int64_t parent = (int64_t)((m->edges[i].key - 1) >> 8);
+            const uint8_t label = (uint8_t)((m->edges[i].key - 1) & 0xFF);
+            int64_t j = first[parent] + fill[parent]++; /* (insertion sort by label) */
+            while (j > first[parent] && labels[j - 1] > label) {
+                labels[j] = labels[j - 1];
+                kids[j] = kids[j - 1];
+                j--;
+            }
+            labels[j] = label;
+            kids[j] = m->edges[i].child;
+        }
+        free(fill);
+    }
+    int64_t head = 0, tail = 0, free_from = 1;
+    if (ok) {
+        m->da[0] = (ug_unit){0, -2, m->value[0]};
+        at[0] = 0;
+        queue[tail++] = 0;
+    }
+    while (ok && head < tail) {
+        const int32_t node = queue[head++];
+        const int64_t k0 = first[node], k1 = first[node + 1];
+        if (k0 == k1) continue;
+        while (free_from < m->da_cap && m->da[free_from].check != -1) free_from++;
+        int64_t base = free_from - labels[k0];
+        if (base < 1) base = 1;
+        for (;; base++) {
+            if (!da_room(m, base + 256)) {
+                ok = 0;
+                break;
+            }
+            int64_t k = k0;
+            while (k < k1 && m->da[base + labels[k]].check == -1) k++;
+            if (k == k1) break;
+        }
+        if (!ok || base > INT32_MAX - 256) {
+            ok = 0;
+            break;
+        }
+        m->da[at[node]].base = (int32_t)base;
+        for (int64_t k = k0; k < k1; k++) {
+            const int64_t t = base + labels[k];
+            m->da[t] = (ug_unit){0, at[node], m->value[kids[k]]};
+            at[kids[k]] = (int32_t)t;
+            queue[tail++] = kids[k];
+        }
+    }
+    free(first);
+    free(kids);
+    free(labels);
+    free(at);
+    free(queue);
+    return ok;
 }
 
 /* The trie of the model's NORMAL pieces (pool[offsets[i]:offsets[i+1]] is piece ids[i]),
@@ -203,7 +301,7 @@ ug_model *ug_new(const uint8_t *pool, const int64_t *offsets, const int32_t *ids
     for (int64_t p = 0; p < n_pieces; p++) {
         int32_t node = 0;
         for (int64_t k = offsets[p]; k < offsets[p + 1]; k++) {
-            int32_t child = trie_child(m, node, pool[k]);
+            int32_t child = edge_child(m, node, pool[k]);
             if (child < 0) {
                 uint64_t key = (((uint64_t)node << 8) | pool[k]) + 1;
                 uint64_t i = mix64(key) & m->edge_mask;
@@ -217,6 +315,11 @@ ug_model *ug_new(const uint8_t *pool, const int64_t *offsets, const int32_t *ids
         }
         m->value[node] = ids[p];
     }
+    if (!to_double_array(m)) goto bad;
+    free(m->edges);
+    free(m->value);
+    m->edges = NULL;
+    m->value = NULL;
     return m;
 bad:
     ug_free(m);
@@ -284,7 +387,7 @@ static int64_t word_float(ug_model *m, const uint8_t *w, int64_t n, float a) {
         for (int64_t k = pos; k < n; k++) {
             node = trie_child(m, node, w[k]);
             if (node < 0) break;
-            int32_t v = m->value[node];
+            int32_t v = m->da[node].value;
             if (v < 0) continue;
             int64_t t = k + 1;
             if (t > frontier) frontier = t;
@@ -346,7 +449,7 @@ static int64_t word_double(ug_model *m, const uint8_t *w, int64_t n, double *mar
         for (int64_t k = pos; k < n; k++) {
             node = trie_child(m, node, w[k]);
             if (node < 0) break;
-            int32_t v = m->value[node];
+            int32_t v = m->da[node].value;
             if (v < 0) continue;
             int64_t t = k + 1;
             double cand = (double)m->score[v] + till;
