@@ -159,16 +159,54 @@ void ug_free(ug_model *m) {
     free(m);
 }
 
-static int da_room(ug_model *m, int64_t need) {
+/* While building: the free units as a list in order (next_free[i] > i; da_cap ends it), so a
+ * search for room skips the full stretches. */
+typedef struct {
+    int32_t *next;
+    int32_t *prev;
+    int32_t head;
+} ug_free_list;
+
+static int da_room(ug_model *m, ug_free_list *fl, int64_t need) {
     if (need <= m->da_cap) return 1;
     int64_t cap = m->da_cap ? m->da_cap : 1024;
     while (cap < need) cap *= 2;
+    if (cap > INT32_MAX) return 0;
     ug_unit *da = realloc(m->da, sizeof(ug_unit) * (size_t)cap);
-    if (!da) return 0;
-    for (int64_t i = m->da_cap; i < cap; i++) da[i] = (ug_unit){0, -1, -1};
-    m->da = da;
+    if (da) m->da = da;
+    int32_t *next = realloc(fl->next, sizeof(int32_t) * (size_t)cap);
+    if (next) fl->next = next;
+    int32_t *prev = realloc(fl->prev, sizeof(int32_t) * (size_t)cap);
+    if (prev) fl->prev = prev;
+    if (!da || !next || !prev) return 0;
+    /* the new units are free: after the last free unit before them */
+    int32_t last = -1;
+    for (int64_t i = m->da_cap - 1; i >= 0; i--)
+        if (m->da[i].check == -1) {
+            last = (int32_t)i;
+            break;
+        }
+    for (int64_t i = m->da_cap; i < cap; i++) {
+        da[i] = (ug_unit){0, -1, -1};
+        next[i] = (int32_t)(i + 1);
+        prev[i] = (int32_t)(i - 1);
+    }
+    prev[m->da_cap] = last;
+    if (last >= 0)
+        next[last] = (int32_t)m->da_cap;
+    else
+        fl->head = (int32_t)m->da_cap;
     m->da_cap = cap;
     return 1;
+}
+
+static void da_take(ug_model *m, ug_free_list *fl, int64_t t) {
+    const int32_t p = fl->prev[t], n = fl->next[t];
+    if (p >= 0)
+        fl->next[p] = n;
+    else
+        fl->head = n;
+    if (n < m->da_cap) fl->prev[n] = p;
 }
 
 /* The hashed trie as a double array: breadth first, each node's children placed at the first
@@ -180,7 +218,7 @@ static int to_double_array(ug_model *m) {
     uint8_t *labels = malloc((size_t)(n > 1 ? n - 1 : 1));
     int32_t *at = malloc(sizeof(int32_t) * (size_t)n); /* node -> its unit */
     int32_t *queue = malloc(sizeof(int32_t) * (size_t)n);
-    int ok = first && kids && labels && at && queue && da_room(m, 1024);
+    int ok = first && kids && labels && at && queue;
     if (ok) {
         for (uint64_t i = 0; i <= m->edge_mask; i++)
             if (m->edges[i].key) first[((m->edges[i].key - 1) >> 8) + 1]++;
@@ -202,8 +240,11 @@ static int to_double_array(ug_model *m) {
         }
         free(fill);
     }
-    int64_t head = 0, tail = 0, free_from = 1;
+    int64_t head = 0, tail = 0;
+    ug_free_list fl = {NULL, NULL, 0};
+    ok = ok && da_room(m, &fl, 1024);
     if (ok) {
+        da_take(m, &fl, 0);
         m->da[0] = (ug_unit){0, -2, m->value[0]};
         at[0] = 0;
         queue[tail++] = 0;
@@ -212,30 +253,36 @@ static int to_double_array(ug_model *m) {
         const int32_t node = queue[head++];
         const int64_t k0 = first[node], k1 = first[node + 1];
         if (k0 == k1) continue;
-        while (free_from < m->da_cap && m->da[free_from].check != -1) free_from++;
-        int64_t base = free_from - labels[k0];
-        if (base < 1) base = 1;
-        for (;; base++) {
-            if (!da_room(m, base + 256)) {
+        int64_t base = -1;
+        for (int64_t f = fl.head;; f = fl.next[f]) { /* the first label's unit among the free ones */
+            if (f >= m->da_cap) { /* none fits: room past the end */
+                base = m->da_cap - labels[k0];
+                if (base < 1) base = 1;
+                if (!da_room(m, &fl, base + 256)) ok = 0;
+                break;
+            }
+            base = f - labels[k0];
+            if (base < 1) continue;
+            if (!da_room(m, &fl, base + 256)) {
                 ok = 0;
                 break;
             }
-            int64_t k = k0;
+            int64_t k = k0 + 1;
             while (k < k1 && m->da[base + labels[k]].check == -1) k++;
             if (k == k1) break;
         }
-        if (!ok || base > INT32_MAX - 256) {
-            ok = 0;
-            break;
-        }
+        if (!ok) break;
         m->da[at[node]].base = (int32_t)base;
         for (int64_t k = k0; k < k1; k++) {
             const int64_t t = base + labels[k];
+            da_take(m, &fl, t);
             m->da[t] = (ug_unit){0, at[node], m->value[kids[k]]};
             at[kids[k]] = (int32_t)t;
             queue[tail++] = kids[k];
         }
     }
+    free(fl.next);
+    free(fl.prev);
     free(first);
     free(kids);
     free(labels);
