@@ -228,12 +228,17 @@ def test_text_python_cannot_spell_in_utf8_goes_to_the_library(trained):
 
 
 @pytest.mark.parametrize("options", [{"max_seq_length": "32"}, {"output": "megatron"}])
-def test_the_converter_writes_the_same_bytes_and_counts_with_the_c_encoder_as_without(tmp_path, trained, options):
+def test_the_converter_writes_the_same_bytes_and_counts_with_the_c_encoder_as_without(tmp_path, trained, options,
+                                                                                      monkeypatch):
+    from fleet_jobs.causal_lm import tokenizer as tokenizer_module
+
+    made = []
+    monkeypatch.setattr(tokenizer_module, "unigram_encoder", lambda sp: made.append(unigram_encoder(sp)) or made[-1])
     path = tmp_path / "spm.model"
     path.write_bytes(trained["nmt_nfkc"].serialized_model_proto())
     config = JOB.parse_config({"tokenizer_file": str(path), **options})
     fast = JOB.document_converter(config, lambda p: open(p, "rb").read())
-    assert fast.tokenizer.flat is not None
+    assert fast.tokenizer.flat is not None and made == []  # (made by the first batch, not at load)
     plain = CausalLMConverter(config, dataclasses.replace(fast.tokenizer, flat=None))  # the library's encode
     docs = read_documents("sample_en.txt")[:40] + read_documents("sample_zh.txt")[:40] + [[""], ["  ", " x "]]
     results = []
@@ -243,3 +248,4 @@ def test_the_converter_writes_the_same_bytes_and_counts_with_the_c_encoder_as_wi
         results.append((stats, {k: v.getvalue() for k, v in sink.files.items()}, sink.counts))
     assert results[0] == results[1]
     assert results[0][0]["documents"] == len(docs)
+    assert len(made) == 1 and made[0] is not None  # the C encoder ran, once
