@@ -61,3 +61,15 @@ def test_a_fleet_jobs_entry_point_is_found_and_comes_before_a_job_of_the_same_na
             "assert load_job('lines') is JOB and load_job('causal_lm') is JOB; print('ok')")
     proc = run([sys.executable, "-c", code], env={"PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path / 'site'}"})
     assert proc.stdout.strip() == "ok"
+
+
+def test_a_worker_that_crashes_is_named_and_fleet_local_goes_on_to_its_summary(tmp_path):
+    corpus = tmp_path / "in.txt"
+    corpus.write_text("one line\n")
+    proc = subprocess.run([sys.executable, "-m", "fleet.cli", "local", str(corpus), str(tmp_path / "out"),
+                           "--workers", "1", "--job", "tests.helpers.crashjob:JOB"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 1, proc.stderr
+    _, _, rest = proc.stderr.partition("Process local-w0:\nTraceback")
+    assert "RuntimeError: simulated crash as the worker starts" in rest
+    assert "0/1 items done" in rest and "workers stopped with 1 items unfinished" in rest

@@ -126,7 +126,19 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
 
 
 def _child(bucket: str, run: str, name: str, log_file: str | None, standby: int | None = None) -> None:
-    raise SystemExit(work_one(bucket, run, name, log_file, standby))
+    """A worker process's body. A crash says which worker it was above its traceback and exits 1,
+    as multiprocessing's children did."""
+    try:
+        code = work_one(bucket, run, name, log_file, standby)
+    except SystemExit:
+        raise
+    except BaseException:
+        import traceback
+
+        sys.stderr.write(f"Process {name}:\n")
+        traceback.print_exc()
+        code = 1
+    raise SystemExit(code)
 
 
 # What a worker process runs: the parent's sys.path (so a job it can import, the child can), then _child.
@@ -168,8 +180,13 @@ class WorkerProcess:
         return self.popen.poll() is None
 
     def join(self, timeout: float | None = None) -> None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout)
+        """Until the process ends, or ``timeout`` seconds: one wait on the sentinel, not a poll."""
+        if timeout is not None and self.popen.poll() is None:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self.sentinel, selectors.EVENT_READ)
+                if not selector.select(max(0.0, timeout)):
+                    return
+        self.popen.wait()  # ended (or asked to wait for it): reaped at once
 
     def kill(self) -> None:
         self.popen.kill()
