@@ -56,7 +56,7 @@ GOAL_MIB = 300 * 1e6 / (1 << 20)  # 300 MB
 MAX_DOCUMENT_CHARS = 4 << 20  # fleet_jobs.text.inputs.MAX_DOCUMENT_CHARS (not imported: --tree may be another checkout)
 
 # Imported first by every Python process of the tree (PYTHONPATH): at exit each writes its own
-# peak RSS, and whether it is a multiprocessing child (a worker), into FLEET_BENCH_HWM_DIR.
+# peak RSS, and whether it is a worker process, into FLEET_BENCH_HWM_DIR.
 _SITECUSTOMIZE = '''
 import atexit, os
 
@@ -67,7 +67,8 @@ def _fleet_bench_hwm():
             hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
     except (OSError, StopIteration):
         return
-    worker = multiprocessing.parent_process() is not None
+    # A worker: fleet.core.processes' `python -c` (or, in a tree from before, a multiprocessing child).
+    worker = (sys.argv[0] == "-c" and "fleet.core.spawner" in sys.modules) or multiprocessing.parent_process() is not None
     with open(os.path.join(os.environ["FLEET_BENCH_HWM_DIR"], f"{os.getpid()}.json"), "w") as f:
         json.dump({"pid": os.getpid(), "worker": worker, "hwm_kib": hwm, "argv": sys.argv[:3]}, f)
 

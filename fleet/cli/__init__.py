@@ -4,6 +4,13 @@ but the entry point."""
 
 def main() -> None:
     """The `fleet` command (imported here on use: importing the package stays cheap)."""
+    import gc
+
     from fleet.cli.commands import main as run
 
-    run()
+    try:
+        run()
+    finally:
+        # What is left lives until the process ends: out of the collector's reach, the interpreter's
+        # last full collection at exit no longer walks every module's objects (0.04 s of CPU).
+        gc.freeze()

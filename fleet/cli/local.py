@@ -15,7 +15,6 @@ import signal
 import time
 from urllib.parse import unquote, urlsplit
 from dataclasses import dataclass
-from multiprocessing.connection import wait
 from typing import Any, Mapping
 
 from rich.console import Console
@@ -25,11 +24,11 @@ from rich.text import Text
 
 from fleet.core.codesync import code_version
 from fleet.gce.config import DEFAULT_CODE_PATHS
-from fleet.job import StageOptions, load_job
+from fleet.job import Job, StageOptions, load_job
 from fleet.cli.render import print_counts, print_detail, printable, print_skipped, say, stage_counts
 from fleet.core.run import PlanError, load_spec, plan
 from fleet.core.layout import STATE_DIR, spec_name
-from fleet.core.processes import start_workers, stop_workers
+from fleet.core.processes import start_workers, stop_workers, wait_for_exit
 from fleet.core.status import RunStatus, StatusReader
 from fleet.core.manifest import finish_run, finishing_name
 from fleet.core.store import StoreError, open_store
@@ -57,8 +56,7 @@ class Interrupted(Exception):
     """Ctrl-C: the workers gave their items back; the message says how to resume."""
 
 
-def summarize(st: RunStatus, job_name: str, wall: float, workers: int) -> dict:
-    job = load_job(job_name)
+def summarize(st: RunStatus, job: Job, wall: float, workers: int) -> dict:
     totals = st.totals
     busy = totals.get("seconds", 0.0)
     mb = st.bytes_done / 1e6
@@ -123,9 +121,8 @@ def write_run_files(console: Console, job, spec, reader: StatusReader, out_dir: 
                      "(remove it and run again to rewrite it)", style="yellow")
 
 
-def print_report(console: Console, job_name: str, config: dict, out_dir: str) -> None:
+def print_report(console: Console, job: Job, config: dict, out_dir: str) -> None:
     """The job's own look at its outputs, if it has one; a failing report never fails the run."""
-    job = load_job(job_name)
     try:
         text = job.report(out_dir, job.parse_config(config))
     except Exception as e:  # the run is done; a report is advice
@@ -252,7 +249,7 @@ def run_local(
                 if st.finished or not any(c.is_alive() for c in children):
                     break
                 # A worker that ends (the last one out: the run is drained) wakes this at once.
-                wait([c.sentinel for c in children if c.is_alive()], timeout=0.3)
+                wait_for_exit(children, timeout=0.3)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -275,7 +272,7 @@ def run_local(
                 os.rmdir(out_dir)  # only if this left it empty
         raise PlanError(refused[0])
     wall = time.time() - t0
-    summary = summarize(st, job, wall, workers)
+    summary = summarize(st, chosen, wall, workers)
     path = os.path.join(out_dir, "summary.json")
     try:
         with open(path, "w") as f:
@@ -287,7 +284,7 @@ def run_local(
     else:  # a worker stopped while claiming the run's files leaves no claim to wait out after a retry
         store.delete(finishing_name(RUN))
     print_summary(console, summary, out_dir)
-    print_report(console, job, spec.config, out_dir)
+    print_report(console, chosen, spec.config, out_dir)
     if st.blocked:
         say(console, f"{st.blocked} item(s) of later stages did not run: a stage before them failed", style="red")
     if not st.finished:

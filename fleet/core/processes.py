@@ -1,28 +1,31 @@
-"""Worker processes: one per core (spawned, so no client state is shared across a fork),
-each running fleet.core.spawner's Worker until the run is drained; SIGTERM and Ctrl-C give the
-item in hand back; the exit code says whether a process crashed (1) or said why in one
+"""Worker processes: one per core, each a fresh interpreter (so no client state is shared
+across a fork) running fleet.core.spawner's Worker until the run is drained; SIGTERM and Ctrl-C
+give the item in hand back; the exit code says whether a process crashed (1) or said why in one
 line (2).
+
+A worker is started as ``python -c`` by subprocess, not by multiprocessing's spawn: spawn also
+starts a resource tracker process (for semaphores and shared memory, which no worker uses: one
+that does gets its own, started on first use), pickles the parent's state to the child, and
+runs the parent's main script again in it. Each is a Python start or an import of CPU on
+every `fleet local`, and a worker needs only its arguments and the parent's sys.path.
+This module imports the worker's code (spawner, attempt) only where a worker runs, so the
+process that starts workers does not load it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
+import json
 import logging
-import multiprocessing
 import os
+import selectors
 import signal
 import socket
+import subprocess
 import sys
 import time
 import uuid
-
-from fleet.core.attempt import Environment, Shutdown, environmental
-from fleet.job import ConfigError, JobNotFound
-from fleet.core.run import PlanError, load_spec
-from fleet.core.layout import final_prefix, lease_prefix
-from fleet.core.spawner import Worker
-from fleet.core.store import StoreError, open_store
+import weakref
 
 log = logging.getLogger("fleet.worker")
 
@@ -42,6 +45,8 @@ def _on_sigterm(signum, frame):
     # already pending when the handler changes would otherwise raise "ignored due to race condition".
     signal.signal(signal.SIGTERM, _ignore)
     signal.signal(signal.SIGINT, _ignore)
+    from fleet.core.attempt import Shutdown  # loaded by work_one, which set this handler
+
     raise Shutdown()
 
 
@@ -56,6 +61,14 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
     A problem that is the user's, the store's or the machine's (no such run or bucket, 403,
     a bad or changed vocab, an unknown job, a full disk) is one log line and exit code 2,
     never a traceback; an item in hand is given back first."""
+    import gc
+
+    from fleet.core.attempt import Environment, Shutdown, environmental
+    from fleet.core.run import PlanError
+    from fleet.core.spawner import Worker
+    from fleet.core.store import StoreError
+    from fleet.job import ConfigError, JobNotFound
+
     previous = signal.signal(signal.SIGTERM, _on_sigterm), signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches every process of the group: same as SIGTERM
     try:
@@ -113,47 +126,94 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
 
 
 def _child(bucket: str, run: str, name: str, log_file: str | None, standby: int | None = None) -> None:
-    raise SystemExit(work_one(bucket, run, name, log_file, standby))
-
-
-@contextlib.contextmanager
-def _without_cli_main():
-    """Spawn runs the parent's main script again in each child before its target (as
-    ``__mp_main__``). A worker needs nothing of it (its target is ``_child``, here), and when the
-    parent is the ``fleet`` command that script imports the whole CLI (typer, rich, pydantic):
-    about 0.1 s of every worker's start. So, for fleet's own CLI only, the main module looks
-    like no script while the children start (another main script may define what its jobs need)."""
-    main = sys.modules.get("__main__")
-    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
-    entry = getattr(main, "main", None)
-    if main is None or not (spec_name == "fleet.cli" or getattr(entry, "__module__", None) == "fleet.cli"):
-        yield
-        return
-    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
-    main.__spec__ = None
-    main.__dict__.pop("__file__", None)
+    """A worker process's body. A crash says which worker it was above its traceback and exits 1,
+    as multiprocessing's children did."""
     try:
-        yield
-    finally:
-        main.__dict__.update(saved)
+        code = work_one(bucket, run, name, log_file, standby)
+    except SystemExit:
+        raise
+    except BaseException:
+        import traceback
+
+        sys.stderr.write(f"Process {name}:\n")
+        traceback.print_exc()
+        code = 1
+    raise SystemExit(code)
+
+
+# What a worker process runs: the parent's sys.path (so a job it can import, the child can), then _child.
+_CHILD_CODE = ("import sys; from json import loads; a = loads(sys.argv[1]); sys.path[:] = a['path']; "
+               "from fleet.core.processes import _child; _child(*a['args'])")
+
+
+class WorkerProcess:
+    """A started worker process, as `fleet local` and `fleet work` watch and stop it: ``pid``,
+    ``exitcode`` (None while it runs; -N when signal N ended it), ``is_alive``, ``join``,
+    ``kill``, and ``sentinel``, a file descriptor that turns readable when the process ends (the
+    read end of a pipe whose write end only the child holds)."""
+
+    def __init__(self, name: str, args: tuple):
+        read, write = os.pipe()
+        try:
+            cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", _CHILD_CODE,
+                   json.dumps({"path": sys.path, "args": args})]
+            # stdin as a spawned child has it: nothing to read (a worker never asks the terminal).
+            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(write,))
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)
+        self.name = name
+        self.sentinel = read
+        weakref.finalize(self, os.close, read)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Until the process ends, or ``timeout`` seconds: one wait on the sentinel, not a poll."""
+        if timeout is not None and self.popen.poll() is None:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self.sentinel, selectors.EVENT_READ)
+                if not selector.select(max(0.0, timeout)):
+                    return
+        self.popen.wait()  # ended (or asked to wait for it): reaped at once
+
+    def kill(self) -> None:
+        self.popen.kill()
 
 
 def start_workers(bucket: str, run: str, procs: int, log_dir: str | None = None,
-                  prefix: str | None = None, standby: int | None = None) -> list[multiprocessing.process.BaseProcess]:
-    """Start worker processes (spawned, so no client state is shared across a fork)."""
+                  prefix: str | None = None, standby: int | None = None) -> list[WorkerProcess]:
+    """Start worker processes (fresh interpreters, so no client state is shared across a fork)."""
     base = prefix or f"{socket.gethostname()}-{uuid.uuid4().hex[:4]}"
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
-    ctx = multiprocessing.get_context("spawn")
     children = []
     for i in range(procs):
         name = f"{base}-w{i}"
         log_file = os.path.join(log_dir, f"{name}.log") if log_dir else None
-        child = ctx.Process(target=_child, args=(bucket, run, name, log_file, standby), name=name)
-        with _without_cli_main():
-            child.start()
-        children.append(child)
+        children.append(WorkerProcess(name, (bucket, run, name, log_file, standby)))
     return children
+
+
+def wait_for_exit(children: list[WorkerProcess], timeout: float) -> None:
+    """Until one of the running children ends, or ``timeout`` seconds."""
+    with selectors.DefaultSelector() as selector:
+        for c in children:
+            if c.is_alive():
+                selector.register(c.sentinel, selectors.EVENT_READ)
+        if selector.get_map():
+            selector.select(timeout)
 
 
 def stop_workers(children: list, timeout: float = 10.0) -> None:
@@ -205,6 +265,10 @@ def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, pref
 def drained(bucket: str, run: str) -> bool:
     """Every item finished: one listing of the leases, then one of the final/ markers; a
     marker counts only while its lease is there (a stale one must not stop the workers)."""
+    from fleet.core.layout import final_prefix, lease_prefix
+    from fleet.core.run import load_spec
+    from fleet.core.store import open_store
+
     try:
         store = open_store(bucket)
         prefix, final = lease_prefix(run), final_prefix(run)
