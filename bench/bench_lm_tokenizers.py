@@ -1,7 +1,7 @@
 """causal_lm's speed per tokenizer kind, whole process, against the tokenizer library alone.
 
     .venv/bin/python bench/bench_lm_tokenizers.py [--repeat 10] [--rounds 2] [--max-seq-length 128]
-        [--kinds json,sentencepiece,tiktoken] [--profile] [--same-as REV] [--before REV]
+        [--kinds json,sentencepiece,tiktoken] [--bytecode cached|compiled] [--profile] [--same-as REV] [--before REV]
 
 Input: the short-document corpus (``bench/short_corpus.py``: the sample's lines in documents of
 1-3 lines, 7,122 documents) repeated ``--repeat`` times into one file. Tokenizers, trained here on
@@ -26,6 +26,12 @@ the same documents (where the time of a worker goes). ``--same-as REV`` also run
 ``fleet local`` from REV (a commit with these tokenizers, exported by ``git archive``, run with
 this venv) and says whether every output file is the same bytes; ``--before REV`` times REV's
 ``fleet local`` in the same rounds (before and after from one run, on one load).
+
+Bytecode (``--bytecode``): ``cached`` (the default) runs every command once untimed first so
+each process finds its modules' bytecode (``PYTHONPYCACHEPREFIX`` in the temporary folder), as a
+``pip install`` leaves fleet and the libraries; ``compiled`` runs as this machine runs a checkout
+(``PYTHONDONTWRITEBYTECODE=1``): fleet compiles its own modules in every process, about 0.1 s
+the library's row does not pay (its bytecode came with its wheel).
 
 Start-up: ``fleet local`` of each kind on a one-line file (the fixed cost of a process: imports,
 plan, worker, report), and the ratio with it taken off both sides (the library's start-up is a
@@ -128,9 +134,18 @@ def options(kind: str, path: str, eod: int, max_seq_length: int) -> dict[str, st
     return {"tokenizer_file": path, "max_seq_length": str(max_seq_length), **extra}
 
 
+PYCACHE: str | None = None  # --bytecode cached: where every process's bytecode is kept (main sets it)
+
+
 def run_process(cmd: list[str], cwd: str = ROOT) -> dict:
-    """bench_convert's, with the code of ``cwd`` first on the path (a revision exported to compare)."""
-    return bench_convert.run_process(cmd, cwd, {**os.environ, "PYTHONPATH": cwd})
+    """bench_convert's, with the code of ``cwd`` first on the path (a revision exported to compare)
+    and, with ``--bytecode cached``, bytecode kept under PYCACHE (the first run of a command writes
+    it: main runs each command once untimed)."""
+    env = {**os.environ, "PYTHONPATH": cwd}
+    if PYCACHE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = PYCACHE
+    return bench_convert.run_process(cmd, cwd, env)
 
 
 def outputs_digest(folder: str) -> dict[str, str]:
@@ -203,6 +218,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="run each row this many times, keep the least CPU")
     ap.add_argument("--max-seq-length", type=int, default=128)
     ap.add_argument("--kinds", default=",".join(KINDS), help="which tokenizers, comma-separated")
+    ap.add_argument("--bytecode", choices=("cached", "compiled"), default="cached",
+                    help="cached: every process finds its modules' bytecode, as after pip install (each command "
+                    "runs once untimed first); compiled: as this machine runs a checkout (PYTHONDONTWRITEBYTECODE), "
+                    "fleet's own modules compiled in every process")
     ap.add_argument("--profile", action="store_true", help="also profile the converter per kind")
     ap.add_argument("--top", type=int, default=14, help="profile rows per kind")
     ap.add_argument("--same-as", metavar="REV", help="also compare every output file with REV's")
@@ -216,6 +235,9 @@ def main() -> None:
     parts = short_sample()
     raw = parts["zh"] + parts["en"]
     tmp = tempfile.TemporaryDirectory(prefix="bench-lm-")
+    global PYCACHE
+    if args.bytecode == "cached":
+        PYCACHE = os.path.join(tmp.name, "pycache")
     corpus = os.path.join(tmp.name, "short.txt")
     with open(corpus, "wb") as f:
         f.write(raw * args.repeat)
@@ -232,7 +254,7 @@ def main() -> None:
         f.write("hello world\n\n")
     fleet = os.path.join(os.path.dirname(sys.executable), "fleet")
     results: dict[tuple[str, str], dict] = {}
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds + (args.bytecode == "cached")):  # (a first round untimed: it writes bytecode)
         for kind in kinds:
             out = os.path.join(tmp.name, f"out-{kind}")
             opts = options(kind, paths[kind], eod, args.max_seq_length)
@@ -248,12 +270,15 @@ def main() -> None:
             for row, cmd in rows.items():
                 shutil.rmtree(out, ignore_errors=True)
                 r = run_process(cmd, export(args.before, tmp.name) if row == "before" else ROOT)
+                if args.bytecode == "cached" and round_ == 0:
+                    continue
                 if (kind, row) not in results or r["cpu"] < results[kind, row]["cpu"]:
                     results[kind, row] = r
             shutil.rmtree(out, ignore_errors=True)
 
     print(f"short corpus x{args.repeat}: {mb:.2f} MB of text, {len(texts) * args.repeat:,} documents; "
-          f"max_seq_length {args.max_seq_length}; least CPU of {args.rounds}; python {sys.version.split()[0]}; "
+          f"max_seq_length {args.max_seq_length}; least CPU of {args.rounds}; bytecode {args.bytecode}; "
+          f"python {sys.version.split()[0]}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     print(f"{'tokenizer':16}{'fleet local (whole process)':>32}{'library alone, batch, 1 thread':>34}{'ratio':>8}"
           f"{'start-up: fleet, library':>28}{'ratio less start-up':>22}")
