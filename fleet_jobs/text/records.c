@@ -11,7 +11,7 @@
  *
  * crc32c (Castagnoli, reflected 0x82F63B78) is table-driven, slicing by 8, portable C: no
  * SSE4.2 or ARM CRC instructions, so the library builds on any CPU. No Python.h (see
- * wordpiece.c). The tables are made on the first call (identical bytes whoever writes them).
+ * wordpiece.c). No state between calls: calls from several threads at once are safe.
  */
 
 #include <stdint.h>
@@ -21,25 +21,28 @@
 #define REC_BAD_ID (-2)    /* an id outside [0, 2^35) (the Python path's limit) */
 #define REC_BAD_LENGTH (-3) /* a row length outside [0, width] */
 
-static uint32_t crc_tables[8][256];
-static volatile int crc_ready;
+typedef struct {
+    uint32_t t[8][256];
+} crc_tables;
 
-static void crc_init(void) {
+/* Made by each call (a few microseconds, against milliseconds for a batch): no state shared
+ * between threads, nothing to initialize first. */
+static void crc_init(crc_tables *tables) {
+    uint32_t(*t)[256] = tables->t;
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++)
             c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
-        crc_tables[0][i] = c;
+        t[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            crc_tables[t][i] = (crc_tables[t - 1][i] >> 8) ^ crc_tables[0][crc_tables[t - 1][i] & 0xFF];
-    crc_ready = 1;
+        for (int k = 1; k < 8; k++)
+            t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
 }
 
 /* crc32c of data extending crc (0 for a fresh one), as google_crc32c.extend. */
-static uint32_t crc_extend(uint32_t crc, const uint8_t *p, int64_t n) {
-    const uint32_t(*t)[256] = (const uint32_t(*)[256])crc_tables;
+static uint32_t crc_extend(const crc_tables *tables, uint32_t crc, const uint8_t *p, int64_t n) {
+    const uint32_t(*t)[256] = tables->t;
     uint32_t c = ~crc;
     while (n > 0 && ((uintptr_t)p & 7)) {
         c = (c >> 8) ^ t[0][(c ^ *p++) & 0xFF];
@@ -61,9 +64,9 @@ static uint32_t crc_extend(uint32_t crc, const uint8_t *p, int64_t n) {
 
 /* The exported crc (tests compare it with google_crc32c's on random bytes). */
 uint32_t rec_crc32c(uint32_t crc, const uint8_t *data, int64_t n) {
-    if (!crc_ready)
-        crc_init();
-    return crc_extend(crc, data, n);
+    crc_tables tables;
+    crc_init(&tables);
+    return crc_extend(&tables, crc, data, n);
 }
 
 static uint32_t masked(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u; }
@@ -158,8 +161,8 @@ PUT_ROW(int64_t)
 int64_t rec_blocks(const void *ids, int id_bytes, int64_t rows, int64_t ids_width, const int64_t *lengths,
                    int padded, int64_t width, uint8_t *out, int64_t cap, int64_t *bad_row) {
     static const char MASK[] = "attention_mask", IDS[] = "input_ids";
-    if (!crc_ready)
-        crc_init();
+    crc_tables tables;
+    crc_init(&tables);
     uint8_t *p = out, *end = out + cap;
     int64_t mask_entry = 0, mask_prefix = 0;
     uint8_t mask_head[64];
@@ -194,7 +197,7 @@ int64_t rec_blocks(const void *ids, int id_bytes, int64_t rows, int64_t ids_widt
         /* frame header: the length and its masked crc */
         for (int k = 0; k < 8; k++)
             p[k] = (uint8_t)((uint64_t)example >> (8 * k));
-        put_u32(p + 8, masked(crc_extend(0, p, 8)));
+        put_u32(p + 8, masked(crc_extend(&tables, 0, p, 8)));
         uint8_t *start = p + 12, *q = start;
         *q++ = 0x0A; /* Example.features */
         q = put_varint(q, (uint64_t)body);
@@ -207,7 +210,7 @@ int64_t rec_blocks(const void *ids, int id_bytes, int64_t rows, int64_t ids_widt
         }
         memcpy(q, ids_head, (size_t)ids_prefix);
         q += ids_prefix + n_varints;
-        put_u32(q, masked(crc_extend(0, start, q - start)));
+        put_u32(q, masked(crc_extend(&tables, 0, start, q - start)));
         p = q + 4;
     }
     return p - out;
