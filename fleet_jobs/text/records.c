@@ -7,7 +7,8 @@
  * "attention_mask" (when padded: the row's length in ones, then zeros, to the block's width) and
  * "input_ids" (the row's varints), each a map entry {key = name, value = Feature{int64_list =
  * Int64List{packed values}}} (field numbers in fleet_jobs/text/tfrecord.py). Everything is done
- * here, heads too: they cost less than their crc, which is computed over the whole example.
+ * here, heads too (no cache of them, as the Python path keeps: a head costs less to write than
+ * a lookup), and each example's crc is computed over all of it.
  *
  * crc32c (Castagnoli, reflected 0x82F63B78) is table-driven, slicing by 8, portable C: no
  * SSE4.2 or ARM CRC instructions, so the library builds on any CPU. No Python.h (see
@@ -99,28 +100,26 @@ static uint8_t *put_varint(uint8_t *p, uint64_t v) {
 /* Bytes of a length-delimited field (tag byte, length varint, payload) of an n-byte payload. */
 static int64_t field_size(int64_t n) { return 1 + varint_size((uint64_t)n) + n; }
 
-/* Size of feature_entry(name, packed_int64_feature(payload)) with a p-byte payload, and the
- * bytes before the payload written at out (when out is not NULL). */
+/* feature_entry(name, packed_int64_feature(payload)) of a p-byte payload: its size; the bytes
+ * before the payload written at out, *prefix of them. */
 static int64_t entry(uint8_t *out, const char *name, int64_t name_len, int64_t p, int64_t *prefix) {
     int64_t inner = field_size(p), mid = field_size(inner), value = field_size(mid);
-    int64_t key = field_size(name_len), size = field_size(key + value);
-    if (out) {
-        uint8_t *q = out;
-        *q++ = 0x0A; /* Features.feature (a map entry) */
-        q = put_varint(q, (uint64_t)(key + value));
-        *q++ = 0x0A; /* key */
-        q = put_varint(q, (uint64_t)name_len);
-        memcpy(q, name, (size_t)name_len);
-        q += name_len;
-        *q++ = 0x12; /* value: Feature */
-        q = put_varint(q, (uint64_t)mid);
-        *q++ = 0x1A; /* Feature.int64_list */
-        q = put_varint(q, (uint64_t)inner);
-        *q++ = 0x0A; /* Int64List.value, packed */
-        q = put_varint(q, (uint64_t)p);
-        *prefix = q - out;
-    }
-    return size;
+    int64_t key = field_size(name_len);
+    uint8_t *q = out;
+    *q++ = 0x0A; /* Features.feature (a map entry) */
+    q = put_varint(q, (uint64_t)(key + value));
+    *q++ = 0x0A; /* key */
+    q = put_varint(q, (uint64_t)name_len);
+    memcpy(q, name, (size_t)name_len);
+    q += name_len;
+    *q++ = 0x12; /* value: Feature */
+    q = put_varint(q, (uint64_t)mid);
+    *q++ = 0x1A; /* Feature.int64_list */
+    q = put_varint(q, (uint64_t)inner);
+    *q++ = 0x0A; /* Int64List.value, packed */
+    q = put_varint(q, (uint64_t)p);
+    *prefix = q - out;
+    return field_size(key + value);
 }
 
 /* A row's varints written at p; returns their end, or NULL for an id outside [0, 2^35). Ids
