@@ -155,12 +155,15 @@ def outputs_digest(folder: str) -> dict[str, str]:
 
 
 def export(rev: str, folder: str) -> str:
-    """REV's tree (``git archive``) in folder/rev-REV, once."""
+    """REV's tree (``git archive``) in folder/rev-REV, once, with its C core built in place (an
+    archive holds no library: without it REV would tokenize in Python, not as it runs)."""
     tree = os.path.join(folder, f"rev-{rev}")
     if not os.path.isdir(tree):
         os.makedirs(tree)
         archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, check=True,
+                       capture_output=True)
     return tree
 
 

@@ -2,14 +2,17 @@
 ids on any text (whitespace runs, digits, punctuation, contractions, emoji, CJK, code points
 the two regex engines class differently, added tokens' text), is refused for configurations it
 does not reproduce, and the converter writes the same bytes with it as without it; blocks' records
-from cached heads are the generic writer's."""
+from cached heads are the generic writer's, and the C core's (``records.c``) are the Python path's,
+which TensorFlow reads back, checksums included."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import io
 import json
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -21,6 +24,7 @@ from fleet_jobs.causal_lm import JOB, CausalLMConverter
 from fleet_jobs.causal_lm.blocks import BlockCutter, BlockOptions
 from fleet_jobs.causal_lm.records import BlockRecords
 from fleet_jobs.causal_lm.word_cache import WordCache, word_cache
+from fleet_jobs.text import native, tfrecord
 from fleet_jobs.text.output import Column, encode_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -201,3 +205,132 @@ def test_block_records_are_the_writers_records_of_the_same_columns(rows, padded)
     encoder = BlockRecords(width, padded)
     for _ in range(2):  # the second time from the cached heads
         assert encoder.records(ids, lengths) == b"".join(encode_rows(order, columns))
+
+
+# -- the C core's block records (records.c) ----------------------------------------------------
+
+def _loads() -> bool:
+    try:
+        return bool(native.load())
+    except native.NativeError:
+        return False
+
+
+needs_native = pytest.mark.skipif(not _loads(), reason="no C core here (fleet built without a C compiler)")
+MAX_ID = (1 << 31) - 1
+
+
+def c_and_python(width: int, padded: bool, ids: np.ndarray, lengths: np.ndarray) -> tuple[bytes, bytes]:
+    """The records of the C path (ids as int32 and as int64: the same bytes) and of the Python path."""
+    c = BlockRecords(width, padded, use_native=True)
+    out = c.records(ids.astype(np.int32), lengths)
+    assert c.records(ids.astype(np.int64), lengths) == out
+    return out, BlockRecords(width, padded, use_native=False).records(ids, lengths)
+
+
+@needs_native
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), width=st.integers(2, 40), rows=st.integers(1, 8), padded=st.booleans(),
+       top=st.sampled_from([127, 16383, 65535, MAX_ID]))
+def test_c_block_records_are_the_python_paths_bytes(data, width, rows, padded, top):
+    """Ids of one, two, three bytes and up to five (a row with an id of 2^14 or more goes C's
+    general way), full blocks and padded ones (their lengths any in [0, width])."""
+    ids = np.array(data.draw(st.lists(st.lists(st.integers(0, top), min_size=width, max_size=width),
+                                      min_size=rows, max_size=rows)), np.int64)
+    lengths = np.array(data.draw(st.lists(st.one_of(st.just(width), st.integers(0, width)),
+                                          min_size=rows, max_size=rows)), np.int32)
+    c, python = c_and_python(width, padded, ids, lengths)
+    assert c == python
+    assert len(list(tfrecord.iter_records(c))) == rows  # (both checksums of every frame checked)
+
+
+@needs_native
+@pytest.mark.parametrize("width", [128, 1025])
+@pytest.mark.parametrize("padded", [True, False])
+def test_c_block_records_of_long_blocks_and_many_rows(width, padded):
+    """Many rows of real widths: the C path's varints, written where the previous row's head
+    ended, are moved when a row's head has another size (lengths crossing 128 and 16384 bytes)."""
+    rng = np.random.default_rng(width)
+    ids = np.concatenate([rng.integers(0, 128, (40, width)), rng.integers(0, 8_000, (40, width)),
+                          rng.integers(0, MAX_ID, (20, width), endpoint=True)])
+    ids[rng.permutation(len(ids))[:30], 0] = rng.integers(16_384, MAX_ID, 30)  # one wide id in a row
+    ids = ids[rng.permutation(len(ids))]
+    lengths = np.where(rng.random(len(ids)) < 0.5, width, rng.integers(1, width, len(ids))).astype(np.int32)
+    c, python = c_and_python(width, padded, ids, lengths)
+    assert c == python
+
+
+@needs_native
+def test_tensorflow_reads_the_c_records_back():
+    tf = pytest.importorskip("tensorflow")
+    width, rng = 16, np.random.default_rng(0)
+    ids = rng.integers(0, MAX_ID, (50, width), endpoint=True).astype(np.int32)
+    ids[::3] = rng.integers(0, 300, (17, width))
+    lengths = rng.integers(1, width + 1, 50).astype(np.int32)
+    spec = {"input_ids": tf.io.FixedLenFeature([width], tf.int64),
+            "attention_mask": tf.io.FixedLenFeature([width], tf.int64)}
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "part.tfrecord")
+        with open(path, "wb") as f:
+            f.write(BlockRecords(width, True, use_native=True).records(ids, lengths))
+        read = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(path)]
+    assert len(read) == len(ids)
+    for example, row, n in zip(read, ids, lengths):
+        assert example["input_ids"].numpy().tolist() == row.tolist()
+        assert example["attention_mask"].numpy().tolist() == [1] * n + [0] * (width - n)
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=300), start=st.integers(0, 7), seed=st.integers(0, (1 << 32) - 1))
+def test_the_c_crc32c_is_google_crc32cs_so_a_damaged_record_is_noticed(data, start, seed):
+    """From any starting crc and at any alignment (the slicing-by-8 loop reads 8 bytes at a time
+    from an 8-byte boundary)."""
+    crc = native.load().lib.rec_crc32c
+    buf = bytes(start) + data
+    at = ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p).value + start
+    assert crc(0, at, len(data)) == tfrecord.crc32c(data)
+    assert crc(seed, at, len(data)) == tfrecord.extend_crc(seed, data)
+
+
+@needs_native
+@pytest.mark.parametrize("at", [0, 9, 13, 40, -1])  # the length, its crc, the example, the example's crc
+def test_a_flipped_bit_in_a_c_record_fails_its_checksum(at):
+    ids = np.arange(24, dtype=np.int32).reshape(2, 12) * 1000
+    data = bytearray(BlockRecords(12, True, use_native=True).records(ids, np.array([12, 5])))
+    assert len(list(tfrecord.iter_records(bytes(data)))) == 2
+    data[at] ^= 0x10
+    with pytest.raises(ValueError):
+        list(tfrecord.iter_records(bytes(data)))
+
+
+@pytest.mark.parametrize("use_native", [pytest.param(True, marks=needs_native), False])
+@pytest.mark.parametrize("bad", [-1, 1 << 35])
+def test_an_id_out_of_range_is_refused_both_ways(use_native, bad):
+    ids = np.full((3, 4), 7, np.int64)
+    ids[1, 2] = bad
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*35\)"):
+        BlockRecords(4, True, use_native=use_native).records(ids, np.array([4, 4, 4]))
+
+
+@needs_native
+def test_a_block_length_past_its_width_is_refused():
+    with pytest.raises(ValueError, match="length 5 is not in"):
+        BlockRecords(4, True, use_native=True).records(np.zeros((2, 4), np.int32), np.array([4, 5]))
+
+
+@needs_native
+def test_the_converter_writes_the_same_bytes_with_the_c_records_as_without(tmp_path, bpe_json, documents,
+                                                                          monkeypatch):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(bpe_json, encoding="utf-8")
+    results = []
+    for available in (native.available, lambda: None):
+        monkeypatch.setattr(native, "available", available)
+        converter = JOB.document_converter(JOB.parse_config({"tokenizer_file": str(path), "max_seq_length": "48"}),
+                                           lambda p: open(p, "rb").read())
+        sink = MemorySink()
+        stats = converter.convert(iter(documents), ItemContext("i", 1, "r"), sink)
+        results.append((stats, {k: v.getvalue() for k, v in sink.files.items()}, sink.counts))
+    assert results[0] == results[1]
+    assert results[0][0]["examples"] > 100

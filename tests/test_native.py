@@ -276,7 +276,7 @@ def test_the_installed_library_is_beside_native_py_and_built_from_its_source():
     lib = ctypes.CDLL(str(path))
     assert lib.wp_abi_version() == native.ABI_VERSION
     lib.wp_source_sha256.restype = ctypes.c_char_p
-    sources = b"".join(native.SOURCE.with_name(name).read_bytes() for name in ("wordpiece.c", "unigram.c"))
+    sources = b"".join(native.SOURCE.with_name(name).read_bytes() for name in ("wordpiece.c", "unigram.c", "records.c"))
     assert lib.wp_source_sha256().decode() == hashlib.sha256(sources).hexdigest()
     assert native.load().path == path
 
@@ -299,10 +299,10 @@ def test_without_the_library_python_does_the_work_after_one_warning(fresh, monke
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("source", ["wordpiece.c", "unigram.c"])
+@pytest.mark.parametrize("source", ["wordpiece.c", "unigram.c", "records.c"])
 def test_a_library_built_from_another_source_is_not_loaded(fresh, source):
-    """A checkout whose wordpiece.c or unigram.c changed since its last pip install -e .: its ids
-    could differ."""
+    """A checkout whose wordpiece.c, unigram.c or records.c changed since its last pip install -e .:
+    its ids (or records) could differ."""
     built = native.library_path(Path(native.__file__).parent)
     shutil.copy2(built, fresh / built.name)
     assert native.load().path == fresh / built.name  # the same sources: it loads from there

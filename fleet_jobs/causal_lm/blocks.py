@@ -85,20 +85,21 @@ class BlockCutter:
 
     def _documents(self, stream: np.ndarray, lengths: np.ndarray) -> Blocks:
         """Each document's blocks, in order, from the documents' ids end to end (``lengths``
-        each, end token included): every id lands in its document's block at its place, in a
-        few array operations whatever the number of documents (short documents are many)."""
+        each, end token included), in a few array operations whatever the number of documents
+        (short documents are many): a block's real ids are a prefix of its row, so the real
+        positions of the rows, in row order, are the stream's ids in order; one boolean
+        assignment puts them there (no index per id)."""
         size = self.opts.block_size
         full, rest = np.divmod(lengths, size)
-        position = np.arange(len(stream)) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # in its document
+        rows = full + (rest > 0)
+        row_lengths = np.full(int(rows.sum()), size, np.int32)
+        row_lengths[(np.cumsum(rows) - 1)[rest > 0]] = rest[rest > 0]  # a partial block is its document's last
+        ids = np.full((len(row_lengths), size), self.opts.pad_id, np.int32)
+        ids[np.arange(size) < row_lengths[:, None]] = stream
         if self.opts.last_block == "drop":
             self.dropped += int(rest.sum())
-            return self._full(stream[position < np.repeat(full * size, lengths)])
-        rows = full + (rest > 0)
-        first_row = np.cumsum(rows) - rows
-        ids = np.full((int(rows.sum()), size), self.opts.pad_id, np.int32)
-        ids.reshape(-1)[np.repeat(first_row * size, lengths) + position] = stream
-        row_lengths = np.full(len(ids), size, np.int32)
-        row_lengths[(first_row + full)[rest > 0]] = rest[rest > 0]
+            whole = row_lengths == size
+            return Blocks(ids[whole], row_lengths[whole])
         return Blocks(ids, row_lengths)
 
     def _full(self, ids: np.ndarray) -> Blocks:

@@ -7,27 +7,42 @@ head (frame header, example prefix, mask entry, ids prefix) depends on those two
 cached with the crc32c of its part after the frame header; the record's crc extends it over the
 varints. The writer's generic path built every piece of every row (bench_lm_tokenizers: ~5 µs a
 block, the most of causal_lm's own time after the tokenizer).
+
+With the C core (``fleet_jobs.text.native``) a whole batch is framed in one call of
+``records.c``'s ``rec_blocks``, which does everything (varints, heads, frames, crc32c over each
+whole example: no cache needed); the Python path below stays as the fallback and the reference
+(tests/test_lm_speedups.py: the same bytes).
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
-from fleet_jobs.text import tfrecord
+from fleet_jobs.text import native, tfrecord
 
 HEAD_CACHE_BYTES = 32 << 20  # then the cache starts over (a long max_seq_length makes many pairs)
 
 
 class BlockRecords:
-    def __init__(self, width: int, padded: bool):
+    def __init__(self, width: int, padded: bool, use_native: bool | None = None):
+        """``use_native``: None, the C path when ``native.available()`` gives the library; False,
+        Python; True, C (``NativeError`` when there is no library)."""
         self.width, self.padded = width, padded
         self._heads: dict[int, tuple[bytes, int]] = {}
         self._bytes = 0
+        lib = (native.available() if use_native is None else native.load() if use_native else None)
+        self._rec_blocks = lib.lib.rec_blocks if lib is not None else None
+        self._out = np.empty(0, np.uint8)  # the C path's output buffer, kept between batches
+        self._bad_row = ctypes.c_int64(0)
 
     def records(self, ids: np.ndarray, lengths: np.ndarray) -> bytes:
         """Framed records of blocks: ``ids`` (rows, width), each row's real length (the mask's ones)."""
         if not len(ids):
             return b""
+        if self._rec_blocks is not None:
+            return self._native(ids, lengths)
         data, at = tfrecord.varint_rows(ids)
         heads = self._heads
         extend, pack, mask = tfrecord.extend_crc, tfrecord.pack_crc, tfrecord.mask_crc
@@ -42,6 +57,28 @@ class BlockRecords:
             add((head[0], payload, pack(mask(extend(head[1], payload)))))
             a = b
         return b"".join(out)
+
+    def _native(self, ids: np.ndarray, lengths: np.ndarray) -> bytes:
+        ids = np.asarray(ids)
+        ids = np.ascontiguousarray(ids, np.int32 if ids.dtype == np.int32 else np.int64)
+        rows, ids_width = ids.shape
+        lengths = np.ascontiguousarray(lengths, np.int64) if self.padded else None
+        if lengths is not None and len(lengths) != rows:
+            raise ValueError(f"block records: {rows} rows of ids but {len(lengths)} lengths")
+        cap = rows * (128 + self.width * self.padded + 5 * ids_width) + 256  # room enough for rec_blocks
+        if len(self._out) < cap:
+            self._out = np.empty(cap, np.uint8)
+        n = self._rec_blocks(ids.ctypes.data, ids.itemsize, rows, ids_width,
+                             None if lengths is None else lengths.ctypes.data, int(self.padded), self.width,
+                             self._out.ctypes.data, cap, ctypes.byref(self._bad_row))
+        if n == -2:
+            raise ValueError(f"varint_rows takes values in [0, 2**35) (block {self._bad_row.value})")
+        if n == -3:
+            raise ValueError(f"block records: block {self._bad_row.value}'s length "
+                             f"{lengths[self._bad_row.value]} is not in [0, {self.width}]")
+        if n < 0:
+            raise RuntimeError(f"rec_blocks: error {n}")
+        return self._out[:n].tobytes()
 
     def _head(self, n: int, ids_bytes: int, key: int) -> tuple[bytes, int]:
         """(frame header + example prefix + mask entry + ids prefix, crc32c of all but the frame header)."""

@@ -1,5 +1,6 @@
-"""The C core of ``BertTokenizer`` (``wordpiece.c``) and of SentencePiece's unigram encoder
-(``unigram.c``, for ``fleet_jobs.causal_lm.unigram``), built at install time, loaded with ctypes.
+"""The C core of ``BertTokenizer`` (``wordpiece.c``), of SentencePiece's unigram encoder
+(``unigram.c``, for ``fleet_jobs.causal_lm.unigram``) and of causal_lm's block records
+(``records.c``, for ``fleet_jobs.causal_lm.records``), built at install time, loaded with ctypes.
 
 ``tokenization.BertTokenizer`` normalizes text with whole-string operations (C speed already);
 what is left is per basic token: a ``str`` per token from ``re.findall``, a dict lookup, numpy
@@ -34,7 +35,7 @@ from typing import Mapping
 import numpy as np
 
 SOURCE = Path(__file__).with_name("wordpiece.c")
-OTHER_SOURCES = ("unigram.c",)  # beside SOURCE; setup.py builds them into one library, in this order
+OTHER_SOURCES = ("unigram.c", "records.c")  # beside SOURCE; setup.py builds them into one library, in this order
 NAME = "_wordpiece"  # setup.py's Extension("fleet_jobs.text._wordpiece"): NAME + an extension suffix, beside this file
 ABI_VERSION = 4
 
@@ -99,6 +100,10 @@ class _Library:
         lib.ug_ids.argtypes = [p]
         lib.ug_stats.restype = None
         lib.ug_stats.argtypes = [p, p]
+        lib.rec_blocks.restype = i64
+        lib.rec_blocks.argtypes = [p, ctypes.c_int, i64, i64, p, ctypes.c_int, i64, p, i64, p]
+        lib.rec_crc32c.restype = ctypes.c_uint32
+        lib.rec_crc32c.argtypes = [ctypes.c_uint32, p, i64]
         self.lib, self.path = lib, path
 
 
