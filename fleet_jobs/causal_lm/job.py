@@ -131,7 +131,7 @@ class CausalLMConverter(DocumentConverter):
                 if not len(blocks):
                     return
                 if records is not None:
-                    out.write(records.records(blocks.ids, blocks.lengths))
+                    out.write(records.records(blocks.ids, blocks.lengths), len(blocks))
                 else:
                     columns = {"input_ids": blocks.ids}
                     if self.padded:

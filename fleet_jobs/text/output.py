@@ -27,7 +27,7 @@ import contextlib
 import gzip
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator, Mapping, Sequence, Union
+from typing import BinaryIO, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -86,8 +86,9 @@ class ExampleWriter(abc.ABC):
             self.counts[name] = self.counts.get(name, 0) + int(value)
 
     @abc.abstractmethod
-    def write(self, records: bytes) -> None:
-        """Framed TFRecords of ``tf.train.Example``s holding exactly the columns' features."""
+    def write(self, records: bytes, count: Optional[int] = None) -> None:
+        """Framed TFRecords of ``tf.train.Example``s holding exactly the columns' features;
+        ``count``, how many, where the caller knows (else the frames are counted)."""
 
     @abc.abstractmethod
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
@@ -108,8 +109,8 @@ class TFRecordWriter(ExampleWriter):
         self.out = out
         self.order = sorted(columns, key=lambda c: c.name)  # tfrecord.example's order: stable bytes
 
-    def write(self, records: bytes) -> None:
-        self.examples += count_frames(records)
+    def write(self, records: bytes, count: Optional[int] = None) -> None:
+        self.examples += count_frames(records) if count is None else count
         self.out.write(records)
 
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
@@ -191,7 +192,7 @@ class KeyedExampleWriter(ExampleWriter):
         self.sink = sink
         self.order = sorted(columns, key=lambda c: c.name)  # as TFRecordWriter: the same bytes
 
-    def write(self, records: bytes) -> None:
+    def write(self, records: bytes, count: Optional[int] = None) -> None:
         for framed in frames(records):
             self.sink.emit_framed(framed)
 

@@ -9,7 +9,7 @@ row groups of ``ROW_GROUP_ROWS`` rows. The file's bytes depend on the rows only
 
 from __future__ import annotations
 
-from typing import BinaryIO, Mapping, Sequence
+from typing import BinaryIO, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +35,7 @@ class ParquetExampleWriter(ExampleWriter):
         self.rows: dict[str, list[np.ndarray]] = {c.name: [] for c in columns}
         self.pending = 0
 
-    def write(self, records: bytes) -> None:
+    def write(self, records: bytes, count: Optional[int] = None) -> None:
         """Framed TFRecords decoded back into rows (for jobs that encode records themselves)."""
         names = set(self.rows)
         for raw in tfrecord.iter_records(records):
