@@ -35,7 +35,8 @@ log = logging.getLogger("fleet.worker")
 def _test_pause(point: str, item: str) -> None:
     """Test-only hook, off unless FLEET_TEST_PAUSE is set (e.g. "claimed=0.5,uploaded=0.5"):
     log that this worker reached a named point, then sleep there, so a test can SIGKILL
-    or SIGSTOP it at that moment. Points: claimed (lease written, no work yet),
+    or SIGSTOP it at that moment. Points: leased (the claim's write returned, the worker not yet
+    holding the item), claimed (lease written, no work yet),
     converting (first document read), uploaded (outputs written, renewal stopped, lease not
     yet done)."""
     for part in os.environ.get("FLEET_TEST_PAUSE", "").split(","):
@@ -47,6 +48,31 @@ def _test_pause(point: str, item: str) -> None:
 
 class Shutdown(BaseException):
     """SIGTERM (preemption, `fleet down`) or Ctrl-C: give the item back and leave."""
+
+
+class ShutdownShield:
+    """Where a Shutdown must wait: a claim in flight. The store may write the lease while its
+    reply is on the way; raised there, the worker would not know it holds the item, and the
+    lease would stand until its TTL (an item `fleet down` leaves for minutes). The signal
+    handler (fleet.core.processes) sees ``depth`` and only notes the signal; leaving the last
+    shield raises it."""
+
+    def __init__(self):
+        self.depth = 0
+        self.pending = False
+
+    def __enter__(self) -> "ShutdownShield":
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.pending:
+            self.pending = False
+            raise Shutdown()
+
+
+SHIELD = ShutdownShield()
 
 
 class Environment(Exception):

@@ -45,8 +45,11 @@ def _on_sigterm(signum, frame):
     # already pending when the handler changes would otherwise raise "ignored due to race condition".
     signal.signal(signal.SIGTERM, _ignore)
     signal.signal(signal.SIGINT, _ignore)
-    from fleet.core.attempt import Shutdown  # loaded by work_one, which set this handler
+    from fleet.core.attempt import SHIELD, Shutdown  # loaded by work_one, which set this handler
 
+    if SHIELD.depth:  # a claim in flight: raised when it has returned (the lease then known, and given back)
+        SHIELD.pending = True
+        return
     raise Shutdown()
 
 

@@ -22,7 +22,7 @@ import time
 import uuid
 import weakref
 
-from fleet.core.attempt import Counters, ItemRunner
+from fleet.core.attempt import SHIELD, Counters, ItemRunner, _test_pause
 from fleet.core.claims import ClaimPolicy
 from fleet.core.codesync import check_pinned
 from fleet.job import load_job
@@ -157,7 +157,11 @@ class Worker:
                 stale = fresh and item_id in policy.stale
                 if stale and not self.drop_stale_marker(item_id):
                     continue  # a new lease beside the old marker would read as finished
-                got = self.leases.claim(item_id, current)
+                with SHIELD:  # a signal now waits until the worker knows whether it holds the item
+                    got = self.leases.claim(item_id, current)
+                    _test_pause("leased", item_id)
+                    if isinstance(got, Held):
+                        self.holding = got
                 if isinstance(got, Held):
                     if stale:  # the lease was really gone (else the claim finds it, and the marker is rewritten)
                         log.warning("item %s: a final/ marker without its lease (stale: the lease was deleted); "
