@@ -36,7 +36,7 @@ from .blocks import flatten
 SENTENCEPIECE = ("0.2.3",)  # the versions whose EncodeOptimized and Normalize unigram.c follows
 SPACE = "\u2581"  # SentencePiece's escaped space
 UNK_PENALTY = np.float32(10.0)  # unigram_model.cc kUnkPenalty: an unknown character scores min_score - 10
-MAX_WORDS = 1 << 20  # distinct words kept (past it the cache starts over): bounds memory on web-scale text
+MAX_WORDS = 1 << 19  # distinct words kept (past it, or 32 MB of them, the cache starts over): bounded memory on web-scale text
 # ModelProto's enums (sentencepiece_model.proto)
 UNIGRAM = 1
 NORMAL, UNKNOWN, USER_DEFINED = 1, 2, 4

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #define UG_MAX_CACHED_WORD 256        /* bytes: longer words (long unspaced runs) are not kept */
+#define UG_MAX_ARENA (32 << 20)       /* bytes of kept words and paths: past it the cache starts over */
 #define UG_ROUNDOFF (1.0 / 16777216.0) /* 2^-24: float's unit roundoff */
 #define UG_RESET 100000.0f             /* unigram_model.cc kScoreResetThreshold */
 
@@ -554,7 +555,7 @@ static void cache_put(ug_model *m, ug_slot *s, const uint8_t *w, int64_t n, uint
                       double max_abs_a) {
     int64_t padded = (n + 7) & ~(int64_t)7;
     int64_t need = padded + 8 * k;
-    if (m->used >= m->max_words) {
+    if (m->used >= m->max_words || m->arena_len + need > UG_MAX_ARENA) {
         cache_clear(m);
         s = cache_find(m, w, n, h);
     } else if ((uint64_t)(m->used + 1) * 2 > m->slot_mask + 1) {
