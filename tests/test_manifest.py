@@ -303,3 +303,20 @@ def test_one_drained_worker_claims_the_run_files_and_a_dead_claimant_is_replaced
     assert not claim_finish(store, "r", "b", stale_after=60, now=1030.0)  # a is at it
     assert claim_finish(store, "r", "c", stale_after=60, now=1061.0)  # a died before the manifest
     assert json.loads(store.read(finishing_name("r")))["worker"] == "c"
+
+
+def test_the_summary_line_counts_the_files_that_hold_the_counts():
+    """A Megatron dataset's .idx (or a provenance sidecar) holds no examples: the line says how
+    many files hold the counts, and how many more are beside them."""
+    from rich.console import Console
+
+    from fleet.cli.render import print_counts
+
+    out = Console(file=io.StringIO(), width=300)
+    print_counts(out, {}, {"part-00000.bin": {"documents": 2, "tokens": 10}, "part-00000.idx": {},
+                           "part-00001.bin": {"documents": 1, "tokens": 4}, "part-00001.idx": {}})
+    assert out.file.getvalue().strip() == ("counted: 2 output files hold 3 documents, 14 tokens "
+                                           "(2 more beside them: indexes, sidecars)")
+    out = Console(file=io.StringIO(), width=300)
+    print_counts(out, {}, {"part-00000.tfrecord": {"examples": 5}})
+    assert out.file.getvalue().strip() == "counted: 1 output files hold 5 examples"

@@ -174,8 +174,10 @@ def print_counts(out: Console, sources: dict, outputs: dict) -> None:
     counted = {c: sum(row.get(c, 0) for row in outputs.values()) for c in COUNT_COLUMNS
                if any(c in row for row in outputs.values())}
     if outputs and counted:
-        say(out, f"{len(outputs):,} output files hold " + ", ".join(f"{v:,} {k}" for k, v in counted.items()),
-            "counted:")
+        holders = sum(1 for row in outputs.values() if any(c in row for c in counted))
+        rest = len(outputs) - holders  # (a dataset's .idx, a provenance sidecar: files that hold no examples)
+        say(out, f"{holders:,} output files hold " + ", ".join(f"{v:,} {k}" for k, v in counted.items())
+            + (f" ({rest:,} more beside them: indexes, sidecars)" if rest else ""), "counted:")
 
 
 def print_fleet(out: Console, view: dict) -> None:
