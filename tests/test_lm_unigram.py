@@ -106,6 +106,22 @@ def test_a_tie_keeps_the_first_candidate_as_the_library_does():
         assert split(*enc.encode([text])) == library(sp, [text])
 
 
+def test_a_near_tie_the_library_decides_otherwise_deep_in_a_document_is_not_taken_from_the_cache():
+    """"ab" alone is ▁ + ab; after 1,650 words (the document's score near -4,100, where a
+    float's step is 2^-11) the library's rounding makes it ▁ + a + b, its two paths 1e-4 apart
+    (the smallest depth for such a margin among 400 random models). The word cached from the
+    first document must not answer the second: a bound on rounding some 70x too lax would."""
+    sa, sb = -3.802463077401336, -2.869795260177617
+    sp = crafted([("▁", -1.5), ("a", sa), ("b", sb), ("ab", sa + sb + 1e-4), ("▁c", -2.5)])
+    deep = " ".join(["c"] * 1650 + ["ab"])
+    alone, in_deep = library(sp, ["ab"])[0], library(sp, [deep])[0][-3:]
+    assert [sp.id_to_piece(i) for i in alone] == ["▁", "ab"]
+    assert [sp.id_to_piece(i) for i in in_deep] == ["▁", "a", "b"]  # (the library's own rounding)
+    enc = encoder(sp)
+    assert split(*enc.encode(["ab", deep])) == library(sp, ["ab", deep])
+    assert enc.stats()["computed"] >= 1  # the deep "ab" computed again, not looked up
+
+
 def test_unknown_characters_merge_or_become_bytes_as_the_library_spells_them():
     for byte_fallback in (False, True):
         sp = crafted([("▁", -1.0), ("a", -2.0)], byte_fallback)

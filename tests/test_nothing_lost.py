@@ -545,16 +545,14 @@ def test_a_new_run_refuses_an_out_dir_holding_another_runs_outputs(tmp_path, cor
     one_line_error(local(corpus, out, tmp=tmp_path), "part-00000.txt", "already holds outputs of another run")
 
 
-def test_a_lease_whose_claim_was_in_flight_when_the_signal_came_is_given_back(tmp_path, corpus):
-    """SIGTERM after the store wrote the claim's lease, before the worker knew it held the item
-    (`fleet down` while a worker takes its next item): the lease is given back at once, not left
-    to stand until its TTL. The `leased` pause holds the worker in that gap."""
+def _stopped_at(tmp_path, corpus, pause: str) -> dict:
+    """The leases after SIGTERM reached `fleet local --workers 1` while its worker was paused at
+    ``pause`` (FLEET_TEST_PAUSE) with a lease written."""
     out = tmp_path / "out"
     proc = subprocess.Popen(FLEET + ["local", str(corpus), str(out), "--job", LINEJOB, "--workers", "1",
                                      "--lease-ttl", "300"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True,
-                            env=dict(os.environ, TMPDIR=str(tmp_path), FLEET_TEST_PAUSE="leased=4"))
+                            start_new_session=True, env=dict(os.environ, TMPDIR=str(tmp_path), FLEET_TEST_PAUSE=pause))
     try:
         _wait(lambda: _held(out / ".fleet"), 90, "a lease written")
         os.killpg(proc.pid, signal.SIGTERM)
@@ -562,25 +560,23 @@ def test_a_lease_whose_claim_was_in_flight_when_the_signal_came_is_given_back(tm
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    state = leases(out / ".fleet")
-    assert state and all(lease.state == LEASED and lease.expires == 0 and lease.attempt == 0
-                         for lease in state.values()), state
+    return leases(out / ".fleet")
+
+
+def given_back(state: dict) -> bool:
+    return bool(state) and all(lease.state == LEASED and lease.expires == 0 and lease.attempt == 0
+                               for lease in state.values())
+
+
+def test_a_lease_whose_claim_was_in_flight_when_the_signal_came_is_given_back(tmp_path, corpus):
+    """SIGTERM after the store wrote the claim's lease, before the worker knew it held the item
+    (`fleet down` while a worker takes its next item): the lease is given back at once, not left
+    to stand until its TTL. The `leased` pause holds the worker in that gap."""
+    state = _stopped_at(tmp_path, corpus, "leased=4")
+    assert given_back(state), state
 
 
 def test_a_held_lease_is_released_at_once_when_a_worker_is_stopped_in_its_item(tmp_path, corpus):
     """(The worker's own SIGTERM path, used by `fleet down` and Ctrl-C: leases given back, no attempt spent.)"""
-    out = tmp_path / "out"
-    proc = subprocess.Popen(FLEET + ["local", str(corpus), str(out), "--job", LINEJOB, "--workers", "1"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True,
-                            env=dict(os.environ, TMPDIR=str(tmp_path), FLEET_TEST_PAUSE="converting=60"))
-    try:
-        _wait(lambda: _held(out / ".fleet"), 90, "an item in hand")
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    state = leases(out / ".fleet")
-    assert state and all(lease.state == LEASED and lease.expires == 0 and lease.attempt == 0
-                         for lease in state.values()), state
+    state = _stopped_at(tmp_path, corpus, "converting=60")
+    assert given_back(state), state

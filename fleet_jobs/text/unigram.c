@@ -43,6 +43,10 @@ typedef struct {
     int32_t child;
 } ug_edge;
 
+typedef struct { /* a piece (or the unknown piece) over w[start:end] of a word */
+    int32_t start, end, id;
+} ug_cand;
+
 typedef struct {
     uint64_t hash; /* 0: empty */
     int64_t off;   /* in arena: the word's bytes (padded to 8), then n_nodes (id, len) pairs */
@@ -79,6 +83,8 @@ typedef struct {
     double *ds, *d2;
     int32_t *st, *id;
     int32_t *path; /* (id, len) pairs */
+    ug_cand *cands;
+    int64_t cands_cap;
     int64_t scratch_cap;
     /* the normalizer: precompiled_charsmap's double array and replacement strings */
     const uint32_t *darts;
@@ -154,6 +160,7 @@ void ug_free(ug_model *m) {
     free(m->st);
     free(m->id);
     free(m->path);
+    free(m->cands);
     free(m->charsmap);
     free(m->norm);
     free(m->ids);
@@ -408,10 +415,51 @@ static int64_t backtrack(ug_model *m, int64_t n) {
     return k;
 }
 
-/* The library's Viterbi over one word from the float score a, operation for operation (float
- * sums and comparisons; past |RESET| a position's score is taken off every score from it to the
- * farthest end reached, as sentencepiece 0.2.3 does): the path into m->path. */
-static int64_t word_float(ug_model *m, const uint8_t *w, int64_t n, float a) {
+/* A word's lattice, in the order the library visits it: for each character's first byte
+ * (pos), the pieces that start there by increasing length, then, when none is exactly that
+ * character, the unknown piece over it. Every character start has one candidate or more.
+ * Into m->cands; returns how many, or -1 when out of memory. */
+static int64_t word_lattice(ug_model *m, const uint8_t *w, int64_t n) {
+    int64_t c = 0;
+    for (int64_t pos = 0; pos < n;) {
+        int has_single = 0;
+        int64_t mblen = one_char_len(w[pos]);
+        if (mblen > n - pos) mblen = n - pos;
+        int32_t node = 0;
+        for (int64_t k = pos; k <= n; k++) {
+            int32_t v;
+            if (k < n && (node = trie_child(m, node, w[k])) >= 0) {
+                v = m->da[node].value;
+                if (v < 0) continue;
+                if (k + 1 - pos == mblen) has_single = 1;
+            } else if (!has_single) {
+                v = m->unk_id;
+                k = pos + mblen - 1;
+            } else {
+                break;
+            }
+            if (c == m->cands_cap) {
+                int64_t cap = m->cands_cap ? 2 * m->cands_cap : 1024;
+                ug_cand *grown = realloc(m->cands, sizeof(ug_cand) * (size_t)cap);
+                if (!grown) return -1;
+                m->cands = grown;
+                m->cands_cap = cap;
+            }
+            m->cands[c++] = (ug_cand){(int32_t)pos, (int32_t)(k + 1), v};
+            if (v == m->unk_id) break;
+        }
+        pos += mblen;
+    }
+    return c;
+}
+
+static inline float cand_score(const ug_model *m, int32_t v) { return v == m->unk_id ? m->unk_score : m->score[v]; }
+
+/* The library's Viterbi over one word's lattice (c candidates) from the float score a,
+ * operation for operation (float sums and comparisons; past |RESET| a position's score is taken
+ * off every score from it to the farthest end reached, as sentencepiece 0.2.3 does): the path
+ * into m->path. */
+static int64_t word_float(ug_model *m, int64_t n, int64_t c, float a) {
     float *sc = m->fs;
     int32_t *st = m->st, *id = m->id;
     for (int64_t i = 0; i <= n; i++) {
@@ -419,45 +467,27 @@ static int64_t word_float(ug_model *m, const uint8_t *w, int64_t n, float a) {
         st[i] = -1;
     }
     sc[0] = a;
-    int64_t frontier = 0;
-    for (int64_t pos = 0; pos < n;) {
-        float till = sc[pos];
-        if (till < -UG_RESET || till > UG_RESET) {
-            const float offset = till;
-            for (int64_t i = pos; i <= frontier; i++)
-                if (i == pos || st[i] != -1) sc[i] -= offset;
-            till = 0.0f;
-        }
-        int has_single = 0;
-        int64_t mblen = one_char_len(w[pos]);
-        if (mblen > n - pos) mblen = n - pos;
-        int32_t node = 0;
-        for (int64_t k = pos; k < n; k++) {
-            node = trie_child(m, node, w[k]);
-            if (node < 0) break;
-            int32_t v = m->da[node].value;
-            if (v < 0) continue;
-            int64_t t = k + 1;
-            if (t > frontier) frontier = t;
-            float cand = m->score[v] + till;
-            if (st[t] == -1 || cand > sc[t]) {
-                sc[t] = cand;
-                st[t] = (int32_t)pos;
-                id[t] = v;
-            }
-            if (t - pos == mblen) has_single = 1;
-        }
-        if (!has_single) {
-            int64_t t = pos + mblen;
-            if (t > frontier) frontier = t;
-            float cand = m->unk_score + till;
-            if (st[t] == -1 || cand > sc[t]) {
-                sc[t] = cand;
-                st[t] = (int32_t)pos;
-                id[t] = m->unk_id;
+    int64_t frontier = 0, pos = -1;
+    float till = 0;
+    for (int64_t j = 0; j < c; j++) {
+        const ug_cand x = m->cands[j];
+        if (x.start != pos) { /* a new start: its score, reset where the library resets it */
+            pos = x.start;
+            till = sc[pos];
+            if (till < -UG_RESET || till > UG_RESET) {
+                const float offset = till;
+                for (int64_t i = pos; i <= frontier; i++)
+                    if (i == pos || st[i] != -1) sc[i] -= offset;
+                till = 0.0f;
             }
         }
-        pos += mblen;
+        if (x.end > frontier) frontier = x.end;
+        const float cand = cand_score(m, x.id) + till;
+        if (st[x.end] == -1 || cand > sc[x.end]) {
+            sc[x.end] = cand;
+            st[x.end] = x.start;
+            id[x.end] = x.id;
+        }
     }
     return backtrack(m, n);
 }
@@ -465,7 +495,7 @@ static int64_t word_float(ug_model *m, const uint8_t *w, int64_t n, float a) {
 /* The same Viterbi in double from 0, for the cache: the least margin between the best
  * candidate and the runner-up at any position (INFINITY if no position had two); the path
  * into m->path. */
-static int64_t word_double(ug_model *m, const uint8_t *w, int64_t n, double *margin) {
+static int64_t word_double(ug_model *m, int64_t n, int64_t c, double *margin) {
     double *sc = m->ds, *second = m->d2;
     int32_t *st = m->st, *id = m->id;
     for (int64_t i = 0; i <= n; i++) {
@@ -473,45 +503,23 @@ static int64_t word_double(ug_model *m, const uint8_t *w, int64_t n, double *mar
         second[i] = -INFINITY;
         st[i] = -1;
     }
-#define CONSIDER(t, cand, v)                 \
-    do {                                     \
-        if (st[t] == -1) {                   \
-            sc[t] = (cand);                  \
-            st[t] = (int32_t)pos;            \
-            id[t] = (v);                     \
-        } else if ((cand) > sc[t]) {         \
-            second[t] = sc[t];               \
-            sc[t] = (cand);                  \
-            st[t] = (int32_t)pos;            \
-            id[t] = (v);                     \
-        } else if ((cand) > second[t]) {     \
-            second[t] = (cand);              \
-        }                                    \
-    } while (0)
-    for (int64_t pos = 0; pos < n;) {
-        const double till = sc[pos];
-        int has_single = 0;
-        int64_t mblen = one_char_len(w[pos]);
-        if (mblen > n - pos) mblen = n - pos;
-        int32_t node = 0;
-        for (int64_t k = pos; k < n; k++) {
-            node = trie_child(m, node, w[k]);
-            if (node < 0) break;
-            int32_t v = m->da[node].value;
-            if (v < 0) continue;
-            int64_t t = k + 1;
-            double cand = (double)m->score[v] + till;
-            CONSIDER(t, cand, v);
-            if (t - pos == mblen) has_single = 1;
+    for (int64_t j = 0; j < c; j++) {
+        const ug_cand x = m->cands[j];
+        const double cand = (double)cand_score(m, x.id) + sc[x.start];
+        const int32_t t = x.end;
+        if (st[t] == -1) {
+            sc[t] = cand;
+            st[t] = x.start;
+            id[t] = x.id;
+        } else if (cand > sc[t]) {
+            second[t] = sc[t];
+            sc[t] = cand;
+            st[t] = x.start;
+            id[t] = x.id;
+        } else if (cand > second[t]) {
+            second[t] = cand;
         }
-        if (!has_single) {
-            int64_t t = pos + mblen;
-            double cand = (double)m->unk_score + till;
-            CONSIDER(t, cand, m->unk_id);
-        }
-        pos += mblen;
     }
-#undef CONSIDER
     double least = INFINITY;
     for (int64_t t = 1; t <= n; t++)
         if (st[t] != -1 && second[t] != -INFINITY && sc[t] - second[t] < least) least = sc[t] - second[t];
@@ -610,9 +618,11 @@ static const int32_t *ug_word(ug_model *m, const uint8_t *w, int64_t n, float *a
         }
     }
     if (!grow_scratch(m, n)) return NULL;
+    const int64_t c = word_lattice(m, w, n);
+    if (c < 0) return NULL;
     if (cacheable && s->hash == 0) {
         double margin;
-        int64_t kd = word_double(m, w, n, &margin);
+        int64_t kd = word_double(m, n, c, &margin);
         double limit = safe_abs_a(m, n, margin);
         if (limit > 0) {
             m->misses++;
@@ -625,7 +635,7 @@ static const int32_t *ug_word(ug_model *m, const uint8_t *w, int64_t n, float *a
         }
     }
     m->recomputed++;
-    *k = word_float(m, w, n, *a);
+    *k = word_float(m, n, c, *a);
     /* the word's end score, as the library left it (its resets included) */
     *a = m->fs[n];
     return m->path;
