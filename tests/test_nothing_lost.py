@@ -576,7 +576,9 @@ def test_a_lease_whose_claim_was_in_flight_when_the_signal_came_is_given_back(tm
     assert given_back(state), state
 
 
-def test_a_held_lease_is_released_at_once_when_a_worker_is_stopped_in_its_item(tmp_path, corpus):
-    """(The worker's own SIGTERM path, used by `fleet down` and Ctrl-C: leases given back, no attempt spent.)"""
-    state = _stopped_at(tmp_path, corpus, "converting=60")
+@pytest.mark.parametrize("point", ["claimed=4", "converting=60", "uploaded=4"])
+def test_a_held_lease_is_released_at_once_wherever_a_worker_is_stopped_in_its_item(tmp_path, corpus, point):
+    """(The worker's own SIGTERM path, used by `fleet down` and Ctrl-C: leases given back, no
+    attempt spent, at every named point of an item: with `leased` above, the whole of it.)"""
+    state = _stopped_at(tmp_path, corpus, point)
     assert given_back(state), state
