@@ -20,10 +20,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.core.layout import final_prefix, lease_prefix, shuffle_prefix
+from fleet.core.layout import done_prefix, final_prefix, lease_prefix, shuffle_prefix
 from fleet.core.lease import DONE, Lease
-from fleet.core.run import Item, RunSpec
+from fleet.core.run import Item, RunSpec, load_items
 from fleet.core.store import Blob, NotFound, Store, open_store
+from fleet.core.windows import Window, cut_windows
 
 
 @dataclass(frozen=True)
@@ -100,14 +101,25 @@ def stale_markers(store: Store, run: str, repair: bool = False) -> list[str]:
     before its lease is, so a marker of a listed lease is never taken for stale. (One of an
     item claimed and finished between the two listings can be: removing it is harmless,
     as the next worker to read that done lease writes its marker again.)
-    ``repair`` removes them (workers also do, before claiming such an item)."""
+    ``repair`` removes them (workers also do, before claiming such an item), and with them the
+    ``done/`` markers of the windows (fleet.core.windows) that hold an unfinished item."""
     leased = {b.name[len(lease_prefix(run)):] for b in store.list(lease_prefix(run))}
-    stale = sorted(name for name in (b.name[len(final_prefix(run)):] for b in store.list(final_prefix(run)))
-                   if name not in leased)
+    finals = [b.name[len(final_prefix(run)):] for b in store.list(final_prefix(run))]
+    stale = sorted(name for name in finals if name not in leased)
     if repair:
         for item in stale:
             store.delete(final_prefix(run) + item)
+        finished = set(finals) & leased
+        marks = {b.name[len(done_prefix(run)):] for b in store.list(done_prefix(run))}
+        if marks:
+            for w in _windows(store, run):
+                if w.key in marks and not all(item in finished for item in w.items):
+                    store.delete(done_prefix(run) + w.key)
     return stale
+
+
+def _windows(store: Store, run: str) -> list[Window]:
+    return cut_windows((i.id, i.step) for i in load_items(store, run))
 
 
 def describe_stale(items: list[str]) -> str:
@@ -127,8 +139,16 @@ def downstream(items: list[Item], reopened: Iterable[str]) -> list[str]:
 
 
 def reopen(store: Store, run: str, items: Iterable[str]) -> None:
-    """Send finished items back to pending: the marker first, so that no worker takes the
-    item for finished once its lease is gone, then the lease, so the item is claimed as new."""
+    """Send finished items back to pending: the ``done/`` marker of their window first, then each
+    item's ``final/`` marker, so that no worker takes the item for finished once its lease is
+    gone, then the lease, so the item is claimed as new. Workers that knew the window finished
+    find out at their next sweep, which trusts the leases alone."""
+    items = list(items)
+    if not items:
+        return
+    window_of = {item: w for w in _windows(store, run) for item in w.items}
+    for key in sorted({window_of[item].key for item in items if item in window_of}):
+        store.delete(done_prefix(run) + key)
     for item in items:
         store.delete(final_prefix(run) + item)
         store.delete(lease_prefix(run) + item)
