@@ -27,7 +27,7 @@ class PlanError(Exception):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Item:
     """A work item: a piece of one input object (see fleet.job.Piece), pinned to the object's
     version, with the id its lease and outputs are named by. ``meta`` is the job's own."""
@@ -446,8 +446,25 @@ def load_items(store: Store, run: str) -> list[Item]:
 
 
 def _parse_items(store: Store, run: str, data: bytes) -> list[Item]:
+    """The item list; what repeats from item to item (a file's URL, name and version, the job's
+    meta) is held once, so a worker holds a million items in a few hundred MB, not 1.5 GB."""
+    strings: dict[str, str] = {}
+    metas: dict[tuple, dict] = {}
+
+    def shared(d: dict) -> dict:
+        for key in ("url", "name", "version"):
+            if isinstance(d.get(key), str):
+                d[key] = strings.setdefault(d[key], d[key])
+        meta = d.get("meta")
+        if isinstance(meta, dict):
+            try:
+                d["meta"] = metas.setdefault(tuple(sorted(meta.items())), meta)
+            except TypeError:  # a value that is a list or a dict: kept as it is
+                pass
+        return d
+
     try:
-        return [Item.from_dict(json.loads(line)) for line in data.splitlines() if line.strip()]
+        return [Item.from_dict(shared(json.loads(line))) for line in data.splitlines() if line.strip()]
     except (ValueError, TypeError) as e:
         raise PlanError(f"{store.url}/{items_name(run)}: not an item list ({e}); the bucket's run state is damaged") \
             from None
