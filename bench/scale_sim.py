@@ -65,10 +65,15 @@ if ROOT not in sys.path:
 
 SLEEPJOB = "tests.helpers.sleepjob:JOB"
 COORDINATION = ("lease write", "lease renew", "lease read", "lease list", "final marker", "final list", "heartbeat",
-                "idle marker", "run spec")
+                "idle marker", "run spec", "done list", "done marker", "released list", "released marker")
 # Renewals run in a thread beside the conversion: requests, but no worker time.
 COORDINATION_TIME = tuple(k for k in COORDINATION if k != "lease renew")
 WRITES = ("write", "upload_file", "delete")  # the store calls that mutate an object (or try to)
+# What Cloud Storage bills each store call's requests as (cloud.google.com/storage/pricing): writes and
+# list pages are Class A, reads and metadata Class B, deletes free.
+BILLING = {"write": "class A", "upload_file": "class A", "list": "class A", "read": "class B",
+           "read_generation": "class B", "download_file": "class B", "stat": "class B", "delete": "free"}
+PRICE = {"class A": 0.005 / 1000, "class B": 0.0004 / 1000, "free": 0.0}  # Standard storage, USD a request
 STEPS = ("map", "barrier", "shards")  # a run with --shards: step 0, 1 and 2 (fleet.core.run.StepPlan)
 
 
@@ -120,6 +125,12 @@ class Figures:
     last_claim: float = 0.0  # when the last item was first claimed, from start
     errors: list[str] = field(default_factory=list)
     stages: StageFigures | None = None  # a run with --shards
+    classes: dict[str, int] = field(default_factory=dict)  # requests by Cloud Storage billing class
+    hot_object: tuple[str, int] = ("", 0)  # the object written most often in one second, and how often
+
+    def list_pages(self) -> int:
+        """List requests (pages of at most 1,000 objects) of every kind."""
+        return sum(v for k, v in self.requests.items() if k.endswith(" list"))
 
     @property
     def coordination_seconds(self) -> float:
@@ -150,6 +161,24 @@ class _Meter:
         self.writes: list[tuple[float, str, int | None, bool]] = []  # (time, object, step, took)
         self.commit_time: dict[str, float] = {}
         self.downloads: collections.Counter[str] = collections.Counter()  # item -> partition files downloaded
+        self.classes: collections.Counter[str] = collections.Counter()  # Cloud Storage's billing class -> requests
+        self.active = False  # counting requests: from install() to restore()
+
+    def count_request(self) -> None:
+        """One request to the bucket (an HTTP request; in memory, a call or a page of a listing),
+        attributed to the store call this thread is in."""
+        if not self.active:
+            return  # planning, or the checks after the run
+        kind = getattr(self.local, "kind", None) or "unattributed"
+        cls = BILLING.get(getattr(self.local, "method", None) or "", "class B")
+        step = self.step_now()
+        with self.lock:
+            self.requests[kind] += 1
+            self.classes[cls] += 1
+            if step is None:
+                self.loop_requests.append((time.time(), kind))
+            else:
+                self.stage_requests[step, kind] += 1
 
     def patch(self, owner, attr, make):
         original = getattr(owner, attr)
@@ -157,6 +186,7 @@ class _Meter:
         setattr(owner, attr, make(original))
 
     def restore(self):
+        self.active = False
         for owner, attr, original in reversed(self.undo):
             setattr(owner, attr, original)
         self.undo.clear()
@@ -181,12 +211,16 @@ class _Meter:
                     "stat": "shuffle stat"}.get(method, f"shuffle {method}")
         if method in ("download_file",):
             return "input"
-        if method == "upload_file":
-            return "output"
+        if method == "upload_file" or "/part-" in name or name.endswith("/manifest.json"):
+            return "output" if method in WRITES else f"output {method}"
         if "/leases/" in name:
             return {"write": "lease write", "read_generation": "lease read", "list": "lease list"}.get(method, "lease other")
         if "/final/" in name:
             return {"write": "final marker", "list": "final list"}.get(method, "final other")
+        if "/done/" in name:
+            return {"write": "done marker", "list": "done list"}.get(method, "done other")
+        if "/released/" in name:
+            return {"write": "released marker", "list": "released list"}.get(method, "released other")
         if "/workers/" in name:
             return "heartbeat"
         if "/idle/" in name:
@@ -203,6 +237,7 @@ class _Meter:
         from fleet.core.store.gcs import GCSStore
 
         meter = self
+        self.active = True
 
         def timed(method):
             def make(original):
@@ -212,7 +247,8 @@ class _Meter:
                     if kind == "lease write" and isinstance(threading.current_thread(), _Renewer):
                         kind = "lease renew"
                     outer = getattr(meter.local, "kind", None)
-                    meter.local.kind = kind
+                    outer_method = getattr(meter.local, "method", None)
+                    meter.local.kind, meter.local.method = kind, method
                     t0 = time.perf_counter()
                     took = False
                     try:
@@ -228,23 +264,20 @@ class _Meter:
                                 meter.writes.append((time.time(), full, meter.step_now(), took))
                             if kind == "shuffle download":
                                 meter.downloads[getattr(meter.local, "item", None)] += 1
-                        meter.local.kind = outer
+                        meter.local.kind, meter.local.method = outer, outer_method
                 return wrapper
             return make
 
-        for method in ("read", "read_generation", "write", "upload_file", "download_file", "stat", "list", "delete"):
-            self.patch(GCSStore, method, timed(method))
+        from tests.standins.memstore import MemoryStore
+
+        for cls in (GCSStore, MemoryStore):
+            for method in ("read", "read_generation", "write", "upload_file", "download_file", "stat", "list",
+                           "delete"):
+                self.patch(cls, method, timed(method))
 
         def count_send(original):
             def send(adapter, request, *args, **kwargs):
-                kind = getattr(meter.local, "kind", None) or "unattributed"
-                step = meter.step_now()
-                with meter.lock:
-                    meter.requests[kind] += 1
-                    if step is None:
-                        meter.loop_requests.append((time.time(), kind))
-                    else:
-                        meter.stage_requests[step, kind] += 1
+                meter.count_request()
                 return original(adapter, request, *args, **kwargs)
             return send
 
@@ -338,39 +371,81 @@ def make_corpus(n_items: int) -> tuple[bytes, int]:
 
 def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, jitter: float = 0.2,
              standby: int | None = 2, run: str | None = None, pool: int = 256, progress: bool = False,
-             worker_class=None, shards: int = 0, records: int = 4, reduce_seconds: float = 0.2) -> Figures:
-    """One run of `items` items by `workers` Worker threads on gs://`bucket` (STORAGE_EMULATOR_HOST set).
+             worker_class=None, shards: int = 0, records: int = 4, reduce_seconds: float = 0.2,
+             latency: float = 0.0) -> Figures:
+    """One run of `items` items by `workers` Worker threads on `bucket`: a bucket name on
+    fake-gcs-server (STORAGE_EMULATOR_HOST set), or ``mem://NAME``, a bucket in this process
+    (tests/standins/memstore.py) whose every request waits `latency` seconds (±50%).
 
     `standby` as `fleet work --standby` (what `fleet launch` gives each VM; None: every worker
     stays until the run is drained). `worker_class`: a fleet.core.spawner.Worker subclass, to try a
     variant of the loop. `shards`: plan the run with ``--shards`` (the sleep job's shards stage: each
     map item emits `records` keyed records, each shard item sleeps `reduce_seconds`)."""
-    from requests.adapters import HTTPAdapter
+    import random
 
+    import fleet.core.attempt  # noqa: F401  (imported before open_store is patched in the modules that use it)
+    import fleet.core.manifest  # noqa: F401
+    import fleet.core.status  # noqa: F401
+    import fleet.core.store as core_store
     from fleet.core.lease import DONE, FAILED, Lease
     from fleet.core.layout import lease_prefix
-    from fleet.core.run import plan
+    from fleet.core.run import load_items, plan
+    import fleet.core.spawner as spawner
     from fleet.core.spawner import Worker
-    from fleet.core.store import open_store
-    from fleet.core.store.gcs import make_client
     from fleet.job import StageOptions
 
     run = run or f"sim-{uuid.uuid4().hex[:6]}"
-    store = open_store(f"gs://{bucket}")
+    meter = _Meter()
+    memory = None
+    if bucket.startswith("mem://"):
+        from tests.standins.memstore import MemoryStore
+
+        jittered = random.Random(0)
+        memory = MemoryStore(bucket, latency=lambda: latency * jittered.uniform(0.5, 1.5),
+                             on_request=lambda method, name: meter.count_request())
+        root = bucket
+        original = core_store.open_store
+
+        def open_memory(url: str):
+            return memory.view(url) if url.startswith(bucket) else original(url)
+
+        for module in list(sys.modules.values()):  # every module that imported open_store by name
+            if getattr(module, "open_store", None) is original:
+                meter.patch(module, "open_store", lambda _: open_memory)
+    else:
+        from requests.adapters import HTTPAdapter
+
+        from fleet.core.store.gcs import make_client
+
+        root = f"gs://{bucket}"
+        # One client for all threads (one process): give it a pool as large as the crowd.
+        make_client()._http.mount("http://", HTTPAdapter(pool_connections=4, pool_maxsize=pool))
+    store = core_store.open_store(root)
     data, size = make_corpus(items)
-    store.write(f"in/{run}.txt", data)
+    if memory is None:
+        store.write(f"in/{run}.txt", data)
+        corpus = f"{root}/in/{run}.txt"
+    else:  # inputs are gs:// or local paths: a local file here, whose reads are no bucket requests
+        import tempfile
+
+        corpus = os.path.join(tempfile.mkdtemp(prefix="fleet-sim-"), f"{run}.txt")
+        with open(corpus, "wb") as f:
+            f.write(data)
     settings = {"seconds": str(seconds), "jitter": str(jitter)}
     if shards:
         settings.update(records=str(records), reduce_seconds=str(reduce_seconds))
-    _, planned, _ = plan(f"gs://{bucket}", run, SLEEPJOB, [f"gs://{bucket}/in/{run}.txt"], f"gs://{bucket}/out/{run}",
+    _, planned, _ = plan(root, run, SLEEPJOB, [corpus], f"{root}/out/{run}",
                          settings, "sim", lease_ttl=ttl, max_attempts=5, item_bytes=size - 1,  # one document each
                          stage_options=StageOptions(shards))
     assert sum(1 for i in planned if i.step == 0) == items, (len(planned), items)
-    # One client for all threads (one process): give it a pool as large as the crowd.
-    make_client()._http.mount("http://", HTTPAdapter(pool_connections=4, pool_maxsize=pool))
+    # The item list is the same for every worker: one copy in this process (a VM's workers each read theirs).
+    shared = load_items(store, run)
+    meter.patch(spawner, "load_items", lambda _: lambda *args: shared)
 
     fig = Figures(workers, items, seconds, ttl, standby)
-    meter = _Meter()
+    for counter in (meter.requests, meter.classes, meter.stage_requests):
+        counter.clear()  # the plan's requests are not the run's
+    meter.loop_requests.clear()
     meter.step_of = {i.id: i.step for i in planned}
     meter.install()
     exits: dict[str, float] = {}
@@ -386,7 +461,7 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
         local.waits, local.free_since, local.last_work_end = [], time.time(), None
         t0 = time.time()
         try:
-            (worker_class or Worker)(f"gs://{bucket}", run, name, standby=standby).run_until_drained()
+            (worker_class or Worker)(root, run, name, standby=standby).run_until_drained()
         except Exception as e:  # reported, not raised: the figures say what happened
             with lock:
                 fig.errors.append(f"{name}: {type(e).__name__}: {e}")
@@ -417,6 +492,8 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     prefix = lease_prefix(run)
     for blob in store.list(prefix):
         leases[blob.name[len(prefix):]] = Lease.from_json(store.read(blob.name))
+    fig.classes = dict(meter.classes)
+    fig.hot_object = hottest(meter.writes)
     fig.wall = end - start
     fig.double_commits = sum(1 for n in meter.commits.values() if n > 1)
     fig.not_done = sum(1 for item in planned if item.id not in leases or leases[item.id].state != DONE)
@@ -483,6 +560,15 @@ def stage_figures(meter: "_Meter", planned: list, leases: dict, start: float, sh
     return sf
 
 
+def hottest(writes: list[tuple[float, str, int | None, bool]]) -> tuple[str, int]:
+    """The object name with the most successful writes in one second, and how many."""
+    counts = collections.Counter((name, int(t)) for t, name, _, took in writes if took)
+    if not counts:
+        return "", 0
+    (name, _), n = counts.most_common(1)[0]
+    return name, n
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -515,6 +601,15 @@ def report(fig: Figures, realistic_seconds: float = 180.0, gcs_latency: float = 
         + ", ".join(f"p{q} {1000 * pct(fig.claim_waits, q):.0f}" for q in (50, 90, 99)) +
         f", max {1000 * max(fig.claim_waits, default=float('nan')):.0f}",
     ]
+    pages = {k: v for k, v in fig.requests.items() if k.endswith(" list")}
+    lines += [
+        f"list requests (pages of at most 1,000 objects) per item: {per_item(fig.list_pages()):.2f} ("
+        + ", ".join(f"{k} {per_item(v):.2f}" for k, v in sorted(pages.items(), key=lambda kv: -kv[1])) + ")",
+        "requests per item by Cloud Storage billing class: "
+        + ", ".join(f"{k} {per_item(v):.2f}" for k, v in sorted(fig.classes.items())),
+        f"the object written most often in one second: {fig.hot_object[1]} write(s), "
+        f"{fig.hot_object[0].split('/', 2)[-1] or '-'}",
+    ]
     ws = fig.worker_seconds or float("nan")
     coord = fig.coordination_seconds
     data = fig.store_seconds.get("input", 0.0) + fig.store_seconds.get("output", 0.0)
@@ -533,9 +628,24 @@ def report(fig: Figures, realistic_seconds: float = 180.0, gcs_latency: float = 
         f"max {max(fig.tail_idle, default=float('nan')):.1f} s), "
         f"= {sum(fig.tail_idle) / fig.seconds:.1f} item-times",
     ]
+    lines.append(cost_per_tb(fig))
     if fig.errors:
         lines += ["worker errors:"] + [f"    {e}" for e in fig.errors[:10]]
     return "\n".join(lines)
+
+
+def cost_per_tb(fig: Figures, item_mb: float = 64.0) -> str:
+    """Bucket operations per TB of input at ``item_mb`` items, from the requests per item measured
+    (coordination, at any item size the same) and one ranged read of the input and one write of
+    the output per item (the data path; in memory the input is a local file)."""
+    items = 1e12 / (item_mb * 2**20)
+    per = {k: v / fig.items for k, v in fig.classes.items()}
+    measured_b = per.get("class B", 0.0)
+    data_b = 0.0 if fig.requests.get("input") else 1.0
+    coordination = items * (per.get("class A", 0.0) * PRICE["class A"] + (measured_b + data_b) * PRICE["class B"])
+    return (f"bucket operations per TB of input ({item_mb:g} MB items: {items:,.0f} items): ${coordination:.2f} "
+            f"(class A {per.get('class A', 0.0):.2f} and class B {measured_b + data_b:.2f} a item, at "
+            f"${PRICE['class A'] * 1e6:g} and ${PRICE['class B'] * 1e6:g} a million)")
 
 
 def tail_bound(fig: Figures) -> float:
@@ -765,6 +875,10 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=None, help="lease TTL (default: seconds x 300/180)")
     parser.add_argument("--realistic-seconds", type=float, default=180.0, help="item time to project to")
     parser.add_argument("--standby", type=int, default=2, help="as `fleet work --standby` (-1: stay until drained)")
+    parser.add_argument("--store", choices=("memory", "fake-gcs"), default="fake-gcs",
+                        help="memory: a bucket in this process whose requests each wait --latency (for 20,000 items "
+                             "and more); fake-gcs: fake-gcs-server (~100 requests/s)")
+    parser.add_argument("--latency", type=float, default=0.03, help="with --store memory: seconds a request (±50%%)")
     parser.add_argument("--shards", type=int, default=0, help="plan with --shards N: a map, a barrier, N shard items")
     parser.add_argument("--records", type=int, default=4, help="with --shards: keyed records per map item")
     parser.add_argument("--reduce-seconds", type=float, default=None,
@@ -774,6 +888,16 @@ def main() -> None:
     for var in ("NO_PROXY", "no_proxy"):
         os.environ[var] = "127.0.0.1,localhost"
     os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    reduce_seconds = args.reduce_seconds
+    if reduce_seconds is None:
+        reduce_seconds = round(args.seconds * 10 / args.realistic_seconds, 3)
+    if args.store == "memory":
+        print(f"simulating {args.workers} workers x {args.items} items on a bucket in memory "
+              f"({1000 * args.latency:g} ms a request) ...", file=sys.stderr)
+        fig = simulate("mem://sim", args.workers, args.items, args.seconds, ttl,
+                       standby=None if args.standby < 0 else args.standby, progress=True, shards=args.shards,
+                       records=args.records, reduce_seconds=reduce_seconds, latency=args.latency)
+        return show(fig, args)
     proc, url = start_fake_gcs()
     os.environ["STORAGE_EMULATOR_HOST"] = url
     try:
@@ -783,15 +907,16 @@ def main() -> None:
         make_client().create_bucket(bucket)
         print(f"simulating {args.workers} workers x {args.items} items on fake-gcs-server ({url}) ...",
               file=sys.stderr)
-        reduce_seconds = args.reduce_seconds
-        if reduce_seconds is None:
-            reduce_seconds = round(args.seconds * 10 / args.realistic_seconds, 3)
         fig = simulate(bucket, args.workers, args.items, args.seconds, ttl,
                        standby=None if args.standby < 0 else args.standby, progress=True, shards=args.shards,
                        records=args.records, reduce_seconds=reduce_seconds)
     finally:
         proc.terminate()
         proc.wait()
+    show(fig, args)
+
+
+def show(fig: Figures, args) -> None:
     print(report(fig, args.realistic_seconds))
     if fig.stages is not None:
         print(stage_report(fig))

@@ -204,3 +204,12 @@ def test_live_and_finished_leases_are_never_candidates_whatever_windows_were_lis
         assert not {i for i, _ in got} & finished
         assert watching or not {i for i, fresh in got if not fresh} & renewing
         p.end_pass(SWEEP if window is None else VISIT, bool(got), window)
+
+
+def test_a_sweep_visits_the_few_unfinished_windows_and_lists_everything_only_to_confirm_a_drain():
+    items = [f"{i:05d}" for i in range(64 * 40)]  # 40 windows of 64; a full listing is 3 pages a prefix
+    p = ClaimPolicy(items, "w", TTL, False, window=64)
+    assert p.sweep_targets() is None  # 40 unfinished windows: listing everything is cheaper
+    p.observe_marks([f"64-0-{i:05d}" for i in range(0, 64 * 40, 64) if i not in (64 * 7, 64 * 30)])
+    assert p.sweep_targets() == [7, 30]  # the tail: two windows hold what is left
+    assert p.sweep_targets(full=True) is None  # the drain is confirmed by every lease and marker

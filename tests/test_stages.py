@@ -83,6 +83,21 @@ def test_a_reopened_map_item_closes_the_steps_after_it_again():
     assert _claimable(policy) == {"00000"}
 
 
+def test_a_barrier_known_done_from_its_windows_marker_is_read_and_opens_the_stage():
+    """A worker that knows the barrier's window finished from a done/ marker (a sweep of the
+    unfinished windows does not list it) reads the barrier's lease, and the stage opens: the
+    rerun after `fleet status --verify` reopened a shard hung here when the gate waited for a
+    listing of the barrier that never came."""
+    policy = _policy()
+    marks = [w.key for w in policy.windows if w.step < 2]
+    policy.observe_marks(marks)
+    assert policy.unknown_barriers() == ["shards-index"]
+    assert _claimable(policy) == set()
+    policy.remember("shards-index", _lease(DONE), 4)
+    policy.observe([], {}, 0.0, window=next(w.index for w in policy.windows if w.step == 2))
+    assert _claimable(policy) == {"00000-of-00002", "00001-of-00002"}
+
+
 # -- fleet local with stages -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):

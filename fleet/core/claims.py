@@ -21,15 +21,19 @@ What is listed, so that coordination costs the same per item at a thousand items
   window (most often still untouched), then lists the ``done/`` markers of finished windows
   (``windows / 1,000`` calls: 64,000 items a call) and visits a window picked at random among the
   unfinished ones, its own random pick, so that workers spread over what is left.
-- ``SWEEP``: after a few fruitless visits, every lease and every marker (``items / 1,000`` calls):
-  the only pass that sees everything, so the only one after which a worker may find the run
-  drained, leave as a spare standby, or read leases it has not watched stand still. Idle workers
-  sweep once a poll; busy ones sweep only when windows keep turning up nothing. A sweep trusts no
-  ``done/`` marker: a window whose items it finds unfinished is unfinished.
+- ``SWEEP``: after a few fruitless visits, every window that is not finished: the ``done/``
+  markers, then a visit of each unfinished window of the open steps, or, when that would cost as
+  much, every lease and every marker (``items / 1,000`` calls). Only a sweep sees all that is
+  left, so only after one may a worker leave as a spare standby or read leases it has not
+  watched stand still; and a worker that finds the run drained confirms it by a sweep of every
+  lease and marker, which trusts no ``done/`` marker (a window whose items it finds unfinished is
+  unfinished, and its marker is removed). Idle workers sweep once a poll; busy ones sweep only
+  when windows keep turning up nothing. In the tail the unfinished windows are the few that hold
+  live leases, so an idle worker's sweep costs a few calls, not the run's size.
 
 Per item a busy worker therefore lists its window about once (3 calls with ``released/``), and
-the listings that do grow with the run (steals, sweeps) happen a bounded number of times per
-worker, not per item. A SIGKILLed worker's lease is found by whoever lists its window twice half a
+the listings that do grow with the run (steals, the drain's sweep) happen a bounded number of
+times per worker, not per item. A SIGKILLed worker's lease is found by whoever lists its window twice half a
 TTL apart, and at the latest by the sweeps of the tail.
 
 Pure: the worker loop (fleet.core.spawner) lists, reads and writes; this decides.
@@ -86,7 +90,7 @@ class ClaimPolicy:
 
     # -- what a pass saw -------------------------------------------------------------------------
     def observe(self, finals: Iterable[str], listing: dict[str, int], now: float,
-                released: Iterable[str] = (), window: int | None = None) -> None:
+                released: Iterable[str] = (), window: int | None = None, sweep: bool = False) -> None:
         """A pass's listings: finished items, the leases' generations (``now``: monotonic) and the
         items announced as given back, of one window, or (``window`` None) of the whole run. List
         the leases before the markers: a marker is written after its lease is done and removed
@@ -95,7 +99,9 @@ class ClaimPolicy:
         Finished is recomputed from these listings for every item they cover, never kept from an
         earlier one: a lease deleted since (``fleet status --verify`` reopening it, or a hand)
         makes its item unfinished again, whatever marker is left. Names the listings hand back
-        that are not this window's items (a stage id in a map window's range) are ignored."""
+        that are not this window's items (a stage id in a map window's range) are ignored.
+        ``sweep``: a window visited by a sweep, which marks it done/ if it finds it finished (else
+        only the worker that worked in a window does: its last committer)."""
         scope = self.windows if window is None else [self.windows[window]]
         covered = {item for w in scope for item in w.items}
         finals = {f for f in finals if f in covered}
@@ -121,7 +127,7 @@ class ClaimPolicy:
             if self.since.get(name, (None, 0.0))[0] != gen:
                 self.since[name] = (gen, now)
         for w in scope:  # a window's last committer marks it: one marker write a window, not one a visitor
-            self._recount(w, marked=w.index in self.worked_here
+            self._recount(w, marked=(sweep and window is not None or w.index in self.worked_here)
                           and all(item in finals and item in listing for item in w.items))
         for index in {self.window_of[item] for item in elsewhere}:
             self._recount(self.windows[index])
@@ -171,13 +177,19 @@ class ClaimPolicy:
 
     # -- the gate of steps ---------------------------------------------------------------------------
     def barrier_state(self, item: str) -> str | None:
-        """A finished barrier's state (done or failed) as known at its listed generation, else None."""
-        known = self.current(item)
+        """A finished barrier's state (done or failed) as known at its listed generation, or, when
+        its window is known finished from a done/ marker without a listing, as last read (a
+        finished lease changes only by a reopen, which removes the marker first); else None."""
+        if item in self.listing:
+            known = self.current(item)
+        else:
+            known = self.known.get(item) if self.window_of.get(item) in self.done else None
         return known[0].state if known is not None and known[0].terminal else None
 
     def unknown_barriers(self) -> list[str]:
         """Finished barriers whose state this worker must read before the steps after them open."""
-        return [b for b in self.barrier_of.values() if b in self.terminal and self.barrier_state(b) is None]
+        return [b for b in self.barrier_of.values()
+                if (b in self.terminal or self.window_of.get(b) in self.done) and self.barrier_state(b) is None]
 
     def _gate(self) -> tuple[int, bool]:
         """(the last step open for claims, whether the steps after it are blocked for good)."""
@@ -198,7 +210,8 @@ class ClaimPolicy:
 
     def drained(self) -> bool:
         """Every item finished, or every item that can still run: a failed barrier blocks the rest.
-        Ask it after a sweep: between sweeps, what a worker knows of other windows may be old."""
+        Ask it after a sweep: between sweeps, what a worker knows of other windows may be old;
+        and before leaving, confirm it by a sweep that lists everything (``sweep_targets(full=True)``)."""
         step, blocked = self._gate()
         return all(not self.unfinished.get(s) for s in self.step_list if not blocked or s <= step)
 
@@ -295,6 +308,17 @@ class ClaimPolicy:
             return None
         later = [i for i in candidates if i > window]
         return (later or candidates)[0]
+
+    def sweep_targets(self, full: bool = False) -> list[int] | None:
+        """What a sweep lists, after a listing of the ``done/`` markers: the unfinished windows of
+        the open steps, one visit each, or None (list every lease and marker) when that is as
+        cheap (at most ``2 x windows`` calls against ``2 x items / 1,000``), or when ``full``: the
+        sweep that confirms a drain, which trusts no marker."""
+        if full:
+            return None
+        targets = self._open()
+        pages = -(-len(self.window_of) // 1000)
+        return targets if len(targets) < pages else None
 
     def steal(self) -> int | None:
         """A window to visit after a listing of the ``done/`` markers: one of the unfinished windows

@@ -127,23 +127,27 @@ class Worker:
         prefix, final, back = lease_prefix(self.run), final_prefix(self.run), released_prefix(self.run)
         done = done_prefix(self.run)
         self.beat("starting")
-        kind, window = STEAL, None
+        kind, window, confirm = STEAL, None, False
         while True:
-            if kind == STEAL:  # where is work left? the done/ markers, then a window picked at random
+            targets: list[int] | None = None
+            if kind in (STEAL, SWEEP) and not confirm:  # where is work left? the done/ markers first
                 policy.observe_marks(b.name[len(done):] for b in self.store.list(done))
+            if kind == STEAL:  # then a window picked at random
                 window = policy.steal()
                 kind = VISIT if window is not None else SWEEP
-            # Leases before markers (see ClaimPolicy.observe): a marker counts only with its lease.
             if kind == SWEEP:
                 window = None
-                listing = {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
-                finals = [b.name[len(final):] for b in self.store.list(final)]
-            else:
-                w = policy.windows[window]
-                listing = {b.name[len(prefix):]: b.generation for b in self.store.list(prefix, *w.bounds(prefix))}
-                finals = [b.name[len(final):] for b in self.store.list(final, *w.bounds(final))]
-            released = [b.name[len(back):] for b in self.store.list(back)]
-            policy.observe(finals, listing, time.monotonic(), released, window=window)
+                targets = policy.sweep_targets(full=confirm)
+            # Leases before markers (see ClaimPolicy.observe): a marker counts only with its lease.
+            released = None
+            for scope in ([window] if kind == VISIT else targets if targets is not None else [None]):
+                bounds = () if scope is None else policy.windows[scope].bounds("")
+                listing = {b.name[len(prefix):]: b.generation
+                           for b in self.store.list(prefix, *(prefix + x for x in bounds))}
+                finals = [b.name[len(final):] for b in self.store.list(final, *(final + x for x in bounds))]
+                if released is None:
+                    released = [b.name[len(back):] for b in self.store.list(back)]
+                policy.observe(finals, listing, time.monotonic(), released, window=scope, sweep=kind == SWEEP)
             for barrier in policy.unknown_barriers():  # a stage opens (or is blocked) by its barrier's state
                 current = self.leases.read(barrier)
                 if current is not None:
@@ -151,9 +155,14 @@ class Worker:
             worked = self._try_candidates(policy, by_id, window)
             self.mark_windows(policy)
             if kind == SWEEP:
-                self.unmark_windows(policy)
+                if confirm:
+                    self.unmark_windows(policy)
                 if policy.drained():
-                    return self.leave(drained=True)
+                    if confirm or targets is None:
+                        return self.leave(drained=True)
+                    confirm = True  # markers say so: a sweep of every lease and marker must too
+                    continue
+                confirm = False
             next_pass = policy.end_pass(kind, worked, window)
             if kind == SWEEP and not worked:
                 if self.standby is not None and not policy.waiting() and self.standbys_ahead() >= self.standby:
