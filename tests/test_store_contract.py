@@ -1,7 +1,8 @@
 """One contract for every store: the local folder and Cloud Storage (fake-gcs-server).
 
 The lease protocol relies on exactly these properties, so both implementations
-must pass every test in the first part unchanged.
+must pass every test in the first part unchanged, and so must each of them inside the
+MeteredStore that counts a worker's requests (fleet.core.store.metered): counting changes nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,16 @@ import pytest
 from fleet.core.store import Blob, Forbidden, NotFound, PreconditionFailed, StoreError, open_store
 
 RACERS = 32
+
+
+@pytest.fixture(params=["local", "gcs", "metered-local", "metered-gcs"])
+def store(request):
+    """Each store as it is, and inside a MeteredStore (the contract's tests run through both)."""
+    from fleet.core.store.metered import MeteredStore
+
+    kind = request.param.removeprefix("metered-")
+    inner = request.getfixturevalue(f"{kind}_store")
+    return MeteredStore(inner) if request.param.startswith("metered-") else inner
 
 
 def _race(n, fn):
