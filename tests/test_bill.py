@@ -89,7 +89,7 @@ def test_bucket_operations_grow_linearly_with_the_items():
     m = estimate.MODEL
     assert big.list_pages == pytest.approx(100_000 * 3 + (800 * 4 + 100) * (2 * 100 + 1))
     assert big.writes == pytest.approx(100_000 * (2.4 + 1.2 + 1.3 + 1.4 + 1.0) + (800 * 4 + 100) * m.pass_writes)
-    assert big.reads == pytest.approx(100_000 * (0.5 + 1.0 + 2.0) + 800 * 2)
+    assert big.reads == pytest.approx(100_000 * (0.5 + 1.0 + 1.0 + 2.0) + 800 * 2)
     assert big.usd == pytest.approx((big.list_pages + big.writes) * 0.005 / 1000 + big.reads * 0.0004 / 1000)
     assert big.shuffle is None
 

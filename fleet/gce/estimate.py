@@ -70,9 +70,11 @@ class RequestModel:
     (which listed every lease and marker on every pass, so its listings per item grew with the
     run): a few list calls per item, one page each, plus a full listing of leases/ and final/
     (``full_listings`` x items/1,000 pages) when a worker process starts and on each pass that
-    finds nothing to claim. From the code: the output, stat and input figures (one output file
-    per item; a text job's input is a stat and one ranged download). A figure a run breaks (a job
-    writing three files per item) moves its estimate by that figure's share only."""
+    finds nothing to claim. From the code: the output, stat, input and finishing figures (one
+    output file per item; a text job's input is a stat and one ranged download; the run's files
+    read every lease once). A figure a run breaks (a job writing three files per item) moves
+    its estimate by that figure's share only. bench/bench_requests.py prints what workers
+    counted beside this model's figures."""
 
     # Class A, per item (every item: map items, barriers, stage items)
     lease_writes: float = 2.4  # claim and commit, 0.4 lost creates among them (measured)
@@ -85,6 +87,7 @@ class RequestModel:
     lease_reads: float = 0.5  # leases read when one stood still for half a TTL (measured)
     output_stats: float = 1.0  # each output's stat after its upload (fleet.core.attempt: its version)
     input_reads: float = 2.0  # per map item: the input's stat and one ranged download
+    finish_reads: float = 1.0  # the run's files: one worker reads every lease once (fleet.core.manifest)
     # Per pass of a worker process's claim loop that lists in full: at its start, and each idle pass
     full_listings: int = 2  # leases/ and final/, each list_pages(items) pages
     pass_pages: float = 1.0  # besides them: released/, one page
@@ -178,7 +181,7 @@ def bucket_estimate(item_steps: Sequence[int], map_bytes: int, processes: int, m
     pages = items * model.list_calls + passes * (model.full_listings * list_pages(items) + model.pass_pages)
     writes = (items * (model.lease_writes + model.renewals + model.final_markers + model.heartbeats + model.outputs)
               + passes * model.pass_writes)
-    reads = items * (model.lease_reads + model.output_stats) + map_items * model.input_reads \
+    reads = items * (model.lease_reads + model.output_stats + model.finish_reads) + map_items * model.input_reads \
         + processes * model.start_reads
     shuffle = None
     for step in sorted(per_step):
