@@ -1,7 +1,8 @@
 """One contract for every store: the local folder and Cloud Storage (fake-gcs-server).
 
 The lease protocol relies on exactly these properties, so both implementations
-must pass every test in the first part unchanged.
+must pass every test in the first part unchanged, and so must each of them inside the
+MeteredStore that counts a worker's requests (fleet.core.store.metered): counting changes nothing.
 """
 
 from __future__ import annotations
@@ -17,15 +18,20 @@ from fleet.core.store import Blob, Forbidden, NotFound, PreconditionFailed, Stor
 RACERS = 32
 
 
-@pytest.fixture(params=["local", "gcs", "memory"])
+@pytest.fixture(params=["local", "gcs", "memory", "metered-local", "metered-gcs"])
 def store(request):
-    """The same test against a local folder, fake-gcs-server and the simulation's bucket in memory
-    (tests/standins/memstore.py: the scale simulation's figures are worth what its contract is)."""
+    """Each store as it is, inside a MeteredStore (the contract's tests run through both), and the
+    simulation's bucket in memory (tests/standins/memstore.py: the scale simulation's figures are
+    worth what its contract is)."""
+    from fleet.core.store.metered import MeteredStore
+
     if request.param == "memory":
         from tests.standins.memstore import MemoryStore
 
         return MemoryStore()
-    return request.getfixturevalue(f"{request.param}_store")
+    kind = request.param.removeprefix("metered-")
+    inner = request.getfixturevalue(f"{kind}_store")
+    return MeteredStore(inner) if request.param.startswith("metered-") else inner
 
 
 def _race(n, fn):

@@ -30,7 +30,8 @@ from fleet.core.lease import Held, Lease, Leases
 from fleet.core.liveness import pid_alive
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec, pinned_opener
 from fleet.core.layout import done_prefix, final_prefix, idle_prefix, lease_prefix, released_prefix, worker_prefix
-from fleet.core.store import PreconditionFailed, Store, open_store
+from fleet.core.store import PreconditionFailed, open_store
+from fleet.core.store.metered import MeteredStore
 
 log = logging.getLogger("fleet.worker")
 
@@ -64,7 +65,7 @@ class Worker:
 
     def __init__(self, bucket: str, run: str, name: str | None = None, poll: float | None = None,
                  standby: int | None = None):
-        self.store: Store = open_store(bucket)
+        self.store = MeteredStore(open_store(bucket))  # its requests counted, for the heartbeat
         self.run = run
         self.spec: RunSpec = load_spec(self.store, run)
         check_pinned(self.spec.code_version)  # a snapshot of other code must not touch this run
@@ -89,6 +90,7 @@ class Worker:
                                  self.scratch, self.counters, self.beat,
                                  reducer=lambda stage: self.job.reducer(self.config, opener, stage), steps=steps,
                                  items=self.items)
+        self.runner.output = MeteredStore(self.runner.output, self.store.meter)  # the outputs' uploads too
         self.holding: Held | None = None  # from claim to the end of process(), for a SIGTERM in between
         self.live_window = max(4 * self.poll + 1.0, 3.0)  # an idle worker beats every poll
         self.idle_marked = False
@@ -96,7 +98,8 @@ class Worker:
     # -- heartbeat -------------------------------------------------------------
     def beat(self, state: str) -> None:
         body = {"worker": self.name, "host": socket.gethostname(), "pid": os.getpid(), "state": state,
-                "item": self.runner.current, "updated": time.time(), **self.counters.__dict__}
+                "item": self.runner.current, "updated": time.time(), **self.counters.__dict__,
+                "requests": self.store.meter.for_beat()}
         try:
             self.store.write(worker_prefix(self.run) + self.name, json.dumps(body, sort_keys=True).encode(),
                              idempotent=True)  # only this worker writes it: a replay is harmless

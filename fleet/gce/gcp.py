@@ -121,7 +121,7 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     cores = known or 1
     use_spot = cfg.spot if spot is None else spot
     est = estimate.estimate([item.size for item in items], workers, cores, cfg.workers_per_vm, use_spot, rates(cfg),
-                            override)
+                            override, item_steps=[item.step for item in items])
     hours = est.bound_hours
     mig = compute_requests.mig_name(run)
     fspec = compute_requests.FleetSpec(
