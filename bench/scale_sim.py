@@ -73,7 +73,15 @@ WRITES = ("write", "upload_file", "delete")  # the store calls that mutate an ob
 # list pages are Class A, reads and metadata Class B, deletes free.
 BILLING = {"write": "class A", "upload_file": "class A", "list": "class A", "read": "class B",
            "read_generation": "class B", "download_file": "class B", "stat": "class B", "delete": "free"}
-PRICE = {"class A": 0.005 / 1000, "class B": 0.0004 / 1000, "free": 0.0}  # Standard storage, USD a request
+
+def _prices() -> dict[str, float]:
+    """USD a request, by class: fleet.gce.estimate's list prices (one place for them)."""
+    from fleet.gce.estimate import PRICES
+
+    return {"class A": PRICES.class_a_per_1000 / 1000, "class B": PRICES.class_b_per_1000 / 1000, "free": 0.0}
+
+
+PRICE = _prices()
 STEPS = ("map", "barrier", "shards")  # a run with --shards: step 0, 1 and 2 (fleet.core.run.StepPlan)
 
 

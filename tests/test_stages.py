@@ -98,6 +98,22 @@ def test_a_barrier_known_done_from_its_windows_marker_is_read_and_opens_the_stag
     assert _claimable(policy) == {"00000-of-00002", "00001-of-00002"}
 
 
+def test_a_barrier_listed_while_it_ran_then_known_done_from_a_marker_opens_the_stage():
+    """The chaos run's hang: a worker listed the barrier while it ran (generation 3), then learned
+    its window finished from a done/ marker, so never listed it again; the lease it read then
+    (generation 9) never matched the old listing, and the worker read it every pass, forever."""
+    policy = _policy()
+    barrier = policy.window_of["shards-index"]
+    policy.observe(["00000", "00001"], {"00000": 1, "00001": 1}, 0.0)
+    policy.observe([], {"shards-index": 3}, 0.0, window=barrier)
+    policy.observe_marks([policy.windows[barrier].key])
+    assert policy.unknown_barriers() == ["shards-index"]
+    policy.remember("shards-index", _lease(DONE), 9)
+    assert policy.unknown_barriers() == [] and policy.barrier_state("shards-index") == DONE
+    policy.observe([], {}, 0.0, window=next(w.index for w in policy.windows if w.step == 2))
+    assert _claimable(policy) == {"00000-of-00002", "00001-of-00002"}
+
+
 # -- fleet local with stages -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):

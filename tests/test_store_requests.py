@@ -151,7 +151,7 @@ def test_pages_counted_are_those_of_the_objects_consumed(objects, page, data):
     class Names:  # a store's listing of `objects` objects, and nothing else
         url = "mem"
 
-        def list(self, prefix=""):
+        def list(self, prefix="", start=None, end=None):
             return iter(range(objects))
 
     metered = MeteredStore(Names(), page=page)

@@ -180,11 +180,10 @@ class ClaimPolicy:
         """A finished barrier's state (done or failed) as known at its listed generation, or, when
         its window is known finished from a done/ marker without a listing, as last read (a
         finished lease changes only by a reopen, which removes the marker first); else None."""
-        if item in self.listing:
-            known = self.current(item)
-        else:
-            known = self.known.get(item) if self.window_of.get(item) in self.done else None
-        return known[0].state if known is not None and known[0].terminal else None
+        known = self.known.get(item)
+        if known is None or (self.window_of.get(item) not in self.done and self.listing.get(item) != known[1]):
+            return None  # (a done window is not listed again: the generation it was last listed at is old)
+        return known[0].state if known[0].terminal else None
 
     def unknown_barriers(self) -> list[str]:
         """Finished barriers whose state this worker must read before the steps after them open."""
