@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet.core import shuffle
-from fleet.core.shuffle import (Combine, CombineRule, Index, PartitionWriter, ShuffleError, ShufflePiece, balanced_range,
-                                build_index, combine, combine_groups, plan_combine,
-                                header_size, load_index, parse_header, partitions_for, reduce_records)
+from fleet.core.shuffle import (Combine, CombineRule, Index, PartitionWriter, ShuffleError, ShufflePiece,
+                                balanced_range, build_index, combine, combine_groups, header_size, load_index,
+                                parse_header, partitions_for, plan_combine, reduce_records)
 from fleet.core.store import open_store
 
 # Keys at the edges of the partitions' key ranges (P up to 28: 7 balanced items) too.
@@ -403,7 +403,8 @@ def combine_all(store, work, pieces, partitions, combine_plan) -> list[ShufflePi
 
 @SLOW
 @given(RECORDS, st.integers(1, 6), st.integers(1, 6), st.booleans(), st.integers(2, 7), st.integers(1, 5),
-       st.lists(BUDGETS, min_size=6, max_size=6), st.randoms(use_true_random=False), st.sampled_from([2, 3, shuffle.FANIN]))
+       st.lists(BUDGETS, min_size=6, max_size=6), st.randoms(use_true_random=False),
+       st.sampled_from([2, 3, shuffle.FANIN]))
 def test_combined_files_are_the_files_of_their_records_and_the_stage_reads_the_same(
         records, writers, items, balanced, group, blocks, budgets, rnd, fanin):
     """A combined file is byte for byte the partition file a PartitionWriter writes of the records

@@ -603,8 +603,8 @@ def combine(store: Store, pieces: list[ShufflePiece], partitions: int, block: tu
                     expected[k] += n
         checkpoint()
         bytes_read = sum(os.path.getsize(path) for _, path, _ in wanted)
-        merged = _merge_files([p for _, p, _ in wanted], [f"{pieces[j].name} (item {pieces[j].item})" for j, _, _ in wanted],
-                              workdir, checkpoint, starts=[a for _, _, a in wanted])
+        names = [f"{pieces[j].name} (item {pieces[j].item})" for j, _, _ in wanted]
+        merged = _merge_files([p for _, p, _ in wanted], names, workdir, checkpoint, starts=[a for _, _, a in wanted])
         fd, out = tempfile.mkstemp(dir=workdir, prefix="combined-", suffix=".kv")
         with os.fdopen(fd, "wb") as f:
             f.seek(size)
