@@ -151,15 +151,21 @@ def test_a_chain_of_two_stages_drops_repeats_then_shards(corpus, tmp_path):
     assert [s["name"] for s in result.status.stages] == ["map", "uniq", "shards"]
 
 
-def test_a_failed_map_item_blocks_the_stages_after_it_and_writes_no_output(corpus, tmp_path):
+@pytest.mark.parametrize("combine", [False, True])
+def test_a_failed_map_item_blocks_the_stages_after_it_and_writes_no_output(corpus, tmp_path, monkeypatch, combine):
+    if combine:
+        monkeypatch.setattr(shuffle, "COMBINE_RULE", CombineRule(group=4, blocks=2))
     out = tmp_path / "out"
     result, text = _run(corpus, out, shards=2, poison="doc 7 ")
     assert result.exit_code == 1
     st = result.status
-    assert st.failed == 2  # the poisoned map item and the barrier that refused to index without it
+    # The poisoned map item, the combine items of its group (which refused to merge without it),
+    # and the barrier that refused to index without them.
+    assert st.failed == (4 if combine else 2)
     assert st.blocked == 2 and st.finished
     assert not _shards(str(out))
-    assert "stage shards cannot run: 1 item(s) before it failed" in text
+    assert "stage shards cannot run: " in text
+    assert "stage shards cannot run: 1 item(s) before it failed (item 00000: " in text  # each names the map item
     assert "2 item(s) of later stages did not run" in text
 
 

@@ -358,8 +358,11 @@ class ItemRunner:
         failed = [(i, got[0]) for i, got in zip(before, leases) if got is not None and got[0].state == FAILED]
         if failed:
             first, lease = failed[0]
-            raise StageError(f"stage {item.meta['stage']} cannot run: {len(failed)} item(s) before it failed "
-                             f"(item {first.id}: {lease.error})", {"failed_items": [i.id for i, _ in failed]})
+            cannot = f"stage {item.meta['stage']} cannot run: "
+            message = f"{cannot}{len(failed)} item(s) before it failed (item {first.id}: {lease.error})"
+            if (lease.error or "").startswith(cannot):  # a combine item that failed for what failed before it
+                message = lease.error
+            raise StageError(message, {"failed_items": [i.id for i, _ in failed]})
         unfinished = [i.id for i, got in zip(before, leases) if got is None or got[0].state != DONE]
         if unfinished:  # reopened since the gate opened (fleet status --verify): wait for them
             raise ItemFailed(f"item(s) {', '.join(unfinished[:5])} of the step before are not done yet")

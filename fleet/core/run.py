@@ -58,9 +58,9 @@ class Item:
             if self.meta.get("barrier"):
                 return f"the index of stage {stage}"
             if self.meta.get("combine"):
-                lo, hi = self.meta.get("items", (0, 0))
+                (lo, hi), (p1, p2) = self.meta.get("items", (0, 0)), self.meta.get("partitions", (0, 0))
                 return (f"stage {stage}, combine {self.meta.get('part', 0) + 1} of {self.meta.get('of', 0)} "
-                        f"(records of the step before's items {lo + 1}-{hi})")
+                        f"(the step before's items {lo + 1}-{hi}, partitions {p1}-{p2 - 1})")
             return f"stage {stage}, item {self.meta.get('part', 0) + 1} of {self.meta.get('of', 0)}"
         unit = self.meta.get("unit")
         if unit:
