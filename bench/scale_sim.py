@@ -728,6 +728,7 @@ class ShuffleModel:
     shard_s: float = 0.0
     stage_s: float = 0.0
     writes: int = 0  # objects the stages write: partition files, combined files, the index, outputs
+    written_tb: float = 0.0  # records written: the map's files, combined files, outputs (real)
     added_s: float = 0.0  # after the map drains: the passes that notice each step's end, and the steps
 
     @property
@@ -767,6 +768,7 @@ def shuffle_model(sc: Scale, combine: tuple[int, int], shard_fixed: float = 0.0)
     m.shard_s = lat(m.files + shard_fixed) + shard_mb / sc.download_mb_s + shard_mb / sc.merge_mb_s
     m.stage_s = max(waves(sc.shards) * m.shard_s, m.stage_reads / sc.bucket_reads)
     m.writes = maps + (pieces if group else 0) + 1 + sc.shards
+    m.written_tb = records_mb * (3 if group else 2) / 1e6
     m.added_s = sc.poll + (m.combine_s + sc.poll if group else 0.0) + m.barrier_s + sc.poll + m.stage_s
     return m
 
@@ -819,6 +821,7 @@ map item): {f"groups of {planned.group} map files in {planned.blocks} key block(
         ("  the stage's floor at the bucket's read rate, s", lambda m: f"{m.stage_reads / sc.bucket_reads:,.0f}"),
         ("reads of records in all (combine, barrier, stage)", lambda m: f"{m.reads:,}"),
         ("objects written (files, index, outputs)", lambda m: f"{m.writes:,}"),
+        ("  TB of records written (and kept until deleted)", lambda m: f"{m.written_tb:,.1f}"),
         ("time added after the map drains, s", lambda m: f"{m.added_s:,.0f}"),
         ("  as a share of the map stage", lambda m: f"{100 * m.added_s / map_time:.0f}%"),
     ]

@@ -116,7 +116,6 @@ MAP, COMBINE, BARRIER, ITEMS = "map", "combine", "barrier", "items"  # the kinds
 class Step:
     kind: str  # MAP, COMBINE, BARRIER or ITEMS
     stage: Stage | None = None  # the stage it belongs to (None: the map)
-    combine: Combine = Combine()
 
 
 class StepPlan:
@@ -134,7 +133,7 @@ class StepPlan:
         for g, stage in enumerate(self.stages):
             combine = combines[g] if g < len(combines) else Combine()
             if combine:
-                self.steps.append(Step(COMBINE, stage, combine))
+                self.steps.append(Step(COMBINE, stage))
             self.steps += [Step(BARRIER, stage), Step(ITEMS, stage)]
 
     @property

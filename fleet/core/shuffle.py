@@ -33,27 +33,25 @@ piece with nothing in the range costs no request.
 The combine step: reads that grow with the data. Read straight from the map's M files, a stage
 of S items makes about M x S ranged reads of D / (M x S) bytes each (D the records' bytes): at
 1 TB in 64 MB items and ``--shards 1024``, 16 million reads of ~190 kB, which a new bucket serves
-at ~5,000 a second. So a big stage gets a combine step before its barrier (:func:`plan_combine`,
-decided at plan time and kept in the run's spec): combine item (j, b) merges a fixed group j of
+at ~5,000 a second. So a big stage gets a combine step before its barrier, planned once
+(:func:`plan_combine`) and kept in the run's spec: combine item (j, b) merges a fixed group j of
 G consecutive files of the step before, in key block b of NB equal blocks of partitions, into ONE
-file of the same format (:func:`combine`; its partitions outside the block are empty). The stage
-then reads M/G x NB files, and a stage item finds its range in the M/G files of its block: S x M/G
-ranges of about G x D/M / S bytes. In all, about M x NB (x2 when NB > 1: a header read and the
-block's range) + S x M/G reads. G is chosen so that a stage item's ranges are ``read_min`` (4 MB)
-or more, G = S x read_min / (D/M), at most FANIN (one merge pass) and M; NB so that a combined
-file stays under ``file_max`` (1 GB, which bounds a combine item's disk), NB = G x (D/M) /
-file_max, with the block's range in each file at least ``read_min`` too. Then every read is a few
-MB and reads are about 2 x D / read_min + M: they grow with the bytes, not with M x S. No combine
-step when M x S is under ``min_reads`` (250,000 reads, ~50 s of a new bucket's reads: about what
-a combine step costs) or G comes out under 2 (the ranges are big enough already). D/M is
-estimated at plan time as the input bytes per item of the step before (records are ~1x the text
-for dedup, ~3x for electra's examples: ranges and files are then bigger than planned).
-Why this and not the alternatives the issue names: bigger map items shrink M but make a retried
-item costlier and hold more memory; partitions combined per worker are not fixed at plan time,
-so a retry could land in another group; a second round of barriers is a step more for the same
-reads. Merging whole sorted files keeps the global (key, value) order: the combined file is
-exactly the partition file a PartitionWriter would write of the same records, so the outputs
-are the same bytes with the combine step or without it.
+file of the same format (:func:`combine`; its partitions outside the block are empty). A stage
+item then finds its range in the M/G files of its block. Reads: M (NB = 1: whole files) or
+2 x M x NB (a header and the block's range) for the combine step, then S x M/G for the stage.
+G makes a stage item's ranges ``read_min`` (4 MB) or more (G = S x read_min / (D/M), at most FANIN,
+one merge pass, and M); NB keeps a combined file, and so a combine item's disk, under
+``file_max`` (1 GB; NB = G x (D/M) / file_max, at most (D/M) / read_min so that each file's range
+is read_min too). Every read is then a few MB, and reads come to at most ~3 x D / read_min + M:
+they grow with the bytes, not with M x S. No step below ``min_reads`` (250,000 reads, ~50 s of a
+new bucket's reads: about what a step costs) or when G comes out under 2. D/M is estimated as the
+input bytes per item of the step before (records are ~1x the text for dedup, ~3x for electra's
+examples: reads and files are then bigger than planned). docs/coordination.md models it at 1 TB.
+Why this design: the combined file is exactly the partition file a PartitionWriter writes of the
+same records, so the global (key, value) order, and every output byte, is the same with the step
+or without; groups fixed at plan time make a retried combine item merge the same files (per-worker
+combining would not); bigger map items make a retry costlier and hold more memory; blocks keep a
+file bounded whatever S (one block would need S x read_min bytes a file).
 
 Memory is bounded whatever the sizes: the writer buffers about ``budget`` bytes of records, then
 sorts and spills them to a run file and merges the runs at the end; a reduce item downloads its
