@@ -139,3 +139,28 @@ def test_objects_listed_per_item_do_not_grow_with_the_number_of_items(kind, size
     (small, small_calls, a), (big, big_calls, b) = per_item
     assert big <= 1.3 * small, (per_item)
     assert big_calls <= 1.3 * small_calls, (per_item)
+
+
+def test_stages_through_a_combine_step_twenty_workers(fake_gcs, gcs_bucket):
+    """The same with a combine step between the map and the barrier (groups of 4 map files in 2 key
+    blocks): every step drains, nothing twice, every record in one shard; a combine item reads a
+    header and a range of each file of its group, the barrier one header per combined file, and a
+    shard only the combined files of its key block."""
+    sim = load_scale_sim()
+    fig = sim.simulate(gcs_bucket, workers=20, items=60, seconds=0.2, ttl=20, standby=2, run="combined", shards=8,
+                       records=30, reduce_seconds=0.05, combine=(4, 2))
+    assert fig.errors == []
+    assert fig.double_commits == 0
+    assert fig.stranded == 0 and fig.not_done == 0
+    out = open_store(f"gs://{gcs_bucket}/out/combined")
+    shards = sorted(b.name for b in out.list("part-"))
+    counts = [int(out.read(name).split()[1]) for name in shards]
+    assert len(shards) == 8 and sum(counts) == 60 * 30 and max(counts) - min(counts) <= 1
+    sf = fig.stages
+    assert sf.items == {"map": 60, "combine": 15 * 2, "barrier": 1, "shards": 8}
+    assert sf.map_drained <= sf.combine_done <= sf.barrier_done <= sf.last_shard
+    assert sf.combine_reads == [8] * 30  # 4 files, a header and a range each
+    assert sf.in_items["barrier"]["shuffle header"] == 30
+    assert max(sf.shard_downloads) <= 2 * 15  # the 15 files of its block (of two, at a block's edge)
+    text = sim.stage_report(fig) + sim.stage_projection(fig, sim.Scale(gb=1000.0), 180.0)
+    assert "groups of 64 map files in 5 key block(s)" in text and "16,000,000" in text

@@ -130,12 +130,28 @@ def describe_stale(items: list[str]) -> str:
 
 
 def downstream(items: list[Item], reopened: Iterable[str]) -> list[str]:
-    """The items to reopen with these in a run with stages: every item of a later step, since
-    each read what these made. They rewrite the same bytes; nothing else would be redone."""
-    step_of = {i.id: i.step for i in items}
-    first = min((step_of.get(i, 0) for i in reopened), default=None)
-    later = [i.id for i in items if first is not None and i.step > first]
-    return list(dict.fromkeys([*reopened, *later]))
+    """The items to reopen with these in a run with stages: every item that read what one of them
+    made, and so on down the chain. A combine item read only its group of the step before (its
+    meta ``items``); a barrier read every item of the step before, and a stage's items read its
+    barrier's index, so past the first barrier everything later is redone. They rewrite the same
+    bytes; nothing else would be redone."""
+    reopened = list(reopened)
+    wanted = set(reopened)
+    by_step: dict[int, list[Item]] = {}
+    for item in items:
+        by_step.setdefault(item.step, []).append(item)
+    hit = {s for s, members in by_step.items() for i in members if i.id in wanted}
+    if hit:
+        for step in range(min(hit) + 1, max(by_step) + 1):
+            before = by_step.get(step - 1, [])
+            touched = [n for n, i in enumerate(before) if i.id in wanted]
+            if not touched:
+                continue
+            for item in by_step.get(step, []):
+                lo, hi = item.meta.get("items", (0, len(before))) if item.meta.get("combine") else (0, len(before))
+                if any(lo <= n < hi for n in touched):
+                    wanted.add(item.id)
+    return list(dict.fromkeys([*reopened, *(i.id for i in items if i.id in wanted)]))
 
 
 def reopen(store: Store, run: str, items: Iterable[str]) -> None:

@@ -71,6 +71,9 @@ class MemoryStore(Store):
 
     def read(self, name: str, start: int = 0, end: int | None = None, version: str | None = None) -> bytes:
         self._request("read", name)
+        return self._bytes(name, start, end, version)
+
+    def _bytes(self, name: str, start: int, end: int | None, version: str | None) -> bytes:
         data, gen = self._get(name)
         if version is not None and version != self._version(gen):
             raise Changed(f"{self.url}/{name}: changed since it was planned")
@@ -83,6 +86,9 @@ class MemoryStore(Store):
     def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,
               idempotent: bool = False) -> int:
         self._request("write", name)
+        return self._put(name, data, if_generation_match)
+
+    def _put(self, name: str, data: bytes, if_generation_match: int | None) -> int:
         full, b = self._full(name), self._b
         with b.lock:
             current = b.objects.get(full, (b"", 0))[1]
@@ -97,11 +103,13 @@ class MemoryStore(Store):
     def upload_file(self, name: str, path: str) -> int:
         with open(path, "rb") as f:
             data = f.read()
-        return self.write(name, data)
+        self._request("upload_file", name)
+        return self._put(name, data, None)
 
     def download_file(self, name: str, path: str, start: int = 0, end: int | None = None,
                       version: str | None = None) -> None:
-        data = self.read(name, start, end, version)
+        self._request("download_file", name)  # one request, as a ranged download is on Cloud Storage
+        data = self._bytes(name, start, end, version)
         with open(path, "wb") as f:
             f.write(data)
 
