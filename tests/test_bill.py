@@ -100,11 +100,13 @@ def test_the_shuffles_reads_are_one_formula_over_map_items_shards_and_bytes():
     assert reads.reads == 2 * 1563 + 1024 * (1563 + 3) and round(reads.reads / 1e6, 1) == 1.6
     assert 100 * 10**9 < reads.bytes < 101 * 10**9  # every record once, and headers and index rows
     steps = [0] * 1563 + [1] + [2] * 1024  # the map, the barrier, the stage (fleet.core.run.StepPlan)
-    with_stage = estimate.bucket_estimate(steps, 100 * 10**9, processes=1600)
+    stages = [estimate.Boundary(1563, 1024)]
+    with_stage = estimate.bucket_estimate(steps, 100 * 10**9, processes=1600, stages=stages)
     without = estimate.bucket_estimate(steps[:1563], 100 * 10**9, processes=1600)
     assert with_stage.shuffle == reads and with_stage.reads > reads.reads > without.reads
     lines = estimate.estimate([64_000_000] * 1563 + [0] * 1025, 200, 8, 0, True,
-                              estimate.Rates(5.0, 3.0, 0.0335, 0.01), None, item_steps=steps).lines()
+                              estimate.Rates(5.0, 3.0, 0.0335, 0.01), None, item_steps=steps,
+                              stages=stages).lines()
     shuffle = next(line for line in lines if "shuffle" in line)
     assert f"{reads.reads:,} ranged reads" in shuffle and f"≈ {estimate.usd(reads.reads * 0.0004 / 1000)}" in shuffle
 
@@ -131,3 +133,22 @@ def test_the_price_is_the_published_one_per_operation_class():
     Class B $0.02 (Standard storage in a region)."""
     prices = estimate.OperationPrices()
     assert prices.usd(10_000, 0) == pytest.approx(0.05) and prices.usd(0, 50_000) == pytest.approx(0.02)
+
+
+def test_a_combine_step_makes_the_shuffles_reads_grow_with_the_bytes_not_with_map_items_times_shards():
+    """1 TB in 64 MB items and --shards 1024: 16 million ranged reads straight from the map's files;
+    through the combine step the plan gives (groups of 64 in 5 key blocks: docs/coordination.md),
+    about 490,000 (410,000 of them read records, the rest leases and index rows). And the run's
+    own chain of steps says where its boundaries are."""
+    from fleet.core.run import RunSpec, StepPlan
+    from fleet.core.shuffle import Combine
+
+    direct = estimate.shuffle_reads(15_625, 1024, 10**12)
+    combined = estimate.shuffle_reads(15_625, 1024, 10**12, Combine(64, 5))
+    assert direct.reads > 16_000_000 and 450_000 < combined.reads < 520_000
+    double = estimate.shuffle_reads(2 * 15_625, 1024, 2 * 10**12, Combine(64, 5))
+    assert 1.9 < double.reads / combined.reads < 2.1  # twice the data, twice the reads
+    spec = RunSpec("r", "j", {}, "gs://b/o", "v", stages=[{"name": "shards", "items": 1024, "balanced": True}],
+                   combine=[{"group": 64, "blocks": 5}])
+    steps = [0] * 15_625 + [1] * 245 * 5 + [2] + [3] * 1024
+    assert estimate.boundaries(StepPlan(spec), steps) == [estimate.Boundary(15_625, 1024, Combine(64, 5))]

@@ -128,7 +128,7 @@ class StepPlan:
 
     def __init__(self, spec: "RunSpec"):
         self.stages = [Stage(**s) for s in spec.stages]
-        combines = [Combine(**c) for c in spec.combine]
+        combines = self.combines = [Combine(**c) for c in spec.combine]
         self.steps = [Step(MAP)]
         for g, stage in enumerate(self.stages):
             combine = combines[g] if g < len(combines) else Combine()
@@ -165,6 +165,12 @@ class StepPlan:
         if s.kind == BARRIER or step == self.last:
             return ""
         return self.steps[step + 1].stage.name
+
+    def combine_of(self, step: int) -> Combine:
+        """The combine step the stage of ``step`` reads through (``Combine()``: none)."""
+        stage = self.steps[step].stage
+        g = next((i for i, s in enumerate(self.stages) if s is stage), None)
+        return self.combines[g] if g is not None and g < len(self.combines) else Combine()
 
     def partitions(self, step: int) -> int:
         """How many key ranges the records of a step feeding a stage are cut into."""

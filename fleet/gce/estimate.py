@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from fleet.core.run import ITEMS, StepPlan
+from fleet.core.shuffle import Combine
 from fleet.core.store.metered import list_pages
 
 EFFICIENCY = 0.8  # boot, the last items' tail, lease and upload I/O (docs/costs.md)
@@ -106,22 +108,54 @@ class ShuffleReads:
     bytes: int  # what they read
 
 
-def shuffle_reads(map_items: int, shards: int, stage_bytes: int) -> ShuffleReads:
+@dataclass(frozen=True)
+class Boundary:
+    """One stage boundary of a run: ``producers`` items write records for a stage of ``readers``
+    items, through a combine step or not (fleet.core.shuffle.Combine, as the plan gave it)."""
+
+    producers: int
+    readers: int
+    combine: Combine = Combine()
+
+
+def boundaries(steps: StepPlan, item_steps: Sequence[int]) -> list[Boundary]:
+    """The run's stage boundaries, from its chain of steps and each item's step."""
+    count: dict[int, int] = {}
+    for step in item_steps:
+        count[step] = count.get(step, 0) + 1
+    out, first = [], 1  # the first step of the stage being read: its combine step or its barrier
+    for step in range(1, steps.last + 1):
+        if steps.kind(step) == ITEMS:
+            out.append(Boundary(count.get(first - 1, 0), count.get(step, 0), steps.combine_of(step)))
+            first = step + 1
+    return out
+
+
+def shuffle_reads(map_items: int, shards: int, stage_bytes: int, combine: Combine = Combine()) -> ShuffleReads:
     """The reads of one stage boundary: ``map_items`` items write records for a stage of
     ``shards`` items, ``stage_bytes`` of them in all (fleet.core.shuffle says why each read is there).
 
-    The barrier reads each map item's lease and its file's header (2 per map item); each of the
-    stage's items stats the index and reads its head and its rows (3: the head is read once per
-    worker, so fewer), then downloads its range of every map item's file: at real sizes every
-    file holds records in every range, so M x S downloads, one request however many bytes
-    (fewer when map items hold fewer records than there are shards). The bytes: every record
-    once, the files' headers, and each shard item's rows of the index (SPLIT + 1 of them)."""
+    Without a combine step: the barrier reads each map item's lease and its file's header (2 per
+    map item); each of the stage's items stats the index and reads its head and its rows (3: the
+    head is read once per worker, so fewer), then downloads its range of every map item's file:
+    at real sizes every file holds records in every range, so M x S downloads, one request
+    however many bytes. With one (G files a group, B key blocks): each combine item reads the
+    leases of its group and, per file, the whole file (B = 1) or its header and its block's range;
+    the barrier indexes the M/G x B combined files (a lease and a header each); a stage item reads
+    the M/G combined files of its key block. The bytes: every record once (twice through a
+    combine step: read by it, then by the stage), the files' headers, and the index rows."""
     from fleet.core.shuffle import SPLIT, header_size
 
-    reads = 2 * map_items + shards * (map_items + 3)
-    headers = map_items * header_size(SPLIT * shards)
-    rows = shards * (SPLIT + 1) * map_items * 8
-    return ShuffleReads(reads, stage_bytes + headers + rows)
+    parts = SPLIT * shards
+    if not combine:
+        reads = 2 * map_items + shards * (map_items + 3)
+        return ShuffleReads(reads, stage_bytes + map_items * header_size(parts) + shards * (SPLIT + 1) * map_items * 8)
+    groups, blocks = math.ceil(map_items / combine.group), combine.blocks
+    files = groups * blocks
+    combining = map_items * blocks * (2 if blocks > 1 else 1) + map_items * blocks
+    reads = combining + 2 * files + shards * (groups + 3)
+    headers = (map_items * blocks + files) * header_size(parts)
+    return ShuffleReads(reads, 2 * stage_bytes + headers + shards * (SPLIT + 1) * files * 8)
 
 
 @dataclass(frozen=True)
@@ -168,10 +202,11 @@ def usd(amount: float) -> str:
 
 
 def bucket_estimate(item_steps: Sequence[int], map_bytes: int, processes: int, model: RequestModel = MODEL,
-                    prices: OperationPrices = PRICES) -> BucketEstimate:
-    """The bucket operations of a run whose items are at ``item_steps`` (fleet.core.run.StepPlan: 0
-    the map, 2g-1 the barrier of stage g, 2g its items), worked on by ``processes`` worker
-    processes in all. A stage's records are taken to be as many bytes as the map's input."""
+                    prices: OperationPrices = PRICES, stages: Sequence[Boundary] = ()) -> BucketEstimate:
+    """The bucket operations of a run whose items are at ``item_steps`` (fleet.core.run.Item.step,
+    0 the map), with ``stages`` its stage boundaries (:func:`boundaries`), worked on by
+    ``processes`` worker processes in all. A stage's records are taken to be as many bytes as
+    the map's input."""
     items = len(item_steps)
     per_step: dict[int, int] = {}
     for step in item_steps:
@@ -184,10 +219,9 @@ def bucket_estimate(item_steps: Sequence[int], map_bytes: int, processes: int, m
     reads = items * (model.lease_reads + model.output_stats + model.finish_reads) + map_items * model.input_reads \
         + processes * model.start_reads
     shuffle = None
-    for step in sorted(per_step):
-        if step and not step % 2:  # a stage's items: fed by the step two before
-            s = shuffle_reads(per_step.get(step - 2, 0), per_step[step], map_bytes)
-            shuffle = s if shuffle is None else ShuffleReads(shuffle.reads + s.reads, shuffle.bytes + s.bytes)
+    for b in stages:
+        s = shuffle_reads(b.producers, b.readers, map_bytes, b.combine)
+        shuffle = s if shuffle is None else ShuffleReads(shuffle.reads + s.reads, shuffle.bytes + s.bytes)
     if shuffle is not None:
         reads += shuffle.reads
     return BucketEstimate(items, pages, writes, reads, shuffle, prices)
@@ -267,9 +301,11 @@ def derived_bound_hours(wall_s: float) -> float:
 
 
 def estimate(item_sizes: list[int], workers: int, vcpus: int, workers_per_vm: int, spot: bool, rates: Rates,
-             max_run_hours: float | None, item_steps: Sequence[int] | None = None) -> Estimate:
+             max_run_hours: float | None, item_steps: Sequence[int] | None = None,
+             stages: Sequence[Boundary] = ()) -> Estimate:
     """``max_run_hours`` None derives the bound; 0 means none; otherwise it is the bound.
-    ``item_steps``: each item's step (fleet.core.run.Item.step), for a run with stages; else all map items."""
+    ``item_steps``: each item's step (fleet.core.run.Item.step), and ``stages`` the run's stage
+    boundaries (:func:`boundaries`), for a run with stages; else all map items."""
     procs = workers_per_vm or vcpus
     total_mb = sum(item_sizes) / 1e6
     busy = max(1, min(workers * procs, len(item_sizes)))
@@ -280,6 +316,6 @@ def estimate(item_sizes: list[int], workers: int, vcpus: int, workers_per_vm: in
     price = rates.spot_vcpu_hour_usd if spot else rates.vcpu_hour_usd
     bound = derived_bound_hours(wall_s) if max_run_hours is None else max_run_hours
     steps = [0] * len(item_sizes) if item_steps is None else list(item_steps)
-    bucket = bucket_estimate(steps, sum(item_sizes), workers * procs)
+    bucket = bucket_estimate(steps, sum(item_sizes), workers * procs, stages=stages)
     return Estimate(sum(item_sizes), len(item_sizes), workers, vcpus, procs, spot, work_s, wall_s, vm_hours,
                     vm_hours * vcpus, price, round(bound, 4), max_run_hours is None, rates, bucket)
