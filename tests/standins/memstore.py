@@ -37,9 +37,19 @@ class MemoryStore(Store):
                  on_request: Callable[[str, str], None] = lambda method, name: None, *, _bucket=None,
                  _prefix: str = ""):
         self.url = url
-        self.latency, self.on_request = latency, on_request
         self._b = _bucket or _Bucket()
+        if _bucket is None:
+            self._b.latency, self._b.on_request = latency, on_request
         self.prefix = _prefix
+
+    @property
+    def latency(self) -> Callable[[], float]:
+        return self._b.latency
+
+    @latency.setter
+    def latency(self, value: Callable[[], float]) -> None:
+        """Every view of the bucket waits alike: the simulation's own checks set it to nothing."""
+        self._b.latency = value
 
     def view(self, url: str) -> "MemoryStore":
         """The store for ``url``, a place in this bucket (``<this url>/some/prefix``)."""
@@ -47,14 +57,14 @@ class MemoryStore(Store):
         if rest is None:
             raise ValueError(f"{url} is not in {self.url}")
         prefix = "/".join(p for p in (self.prefix, rest) if p)
-        return MemoryStore(url.rstrip("/"), self.latency, self.on_request, _bucket=self._b, _prefix=prefix)
+        return MemoryStore(url.rstrip("/"), _bucket=self._b, _prefix=prefix)
 
     def _full(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def _request(self, method: str, name: str) -> None:
-        self.on_request(method, self._full(name))
-        wait = self.latency()
+        self._b.on_request(method, self._full(name))
+        wait = self._b.latency()
         if wait > 0:
             time.sleep(wait)
 
