@@ -220,9 +220,10 @@ class Sink(abc.ABC):
 
 @dataclass(frozen=True)
 class RunManifest:
-    """A finished run's exact counts: per input file (summed over its items' counters) and per
-    output (what ``Sink.count`` recorded), by counter name; ``outputs`` maps output names
-    (relative to the output place) to their counts, in output-name order."""
+    """A finished run's exact counts: per input file (summed over its items' counters; a file of a
+    grouped item: what ``ItemInput.count`` gave it, and its bytes) and per output (what
+    ``Sink.count`` recorded), by counter name; ``outputs`` maps output names (relative to the
+    output place) to their counts, in output-name order."""
 
     sources: dict[str, dict[str, int]]
     outputs: dict[str, dict[str, int]]

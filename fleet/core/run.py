@@ -231,8 +231,10 @@ def make_items(job: Job, config: Any, inputs: list[Source], item_bytes: int,
     """Cut every input into items of about item_bytes, as the job says (Job.cut); with ``group``,
     whole files smaller than an item packed together (group_pieces, ``max_files`` at most).
 
-    Files are looked at in parallel: a job's cut may read a file's first bytes, and on
-    gs:// a corpus of thousands of shards would otherwise plan at one request at a time."""
+    Files in a bucket are looked at in parallel: a job's cut may read a file's first bytes, and on
+    gs:// a corpus of thousands of shards would otherwise plan at one request at a time. Local
+    files are looked at in turn: threads only contend for the interpreter there (20,000 one-line
+    files: 2.0 s of CPU with 16 threads, 1.0 s without)."""
     from concurrent.futures import ThreadPoolExecutor
 
     nonempty = []
@@ -246,8 +248,11 @@ def make_items(job: Job, config: Any, inputs: list[Source], item_bytes: int,
     def cut(inp: Source) -> tuple[Source, list[Piece]]:
         return inp, list(job.cut(inp, item_bytes, config, options))
 
-    with ThreadPoolExecutor(max(1, min(16, len(nonempty)))) as pool:
-        cuts = list(pool.map(cut, nonempty))
+    if any("://" in inp.url for inp in nonempty):
+        with ThreadPoolExecutor(max(1, min(16, len(nonempty)))) as pool:
+            cuts = list(pool.map(cut, nonempty))
+    else:
+        cuts = [cut(inp) for inp in nonempty]
     units = group_pieces(cuts, item_bytes, max_files) if group else [[(inp, p)] for inp, ps in cuts for p in ps]
     width = max(5, len(str(len(units) - 1)))
     items = []
