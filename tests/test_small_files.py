@@ -148,6 +148,18 @@ def test_items_of_a_grouped_plan_round_trip_through_items_jsonl(tmp_path):
     assert json.loads(store.read(spec_name("r")))["group_files"] == 1
 
 
+def test_fleet_plan_says_how_many_small_files_it_packed(tmp_path):
+    from tests.helpers.cli import fleet
+
+    one_line_files(tmp_path / "in", 30)
+    proc = fleet("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", tmp_path / "in",
+                 "--output", tmp_path / "out", "--item-mb", "0.001")
+    assert proc.returncode == 0, proc.stderr
+    items = load_items(open_store(str(tmp_path / "b")), "r")
+    assert len(items) >= 2 and all(len(i.parts) >= 2 for i in items)
+    assert f"run r planned: {len(items)} items (30 small files packed into {len(items)} of them)," in proc.stderr
+
+
 # -- 2. the case: many one-line files, few outputs, the same documents -----------------------
 
 
