@@ -23,7 +23,7 @@ from fleet.job import (ConfigError, Converter, ItemContext, ItemInput, Job, Open
 from fleet_jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
 from fleet_jobs.text.inputs.places import Place
 from fleet_jobs.text.output import example_sink
-from fleet_jobs.text.parts import GroupReading
+from fleet_jobs.text.parts import GroupReading, item_slice
 from fleet_jobs.text.provenance import PlacedDocuments, check_provenance
 
 
@@ -114,12 +114,6 @@ def _piece(s: Slice) -> Piece:
     if s.format == "parquet":
         meta["unit"] = "row groups"
     return Piece(s.start, s.end, s.size, meta)
-
-
-def item_slice(item: ItemInput) -> Slice:
-    """The slice an item's input is (the inverse of _piece)."""
-    return Slice(item.url, item.name, item.start, item.end, item.meta.get("format", "text"),
-                 item.meta.get("compression", "none"), item.version, bool(item.meta.get("cuts_document")), 0)
 
 
 def item_documents(item: ItemInput, ctx: ItemContext, tally: Tally, places: list[Place] | None = None

@@ -7,11 +7,12 @@ manifest (``ItemInput.count``) holds its documents and bad records, and a file t
 read at all (gone or changed since the plan, or not in its format: more bad records than the
 share allows) fails alone. That file's failure is one line naming it, kept in the item's stats
 (``files_failed``, ``failed_files``) and in its row; the item goes on with the next file, so
-nothing else of the group is lost. A file the store refuses to serve (a 403: access, not data)
-fails the attempt instead, naming the file: the item is retried, and after its attempts fails
-whole, for ``--retry-failed`` once access is fixed, rather than be done without that file. Documents a file handed on before it failed stay (the bad
+nothing else of the group is lost. Documents a file handed on before it failed stay (the bad
 share is judged as a file is read, as in any item), as a compressed file's documents before a
-break do. A file always ends a document: no document spans two files.
+break do. A file the store refuses to serve (a 403: access, not data) fails the attempt instead,
+naming the file: the item is retried, and after its attempts fails whole, for
+``--retry-failed`` once access is fixed, rather than be done without that file. A file always
+ends a document: no document spans two files.
 
 Small files of a bucket are read ahead by a few threads (on ``gs://`` each is a request of its
 own), within a bound of bytes held; local ones are read in turn (threads only contend for the
@@ -37,10 +38,10 @@ READERS = 8  # threads reading ahead
 MAX_FAILED_SHOWN = 20  # one-line errors of failed files an item's stats keep (all are counted)
 
 
-def part_slice(part: ItemInput) -> Slice:
-    """The slice one file of an item is."""
-    return Slice(part.url, part.name, part.start, part.end, part.meta.get("format", "text"),
-                 part.meta.get("compression", "none"), part.version, bool(part.meta.get("cuts_document")), 0)
+def item_slice(item: ItemInput) -> Slice:
+    """The slice an item's input (or one file of a grouped item) is (the inverse of job._piece)."""
+    return Slice(item.url, item.name, item.start, item.end, item.meta.get("format", "text"),
+                 item.meta.get("compression", "none"), item.version, bool(item.meta.get("cuts_document")), 0)
 
 
 class GroupReading:
@@ -63,7 +64,7 @@ class GroupReading:
             own = Tally()
             docs = 0
             try:
-                for doc in read_slice(part_slice(part), self.workdir, own, self.options, places, n, data()):
+                for doc in read_slice(item_slice(part), self.workdir, own, self.options, places, n, data()):
                     docs += 1
                     n += 1
                     if not n % every:
