@@ -187,6 +187,11 @@ def test_grouped_outputs_are_the_same_bytes_whatever_the_workers(tmp_path):
     assert one.status.items == three.status.items >= 4
     assert outputs(tmp_path / "w1") == outputs(tmp_path / "w3")
     assert (tmp_path / "w1" / MANIFEST).read_bytes() == (tmp_path / "w3" / MANIFEST).read_bytes()
+    # A follower hands on the outputs, not the per-file counts kept beside the leases.
+    from fleet.core.follow import follow
+
+    followed = [os.path.basename(o.url) for o in follow(str(tmp_path / "w3" / ".fleet"), RUN, poll=0.1)]
+    assert sorted(followed) == sorted(outputs(tmp_path / "w3"))
 
 
 def test_a_grouped_item_killed_while_converting_is_converted_again_into_the_same_bytes(tmp_path):
