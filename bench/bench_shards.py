@@ -4,13 +4,17 @@ bigger than its memory budget.
 
     .venv/bin/python bench/bench_shards.py [--repeat 10] [--shards 16] [--workers 2] [--rounds 5]
                                            [--vocab vocab.txt] [--rss-shuffle-mb 8] [--rss-repeat 10]
+                                           [--combine 4 --combine-blocks 1]
 
 Stage times: ``fleet local`` on the short-document corpus (bench/short_corpus.py) repeated
 ``--repeat`` times, job electra_zh_en, once plain (the map only: one file per item), once with
-``--shards N``, once with ``--dedup exact`` and once with both, each in a fresh OUT_DIR. Per
-stage: the sum over its items of the ``seconds`` their leases record (claim to upload, the
-item's own work), from ``StatusReader.leases()``; an item's step says its stage (0 the map, odd
-a stage's barrier, even its items: fleet.core.run.StepPlan). Beside them the whole command's
+``--shards N``, once with ``--dedup exact`` and once with both, each in a fresh OUT_DIR; with
+``--combine G``, once more ``--shards N`` with a combine step before the shards (groups of G map
+files, in ``--combine-blocks`` key blocks; a run this small gets none by itself: the command runs
+with fleet.core.shuffle.COMBINE_RULE set to that shape). Per stage: the sum over its items of the
+``seconds`` their leases record (claim to upload, the item's own work), from
+``StatusReader.leases()``; an item's step says its stage (fleet.core.run.StepPlan: the map, a
+stage's combine step, its barrier, its items). Beside them the whole command's
 wall and CPU (user + system of the process tree, ``os.wait4``). On a shared 2-core machine
 these are noisy: each run is repeated ``--rounds`` times and the one with the least CPU kept,
 and the figures are compared as ratios within one invocation. The short corpus repeats each
@@ -71,23 +75,32 @@ def stage_seconds(state: str) -> tuple[dict[str, float], dict[str, int]]:
     from fleet.core.status import StatusReader
     from fleet.core.store import open_store
 
+    from fleet.core.run import BARRIER
+
     store = open_store(state)
     steps = StepPlan(load_spec(store, RUN))
     step_of = {i.id: i.step for i in load_items(store, RUN)}
     seconds: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.Counter()
     for item, lease in sorted(StatusReader(store, RUN).leases().items(), key=lambda kv: step_of[kv[0]]):
-        step = step_of[item]  # in step order: the map, then each stage's barrier and items
-        name = steps.name(step) + (" barrier" if step % 2 else "")
+        step = step_of[item]  # in step order: the map, then each stage's combine step, barrier and items
+        name = steps.name(step) + (" barrier" if steps.kind(step) == BARRIER else "")
         seconds[name] += float(lease.stats.get("seconds", 0.0))
         counts[name] += 1
     return dict(seconds), dict(counts)
 
 
-def fleet_local(label: str, corpus: str, out: str, vocab: str, workers: int, extra: list[str]) -> RunFigures:
+def fleet_local(label: str, corpus: str, out: str, vocab: str, workers: int, extra: list[str],
+                combine: tuple[int, int] | None = None) -> RunFigures:
+    """``combine``: (group, blocks) of a combine step forced on the run's stages."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [os.path.join(os.path.dirname(sys.executable), "fleet"), "local", corpus, out, "--job", JOB,
-           "--workers", str(workers), "--set", f"vocab_file={vocab}", *extra]
+    fleet = [os.path.join(os.path.dirname(sys.executable), "fleet")]
+    if combine:  # the planner is the command's own process: set its rule, then run the CLI as it is
+        fleet = [sys.executable, "-c", "from fleet.core import shuffle; "
+                 f"shuffle.COMBINE_RULE = shuffle.CombineRule(group={combine[0]}, blocks={combine[1]}); "
+                 "from fleet.cli import main; main()"]
+    cmd = [*fleet, "local", corpus, out, "--job", JOB, "--workers", str(workers), "--set", f"vocab_file={vocab}",
+           *extra]
     r = run_process(cmd)
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
@@ -103,17 +116,21 @@ def stage_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
         "--dedup exact": ["--dedup", "exact"],
         f"--dedup exact --shards {args.shards}": ["--dedup", "exact", "--shards", str(args.shards)],
     }
+    combined_label = f"--shards {args.shards}, combine {args.combine}x{args.combine_blocks}"
+    if args.combine:
+        modes[combined_label] = ["--shards", str(args.shards)]
     best: dict[str, RunFigures] = {}
     shares: dict[str, list[float]] = collections.defaultdict(list)  # the shuffle stage's share, each round
     for _ in range(args.rounds):
         for label, extra in modes.items():
-            r = fleet_local(label, corpus, os.path.join(folder, "out"), vocab, args.workers, extra)
+            forced = (args.combine, args.combine_blocks) if label == combined_label else None
+            r = fleet_local(label, corpus, os.path.join(folder, "out"), vocab, args.workers, extra, forced)
             if label not in best or r.cpu < best[label].cpu:
                 best[label] = r
             if "shards" in r.seconds:
-                stage = r.seconds["shards"] + r.seconds.get("shards barrier", 0.0)
+                stage = sum(s for name, s in r.seconds.items() if name.startswith("shards"))
                 shares[label].append(stage / (r.item_seconds - stage))
-    plain, shards, dedup, both = (best[m] for m in modes)
+    plain, shards, dedup, both = (best[m] for m in list(modes)[:4])
     docs = plain.summary.get("documents", 0)
     lines = [f"input: the short-document corpus x{args.repeat} ({os.path.getsize(corpus) / 1e6:.1f} MB, "
              f"{docs:,} documents), job {JOB}, fleet local --workers {args.workers}; per mode the round with the "
@@ -128,7 +145,7 @@ def stage_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
                  "in brackets: items)")
 
     def shuffle_share(r: RunFigures) -> tuple[float, float]:
-        stage = r.seconds.get("shards", 0.0) + r.seconds.get("shards barrier", 0.0)
+        stage = sum(s for name, s in r.seconds.items() if name.startswith("shards"))  # its combine step too
         before = r.item_seconds - stage
         return stage, before
 
@@ -160,6 +177,20 @@ def stage_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
                  f"({', '.join(f'{n} {s:.2f}' for n, s in both.seconds.items())}); the shuffle stage "
                  f"= {100 * stage / before:.0f}% of the stages before it ({spread(shares[both.label])}); run wall {both.run_wall / plain.run_wall:.2f}x "
                  f"the plain run's")
+    if args.combine:
+        combined = best[combined_label]
+        stage, before = shuffle_share(combined)
+        step, n = combined.seconds.get("shards combine", 0.0), combined.counts.get("shards combine", 0)
+        lines += [
+            f"{combined_label}: the shuffle stage (combine step {step:.2f} s in {n} "
+            f"items + barrier + {combined.counts.get('shards', 0)} shard items) took {stage:.2f} s = "
+            f"{100 * stage / before:.0f}% of the map stage's {before:.2f} s ({spread(shares[combined_label])}); "
+            f"without the combine step {shuffle_share(shards)[0]:.2f} s",
+            f"  against --shards {args.shards} without it: item seconds "
+            f"{combined.item_seconds / shards.item_seconds:.2f}x, "
+            f"run wall {combined.run_wall / shards.run_wall:.2f}x, command wall {combined.wall / shards.wall:.2f}x, "
+            f"CPU {combined.cpu / shards.cpu:.2f}x",
+        ]
     return lines
 
 
@@ -254,6 +285,9 @@ def main() -> None:
     ap.add_argument("--rss-shuffle-mb", type=float, default=8.0, help="the budget of the peak RSS run (0: skip it)")
     ap.add_argument("--rss-repeat", type=int, default=10, help="the short corpus this many times for the RSS run")
     ap.add_argument("--rss-item-mb", type=float, default=6.0, help="map item size of the RSS run")
+    ap.add_argument("--combine", type=int, default=0,
+                    help="also a --shards run with a combine step of groups of this many map files (0: none)")
+    ap.add_argument("--combine-blocks", type=int, default=1, help="key blocks of that combine step")
     ap.add_argument("--worker-child", nargs=3, metavar=("BUCKET", "NAME", "LOG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker_child:

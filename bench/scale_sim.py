@@ -26,6 +26,7 @@ that queue rather than the protocol.
     .venv/bin/python bench/scale_sim.py                    # 200 workers, 2,000 items: ~6 min
     .venv/bin/python bench/scale_sim.py --workers 30 --items 200 --seconds 0.5 --ttl 20
     .venv/bin/python bench/scale_sim.py --workers 200 --items 2000 --seconds 15 --shards 256   # stages
+    .venv/bin/python bench/scale_sim.py --workers 100 --items 400 --seconds 5 --shards 64 --records 400 --combine 8
 
 With ``--shards N`` the run has stages (issue 19): the map items emit ``--records`` keyed records
 each, a barrier indexes them, and N shard items read them and sleep. Then it also prints, per
@@ -40,6 +41,13 @@ once per worker, its rows once, and one range per map item with records in its r
 real sizes is every map item), under stated assumptions (GCS latency, 16 parallel reads,
 throughputs from bench_shards.py). The printout says which figures are measured and which projected.
 
+With ``--combine G`` the shards stage gets a combine step (fleet.core.shuffle.combine: groups of G map
+files, in ``--combine-blocks`` key blocks) between the map and the barrier, forced: the sim's items
+are stand-ins for 64 MB ones, so the plan's own rule (which sizes G from the input bytes) would not
+choose it. The per-step figures then have a "combine" row, and the projection sets the stage read
+straight from the map's files (as without the step) beside the plan the rule makes at that size,
+at 100 GB and at 1 TB.
+
 All threads share one storage client (one process); a fleet has one per VM.
 The figures say where fake-gcs-server and this one Python process are the
 bottleneck, and the closing notes relate them to Cloud Storage's limits.
@@ -49,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import socket
 import statistics
@@ -65,11 +74,25 @@ if ROOT not in sys.path:
 
 SLEEPJOB = "tests.helpers.sleepjob:JOB"
 COORDINATION = ("lease write", "lease renew", "lease read", "lease list", "final marker", "final list", "heartbeat",
-                "idle marker", "run spec")
+                "idle marker", "run spec", "done list", "done marker", "released list", "released marker")
 # Renewals run in a thread beside the conversion: requests, but no worker time.
 COORDINATION_TIME = tuple(k for k in COORDINATION if k != "lease renew")
 WRITES = ("write", "upload_file", "delete")  # the store calls that mutate an object (or try to)
+# What Cloud Storage bills each store call's requests as (cloud.google.com/storage/pricing): writes and
+# list pages are Class A, reads and metadata Class B, deletes free.
+BILLING = {"write": "class A", "upload_file": "class A", "list": "class A", "read": "class B",
+           "read_generation": "class B", "download_file": "class B", "stat": "class B", "delete": "free"}
+
+def _prices() -> dict[str, float]:
+    """USD a request, by class: fleet.gce.estimate's list prices (one place for them)."""
+    from fleet.gce.estimate import PRICES
+
+    return {"class A": PRICES.class_a_per_1000 / 1000, "class B": PRICES.class_b_per_1000 / 1000, "free": 0.0}
+
+
+PRICE = _prices()
 STEPS = ("map", "barrier", "shards")  # a run with --shards: step 0, 1 and 2 (fleet.core.run.StepPlan)
+COMBINED_STEPS = ("map", "combine", "barrier", "shards")  # ... with --combine: steps 0 to 3
 
 
 @dataclass
@@ -96,6 +119,10 @@ class StageFigures:
     shard_seconds: list[float] = field(default_factory=list)
     shard_downloads: list[int] = field(default_factory=list)  # partition-file downloads per shard item
     barrier_lease_tries: int = 0  # writes tried on the barrier's lease object in its busiest second (412s too)
+    steps: tuple[str, ...] = STEPS  # COMBINED_STEPS with a combine step
+    combine: tuple[int, int] = (0, 0)  # its (group, key blocks)
+    combine_reads: list[int] = field(default_factory=list)  # reads of partition files per combine item
+    combine_done: float = 0.0  # its last commit
 
 
 @dataclass
@@ -120,6 +147,12 @@ class Figures:
     last_claim: float = 0.0  # when the last item was first claimed, from start
     errors: list[str] = field(default_factory=list)
     stages: StageFigures | None = None  # a run with --shards
+    classes: dict[str, int] = field(default_factory=dict)  # requests by Cloud Storage billing class
+    hot_object: tuple[str, int] = ("", 0)  # the object written most often in one second, and how often
+
+    def list_pages(self) -> int:
+        """List requests (pages of at most 1,000 objects) of every kind."""
+        return sum(v for k, v in self.requests.items() if k.endswith(" list"))
 
     @property
     def coordination_seconds(self) -> float:
@@ -150,6 +183,25 @@ class _Meter:
         self.writes: list[tuple[float, str, int | None, bool]] = []  # (time, object, step, took)
         self.commit_time: dict[str, float] = {}
         self.downloads: collections.Counter[str] = collections.Counter()  # item -> partition files downloaded
+        self.classes: collections.Counter[str] = collections.Counter()  # Cloud Storage's billing class -> requests
+        self.active = False  # counting requests: from install() to restore()
+        self.headers: collections.Counter[str] = collections.Counter()  # item -> partition file headers read
+
+    def count_request(self) -> None:
+        """One request to the bucket (an HTTP request; in memory, a call or a page of a listing),
+        attributed to the store call this thread is in."""
+        if not self.active:
+            return  # planning, or the checks after the run
+        kind = getattr(self.local, "kind", None) or "unattributed"
+        cls = BILLING.get(getattr(self.local, "method", None) or "", "class B")
+        step = self.step_now()
+        with self.lock:
+            self.requests[kind] += 1
+            self.classes[cls] += 1
+            if step is None:
+                self.loop_requests.append((time.time(), kind))
+            else:
+                self.stage_requests[step, kind] += 1
 
     def patch(self, owner, attr, make):
         original = getattr(owner, attr)
@@ -157,6 +209,7 @@ class _Meter:
         setattr(owner, attr, make(original))
 
     def restore(self):
+        self.active = False
         for owner, attr, original in reversed(self.undo):
             setattr(owner, attr, original)
         self.undo.clear()
@@ -181,12 +234,16 @@ class _Meter:
                     "stat": "shuffle stat"}.get(method, f"shuffle {method}")
         if method in ("download_file",):
             return "input"
-        if method == "upload_file":
-            return "output"
+        if method == "upload_file" or "/part-" in name or name.endswith("/manifest.json"):
+            return "output" if method in WRITES else f"output {method}"
         if "/leases/" in name:
             return {"write": "lease write", "read_generation": "lease read", "list": "lease list"}.get(method, "lease other")
         if "/final/" in name:
             return {"write": "final marker", "list": "final list"}.get(method, "final other")
+        if "/done/" in name:
+            return {"write": "done marker", "list": "done list"}.get(method, "done other")
+        if "/released/" in name:
+            return {"write": "released marker", "list": "released list"}.get(method, "released other")
         if "/workers/" in name:
             return "heartbeat"
         if "/idle/" in name:
@@ -203,6 +260,7 @@ class _Meter:
         from fleet.core.store.gcs import GCSStore
 
         meter = self
+        self.active = True
 
         def timed(method):
             def make(original):
@@ -212,7 +270,8 @@ class _Meter:
                     if kind == "lease write" and isinstance(threading.current_thread(), _Renewer):
                         kind = "lease renew"
                     outer = getattr(meter.local, "kind", None)
-                    meter.local.kind = kind
+                    outer_method = getattr(meter.local, "method", None)
+                    meter.local.kind, meter.local.method = kind, method
                     t0 = time.perf_counter()
                     took = False
                     try:
@@ -228,23 +287,22 @@ class _Meter:
                                 meter.writes.append((time.time(), full, meter.step_now(), took))
                             if kind == "shuffle download":
                                 meter.downloads[getattr(meter.local, "item", None)] += 1
-                        meter.local.kind = outer
+                            elif kind == "shuffle header":
+                                meter.headers[getattr(meter.local, "item", None)] += 1
+                        meter.local.kind, meter.local.method = outer, outer_method
                 return wrapper
             return make
 
-        for method in ("read", "read_generation", "write", "upload_file", "download_file", "stat", "list", "delete"):
-            self.patch(GCSStore, method, timed(method))
+        from tests.standins.memstore import MemoryStore
+
+        for cls in (GCSStore, MemoryStore):
+            for method in ("read", "read_generation", "write", "upload_file", "download_file", "stat", "list",
+                           "delete"):
+                self.patch(cls, method, timed(method))
 
         def count_send(original):
             def send(adapter, request, *args, **kwargs):
-                kind = getattr(meter.local, "kind", None) or "unattributed"
-                step = meter.step_now()
-                with meter.lock:
-                    meter.requests[kind] += 1
-                    if step is None:
-                        meter.loop_requests.append((time.time(), kind))
-                    else:
-                        meter.stage_requests[step, kind] += 1
+                meter.count_request()
                 return original(adapter, request, *args, **kwargs)
             return send
 
@@ -338,39 +396,85 @@ def make_corpus(n_items: int) -> tuple[bytes, int]:
 
 def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, jitter: float = 0.2,
              standby: int | None = 2, run: str | None = None, pool: int = 256, progress: bool = False,
-             worker_class=None, shards: int = 0, records: int = 4, reduce_seconds: float = 0.2) -> Figures:
-    """One run of `items` items by `workers` Worker threads on gs://`bucket` (STORAGE_EMULATOR_HOST set).
+             worker_class=None, shards: int = 0, records: int = 4, reduce_seconds: float = 0.2,
+             latency: float = 0.0, combine: tuple[int, int] = (0, 0)) -> Figures:
+    """One run of `items` items by `workers` Worker threads on `bucket`: a bucket name on
+    fake-gcs-server (STORAGE_EMULATOR_HOST set), or ``mem://NAME``, a bucket in this process
+    (tests/standins/memstore.py) whose every request waits `latency` seconds (±50%).
 
     `standby` as `fleet work --standby` (what `fleet launch` gives each VM; None: every worker
     stays until the run is drained). `worker_class`: a fleet.core.spawner.Worker subclass, to try a
     variant of the loop. `shards`: plan the run with ``--shards`` (the sleep job's shards stage: each
-    map item emits `records` keyed records, each shard item sleeps `reduce_seconds`)."""
-    from requests.adapters import HTTPAdapter
+    map item emits `records` keyed records, each shard item sleeps `reduce_seconds`); `combine`: (group,
+    key blocks) of a combine step before the shards, (0, 0) none (fleet.core.shuffle.CombineRule)."""
+    import random
 
+    import fleet.core.attempt  # noqa: F401  (imported before open_store is patched in the modules that use it)
+    import fleet.core.manifest  # noqa: F401
+    import fleet.core.status  # noqa: F401
+    import fleet.core.store as core_store
     from fleet.core.lease import DONE, FAILED, Lease
     from fleet.core.layout import lease_prefix
-    from fleet.core.run import plan
+    from fleet.core.run import load_items, plan
+    import fleet.core.spawner as spawner
+    from fleet.core.shuffle import CombineRule
     from fleet.core.spawner import Worker
-    from fleet.core.store import open_store
-    from fleet.core.store.gcs import make_client
     from fleet.job import StageOptions
 
     run = run or f"sim-{uuid.uuid4().hex[:6]}"
-    store = open_store(f"gs://{bucket}")
+    meter = _Meter()
+    memory = None
+    if bucket.startswith("mem://"):
+        from tests.standins.memstore import MemoryStore
+
+        jittered = random.Random(0)
+        memory = MemoryStore(bucket, latency=lambda: latency * jittered.uniform(0.5, 1.5),
+                             on_request=lambda method, name: meter.count_request())
+        root = bucket
+        original = core_store.open_store
+
+        def open_memory(url: str):
+            return memory.view(url) if url.startswith(bucket) else original(url)
+
+        for module in list(sys.modules.values()):  # every module that imported open_store by name
+            if getattr(module, "open_store", None) is original:
+                meter.patch(module, "open_store", lambda _: open_memory)
+    else:
+        from requests.adapters import HTTPAdapter
+
+        from fleet.core.store.gcs import make_client
+
+        root = f"gs://{bucket}"
+        # One client for all threads (one process): give it a pool as large as the crowd.
+        make_client()._http.mount("http://", HTTPAdapter(pool_connections=4, pool_maxsize=pool))
+    store = core_store.open_store(root)
     data, size = make_corpus(items)
-    store.write(f"in/{run}.txt", data)
+    if memory is None:
+        store.write(f"in/{run}.txt", data)
+        corpus = f"{root}/in/{run}.txt"
+    else:  # inputs are gs:// or local paths: a local file here, whose reads are no bucket requests
+        import tempfile
+
+        corpus = os.path.join(tempfile.mkdtemp(prefix="fleet-sim-"), f"{run}.txt")
+        with open(corpus, "wb") as f:
+            f.write(data)
     settings = {"seconds": str(seconds), "jitter": str(jitter)}
     if shards:
         settings.update(records=str(records), reduce_seconds=str(reduce_seconds))
-    _, planned, _ = plan(f"gs://{bucket}", run, SLEEPJOB, [f"gs://{bucket}/in/{run}.txt"], f"gs://{bucket}/out/{run}",
+    _, planned, _ = plan(root, run, SLEEPJOB, [corpus], f"{root}/out/{run}",
                          settings, "sim", lease_ttl=ttl, max_attempts=5, item_bytes=size - 1,  # one document each
-                         stage_options=StageOptions(shards))
+                         stage_options=StageOptions(shards),
+                         combine=CombineRule(group=combine[0], blocks=combine[1]) if combine[0] else
+                         CombineRule(min_reads=1 << 62))
     assert sum(1 for i in planned if i.step == 0) == items, (len(planned), items)
-    # One client for all threads (one process): give it a pool as large as the crowd.
-    make_client()._http.mount("http://", HTTPAdapter(pool_connections=4, pool_maxsize=pool))
+    # The item list is the same for every worker: one copy in this process (a VM's workers each read theirs).
+    shared = load_items(store, run)
+    meter.patch(spawner, "load_items", lambda _: lambda *args: shared)
 
     fig = Figures(workers, items, seconds, ttl, standby)
-    meter = _Meter()
+    for counter in (meter.requests, meter.classes, meter.stage_requests):
+        counter.clear()  # the plan's requests are not the run's
+    meter.loop_requests.clear()
     meter.step_of = {i.id: i.step for i in planned}
     meter.install()
     exits: dict[str, float] = {}
@@ -386,7 +490,7 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
         local.waits, local.free_since, local.last_work_end = [], time.time(), None
         t0 = time.time()
         try:
-            (worker_class or Worker)(f"gs://{bucket}", run, name, standby=standby).run_until_drained()
+            (worker_class or Worker)(root, run, name, standby=standby).run_until_drained()
         except Exception as e:  # reported, not raised: the figures say what happened
             with lock:
                 fig.errors.append(f"{name}: {type(e).__name__}: {e}")
@@ -417,6 +521,8 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     prefix = lease_prefix(run)
     for blob in store.list(prefix):
         leases[blob.name[len(prefix):]] = Lease.from_json(store.read(blob.name))
+    fig.classes = dict(meter.classes)
+    fig.hot_object = hottest(meter.writes)
     fig.wall = end - start
     fig.double_commits = sum(1 for n in meter.commits.values() if n > 1)
     fig.not_done = sum(1 for item in planned if item.id not in leases or leases[item.id].state != DONE)
@@ -431,26 +537,31 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     fig.tail_idle = [exits[n] - last_end[n] for n in exits]
     fig.last_claim = max(meter.first_claim.values(), default=start) - start
     if shards:
-        fig.stages = stage_figures(meter, planned, leases, start, shards, records, reduce_seconds)
+        fig.stages = stage_figures(meter, planned, leases, start, shards, records, reduce_seconds, combine)
     return fig
 
 
 def stage_figures(meter: "_Meter", planned: list, leases: dict, start: float, shards: int, records: int,
-                  reduce_seconds: float) -> StageFigures:
+                  reduce_seconds: float, combine: tuple[int, int] = (0, 0)) -> StageFigures:
     """The per-step figures of a run with a shards stage, from what the meter saw."""
     sf = StageFigures(shards, records, reduce_seconds)
-    step_name = dict(enumerate(STEPS))
+    if combine[0]:
+        sf.steps, sf.combine = COMBINED_STEPS, combine
+    step_name = dict(enumerate(sf.steps))
     for i in planned:
         sf.items[step_name[i.step]] = sf.items.get(step_name[i.step], 0) + 1
+    of = {name: step for step, name in step_name.items()}
 
     def last_commit(step: int) -> float:
         return max((meter.commit_time.get(i.id, start) for i in planned if i.step == step), default=start)
 
-    ends = [last_commit(0), last_commit(1), float("inf")]  # each phase ends at its step's last commit
-    sf.map_drained, sf.barrier_done, sf.last_shard = (last_commit(s) - start for s in range(3))
+    ends = [last_commit(s) for s in range(len(sf.steps) - 1)] + [float("inf")]  # a phase ends at its step's last commit
+    sf.map_drained, sf.barrier_done, sf.last_shard = (last_commit(of[s]) - start for s in ("map", "barrier", "shards"))
+    if combine[0]:
+        sf.combine_done = last_commit(of["combine"]) - start
 
     def phase(t: float) -> str:
-        return STEPS[next(s for s, end in enumerate(ends) if t <= end)]
+        return sf.steps[next(s for s, end in enumerate(ends) if t <= end)]
 
     for (step, kind), n in meter.stage_requests.items():
         sf.in_items.setdefault(step_name[step], collections.Counter())[kind] += n
@@ -464,7 +575,7 @@ def stage_figures(meter: "_Meter", planned: list, leases: dict, start: float, sh
         tries.setdefault(where, collections.Counter())[key] += 1
         if took:
             windows.setdefault(where, collections.Counter())[key] += 1
-    barrier = next(i.id for i in planned if i.step == 1)
+    barrier = next(i.id for i in planned if i.step == of["barrier"])
     on_barrier = collections.Counter(int(t) for t, name, _, _ in meter.writes if name.endswith(f"/leases/{barrier}"))
     sf.barrier_lease_tries = max(on_barrier.values(), default=0)
     for out, counts in ((sf.hot_writes, windows), (sf.hot_attempts, tries)):
@@ -473,14 +584,26 @@ def stage_figures(meter: "_Meter", planned: list, leases: dict, start: float, sh
             out[where] = (name, n)
     for i in planned:
         lease = leases.get(i.id)
-        if lease is None or i.step == 0:
+        if lease is None or i.step in (0, of.get("combine")):
             continue
-        if i.step == 1:
+        if i.step == of["barrier"]:
             sf.barrier_seconds = float(lease.stats.get("seconds", 0.0))
         else:
             sf.shard_seconds.append(float(lease.stats.get("seconds", 0.0)))
-    sf.shard_downloads = sorted(meter.downloads.get(i.id, 0) for i in planned if i.step == 2)
+    sf.shard_downloads = sorted(meter.downloads.get(i.id, 0) for i in planned if i.step == of["shards"])
+    if combine[0]:
+        sf.combine_reads = sorted(meter.downloads.get(i.id, 0) + meter.headers.get(i.id, 0)
+                                  for i in planned if i.step == of["combine"])
     return sf
+
+
+def hottest(writes: list[tuple[float, str, int | None, bool]]) -> tuple[str, int]:
+    """The object name with the most successful writes in one second, and how many."""
+    counts = collections.Counter((name, int(t)) for t, name, _, took in writes if took)
+    if not counts:
+        return "", 0
+    (name, _), n = counts.most_common(1)[0]
+    return name, n
 
 
 def pct(values: list[float], q: float) -> float:
@@ -515,6 +638,15 @@ def report(fig: Figures, realistic_seconds: float = 180.0, gcs_latency: float = 
         + ", ".join(f"p{q} {1000 * pct(fig.claim_waits, q):.0f}" for q in (50, 90, 99)) +
         f", max {1000 * max(fig.claim_waits, default=float('nan')):.0f}",
     ]
+    pages = {k: v for k, v in fig.requests.items() if k.endswith(" list")}
+    lines += [
+        f"list requests (pages of at most 1,000 objects) per item: {per_item(fig.list_pages()):.2f} ("
+        + ", ".join(f"{k} {per_item(v):.2f}" for k, v in sorted(pages.items(), key=lambda kv: -kv[1])) + ")",
+        "requests per item by Cloud Storage billing class: "
+        + ", ".join(f"{k} {per_item(v):.2f}" for k, v in sorted(fig.classes.items())),
+        f"the object written most often in one second: {fig.hot_object[1]} write(s), "
+        f"{fig.hot_object[0].split('/', 2)[-1] or '-'}",
+    ]
     ws = fig.worker_seconds or float("nan")
     coord = fig.coordination_seconds
     data = fig.store_seconds.get("input", 0.0) + fig.store_seconds.get("output", 0.0)
@@ -533,9 +665,24 @@ def report(fig: Figures, realistic_seconds: float = 180.0, gcs_latency: float = 
         f"max {max(fig.tail_idle, default=float('nan')):.1f} s), "
         f"= {sum(fig.tail_idle) / fig.seconds:.1f} item-times",
     ]
+    lines.append(cost_per_tb(fig))
     if fig.errors:
         lines += ["worker errors:"] + [f"    {e}" for e in fig.errors[:10]]
     return "\n".join(lines)
+
+
+def cost_per_tb(fig: Figures, item_mb: float = 64.0) -> str:
+    """Bucket operations per TB of input at ``item_mb`` items, from the requests per item measured
+    (coordination, at any item size the same) and one ranged read of the input and one write of
+    the output per item (the data path; in memory the input is a local file)."""
+    items = 1e12 / (item_mb * 2**20)
+    per = {k: v / fig.items for k, v in fig.classes.items()}
+    measured_b = per.get("class B", 0.0)
+    data_b = 0.0 if fig.requests.get("input") else 1.0
+    coordination = items * (per.get("class A", 0.0) * PRICE["class A"] + (measured_b + data_b) * PRICE["class B"])
+    return (f"bucket operations per TB of input ({item_mb:g} MB items: {items:,.0f} items): ${coordination:.2f} "
+            f"(class A {per.get('class A', 0.0):.2f} and class B {measured_b + data_b:.2f} a item, at "
+            f"${PRICE['class A'] * 1e6:g} and ${PRICE['class B'] * 1e6:g} a million)")
 
 
 def tail_bound(fig: Figures) -> float:
@@ -600,9 +747,12 @@ def stage_report(fig: Figures) -> str:
     """What the sim measured of a run with a shards stage, per step."""
     sf = fig.stages
     m, s = sf.items.get("map", 0), sf.items.get("shards", 0)
-    lines = [f"stages, measured: {m} map items -> 1 barrier -> {s} shard items (--shards {sf.shards}); "
+    group, blocks = sf.combine
+    via = f" -> {sf.items.get('combine', 0)} combine items (groups of {group} map files, {blocks} key block(s))" \
+        if group else ""
+    lines = [f"stages, measured: {m} map items{via} -> 1 barrier -> {s} shard items (--shards {sf.shards}); "
              f"{sf.records} keyed records per map item; a shard item sleeps {sf.reduce_seconds:g} s (±20%)"]
-    for step in STEPS:
+    for step in sf.steps:
         n = sf.items.get(step, 0) or 1
         mine = sf.in_items.get(step, {})
         loop = sf.loop.get(step, {})
@@ -616,21 +766,38 @@ def stage_report(fig: Figures) -> str:
                          f"({hot[0].split('/', 2)[-1] if hot else '-'}); with failed creates (412): {tried[1]} "
                          f"({tried[0].split('/', 2)[-1]})")
     lines.append(f"  the barrier's lease object: {sf.barrier_lease_tries} write(s) tried in its busiest second "
-                 "(when the map drains, every worker whose listing shows it unleased tries to create it; one wins)")
+                 "(when the step before drains, every worker whose listing shows it unleased tries to create it; "
+                 "one wins)")
+    if sf.combine_reads:
+        per = 1 if blocks == 1 else 2
+        lines.append(f"  reads of partition files per combine item: median {statistics.median(sf.combine_reads):g}, "
+                     f"max {max(sf.combine_reads)} (the protocol: {per} per map file of its group, at most "
+                     f"{per * group}; {sum(sf.combine_reads)} in all for {m} map files)")
     dl = sf.shard_downloads
     if dl:
-        expect = m * (1 - (1 - 1.25 / sf.shards) ** sf.records)
-        lines.append(f"  partition files downloaded per shard item: median {statistics.median(dl):g}, max {max(dl)} "
-                     f"(the protocol: one per map item with records in the shard's range; with {sf.records} random keys "
-                     f"per map item and a shard reading ~1.25/{sf.shards} of the key space, ~{expect:.1f} expected)")
+        if group:
+            files = math.ceil(m / group)  # a shard reads the combined files of its key block
+            expect = files * (1 - (1 - 1.25 * blocks / sf.shards) ** (sf.records * group / blocks))
+            what = (f"one per combined file of its key block with records in its range: {files} files of ~"
+                    f"{sf.records * group / blocks:g} records")
+        else:
+            expect = m * (1 - (1 - 1.25 / sf.shards) ** sf.records)
+            what = f"one per map item with records in the shard's range; {sf.records} random keys per map item"
+        lines.append(f"  partition files downloaded per shard item: median {statistics.median(dl):g}, max {max(dl)}, "
+                     f"{sum(dl)} in all (the protocol: {what}, and a shard reading ~1.25/{sf.shards} of the key "
+                     f"space: ~{expect:.1f} expected)")
     shuffle = sf.last_shard - sf.map_drained
+    before_barrier = sf.combine_done if group else sf.map_drained
+    combined = (f"combine step {sf.combine_done - sf.map_drained:.1f} s (committed at {sf.combine_done:.1f} s), "
+                if group else "")
     lines += [
         f"  map drained (last map commit) at {sf.map_drained:.1f} s; barrier committed at {sf.barrier_done:.1f} s; "
         f"last shard committed at {sf.last_shard:.1f} s",
         f"  the shuffle stage added {shuffle:.1f} s after the map drained ({100 * shuffle / max(sf.map_drained, 1e-9):.0f}% "
-        f"of the map phase): barrier {sf.barrier_done - sf.map_drained:.1f} s (its own work {sf.barrier_seconds:.2f} s, "
-        f"the rest workers noticing the map drained and claiming it), shards {sf.last_shard - sf.barrier_done:.1f} s "
-        f"(shard items took median {statistics.median(sf.shard_seconds) if sf.shard_seconds else float('nan'):.2f} s, "
+        f"of the map phase): {combined}barrier {sf.barrier_done - before_barrier:.1f} s (its own work "
+        f"{sf.barrier_seconds:.2f} s, the rest workers noticing the step before drained and claiming it), shards "
+        f"{sf.last_shard - sf.barrier_done:.1f} s (shard items took median "
+        f"{statistics.median(sf.shard_seconds) if sf.shard_seconds else float('nan'):.2f} s, "
         f"max {max(sf.shard_seconds, default=float('nan')):.2f} s each)",
     ]
     return "\n".join(lines)
@@ -650,77 +817,150 @@ class Scale:
     poll: float = 10.0  # a worker's pass when idle: min(10, ttl/6) at a 300 s ttl
     record_ratio: float = 3.0  # bytes of keyed records per byte of text (bench_shards.py, electra: 36.9 MB of 12.1 MB)
     merge_mb_s: float = 120.0  # a shard item merging and writing its records, per core (bench_shards.py)
-    download_mb_s: float = 100.0  # one worker's downloads (8 workers share a VM's network)
+    download_mb_s: float = 100.0  # one worker's downloads (8 workers share a VM's network); uploads alike
     bucket_reads: float = 5000.0  # reads/s a new bucket serves before it scales up (doubles every ~20 min)
     head_bytes_per_piece: int = 140  # the index head's JSON per map item (item, name, version)
 
 
+@dataclass
+class ShuffleModel:
+    """One plan of the shuffle at one size (fleet.core.shuffle's docstring has the formulas): the
+    combine step (if any), the barrier, the stage: requests, bytes per read, objects written, time."""
+
+    label: str
+    maps: int
+    combine: tuple[int, int]  # (group, key blocks); (0, 0): the stage reads the map's files
+    combine_items: int = 0
+    combine_reads: int = 0  # partition-file reads: whole files, or a header and a range per file and block
+    combine_lease_reads: int = 0  # each combine item reads the leases of its group
+    combine_mb: float = 0.0  # records a combine item reads, and writes (real, at record_ratio)
+    combine_item_s: float = 0.0
+    combine_s: float = 0.0  # the step: waves of items, or the bucket's read rate
+    barrier_reads: int = 0  # a lease and a header per file indexed
+    barrier_s: float = 0.0
+    index_mb: float = 0.0
+    files: int = 0  # files a shard item reads a range of
+    stage_reads: int = 0
+    read_mb: float = 0.0  # records in one ranged read of a shard item (real)
+    shard_s: float = 0.0
+    stage_s: float = 0.0
+    writes: int = 0  # objects the stages write: partition files, combined files, the index, outputs
+    written_tb: float = 0.0  # records written: the map's files, combined files, outputs (real)
+    added_s: float = 0.0  # after the map drains: the passes that notice each step's end, and the steps
+
+    @property
+    def reads(self) -> int:
+        return self.combine_reads + self.barrier_reads + self.stage_reads
+
+
+def shuffle_model(sc: Scale, combine: tuple[int, int], shard_fixed: float = 0.0) -> ShuffleModel:
+    """The shuffle of ``sc`` as fleet.core.shuffle makes it, with that combine step or none."""
+    maps = math.ceil(sc.gb * 1e9 / (sc.item_mb * 1e6))
+    parts = 4 * sc.shards  # fleet.core.shuffle.SPLIT partitions per shard
+    records_mb = sc.gb * 1e3 * sc.record_ratio
+    group, blocks = combine
+    m = ShuffleModel(f"combine {group} x {blocks}" if group else "direct", maps, combine)
+    pieces = maps
+    waves = lambda n: math.ceil(n / sc.workers)  # noqa: E731
+    lat = lambda n: math.ceil(n / sc.threads) * sc.latency  # noqa: E731
+    if group:
+        groups = math.ceil(maps / group)
+        m.combine_items = pieces = groups * blocks
+        per_file = 1 if blocks == 1 else 2
+        m.combine_reads = maps * blocks * per_file
+        m.combine_lease_reads = maps * blocks
+        m.combine_mb = records_mb / pieces
+        m.combine_item_s = (lat(group) + lat(group * per_file) + m.combine_mb / sc.download_mb_s
+                            + m.combine_mb / sc.merge_mb_s + m.combine_mb / sc.download_mb_s)
+        m.combine_s = max(waves(pieces) * m.combine_item_s, m.combine_reads / sc.bucket_reads)
+        m.files = groups  # of its key block (a shard straddling two blocks reads two files of a group)
+    else:
+        m.files = maps
+    m.barrier_reads = 2 * pieces
+    m.index_mb = (8 * (parts + 1) * pieces + sc.head_bytes_per_piece * pieces) / 1e6
+    m.barrier_s = 2 * lat(pieces) + m.index_mb / sc.download_mb_s
+    m.stage_reads = sc.shards * m.files
+    shard_mb = records_mb / sc.shards
+    m.read_mb = shard_mb / m.files
+    m.shard_s = lat(m.files + shard_fixed) + shard_mb / sc.download_mb_s + shard_mb / sc.merge_mb_s
+    m.stage_s = max(waves(sc.shards) * m.shard_s, m.stage_reads / sc.bucket_reads)
+    m.writes = maps + (pieces if group else 0) + 1 + sc.shards
+    m.written_tb = records_mb * (3 if group else 2) / 1e6
+    m.added_s = sc.poll + (m.combine_s + sc.poll if group else 0.0) + m.barrier_s + sc.poll + m.stage_s
+    return m
+
+
 def stage_projection(fig: Figures, sc: Scale, realistic_seconds: float) -> str:
-    """The stages at `sc`'s size, from the per-item requests measured and the protocol's scaling (see
-    fleet.core.shuffle's docstring): what is measured, what projected, and from what."""
-    import math
+    """The stages at `sc`'s size, read straight from the map's files and through the combine step the
+    plan's rule gives that size (fleet.core.shuffle.plan_combine), from the per-item requests
+    measured and the protocol's scaling: what is measured, what projected, and from what."""
+    from fleet.core.shuffle import CombineRule, partitions_for, plan_combine
 
     sf = fig.stages
     per = lambda step: sum(sf.in_items.get(step, {}).values()) / max(1, sf.items.get(step, 1))  # noqa: E731
     kinds = lambda step, *ks: sum(sf.in_items.get(step, {}).get(k, 0) for k in ks)  # noqa: E731
-    maps = math.ceil(sc.gb * 1e9 / (sc.item_mb * 1e6))
-    parts = 4 * sc.shards  # fleet.core.shuffle.SPLIT partitions per shard
-    # The barrier: a lease read and a header read per map item, the rest (claim, index write, commit) fixed.
-    barrier_fixed = sum(sf.in_items.get("barrier", {}).values()) - kinds("barrier", "lease read", "shuffle header")
-    barrier_requests = 2 * maps + barrier_fixed
-    index_bytes = 8 * (parts + 1) * maps + sc.head_bytes_per_piece * maps
-    head_reads = 1 if sc.head_bytes_per_piece * maps + 16 <= 64 << 10 else 2
-    barrier_time = 2 * math.ceil(maps / sc.threads) * sc.latency + index_bytes / (sc.download_mb_s * 1e6)
-    # A shard item: fixed requests (claim, renewals, rows, upload, commit), the index head once per worker
-    # (each worker runs about one shard when workers >= shards), and a download per map item: at real
-    # sizes every map item has records in every shard's range.
     n_shards = max(1, sf.items.get("shards", 1))
-    shard_fixed = per("shards") - (kinds("shards", "shuffle download", "index read", "index stat") / n_shards)
-    shard_requests = shard_fixed + maps + head_reads + 1
-    shard_mb = sc.gb * 1e3 * sc.record_ratio / sc.shards
-    shard_time = (math.ceil(maps / sc.threads) * sc.latency + shard_mb / sc.download_mb_s + shard_mb / sc.merge_mb_s)
-    waves = math.ceil(sc.shards / sc.workers)
-    reads = sc.shards * maps
-    floor = reads / sc.bucket_reads
-    stage_time = max(waves * shard_time, floor)
+    # A shard item's fixed requests (claim, renewals, upload, commit, stats): besides its downloads and the index.
+    shard_fixed = per("shards") - kinds("shards", "shuffle download", "index read", "index stat") / n_shards
+    maps = math.ceil(sc.gb * 1e9 / (sc.item_mb * 1e6))
+    rule = CombineRule()
+    planned = plan_combine(rule, maps, partitions_for(sc.shards, True), sc.shards, sc.item_mb * 1e6)
+    direct = shuffle_model(sc, (0, 0), shard_fixed)
+    after = shuffle_model(sc, (planned.group, planned.blocks), shard_fixed) if planned else None
     map_time = math.ceil(maps / sc.workers) * realistic_seconds
-    added = sc.poll + barrier_time + sc.poll + stage_time
-    # While the barrier runs, every other worker is idle and lists leases, final/ and released/ each pass.
-    pages = 2 * math.ceil((maps + 1 + sc.shards) / 1000) + 1
-    idle_lists = sc.workers * pages / sc.poll
-    return f"""
+    out = [f"""
 stages at {sc.workers:,} workers, {sc.gb:g} GB, --shards {sc.shards:,}: PROJECTED from the measured per-item requests
-(assumptions: {maps:,} map items of {sc.item_mb:g} MB; GCS ~{1000 * sc.latency:.0f} ms a request; a barrier's and a shard
-item's reads {sc.threads} at a time; {sc.record_ratio:g} bytes of keyed records per byte of text and a shard merging
-{sc.merge_mb_s:g} MB/s (bench_shards.py, electra); {sc.download_mb_s:g} MB/s of downloads per worker; a map item of
-{realistic_seconds:g} s; an idle worker's pass {sc.poll:g} s; a new bucket's ~{sc.bucket_reads:,.0f} reads/s)
-- map item: {per("map"):.1f} requests while working on it (measured; independent of the fleet's size: a claim,
-  renewals every ttl/3, one partition file written, one commit)
-- barrier (1 item): {barrier_requests:,.0f} requests = a lease read and a header read per map item ({2 * maps:,})
-  + {barrier_fixed:.0f} fixed (measured); ~{barrier_time:.0f} s with reads {sc.threads} at a time; it writes an index of
-  {index_bytes / 1e6:.0f} MB ({parts:,} partitions x {maps:,} pieces x 8 bytes of rows), its head {head_reads} read(s).
-  Meanwhile the other workers wait idle, each listing {pages} page(s) a pass: ~{idle_lists:,.0f} list requests/s in all
-  (measured above as the claim loop during the barrier's phase)
-- shard item: ~{shard_requests:,.0f} requests = a download per map item ({maps:,}: every map item has records in every
-  shard's range) + the index head ({head_reads}) and its rows (1) + {shard_fixed:.1f} fixed (measured: claim, renewals,
-  upload, commit, stats); {shard_mb:.0f} MB of records each: ~{shard_time:.0f} s ({math.ceil(maps / sc.threads) * sc.latency:.0f} s
-  of request latency, {shard_mb / sc.download_mb_s:.0f} s downloading, {shard_mb / sc.merge_mb_s:.0f} s merging and writing);
-  {sc.shards:,} shards on {sc.workers:,} workers: {waves} wave(s)
-- the shard stage's reads in all: {reads:,} ranged downloads ({sc.shards:,} x {maps:,}); at a new bucket's
-  ~{sc.bucket_reads:,.0f} reads/s that alone takes {floor:.0f} s: {"the bucket's read rate, not the workers, bounds the stage" if floor > waves * shard_time else "under the workers' own time"}
-- writes per object: the stages write each partition file, the index and each output once; a lease
-  gets a claim, a renewal every ttl/3 and a commit; a worker's heartbeat one write per item it starts,
-  per renewal and per idle pass. The busiest names measured above are those, at scaled times (items of
-  {fig.seconds:g} s, leases of {fig.ttl:g} s, shard items of {sf.reduce_seconds:g} s); at real times (shard items of ~{shard_time:.0f} s,
-  map items of {realistic_seconds:g} s, 300 s leases, {sc.poll:g} s passes) each is written at most ~{1 / shard_time + 3 / 300 + 1 / sc.poll:.2f}/s,
-  under GCS's ~1 write/s per object. Failed creates of the barrier's lease when the map drains are
-  requests on one object in a burst (measured above), not mutations.
-- time the shuffle adds after the map drains: ~{added:.0f} s = a pass to see the map drained ({sc.poll:g} s, at most)
-  + the barrier ({barrier_time:.0f} s) + a pass to see it done ({sc.poll:g} s) + the shard stage ({stage_time:.0f} s);
-  the map stage is {math.ceil(maps / sc.workers)} wave(s) of {realistic_seconds:g} s items = {map_time:.0f} s: the shuffle adds
-  {100 * added / map_time:.0f}% (the goal: 25%); if the bucket served the reads as fast as the workers ask
-  (it scales up under sustained load), {added - stage_time + waves * shard_time:.0f} s = {100 * (added - stage_time + waves * shard_time) / map_time:.0f}%
-"""
+(assumptions: {maps:,} map items of {sc.item_mb:g} MB; GCS ~{1000 * sc.latency:.0f} ms a request; reads {sc.threads} at a time
+per item; {sc.record_ratio:g} bytes of keyed records per byte of text and a merge of {sc.merge_mb_s:g} MB/s (bench_shards.py,
+electra); {sc.download_mb_s:g} MB/s of downloads (and uploads) per worker; a map item of {realistic_seconds:g} s: the map
+stage {math.ceil(maps / sc.workers)} wave(s) = {map_time:.0f} s; an idle worker's pass {sc.poll:g} s; a new bucket's
+~{sc.bucket_reads:,.0f} reads/s). The plan's rule (fleet.core.shuffle.plan_combine, from {sc.item_mb:g} MB of input per
+map item): {f"groups of {planned.group} map files in {planned.blocks} key block(s)" if planned else "no combine step"}.
+- map item: {per("map"):.1f} requests while working on it (measured; a claim, renewals, one partition file, a commit)
+- shard item: {shard_fixed:.1f} fixed requests (measured: claim, renewals, upload, commit) + the index + its ranges"""]
+    header = f"  {'':44}{'read from the map files':>26}"
+    if after:
+        header += f"{'through ' + after.label:>28}"
+    out.append(header)
+    rows = [
+        ("combine step: items", lambda m: f"{m.combine_items:,}" if m.combine_items else "none"),
+        ("  partition-file reads (+ lease reads)",
+         lambda m: f"{m.combine_reads:,} (+{m.combine_lease_reads:,})" if m.combine_items else "-"),
+        ("  MB each item reads and writes", lambda m: f"{m.combine_mb:,.0f}" if m.combine_items else "-"),
+        ("  s: one item / the step",
+         lambda m: f"{m.combine_item_s:,.0f} / {m.combine_s:,.0f}" if m.combine_items else "-"),
+        ("barrier: reads (a lease and a header a file)", lambda m: f"{m.barrier_reads:,}"),
+        ("  index MB / s", lambda m: f"{m.index_mb:,.0f} / {m.barrier_s:,.0f}"),
+        ("stage: files a shard item reads a range of", lambda m: f"{m.files:,}"),
+        ("  ranged reads in all", lambda m: f"{m.stage_reads:,}"),
+        ("  MB a read (real records)", lambda m: f"{m.read_mb:,.2f}"),
+        ("  s: one shard item / the stage", lambda m: f"{m.shard_s:,.0f} / {m.stage_s:,.0f}"),
+        ("  the stage's floor at the bucket's read rate, s", lambda m: f"{m.stage_reads / sc.bucket_reads:,.0f}"),
+        ("reads of records in all (combine, barrier, stage)", lambda m: f"{m.reads:,}"),
+        ("objects written (files, index, outputs)", lambda m: f"{m.writes:,}"),
+        ("  TB of records written (and kept until deleted)", lambda m: f"{m.written_tb:,.1f}"),
+        ("time added after the map drains, s", lambda m: f"{m.added_s:,.0f}"),
+        ("  as a share of the map stage", lambda m: f"{100 * m.added_s / map_time:.0f}%"),
+    ]
+    for name, cell in rows:
+        line = f"  {name:44}{cell(direct):>26}"
+        if after:
+            line += f"{cell(after):>28}"
+        out.append(line)
+    out.append(f"  (time added: a pass to see each step drained, {sc.poll:g} s, + each step; a step takes its waves of "
+               f"items or, if longer, its reads at the bucket's rate)")
+    shard_s = (after or direct).shard_s
+    pages = 2 * math.ceil((maps + (after.combine_items if after else 0) + 1 + sc.shards) / 1000) + 1
+    out.append(f"""- while a barrier (or the few last items of a step) runs, the other workers wait idle, each listing {pages} page(s)
+  a pass: ~{sc.workers * pages / sc.poll:,.0f} list requests/s in all (measured above as the claim loop during each phase)
+- writes per object: the stages write each partition file, combined file, the index and each output once; a lease
+  gets a claim, a renewal every ttl/3 and a commit; a worker's heartbeat one write per item it starts, per renewal
+  and per idle pass. The busiest names measured above are those, at scaled times (items of {fig.seconds:g} s, leases
+  of {fig.ttl:g} s, shard items of {sf.reduce_seconds:g} s); at real times (shard items of ~{shard_s:.0f} s, map items of
+  {realistic_seconds:g} s, 300 s leases, {sc.poll:g} s passes) each is written at most ~{1 / shard_s + 3 / 300 + 1 / sc.poll:.2f}/s, under
+  GCS's ~1 write/s per object. Failed creates of a barrier's lease when its step opens are requests on one
+  object in a burst (measured above), not mutations.""")
+    return "\n".join(out)
 
 
 def _free_port() -> int:
@@ -765,8 +1005,15 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=None, help="lease TTL (default: seconds x 300/180)")
     parser.add_argument("--realistic-seconds", type=float, default=180.0, help="item time to project to")
     parser.add_argument("--standby", type=int, default=2, help="as `fleet work --standby` (-1: stay until drained)")
+    parser.add_argument("--store", choices=("memory", "fake-gcs"), default="fake-gcs",
+                        help="memory: a bucket in this process whose requests each wait --latency (for 20,000 items "
+                             "and more); fake-gcs: fake-gcs-server (~100 requests/s)")
+    parser.add_argument("--latency", type=float, default=0.03, help="with --store memory: seconds a request (±50%%)")
     parser.add_argument("--shards", type=int, default=0, help="plan with --shards N: a map, a barrier, N shard items")
     parser.add_argument("--records", type=int, default=4, help="with --shards: keyed records per map item")
+    parser.add_argument("--combine", type=int, default=0,
+                        help="with --shards: a combine step of groups of this many map files (0: none)")
+    parser.add_argument("--combine-blocks", type=int, default=1, help="with --combine: key blocks")
     parser.add_argument("--reduce-seconds", type=float, default=None,
                         help="with --shards: sleep per shard item (default: seconds x 10/realistic-seconds)")
     args = parser.parse_args()
@@ -774,6 +1021,17 @@ def main() -> None:
     for var in ("NO_PROXY", "no_proxy"):
         os.environ[var] = "127.0.0.1,localhost"
     os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    reduce_seconds = args.reduce_seconds
+    if reduce_seconds is None:
+        reduce_seconds = round(args.seconds * 10 / args.realistic_seconds, 3)
+    if args.store == "memory":
+        print(f"simulating {args.workers} workers x {args.items} items on a bucket in memory "
+              f"({1000 * args.latency:g} ms a request) ...", file=sys.stderr)
+        fig = simulate("mem://sim", args.workers, args.items, args.seconds, ttl,
+                       standby=None if args.standby < 0 else args.standby, progress=True, shards=args.shards,
+                       records=args.records, reduce_seconds=reduce_seconds, latency=args.latency,
+                       combine=(args.combine, args.combine_blocks))
+        return show(fig, args)
     proc, url = start_fake_gcs()
     os.environ["STORAGE_EMULATOR_HOST"] = url
     try:
@@ -783,19 +1041,22 @@ def main() -> None:
         make_client().create_bucket(bucket)
         print(f"simulating {args.workers} workers x {args.items} items on fake-gcs-server ({url}) ...",
               file=sys.stderr)
-        reduce_seconds = args.reduce_seconds
-        if reduce_seconds is None:
-            reduce_seconds = round(args.seconds * 10 / args.realistic_seconds, 3)
         fig = simulate(bucket, args.workers, args.items, args.seconds, ttl,
                        standby=None if args.standby < 0 else args.standby, progress=True, shards=args.shards,
-                       records=args.records, reduce_seconds=reduce_seconds)
+                       records=args.records, reduce_seconds=reduce_seconds,
+                       combine=(args.combine, args.combine_blocks))
     finally:
         proc.terminate()
         proc.wait()
+    show(fig, args)
+
+
+def show(fig: Figures, args) -> None:
     print(report(fig, args.realistic_seconds))
     if fig.stages is not None:
         print(stage_report(fig))
         print(stage_projection(fig, Scale(), args.realistic_seconds))
+        print(stage_projection(fig, Scale(gb=1000.0), args.realistic_seconds))
     print(notes(fig, args.realistic_seconds))
 
 

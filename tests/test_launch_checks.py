@@ -91,6 +91,7 @@ def test_launch_refuses_before_creating_anything_and_dry_run_states_the_cost(clo
     dry = CliRunner().invoke(app, ["launch", "--run", "chk", "--workers", "3", "--dry-run", "--force"])
     assert dry.exit_code == 0, dry.output
     assert "expected: about" in dry.output and "price range: ≈ $" in dry.output
+    assert "bucket operations: ≈ " in dry.output and " of bucket operations" in dry.output
     assert "maxRunDuration: 60 min per VM (derived" in dry.output and "checks: quota CPUS" in dry.output
     body = _bodies(dry.output)[0]
     assert body["properties"]["scheduling"]["maxRunDuration"] == {"seconds": "3600"}

@@ -118,6 +118,33 @@ def test_a_worker_converts_again_an_item_whose_lease_was_deleted_under_its_marke
     assert any("stale" in r.getMessage() and items[0].id in r.getMessage() for r in caplog.records), caplog.text
 
 
+def test_a_run_left_by_workers_before_windows_resumes_and_finishes_every_item_once(tmp_path, store_url):
+    """A run planned and partly worked by the code before issue 28 has leases and final/ markers
+    but no done/ markers of windows: workers of this code pick it up where it stands."""
+    from fleet.core.layout import done_prefix
+
+    bucket, items = _plan(tmp_path, docs=120, bucket=store_url)
+    assert len(items) > 16  # several windows
+    _drain(bucket)
+    store = open_store(bucket)
+    out = open_store(load_spec(store, RUN).output)
+    clean = {b.name: out.read(b.name) for b in out.list("part-")}
+    assert list(store.list(done_prefix(RUN)))
+    for b in store.list(done_prefix(RUN)):
+        store.delete(b.name)
+    pending = [items[1].id, items[len(items) // 2].id, items[-1].id]
+    for item in pending:  # as the old code's reopen left them: the marker, then the lease
+        store.delete(final_prefix(RUN) + item)
+        store.delete(lease_prefix(RUN) + item)
+        out.delete(f"part-{item}.txt")
+    _drain(bucket)
+    leases, finals = _state(bucket)
+    assert all(lease.state == DONE for lease in leases.values()) and len(leases) == len(items)
+    assert finals == set(leases)
+    assert {b.name: out.read(b.name) for b in out.list("part-")} == clean
+    assert all(leases[i].attempt == 1 for i in pending)
+
+
 # -- as a user meets it: `fleet local` reruns and `fleet status --verify` -------------------------------
 def test_fleet_local_converts_again_an_item_whose_lease_was_deleted_and_says_so(tmp_path):
     src, out = corpus(tmp_path / "in"), tmp_path / "out"

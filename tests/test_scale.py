@@ -1,12 +1,15 @@
 """The scale simulation (bench/scale_sim.py), small: 30 worker threads running the real
 Worker loop on 200 items on fake-gcs-server. No timings asserted, only the protocol's
-promises: no item committed twice, none stranded, every output as the job wrote it."""
+promises: no item committed twice, none stranded, every output as the job wrote it; and what
+the listings cost per item, counted at two sizes of run."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import sys
+
+import pytest
 
 from fleet.core.lease import DONE
 from fleet.core.status import StatusReader
@@ -75,3 +78,89 @@ def test_stages_twenty_workers_no_double_commit_none_stranded_every_shard_commit
     # range per map item.
     assert sf.in_items["barrier"]["shuffle header"] == 60
     assert max(sf.shard_downloads) <= 60
+
+
+# -- coordination per item does not grow with the run ------------------------------------------------
+def _crowd_run(bucket: str, items: int, workers: int, monkeypatch) -> tuple[dict, int]:
+    """`workers` Worker threads on a run of `items` one-document items whose conversion is
+    instant; returns (objects handed back by listings, by prefix) and the list calls made."""
+    import collections
+    import threading
+
+    from fleet.core.run import plan
+    from fleet.core.spawner import Worker
+
+    store = open_store(bucket)
+    store.write("in/corpus.txt", "".join(f"doc {i:07d}\n\n" for i in range(items)).encode())
+    _, planned, _ = plan(bucket, "crowd", "tests.helpers.sleepjob:JOB", [f"{bucket.rstrip('/')}/in/corpus.txt"],
+                         f"{bucket.rstrip('/')}/out", {"seconds": "0", "jitter": "0"}, "test", lease_ttl=30,
+                         item_bytes=len("doc 0000000\n\n") - 1)  # one document each
+    assert len(planned) == items
+    objects: collections.Counter = collections.Counter()
+    calls = [0]
+    lock = threading.Lock()
+    cls = type(store)
+    original = cls.list
+
+    def counting(self, prefix="", *args, **kwargs):
+        got = list(original(self, prefix, *args, **kwargs))
+        with lock:
+            objects[prefix.rstrip("/").rsplit("/", 1)[-1]] += len(got)
+            calls[0] += 1
+        return iter(got)
+
+    monkeypatch.setattr(cls, "list", counting)
+    threads = [threading.Thread(target=lambda i=i: Worker(bucket, "crowd", f"w{i}", poll=0.2).run_until_drained())
+               for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    monkeypatch.setattr(cls, "list", original)
+    leases = StatusReader(store, "crowd").leases()
+    assert len(leases) == items and all(lease.state == DONE for lease in leases.values())
+    return dict(objects), calls[0]
+
+
+@pytest.mark.parametrize("kind,sizes", [("local", (300, 1200)), ("gcs", (100, 400))])
+def test_objects_listed_per_item_do_not_grow_with_the_number_of_items(kind, sizes, tmp_path, request, monkeypatch):
+    """Issue 28: every claim pass listed every lease and every final/ marker, so the objects a
+    worker listed per item grew with the run (110 at 400 items, 248 at 1,600). Windowed listings
+    keep them flat: at four times the items, at most 30% more objects (and list calls) per item."""
+    if kind == "local":
+        bucket = str(tmp_path / "bucket")
+    else:
+        bucket = f"gs://{request.getfixturevalue('gcs_bucket')}"
+    per_item = []
+    for n in sizes:
+        objects, calls = _crowd_run(bucket.rstrip("/") + f"/n{n}" if kind == "gcs" else f"{bucket}{n}", n, 8,
+                                    monkeypatch)
+        per_item.append((sum(objects.values()) / n, calls / n, objects))
+    (small, small_calls, a), (big, big_calls, b) = per_item
+    assert big <= 1.3 * small, (per_item)
+    assert big_calls <= 1.3 * small_calls, (per_item)
+
+
+def test_stages_through_a_combine_step_twenty_workers(fake_gcs, gcs_bucket):
+    """The same with a combine step between the map and the barrier (groups of 4 map files in 2 key
+    blocks): every step drains, nothing twice, every record in one shard; a combine item reads a
+    header and a range of each file of its group, the barrier one header per combined file, and a
+    shard only the combined files of its key block."""
+    sim = load_scale_sim()
+    fig = sim.simulate(gcs_bucket, workers=20, items=60, seconds=0.2, ttl=20, standby=2, run="combined", shards=8,
+                       records=30, reduce_seconds=0.05, combine=(4, 2))
+    assert fig.errors == []
+    assert fig.double_commits == 0
+    assert fig.stranded == 0 and fig.not_done == 0
+    out = open_store(f"gs://{gcs_bucket}/out/combined")
+    shards = sorted(b.name for b in out.list("part-"))
+    counts = [int(out.read(name).split()[1]) for name in shards]
+    assert len(shards) == 8 and sum(counts) == 60 * 30 and max(counts) - min(counts) <= 1
+    sf = fig.stages
+    assert sf.items == {"map": 60, "combine": 15 * 2, "barrier": 1, "shards": 8}
+    assert sf.map_drained <= sf.combine_done <= sf.barrier_done <= sf.last_shard
+    assert sf.combine_reads == [8] * 30  # 4 files, a header and a range each
+    assert sf.in_items["barrier"]["shuffle header"] == 30
+    assert max(sf.shard_downloads) <= 2 * 15  # the 15 files of its block (of two, at a block's edge)
+    text = sim.stage_report(fig) + sim.stage_projection(fig, sim.Scale(gb=1000.0), 180.0)
+    assert "groups of 64 map files in 5 key block(s)" in text and "16,000,000" in text

@@ -24,8 +24,10 @@ import pytest
 from rich.console import Console
 
 from fleet.cli.local import LocalResult, run_local
+from fleet.core import shuffle
 from fleet.core.follow import RunReader, feature_spec, follow_dataset, follow_examples
 from fleet.core.run import load_items
+from fleet.core.shuffle import CombineRule
 from fleet.core.store import open_store
 from fleet.job import StageOptions, load_job, shuffle_key
 from fleet_jobs.text import tfrecord
@@ -77,10 +79,17 @@ def settings_of(vocab: str, **more) -> dict[str, str]:
 
 
 def run(inputs: list[str], out, vocab: str, job: str = "electra_zh_en", workers: int = 1,
-        item_bytes: int = ITEM_BYTES, shards: int = 0, dedup: str = "", **more) -> LocalResult:
+        item_bytes: int = ITEM_BYTES, shards: int = 0, dedup: str = "", combine: CombineRule | None = None,
+        **more) -> LocalResult:
+    """``combine``: the rule that plans the stages' combine steps (the run is small: by default none)."""
     console = Console(file=io.StringIO(), width=200)
-    result = run_local(inputs, str(out), job, workers, settings_of(vocab, **more), item_bytes=item_bytes,
-                       console=console, stage_options=StageOptions(shards, dedup), lease_ttl=20)
+    saved = shuffle.COMBINE_RULE
+    shuffle.COMBINE_RULE = combine or saved
+    try:
+        result = run_local(inputs, str(out), job, workers, settings_of(vocab, **more), item_bytes=item_bytes,
+                           console=console, stage_options=StageOptions(shards, dedup), lease_ttl=20)
+    finally:
+        shuffle.COMBINE_RULE = saved
     assert result.exit_code == 0, console.file.getvalue()
     assert result.status.done == result.status.items
     return result
@@ -141,7 +150,8 @@ def electra(tmp_path_factory, corpus, vocab) -> dict[str, str]:
     two item sizes and two seeds."""
     base = tmp_path_factory.mktemp("electra")
     runs = {"plain": {}, "w1": {"shards": 3}, "w2": {"shards": 3, "workers": 2},
-            "items": {"shards": 3, "item_bytes": 47_000}, "seed": {"shards": 3, "seed": 8}}
+            "items": {"shards": 3, "item_bytes": 47_000}, "seed": {"shards": 3, "seed": 8},
+            "combine": {"shards": 3, "workers": 2, "combine": CombineRule(group=2, blocks=3)}}
     for name, args in runs.items():
         run(corpus, base / name, vocab, **args)
     return {name: str(base / name) for name in runs}
@@ -181,6 +191,9 @@ def test_electra_shards_are_the_same_bytes_whatever_the_workers_or_item_size(ele
     one = file_bytes(electra["w1"])
     assert one == file_bytes(electra["w2"])
     assert one == file_bytes(electra["items"])
+    assert one == file_bytes(electra["combine"])  # through a combine step (fleet.core.shuffle.combine)
+    steps = [i.step for i in load_items(open_store(os.path.join(electra["combine"], ".fleet")), "local")]
+    assert max(steps) == 3  # map, combine, barrier, shards
     assert json.load(open(os.path.join(electra["items"], "summary.json")))["items"] < \
         json.load(open(os.path.join(electra["w1"], "summary.json")))["items"]  # another cut indeed
 
@@ -350,7 +363,8 @@ def dedup_runs(tmp_path_factory, planted, vocab) -> dict[str, tuple[str, LocalRe
     files, unique, _dropped, _a = planted
     base = tmp_path_factory.mktemp("dedup")
     runs = {"unique": ([unique], {}), "dedup": (files, {"workers": 2, "dedup": "exact"}),
-            "both": (files, {"workers": 2, "dedup": "exact", "shards": 2})}
+            "both": (files, {"workers": 2, "dedup": "exact", "shards": 2}),
+            "combined": (files, {"workers": 2, "dedup": "exact", "shards": 2, "combine": CombineRule(group=3)})}
     return {name: (str(base / name), run(inputs, base / name, vocab, **args)) for name, (inputs, args) in runs.items()}
 
 
@@ -407,6 +421,11 @@ def test_dedup_and_shards_together_shard_the_dedup_runs_records(dedup_runs, voca
     assert abs(len(shards[0]) - len(shards[1])) <= 1
     assert sorted(shards[0] + shards[1]) == sorted(records_of(dedup_runs["dedup"][0]))
     assert [s["name"] for s in result.status.stages] == ["map", "dedup", "shards"]
+    # With a combine step before each stage: the same files, and the same counts.
+    combined_out, combined = dedup_runs["combined"]
+    assert file_bytes(combined_out) == file_bytes(out)
+    assert [s["name"] for s in combined.status.stages] == ["map", "dedup combine", "dedup", "shards combine", "shards"]
+    assert combined.summary["dedup_documents_dropped"] == result.summary["dedup_documents_dropped"]
     assert result.summary["dedup_documents_dropped"] == dedup_runs["dedup"][1].summary["dedup_documents_dropped"]
     layout = load_job("electra_zh_en").features(config_of("electra_zh_en", vocab))
     assert multiset([as_row(ex) for ex in follow_examples(out, poll=0.1)]) == \

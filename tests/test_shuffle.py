@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet.core import shuffle
-from fleet.core.shuffle import (Index, PartitionWriter, ShuffleError, ShufflePiece, balanced_range, build_index,
-                                header_size, load_index, parse_header, partitions_for, reduce_records)
+from fleet.core.shuffle import (Combine, CombineRule, Index, PartitionWriter, ShuffleError, ShufflePiece,
+                                balanced_range, build_index, combine, combine_groups, header_size, load_index,
+                                parse_header, partitions_for, plan_combine, reduce_records)
 from fleet.core.store import open_store
 
 # Keys at the edges of the partitions' key ranges (P up to 28: 7 balanced items) too.
@@ -347,10 +348,10 @@ def test_a_large_index_reads_its_rows_separately(tmp_path):
 
 MEMORY = textwrap.dedent("""
     import os, random, sys
-    from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, load_index, reduce_records
+    from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, combine, load_index, reduce_records
     from fleet.core.store import open_store
 
-    root, mb = sys.argv[1], int(sys.argv[2])
+    root, mb, combined = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "combine"
     store = open_store(root)
     work = os.path.join(root, "work")
     os.makedirs(work)
@@ -362,6 +363,15 @@ MEMORY = textwrap.dedent("""
         writer.emit(rng.getrandbits(64), blob[o:o + 600])
     store.upload_file("map.kv", writer.finish())
     piece = ShufflePiece("m", "map.kv", store.stat("map.kv").version)
+    if combined:  # a combine item merging it (with an empty second file) into one file: from disk
+        empty = PartitionWriter(work, 2)
+        store.upload_file("empty.kv", empty.finish())
+        made = combine(store, [piece, ShufflePiece("e", "empty.kv", store.stat("empty.kv").version)], 2, (0, 2),
+                       work)
+        assert made.records == mb * 1_000_000 // 600
+        store.upload_file("combined.kv", made.path)
+        os.unlink(made.path)
+        piece = ShufflePiece("c", "combined.kv", store.stat("combined.kv").version)
     store.write("index", build_index(store, [piece], 2))
     n, last = 0, (0, b"")
     for i in range(2):
@@ -376,10 +386,163 @@ MEMORY = textwrap.dedent("""
 """)
 
 
-def test_memory_stays_near_the_budget(tmp_path):
-    """~200 MB of records through a writer with a 32 MB budget, then reduced: peak memory is the
-    budget plus buffers, not the data."""
-    out = subprocess.run([sys.executable, "-c", MEMORY, str(tmp_path), "200"], capture_output=True, text=True,
-                         check=True)
+@pytest.mark.parametrize("step", ["", "combine"])
+def test_memory_stays_near_the_budget(tmp_path, step):
+    """~200 MB of records through a writer with a 32 MB budget, then (through a combine item) reduced:
+    peak memory is the budget plus buffers, not the data."""
+    out = subprocess.run([sys.executable, "-c", MEMORY, str(tmp_path), "200", step or "-"], capture_output=True,
+                         text=True, check=True)
     peak_mb = int(out.stdout.split()[-1])
     assert peak_mb < 32 + 80, peak_mb  # here ~60 MB, of which ~20 MB is Python and the fleet
+
+
+# -- the combine step --------------------------------------------------------------------------
+
+
+def combine_all(store, work, pieces, partitions, combine_plan) -> list[ShufflePiece]:
+    """Every combine item of a plan over ``pieces``: their files, in the store, as pieces."""
+    out = []
+    for k, ((lo, hi), block) in enumerate(combine_groups(len(pieces), combine_plan, partitions)):
+        made = combine(store, pieces[lo:hi], partitions, block, work)
+        name = f"stage/combine-{k}.kv"
+        store.upload_file(name, made.path)
+        os.unlink(made.path)
+        out.append(ShufflePiece(f"combine-{k}", name, store.stat(name).version))
+    return out
+
+
+@SLOW
+@given(RECORDS, st.integers(1, 6), st.integers(1, 6), st.booleans(), st.integers(2, 7), st.integers(1, 5),
+       st.lists(BUDGETS, min_size=6, max_size=6), st.randoms(use_true_random=False),
+       st.sampled_from([2, 3, shuffle.FANIN]))
+def test_combined_files_are_the_files_of_their_records_and_the_stage_reads_the_same(
+        records, writers, items, balanced, group, blocks, budgets, rnd, fanin):
+    """A combined file is byte for byte the partition file a PartitionWriter writes of the records
+    of its group in its key block (so nothing of the global (key, value) order can change), and
+    the stage's items get exactly the records they get from the map's own files, whatever the
+    group, the blocks or how the records were dealt. (A small ``fanin`` sends a combine through
+    intermediate merge passes.)"""
+    partitions = partitions_for(items, balanced)
+    plan_of = Combine(group, min(blocks, partitions))
+    saved = shuffle.FANIN
+    shuffle.FANIN = fanin
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            store = open_store(tmp)
+            work = os.path.join(tmp, "work")
+            os.makedirs(work)
+            pieces = publish(store, work, records, writers, partitions, budgets, rnd)
+            combined = combine_all(store, work, pieces, partitions, plan_of)
+            assert os.listdir(work) == []
+            starts = [0, *shuffle._partition_starts(partitions)]
+            for k, ((lo, hi), (p1, p2)) in enumerate(combine_groups(len(pieces), plan_of, partitions)):
+                mine = [r for p in pieces[lo:hi] for part in decode(store.read(p.name))[p1:p2] for r in part]
+                assert all(starts[p1] <= key < starts[p2] for key, _ in mine)
+                expected, _ = write(work, mine, partitions, 1 << 30)
+                assert store.read(combined[k].name) == expected
+            direct, through = index_of(store, pieces, partitions), index_of(store, combined, partitions)
+            assert through.totals == direct.totals
+            for i in range(items):
+                assert list(reduce_records(store, through, i, items, balanced, work)) == \
+                    list(reduce_records(store, direct, i, items, balanced, work))
+    finally:
+        shuffle.FANIN = saved
+
+
+def test_a_combine_reads_each_file_once_or_its_block_and_header(tmp_path):
+    """The whole key space: one download per file. A block: a header read per file and a download
+    of the block's range, none where the range is empty."""
+    store = open_store(str(tmp_path))
+    (tmp_path / "work").mkdir()
+    work = str(tmp_path / "work")
+    rng = random.Random(5)
+    low = [(rng.randrange(2**62), rng.randbytes(8)) for _ in range(50)]  # partition 0 of 4 only
+    spread = [(rng.getrandbits(64), rng.randbytes(8)) for _ in range(400)]
+    pieces = [publish(store, work, recs, 1, 4, [1 << 30], rng, i)[0]
+              for i, recs in enumerate((low, spread[:200], spread[200:]))]
+    counting = CountingStore(store)
+    made = combine(counting, pieces, 4, (0, 4), work)
+    assert (counting.reads, counting.downloads, made.reads) == (0, 3, 3)
+    assert made.records == 450 and made.bytes_read == sum(os.path.getsize(tmp_path / p.name) for p in pieces)
+    os.unlink(made.path)
+    counting.reads = counting.downloads = 0
+    made = combine(counting, pieces, 4, (2, 4), work)
+    assert (counting.reads, counting.downloads, made.reads) == (3, 2, 5)  # the first file has nothing there
+    assert made.counts[:2] == [0, 0] and made.records == sum(1 for k, _ in spread if k >= 1 << 63)
+    os.unlink(made.path)
+    assert os.listdir(work) == []
+
+
+def test_a_bad_file_fails_its_combine_in_one_line_naming_it(tmp_path):
+    store, [piece] = one_piece(tmp_path)
+    work = str(tmp_path / "work")
+    with pytest.raises(ShuffleError, match="^stage/map-0.kv \\(item map-0\\): has 3 partitions, the stage expects 4$"):
+        combine(store, [piece], 4, (0, 4), work)
+    good = store.read(piece.name)
+    for bad, why in ((good[:-3], "partition file damaged \\(.* bytes, its header says"),
+                     (b"NOTAFILE" + good[8:], "not a partition file")):
+        store.write(piece.name, bad)
+        piece = ShufflePiece(piece.item, piece.name, store.stat(piece.name).version)
+        for block in ((0, 3), (1, 3)):
+            with pytest.raises(ShuffleError, match=f"^stage/map-0.kv \\(item map-0\\): ({why}|partition file changed)"):
+                combine(store, [piece], 3, block, work)
+    header = parse_header(good, "x")
+    lying = bytearray(good)  # one more record in partition 0 than the file holds
+    struct.pack_into(">Q", lying, 16 + 8 * (3 + 1), header.counts[0] + 1)
+    store.write(piece.name, bytes(lying))
+    piece = ShufflePiece(piece.item, piece.name, store.stat(piece.name).version)
+    with pytest.raises(ShuffleError, match="partition 0 holds .* records, their headers say"):
+        combine(store, [piece], 3, (0, 3), work)
+    store.write(piece.name, good)  # rewritten after its item committed it: not the version pinned
+    with pytest.raises(ShuffleError, match="partition file was rewritten"):
+        combine(store, [piece], 3, (0, 3), work)
+    assert os.listdir(work) == []
+
+
+def test_groups_and_blocks_cover_every_file_and_partition_once():
+    for producers in (1, 2, 7, 100, 1563):
+        for group in (2, 3, 16, 128):
+            for blocks in (1, 2, 5):
+                got = combine_groups(producers, Combine(group, blocks), 20)
+                groups = sorted({g for g, _ in got})
+                assert [i for lo, hi in groups for i in range(lo, hi)] == list(range(producers))
+                assert max(hi - lo for lo, hi in groups) <= group
+                assert max(hi - lo for lo, hi in groups) - min(hi - lo for lo, hi in groups) <= 1
+                assert len(got) == len(groups) * blocks
+                assert [k for p1, p2 in sorted({b for _, b in got}) for k in range(p1, p2)] == list(range(20))
+
+
+MB = 1 << 20
+
+
+@given(st.integers(1, 200_000), st.integers(1, 100_000), st.booleans(), st.floats(1e3, 4e9))
+def test_the_rule_keeps_reads_big_and_files_bounded(producers, readers, balanced, size):
+    """No combine step where the stage makes few reads; otherwise groups of at most FANIN and M
+    files, a combined file within file_max, and each range a stage item reads at least read_min
+    unless a bound stops it (the group's cap) or the files are too small to be worth it."""
+    rule = CombineRule()
+    partitions = partitions_for(readers, balanced)
+    got = plan_combine(rule, producers, partitions, readers, size)
+    if producers * readers < rule.min_reads:
+        assert got == Combine()
+        return
+    if not got:
+        return
+    assert 2 <= got.group <= min(producers, shuffle.FANIN) and 1 <= got.blocks <= partitions
+    if got.blocks > 1:
+        assert size / got.blocks >= rule.read_min  # the block's range of each file is read_min or more
+    assert got.group * size / got.blocks <= max(rule.file_max, size)  # the combined file
+    wanted = -(-readers * rule.read_min // size)
+    if got.group < min(producers, shuffle.FANIN, wanted):
+        assert got.group * size / got.blocks > rule.file_max - size / got.blocks  # stopped by the file bound
+
+
+def test_the_rule_at_the_sizes_of_the_issue():
+    """1 TB in 64 MB items, --shards 1024 (4,096 partitions): groups of 64 files in 5 key blocks,
+    1,225 combine items writing ~820 MB each, a stage item's ranges ~4 MB (64 x 64 MB / 1,024)."""
+    rule = CombineRule()
+    got = plan_combine(rule, 15625, 4096, 1024, 64e6)
+    assert got == Combine(64, 5)
+    assert len(combine_groups(15625, got, 4096)) == 245 * 5
+    assert plan_combine(rule, 157, 4096, 1024, 64e6) == Combine()  # 10 GB: 160,000 reads, no step
+    assert plan_combine(rule, 1563, 1563, 1563, 64e6) == Combine(98, 7)  # --dedup exact of 100 GB

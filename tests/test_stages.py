@@ -8,7 +8,9 @@ lines, and ``--shards N`` writes them in the seeded global order to N balanced f
 from __future__ import annotations
 
 import glob
+import hashlib
 import io
+import json
 import os
 import signal
 import subprocess
@@ -19,10 +21,13 @@ import pytest
 from rich.console import Console
 
 from fleet.cli.local import run_local
+from fleet.core import shuffle
 from fleet.core.claims import ClaimPolicy
 from fleet.core.lease import DONE, FAILED, Lease
-from fleet.core.run import load_items
+from fleet.core.run import BARRIER, COMBINE, ITEMS, MAP, StepPlan, load_items, load_spec, plan, stage_items
+from fleet.core.shuffle import Combine, CombineRule
 from fleet.core.store import open_store
+from fleet.core.verify import downstream
 from fleet.job import StageOptions, shuffle_key
 from tests.helpers.procs import write_corpus
 
@@ -81,6 +86,37 @@ def test_a_reopened_map_item_closes_the_steps_after_it_again():
     policy.remember("shards-index", _lease(DONE), 4)
     policy.observe(["00001", "shards-index"], {"00001": 1, "shards-index": 4}, 0.0)  # 00000's lease deleted
     assert _claimable(policy) == {"00000"}
+
+
+def test_a_barrier_known_done_from_its_windows_marker_is_read_and_opens_the_stage():
+    """A worker that knows the barrier's window finished from a done/ marker (a sweep of the
+    unfinished windows does not list it) reads the barrier's lease, and the stage opens: the
+    rerun after `fleet status --verify` reopened a shard hung here when the gate waited for a
+    listing of the barrier that never came."""
+    policy = _policy()
+    marks = [w.key for w in policy.windows if w.step < 2]
+    policy.observe_marks(marks)
+    assert policy.unknown_barriers() == ["shards-index"]
+    assert _claimable(policy) == set()
+    policy.remember("shards-index", _lease(DONE), 4)
+    policy.observe([], {}, 0.0, window=next(w.index for w in policy.windows if w.step == 2))
+    assert _claimable(policy) == {"00000-of-00002", "00001-of-00002"}
+
+
+def test_a_barrier_listed_while_it_ran_then_known_done_from_a_marker_opens_the_stage():
+    """The chaos run's hang: a worker listed the barrier while it ran (generation 3), then learned
+    its window finished from a done/ marker, so never listed it again; the lease it read then
+    (generation 9) never matched the old listing, and the worker read it every pass, forever."""
+    policy = _policy()
+    barrier = policy.window_of["shards-index"]
+    policy.observe(["00000", "00001"], {"00000": 1, "00001": 1}, 0.0)
+    policy.observe([], {"shards-index": 3}, 0.0, window=barrier)
+    policy.observe_marks([policy.windows[barrier].key])
+    assert policy.unknown_barriers() == ["shards-index"]
+    policy.remember("shards-index", _lease(DONE), 9)
+    assert policy.unknown_barriers() == [] and policy.barrier_state("shards-index") == DONE
+    policy.observe([], {}, 0.0, window=next(w.index for w in policy.windows if w.step == 2))
+    assert _claimable(policy) == {"00000-of-00002", "00001-of-00002"}
 
 
 # -- fleet local with stages -------------------------------------------------------------------
@@ -146,15 +182,21 @@ def test_a_chain_of_two_stages_drops_repeats_then_shards(corpus, tmp_path):
     assert [s["name"] for s in result.status.stages] == ["map", "uniq", "shards"]
 
 
-def test_a_failed_map_item_blocks_the_stages_after_it_and_writes_no_output(corpus, tmp_path):
+@pytest.mark.parametrize("combine", [False, True])
+def test_a_failed_map_item_blocks_the_stages_after_it_and_writes_no_output(corpus, tmp_path, monkeypatch, combine):
+    if combine:
+        monkeypatch.setattr(shuffle, "COMBINE_RULE", CombineRule(group=4, blocks=2))
     out = tmp_path / "out"
     result, text = _run(corpus, out, shards=2, poison="doc 7 ")
     assert result.exit_code == 1
     st = result.status
-    assert st.failed == 2  # the poisoned map item and the barrier that refused to index without it
+    # The poisoned map item, the combine items of its group (which refused to merge without it),
+    # and the barrier that refused to index without them.
+    assert st.failed == (4 if combine else 2)
     assert st.blocked == 2 and st.finished
     assert not _shards(str(out))
-    assert "stage shards cannot run: 1 item(s) before it failed" in text
+    assert "stage shards cannot run: " in text
+    assert "stage shards cannot run: 1 item(s) before it failed (item 00000: " in text  # each names the map item
     assert "2 item(s) of later stages did not run" in text
 
 
@@ -231,16 +273,253 @@ def test_records_between_stages_lost_after_the_run_are_redone_with_what_read_the
     assert len(load_items(bucket, "local")) == result.status.items
 
 
+# -- combine steps (issue 28): reads that grow with the data, the same bytes --------------------------
+# What the code before combine steps (e5df450) wrote on this module's corpus (``doubled``: it twice),
+# items of 2,000 bytes, 2 workers: sha256 over each part-* file's name and bytes, in name order.
+BEFORE = {
+    "shards4": "759bb38aca7dc18c09c438a5d7d7ac1e4df61d4900df98f56baf4f4325b72170",
+    "uniq_shards3": "693432a752b82da281b6ca14a499a2a033d64e90371a001026053201c799c220",
+    "uniq": "330158d45837d3a44c21d69743bc3305cda2259ebbcb6c43d8a3557afd13beea",
+}
+NEVER = CombineRule(min_reads=10**18)
+
+
+def _digest(out) -> str:
+    h = hashlib.sha256()
+    for name, data in _shards(str(out)).items():
+        h.update(name.encode() + b"\0" + data + b"\0")
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def doubled(tmp_path_factory, corpus):
+    path = tmp_path_factory.mktemp("doubled") / "doubled.txt"
+    path.write_text(open(corpus, encoding="utf-8").read() * 2, encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("rule, workers, item_bytes", [
+    (NEVER, 2, 2000),
+    (CombineRule(group=4, blocks=2), 1, 2000),
+    (CombineRule(group=100, blocks=7), 2, 2000),
+    (CombineRule(group=3), 2, 7000),
+])
+def test_outputs_are_the_bytes_the_code_before_combine_steps_wrote(corpus, doubled, tmp_path, monkeypatch, rule,
+                                                                   workers, item_bytes):
+    """With a combine step or without, whatever its groups and key blocks, the workers or (for
+    shards) the item size: the outputs are the bytes the code before combine steps wrote."""
+    monkeypatch.setattr(shuffle, "COMBINE_RULE", rule)
+    runs = {"shards4": (corpus, 4, ""), "uniq_shards3": (doubled, 3, "lines"), "uniq": (doubled, 0, "lines")}
+    if item_bytes != 2000:
+        del runs["uniq"]  # its outputs are one file per map item: another cut, other files
+    for name, (inputs, shards, dedup) in runs.items():
+        result, text = _run(inputs, tmp_path / name, workers=workers, item_bytes=item_bytes, shards=shards,
+                            dedup=dedup)
+        assert result.exit_code == 0, text
+        assert _digest(tmp_path / name) == BEFORE[name], name
+        rows = [row["name"] for row in result.status.stages]
+        stages = (["uniq"] if dedup else []) + (["shards"] if shards else [])
+        combined = [] if rule is NEVER else [f"{stage} combine" for stage in stages]
+        assert sorted(rows) == sorted(["map", *stages, *combined])
+
+
+def test_fleet_status_shows_a_combine_step_as_a_row_of_its_own(corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(shuffle, "COMBINE_RULE", CombineRule(group=4, blocks=2))
+    out = tmp_path / "out"
+    result, text = _run(corpus, out, workers=2, shards=3)
+    assert result.exit_code == 0, text
+    maps = result.status.stages[0]["items"]
+    combines = -(-maps // 4) * 2
+    row = {"failed": 0, "leased": 0, "blocked": 0}
+    assert result.status.stages == [{"name": "map", "items": maps, "done": maps, **row},
+                                    {"name": "shards combine", "items": combines, "done": combines, **row},
+                                    {"name": "shards", "items": 3, "done": 3, **row}]
+    assert result.status.items == maps + combines + 1 + 3
+    assert result.summary["stages"] == f"map {maps}/{maps} · shards combine {combines}/{combines} · shards 3/3"
+    proc = _cli("status", str(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = [" ".join(line.replace("│", " ").split()) for line in proc.stdout.splitlines()]
+    assert f"stage shards combine {combines:,}/{combines:,} done" in lines, proc.stdout
+
+
+def _leases(bucket) -> dict[str, bytes]:
+    prefix = "runs/local/leases/"
+    return {b.name[len(prefix):]: bucket.read(b.name) for b in bucket.list(prefix)}
+
+
+def test_a_lost_or_damaged_combined_file_is_named_by_verify_and_redone_with_what_read_it(corpus, tmp_path, monkeypatch):
+    """`fleet status --verify` checks the combined files too; a lost or damaged one is redone with
+    the barrier and the stage after it (which read it), nothing else, and the outputs are the same."""
+    monkeypatch.setattr(shuffle, "COMBINE_RULE", CombineRule(group=4, blocks=2))
+    out = tmp_path / "out"
+    result, _ = _run(corpus, out, workers=2, shards=3)
+    before, bucket = _shards(str(out)), open_store(str(out / ".fleet"))
+    items = load_items(bucket, "local")
+    combined = [i.id for i in items if i.meta.get("combine")]
+    leases = _leases(bucket)
+    bucket.delete(f"runs/local/shuffle/{combined[1]}")
+    damaged = f"runs/local/shuffle/{combined[2]}"
+    data = bucket.read(damaged)
+    bucket.write(damaged, data[:-1] + bytes([data[-1] ^ 1]))
+    proc = _cli("status", str(out), "--verify")
+    assert proc.returncode == 0, proc.stderr
+    assert f"item {combined[1]}: runs/local/shuffle/{combined[1]} is missing" in proc.stderr
+    assert f"item {combined[2]}: {damaged} has other contents than committed" in proc.stderr
+    assert "4 item(s) of later stages read those and are redone with them" in proc.stderr  # the barrier, 3 shards
+    again, text = _run(corpus, out, workers=2, shards=3)
+    assert again.exit_code == 0, text
+    assert _shards(str(out)) == before
+    redone = {item for item, lease in _leases(bucket).items() if lease != leases[item]}
+    assert redone == {combined[1], combined[2], "shards-index", *(i.id for i in items if i.step == 3)}
+
+
+def test_a_lost_map_file_is_redone_with_the_combine_items_of_its_group_only(corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(shuffle, "COMBINE_RULE", CombineRule(group=4, blocks=2))
+    out = tmp_path / "out"
+    _run(corpus, out, workers=2, shards=3)
+    before, bucket = _shards(str(out)), open_store(str(out / ".fleet"))
+    items = load_items(bucket, "local")
+    leases = _leases(bucket)
+    bucket.delete("runs/local/shuffle/00005")  # map item 5: group 1 (items 4-7), both key blocks
+    again, text = _run(corpus, out, workers=2, shards=3)
+    assert again.exit_code == 0, text
+    assert "is missing" in text
+    assert _shards(str(out)) == before
+    redone = {item for item, lease in _leases(bucket).items() if lease != leases[item]}
+    assert redone == {"00005", "shards-combine-00002", "shards-combine-00003", "shards-index",
+                      *(i.id for i in items if i.step == 3)}
+
+
+def _chain(maps, combines):
+    """The items of a run of ``maps`` map items with stages uniq (one item per map item) and
+    shards (3), and the given combine steps."""
+    from fleet.core.run import Item
+    from fleet.job import Stage
+
+    return [Item("", "", 0, 1, id=f"{i:05d}") for i in range(maps)] + stage_items(
+        [Stage("uniq", maps), Stage("shards", 3, balanced=True)], maps, combines)
+
+
+def test_downstream_follows_what_each_item_read():
+    """A map item's file was read by the combine items of its group (every key block), those by the
+    barrier, the barrier's index by every item of the stage, those by the next combine step..."""
+    items = _chain(10, [Combine(4, 2), Combine(3, 1)])
+    step = {i.id: i.step for i in items}
+    later = downstream(items, ["00005"])
+    assert later[0] == "00005"
+    assert sorted(i for i in later if step[i] == 1) == ["uniq-combine-00002", "uniq-combine-00003"]  # items 3-5
+    assert all(i.id in later for i in items if i.step >= 2)  # the barrier on: all read it
+    assert not any(step[i] == 0 for i in later[1:])
+    # A stage item of uniq: only the shards combine item of its group, then everything after.
+    later = downstream(items, ["uniq-00007"])
+    combines = [i for i in items if i.meta.get("combine") and i.meta["stage"] == "shards"]
+    mine = [i.id for i in combines if i.meta["items"][0] <= 7 < i.meta["items"][1]]
+    assert [i.id for i in combines if i.id in later] == mine and len(mine) == 1
+    assert set(later) >= {"shards-index", "00000-of-00003", "00001-of-00003", "00002-of-00003"}
+    # Without combine steps (a run planned before them): every item of every later step, as ever.
+    old = _chain(10, [])
+    assert downstream(old, ["00005"]) == ["00005"] + [i.id for i in old if i.step > 0]
+    assert downstream(old, ["uniq-00003"]) == ["uniq-00003"] + [i.id for i in old if i.step > 2]
+
+
+def test_a_run_planned_before_combine_steps_resumes_with_its_own_steps(corpus, tmp_path, monkeypatch):
+    """run.json and items.jsonl as the code before combine steps wrote them (tests/helpers/
+    old_stage_run, from e5df450): planning the run again with a rule that would give both stages
+    a combine step plans nothing new, its workers run map, barrier and stage as planned, and the
+    outputs are the bytes that code wrote."""
+    monkeypatch.setattr(shuffle, "COMBINE_RULE", CombineRule(group=2))
+    base = tmp_path / "old"
+    base.mkdir()
+    data = open(corpus, "rb").read()
+    (base / "corpus.txt").write_bytes(data)
+    bucket = str(base / "bucket")
+    version = open_store(str(base)).stat("corpus.txt").version
+    old = os.path.join(os.path.dirname(__file__), "helpers", "old_stage_run")
+    for name in ("run.json", "items.jsonl"):
+        text = open(os.path.join(old, name), encoding="utf-8").read()
+        text = text.replace("{BASE}", json.dumps(str(base))[1:-1]).replace("{VERSION}", json.dumps(version)[1:-1])
+        os.makedirs(os.path.join(bucket, "runs", "old"), exist_ok=True)
+        with open(os.path.join(bucket, "runs", "old", name), "w", encoding="utf-8") as f:
+            f.write(text)
+    planned = open(os.path.join(bucket, "runs", "old", "items.jsonl"), "rb").read()
+    spec, items, created = plan(bucket, "old", JOB, [str(base / "corpus.txt")], str(base / "out"), {}, "test",
+                                lease_ttl=30, max_attempts=10, item_bytes=2500, stage_options=StageOptions(3, "lines"))
+    assert not created and spec.combine == []
+    assert open(os.path.join(bucket, "runs", "old", "items.jsonl"), "rb").read() == planned
+    steps = StepPlan(spec)
+    assert [steps.kind(s) for s in range(steps.last + 1)] == [MAP, BARRIER, ITEMS, BARRIER, ITEMS]
+    assert not any(i.meta.get("combine") for i in items)
+    from fleet.core.spawner import Worker
+
+    Worker(bucket, "old", "w").run_until_drained()
+    assert _digest(base / "out") == BEFORE["uniq_shards3"]
+    # A new run of the same stages does get the combine steps.
+    _, fresh, _ = plan(bucket, "new", JOB, [str(base / "corpus.txt")], str(base / "out-new"), {}, "test",
+                       item_bytes=2500, stage_options=StageOptions(3, "lines"))
+    assert any(i.meta.get("combine") for i in fresh)
+
+
+def _shuffle_reads(tmp_path, monkeypatch, docs: int, shards: int, rule: CombineRule) -> tuple[int, int, int]:
+    """A sharded run by one in-process worker: (reads of records between stages: headers, index,
+    ranges and whole files, the map items, bytes of the map's records)."""
+    from fleet.core.spawner import Worker
+    from fleet.core.status import StatusReader
+    from fleet.core.store.local import LocalStore
+    from tests.helpers.procs import write_corpus
+
+    base = tmp_path / f"{docs}-{shards}-{rule.read_min}"
+    base.mkdir()
+    corpus = write_corpus(str(base / "corpus.txt"), docs=docs, seed=11)
+    bucket = str(base / "bucket")
+    _, items, _ = plan(bucket, "count", JOB, [corpus], str(base / "out"), {}, "test", lease_ttl=30,
+                       item_bytes=2000, stage_options=StageOptions(shards), combine=rule)
+    reads = [0]
+    for method in ("read", "download_file"):
+        original = getattr(LocalStore, method)
+
+        def counted(store, name, *args, _original=original, **kwargs):
+            if "/shuffle/" in name:
+                reads[0] += 1
+            return _original(store, name, *args, **kwargs)
+
+        monkeypatch.setattr(LocalStore, method, counted)
+    Worker(bucket, "count", "w").run_until_drained()
+    monkeypatch.undo()
+    leases = StatusReader(open_store(bucket), "count").leases()
+    maps = [i for i in items if i.step == 0]
+    assert all(lease.state == DONE for lease in leases.values()) and len(leases) == len(items)
+    data = sum(o["size"] for i in maps for o in leases[i.id].outputs if o.get("place") == "state")
+    return reads[0], len(maps), data
+
+
+def test_reads_per_byte_do_not_grow_with_map_items_times_shards(tmp_path, monkeypatch):
+    """Counted at two sizes, 4x the map items and 4x the shards (16x the pairs): with the rule's
+    combine step (scaled to this corpus: ranges of >= 1 kB) the reads per byte of records stay
+    flat; read straight from the map's files they grow about as the shards do."""
+    rule = CombineRule(read_min=1000, file_max=10**9, min_reads=0)
+    small = _shuffle_reads(tmp_path, monkeypatch, 80, 4, rule)
+    large = _shuffle_reads(tmp_path, monkeypatch, 320, 16, rule)
+    assert large[1] >= 3.5 * small[1]  # the map items
+    per_byte = [reads / data for reads, _, data in (small, large)]
+    assert per_byte[1] <= 1.3 * per_byte[0], (small, large)
+    small_direct = _shuffle_reads(tmp_path, monkeypatch, 80, 4, NEVER)
+    large_direct = _shuffle_reads(tmp_path, monkeypatch, 320, 16, NEVER)
+    direct = [reads / data for reads, _, data in (small_direct, large_direct)]
+    assert direct[1] >= 2 * direct[0], (small_direct, large_direct)
+    print(f"reads, map items, bytes: combine {small} -> {large}; direct {small_direct} -> {large_direct}")
+    assert per_byte[1] < direct[1] / 4
+
+
 # -- worker deaths in every step ------------------------------------------------------------------
 CHAOS_PAUSES = {"FLEET_TEST_PAUSE": "claimed=0.6,uploaded=0.8"}
 WINDOW = {"claimed": 0.6, "uploaded": 0.8}
 
 
 def _plan(bucket, run, corpus, shards, ttl, **settings):
-    from fleet.core.run import plan
-
+    """Both stages with a combine step (groups of 3 files in 2 key blocks): every kind of step."""
     plan(bucket, run, JOB, [corpus], f"{bucket}/out-{run}", {k: str(v) for k, v in settings.items()}, "test",
-         lease_ttl=ttl, max_attempts=10, item_bytes=2500, stage_options=StageOptions(shards, "lines"))
+         lease_ttl=ttl, max_attempts=10, item_bytes=2500, stage_options=StageOptions(shards, "lines"),
+         combine=CombineRule(group=3, blocks=2))
 
 
 def _digests(bucket, run):
@@ -268,11 +547,14 @@ def test_sigkills_in_every_step_leave_the_bytes_of_a_clean_run(store_url, corpus
     _plan(store_url, "chaos", corpus, 3, ttl=2.5, delay=0.03, reduce_delay=0.01)
     live = [start_worker(store_url, "chaos", f"w{i}", logs, CHAOS_PAUSES) for i in range(3)]
     everyone, serial = list(live), 3
-    kind = {0: "map", 1: "uniq-index", 2: "uniq", 3: "shards-index", 4: "shards"}
+    kind = {0: "map", 1: "uniq combine", 2: "uniq-index", 3: "uniq", 4: "shards combine", 5: "shards-index",
+            6: "shards"}
     steps = {i.id: i.step for i in load_items(open_store(store_url), "chaos")}
-    targets = [(point, step) for step in (0, 1, 2, 3, 4) for point in ("claimed", "uploaded")]
+    plan_of = StepPlan(load_spec(open_store(store_url), "chaos"))
+    assert [plan_of.kind(s) for s in kind] == [MAP, COMBINE, BARRIER, ITEMS, COMBINE, BARRIER, ITEMS]
+    targets = [(point, step) for step in kind for point in ("claimed", "uploaded")]
     killed = []
-    deadline = time.time() + 150
+    deadline = time.time() + 240
     while targets and any(w.alive() for w in live):
         assert time.time() < deadline, f"kills left: {targets}; done: {killed}"
         for w in [w for w in live if w.alive()]:
@@ -289,7 +571,7 @@ def test_sigkills_in_every_step_leave_the_bytes_of_a_clean_run(store_url, corpus
                 everyone.append(fresh)
                 break
         time.sleep(0.02)
-    wait_exit([w for w in live if w.alive()], 120)
+    wait_exit([w for w in live if w.alive()], 180)
     assert not targets, f"no kill landed at {targets} (killed: {killed})"
     for w in everyone:
         assert "Traceback" not in w.stderr_text(), w.stderr_text()

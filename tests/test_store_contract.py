@@ -1,7 +1,8 @@
 """One contract for every store: the local folder and Cloud Storage (fake-gcs-server).
 
 The lease protocol relies on exactly these properties, so both implementations
-must pass every test in the first part unchanged.
+must pass every test in the first part unchanged, and so must each of them inside the
+MeteredStore that counts a worker's requests (fleet.core.store.metered): counting changes nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,22 @@ import pytest
 from fleet.core.store import Blob, Forbidden, NotFound, PreconditionFailed, StoreError, open_store
 
 RACERS = 32
+
+
+@pytest.fixture(params=["local", "gcs", "memory", "metered-local", "metered-gcs"])
+def store(request):
+    """Each store as it is, inside a MeteredStore (the contract's tests run through both), and the
+    simulation's bucket in memory (tests/standins/memstore.py: the scale simulation's figures are
+    worth what its contract is)."""
+    from fleet.core.store.metered import MeteredStore
+
+    if request.param == "memory":
+        from tests.standins.memstore import MemoryStore
+
+        return MemoryStore()
+    kind = request.param.removeprefix("metered-")
+    inner = request.getfixturevalue(f"{kind}_store")
+    return MeteredStore(inner) if request.param.startswith("metered-") else inner
 
 
 def _race(n, fn):
@@ -169,6 +186,29 @@ def test_list_pages_through_many_objects(store):
         store.write(n, b"x")
     store.write("other", b"y")
     assert [b.name for b in store.list("many/")] == names
+
+
+def test_list_a_range_of_names(store):
+    """start and end bound the names as Cloud Storage's startOffset (inclusive) and endOffset
+    (exclusive) do, on top of the prefix: how a worker lists one window of the leases."""
+    names = ["l/00001", "l/00002", "l/00002-of-00004", "l/00003", "l/00004", "m/00002"]
+    for n in names:
+        store.write(n, b"x")
+    assert [b.name for b in store.list("l/", start="l/00002", end="l/00004")] == [
+        "l/00002", "l/00002-of-00004", "l/00003"]
+    assert [b.name for b in store.list("l/", start="l/00002", end="l/00002!")] == ["l/00002"]
+    assert [b.name for b in store.list("l/", start="l/00003")] == ["l/00003", "l/00004"]
+    assert [b.name for b in store.list("l/", end="l/00002")] == ["l/00001"]
+    assert [b.name for b in store.list("", start="l/00004", end="m/00003")] == ["l/00004", "m/00002"]
+    assert list(store.list("l/", start="l/00005")) == [] and list(store.list("l/", end="l/")) == []
+
+
+def test_a_ranged_listing_pages_within_its_range(store):
+    if hasattr(store, "page_size"):
+        store.page_size = 3
+    for i in range(20):
+        store.write(f"r/{i:02d}", b"x")
+    assert [b.name for b in store.list("r/", start="r/04", end="r/13")] == [f"r/{i:02d}" for i in range(4, 13)]
 
 
 def test_delete(store):

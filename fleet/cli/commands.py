@@ -365,7 +365,8 @@ def status_cmd(
                                 "the digests their leases recorded; send items whose outputs are gone or changed "
                                 "back to pending"),
 ) -> None:
-    """Counts of items pending/leased/done/failed, throughput, failures, workers."""
+    """Counts of items pending/leased/done/failed, throughput, failures, workers, and the store requests the
+    workers made, with what they cost at Cloud Storage's list price."""
     from fleet.core.status import StatusReader
 
     bucket, run = _resolve(target, bucket, run)
@@ -501,7 +502,8 @@ def launch_cmd(
     spot: Optional[bool] = typer.Option(None, "--spot/--no-spot", help="Spot VMs (default: fleet.toml's)"),
     max_run_hours: Optional[float] = typer.Option(
         None, help="Each VM is deleted after this long (default: fleet.toml's, else 3 x the expected time)"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the requests and the cost estimate; create nothing"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the requests and the cost estimate (machines and bucket "
+                                 "operations); create nothing"),
     force: bool = typer.Option(False, "--force", help="Launch even if the quota or service-account check fails"),
 ) -> None:
     """Create (or reuse) the instance template and the MIG of VMs that work on the run.

@@ -147,7 +147,13 @@ def print_status(out: Console, st) -> None:
     if not st.finished and not st.live_workers:
         table.add_row("ETA", "none: no live worker (resume the run to go on)")
     table.add_row("live workers", str(st.live_workers))
+    if st.requests is not None and st.requests.workers:
+        label, text = requests_row(st.requests, st.finished)
+        table.add_row(label, text)
     out.print(table)
+    if st.requests is not None:
+        for line in requests_caveats(st.requests):
+            say(out, line, "requests:", "yellow")
     print_counts(out, st.sources, st.output_counts)
     for f in st.failures:
         say(out, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
@@ -157,6 +163,35 @@ def print_status(out: Console, st) -> None:
     for r in st.retrying:
         say(out, f"item {r['item']} after attempt {r['attempt']}: {r['error']}", "retrying", "yellow")
         print_detail(out, r.get("detail") or {})
+
+
+def requests_row(tally, finished: bool) -> tuple[str, str]:
+    """`fleet status`: the store requests the workers counted (fleet.core.status.RequestTally), by
+    billing class, and what Cloud Storage charges for them at list price (fleet.gce.estimate)."""
+    from fleet.gce.estimate import PRICES, usd
+
+    c = tally.counts
+    text = (f"{c.class_a:,} Class A ({c.list_pages:,} list pages, {c.writes:,} writes), {c.class_b:,} Class B "
+            f"({c.reads:,} reads, {c.stats:,} stats), {c.free:,} free (deletes): ≈ {usd(PRICES.usd(c.class_a, c.class_b))} "
+            "at Cloud Storage list price")
+    return ("store requests" if finished and not tally.running else "store requests so far"), text
+
+
+def requests_caveats(tally) -> list[str]:
+    """Where the counts are not the whole: workers that died before their final heartbeat, and
+    heartbeats that carry no counts."""
+    lines = []
+    if tally.cut:
+        lines.append(f"{len(tally.cut):,} worker(s) stopped before their final heartbeat (a VM killed, a kill -9: "
+                     f"{_names(tally.cut)}): their requests after their last heartbeat are not in the count")
+    if tally.missing:
+        lines.append(f"{len(tally.missing):,} worker(s) left heartbeats without request counts (code from before "
+                     f"they were counted: {_names(tally.missing)}): their requests are not in the count")
+    return lines
+
+
+def _names(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
 
 
 COUNT_COLUMNS = ("documents", "documents_read", "examples", "tokens")  # the counts a trainer budgets by, when a job gives them

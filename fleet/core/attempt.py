@@ -26,8 +26,8 @@ from fleet.job import Converter, InputError, ItemContext, ItemFailed, ItemInput,
 from fleet.core.lease import DONE, FAILED, Held, Leases, Lost
 from fleet.core.run import Item, RunSpec, StepPlan
 from fleet.core.layout import counts_name, index_name, released_prefix, shuffle_name
-from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, index_totals, load_index, partitions_for, \
-    reduce_records
+from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, combine, index_totals, load_index, \
+    partitions_for, reduce_records
 from fleet.core.store import Store, StoreError, open_store
 
 log = logging.getLogger("fleet.worker")
@@ -199,9 +199,10 @@ class ItemRunner:
     """The items of one worker process, one at a time: ``process`` is one attempt's whole
     protocol; ``release`` gives an item back without spending an attempt.
 
-    In a run with stages (fleet.core.run.StepPlan) an item is one of three kinds: a map item
-    (the job's converter over its input), a barrier (checks the step before is all done and
-    indexes its records: fleet.core.shuffle) or a stage's item (the job's reducer over its
+    In a run with stages (fleet.core.run.StepPlan) an item is one of four kinds: a map item
+    (the job's converter over its input), a combine item (merges a fixed group of the step
+    before's record files into one: fleet.core.shuffle.combine), a barrier (checks the step
+    before is all done and indexes its records) or a stage's item (the job's reducer over its
     records). An item whose step feeds a stage writes keyed records (a PartitionWriter) into
     the run's state instead of outputs."""
 
@@ -257,6 +258,8 @@ class ItemRunner:
                 counted = None
                 if item.meta.get("barrier"):
                     stats, files = self._barrier(item, workdir)
+                elif item.meta.get("combine"):
+                    stats, files = self._combine(item, workdir, checkpoint)
                 else:
                     if item.step:
                         stats = dict(self._reducer(item).reduce(self._records(item, workdir, checkpoint), ctx, sink))
@@ -366,17 +369,20 @@ class ItemRunner:
         return reduce_records(self.store, self._index[2], item.meta["part"], stage.items, stage.balanced, workdir,
                               checkpoint)
 
-    def _barrier(self, item: Item, workdir: str) -> tuple[dict, list]:
-        """Every item of the step before is done: index their records for this stage's items (one
-        read of each), or fail for good naming what failed, so the stage never runs on less."""
-        before = [i for i in self.items if i.step == item.step - 1]
+    def _pieces(self, item: Item, before: list[Item]) -> list[ShufflePiece]:
+        """The record files of ``before`` (items of the step before), each pinned to the version its
+        lease committed: one lease read each. Fails for good, naming what failed, if one of them
+        did, so a stage never runs on less; waits (a retry) while one is not done."""
         with ThreadPoolExecutor(16) as pool:
             leases = list(pool.map(lambda i: self.leases.read(i.id), before))
         failed = [(i, got[0]) for i, got in zip(before, leases) if got is not None and got[0].state == FAILED]
         if failed:
             first, lease = failed[0]
-            raise StageError(f"stage {item.meta['stage']} cannot run: {len(failed)} item(s) before it failed "
-                             f"(item {first.id}: {lease.error})", {"failed_items": [i.id for i, _ in failed]})
+            cannot = f"stage {item.meta['stage']} cannot run: "
+            message = f"{cannot}{len(failed)} item(s) before it failed (item {first.id}: {lease.error})"
+            if (lease.error or "").startswith(cannot):  # a combine item that failed for what failed before it
+                message = lease.error
+            raise StageError(message, {"failed_items": [i.id for i, _ in failed]})
         unfinished = [i.id for i, got in zip(before, leases) if got is None or got[0].state != DONE]
         if unfinished:  # reopened since the gate opened (fleet status --verify): wait for them
             raise ItemFailed(f"item(s) {', '.join(unfinished[:5])} of the step before are not done yet")
@@ -387,6 +393,23 @@ class ItemRunner:
                 raise StageError(f"stage {item.meta['stage']} cannot run: item {i.id} left no records for it "
                                  "(planned by another version?)")
             pieces.append(ShufflePiece(i.id, out["name"], out.get("version", "")))
+        return pieces
+
+    def _combine(self, item: Item, workdir: str, checkpoint: Callable[[], None]) -> tuple[dict, list]:
+        """Merge the record files of the group of the step before that the plan gave this item (its
+        meta ``items``: positions among that step's items), in its key block (``partitions``),
+        into one file of the same format for the barrier to index."""
+        lo, hi = item.meta["items"]
+        p1, p2 = item.meta["partitions"]
+        before = [i for i in self.items if i.step == item.step - 1][lo:hi]
+        pieces = self._pieces(item, before)
+        made = combine(self.store, pieces, self.steps.partitions(item.step), (p1, p2), workdir, checkpoint)
+        return {"combined_records": made.records}, [(self.store, shuffle_name(self.run, item.id), made.path)]
+
+    def _barrier(self, item: Item, workdir: str) -> tuple[dict, list]:
+        """Every item of the step before is done: index their records for this stage's items (one
+        read of each), or fail for good naming what failed, so the stage never runs on less."""
+        pieces = self._pieces(item, [i for i in self.items if i.step == item.step - 1])
         stage = self.steps.stage(item.step + 1)
         data = build_index(self.store, pieces, partitions_for(stage.items, stage.balanced))
         path = os.path.join(workdir, "index")

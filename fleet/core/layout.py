@@ -6,6 +6,7 @@ the workers, the readers, `fleet status` and the VMs' startup/startup.sh.
     runs/<run>/leases/<item>                  an item's lease: who holds it, its attempts, its outputs
     runs/<run>/final/<item>                   create-once marker of a finished (done or failed) item
     runs/<run>/released/<item>                an item given back: taken at once, not after its lease's TTL
+    runs/<run>/done/<window>                  create-once marker of a window whose items are all finished
     runs/<run>/workers/<worker>               a worker's heartbeat
     runs/<run>/idle/<worker>                  an idle worker (the standby candidates)
     runs/<run>/launch.json                    where `fleet launch` put the run's MIG and template
@@ -58,6 +59,12 @@ def lease_prefix(run: str) -> str:
 def final_prefix(run: str) -> str:
     """Create-once markers of finished items: one listing tells every worker what is left."""
     return f"{run_prefix(run)}final/"
+
+
+def done_prefix(run: str) -> str:
+    """Create-once markers of finished windows (fleet.core.windows): one listing, 64,000 items a
+    call, tells a worker where work is left. Advisory: a sweep of the leases overrules them."""
+    return f"{run_prefix(run)}done/"
 
 
 def released_prefix(run: str) -> str:

@@ -12,11 +12,13 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from fleet.job import ConfigError, ItemInput, Job, Opener, Piece, Source, Stage, StageOptions, load_job, printable
 from fleet.core.layout import RUNS, items_name, run_of_spec, spec_name
 from fleet.core.records import JsonRecord
+from fleet.core import shuffle
+from fleet.core.shuffle import Combine, CombineRule, combine_groups, partitions_for, plan_combine
 from fleet.core.sources import find_sources
 from fleet.core.store import BucketNotFound, NotFound, PreconditionFailed, Store, open_store, read_url
 
@@ -27,7 +29,7 @@ class PlanError(Exception):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Item:
     """A work item: a piece of one input object (see fleet.job.Piece), pinned to the object's
     version, with the id its lease and outputs are named by. ``meta`` is the job's own.
@@ -44,8 +46,8 @@ class Item:
     id: str = ""
     size: int = 0  # bytes of work: what progress and the run's input_bytes count
     meta: dict[str, Any] = field(default_factory=dict)
-    # Its step in the run's chain (see StepPlan): 0 the map over the inputs; 2g-1 the barrier
-    # that indexes what stage g reads; 2g stage g's items. A step opens when all before are done.
+    # Its step in the run's chain (see StepPlan): 0 the map over the inputs; then per stage its
+    # combine step (if planned), its barrier and its items. A step opens when all before are done.
     step: int = 0
     parts: tuple["Item", ...] = ()
 
@@ -68,6 +70,10 @@ class Item:
             stage = self.meta.get("stage", "")
             if self.meta.get("barrier"):
                 return f"the index of stage {stage}"
+            if self.meta.get("combine"):
+                (lo, hi), (p1, p2) = self.meta.get("items", (0, 0)), self.meta.get("partitions", (0, 0))
+                return (f"stage {stage}, combine {self.meta.get('part', 0) + 1} of {self.meta.get('of', 0)} "
+                        f"(the step before's items {lo + 1}-{hi}, partitions {p1}-{p2 - 1})")
             return f"stage {stage}, item {self.meta.get('part', 0) + 1} of {self.meta.get('of', 0)}"
         if self.parts:
             return f"{len(self.parts):,} files, {self.parts[0].file} to {self.parts[-1].file}"
@@ -150,6 +156,9 @@ class RunSpec(JsonRecord):
     shards: int = 0  # --shards, as given (0: none)
     dedup: str = ""  # --dedup, as given
     stages: list[dict[str, Any]] = field(default_factory=list)  # the job's stages after the map (fleet.job.Stage)
+    # Per stage, its combine step as planned (fleet.core.shuffle.Combine); [] for none at all, as
+    # every run planned before combine steps existed: a run keeps the structure it was planned with.
+    combine: list[dict[str, int]] = field(default_factory=list)
     # Memory a stage's sort holds before it spills to local disk: it changes no output byte.
     shuffle_budget: int = field(default=256 << 20, compare=False)
     item_bytes: int = field(default=0, compare=False)  # the target the items were cut to
@@ -160,51 +169,115 @@ class RunSpec(JsonRecord):
     created: float = field(default=0.0, compare=False)
 
 
+MAP, COMBINE, BARRIER, ITEMS = "map", "combine", "barrier", "items"  # the kinds of step (StepPlan)
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # MAP, COMBINE, BARRIER or ITEMS
+    stage: Stage | None = None  # the stage it belongs to (None: the map)
+
+
 class StepPlan:
-    """The run's chain of steps, from its spec: step 0 the map over the inputs, then per stage g
-    the job asked for (Job.stages), step 2g-1 its barrier (one item: checks that every item
-    before is done and indexes their records, fleet.core.shuffle) and step 2g its items."""
+    """The run's chain of steps, from its spec (never from this code's defaults, so a run planned
+    by older code keeps its own): step 0 the map over the inputs, then per stage the job asked
+    for (Job.stages) its combine step if the plan gave it one (items that each merge a fixed group
+    of the files of the step before: fleet.core.shuffle), its barrier (one item: checks that every
+    item before is done and indexes their records) and its items. Without combine steps, stage g
+    is step 2g-1 (its barrier) and 2g (its items), as before combine steps existed."""
 
     def __init__(self, spec: "RunSpec"):
         self.stages = [Stage(**s) for s in spec.stages]
+        combines = self.combines = [Combine(**c) for c in spec.combine]
+        self.steps = [Step(MAP)]
+        for g, stage in enumerate(self.stages):
+            combine = combines[g] if g < len(combines) else Combine()
+            if combine:
+                self.steps.append(Step(COMBINE, stage))
+            self.steps += [Step(BARRIER, stage), Step(ITEMS, stage)]
 
     @property
     def last(self) -> int:
-        return 2 * len(self.stages)
+        return len(self.steps) - 1
+
+    def kind(self, step: int) -> str:
+        return self.steps[step].kind
 
     def name(self, step: int) -> str:
-        return "map" if step == 0 else self.stages[(step - 1) // 2].name
+        """The step's name for status rows and ``ItemContext.stage``: "map", a stage's name (its
+        barrier and items), or "<stage> combine"."""
+        s = self.steps[step]
+        if s.stage is None:
+            return "map"
+        return f"{s.stage.name} combine" if s.kind == COMBINE else s.stage.name
 
     def stage(self, step: int) -> Stage | None:
-        return self.stages[step // 2 - 1] if step and not step % 2 else None
+        """The stage whose items this step is, else None."""
+        s = self.steps[step]
+        return s.stage if s.kind == ITEMS else None
 
     def feeds(self, step: int) -> str:
-        """The stage whose barrier reads this step's items' records; "" for the run's outputs."""
-        if step % 2 or step // 2 >= len(self.stages):
+        """The stage whose combine step or barrier reads this step's items' records; "" for the
+        run's outputs (and for a barrier, which writes an index)."""
+        s = self.steps[step]
+        if s.kind == COMBINE:
+            return s.stage.name
+        if s.kind == BARRIER or step == self.last:
             return ""
-        return self.stages[step // 2].name
+        return self.steps[step + 1].stage.name
+
+    def combine_of(self, step: int) -> Combine:
+        """The combine step the stage of ``step`` reads through (``Combine()``: none)."""
+        stage = self.steps[step].stage
+        g = next((i for i, s in enumerate(self.stages) if s is stage), None)
+        return self.combines[g] if g is not None and g < len(self.combines) else Combine()
 
     def partitions(self, step: int) -> int:
         """How many key ranges the records of a step feeding a stage are cut into."""
-        from fleet.core.shuffle import partitions_for
-
-        nxt = self.stages[step // 2]
+        s = self.steps[step]
+        nxt = s.stage if s.kind == COMBINE else self.steps[step + 1].stage
         return partitions_for(nxt.items, nxt.balanced)
 
 
-def stage_items(stages: list[Stage], first_id_width: int) -> list[Item]:
-    """The items of the steps after the map: a barrier per stage, then the stage's items. The
-    last stage's items name the run's outputs, ``part-00003-of-00016...``."""
-    out = []
-    for g, stage in enumerate(stages, 1):
-        out.append(Item("", "", 0, 0, id=f"{stage.name}-index", step=2 * g - 1,
-                        meta={"stage": stage.name, "barrier": True}))
+def plan_combines(rule: CombineRule, stages: list[Stage], map_items: int, input_bytes: int) -> list[Combine]:
+    """Each stage's combine step by ``rule`` (fleet.core.shuffle.plan_combine); [] when none gets one.
+    The items of the step before a stage: the map's, or the stage before's; their records'
+    bytes estimated as the input's bytes spread over them."""
+    out, producers = [], map_items
+    for stage in stages:
+        out.append(plan_combine(rule, producers, partitions_for(stage.items, stage.balanced), stage.items,
+                                input_bytes / max(1, producers)))
+        producers = stage.items
+    return out if any(out) else []
+
+
+def stage_items(stages: list[Stage], map_items: int, combines: Sequence[Combine] = ()) -> list[Item]:
+    """The items of the steps after the map: per stage its combine items (if ``combines`` gives it
+    a step: meta ``items`` the positions of the files each merges among the step before's items,
+    ``partitions`` its key block), a barrier, then the stage's items. The last stage's items name
+    the run's outputs, ``part-00003-of-00016...``. Without combine steps, the items of before."""
+    out: list[Item] = []
+    step, producers = 0, map_items
+    for g, stage in enumerate(stages):
+        combine = combines[g] if g < len(combines) else Combine()
+        if combine:
+            step += 1
+            groups = combine_groups(producers, combine, partitions_for(stage.items, stage.balanced))
+            width = max(5, len(str(len(groups) - 1)))
+            for k, ((lo, hi), (p1, p2)) in enumerate(groups):
+                out.append(Item("", "", lo, hi, id=f"{stage.name}-combine-{k:0{width}d}", step=step,
+                                meta={"stage": stage.name, "combine": True, "part": k, "of": len(groups),
+                                      "items": [lo, hi], "partitions": [p1, p2]}))
+        step += 1
+        out.append(Item("", "", 0, 0, id=f"{stage.name}-index", step=step, meta={"stage": stage.name, "barrier": True}))
+        step += 1
         width = max(5, len(str(stage.items - 1)))
-        last = g == len(stages)
+        last = g == len(stages) - 1
         for k in range(stage.items):
             item_id = f"{k:0{width}d}-of-{stage.items:0{width}d}" if last else f"{stage.name}-{k:0{width}d}"
-            out.append(Item("", "", k, k + 1, id=item_id, step=2 * g,
+            out.append(Item("", "", k, k + 1, id=item_id, step=step,
                             meta={"stage": stage.name, "part": k, "of": stage.items}))
+        producers = stage.items
     return out
 
 
@@ -359,7 +432,7 @@ def _spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
         if old.read.get(key) != new.read.get(key):
             out.append(f"{key.replace('_', ' ')} is {new.read.get(key)!r}, was {old.read.get(key)!r}")
     for f in dataclasses.fields(RunSpec):
-        if f.compare and f.name not in ("config", "files", "items", "input_bytes", "run", "read", "stages"):
+        if f.compare and f.name not in ("config", "files", "items", "input_bytes", "run", "read", "stages", "combine"):
             a, b = getattr(old, f.name), getattr(new, f.name)
             if a != b:
                 out.append(f"{f.name.replace('_', ' ')} is {b!r}, was {a!r}")
@@ -382,6 +455,7 @@ def plan(
     read: Mapping[str, Any] | None = None,
     stage_options: StageOptions = StageOptions(),
     shuffle_budget: int = 256 << 20,
+    combine: CombineRule | None = None,
 ) -> tuple[RunSpec, list[Item], bool]:
     """Write run.json and the items; returns (spec, items, created_now).
 
@@ -389,7 +463,9 @@ def plan(
     no-op, so `fleet local` can resume; anything else is refused, naming what differs
     (``again`` says what to do instead), rather than mixed into one run.
     ``item_bytes`` may be a function of the inputs' total size; ``read`` are the job's read
-    options (``--text-column``...), which it checks (Job.check_read).
+    options (``--text-column``...), which it checks (Job.check_read). ``combine``: when a stage
+    gets a combine step (default ``fleet.core.shuffle.COMBINE_RULE``); a run planned already keeps
+    the combine steps it was planned with (none, if older code planned it).
     """
     check_run_name(run)
     check_numbers(lease_ttl, max_attempts, item_bytes if isinstance(item_bytes, int) else 1)
@@ -421,8 +497,15 @@ def plan(
     if not items:
         raise PlanError(f"{', '.join(map(printable, inputs))}: the inputs hold no data")
     stages = job.stages(config, stage_options, len(items)) if stage_options else []
+    combines: list[Combine] = []
     if stages:
-        items += stage_items(stages, len(items[0].id))
+        stage_dicts = [dataclasses.asdict(s) for s in stages]
+        if old_spec is not None and old_spec.stages == stage_dicts:  # its own structure, not today's rule
+            combines = [Combine(**c) for c in old_spec.combine]
+        else:
+            combines = plan_combines(combine or shuffle.COMBINE_RULE, stages, len(items),
+                                     sum(i.size for i in items))
+        items += stage_items(stages, len(items), combines)
     spec = RunSpec(
         run=run,
         job=job_name,
@@ -438,6 +521,7 @@ def plan(
         shards=stage_options.shards,
         dedup=stage_options.dedup,
         stages=[dataclasses.asdict(s) for s in stages],
+        combine=[dataclasses.asdict(c) for c in combines],
         shuffle_budget=shuffle_budget,
         item_bytes=item_bytes,
         group_files=group_files,
@@ -551,8 +635,25 @@ def load_items(store: Store, run: str) -> list[Item]:
 
 
 def _parse_items(store: Store, run: str, data: bytes) -> list[Item]:
+    """The item list; what repeats from item to item (a file's URL, name and version, the job's
+    meta) is held once, so a worker holds a million items in a few hundred MB, not 1.5 GB."""
+    strings: dict[str, str] = {}
+    metas: dict[tuple, dict] = {}
+
+    def shared(d: dict) -> dict:
+        for key in ("url", "name", "version"):
+            if isinstance(d.get(key), str):
+                d[key] = strings.setdefault(d[key], d[key])
+        meta = d.get("meta")
+        if isinstance(meta, dict):
+            try:
+                d["meta"] = metas.setdefault(tuple(sorted(meta.items())), meta)
+            except TypeError:  # a value that is a list or a dict: kept as it is
+                pass
+        return d
+
     try:
-        return [Item.from_dict(json.loads(line)) for line in data.splitlines() if line.strip()]
+        return [Item.from_dict(shared(json.loads(line))) for line in data.splitlines() if line.strip()]
     except (ValueError, TypeError) as e:
         raise PlanError(f"{store.url}/{items_name(run)}: not an item list ({e}); the bucket's run state is damaged") \
             from None

@@ -30,11 +30,37 @@ passes 64 KiB; a worker may keep the :class:`Index` for its next items), 1 read 
 when the whole index came with the head), then 1 download per piece whose range holds data: a
 piece with nothing in the range costs no request.
 
+The combine step: reads that grow with the data. Read straight from the map's M files, a stage
+of S items makes about M x S ranged reads of D / (M x S) bytes each (D the records' bytes): at
+1 TB in 64 MB items and ``--shards 1024``, 16 million reads of ~190 kB, which a new bucket serves
+at ~5,000 a second. So a big stage gets a combine step before its barrier, planned once
+(:func:`plan_combine`) and kept in the run's spec: combine item (j, b) merges a fixed group j of
+G consecutive files of the step before, in key block b of NB equal blocks of partitions, into ONE
+file of the same format (:func:`combine`; its partitions outside the block are empty). A stage
+item then finds its range in the M/G files of its block. Reads: M (NB = 1: whole files) or
+2 x M x NB (a header and the block's range) for the combine step, then S x M/G for the stage.
+G makes a stage item's ranges ``read_min`` (4 MB) or more (G = S x read_min / (D/M), at most FANIN,
+one merge pass, and M); NB keeps a combined file, and so a combine item's disk, under
+``file_max`` (1 GB; NB = G x (D/M) / file_max, at most (D/M) / read_min so that each file's range
+is read_min too). Every read is then a few MB, and reads come to at most ~3 x D / read_min + M:
+they grow with the bytes, not with M x S. No step below ``min_reads`` (250,000 reads, ~50 s of a
+new bucket's reads: about what a step costs) or when G comes out under 2. D/M is estimated as the
+input bytes per item of the step before (records are ~1x the text for dedup, ~3x for electra's
+examples: reads and files are then bigger than planned). docs/coordination.md models it at 1 TB.
+Why this design: the combined file is exactly the partition file a PartitionWriter writes of the
+same records, so the global (key, value) order, and every output byte, is the same with the step
+or without; groups fixed at plan time make a retried combine item merge the same files (per-worker
+combining would not); bigger map items make a retry costlier and hold more memory; blocks keep a
+file bounded whatever S (one block would need S x read_min bytes a file).
+
 Memory is bounded whatever the sizes: the writer buffers about ``budget`` bytes of records, then
 sorts and spills them to a run file and merges the runs at the end; a reduce item downloads its
 ranges to local files and merges them from disk. A merge reads each file through a buffer of at
 most 1 MiB (about 16 MiB over all files), and merges at most ``FANIN`` files at once (more go
-through intermediate merge passes, so open files stay bounded too).
+through intermediate merge passes, so open files stay bounded too). A combine item holds no
+records in memory either: it merges its downloads from disk into its file, so its disk is the
+bytes of its group in its block twice (downloads, then the file: at most ~2 x ``file_max`` as
+planned).
 """
 
 from __future__ import annotations
@@ -44,9 +70,11 @@ import contextlib
 import heapq
 import itertools
 import json
+import math
 import os
 import struct
 import tempfile
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -91,13 +119,15 @@ def _batches(records: Iterable[tuple[int, bytes]]) -> Iterator[list[tuple[int, b
         yield batch
 
 
-def _read_chunks(path: str, chunk: int, where: str) -> Iterator[list[tuple[int, bytes]]]:
-    """The records of a file of records, a buffer's worth at a time; the file is removed once
-    read (or abandoned): every file merged here is a scratch file of the merge's."""
+def _read_chunks(path: str, chunk: int, where: str, start: int = 0) -> Iterator[list[tuple[int, bytes]]]:
+    """The records of a file of records (from byte ``start``: past a partition file's header), a
+    buffer's worth at a time; the file is removed once read (or abandoned): every file merged
+    here is a scratch file of the merge's."""
     unpack = _RECORD.unpack_from
     with open(path, "rb", buffering=0) as f:
         os.unlink(path)
-        left = os.fstat(f.fileno()).st_size
+        left = os.fstat(f.fileno()).st_size - start
+        f.seek(start)
         rest = b""
         need = chunk
         while True:
@@ -124,29 +154,34 @@ def _read_chunks(path: str, chunk: int, where: str) -> Iterator[list[tuple[int, 
             yield out
 
 
-def _reader(path: str, files: int, where: str) -> Iterator[tuple[int, bytes]]:
+def _reader(path: str, files: int, where: str, start: int = 0) -> Iterator[tuple[int, bytes]]:
     chunk = max(_READ_MIN, min(1 << 20, _MERGE_BUFFER // max(1, files)))
-    return itertools.chain.from_iterable(_read_chunks(path, chunk, where))
+    return itertools.chain.from_iterable(_read_chunks(path, chunk, where, start))
 
 
 def _merge_files(paths: list[str], names: list[str], workdir: str, checkpoint: Callable[[], None],
-                 extra: list[tuple[int, bytes]] | None = None) -> Iterator[tuple[int, bytes]]:
-    """All records of the files (each sorted), merged in (key, value) order; ``extra`` a sorted
-    list merged in as well. More than FANIN files are first merged FANIN at a time into new
-    files in ``workdir`` (removed once read), so open files and buffers stay bounded."""
+                 extra: list[tuple[int, bytes]] | None = None, starts: list[int] | None = None
+                 ) -> Iterator[tuple[int, bytes]]:
+    """All records of the files (each sorted, from byte ``starts[i]`` on: 0 by default), merged in
+    (key, value) order; ``extra`` a sorted list merged in as well. More than FANIN files are first
+    merged FANIN at a time into new files in ``workdir`` (removed once read), so open files and
+    buffers stay bounded."""
     paths, names = list(paths), list(names)
+    starts = list(starts) if starts is not None else [0] * len(paths)
     while len(paths) + (extra is not None) > FANIN:
-        merged_paths, merged_names = [], []
+        merged_paths, merged_names, merged_starts = [], [], []
         for i in range(0, len(paths), FANIN):
-            group, group_names = paths[i:i + FANIN], names[i:i + FANIN]
+            group, group_names, group_starts = paths[i:i + FANIN], names[i:i + FANIN], starts[i:i + FANIN]
             if len(group) == 1:
                 merged_paths += group
                 merged_names += group_names
+                merged_starts += group_starts
                 continue
             fd, out = tempfile.mkstemp(dir=workdir, prefix="merge-", suffix=".kv")
             try:
                 with os.fdopen(fd, "wb") as f:
-                    merged = heapq.merge(*(_reader(p, len(group), n) for p, n in zip(group, group_names)))
+                    merged = heapq.merge(*(_reader(p, len(group), n, a)
+                                           for p, n, a in zip(group, group_names, group_starts)))
                     for batch in _batches(merged):
                         f.write(_encode(batch))
                         checkpoint()
@@ -157,8 +192,9 @@ def _merge_files(paths: list[str], names: list[str], workdir: str, checkpoint: C
                 raise
             merged_paths.append(out)
             merged_names.append(out)
-        paths, names = merged_paths, merged_names
-    streams = [_reader(p, len(paths), n) for p, n in zip(paths, names)]
+            merged_starts.append(0)
+        paths, names, starts = merged_paths, merged_names, merged_starts
+    streams = [_reader(p, len(paths), n, a) for p, n, a in zip(paths, names, starts)]
     if extra:
         streams.append(iter(extra))
     return heapq.merge(*streams)
@@ -426,6 +462,167 @@ def load_index(store: Store, name: str, version: str | None = None) -> Index:
     if len(totals) != partitions:
         raise ShuffleError(f"{where}: damaged head ({len(totals)} totals for {partitions} partitions)")
     return Index(store, name, version or "", pieces, partitions, totals, 16 + length, data)
+
+
+# -- the combine step ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Combine:
+    """A stage's combine step, as planned (kept in the run's spec, so a run keeps its own):
+    ``group`` files of the step before merged by each combine item, in ``blocks`` key blocks.
+    ``group`` 0: no combine step."""
+
+    group: int = 0
+    blocks: int = 0
+
+    def __bool__(self) -> bool:
+        return self.group >= 2
+
+
+@dataclass(frozen=True)
+class CombineRule:
+    """When a stage gets a combine step, and its shape (see the module docstring). Sizes are of
+    records, estimated at plan time by the input bytes per item of the step before."""
+
+    read_min: int = 4_000_000  # bytes a stage item's ranged read should hold at least
+    file_max: int = 1_000_000_000  # bytes of a combined file at most: a combine item's disk is twice this
+    min_reads: int = 250_000  # a stage making fewer ranged reads without it gets no combine step
+    group: int = 0  # a fixed group (tests, benchmarks); 0: from the sizes
+    blocks: int = 1  # with a fixed group: key blocks
+
+
+COMBINE_RULE = CombineRule()  # fleet.core.run.plan's default, looked up when it plans
+
+
+def plan_combine(rule: CombineRule, producers: int, partitions: int, readers: int, producer_bytes: float) -> Combine:
+    """The combine step of a stage of ``readers`` items (``partitions`` key ranges) reading the
+    files of ``producers`` items of ``producer_bytes`` each, or none (``Combine()``)."""
+    if rule.group:
+        group = min(rule.group, producers)
+        return Combine(group, max(1, min(rule.blocks, partitions))) if group >= 2 else Combine()
+    if producers * readers < rule.min_reads:
+        return Combine()
+    size = max(1.0, float(producer_bytes))
+    group = min(producers, FANIN, math.ceil(readers * rule.read_min / size))
+    blocks = max(1, math.ceil(group * size / rule.file_max))
+    most = max(1, int(size // rule.read_min))  # so that the block's range of each file is read_min or more
+    if blocks > most:
+        blocks = most
+        group = min(group, int(rule.file_max * blocks // size))
+    if group < 2:
+        return Combine()
+    return Combine(group, min(blocks, partitions))
+
+
+def combine_groups(producers: int, combine: Combine, partitions: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Per combine item, in order: ((lo, hi) the positions of the files it merges among the
+    items of the step before, (p1, p2) the partitions of its key block). Groups of at most
+    ``combine.group`` consecutive items, as even as can be; blocks of equal partition counts."""
+    n = math.ceil(producers / combine.group)
+    groups = [(j * producers // n, (j + 1) * producers // n) for j in range(n)]
+    blocks = [(b * partitions // combine.blocks, (b + 1) * partitions // combine.blocks)
+              for b in range(combine.blocks)]
+    return [(g, b) for g in groups for b in blocks]
+
+
+@dataclass
+class Combined:
+    """What :func:`combine` made: the file (in its workdir), records per partition, requests."""
+
+    path: str
+    counts: list[int]
+    reads: int
+    bytes_read: int
+
+    @property
+    def records(self) -> int:
+        return sum(self.counts)
+
+
+def _checked_header(data: bytes, partitions: int, where: str) -> Header:
+    if len(data) >= 16 and data[:8] == MAGIC and (got := _U64.unpack_from(data, 8)[0]) != partitions:
+        raise ShuffleError(f"{where}: has {got} partitions, the stage expects {partitions}")
+    return parse_header(data, where)
+
+
+def combine(store: Store, pieces: list[ShufflePiece], partitions: int, block: tuple[int, int], workdir: str,
+            checkpoint: Callable[[], None] = lambda: None, threads: int = 16) -> Combined:
+    """A combine item: the records of partitions ``block`` = (p1, p2) of the pieces, merged into one
+    partition file in ``workdir`` (its other partitions empty): the bytes a PartitionWriter writes
+    of the same records. The whole block: each piece downloaded whole, one request; a part: its
+    header read, then its block's range downloaded (none when the range is empty). Each piece is
+    pinned to the version its item committed; a header, a length or a count that disagrees fails
+    in one line naming the piece."""
+    p1, p2 = block
+    if not 0 <= p1 < p2 <= partitions:
+        raise ValueError(f"partitions {p1}..{p2} of {partitions}")
+    whole = (p1, p2) == (0, partitions)
+    size = header_size(partitions)
+    reads = [0] * len(pieces)
+
+    def fetch(j: int) -> tuple[str | None, int, array]:
+        """The piece's block on local disk (None: nothing in it), where its records start in that
+        file, and its header's counts of the block's partitions (8 bytes each, not a tuple of ints)."""
+        piece = pieces[j]
+        where = f"{piece.name} (item {piece.item})"
+        path = os.path.join(workdir, f"combine-{j}.kv")
+        version = piece.version or None
+        with _pinned(piece):
+            if whole:
+                store.download_file(piece.name, path, version=version)
+                reads[j] = 1
+                with open(path, "rb") as f:
+                    header = _checked_header(f.read(size), partitions, where)
+                if os.path.getsize(path) != header.offsets[-1]:
+                    raise ShuffleError(f"{where}: partition file damaged ({os.path.getsize(path)} bytes, its header "
+                                       f"says {header.offsets[-1]})")
+                return path, header.offsets[0], array("Q", header.counts)
+            header = _checked_header(store.read(piece.name, 0, size, version=version), partitions, where)
+            reads[j] = 1
+            a, b = header.offsets[p1], header.offsets[p2]
+            if b == a:
+                return None, 0, array("Q", header.counts[p1:p2])
+            store.download_file(piece.name, path, a, b, version=version)
+            reads[j] = 2
+        if os.path.getsize(path) != b - a:
+            raise ShuffleError(f"{where}: partition file changed or damaged (bytes {a}-{b} asked, "
+                               f"{os.path.getsize(path)} there)")
+        return path, 0, array("Q", header.counts[p1:p2])
+
+    wanted: list[tuple[int, str, int]] = []  # (piece, local path, where its records start)
+    expected = [0] * partitions  # records per partition, by the pieces' headers
+    out = None
+    try:
+        with ThreadPoolExecutor(max(1, min(threads, len(pieces)))) as pool:
+            for j, (path, start, counts) in enumerate(pool.map(fetch, range(len(pieces)))):
+                if path is not None:
+                    wanted.append((j, path, start))
+                for k, n in enumerate(counts, p1):
+                    expected[k] += n
+        checkpoint()
+        bytes_read = sum(os.path.getsize(path) for _, path, _ in wanted)
+        names = [f"{pieces[j].name} (item {pieces[j].item})" for j, _, _ in wanted]
+        merged = _merge_files([p for _, p, _ in wanted], names, workdir, checkpoint, starts=[a for _, _, a in wanted])
+        fd, out = tempfile.mkstemp(dir=workdir, prefix="combined-", suffix=".kv")
+        with os.fdopen(fd, "wb") as f:
+            f.seek(size)
+            offsets, counts = _write_partitioned(f, merged, partitions, checkpoint)
+            f.seek(0)
+            f.write(MAGIC + _U64.pack(partitions) + struct.pack(f">{2 * partitions + 1}Q", *offsets, *counts))
+        if counts != expected:
+            k = next(k for k in range(partitions) if counts[k] != expected[k])
+            raise ShuffleError(f"combining {len(pieces)} partition files from {pieces[0].name}: partition {k} holds "
+                               f"{counts[k]} records, their headers say {expected[k]} (a file is damaged)")
+    except BaseException:
+        if out is not None and os.path.exists(out):
+            os.unlink(out)
+        raise
+    finally:
+        for j in range(len(pieces)):
+            path = os.path.join(workdir, f"combine-{j}.kv")
+            if os.path.exists(path):
+                os.unlink(path)
+    return Combined(out, counts, sum(reads), bytes_read)
 
 
 # -- the reduce side ------------------------------------------------------------------------------

@@ -23,14 +23,15 @@ import uuid
 import weakref
 
 from fleet.core.attempt import SHIELD, Counters, ItemRunner, _test_pause
-from fleet.core.claims import ClaimPolicy
+from fleet.core.claims import STEAL, SWEEP, VISIT, ClaimPolicy
 from fleet.core.codesync import check_pinned
 from fleet.job import load_job
 from fleet.core.lease import Held, Lease, Leases
 from fleet.core.liveness import pid_alive
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec, pinned_opener
-from fleet.core.layout import final_prefix, idle_prefix, lease_prefix, released_prefix, worker_prefix
-from fleet.core.store import PreconditionFailed, Store, open_store
+from fleet.core.layout import done_prefix, final_prefix, idle_prefix, lease_prefix, released_prefix, worker_prefix
+from fleet.core.store import PreconditionFailed, open_store
+from fleet.core.store.metered import MeteredStore
 
 log = logging.getLogger("fleet.worker")
 
@@ -64,7 +65,7 @@ class Worker:
 
     def __init__(self, bucket: str, run: str, name: str | None = None, poll: float | None = None,
                  standby: int | None = None):
-        self.store: Store = open_store(bucket)
+        self.store = MeteredStore(open_store(bucket))  # its requests counted, for the heartbeat
         self.run = run
         self.spec: RunSpec = load_spec(self.store, run)
         check_pinned(self.spec.code_version)  # a snapshot of other code must not touch this run
@@ -89,6 +90,7 @@ class Worker:
                                  self.scratch, self.counters, self.beat,
                                  reducer=lambda stage: self.job.reducer(self.config, opener, stage), steps=steps,
                                  items=self.items)
+        self.runner.output = MeteredStore(self.runner.output, self.store.meter)  # the outputs' uploads too
         self.holding: Held | None = None  # from claim to the end of process(), for a SIGTERM in between
         self.live_window = max(4 * self.poll + 1.0, 3.0)  # an idle worker beats every poll
         self.idle_marked = False
@@ -96,7 +98,8 @@ class Worker:
     # -- heartbeat -------------------------------------------------------------
     def beat(self, state: str) -> None:
         body = {"worker": self.name, "host": socket.gethostname(), "pid": os.getpid(), "state": state,
-                "item": self.runner.current, "updated": time.time(), **self.counters.__dict__}
+                "item": self.runner.current, "updated": time.time(), **self.counters.__dict__,
+                "requests": self.store.meter.for_beat()}
         try:
             self.store.write(worker_prefix(self.run) + self.name, json.dumps(body, sort_keys=True).encode(),
                              idempotent=True)  # only this worker writes it: a replay is harmless
@@ -113,87 +116,143 @@ class Worker:
     def run_until_drained(self) -> Counters:
         """Visit items until all are done or failed (or this worker may leave).
 
-        Coordination costs a few requests per item, whatever the fleet size: each pass
-        takes two listings, and fleet.core.claims decides from them which items to try and
-        which leases are worth reading. After an item a worker goes on to the next item
-        that had no lease in its listing, and lists again as soon as one turns out taken:
-        listings are taken about as often as they go stale.
+        Coordination costs a few requests per item, whatever the fleet's size and the run's: a
+        pass lists one window of the leases and markers (fleet.core.claims says which, and when a
+        worker steals or sweeps instead), and fleet.core.claims decides from the listings which
+        items to try and which leases are worth reading. After an item a worker goes on to the
+        next item that had no lease in its listing, and lists again as soon as one turns out
+        taken: listings are taken about as often as they go stale.
         """
         policy = ClaimPolicy([item.id for item in self.items], self.name, self.spec.lease_ttl,
                              standby=self.standby is not None, steps={i.id: i.step for i in self.items if i.step},
                              barriers=[i.id for i in self.items if i.meta.get("barrier")])
         by_id = {item.id: item for item in self.items}
         prefix, final, back = lease_prefix(self.run), final_prefix(self.run), released_prefix(self.run)
+        done = done_prefix(self.run)
         self.beat("starting")
+        kind, window, confirm = STEAL, None, False
         while True:
+            targets: list[int] | None = None
+            if kind in (STEAL, SWEEP) and not confirm:  # where is work left? the done/ markers first
+                policy.observe_marks(b.name[len(done):] for b in self.store.list(done))
+            if kind == STEAL:  # then a window picked at random
+                window = policy.steal()
+                kind = VISIT if window is not None else SWEEP
+            if kind == SWEEP:
+                window = None
+                targets = policy.sweep_targets(full=confirm)
             # Leases before markers (see ClaimPolicy.observe): a marker counts only with its lease.
-            listing = {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
-            finals = [b.name[len(final):] for b in self.store.list(final)]
-            policy.observe(finals, listing, time.monotonic(), [b.name[len(back):] for b in self.store.list(back)])
+            released = None
+            for scope in ([window] if kind == VISIT else targets if targets is not None else [None]):
+                bounds = () if scope is None else policy.windows[scope].bounds("")
+                listing = {b.name[len(prefix):]: b.generation
+                           for b in self.store.list(prefix, *(prefix + x for x in bounds))}
+                finals = [b.name[len(final):] for b in self.store.list(final, *(final + x for x in bounds))]
+                if released is None:
+                    released = [b.name[len(back):] for b in self.store.list(back)]
+                policy.observe(finals, listing, time.monotonic(), released, window=scope, sweep=kind == SWEEP)
             for barrier in policy.unknown_barriers():  # a stage opens (or is blocked) by its barrier's state
                 current = self.leases.read(barrier)
                 if current is not None:
                     policy.remember(barrier, *current)
-            worked = False
-            for item_id, fresh in policy.candidates(time.monotonic(), time.time()):
-                if worked and not fresh:
-                    break  # stalled leases are judged from fresh listings only
-                item = by_id[item_id]
-                current = None
-                if not fresh:
-                    current = policy.current(item_id)
-                    if current is None:
-                        current = self.leases.read(item_id)
-                        if current is not None:
-                            policy.remember(item_id, *current)
-                    if current is not None:
-                        if current[0].terminal:  # its committer died before writing the marker
-                            self._finish(policy, item_id, current[0])
-                            continue
-                        if current[0].live(time.time()):
-                            if item_id in policy.released and current[0].worker != self.name:
-                                self._unannounce(item_id)  # taken again already: the marker is stale
-                            continue  # a slow renewal, not a dead holder: wait for its expiry
-                stale = fresh and item_id in policy.stale
-                if stale and not self.drop_stale_marker(item_id):
-                    continue  # a new lease beside the old marker would read as finished
-                with SHIELD:  # a signal now waits until the worker knows whether it holds the item
-                    got = self.leases.claim(item_id, current)
-                    _test_pause("leased", item_id)
-                    if isinstance(got, Held):
-                        self.holding = got
-                if isinstance(got, Held):
-                    if stale:  # the lease was really gone (else the claim finds it, and the marker is rewritten)
-                        log.warning("item %s: a final/ marker without its lease (stale: the lease was deleted); "
-                                    "marker removed, the item is converted again", item_id)
-                    if item_id in policy.released:
-                        self._unannounce(item_id)
-                    self.mark_idle(False)
-                    self.holding = got
-                    self.runner.process(item, got)
-                    self.holding = None
-                    worked = True
-                    policy.remember(item_id, got.lease, got.generation)
-                    if got.lease.terminal:
-                        self._finish(policy, item_id, got.lease)
-                    continue  # the next unleased item of this listing, until one turns out taken
-                if isinstance(got, Lease):
-                    if got.terminal:
-                        self._finish(policy, item_id, got)
-                    else:
-                        policy.forget(item_id)
-                if fresh and worked:
-                    break  # this listing has gone stale while we worked: take fresh ones
-            if policy.drained():
-                return self.leave(drained=True)
-            policy.end_pass(worked)
-            if not worked:
+            worked = self._try_candidates(policy, by_id, window)
+            self.mark_windows(policy)
+            if kind == SWEEP:
+                if confirm:
+                    self.unmark_windows(policy)
+                if policy.drained():
+                    if confirm or targets is None:
+                        return self.leave(drained=True)
+                    confirm = True  # markers say so: a sweep of every lease and marker must too
+                    continue
+                confirm = False
+            next_pass = policy.end_pass(kind, worked, window)
+            if kind == SWEEP and not worked:
                 if self.standby is not None and not policy.waiting() and self.standbys_ahead() >= self.standby:
                     log.info("leaving: nothing to claim, and %d standby worker(s) stay", self.standby)
                     return self.leave()
                 self.mark_idle(True)
                 self.beat("idle")
                 time.sleep(self.poll * random.uniform(0.8, 1.2))
+            kind, window = next_pass
+
+    def _try_candidates(self, policy: ClaimPolicy, by_id: dict[str, Item], window: int | None) -> bool:
+        """Try this pass's candidates in order; True if an item was worked on."""
+        worked = False
+        for item_id, fresh in policy.candidates(time.monotonic(), time.time(), window):
+            if worked and not fresh:
+                break  # stalled leases are judged from fresh listings only
+            item = by_id[item_id]
+            current = None
+            if not fresh:
+                current = policy.current(item_id)
+                if current is None:
+                    current = self.leases.read(item_id)
+                    if current is not None:
+                        policy.remember(item_id, *current)
+                if current is not None:
+                    if current[0].terminal:  # its committer died before writing the marker
+                        self._finish(policy, item_id, current[0])
+                        continue
+                    if current[0].live(time.time()):
+                        if item_id in policy.released and current[0].worker != self.name:
+                            self._unannounce(item_id)  # taken again already: the marker is stale
+                        continue  # a slow renewal, not a dead holder: wait for its expiry
+            stale = fresh and item_id in policy.stale
+            if stale and not self.drop_stale_marker(item_id):
+                continue  # a new lease beside the old marker would read as finished
+            with SHIELD:  # a signal now waits until the worker knows whether it holds the item
+                got = self.leases.claim(item_id, current)
+                _test_pause("leased", item_id)
+                if isinstance(got, Held):
+                    self.holding = got
+            if isinstance(got, Held):
+                if stale:  # the lease was really gone (else the claim finds it, and the marker is rewritten)
+                    log.warning("item %s: a final/ marker without its lease (stale: the lease was deleted); "
+                                "marker removed, the item is converted again", item_id)
+                if item_id in policy.released:
+                    self._unannounce(item_id)
+                self.mark_idle(False)
+                self.holding = got
+                policy.worked_in(item_id)
+                self.runner.process(item, got)
+                self.holding = None
+                worked = True
+                policy.remember(item_id, got.lease, got.generation)
+                if got.lease.terminal:
+                    self._finish(policy, item_id, got.lease)
+                continue  # the next unleased item of this listing, until one turns out taken
+            if isinstance(got, Lease):
+                if got.terminal:
+                    self._finish(policy, item_id, got)
+                else:
+                    policy.forget(item_id)
+            if fresh and worked:
+                break  # this listing has gone stale while we worked: take fresh ones
+        return worked
+
+    def mark_windows(self, policy: ClaimPolicy) -> None:
+        """A done/ marker for each window a listing showed finished: create-only (a finished window
+        stays finished until a reopen removes its marker first) and advisory (sweeps trust none)."""
+        for w in policy.to_mark():
+            try:
+                self.store.write(done_prefix(self.run) + w.key, b"", if_generation_match=0)
+            except PreconditionFailed:
+                pass  # another worker's, or our own write replayed
+            except Exception as e:
+                log.warning("done marker of window %s not written: %s", w.key, e)
+                continue
+            policy.marked_now(w)
+
+    def unmark_windows(self, policy: ClaimPolicy) -> None:
+        """Remove the done/ markers of windows a sweep found unfinished (a lease deleted by hand)."""
+        for w in policy.stale_marks():
+            log.warning("window %s: a done/ marker, but an item in it is not finished; marker removed", w.key)
+            try:
+                self.store.delete(done_prefix(self.run) + w.key)
+                policy.unmarked(w)
+            except Exception as e:
+                log.warning("stale done marker of window %s not removed: %s", w.key, e)
 
     def _finish(self, policy: ClaimPolicy, item: str, lease: Lease) -> None:
         self.mark_final(item, lease)

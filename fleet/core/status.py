@@ -1,4 +1,5 @@
-"""Where a run stands, read from its leases and worker heartbeats."""
+"""Where a run stands, read from its leases and worker heartbeats (which also carry the store
+requests each worker made: fleet.core.store.metered)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,44 @@ from fleet.core.liveness import worker_alive
 from fleet.core.manifest import manifest_of
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec
 from fleet.core.store import NotFound, Store
+from fleet.core.store.metered import RequestCounts
+
+FINAL_BEATS = ("exited", "stopped")  # a worker's last heartbeat (fleet.core.spawner, fleet.core.processes)
+
+
+@dataclass
+class RequestTally:
+    """The store requests a run's workers counted, summed from their heartbeats, and how far
+    that sum is the whole: a worker's counts are complete in its final heartbeat, so far in a
+    live worker's, and cut short in the last one of a worker that died without a final one."""
+
+    counts: RequestCounts = field(default_factory=RequestCounts)
+    complete: int = 0  # workers whose final heartbeat holds all their requests
+    running: list[str] = field(default_factory=list)  # live workers: their requests so far
+    cut: list[str] = field(default_factory=list)  # died before their final heartbeat: more were made
+    missing: list[str] = field(default_factory=list)  # heartbeats with no counts (code from before counting)
+
+    @property
+    def workers(self) -> int:
+        return self.complete + len(self.running) + len(self.cut)
+
+
+def tally_requests(beats: list[dict[str, Any]], lease_ttl: float, now: float) -> RequestTally:
+    tally = RequestTally()
+    for beat in beats:
+        name = str(beat.get("worker", "?"))
+        counts = RequestCounts.from_dict(beat.get("requests"))
+        if counts is None:
+            tally.missing.append(name)
+            continue
+        tally.counts += counts
+        if beat.get("state") in FINAL_BEATS:
+            tally.complete += 1
+        elif worker_alive(beat, lease_ttl, now):
+            tally.running.append(name)
+        else:
+            tally.cut.append(name)
+    return tally
 
 log = logging.getLogger("fleet.status")
 
@@ -49,6 +88,7 @@ class RunStatus:
     # counters summed; per output (name in the output place), what its converter counted.
     sources: dict[str, dict[str, int]] = field(default_factory=dict)
     output_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    requests: RequestTally | None = None  # with the workers: the store requests they counted
 
     @property
     def finished(self) -> bool:
@@ -188,4 +228,5 @@ class StatusReader:
         if with_workers:
             st.workers = self.workers()
             st.live_workers = sum(worker_alive(w, self.spec.lease_ttl, now) for w in st.workers)
+            st.requests = tally_requests(st.workers, self.spec.lease_ttl, now)
         return st

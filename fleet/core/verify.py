@@ -20,10 +20,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.core.layout import counts_prefix, final_prefix, lease_prefix, shuffle_prefix
+from fleet.core.layout import counts_prefix, done_prefix, final_prefix, lease_prefix, shuffle_prefix
 from fleet.core.lease import DONE, Lease
-from fleet.core.run import Item, RunSpec
+from fleet.core.run import Item, RunSpec, load_items
 from fleet.core.store import Blob, NotFound, Store, open_store
+from fleet.core.windows import Window, cut_windows
 
 
 @dataclass(frozen=True)
@@ -103,14 +104,25 @@ def stale_markers(store: Store, run: str, repair: bool = False) -> list[str]:
     before its lease is, so a marker of a listed lease is never taken for stale. (One of an
     item claimed and finished between the two listings can be: removing it is harmless,
     as the next worker to read that done lease writes its marker again.)
-    ``repair`` removes them (workers also do, before claiming such an item)."""
+    ``repair`` removes them (workers also do, before claiming such an item), and with them the
+    ``done/`` markers of the windows (fleet.core.windows) that hold an unfinished item."""
     leased = {b.name[len(lease_prefix(run)):] for b in store.list(lease_prefix(run))}
-    stale = sorted(name for name in (b.name[len(final_prefix(run)):] for b in store.list(final_prefix(run)))
-                   if name not in leased)
+    finals = [b.name[len(final_prefix(run)):] for b in store.list(final_prefix(run))]
+    stale = sorted(name for name in finals if name not in leased)
     if repair:
         for item in stale:
             store.delete(final_prefix(run) + item)
+        finished = set(finals) & leased
+        marks = {b.name[len(done_prefix(run)):] for b in store.list(done_prefix(run))}
+        if marks:
+            for w in _windows(store, run):
+                if w.key in marks and not all(item in finished for item in w.items):
+                    store.delete(done_prefix(run) + w.key)
     return stale
+
+
+def _windows(store: Store, run: str) -> list[Window]:
+    return cut_windows((i.id, i.step) for i in load_items(store, run))
 
 
 def describe_stale(items: list[str]) -> str:
@@ -121,17 +133,41 @@ def describe_stale(items: list[str]) -> str:
 
 
 def downstream(items: list[Item], reopened: Iterable[str]) -> list[str]:
-    """The items to reopen with these in a run with stages: every item of a later step, since
-    each read what these made. They rewrite the same bytes; nothing else would be redone."""
-    step_of = {i.id: i.step for i in items}
-    first = min((step_of.get(i, 0) for i in reopened), default=None)
-    later = [i.id for i in items if first is not None and i.step > first]
-    return list(dict.fromkeys([*reopened, *later]))
+    """The items to reopen with these in a run with stages: every item that read what one of them
+    made, and so on down the chain. A combine item read only its group of the step before (its
+    meta ``items``); a barrier read every item of the step before, and a stage's items read its
+    barrier's index, so past the first barrier everything later is redone. They rewrite the same
+    bytes; nothing else would be redone."""
+    reopened = list(reopened)
+    wanted = set(reopened)
+    by_step: dict[int, list[Item]] = {}
+    for item in items:
+        by_step.setdefault(item.step, []).append(item)
+    hit = {s for s, members in by_step.items() for i in members if i.id in wanted}
+    if hit:
+        for step in range(min(hit) + 1, max(by_step) + 1):
+            before = by_step.get(step - 1, [])
+            touched = [n for n, i in enumerate(before) if i.id in wanted]
+            if not touched:
+                continue
+            for item in by_step.get(step, []):
+                lo, hi = item.meta.get("items", (0, len(before))) if item.meta.get("combine") else (0, len(before))
+                if any(lo <= n < hi for n in touched):
+                    wanted.add(item.id)
+    return list(dict.fromkeys([*reopened, *(i.id for i in items if i.id in wanted)]))
 
 
 def reopen(store: Store, run: str, items: Iterable[str]) -> None:
-    """Send finished items back to pending: the marker first, so that no worker takes the
-    item for finished once its lease is gone, then the lease, so the item is claimed as new."""
+    """Send finished items back to pending: the ``done/`` marker of their window first, then each
+    item's ``final/`` marker, so that no worker takes the item for finished once its lease is
+    gone, then the lease, so the item is claimed as new. Workers that knew the window finished
+    find out at their next sweep, which trusts the leases alone."""
+    items = list(items)
+    if not items:
+        return
+    window_of = {item: w for w in _windows(store, run) for item in w.items}
+    for key in sorted({window_of[item].key for item in items if item in window_of}):
+        store.delete(done_prefix(run) + key)
     for item in items:
         store.delete(final_prefix(run) + item)
         store.delete(lease_prefix(run) + item)

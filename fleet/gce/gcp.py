@@ -20,7 +20,7 @@ from fleet.core.codesync import has_version, locate
 from fleet.gce.config import PROCS_PER_CORE, FleetConfig
 from fleet.core.records import JsonRecord
 from fleet.core.layout import launch_name
-from fleet.core.run import PlanError, load_items, load_spec
+from fleet.core.run import PlanError, StepPlan, load_items, load_spec
 from fleet.core.store import NotFound, Store, open_store
 
 STARTUP_SCRIPT = os.path.join("startup", "startup.sh")
@@ -121,7 +121,8 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     cores = known or 1
     use_spot = cfg.spot if spot is None else spot
     est = estimate.estimate([item.size for item in items], workers, cores, cfg.workers_per_vm, use_spot, rates(cfg),
-                            override)
+                            override, item_steps=[item.step for item in items],
+                            stages=estimate.boundaries(StepPlan(spec), [item.step for item in items]))
     hours = est.bound_hours
     mig = compute_requests.mig_name(run)
     fspec = compute_requests.FleetSpec(

@@ -91,8 +91,12 @@ class Store(abc.ABC):
         """Size and generation, or None when absent."""
 
     @abc.abstractmethod
-    def list(self, prefix: str = "") -> Iterator[Blob]:
-        """Objects whose names start with prefix, in name order."""
+    def list(self, prefix: str = "", start: str | None = None, end: str | None = None) -> Iterator[Blob]:
+        """Objects whose names start with prefix, in name order; with ``start``/``end`` (whole
+        names, as Cloud Storage's startOffset/endOffset) only names >= start and < end.
+
+        A range is how a worker lists one window of the leases (fleet.core.windows) instead of
+        all of them: what a listing hands back, and so what it costs, is bounded by the range."""
 
     @abc.abstractmethod
     def delete(self, name: str) -> None:

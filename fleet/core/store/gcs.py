@@ -232,13 +232,15 @@ class GCSStore(Store):
             blob = self.bucket.get_blob(self._full(name))
         return None if blob is None else Blob(name, blob.generation, blob.size, _version(blob.generation, blob.size))
 
-    def list(self, prefix: str = "") -> Iterator[Blob]:
+    def list(self, prefix: str = "", start: str | None = None, end: str | None = None) -> Iterator[Blob]:
         cut = len(self.prefix) + 1 if self.prefix else 0
         with self._errors(prefix):
             # Explicit page_size: GCS pages anyway, fake-gcs-server only when asked.
             for b in self.client.list_blobs(
                 self.bucket,
                 prefix=self._full(prefix),
+                start_offset=None if start is None else self._full(start),
+                end_offset=None if end is None else self._full(end),
                 page_size=self.page_size,
                 fields="items(name,generation,size),nextPageToken",
             ):

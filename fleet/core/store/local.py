@@ -171,8 +171,9 @@ class LocalStore(Store):
             return None
         return Blob(name, self._generation(st), st.st_size, file_version(st))
 
-    def list(self, prefix: str = "") -> Iterator[Blob]:
-        # Walk only the deepest folder the prefix names, then filter by prefix.
+    def list(self, prefix: str = "", start: str | None = None, end: str | None = None) -> Iterator[Blob]:
+        # Walk only the deepest folder the prefix names; names outside the prefix or the range are
+        # dropped before their stat, so a ranged listing of a big folder stats only its range.
         folder_part = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         base = os.path.join(self.root, *folder_part.split("/")) if folder_part else self.root
         if folder_part:
@@ -186,7 +187,8 @@ class LocalStore(Store):
                 if fn.startswith(_TMP_PREFIX):
                     continue
                 name = rel_dir + fn
-                if not name.startswith(prefix):
+                if not name.startswith(prefix) or (start is not None and name < start) \
+                        or (end is not None and name >= end):
                     continue
                 try:
                     st = os.stat(os.path.join(dirpath, fn))
