@@ -379,6 +379,33 @@ def test_a_run_planned_before_grouping_resumes_as_planned(tmp_path, monkeypatch)
     assert new.status.items == 1
 
 
+def test_a_run_the_code_before_grouping_planned_resumes_with_an_item_per_file(tmp_path):
+    """run.json and items.jsonl as the code before grouping wrote them (tests/helpers/
+    old_small_files_run, from e5df450, for the six files one_line_files makes): planned again, the
+    run keeps its six items, and its worker converts them as planned."""
+    from fleet.core.spawner import Worker
+
+    base = tmp_path / "base"
+    one_line_files(base / "in", 6)
+    bucket = str(base / "bucket")
+    old = os.path.join(os.path.dirname(__file__), "helpers", "old_small_files_run")
+    os.makedirs(os.path.join(bucket, "runs", "old"))
+    for name in ("run.json", "items.jsonl"):
+        text = open(os.path.join(old, name), encoding="utf-8").read().replace("{BASE}", str(base))
+        for i in range(6):
+            version = open_store(str(base / "in")).stat(f"f{i:05d}.txt").version
+            text = text.replace(f"{{VERSION:f{i:05d}.txt}}", version)
+        (Path(bucket) / "runs" / "old" / name).write_text(text, encoding="utf-8")
+    planned = (Path(bucket) / "runs" / "old" / "items.jsonl").read_bytes()
+    spec, items, created = plan(bucket, "old", LINEJOB, [str(base / "in")], str(base / "out"), {}, "test",
+                                lease_ttl=30, item_bytes=262144)
+    assert not created and spec.group_files == 0 and len(items) == 6 and not any(i.parts for i in items)
+    assert (Path(bucket) / "runs" / "old" / "items.jsonl").read_bytes() == planned
+    Worker(bucket, "old", "w").run_until_drained()
+    assert sorted(outputs(base / "out")) == [f"part-{i:05d}.txt" for i in range(6)]
+    assert len(manifest(base / "out")["sources"]) == 6
+
+
 def test_a_changed_file_of_a_group_is_named_when_the_run_is_planned_again(tmp_path):
     one_line_files(tmp_path / "in", 20)
     out = tmp_path / "out"
