@@ -85,14 +85,41 @@ class Piece:
 class ItemInput:
     """An item's input, as a converter reads it: ranged reads of the object version the plan
     pinned. A file rewritten, truncated or removed since fails the item (InputError)
-    instead of feeding it other bytes."""
+    instead of feeding it other bytes.
+
+    An item of a job that takes grouping (``Job.group_small_files``) may hold several whole
+    small files: then ``parts`` are their inputs, in the order the planner found them, each
+    an ItemInput of its own (url, name, range, meta, display naming that file), and the item
+    itself reads nothing (``read``/``fetch`` refuse: read the parts). Any item's ``parts`` is
+    the list to read, so a job that takes grouping reads every item the same way."""
 
     def __init__(self, url: str, name: str, start: int, end: int, version: str = "",
-                 meta: Mapping[str, Any] | None = None, display: str = ""):
+                 meta: Mapping[str, Any] | None = None, display: str = "", parts: list["ItemInput"] | None = None):
         self.url, self.name, self.start, self.end, self.version = url, name, start, end, version
         self.meta = dict(meta or {})
         self.display = display or printable(f"{url.rstrip('/')}/{name}")
         self._store = None
+        self._parts = list(parts or ())
+        # Exact counts of what this part gave (``count``): the manifest's row of its file.
+        self.counts: dict[str, int] = {}
+
+    @property
+    def grouped(self) -> bool:
+        """Whether this item holds several files (read its ``parts``)."""
+        return bool(self._parts)
+
+    @property
+    def parts(self) -> list["ItemInput"]:
+        """What to read, in order: the files of a grouped item, else the item itself."""
+        return self._parts or [self]
+
+    def count(self, counts: Mapping[str, int]) -> None:
+        """Exact counts of what this part of a grouped item gave (documents read, bad records...):
+        the fleet keeps them as its file's row of the run's manifest (RunManifest.sources), where
+        an item of one file has its stats. Counts of what the item made of several files together
+        (examples that span them) belong to no file: they stay in the item's stats only."""
+        for name, value in counts.items():
+            self.counts[name] = self.counts.get(name, 0) + int(value)
 
     @property
     def file(self) -> str:
@@ -101,9 +128,14 @@ class ItemInput:
     @property
     def store(self):
         """The store holding the input (fleet.core.store.Store): ``read(name, start, end, version)``."""
+        self._one_file()
         if self._store is None:
             self._store = open_store(self.url)
         return self._store
+
+    def _one_file(self) -> None:
+        if self._parts:
+            raise TypeError(f"{self.display}: a grouped item reads nothing itself; read its parts (ItemInput.parts)")
 
     def stat_size(self) -> int:
         """The object's size now (it must still be there)."""
@@ -126,6 +158,14 @@ class ItemInput:
         """Bytes start-end of the pinned version of the object."""
         with self._pinned():
             return self.store.read(self.name, start, end, version=self.version or None)
+
+    def read_all(self) -> bytes:
+        """The item's byte range (start-end) in memory, checked to be all of it: for a small part."""
+        data = self.read(self.start, self.end)
+        if len(data) != self.end - self.start:
+            raise InputError(f"{self.file}: changed since it was planned (bytes {self.start}-{self.end} planned, "
+                             f"{len(data)} there now); plan a new run for the new contents")
+        return data
 
     def fetch(self, path: str) -> str:
         """Download the item's byte range (start-end) to a local file, checked to be all of it."""
@@ -180,9 +220,10 @@ class Sink(abc.ABC):
 
 @dataclass(frozen=True)
 class RunManifest:
-    """A finished run's exact counts: per input file (summed over its items' counters) and per
-    output (what ``Sink.count`` recorded), by counter name; ``outputs`` maps output names
-    (relative to the output place) to their counts, in output-name order."""
+    """A finished run's exact counts: per input file (summed over its items' counters; a file of a
+    grouped item: what ``ItemInput.count`` gave it, and its bytes) and per output (what
+    ``Sink.count`` recorded), by counter name; ``outputs`` maps output names (relative to the
+    output place) to their counts, in output-name order."""
 
     sources: dict[str, dict[str, int]]
     outputs: dict[str, dict[str, int]]
@@ -323,6 +364,12 @@ class Job(abc.ABC):
         """How one input object becomes items: by default one item per object.
         :func:`cut_at_newlines` gives byte ranges of about ``item_bytes`` ending at newlines."""
         return [Piece(0, source.size)]
+
+    # Whether files smaller than an item may share one: the planner packs whole files that ``cut``
+    # left in one piece smaller than ``item_bytes`` into items of about ``item_bytes``, in the order
+    # it found them (ItemInput.parts). Off by default: a converter that reads ``item.name`` or
+    # ``item.read`` as one file would read none. The text jobs take it (fleet_jobs.text.job.TextJob).
+    group_small_files: bool = False
 
     @abc.abstractmethod
     def converter(self, config: Any, opener: Opener) -> Converter:

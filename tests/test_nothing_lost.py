@@ -98,7 +98,8 @@ def test_a_run_with_a_truncated_zst_reports_the_break_and_keeps_what_came_before
     proc = local(corpus, tmp_path / "out", tmp=tmp_path)
     assert proc.returncode == 0, proc.stderr
     s = summary(tmp_path / "out")
-    assert (s["done"], s["failed"], s["bad_records"]) == (3, 0, 1)
+    assert (s["done"], s["failed"], s["bad_records"]) == (s["items"], 0, 1)
+    assert sorted(os.path.basename(f) for f in s["sources"]) == ["a.txt", "b.txt", "x.txt.zst"]
     [skipped] = s["skipped"]
     assert "x.txt.zst: decompressed byte" in skipped["where"] and "truncated" in skipped["where"]
     assert "skipped a bad record" in proc.stderr and "x.txt.zst" in proc.stderr
@@ -232,7 +233,7 @@ def test_symbolic_links_are_followed_once_and_bad_ones_named(tmp_path, corpus):
     assert proc.returncode == 0, proc.stderr
     assert "broken.txt: a broken symbolic link" in proc.stderr
     assert "already read" in proc.stderr and "planned once" in proc.stderr
-    assert summary(tmp_path / "out")["items"] == 3
+    assert len(summary(tmp_path / "out")["sources"]) == 3  # each file read once
 
 
 def test_a_file_name_that_is_not_utf8_is_read_and_logged(tmp_path, corpus):
@@ -243,7 +244,8 @@ def test_a_file_name_that_is_not_utf8_is_read_and_logged(tmp_path, corpus):
     assert proc.returncode == 0, proc.stderr
     logs = "".join(p.read_text(errors="replace") for p in (out / ".fleet" / "logs").iterdir())
     assert "caf\\xe9.txt" in logs and "Logging error" not in logs
-    assert summary(out)["done"] == 2
+    s = summary(out)
+    assert s["done"] == s["items"] and len(s["sources"]) == 2
 
 
 def test_an_unreadable_input_is_one_clear_error(tmp_path, corpus, monkeypatch):
@@ -369,7 +371,8 @@ def test_a_killed_run_shows_no_live_worker_and_its_scratch_is_swept(tmp_path, co
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     env = dict(os.environ, TMPDIR=str(scratch), FLEET_TEST_PAUSE="converting=60")
-    proc = subprocess.Popen(FLEET + ["local", str(corpus), str(out), "--job", LINEJOB, "--workers", "2"],
+    one_each = ["--item-mb", "0.015"]  # a.txt and b.txt are an item each (not grouped): two workers hold one
+    proc = subprocess.Popen(FLEET + ["local", str(corpus), str(out), "--job", LINEJOB, "--workers", "2", *one_each],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, env=env)
     try:
@@ -384,7 +387,7 @@ def test_a_killed_run_shows_no_live_worker_and_its_scratch_is_swept(tmp_path, co
     assert status["live_workers"] == 0 and status["leased"] == 2, status
     table = fleet("status", out).stdout
     assert "no live worker" in table
-    proc = fleet("local", corpus, out, "--job", LINEJOB, "--workers", "1", tmp=scratch, timeout=120)
+    proc = fleet("local", corpus, out, "--job", LINEJOB, "--workers", "1", *one_each, tmp=scratch, timeout=120)
     assert proc.returncode == 0 and "2 item(s) held by workers of an earlier run that died are given back" \
         in proc.stderr, proc.stderr
     assert summary(out)["done"] == 2
@@ -461,7 +464,7 @@ def test_a_403_on_the_outputs_gives_items_back_and_retry_failed_retries(tmp_path
     for name in ("a.txt", "b.txt"):
         open_store(bucket).write(f"in/{name}", (corpus / name).read_bytes())
     assert fleet("plan", *run, "--job", LINEJOB, "--input", f"{bucket}/in", "--output", f"gs://{other}/out",
-                 "--max-attempts", "1").returncode == 0
+                 "--max-attempts", "1", "--item-mb", "0.015").returncode == 0  # an item each, not grouped
     outputs_forbidden = FaultProxy(fake_gcs.url, forbid=lambda m, p: m == "POST" and f"/b/{other}/" in p).start()
     input_forbidden = FaultProxy(fake_gcs.url, forbid=lambda m, p: m == "GET" and "b.txt" in p).start()
     try:
@@ -532,8 +535,10 @@ def test_an_out_dir_that_is_a_file_is_one_line(tmp_path, corpus):
 def test_an_out_dir_inside_the_input_folder_is_not_read_as_input(tmp_path, corpus):
     out = corpus / "out"
     assert local(corpus, out, tmp=tmp_path).returncode == 0
+    items = summary(out)["items"]
     proc = local(corpus, out, tmp=tmp_path)
-    assert proc.returncode == 0 and "2 of 2 items already done" in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and f"{items} of {items} items already done" in proc.stderr, proc.stderr
+    assert len(summary(out)["sources"]) == 2
 
 
 def test_a_new_run_refuses_an_out_dir_holding_another_runs_outputs(tmp_path, corpus):

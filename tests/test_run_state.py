@@ -41,6 +41,9 @@ def outputs(out) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(out).glob("part-*"))}
 
 
+ONE_EACH = ("--item-mb", "0.015")  # a.txt and b.txt below an item each, not grouped into one
+
+
 def corpus(folder: Path) -> Path:
     folder.mkdir()
     write_corpus(str(folder / "a.txt"), 60)
@@ -158,7 +161,7 @@ def test_fleet_local_converts_again_an_item_whose_lease_was_deleted_and_says_so(
 
 def test_status_verify_names_a_stale_marker_and_a_rerun_finishes(tmp_path):
     src, out = corpus(tmp_path / "in"), tmp_path / "out"
-    assert local(src, out, tmp=tmp_path).returncode == 0
+    assert local(src, out, *ONE_EACH, tmp=tmp_path).returncode == 0
     clean = outputs(out)
     (out / ".fleet" / "runs" / "local" / "leases" / "00000").unlink()
     (out / "part-00000.txt").unlink()
@@ -167,7 +170,7 @@ def test_status_verify_names_a_stale_marker_and_a_rerun_finishes(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if "stale" in line]
     assert len(lines) == 1 and "00000" in lines[0], proc.stderr
     assert not (out / ".fleet" / "runs" / "local" / "final" / "00000").exists()  # repaired
-    proc = local(src, out, tmp=tmp_path)
+    proc = local(src, out, *ONE_EACH, tmp=tmp_path)
     assert proc.returncode == 0 and "1 of 2 items already done" in proc.stderr, proc.stderr
     assert outputs(out) == clean
 
@@ -196,10 +199,10 @@ def test_the_cheap_output_check_sees_an_in_place_rewrite_with_the_mtime_restored
 
 def test_fleet_local_converts_again_an_output_rewritten_with_its_mtime_restored(tmp_path):
     src, out = corpus(tmp_path / "in"), tmp_path / "out"
-    assert local(src, out, tmp=tmp_path).returncode == 0
+    assert local(src, out, *ONE_EACH, tmp=tmp_path).returncode == 0
     clean = outputs(out)
     _rewrite_keeping_mtime(out / "part-00001.txt")
-    proc = local(src, out, tmp=tmp_path)
+    proc = local(src, out, *ONE_EACH, tmp=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "part-00001.txt" in proc.stderr and "converted again" in proc.stderr, proc.stderr
     assert outputs(out) == clean

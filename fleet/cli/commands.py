@@ -190,7 +190,7 @@ def plan_cmd(
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6),
                                 read=_read(text_column, keep_titles, max_bad_share), stage_options=stage_options,
                                 shuffle_budget=int(shuffle_mb * 1e6))
-    console.print(plan_line(spec, len(items), created))
+    console.print(plan_line(spec, len(items), created, [len(i.parts) for i in items if i.parts]))
 
 
 def _plan_numbers(item_mb: float | None, lease_ttl: float, max_attempts: int) -> None:

@@ -25,7 +25,8 @@ from rich.text import Text
 from fleet.core.codesync import code_version
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.job import Job, StageOptions, load_job
-from fleet.cli.render import print_counts, print_detail, printable, print_skipped, say, stage_counts
+from fleet.cli.render import print_counts, print_detail, print_failed_files, printable, print_skipped, say, \
+    stage_counts
 from fleet.core.run import PlanError, load_spec, plan
 from fleet.core.layout import STATE_DIR, spec_name
 from fleet.core.processes import start_workers, stop_workers, wait_for_exit
@@ -78,17 +79,21 @@ def summarize(st: RunStatus, job: Job, wall: float, workers: int) -> dict:
         "sources": st.sources,  # exact counts per input file (fleet.core.manifest)
         "output_counts": st.output_counts,  # exact counts per output, by name
         "failures": st.failures,
+        "failed_files": st.failed_files,  # files a grouped item could not read; the rest of its files are converted
         "skipped": st.bad_records,
     }
     if st.failed:
         summary["hint"] = "failed items stay failed when the run resumes; run again with --retry-failed to retry them"
+    elif st.failed_files:
+        summary["hint"] = ("an input file that failed is left out of a finished run: fix or remove it and plan a new "
+                           "run (another OUT_DIR) to convert it")
     return summary
 
 
 def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     table = Table(title=f"fleet local: {summary['done']}/{summary['items']} items done", show_header=False)
     for key, value in summary.items():
-        if key in ("outputs", "failures", "run", "hint", "skipped", "sources", "output_counts"):
+        if key in ("outputs", "failures", "failed_files", "run", "hint", "skipped", "sources", "output_counts"):
             continue
         table.add_row(key, Text(f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int)
                                 else printable(str(value))))  # a job name or a path, as it is
@@ -98,6 +103,7 @@ def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     for f in summary["failures"]:
         say(console, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
         print_detail(console, f.get("detail") or {})
+    print_failed_files(console, summary.get("failed_files") or [], int(summary.get("files_failed", 0)))
     print_skipped(console, summary["skipped"], int(summary.get("bad_records", 0)))
     if "dedup_documents_dropped" in summary:
         dropped, kept = int(summary["dedup_documents_dropped"]), int(summary.get("dedup_documents_kept", 0))
@@ -292,7 +298,7 @@ def run_local(
         say(console, f"workers stopped with {st.items - st.done - st.failed} items unfinished"
             + (f": {reasons[0]}" if reasons else "") + f"; see their logs in {os.path.join(bucket, 'logs')}", style="red")
         return LocalResult(st, summary, 1)
-    return LocalResult(st, summary, 1 if st.failed else 0)
+    return LocalResult(st, summary, 1 if st.failed or st.failed_files else 0)
 
 
 def _progress_line(st: RunStatus) -> str:

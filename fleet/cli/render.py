@@ -39,6 +39,15 @@ def print_skipped(out: Console, examples: list[dict], count: int) -> None:
         say(out, f"{count:,} bad records in all (the first few of each item above)", "skipped", "yellow")
 
 
+def print_failed_files(out: Console, failed: list[dict], count: int) -> None:
+    """Input files a grouped item could not read (the rest of its files were converted): one line each."""
+    for f in failed:
+        say(out, f"{f['error']} (item {f['item']}: its other files are converted)", "failed file", "red")
+    if count > len(failed):
+        say(out, f"{count:,} input files failed in all (the first few of each item above; manifest.json counts "
+                 "each in its row as files_failed)", "failed file", "red")
+
+
 def print_detail(out: Console, detail: dict, indent: str = "    ") -> None:
     """What a failed attempt left beside its error line (fleet.job.ItemFailed): a program's exit
     code and the last lines of its stderr, indented under that line."""
@@ -69,10 +78,11 @@ def print_options(out: Console, title: str, options: list) -> None:
     out.print(table)
 
 
-def plan_line(spec, items: int, created: bool) -> str:
-    """`fleet plan`'s one line."""
+def plan_line(spec, items: int, created: bool, groups: list[int] = ()) -> str:
+    """`fleet plan`'s one line; ``groups``: the files of each item that packs several small ones."""
     verb = "planned" if created else "already planned (unchanged)"
-    return (f"run {spec.run} {verb}: {items} items, {spec.input_bytes / 1e6:,.1f} MB, "
+    packed = f" ({sum(groups):,} small files packed into {len(groups):,} of them)" if groups else ""
+    return (f"run {spec.run} {verb}: {items} items{packed}, {spec.input_bytes / 1e6:,.1f} MB, "
             f"job {spec.job}, code {spec.code_version}")
 
 
@@ -148,6 +158,7 @@ def print_status(out: Console, st) -> None:
     for f in st.failures:
         say(out, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")
         print_detail(out, f.get("detail") or {})
+    print_failed_files(out, st.failed_files, int(st.totals.get("files_failed", 0)))
     print_skipped(out, st.bad_records, int(st.totals.get("bad_records", 0)))
     for r in st.retrying:
         say(out, f"item {r['item']} after attempt {r['attempt']}: {r['error']}", "retrying", "yellow")
@@ -192,7 +203,10 @@ def print_counts(out: Console, sources: dict, outputs: dict) -> None:
     input bytes), with the sum over all of them, and the outputs' sum in one line."""
     if sources:
         names = [c for c in COUNT_COLUMNS if any(c in row for row in sources.values())]
-        key = "tokens" if "tokens" in names else "input_bytes"
+        # A grouped item's files have rows of what was read (bytes, documents): what it made of them
+        # together (examples, tokens) is no one file's, shown "-" and left out of the sum.
+        partial = {c for c in names if not all(c in row for row in sources.values())}
+        key = "tokens" if "tokens" in names and "tokens" not in partial else "input_bytes"
         folder = os.path.commonprefix(list(sources)).rpartition("/")[0] + "/"  # shown once, in the title
         table = Table(title=f"per input file in {printable(folder)} ({len(sources):,}; top "
                             f"{min(TOP_SOURCES, len(sources))} by {key.replace('_', ' ')})",
@@ -202,10 +216,14 @@ def print_counts(out: Console, sources: dict, outputs: dict) -> None:
                              overflow="fold" if col == "input file" else "ellipsis")
         top = sorted(sources.items(), key=lambda kv: (-kv[1].get(key, 0), kv[0]))[:TOP_SOURCES]
         for name, row in top:
-            table.add_row(Text(printable(name[len(folder):])), *(f"{row.get(c, 0):,}" for c in ("input_bytes", *names)))
-        table.add_row(Text("all", style="bold"),
-                      *(f"{sum(row.get(c, 0) for row in sources.values()):,}" for c in ("input_bytes", *names)))
+            table.add_row(Text(printable(name[len(folder):])),
+                          *(f"{row[c]:,}" if c in row else "-" for c in ("input_bytes", *names)))
+        sums = {c: sum(row.get(c, 0) for row in sources.values()) for c in ("input_bytes", *names)}
+        table.add_row(Text("all", style="bold"), *("-" if c in partial else f"{v:,}" for c, v in sums.items()))
         out.print(table)
+        if partial:
+            say(out, f"-: {', '.join(sorted(partial))} of small files grouped into one item are counted for the item "
+                     "(outputs below), not per file")
     counted = {c: sum(row.get(c, 0) for row in outputs.values()) for c in COUNT_COLUMNS
                if any(c in row for row in outputs.values())}
     if outputs and counted:

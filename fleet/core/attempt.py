@@ -10,6 +10,7 @@ an item once it is held.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import tempfile
@@ -21,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
 from fleet.core.codesync import sha256_file
-from fleet.job import Converter, InputError, ItemContext, ItemFailed, Reducer, Sink, item_seed
+from fleet.job import Converter, InputError, ItemContext, ItemFailed, ItemInput, Reducer, Sink, item_seed
 from fleet.core.lease import DONE, FAILED, Held, Leases, Lost
 from fleet.core.run import Item, RunSpec, StepPlan
-from fleet.core.layout import index_name, released_prefix, shuffle_name
+from fleet.core.layout import counts_name, index_name, released_prefix, shuffle_name
 from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, combine, index_totals, load_index, \
     partitions_for, reduce_records
 from fleet.core.store import Store, StoreError, open_store
@@ -131,6 +132,18 @@ class DirSink(Sink):
 
 def output_name(item: str, suffix: str) -> str:
     return f"part-{item}{suffix}"
+
+
+def part_counts(item: Item, given: ItemInput, workdir: str) -> str:
+    """A grouped item's exact counts per input file, as a local file to upload: a JSON list in the
+    order of its parts, each part's bytes and what the job counted of it (ItemInput.count). Kept
+    beside the lease, not in it: at thousands of files an item, they would make every reader of
+    the lease (status, the barrier of a stage, the claim loop) read them too."""
+    rows = [{"input_bytes": piece.size, **read.counts} for piece, read in zip(item.parts, given.parts)]
+    fd, path = tempfile.mkstemp(prefix="part-counts-", suffix=".json", dir=workdir)  # the converter's folder too
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(rows, f, separators=(",", ":"), sort_keys=True)
+    return path
 
 
 class _Renewer(threading.Thread):
@@ -242,6 +255,7 @@ class ItemRunner:
                 sink: DirSink | PartitionWriter = (
                     PartitionWriter(workdir, self.steps.partitions(item.step), self.spec.shuffle_budget) if feeds
                     else DirSink(workdir))
+                counted = None
                 if item.meta.get("barrier"):
                     stats, files = self._barrier(item, workdir)
                 elif item.meta.get("combine"):
@@ -250,12 +264,17 @@ class ItemRunner:
                     if item.step:
                         stats = dict(self._reducer(item).reduce(self._records(item, workdir, checkpoint), ctx, sink))
                     else:
-                        stats = dict(self.converter.convert(item.input(), ctx, sink))
+                        given = item.input()
+                        stats = dict(self.converter.convert(given, ctx, sink))
+                        if item.parts:
+                            counted = part_counts(item, given, workdir)
                     if isinstance(sink, PartitionWriter):
                         files = [(self.store, shuffle_name(self.run, item.id), sink.finish())]
                         stats["shuffle_records"] = sink.records
                     else:
                         files = [(self.output, output_name(item.id, suffix), path) for suffix, path in sink.files]
+                if counted is not None:  # in the run's state, beside the lease: it may be big
+                    files.append((self.store, counts_name(self.run, item.id), counted))
                 outputs = [self._upload(item, store, name, path, renewer) for store, name, path in files]
                 if isinstance(sink, DirSink):
                     sink.describe(outputs)
@@ -274,7 +293,8 @@ class ItemRunner:
             log.warning("%s; discarding its work", e)
         except ItemFailed as e:  # the job said why (a program's exit code and stderr): no traceback
             renewer.finish()
-            message = f"{item.display}: {e}".splitlines()[0]
+            # (A grouped item's failure is one of its files', which the job names: the group is its source.)
+            message = (str(e) if item.parts else f"{item.display}: {e}").splitlines()[0]
             final = self.leases.fail(held, message, retry=True, detail=e.detail)
             if final:
                 self.counters.items_failed += 1
@@ -368,7 +388,7 @@ class ItemRunner:
             raise ItemFailed(f"item(s) {', '.join(unfinished[:5])} of the step before are not done yet")
         pieces = []
         for i, (lease, _) in zip(before, leases):
-            out = next((o for o in lease.outputs if o.get("place") == "state"), None)
+            out = next((o for o in lease.outputs if o.get("name") == shuffle_name(self.run, i.id)), None)
             if out is None:
                 raise StageError(f"stage {item.meta['stage']} cannot run: item {i.id} left no records for it "
                                  "(planned by another version?)")

@@ -16,6 +16,7 @@ the workers, the readers, `fleet status` and the VMs' startup/startup.sh.
     runs/<run>/stopped.json                   the run's stop, when boots kept failing (startup.sh)
     runs/<run>/shuffle/<item>                 a stage's keyed records of one item, for the next stage
     runs/<run>/shuffle/<barrier>.index        where the next stage's items find them (fleet.core.shuffle)
+    runs/<run>/counts/<item>.json             a grouped item's exact counts per input file (fleet.core.manifest)
     runs/<run>/finishing                      claimed by the one drained worker that writes the run's files
 
 startup.sh writes the last four with curl alone and never spells a name itself: the launch
@@ -125,6 +126,15 @@ def shuffle_name(run: str, item: str) -> str:
 
 def index_name(run: str, barrier: str) -> str:
     return f"{shuffle_prefix(run)}{barrier}.index"
+
+
+def counts_prefix(run: str) -> str:
+    """Per-file counts of grouped items: beside the leases, not in them (a lease stays small)."""
+    return f"{run_prefix(run)}counts/"
+
+
+def counts_name(run: str, item: str) -> str:
+    return f"{counts_prefix(run)}{item}.json"
 
 
 def finishing_name(run: str) -> str:

@@ -38,6 +38,10 @@ class Lease(JsonRecord):
     stats: dict[str, float] = field(default_factory=dict)
     started: float = 0.0
     finished: float = 0.0
+    # A done grouped item's counts per input file (fleet.core.attempt.part_counts), loaded by the
+    # status reader from the object its outputs name: never written into the lease, which stays small.
+    part_counts: list[dict[str, int]] | None = field(default=None, compare=False, repr=False,
+                                                      metadata={"transient": True})
 
     json_indent = None  # rewritten at every renewal: compact
 

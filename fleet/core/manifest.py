@@ -5,9 +5,13 @@ Per output: what the converter recorded with ``Sink.count`` (the lease keeps it 
 entry, ``"counts"``). Per source (input file): the integer counters of the map items cut from it,
 summed. The items of later stages read no single file (a dedup or shard item mixes every
 source), so their counters are in no source's row: they are in the run's totals, and what they
-wrote is in the per-output counts. ``seconds`` (a duration, not a count) and float counters
-(ratios) are left out, so the manifest is a pure function of the outputs and is the same
-whoever computes it, whenever.
+wrote is in the per-output counts. A grouped item (small files packed into one) is read file by
+file: each file's row is its bytes and what the job counted of that file (``ItemInput.count``:
+the text jobs count documents and bad records), kept in a counts object beside the lease
+(fleet.core.attempt.part_counts); what the item made of its files together (examples that pack
+several, tokens) is in the run's totals and the per-output counts, as a stage item's is.
+``seconds`` (a duration, not a count) and float counters (ratios) are left out, so the manifest
+is a pure function of the outputs and is the same whoever computes it, whenever.
 
 ``manifest.json`` is written once every item is done (never with an item failed or blocked),
 create-only: the workers that find the run drained and ``fleet local`` may all try, and all write
@@ -45,15 +49,32 @@ def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
         into[name] = into.get(name, 0) + value
 
 
-def manifest_of(items: Iterable[Item], leases: Mapping[str, Lease]) -> RunManifest:
-    """The counts of the done items (all of a finished run's), in name order."""
+class CountsMissing(ValueError):
+    """A done grouped item's per-file counts could not be read: the manifest would be inexact."""
+
+
+def manifest_of(items: Iterable[Item], leases: Mapping[str, Lease], strict: bool = True) -> RunManifest:
+    """The counts of the done items (all of a finished run's), in name order. A grouped item's
+    files each get the row its per-file counts give (``Lease.part_counts``, loaded by
+    fleet.core.status.StatusReader); without them, CountsMissing, or (not ``strict``: a
+    look at a run in progress) no rows for its files."""
     sources: dict[str, dict[str, int]] = {}
     outputs: dict[str, dict[str, int]] = {}
     for item in items:
         lease = leases.get(item.id)
         if lease is None or lease.state != DONE:
             continue
-        if not item.step:
+        if item.parts:
+            rows = lease.part_counts
+            if rows is None or len(rows) != len(item.parts):
+                if strict:
+                    raise CountsMissing(f"item {item.id}: its counts per input file "
+                                        f"({'not read' if rows is None else f'{len(rows)} rows'}, "
+                                        f"{len(item.parts)} files); `fleet status --verify` converts it again")
+                rows = []
+            for part, row in zip(item.parts, rows):
+                _add(sources.setdefault(part.file, {}), counters(row))
+        elif not item.step:
             _add(sources.setdefault(item.file, {}), counters(lease.stats))
         for out in lease.outputs:
             if out.get("place") != "state":

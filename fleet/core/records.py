@@ -17,9 +17,16 @@ class JsonRecord:
     json_indent: ClassVar[int | None] = 1  # None: compact, for records rewritten often
 
     def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), indent=self.json_indent, sort_keys=True).encode()
+        """The record's fields, but those marked ``metadata={"transient": True}`` (default None):
+        what a reader loaded beside the record, never written into it."""
+        transient = [f.name for f in dataclasses.fields(self) if f.metadata.get("transient")]
+        d = dataclasses.asdict(dataclasses.replace(self, **dict.fromkeys(transient)) if transient else self)
+        for name in transient:
+            del d[name]
+        return json.dumps(d, indent=self.json_indent, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls: type[R], data: bytes) -> R:
         d = json.loads(data)
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
+                      if f.name in d and not f.metadata.get("transient")})

@@ -66,15 +66,18 @@ def _readable(path: str, display: str) -> None:
 
 
 def _walk(root: str, exclude: tuple[str, ...], accept: Callable[[str], bool] = every_file
-          ) -> Iterator[tuple[str, os.stat_result]]:
-    """Input files under a folder, following symbolic links to files and folders.
+          ) -> Iterator[tuple[str, os.stat_result, str]]:
+    """Input files under a folder, following symbolic links to files and folders: (name, stat,
+    real path). A folder reached twice (a link loop, or two links to one folder) is read once; a
+    broken or looping link, a FIFO or a device is named in a warning and skipped.
 
-    A folder reached twice (a link loop, or two links to one folder) is read once; a
-    broken or looping link, a FIFO or a device is named in a warning and skipped."""
+    The real path of an entry that is no link is its folder's real path and its name: resolving
+    each of a corpus of many small files costs a system call per part of its path."""
     seen: set[tuple[int, int]] = set()
 
-    def visit(folder: str, rel: str) -> Iterator[tuple[str, os.stat_result]]:
+    def visit(folder: str, rel: str) -> Iterator[tuple[str, os.stat_result, str]]:
         st = os.stat(folder)
+        real_folder = os.path.realpath(folder)
         if (st.st_dev, st.st_ino) in seen:
             _warn(f"{printable(folder)}: a folder already read (a symbolic link loop or a second link to it); "
                   "read once")
@@ -95,11 +98,15 @@ def _walk(root: str, exclude: tuple[str, ...], accept: Callable[[str], bool] = e
                 continue
             path = os.path.join(folder, entry)
             name = f"{rel}{entry}"
-            real = os.path.realpath(path)
+            try:
+                link = stat.S_ISLNK(os.lstat(path).st_mode)
+            except OSError:  # gone since the listing: os.stat below names it
+                link = True
+            real = os.path.realpath(path) if link else os.path.join(real_folder, entry)
             if any(real == x or real.startswith(x + os.sep) for x in exclude):
                 continue
             try:
-                st = os.stat(path)
+                st = os.stat(path) if link else os.lstat(path)
             except OSError as e:
                 target = os.readlink(path) if os.path.islink(path) else "?"
                 why = "a symbolic link loop" if e.errno == 40 else f"a broken symbolic link (to {target})" \
@@ -113,7 +120,7 @@ def _walk(root: str, exclude: tuple[str, ...], accept: Callable[[str], bool] = e
             elif not stat.S_ISREG(st.st_mode):
                 _warn(f"{printable(path)}: not a regular file (a FIFO, socket or device); skipped")
             else:
-                yield name, st
+                yield name, st, real
 
     yield from visit(root, "")
 
@@ -167,12 +174,11 @@ def find_sources(paths: list[str], exclude: list[str] = (), accept: Callable[[st
             _readable(local, inp.display)
             add(inp, (st.st_dev, st.st_ino))  # a hard or symbolic link to a file planned already: once
         elif os.path.isdir(local):
-            files = [(Source(local, rel, st.st_size, file_version(st)), st)
-                     for rel, st in _walk(local, excluded, accept)]
+            files = [(Source(local, rel, st.st_size, file_version(st)), st, real)
+                     for rel, st, real in _walk(local, excluded, accept)]
             if not files:
                 raise InputError(f"{printable(path)}: no input files there")
-            for inp, st in files:
-                real = os.path.realpath(os.path.join(local, inp.name))
+            for inp, st, real in files:
                 if any(real == x or real.startswith(x + os.sep) for x in excluded):
                     continue  # a link into the output folder
                 _readable(real, inp.display)

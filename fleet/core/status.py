@@ -3,13 +3,15 @@ requests each worker made: fleet.core.store.metered)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fleet.core.layout import lease_prefix, worker_prefix
+from fleet.core.layout import counts_name, lease_prefix, worker_prefix
 from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.liveness import worker_alive
 from fleet.core.manifest import manifest_of
@@ -54,6 +56,8 @@ def tally_requests(beats: list[dict[str, Any]], lease_ttl: float, now: float) ->
             tally.cut.append(name)
     return tally
 
+log = logging.getLogger("fleet.status")
+
 
 @dataclass
 class RunStatus:
@@ -69,6 +73,8 @@ class RunStatus:
     totals: dict[str, float] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)  # item, source, error, detail (fleet.core.lease.Lease)
     bad_records: list[dict[str, str]] = field(default_factory=list)  # skipped records of done items: item, where
+    # Input files a done grouped item could not read (it converted the rest of its files): item, error.
+    failed_files: list[dict[str, str]] = field(default_factory=list)
     retrying: list[dict[str, Any]] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
     live_workers: int = 0
@@ -100,6 +106,8 @@ class StatusReader:
         self.spec: RunSpec = load_spec(store, run)
         self.items: list[Item] = load_items(store, run)
         self._cache: dict[str, tuple[int, Lease]] = {}
+        self._grouped = {i.id for i in self.items if i.parts}
+        self._unreadable: set[tuple[str, str]] = set()
 
     def _read(self, name: str, gen: int) -> tuple[str, int, Lease | None]:
         try:
@@ -117,7 +125,37 @@ class StatusReader:
                 for name, gen, lease in pool.map(lambda ng: self._read(*ng), stale):
                     if lease is not None:
                         self._cache[name] = (gen, lease)
-        return {n[len(prefix):]: self._cache[n][1] for n in listing if n in self._cache}
+        leases = {n[len(prefix):]: self._cache[n][1] for n in listing if n in self._cache}
+        self._load_part_counts(leases)
+        return leases
+
+    def _load_part_counts(self, leases: dict[str, Lease]) -> None:
+        """Each done grouped item's counts per input file (Lease.part_counts), read once beside its
+        lease (cached with it), checked against the digest its commit recorded. One that cannot be
+        read stays None: the manifest then says which item (fleet.core.manifest.CountsMissing)."""
+        todo = [(item, lease) for item, lease in leases.items() if item in self._grouped and lease.state == DONE
+                and lease.part_counts is None and (item, lease.token) not in self._unreadable]
+        if not todo:
+            return
+
+        def load(pair: tuple[str, Lease]) -> None:
+            item, lease = pair
+            name = counts_name(self.run, item)
+            out = next((o for o in lease.outputs if o.get("name") == name), None)
+            try:
+                data = self.store.read(name) if out is not None else None
+            except NotFound:
+                data = None
+            if data is None or hashlib.sha256(data).hexdigest() != out.get("sha256"):
+                log.warning("item %s: its counts per input file (%s) are missing or changed", item, name)
+                self._unreadable.add((item, lease.token))  # once per lease, not at every look
+                return
+            rows = json.loads(data)
+            if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+                lease.part_counts = rows
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(load, todo))
 
     def workers(self) -> list[dict[str, Any]]:
         out = []
@@ -168,6 +206,8 @@ class StatusReader:
                 st.outputs += [o["name"] for o in lease.outputs if o.get("place") != "state"]
                 for where in lease.stats.get("bad_examples") or ():
                     st.bad_records.append({"item": item.id, "where": str(where)})
+                for error in lease.stats.get("failed_files") or ():
+                    st.failed_files.append({"item": item.id, "error": str(error)})
             elif lease.state == FAILED:
                 st.failed += 1
                 st.failures.append({"item": item.id, "source": by_id[item.id].display, "error": lease.error or "",
@@ -181,7 +221,7 @@ class StatusReader:
                                         "detail": lease.detail})
         if steps.stages:
             st.stages = list(stages.values())
-        manifest = manifest_of(self.items, leases)
+        manifest = manifest_of(self.items, leases, strict=False)
         st.sources, st.output_counts = manifest.sources, manifest.outputs
         st.first_start = min((s for s in starts if s), default=0.0)
         st.last_finish = max(finishes, default=0.0)

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.core.layout import done_prefix, final_prefix, lease_prefix, shuffle_prefix
+from fleet.core.layout import counts_prefix, done_prefix, final_prefix, lease_prefix, shuffle_prefix
 from fleet.core.lease import DONE, Lease
 from fleet.core.run import Item, RunSpec, load_items
 from fleet.core.store import Blob, NotFound, Store, open_store
@@ -55,13 +55,16 @@ def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False, s
     One listing of the output place finds missing and resized outputs. An output whose
     version (or, in leases from before versions were kept, generation) is not the one its
     commit recorded is read and hashed; ``deep`` hashes every output. ``state``, the run's
-    bucket: the records a stage left for the next one are checked there too."""
+    bucket: the records a stage left for the next one, and a grouped item's per-file counts
+    (what the manifest's rows of its files come from), are checked there too."""
     output = open_store(spec.output)
     try:
         present: dict[str, Blob] = {b.name: b for b in output.list("part-")}
     except NotFound:
         present = {}
-    kept: dict[str, Blob] = {b.name: b for b in state.list(shuffle_prefix(spec.run))} if state is not None else {}
+    # What items keep in the run's state: records for a stage, a grouped item's per-file counts.
+    kept: dict[str, Blob] = {b.name: b for prefix in (shuffle_prefix(spec.run), counts_prefix(spec.run))
+                             for b in state.list(prefix)} if state is not None else {}
     damage = []
     for item, lease in sorted(leases.items()):
         if lease.state != DONE:

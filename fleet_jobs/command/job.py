@@ -221,6 +221,10 @@ class CommandJob(Job):
 
     name = "command"
     config_type = CommandConfig
+    # One program run per input file, as the docs promise: {input} is one file, {item} and {seed} name
+    # it, and its files are part-<item>-NAME. Grouped, two files' outputs of one NAME would meet in one
+    # item, and a retry would rerun every program of the group (docs/command-job.md, "Items").
+    group_small_files = False
 
     def check(self, config: CommandConfig, opener: Opener) -> None:
         validate(config)

@@ -23,6 +23,7 @@ from fleet.job import (ConfigError, Converter, ItemContext, ItemInput, Job, Open
 from fleet_jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
 from fleet_jobs.text.inputs.places import Place
 from fleet_jobs.text.output import example_sink
+from fleet_jobs.text.parts import GroupReading, item_slice
 from fleet_jobs.text.provenance import PlacedDocuments, check_provenance
 
 
@@ -63,7 +64,11 @@ def check_read_options(read: Mapping[str, Any]) -> ReadOptions:
 
 
 class TextJob(Job):
-    """A job over text corpora: plain text, JSON Lines, WikiExtractor, CirrusSearch, Parquet."""
+    """A job over text corpora: plain text, JSON Lines, WikiExtractor, CirrusSearch, Parquet.
+    Files smaller than an item share one (``group_small_files``), read file by file
+    (fleet_jobs.text.parts): a converter gets their documents in order, as one stream."""
+
+    group_small_files = True
 
     def accepts(self, name: str) -> bool:
         return corpus_file(name)
@@ -111,18 +116,13 @@ def _piece(s: Slice) -> Piece:
     return Piece(s.start, s.end, s.size, meta)
 
 
-def item_slice(item: ItemInput) -> Slice:
-    """The slice an item's input is (the inverse of _piece)."""
-    return Slice(item.url, item.name, item.start, item.end, item.meta.get("format", "text"),
-                 item.meta.get("compression", "none"), item.version, bool(item.meta.get("cuts_document")), 0)
-
-
 def item_documents(item: ItemInput, ctx: ItemContext, tally: Tally, places: list[Place] | None = None
                    ) -> Iterator[list[str]]:
     """The item's documents, read as the run's options say, with ctx.checkpoint before the first
     and every CHECK_EVERY after: a call per document costs short-document corpora 4% of the CPU
     (bench_before_after); a lost lease still stops the item within CHECK_EVERY documents.
-    With ``places``, each document's Place is appended to it before it is handed on."""
+    With ``places``, each document's Place is appended to it before it is handed on. (A grouped
+    item's: GroupReading.)"""
     checkpoint = ctx.checkpoint
     for n, doc in enumerate(read_slice(item_slice(item), ctx.workdir, tally, read_options(ctx.read), places)):
         if not n % CHECK_EVERY:
@@ -142,15 +142,22 @@ class _Documents(Converter):
         from .stages import DEDUP, dedup_map  # stages imports this module
 
         tally = Tally()
+        group = None
+        if item.grouped:  # its files one by one, each counted in its row as the item's stats name documents
+            group = GroupReading(item, ctx.workdir, read_options(ctx.read), tally,
+                                 "documents_read" if ctx.feeds == DEDUP else "documents", ctx.checkpoint, CHECK_EVERY)
         if getattr(self.inner, "provenance", False) and not ctx.feeds:  # a converter of any class may go without
             places: list[Place] = []
-            documents: Iterable[list[str]] = PlacedDocuments(item_documents(item, ctx, tally, places), places)
+            read = group.documents(places) if group else item_documents(item, ctx, tally, places)
+            documents: Iterable[list[str]] = PlacedDocuments(read, places)
         else:
-            documents = item_documents(item, ctx, tally)
+            documents = group.documents() if group else item_documents(item, ctx, tally)
         if ctx.feeds == DEDUP:
             stats = dedup_map(documents, ctx, sink)
         else:
             stats = dict(self.inner.convert(documents, ctx, example_sink(sink, ctx)))
         tally.documents_cut += int(bool(item.meta.get("cuts_document")))
         stats.update(tally.stats())
+        if group:
+            stats.update(group.stats())
         return stats

@@ -81,6 +81,18 @@ class Tally:
             out["documents_cut"] = self.documents_cut
         return out
 
+    def counts(self) -> dict[str, int]:
+        """The exact counts of ``stats`` (a file's row of the run's manifest), without the examples."""
+        return {k: v for k, v in self.stats().items() if isinstance(v, int)}
+
+    def absorb(self, other: "Tally") -> None:
+        """Add what another reading found (one file of a grouped item) to this one (the item's)."""
+        self.documents += other.documents
+        self.records += other.records
+        self.bad += other.bad
+        self.documents_cut += other.documents_cut
+        self.examples += other.examples[:max(0, _EXAMPLES - len(self.examples))]
+
 
 @dataclass(frozen=True)
 class Bad:

@@ -18,6 +18,10 @@ What a place is, per format:
 - WikiExtractor: the offset of its ``<doc id=…>`` line;
 - Parquet: its row, counted from the file's first row (0-based), over all row groups.
 
+In an item of several small files (a grouped item: ``ItemInput.parts``), a place names the file
+its document came from and counts the offset or row in that file; ``document`` counts on across
+the item's files, in their order.
+
 Offsets count bytes of the file as it is stored; in a compressed file (one item, read whole)
 they count bytes of the decompressed stream (``zcat file | tail -c +$((offset + 1))`` shows the
 record). A document longer than MAX_DOCUMENT_CHARS reaches the job in parts, each its own
@@ -55,10 +59,11 @@ class Place:
 
 
 def placed(documents: Iterable[list[str]], records: Iterator[tuple[int, list[str]]], file: str, parquet: bool,
-           places: list[Place]) -> Iterator[list[str]]:
-    """``documents`` unchanged, each one's Place appended to ``places`` before it is handed on."""
+           places: list[Place], first: int = 0) -> Iterator[list[str]]:
+    """``documents`` unchanged, each one's Place appended to ``places`` before it is handed on;
+    ``first``: the ordinal of the first in its item (a later file of a grouped item starts past 0)."""
     match = _Matcher(records)
-    for n, doc in enumerate(documents):
+    for n, doc in enumerate(documents, first):
         where = match.place(doc)
         places.append(Place(file, n, row=where) if parquet else Place(file, n, offset=where))
         yield doc

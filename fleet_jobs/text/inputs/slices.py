@@ -4,6 +4,7 @@ exactly the bytes that were planned."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import tempfile
@@ -88,9 +89,12 @@ def plan_slices(paths: list[str], item_bytes: int, options: ReadOptions = ReadOp
 
 
 def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
-               options: ReadOptions = ReadOptions(), places: list[Place] | None = None) -> Iterator[list[str]]:
+               options: ReadOptions = ReadOptions(), places: list[Place] | None = None, first: int = 0,
+               data: bytes | None = None) -> Iterator[list[str]]:
     """Download a slice to a local file, then stream its documents; with a ``places`` list,
-    each document's Place is appended to it before the document is handed on (places.py).
+    each document's Place is appended to it before the document is handed on (places.py),
+    ``first`` the ordinal of its first document in the item. ``data``: the slice's bytes,
+    already read (ItemInput.read_all: a small file of a grouped item), instead of a download.
 
     The bytes read must be the bytes planned: a file that was rewritten, truncated or
     replaced since (another version, or fewer bytes than the slice) fails the item
@@ -104,8 +108,18 @@ def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
                                  piece.end, source, tally if tally is not None else Tally(), options)
         if places is not None:
             pf = parquet_file(item.store, piece.name, size, piece.version or None, source)
-            docs = placed(docs, parquet_records(pf, piece.start, piece.end, options.text_column), file, True, places)
+            docs = placed(docs, parquet_records(pf, piece.start, piece.end, options.text_column), file, True, places,
+                          first)
         yield from docs
+        return
+    base = piece.start if piece.compression == "none" else 0
+    if data is not None:
+        docs = iter_documents(io.BytesIO(data), piece.format, piece.compression, source, base, tally, options)
+        if places is None:
+            yield from docs
+        else:
+            yield from placed(docs, line_records(io.BytesIO(data), piece.format, piece.compression, base, options),
+                              file, False, places, first)
         return
     fd, tmp = tempfile.mkstemp(prefix="input-", dir=workdir)
     os.close(fd)
@@ -114,14 +128,13 @@ def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
         # slice, 0 to its size, read whole).
         item.fetch(tmp)
         with open(tmp, "rb") as f:
-            base = piece.start if piece.compression == "none" else 0
             docs = iter_documents(f, piece.format, piece.compression, source, base, tally, options)
             if places is None:
                 yield from docs
                 return
             with open(tmp, "rb") as again:  # read a second time, for the places
                 yield from placed(docs, line_records(again, piece.format, piece.compression, base, options), file,
-                                  False, places)
+                                  False, places, first)
     finally:
         try:
             os.unlink(tmp)
