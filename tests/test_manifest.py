@@ -305,6 +305,25 @@ def test_one_drained_worker_claims_the_run_files_and_a_dead_claimant_is_replaced
     assert json.loads(store.read(finishing_name("r")))["worker"] == "c"
 
 
+def test_a_claim_to_the_run_files_held_longer_than_its_ttl_is_renewed_not_taken_over(tmp_path):
+    """The 20,000-item simulation: reading every lease took the claimant longer than a TTL, and
+    every worker that drained meanwhile took the claim over and read every lease again (11 lease
+    reads an item instead of 1). The holder renews it while it works."""
+    import time
+
+    from fleet.core.manifest import holding_finish
+
+    store = open_store(str(tmp_path))
+    gen = claim_finish(store, "r", "a", stale_after=2.0)
+    assert gen
+    with holding_finish(store, "r", "a", gen, every=0.1):  # (margins for a loaded machine)
+        for _ in range(5):
+            time.sleep(1.0)  # in all 5 s, more than twice the ttl
+            assert claim_finish(store, "r", "b", stale_after=2.0) is None
+    time.sleep(2.2)
+    assert claim_finish(store, "r", "c", stale_after=2.0)  # no longer renewed: its holder is gone
+
+
 def test_the_summary_line_counts_the_files_that_hold_the_counts():
     """A Megatron dataset's .idx (or a provenance sidecar) holds no examples: the line says how
     many files hold the counts, and how many more are beside them."""

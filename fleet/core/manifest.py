@@ -20,10 +20,12 @@ the same bytes (sorted keys, no time stamp), so the first wins and the others fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from fleet.job import Job, RunManifest
 from fleet.core.layout import finishing_name
@@ -154,31 +156,60 @@ def finish_run(output: Store, job: Job, config: Any, spec: RunSpec, items: list[
     return manifest, differ
 
 
-def claim_finish(store: Store, run: str, worker: str, stale_after: float, now: float | None = None) -> bool:
-    """Whether this worker is the one to write the run's files: it created the claim, or took over
-    one older than ``stale_after`` seconds (its writer died before the manifest was written)."""
+def claim_finish(store: Store, run: str, worker: str, stale_after: float, now: float | None = None) -> int | None:
+    """Whether this worker is the one to write the run's files (the claim's generation, or None): it
+    created the claim, or took over one not renewed for ``stale_after`` seconds (its writer died
+    before the manifest was written). The holder renews it (:func:`holding_finish`)."""
     now = time.time() if now is None else now
-    body = json.dumps({"worker": worker, "claimed": now}, sort_keys=True).encode()
     name = finishing_name(run)
     try:
-        store.write(name, body, if_generation_match=0)
-        return True
+        return store.write(name, _claim(worker, now), if_generation_match=0)
     except PreconditionFailed:
         pass
     try:
         data, generation = store.read_generation(name)
         claimed = float(json.loads(data).get("claimed", 0))
     except NotFound:
-        return False  # removed between the calls: the next worker to look claims it
+        return None  # removed between the calls: the next worker to look claims it
     except (ValueError, TypeError, AttributeError):
         claimed = 0.0  # not a claim: take it over
     if now - claimed < stale_after:
-        return False
+        return None
     try:
-        store.write(name, body, if_generation_match=generation)
-        return True
+        return store.write(name, _claim(worker, now), if_generation_match=generation)
     except PreconditionFailed:
-        return False  # another took it over first
+        return None  # another took it over first
+
+
+def _claim(worker: str, now: float) -> bytes:
+    return json.dumps({"worker": worker, "claimed": now}, sort_keys=True).encode()
+
+
+@contextlib.contextmanager
+def holding_finish(store: Store, run: str, worker: str, generation: int, every: float) -> Iterator[None]:
+    """Renew the claim every ``every`` seconds while the run's files are made: reading every lease
+    of a big run takes longer than a TTL (100,000 leases at 50 ms, 16 at a time: about 5 min),
+    and a claim left to age would be taken over by each worker that drains meanwhile, every one
+    of them reading every lease again. A renewal that fails (taken over, the store down) stops
+    renewing: the files are create-only and the same bytes, so a second writer only costs reads."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        gen = generation
+        while not stop.wait(every):
+            try:
+                gen = store.write(finishing_name(run), _claim(worker, time.time()), if_generation_match=gen)
+            except Exception as e:  # noqa: BLE001 - advisory, as the claim is
+                log.warning("the claim to write the run's files was not renewed (%s)", e)
+                return
+
+    thread = threading.Thread(target=renew, name="finish-claim", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def build_manifest(store: Store, run: str) -> RunManifest:

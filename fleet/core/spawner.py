@@ -274,7 +274,7 @@ class Worker:
         the writes are create-only and the bytes a pure function of the leases, so any other
         writer (a claim taken over, `fleet local`) finds them equal. Advisory
         for the worker: a failure here is logged, never stops it (`fleet local` writes them too)."""
-        from fleet.core.manifest import MANIFEST, claim_finish, finish_run, finishing_name
+        from fleet.core.manifest import MANIFEST, claim_finish, finish_run, finishing_name, holding_finish
         from fleet.core.status import StatusReader
 
         try:
@@ -283,10 +283,12 @@ class Worker:
                 return  # another worker got there first
             # One worker reads every lease, not each that drains at once; one that died doing it is
             # replaced by the next to drain after a lease TTL (a relaunch, `fleet local` again).
-            if not claim_finish(self.store, self.run, self.name, self.spec.lease_ttl):
+            claim = claim_finish(self.store, self.run, self.name, self.spec.lease_ttl)
+            if claim is None:
                 return
-            reader = StatusReader(self.store, self.run)
-            manifest, _ = finish_run(output, self.job, self.config, self.spec, reader.items, reader.leases())
+            with holding_finish(self.store, self.run, self.name, claim, self.spec.lease_ttl / 3):
+                reader = StatusReader(self.store, self.run)
+                manifest, _ = finish_run(output, self.job, self.config, self.spec, reader.items, reader.leases())
             if manifest is not None:
                 log.info("run finished: %s written with %d output(s) counted", MANIFEST, len(manifest.outputs))
             else:  # an item failed: no files, and the claim goes, for the drain after a retry
