@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies
 from google.cloud import compute_v1
 from typer.testing import CliRunner
 
@@ -218,3 +221,113 @@ def test_launch_json_is_written_even_when_the_first_upload_fails(launched, fake_
     assert json.loads(open_store(bucket).read("runs/r1/launch.json"))["mig"] == "fleet-r1"
     fleet("down", "--run", "r1")
     assert not standin.migs and not standin.templates
+
+
+# -- what the network does now and then: resets, and answers lost after the request was applied ---------
+
+
+class _Planned(FaultProxy):
+    """A fault proxy whose n-th request gets ``plan[n]`` (None: forwarded as is)."""
+
+    def __init__(self, upstream: str, plan: list[str | None]):
+        super().__init__(upstream)
+        self.plan = list(plan)
+
+    def _decide(self, method: str, path: str) -> str | None:
+        with self._lock:
+            self.counts["requests"] += 1
+            fault = self.plan.pop(0) if self.plan else None
+            if fault:
+                self.counts[fault] += 1
+            return fault
+
+
+@pytest.fixture
+def through(standin, monkeypatch):
+    """Compute calls through a fault proxy in front of the stand-in; the test sets its plan."""
+    proxy = _Planned(standin.url, []).start()
+    monkeypatch.setenv(compute_requests.ENDPOINT_ENV, proxy.url)
+    yield proxy
+    proxy.stop()
+
+
+def _mutations(standin) -> list:
+    return [c for c in standin.calls if c.method in ("POST", "DELETE")
+            and not c.path.endswith(("/wait", "/listManagedInstances"))]
+
+
+def test_a_connection_reset_on_a_compute_call_is_retried(standin, through):
+    """requests' ConnectionError is not Python's: before, a reset failed `fleet launch` at once."""
+    comp = compute.Compute(ZONAL)
+    through.plan = ["drop"]  # the get before the insert
+    assert comp.get_template("t-r1") is None
+    through.plan = [None, "drop", None, "drop"]  # get, insert (never reached the server), insert, wait
+    assert comp.ensure_template(compute_requests.template_resource(spec())) == "created"
+    assert through.counts["drop"] == 3 and standin.events_of("template-created") == ["t-r1"]
+
+
+@pytest.mark.parametrize("place", [ZONAL, REGIONAL], ids=["zonal", "regional"])
+def test_a_retried_insert_or_delete_with_its_request_id_is_applied_once(standin, through, place):
+    """The answer is lost after the request was applied: the retry carries the same requestId, and
+    the stand-in, as Compute Engine, answers with the first request's operation."""
+    comp = compute.Compute(place)
+    through.plan = [None, "lost"]  # get, then the insert is applied but its answer lost
+    assert comp.ensure_template(compute_requests.template_resource(spec())) == "created"
+    through.plan = [None, "lost"]
+    assert comp.create_mig(compute_requests.mig_resource(spec(), place, "fleet-r1", 0)) == "created"
+    through.plan = ["lost"]
+    assert comp.delete_mig("fleet-r1") is True  # not "already gone": the retry saw its own operation
+    assert comp.get_mig("fleet-r1") is None
+    through.plan = ["lost"]
+    assert comp.delete_template("t-r1") is True
+    assert through.counts["lost"] == 4
+    assert standin.events_of("template-created") == ["t-r1"] and standin.events_of("mig-created") == ["fleet-r1"]
+    ids = [c.query["requestId"][0] for c in _mutations(standin)]
+    assert len(ids) == 8 and len(set(ids)) == 4  # each mutation twice, each time with its own one id
+    assert len(standin.events_of("request-id-seen")) == 4
+
+
+def test_every_mutation_carries_a_fresh_request_id(standin):
+    comp = compute.Compute(ZONAL)
+    comp.ensure_template(compute_requests.template_resource(spec()))
+    comp.create_mig(compute_requests.mig_resource(spec(), ZONAL, "fleet-r1", 1))
+    deadline = time.time() + 10
+    while not (st := comp.state("fleet-r1")).instances:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    comp.delete_instances("fleet-r1", [f"zones/{st.instances[0]['zone']}/instances/{st.instances[0]['name']}"])
+    comp.delete_mig("fleet-r1")
+    comp.delete_template("t-r1")
+    calls = _mutations(standin)
+    assert [c.path.rsplit("/", 1)[-1] if c.method == "POST" else "DELETE" for c in calls] == [
+        "instanceTemplates", "instanceGroupManagers", "deleteInstances", "DELETE", "DELETE"]
+    ids = [c.query.get("requestId", [""])[0] for c in calls]
+    assert all(uuid.UUID(i).int for i in ids) and len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("bad", ["not-a-uuid", "00000000-0000-0000-0000-000000000000"])
+def test_the_standin_refuses_a_request_id_google_refuses(standin, bad):
+    import urllib.error
+    import urllib.request
+
+    url = f"{standin.url}/compute/v1/projects/{PROJECT}/global/instanceTemplates/t?requestId={bad}"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=10)
+    assert e.value.code == 400 and "valid UUID" in json.loads(e.value.read())["error"]["message"]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=strategies.lists(strategies.sampled_from([None, None, None, "drop", "lost", "503"]), max_size=14).filter(
+    lambda p: not any(p[i] and p[i + 1] and p[i + 2] for i in range(len(p) - 2))))  # retries: a few at a time
+def test_any_faults_on_the_way_leave_one_template_and_one_mig_then_none(standin, through, plan):
+    """Whatever requests of a launch and a teardown are reset, refused or lose their answers, each
+    resource is created once and deleted once, and each call says what really happened."""
+    comp = compute.Compute(REGIONAL)
+    standin.events.clear()
+    through.plan = list(plan)
+    assert comp.ensure_template(compute_requests.template_resource(spec())) == "created"
+    assert comp.create_mig(compute_requests.mig_resource(spec(), REGIONAL, "fleet-r1", 0)) == "created"
+    assert comp.delete_mig("fleet-r1") is True and comp.delete_template("t-r1") is True
+    assert standin.events_of("template-created") == ["t-r1"] and standin.events_of("mig-created") == ["fleet-r1"]
+    assert standin.events_of("template-deleted") == ["t-r1"] and standin.events_of("mig-delete") == ["fleet-r1"]
+    assert not standin.templates and not standin.migs

@@ -48,6 +48,7 @@ class Cloud:
     policy: Policy
     catalog: Catalog
     storage: FaultProxy  # the VMs' way to the bucket (guarded by the policy)
+    network: FaultProxy  # the operator's way to Compute: it resets connections now and then
 
     def fleet(self, *args: str) -> str:
         result = CliRunner().invoke(app, list(args))
@@ -82,19 +83,23 @@ def cloud_fixture(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
     standin.guard = policy.compute_guard
     storage = FaultProxy(fake_gcs.url, guard=policy.storage_guard).start()  # the VMs' way to the bucket
     iam_api = IamStandin([ACCOUNT]).start()
+    # The operator's Compute calls (fleet launch, status, down) meet what the network does now and then:
+    # connection resets, and answers lost after the request was applied (retried with their requestId).
+    network = FaultProxy(standin.url, rate=0.05, faults=("drop", "lost"), seed=29).start()
     vm_env["FLEET_COMPUTE_ENDPOINT"] = standin.url  # the VMs' `fleet leave` talks to the stand-in too
     vm_env["STORAGE_EMULATOR_HOST"] = storage.url
-    monkeypatch.setenv("FLEET_COMPUTE_ENDPOINT", standin.url)
+    monkeypatch.setenv("FLEET_COMPUTE_ENDPOINT", network.url)
     monkeypatch.setenv("FLEET_IAM_ENDPOINT", iam_api.url)
     monkeypatch.setenv("FLEET_CONFIG", str(tmp_path / "fleet.toml"))
     store = open_store(f"gs://{gcs_bucket}")
     for f in ("sample_en.txt", "sample_zh.txt"):
         store.upload_file(f"corpus/{f}", str(CORPUS / f))
     try:
-        yield Cloud(f"gs://{gcs_bucket}", standin, vms, tmp_path, policy, catalog, storage)
+        yield Cloud(f"gs://{gcs_bucket}", standin, vms, tmp_path, policy, catalog, storage, network)
     finally:
         standin.stop()
         storage.stop()
+        network.stop()
         iam_api.stop()
     # Every request of the product (fleet launch/status/down, startup.sh on the VMs) was one the
     # published API accepts: the stand-in checks each against the discovery document.
@@ -157,14 +162,18 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
                 "--output", f"{cloud.bucket}/out/", "--set", f"vocab_file={cloud.bucket}/vocab.txt",
                 "--item-mb", "0.15", "--lease-ttl", "20")
     dry = cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--dry-run")
-    assert f"POST {cloud.standin.url}/compute/v1/projects/{PROJECT}/global/instanceTemplates" in dry
+    assert f"POST {os.environ['FLEET_COMPUTE_ENDPOINT']}/compute/v1/projects/{PROJECT}/global/instanceTemplates" in dry
     assert {c.method for c in cloud.standin.calls} == {"GET"}  # a dry run only reads (quotas, machine type)
     # GCE may report "template in use" as the error of the delete's operation: the last VM out must retry that too.
     cloud.standin.in_use_error = "operation"
+    # Certainly once: the MIG's insert is applied, its answer lost; the retry, same requestId, gets its operation.
+    cloud.network.script = [[lambda method, path: method == "POST" and path.split("?")[0].endswith("/instanceGroupManagers"), "lost", 1]]
     cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e")
-    # What the dry run printed is exactly what was sent.
+    assert cloud.network.counts["lost"] >= 1 and len(cloud.standin.events_of("request-id-seen")) >= 1
+    assert cloud.standin.events_of("mig-created") == ["fleet-e2e"]
+    # What the dry run printed is exactly what was sent (a retry after a reset sends it again, with the same requestId).
     sent = [c for c in cloud.standin.calls if c.method == "POST" and c.path.endswith(("instanceTemplates", "instanceGroupManagers"))]
-    assert [c.body for c in sent] == _bodies(dry)
+    assert [c.body for c in {c.query["requestId"][0]: c for c in sent}.values()] == _bodies(dry)
 
     cloud.wait_until_gone("fleet-e2e", "fleet-t-e2e")
     st = StatusReader(open_store(cloud.bucket), "e2e").collect(with_workers=True)

@@ -14,15 +14,22 @@ import os
 import re
 import time
 
+import requests
 from google.api_core import exceptions as gexc
+from google.auth import exceptions as auth_exceptions
 from google.cloud import compute_v1
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from fleet.gce.compute_requests import (DELETE_INSTANCES_LIMIT, ComputeError, MigState, Place, api_endpoint,
-                                    delete_instances_body, mig_state)
+                                    delete_instances_body, mig_state, request_id)
 
+# What a retry can cure: Google's 429 and 5xx, and the connection failing under the client. The
+# REST transport raises requests' ConnectionError (a reset, a refused or dropped connection) and
+# Timeout, which are not Python's ConnectionError; a token refresh that cannot reach its server
+# raises google.auth's TransportError. Replaying a mutation is safe: each carries a requestId.
 _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
-              gexc.GatewayTimeout, ConnectionError)
+              gexc.GatewayTimeout, ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+              auth_exceptions.TransportError)
 
 NO_CREDENTIALS = ("no Google credentials found on this machine: log in with `gcloud auth application-default "
                   "login` (or set GOOGLE_APPLICATION_CREDENTIALS to a key file)")
@@ -120,13 +127,16 @@ class Compute:
             raise ComputeError(f"get {what}: {e.code} {_one_line(e)}") from e
 
     def _create(self, what: str, get, insert, **request) -> tuple[bool, object]:
-        """(True, None) once created now; else (False, what exists: None if it vanished meanwhile)."""
+        """(True, None) once created now; else (False, what exists: None if it vanished meanwhile).
+
+        The insert's retries share one requestId: a retry after a lost answer gets the first
+        insert's operation back (and waits for it, errors and all), not a second resource."""
         existing = get()
         if existing is not None:
             return False, existing
         try:
-            op = _retrying(insert)(**request)
-        except gexc.Conflict:  # created meanwhile (or our retried insert landed)
+            op = _retrying(insert)(request={**request, "request_id": request_id()})
+        except gexc.Conflict:  # created meanwhile by someone else
             return False, get()
         except gexc.GoogleAPICallError as e:
             raise ComputeError(f"create {what}: {e.code} {_one_line(e)}") from e
@@ -159,7 +169,8 @@ class Compute:
         deadline = time.monotonic() + in_use_timeout
         while True:
             try:
-                op = _retrying(self.templates.delete_unary)(project=self.place.project, instance_template=name)
+                op = _retrying(self.templates.delete_unary)(request={
+                    "project": self.place.project, "instance_template": name, "request_id": request_id()})
                 self.wait(op, what)
                 return True
             except gexc.NotFound:
@@ -194,7 +205,8 @@ class Compute:
     def delete_mig(self, name: str, wait: bool = True) -> bool:
         """Delete the group and its VMs; False if absent."""
         try:
-            op = _retrying(self.migs.delete_unary)(instance_group_manager=name, **self.place.where())
+            op = _retrying(self.migs.delete_unary)(request={
+                "instance_group_manager": name, **self.place.where(), "request_id": request_id()})
         except gexc.NotFound:
             return False
         except gexc.GoogleAPICallError as e:
@@ -211,8 +223,8 @@ class Compute:
         """
         for i in range(0, len(instances), DELETE_INSTANCES_LIMIT):
             body = delete_instances_body(self.place, instances[i:i + DELETE_INSTANCES_LIMIT], skip_invalid)
-            op = self._call(f"deleteInstances on {name}", self.migs.delete_instances_unary,
-                            instance_group_manager=name, **body, **self.place.where())
+            op = self._call(f"deleteInstances on {name}", self.migs.delete_instances_unary, request={
+                "instance_group_manager": name, **body, **self.place.where(), "request_id": request_id()})
             self.wait(op, f"deleteInstances on {name}")
 
     def managed_instances(self, name: str) -> list[compute_v1.ManagedInstance]:

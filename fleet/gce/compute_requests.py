@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import uuid
 from dataclasses import dataclass, field
 
 from google.cloud import compute_v1
@@ -133,6 +134,14 @@ class Request:
 
 def api_endpoint() -> str | None:
     return os.environ.get(ENDPOINT_ENV) or None
+
+
+def request_id() -> str:
+    """A fresh ``requestId`` for one mutating call (insert, delete, deleteInstances), the same on each
+    of its retries: Compute Engine ignores a request whose id it has already seen (for at least 60
+    minutes after the first) and answers with the first one's operation, so a retried insert whose
+    answer was lost is not a second resource. A UUID, not the zero one (Google's format)."""
+    return str(uuid.uuid4())
 
 
 def to_dict(message) -> dict:

@@ -298,6 +298,7 @@ class ComputeStandin:
         self.migs: dict[tuple[str, str], Mig] = {}
         self.orphans: list[VM] = []  # VMs still shutting down after their MIG went away
         self.ops: dict[str, dict] = {}
+        self.request_ids: dict[str, tuple[str, str]] = {}  # requestId -> (scope, name) of the operation it made
         self._ready: dict[str, Callable[[], bool]] = {}
         self._errors: dict[str, dict] = {}  # errors of RUNNING operations, shown once they are DONE
         self.calls: list[Call] = []
@@ -557,6 +558,34 @@ class ComputeStandin:
         return lambda: time.time() >= at
 
     # -- request handling ----------------------------------------------------------------------
+    def handle_once(self, method: str, path: str, query: dict, body: dict | None) -> tuple[int, dict]:
+        """``requestId`` as Compute Engine documents it for every mutating method: "a unique request
+        ID so that if you must retry your request, the server will know to ignore the request if it
+        has already been completed" (at least 60 minutes after the first; this stand-in lives
+        shorter), and "the request ID must be a valid UUID with the exception that zero UUID is
+        not supported". A request whose id was seen is not applied again: the answer is the first
+        request's operation, as it stands now. A request refused outright (a 4xx) made no
+        operation, so its id is not kept."""
+        given = query.get("requestId")
+        if method == "GET" or not given:
+            return self.handle(method, path, body)
+        try:
+            valid = uuid.UUID(given[0]).int != 0
+        except ValueError:
+            valid = False
+        if not valid:
+            raise invalid("requestId", f"'{given[0]}'. The request ID must be a valid UUID other than the zero UUID.")
+        with self.lock:  # one at a time: two retries of one request racing must still apply it once
+            seen = self.request_ids.get(given[0])
+            if seen is not None:
+                self.event("request-id-seen", given[0], f"{method} {path}")
+                return 200, self.poll_operation(*seen, 0)
+            status, answer = self.handle(method, path, body)
+            if answer.get("kind") == "compute#operation":
+                where = answer["selfLink"].split(f"/projects/{self.project}/", 1)[1].rsplit("/operations/", 1)[0]
+                self.request_ids[given[0]] = (where, answer["name"])
+            return status, answer
+
     def handle(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
         prefix = f"/compute/v1/projects/{self.project}/"
         if not path.startswith(prefix):
@@ -766,7 +795,7 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ApiError(v.status, v.reason, v.message) from None
                 if self.standin.guard is not None:
                     self.standin.guard(self.command, url.path, self.headers.get("Authorization"))
-                status, payload = self.standin.handle(self.command, url.path, body)
+                status, payload = self.standin.handle_once(self.command, url.path, call.query, body)
             except ApiError as e:
                 status, payload = e.status, e.body()
         data = json.dumps(payload).encode()
