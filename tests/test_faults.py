@@ -6,10 +6,13 @@ was applied but whose answer was lost must know the lease is its own.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fleet.core.lease import DONE, Held, Leases
-from fleet.core.store import PreconditionFailed, StoreError
+from fleet.core.status import StatusReader
+from fleet.core.store import PreconditionFailed, StoreError, Unavailable
 from fleet.core.store.gcs import GCSStore
 from tests.helpers.procs import (clean_run, committed, listed_outputs, plan_lines, start_worker, wait_exit,
                                  write_corpus)
@@ -173,3 +176,59 @@ def test_runs_through_faults_end_with_a_clean_runs_bytes(fake_gcs, gcs_bucket, c
     # someone else's and left the item to expire; no lease was lost to a slow retry.
     assert all(lease.state == DONE and lease.attempt == 1 for lease in leases.values()), \
         {k: (v.state, v.attempt, v.worker) for k, v in leases.items() if v.attempt != 1}
+
+
+# -- an outage: the bucket answers nothing for longer than the client retries -----------------------
+
+
+def test_an_outage_past_the_clients_retries_is_unavailable_not_a_refusal(proxy, gcs_bucket, monkeypatch):
+    monkeypatch.setenv("FLEET_STORE_RETRY_SECONDS", "1")
+    store = GCSStore(gcs_bucket)
+    for fault in ("503", "drop", "429"):
+        proxy.script = [[anything, fault, 10**6]]
+        with pytest.raises(Unavailable) as e:
+            store.read("x")
+        assert "\n" not in str(e.value)
+        with pytest.raises(Unavailable):
+            store.write("plain", b"x")  # not retried at all: at once
+    proxy.script = []
+    proxy.forbid = anything
+    with pytest.raises(StoreError) as refused:
+        store.read("x")
+    assert not isinstance(refused.value, Unavailable)  # a 403 is no outage: a worker stops on it
+
+
+def test_workers_ride_out_an_outage_past_the_clients_retries(fake_gcs, gcs_bucket, corpus_url, tmp_path, capsys):
+    """Before, a worker stopped (exit 2) once the storage client's retries (120 s) were spent, and
+    on a VM its VM left the run for good. Scaled: the client's retry deadline is 2 s here and the
+    outage 20 s (on GCS: 120 s, and an outage of minutes). Every worker rides it out, the items in
+    hand are given back when the bucket answers again, and the run ends with a clean run's bytes."""
+    bucket = f"gs://{gcs_bucket}"
+    logs = str(tmp_path / "logs")
+    expected = clean_run(bucket, "clean", corpus_url, 2400, logs)
+    plan_lines(bucket, "out", corpus_url, 2400, ttl=30, attempts=3, delay=0.05)
+    with FaultProxy(fake_gcs.url) as proxy:
+        env = {"STORAGE_EMULATOR_HOST": proxy.url, "FLEET_STORE_RETRY_SECONDS": "2"}
+        workers = [start_worker(bucket, "out", f"w{i}", logs, env) for i in range(2)]
+        reader = StatusReader(GCSStore(gcs_bucket, client=None), "out")
+        deadline = time.time() + 60
+        while not (reader.collect().done >= 2 and reader.collect().leased >= 1):
+            assert time.time() < deadline, [w.log_lines()[-3:] for w in workers]
+            time.sleep(0.05)
+        proxy.script = [[anything, "503", 10**9]]  # the outage: nothing gets through
+        t0 = time.time()
+        time.sleep(20)
+        assert all(w.alive() for w in workers), [w.log_lines()[-3:] for w in workers]
+        met = proxy.counts["503"]
+        proxy.script = []
+        wait_exit(workers, 150)
+        back = time.time() - t0
+    for w in workers:
+        assert w.popen.returncode == 0 and "Traceback" not in w.stderr_text(), (w.name, w.stderr_text())
+    text = "\n".join(line for w in workers for line in w.log_lines())
+    assert "the bucket is unreachable" in text and "waiting for it" in text
+    assert committed(bucket, "out") == expected
+    assert listed_outputs(f"{bucket}/out-out") == expected
+    with capsys.disabled():
+        print(f"\noutage of 20 s (client retries 2 s): {met} requests refused; both workers rode it out, "
+              f"the run finished {back:.0f} s after the outage began")

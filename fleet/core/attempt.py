@@ -28,7 +28,7 @@ from fleet.core.run import Item, RunSpec, StepPlan
 from fleet.core.layout import counts_name, index_name, released_prefix, shuffle_name
 from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, combine, index_totals, load_index, \
     partitions_for, reduce_records
-from fleet.core.store import Store, StoreError, open_store
+from fleet.core.store import Store, StoreError, Unavailable, open_store
 
 log = logging.getLogger("fleet.worker")
 
@@ -312,6 +312,9 @@ class ItemRunner:
             renewer.finish()
             self.release(held)
             raise
+        except Unavailable:  # the store is out, not the item: no attempt spent; the worker rides it out
+            renewer.finish()  # (fleet.core.processes), then gives the item back (Worker.holding)
+            raise
         except Exception as e:
             renewer.finish()
             reason = str(e) if isinstance(e, Environment) else environmental(e)
@@ -338,6 +341,8 @@ class ItemRunner:
             raise Lost(f"item {item.id}: lease taken over")
         try:
             generation = store.upload_file(name, path)
+        except Unavailable:
+            raise
         except StoreError as e:  # the output place refuses every item alike
             raise Environment(f"writing outputs: {e}") from None
         out = {"name": name, "size": os.path.getsize(path), "sha256": sha256_file(path),

@@ -3,6 +3,12 @@ across a fork) running fleet.core.spawner's Worker until the run is drained; SIG
 give the item in hand back; the exit code says whether a process crashed (1) or said why in one
 line (2).
 
+A store that stops answering (``Unavailable``: an outage, beyond the storage client's own
+retries) is ridden out here, with backoff, for up to ``FLEET_OUTAGE_MINUTES`` (30): a worker
+that left would take its VM with it for good, and an outage of a few minutes would shrink the
+fleet for the rest of the run. The platform's time limit on the VM still ends it. Once the store
+answers, the item in hand is given back (no attempt spent) and the claim loop starts afresh.
+
 A worker is started as ``python -c`` by subprocess, not by multiprocessing's spawn: spawn also
 starts a resource tracker process (for semaphores and shared memory, which no worker uses: one
 that does gets its own, started on first use), pickles the parent's state to the child, and
@@ -28,6 +34,53 @@ import uuid
 import weakref
 
 log = logging.getLogger("fleet.worker")
+
+OUTAGE_ENV = "FLEET_OUTAGE_MINUTES"
+DEFAULT_OUTAGE_MINUTES = 30.0
+
+
+def outage_limit() -> float:
+    """Seconds a worker waits for an unreachable store before it gives up (exit code 2)."""
+    value = os.environ.get(OUTAGE_ENV, "").strip()
+    try:
+        minutes = float(value) if value else DEFAULT_OUTAGE_MINUTES
+    except ValueError:
+        minutes = -1.0
+    if not minutes >= 0:
+        raise ValueError(f"{OUTAGE_ENV}={value!r}: give the minutes a worker waits for an unreachable bucket")
+    return minutes * 60
+
+
+def riding_out(limit: float):
+    """Call a function until it gets past the store's outage (Unavailable), with jittered exponential
+    backoff up to a minute (many workers come back at once), for at most ``limit`` seconds; then the
+    last Unavailable is raised. Each try is itself the storage client's retries."""
+    from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+
+    from fleet.core.store import Unavailable
+
+    def note(state) -> None:
+        log.warning("the bucket is unreachable (%s); trying again in %.0f s (gives up %.0f min after the outage "
+                    "began)", state.outcome.exception(), state.next_action.sleep, limit / 60)
+
+    return Retrying(retry=retry_if_exception_type(Unavailable), wait=wait_random_exponential(multiplier=1, max=60),
+                    stop=stop_after_delay(limit), before_sleep=note, reraise=True)
+
+
+def _back_from_outage(worker) -> None:
+    """The store answers again: give back the item the outage interrupted (its lease unchanged, so
+    no attempt is spent; taken by another meanwhile, nothing is written)."""
+    from fleet.core.layout import spec_name
+
+    worker.store.stat(spec_name(worker.run))  # raises Unavailable while the outage lasts
+    held, worker.holding = worker.holding, None
+    if held is not None:
+        try:
+            worker.runner.release(held)
+        except BaseException:
+            worker.holding = held
+            raise
+        log.info("the bucket answers again; item %s given back", held.item)
 
 
 def _setup_logging(name: str, log_file: str | None) -> None:
@@ -69,13 +122,19 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
     from fleet.core.attempt import Environment, Shutdown, environmental
     from fleet.core.run import PlanError
     from fleet.core.spawner import Worker
-    from fleet.core.store import StoreError
+    from fleet.core.store import StoreError, Unavailable
     from fleet.job import ConfigError, JobNotFound
 
     previous = signal.signal(signal.SIGTERM, _on_sigterm), signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches every process of the group: same as SIGTERM
     try:
-        worker = Worker(bucket, run, name, standby=standby)
+        limit = outage_limit()
+        _setup_logging(name or "worker", log_file)  # (what riding out says before the worker is made)
+        worker = riding_out(limit)(Worker, bucket, run, name, standby=standby)
+    except ValueError as e:
+        _setup_logging(name or "worker", log_file)
+        log.error("cannot start: %s", e)
+        return 2
     except Shutdown:
         return 0
     except (PlanError, ConfigError, JobNotFound, StoreError) as e:
@@ -92,11 +151,20 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
     gc.freeze()
     try:
         try:
-            counters = worker.run_until_drained()
+            while True:
+                try:
+                    counters = worker.run_until_drained()
+                    break
+                except Unavailable as e:
+                    log.warning("the bucket is unreachable (%s): waiting for it, up to %.0f min", e, limit / 60)
+                    riding_out(limit)(_back_from_outage, worker)
         except Shutdown:
             held = worker.holding
             if held is not None and held.lease.live(time.time()):
-                worker.runner.release(held)  # the signal came after the claim, before process() could give it back
+                try:  # the signal came after the claim, before process() could give it back
+                    worker.runner.release(held)
+                except StoreError as e:  # (in an outage: then its lease expires)
+                    log.warning("item %s not given back: %s", held.item, e)
             worker.mark_idle(False)
             worker.beat("stopped")
             log.info("stopped by a signal; items given back")
@@ -105,6 +173,9 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
             log.error("stopped: %s", e)
             worker.mark_idle(False)
             worker.beat("stopped")
+            return 2
+        except Unavailable as e:  # unreachable for longer than the limit
+            log.error("stopped: the bucket was unreachable for over %.0f min (%s): %s", limit / 60, OUTAGE_ENV, e)
             return 2
         except StoreError as e:  # retries (fleet.core.store.gcs) are spent: the store is gone or refuses us
             log.error("stopped: %s", e)

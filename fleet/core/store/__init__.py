@@ -34,6 +34,12 @@ class BucketNotFound(NotFound):
     """The bucket itself does not exist (not just the object)."""
 
 
+class Unavailable(StoreError):
+    """The store did not answer, or answered 408, 429 or 5xx, beyond the client's own retries: an
+    outage, which passes. Nothing is known to be wrong with the call, so a worker waits it out
+    (fleet.core.processes) instead of spending an attempt or leaving."""
+
+
 class Changed(StoreError):
     """The object is no longer the version the caller pinned (rewritten, truncated, replaced)."""
 

@@ -3,7 +3,10 @@
 Generations and preconditions are GCS's own, so the lease protocol needs no
 extra machinery here. Retries are the library's: a conditional write is
 retried only because its precondition makes a replay harmless (a replay of a
-write that did land comes back as 412, which the lease protocol checks).
+write that did land comes back as 412, which the lease protocol checks). Its
+policy retries 408, 429, 5xx and broken connections for 120 s
+(``FLEET_STORE_RETRY_SECONDS`` scales that, as tests of a long outage do); what
+outlasts it is ``Unavailable``, which a worker rides out (fleet.core.processes).
 """
 
 from __future__ import annotations
@@ -14,13 +17,38 @@ import http.client
 import os
 from typing import Iterator
 
+import requests
 from google.api_core import exceptions as gexc
+from google.api_core.retry import Retry
 from google.auth.exceptions import DefaultCredentialsError, TransportError
 from google.cloud.storage.exceptions import DataCorruption
 from google.cloud import storage
-from google.cloud.storage.retry import DEFAULT_RETRY, DEFAULT_RETRY_IF_GENERATION_SPECIFIED
+from google.cloud.storage.retry import DEFAULT_RETRY, ConditionalRetryPolicy, is_generation_specified
 
-from fleet.core.store import Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed, Store, StoreError
+from fleet.core.store import (Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed, Store,
+                              StoreError, Unavailable)
+
+RETRY_SECONDS_ENV = "FLEET_STORE_RETRY_SECONDS"
+# The transport failing under the client: requests' ConnectionError and Timeout are OSErrors but
+# not Python's ConnectionError; google.auth's TransportError is a token refresh that got no answer.
+_UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, http.client.HTTPException,
+                TransportError, ConnectionError, TimeoutError)
+
+
+@functools.lru_cache(maxsize=None)
+def retry_policies(seconds: float | None) -> tuple[Retry, ConditionalRetryPolicy]:
+    """The library's default policy (and the one for writes that are safe to replay only with a
+    generation precondition), with its deadline set to ``seconds`` when given."""
+    retry = DEFAULT_RETRY if seconds is None else DEFAULT_RETRY.with_timeout(seconds)
+    return retry, ConditionalRetryPolicy(retry, is_generation_specified, ["query_params"])
+
+
+def _retry_seconds() -> float | None:
+    value = os.environ.get(RETRY_SECONDS_ENV, "").strip()
+    try:
+        return float(value) if value else None
+    except ValueError:
+        raise StoreError(f"{RETRY_SECONDS_ENV}={value!r}: give the storage client's retry deadline in seconds") from None
 
 
 def make_client() -> storage.Client:
@@ -91,6 +119,7 @@ class GCSStore(Store):
         self.prefix = prefix.strip("/")
         self.url = f"gs://{bucket_name}" + (f"/{self.prefix}" if self.prefix else "")
         self._given_client = client
+        self.retry, self.retry_if_generation = retry_policies(_retry_seconds())
 
     @functools.cached_property
     def client(self) -> storage.Client:
@@ -135,12 +164,16 @@ class GCSStore(Store):
         except (gexc.Forbidden, gexc.Unauthorized) as e:
             raise Forbidden(f"{where}: access denied ({e.code}): {_one_line(e)}") from e
         except gexc.GoogleAPICallError as e:
+            if e.code in (408, 429) or (e.code or 0) >= 500:  # after the retries (or a write not retried)
+                raise Unavailable(f"{where}: {e.code} {_one_line(e)}") from e
             raise StoreError(f"{where}: {e.code} {_one_line(e)}") from e
         except gexc.RetryError as e:  # the retry deadline passed
-            raise StoreError(f"{where}: gave up retrying: {_first_line(e.cause or e)}") from e
-        except (OSError, http.client.HTTPException, TransportError, DataCorruption) as e:
-            # Transport failures the retry policy did not cover (an unconditional write is not
-            # retried) or that outlasted it: still a store error, in one line.
+            raise Unavailable(f"{where}: gave up retrying: {_first_line(e.cause or e)}") from e
+        except _UNREACHABLE as e:
+            raise Unavailable(f"{where}: {_first_line(e)}") from e
+        except (OSError, DataCorruption) as e:
+            # The machine's side (a local file that cannot be written) or bytes that fail their
+            # checksum: a store error, in one line.
             raise StoreError(f"{where}: {_first_line(e)}") from e
 
     _bucket_seen = False
@@ -151,7 +184,7 @@ class GCSStore(Store):
         if self._bucket_seen:
             return False
         try:
-            exists = self.bucket.exists(retry=DEFAULT_RETRY)
+            exists = self.bucket.exists(retry=self.retry)
         except Exception:
             return None
         self._bucket_seen = exists
@@ -170,10 +203,10 @@ class GCSStore(Store):
         try:
             with self._errors(name):
                 if end is not None and end <= start:  # an HTTP Range cannot ask for nothing
-                    blob.reload()  # still NotFound when absent
+                    blob.reload(retry=self.retry)  # still NotFound when absent
                     return b""
                 try:
-                    return blob.download_as_bytes(**self._range(start, end))
+                    return blob.download_as_bytes(**self._range(start, end), retry=self.retry)
                 except gexc.RequestRangeNotSatisfiable:  # start at or past the end, as a slice would
                     return b""
         except NotFound:
@@ -186,7 +219,7 @@ class GCSStore(Store):
         both send it)."""
         blob = self._blob(name)
         with self._errors(name):
-            data = blob.download_as_bytes()
+            data = blob.download_as_bytes(retry=self.retry)
         if blob.generation is None:
             raise StoreError(f"gs://{self.bucket_name}/{self._full(name)}: download carried no x-goog-generation")
         return data, blob.generation
@@ -201,13 +234,13 @@ class GCSStore(Store):
         try:
             with self._errors(name):
                 if end is not None and end <= start:
-                    blob.reload()
+                    blob.reload(retry=self.retry)
                 else:
                     try:
-                        blob.download_to_filename(path, **self._range(start, end))
+                        blob.download_to_filename(path, **self._range(start, end), retry=self.retry)
                     except gexc.RequestRangeNotSatisfiable:
                         open(path, "wb").close()  # an empty range
-                        blob.reload()
+                        blob.reload(retry=self.retry)
                     else:
                         if generation is not None and blob.generation not in (None, generation):
                             raise Changed(f"{where}: changed since it was planned (generation {generation} then, "
@@ -229,7 +262,7 @@ class GCSStore(Store):
 
     def stat(self, name: str) -> Blob | None:
         with self._errors(name):
-            blob = self.bucket.get_blob(self._full(name))
+            blob = self.bucket.get_blob(self._full(name), retry=self.retry)
         return None if blob is None else Blob(name, blob.generation, blob.size, _version(blob.generation, blob.size))
 
     def list(self, prefix: str = "", start: str | None = None, end: str | None = None) -> Iterator[Blob]:
@@ -243,6 +276,7 @@ class GCSStore(Store):
                 end_offset=None if end is None else self._full(end),
                 page_size=self.page_size,
                 fields="items(name,generation,size),nextPageToken",
+                retry=self.retry,
             ):
                 yield Blob(b.name[cut:], b.generation, b.size, _version(b.generation, b.size))
 
@@ -259,7 +293,7 @@ class GCSStore(Store):
                 data,
                 content_type="application/octet-stream",
                 if_generation_match=if_generation_match,
-                retry=DEFAULT_RETRY if idempotent else DEFAULT_RETRY_IF_GENERATION_SPECIFIED,
+                retry=self.retry if idempotent else self.retry_if_generation,
             )
         return blob.generation
 
@@ -268,9 +302,9 @@ class GCSStore(Store):
         always retried."""
         blob = self._blob(name)
         with self._errors(name):
-            blob.upload_from_filename(path, content_type="application/octet-stream", retry=DEFAULT_RETRY)
+            blob.upload_from_filename(path, content_type="application/octet-stream", retry=self.retry)
         return blob.generation
 
     def delete(self, name: str) -> None:
         with contextlib.suppress(NotFound), self._errors(name):
-            self._blob(name).delete(retry=DEFAULT_RETRY)
+            self._blob(name).delete(retry=self.retry)
