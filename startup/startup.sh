@@ -13,6 +13,8 @@
 #      where it was synced from; no compiler here), else Python (slower, the same records)
 #   4. run `fleet work` as an unprivileged user, one process per core, in its own process group
 #      (recorded for shutdown.sh), streaming this log to the bucket
+#   Everything it and the workers say goes to its log file (shipped to the bucket) and to its stdout,
+#   which the guest agent's runner writes to the journal and the serial console.
 #   5. on exit, leave the MIG through deleteInstances; the last one out deletes the MIG and
 #      the template. Not when the platform stops the VM (preemption, `fleet down`): then the
 #      MIG decides, and startup/shutdown.sh has the workers give their items back.
@@ -270,6 +272,11 @@ on_exit() { # the way out: record the boot, then leave the MIG (or stop the run)
   if [[ -n ${BUCKET:-} && ${#PATHS[@]} -gt 0 ]]; then ship_log; fi
 }
 
+end_log() { # the follower copies the last lines to the runner, then ends (so that the runner's pipe does)
+  kill "$SENTINEL" 2>/dev/null
+  wait "$SENTINEL" "$FOLLOWER" 2>/dev/null
+}
+
 apt_install() { # PACKAGE...: waiting for the dpkg lock (unattended-upgrades at boot) instead of failing on it
   local wait=(-o DPkg::Lock::Timeout=600) i
   export DEBIAN_FRONTEND=noninteractive
@@ -373,8 +380,21 @@ exec 9>"$WORK_DIR/startup.lock"
 flock -n 9 || { log "another startup.sh is running on this VM"; exit 0; }
 rm -f "$WORK_DIR/stopping" "$WORK_DIR/reason" "$WORK_DIR/work.pgid"
 echo $$ >"$WORK_DIR/startup.pid"
+# Everything from here on (this script, curl, the workers) goes to $LOG, which the boot record quotes and
+# the bucket receives, and, copied by a follower to this script's own stdout, to the guest agent's runner,
+# which writes each line to the journal and the serial console (google-startup-scripts.service:
+# StandardOutput=journal+console): the one way out when the bucket is the problem (a 403, a wrong name).
+# A follower rather than a tee: the file is written at once, and when the runner goes (a stop kills it)
+# only the follower dies of the broken pipe, never this script. It follows while a sentinel lives, which
+# end_log ends last thing: not --pid=$$, for the runner reads the pipe to its end before it reaps this
+# script, and tail takes an unreaped script for a live one (both would wait forever).
+touch "$LOG"
+sleep 2147483647 </dev/null >/dev/null 2>&1 9>&- &
+SENTINEL=$!
+tail -c "+$(($(wc -c <"$LOG") + 1))" -F -s 0.2 --pid=$SENTINEL "$LOG" 9>&- 2>/dev/null &
+FOLLOWER=$!
 exec >>"$LOG" 2>&1
-trap on_exit EXIT
+trap 'on_exit; end_log' EXIT
 trap on_term TERM
 
 # Who this VM is: all the way out needs. Without it, only maxRunDuration ends the VM.

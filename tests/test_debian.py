@@ -138,6 +138,9 @@ def test_startup_sh_installs_and_works_on_a_bare_debian_12(fake_gcs, gcs_bucket,
         log = (rootfs / "var/lib/fleet/logs/startup.log").read_text(errors="replace")
         assert ran.returncode == 0, f"{ran.stdout[-2000:]}{ran.stderr[-2000:]}\n{log[-6000:]}"
 
+        # Its stdout (what GCE's runner sends to the journal and the serial console) has every line of
+        # the log: tail and wc from a minimal Debian's coreutils follow it.
+        assert ran.stdout.splitlines() == log.splitlines()
         assert "installing python3 and python3-venv" in log
         assert "installing the locked dependencies" in log and f"code {version}: " in log
         # No compiler on a bare Debian, and none installed: the tokenizer's C core came with the code

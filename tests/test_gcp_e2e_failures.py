@@ -122,3 +122,29 @@ def test_a_corrupt_run_spec(cloud, capsys):
     gcp.launch(cfg, plan, echo=lambda m: None)
     until_nothing_left(cloud, "spec", started, "a corrupt run spec", capsys)
     check_stopped(cloud, "spec", "run.json", run_spec_sound=False)
+
+
+def test_a_bucket_that_refuses_the_vms(cloud, capsys):
+    """A 403 to every request of the VMs (a wrong bucket name, a missing grant): no boot record and no
+    log can reach the bucket, so what each boot said must reach the VM's journal and serial console."""
+    init(cloud)
+    cloud.fleet("sync")
+    cloud.storage.forbid = lambda method, path: True
+    started = launch(cloud, "refused")
+    until_nothing_left(cloud, "refused", started, "a bucket that refuses the VMs", capsys)
+    assert boot_records(open_store(cloud.bucket), "refused") == []  # nothing reached the bucket
+    assert len(cloud.vms.boots) == 3
+    for folder in cloud.vms.boots:
+        log = (folder / "disk" / "logs" / "startup.log").read_text().splitlines()
+        console = [line for line in (folder / "console.log").read_text().splitlines()
+                   if line.startswith("startup-script: ")]
+        journal = (folder / "journal").read_text().splitlines()
+        # Every line of startup.sh, in order, until the VM's stop (its deleteInstances) kills the runner, as
+        # on GCE; the rest reaches the file and the bucket only, and shutdown.sh's lines, added to the
+        # file then, go through the shutdown script's own runner.
+        ours = [f"startup-script: {line}" for line in log if " shutdown: " not in line]
+        assert console == ours[:len(console)] and len(console) >= 10
+        assert journal == [f"google_metadata_script_runner: {line}" for line in console]
+        text = "\n".join(console)
+        assert "The requested URL returned error: 403" in text and "this boot failed: no code" in text
+        assert "removed from fleet-refused through deleteInstances" in text

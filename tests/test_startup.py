@@ -21,8 +21,9 @@ from fleet.core.codesync import OBJECTS, manifest_name, parse_manifest, sync
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.layout import log_name, vm_paths_text
 from fleet.core.run import plan
-from fleet.core.store import open_store
+from fleet.core.store import NotFound, open_store
 from tests.standins.compute import ComputeStandin
+from tests.standins.faultproxy import FaultProxy
 from tests.standins.metadata import Instance, MetadataServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,8 +33,9 @@ STARTUP = ROOT / "startup" / "startup.sh"
 @dataclass
 class Boot:
     returncode: int
-    log: str  # the VM's log, as streamed to the bucket
+    log: str  # the VM's log, as streamed to the bucket ("" if it never got there)
     disk: Path
+    stdout: str  # what the guest agent's runner reads: it goes to the journal and the serial console
 
 
 @pytest.fixture
@@ -57,16 +59,23 @@ def vm(fake_gcs, gcs_bucket, tmp_path):
                    FLEET_LOG_INTERVAL="1", GCE_METADATA_HOST=server.host, FLEET_COMPUTE_ENDPOINT=standin.url)
         env.pop("FLEET_NATIVE", None)
         env.update(extra_env)
-        proc = subprocess.Popen(["bash", str(STARTUP)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        # As GCE's runner does: stdout and stderr on one pipe, read to its end, and only then the script reaped.
+        proc = subprocess.Popen(["bash", str(STARTUP)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
         try:
             if during is not None:
                 during(proc)  # (e.g. the platform stopping the VM mid-boot)
-            proc.wait(timeout=120)
+            try:
+                stdout, _ = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                pytest.fail("startup.sh's stdout never ended: the runner would wait forever")
         finally:
             proc.kill()
-        log = open_store(bucket).read(log_name(run, "fleet-x-abcd")).decode()
-        return Boot(proc.returncode, log, disk)
+        try:
+            log = open_store(bucket).read(log_name(run, "fleet-x-abcd")).decode()
+        except NotFound:
+            log = ""
+        return Boot(proc.returncode, log, disk, stdout.decode(errors="replace"))
 
     try:
         boot.standin = standin
@@ -169,3 +178,32 @@ def test_unreadable_metadata_still_leaves_the_mig(vm):
 
 def test_shutdown_script_syntax():
     assert subprocess.run(["bash", "-n", str(ROOT / "startup" / "shutdown.sh")]).returncode == 0
+
+
+def test_every_line_reaches_stdout_for_the_journal_and_the_serial_console_when_the_bucket_refuses(vm, fake_gcs):
+    """GCE's runner writes the script's stdout to the journal and the serial console. Before, after
+    `exec >>"$LOG"` nothing went there: with the bucket refusing (a 403 to every request, as for a
+    wrong name or a missing grant), no boot record and no log reached anyone."""
+    bucket, version, boot = vm
+    plan_pinned_to(bucket, "refused", version)
+    with FaultProxy(fake_gcs.url, forbid=lambda method, path: True) as proxy:
+        result = boot("refused", STORAGE_EMULATOR_HOST=proxy.url)
+    assert result.returncode == 1 and result.log == "" and proxy.counts["403"] >= 3
+    lines = result.stdout.splitlines()
+    on_disk = (result.disk / "logs" / "startup.log").read_text().splitlines()
+    assert lines == on_disk  # every line of the log, in order, and nothing else
+    text = result.stdout
+    assert "startup: VM fleet-x-abcd (boot " in text and "boot record upload failed" in text
+    assert "The requested URL returned error: 403" in text  # curl's own words, from stderr
+    assert f"startup: error: no code {version} in gs://" in text and "this boot failed: no code" in text
+    assert "could not remove this VM from its MIG" in text and "log upload failed" in text  # the way out, too
+
+
+def test_a_reboot_sends_only_its_own_lines(vm):
+    bucket, version, boot = vm
+    plan_pinned_to(bucket, "twice", "0123456789abcdef")
+    first = boot("twice")
+    again = boot("twice", disk=first.disk)  # the same disk: the log file goes on
+    assert "downloaded and verified" in first.stdout and "downloaded and verified" not in again.stdout
+    assert "already here and verified" in again.stdout
+    assert (first.disk / "logs" / "startup.log").read_text() == first.stdout + again.stdout

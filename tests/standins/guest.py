@@ -6,7 +6,11 @@ FOLDER holds ``startup-script`` and, if the template has one, ``shutdown-script`
 What it models (Google's guest environment, Debian 12):
 
 - The startup script is run by a *runner* process (google_metadata_script_runner
-  in the oneshot unit google-startup-scripts.service, ``KillMode=process``).
+  in the oneshot unit google-startup-scripts.service, ``KillMode=process``). The runner
+  reads the script's stdout and stderr (one pipe) to its end, and writes each line as
+  ``startup-script: LINE`` to its own stdout, which the unit sends to the journal and the
+  serial console (``StandardOutput=journal+console``): here FOLDER/journal and this init's
+  stdout (the VM's console.log). What the script writes elsewhere (a file) reaches neither.
 - At a stop (SIGTERM to this init: ``deleteInstances``, MIG deletion, Spot
   preemption, ``maxRunDuration``) only the runner gets SIGTERM, and it dies of
   it; the startup script and its children get nothing. Then the
@@ -29,9 +33,21 @@ import time
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
-# google_metadata_script_runner, reduced to what matters here: run the script, report its
-# status, and die of SIGTERM (Python's default action for it) without passing it on.
-RUNNER = "import subprocess, sys; sys.exit(subprocess.call(['bash', sys.argv[1]]))"
+# google_metadata_script_runner (guest-agent's runCmd), reduced to what matters here: run the script
+# with stdout and stderr on one pipe, log each line until the pipe's end, report the status, and die
+# of SIGTERM (Python's default action for it) without passing it on. Its stdout is the unit's, which
+# systemd copies to the journal and the console (journal+console): both are written here.
+RUNNER = (
+    "import subprocess, sys\n"
+    "journal = open(sys.argv[2], 'ab', buffering=0)\n"
+    "script = subprocess.Popen(['bash', sys.argv[1]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)\n"
+    "for line in script.stdout:\n"
+    "    entry = b'startup-script: ' + line.rstrip(b'\\n') + b'\\n'\n"
+    "    journal.write(b'google_metadata_script_runner: ' + entry)\n"
+    "    sys.stdout.buffer.write(entry)\n"
+    "    sys.stdout.flush()\n"
+    "sys.exit(script.wait())\n"
+)
 
 
 def descendants(root: int) -> list[int]:
@@ -81,7 +97,8 @@ def main(folder: Path) -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(time.time()))
     env = dict(os.environ)
-    runner = os.posix_spawn(sys.executable, [sys.executable, "-c", RUNNER, str(folder / "startup-script")], env)
+    runner = os.posix_spawn(sys.executable, [sys.executable, "-c", RUNNER, str(folder / "startup-script"),
+                                             str(folder / "journal")], env)
     shutdown_pid: int | None = None
     shutdown_script = folder / "shutdown-script"
     runner_alive = True
