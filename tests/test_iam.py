@@ -22,7 +22,7 @@ from fleet.gce import iam
 from fleet.cli.commands import app
 from tests.standins.compute import ComputeStandin
 from tests.standins.faultproxy import FaultProxy
-from tests.standins.iam import Policy, compute_method, evaluate, storage_method
+from tests.standins.iam import Policy, compute_attributes, compute_method, decide, storage_method
 from tests.test_gcp_e2e import PROJECT, ZONE, cloud_fixture, init, ship_test_jobs  # noqa: F401 (the `cloud` fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +40,7 @@ def test_the_vms_use_exactly_the_workers_roles(cloud, capsys):
     policy = cloud.policy
     denied = policy.denied()
     assert not denied, [(c.principal, c.method, c.resource) for c in denied]
+    assert policy.undetermined == []  # the condition held on what Google documents, for every VM call
     vm_calls = sorted({(c.method, c.permissions) for c in policy.calls if c.principal == "vm"})
     with capsys.disabled():
         print("\nVM calls -> permissions:")
@@ -87,19 +88,23 @@ def test_a_vm_call_outside_the_role_is_a_403_in_googles_shape(guarded):
     assert status == 403
     assert body["error"]["code"] == 403 and body["error"]["errors"][0]["reason"] == "forbidden"
     assert body["error"]["message"] == f"Required 'compute.instanceTemplates.create' permission for 'projects/{PROJECT}/global'"
-    # In the role, but the condition allows only what fleet creates: a MIG named otherwise is refused...
-    status, body = _call(standin.url, "DELETE", f"{base}/zones/{ZONE}/instanceGroupManagers/web-prod", "ya29.vm")
-    assert status == 403 and "compute.instanceGroupManagers.delete" in body["error"]["message"]
-    status, _ = _call(standin.url, "DELETE", f"{base}/global/instanceTemplates/web-prod", "ya29.vm")
-    assert status == 403
-    # ...while fleet's own pass the guard (and get the stand-in's 404: they do not exist).
-    status, _ = _call(standin.url, "DELETE", f"{base}/regions/us-central1/instanceGroupManagers/fleet-r", "ya29.vm")
+    # In the role, but the condition allows only the templates fleet creates: one named otherwise is refused...
+    status, body = _call(standin.url, "DELETE", f"{base}/global/instanceTemplates/web-prod", "ya29.vm")
+    assert status == 403 and "compute.instanceTemplates.delete" in body["error"]["message"]
+    # ...while fleet's own pass the guard (and get the stand-in's 404: it does not exist).
+    status, _ = _call(standin.url, "DELETE", f"{base}/global/instanceTemplates/fleet-r", "ya29.vm")
     assert status == 404
+    # MIGs: IAM Conditions give no attributes for them, so no condition can name them; a worker may delete
+    # any MIG of the project, fleet's or not (docs/gcp.md says so, and advises a project of fleet's own).
+    for name in ("web-prod", "fleet-r"):
+        status, _ = _call(standin.url, "DELETE", f"{base}/regions/us-central1/instanceGroupManagers/{name}", "ya29.vm")
+        assert status == 404
     # The operator (no VM token) is recorded, not held to the workers' role.
     status, _ = _call(standin.url, "GET", f"{base}/global/instanceTemplates/web-prod", None)
     assert status == 404
     assert [(c.principal, c.allowed) for c in policy.calls] == [
-        ("vm", False), ("vm", False), ("vm", False), ("vm", True), ("operator", True)]
+        ("vm", False), ("vm", False), ("vm", True), ("vm", True), ("vm", True), ("operator", True)]
+    assert policy.undetermined == []
 
 
 def test_storage_calls_outside_the_role_or_the_bucket_are_refused(fake_gcs, gcs_bucket):
@@ -144,15 +149,42 @@ def test_methods_map_to_googles_documented_permissions():
     assert storage_method("GET", "/download/storage/v1/b/b/o/x%2Fy?alt=media", b"", never).object == "x/y"
 
 
-def test_the_condition_allows_fleets_names_only():
+def test_the_condition_confines_templates_to_fleets_names():
     cel = iam.condition_expression()
-    allowed = [f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/fleet-run",
-               f"projects/{PROJECT}/regions/us-central1/instanceGroupManagers/fleet-run",
-               f"projects/{PROJECT}/global/instanceTemplates/fleet-run",
-               f"projects/{PROJECT}/global/operations/operation-123", ""]
-    refused = [f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/web",
+    allowed = [f"projects/{PROJECT}/global/instanceTemplates/fleet-run",
+               f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/fleet-run",
+               f"projects/{PROJECT}/regions/us-central1/instanceGroupManagers/web",  # every MIG: see below
+               f"projects/{PROJECT}/global/operations/operation-123"]
+    refused = [f"projects/{PROJECT}/global/instanceTemplates/web",
                f"projects/{PROJECT}/global/instanceTemplates/web-fleet-x"]
-    assert all(evaluate(cel, name) for name in allowed) and not any(evaluate(cel, name) for name in refused)
+    assert all(decide(cel, compute_attributes(name)) is True for name in allowed)
+    assert all(decide(cel, compute_attributes(name)) is False for name in refused)
+
+
+# What a worker's VMs touch in Compute (tests/standins/iam.py's COMPUTE_METHODS for the role's permissions).
+TOUCHED = [f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/{{}}",
+           f"projects/{PROJECT}/regions/us-central1/instanceGroupManagers/{{}}",
+           f"projects/{PROJECT}/global/instanceTemplates/{{}}", f"projects/{PROJECT}/global/operations/{{}}"]
+
+
+@pytest.mark.parametrize("name", ["fleet-run", "web", "fleet", ""])
+def test_the_condition_rests_only_on_attributes_google_gives(name):
+    """Google lists resource attributes for instance templates, none for MIGs or operations
+    (conditions-resource-attributes). Before, the condition named MIGs by resource.name: whether it
+    let a worker delete a MIG named `web` turned on a value Google does not document (and the
+    stand-in, which read fleet's own table, said no). Now the outcome is documented for every
+    resource a VM touches, whatever its name."""
+    cel = iam.condition_expression()
+    for pattern in TOUCHED:
+        assert decide(cel, compute_attributes(pattern.format(name))) is not None, pattern.format(name)
+
+
+def test_a_condition_on_a_migs_name_is_undetermined_on_the_stand_in():
+    on_mig_names = 'resource.name.extract("/instanceGroupManagers/{name}").startsWith("fleet-")'
+    mig = f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/fleet-x"
+    assert decide(on_mig_names, compute_attributes(mig)) is None
+    on_types = 'resource.type == "compute.googleapis.com/InstanceTemplate"'
+    assert decide(on_types, compute_attributes(f"projects/{PROJECT}/global/instanceTemplates/web")) is True
 
 
 def test_the_gcp_guide_lists_exactly_the_roles_and_the_condition():

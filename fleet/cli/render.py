@@ -99,8 +99,8 @@ def roles_text(roles, condition_title: str, name_prefix: str) -> str:
     for r in roles:
         lines.append(f"# role {r.id}: {r.description}")
         lines += [f"#   {p.name:40} {p.calls}" for p in sorted(r.permissions, key=lambda p: p.name)]
-    lines.append(f"# bound on the project with the condition {condition_title}: "
-                 f"MIGs and templates named {name_prefix}* only")
+    lines.append(f"# bound on the project with the condition {condition_title}: templates named {name_prefix}* "
+                 f"only; MIGs: every one in the project (IAM Conditions cannot name them)")
     return "".join(line + "\n" for line in lines)
 
 

@@ -6,10 +6,17 @@ predefined ones, each with only the permissions those calls need:
 
 - ``fleetWorkerStorage`` on the bucket: read code and items, write outputs, leases,
   heartbeats and logs (an overwrite needs ``storage.objects.delete`` too).
-- ``fleetWorkerCompute`` on the project, under an IAM condition that lets it touch
-  only MIGs and instance templates whose names start with ``fleet-`` (what
-  `fleet launch` creates): leave its own MIG (``deleteInstances``), and, as the last
-  one out or when the run stops itself, delete the MIG and the template.
+- ``fleetWorkerCompute`` on the project: leave its own MIG (``deleteInstances``), and,
+  as the last one out or when the run stops itself, delete the MIG and the template.
+  Its IAM condition confines the template deletion to templates named ``fleet-*``
+  (what `fleet launch` creates). It cannot confine the MIG permissions: IAM Conditions
+  give resource attributes (``resource.type``, ``resource.name``) only for the resource
+  types Google lists (https://cloud.google.com/iam/docs/conditions-resource-attributes),
+  ``compute.googleapis.com/InstanceTemplate`` among them, MIGs (zonal or regional) and
+  operations not; and MIGs have no IAM policy of their own to bind on
+  (https://cloud.google.com/iam/help/conditions/resource-policies). A condition on a
+  MIG's name would rest on a value Google does not give. So a worker can get, update
+  and delete every MIG in the project: give fleet a project of its own (docs/gcp.md).
 
 tests/test_iam.py derives the same sets from the calls VMs make on the stand-ins,
 which refuse (403) any VM call outside them, and checks the GCP guide (docs/gcp.md) lists them.
@@ -76,17 +83,20 @@ def worker_permissions() -> set[str]:
     return {p.name for role in ROLES for p in role.permissions}
 
 
-def condition_expression(prefix: str = NAME_PREFIX) -> str:
-    """CEL for the compute binding: MIGs (zonal or regional) and templates only when named prefix*.
+TEMPLATE_TYPE = "compute.googleapis.com/InstanceTemplate"  # a resource type IAM Conditions give attributes for
 
-    Other resources (the operations a VM polls) pass: their names are generated, and the
-    role holds no other permission. ``extract`` gives "" when the name has no such part."""
-    return (f'!(resource.name.contains("/instanceGroupManagers/") || resource.name.contains("/instanceTemplates/")) '
-            f'|| resource.name.extract("/instanceGroupManagers/{{name}}").startsWith("{prefix}") '
+
+def condition_expression(prefix: str = NAME_PREFIX) -> str:
+    """CEL for the compute binding: instance templates only when named prefix*; the rest of the role passes.
+
+    The MIG and operation permissions pass whatever Google puts in resource.name and resource.type for
+    them (it lists neither type among those with resource attributes): the condition rests only on
+    attributes Google documents for instance templates."""
+    return (f'resource.type != "{TEMPLATE_TYPE}" '
             f'|| resource.name.extract("/instanceTemplates/{{name}}").startsWith("{prefix}")')
 
 
-CONDITION_TITLE = "fleet-resources-only"
+CONDITION_TITLE = "fleet-templates-only"
 
 
 def role_yaml(role: Role) -> str:

@@ -7,8 +7,11 @@ its caller: a *VM* when it carries a token a VM's metadata server handed out (th
 VM's service account), else the *operator* (`fleet launch`/`down` on the user's
 machine, anonymous here). A VM's call is allowed only if the permission is in the
 role bound to the VM's account and, for the Compute role, the binding's condition
-(CEL, evaluated here for the subset fleet uses) holds for the resource's name;
-otherwise it gets Google's 403. Storage grants hold on one bucket only.
+(CEL, evaluated here for the subset fleet uses) holds; otherwise it gets Google's 403.
+The condition reads the resource attributes Google documents for the resource's type
+(ATTRIBUTED_TYPES, with the pages they come from), not fleet's own table: where Google
+gives none (MIGs, operations), a condition whose outcome would turn on them is
+undetermined, refused and recorded. Storage grants hold on one bucket only.
 
 Also an IAM API stand-in for ``projects.serviceAccounts.get`` (`fleet launch`
 checks the workers' account exists), reached through ``FLEET_IAM_ENDPOINT``.
@@ -143,8 +146,70 @@ def storage_method(verb: str, path: str, body: bytes, exists: Callable[[str, str
     return None
 
 
+# -- what a condition sees: Google's resource attributes for Compute Engine ----------------------------
+# https://cloud.google.com/iam/docs/conditions-attribute-reference ("Resource attributes"): Compute Engine
+# recognizes resource.service, resource.type and resource.name in allow-policy role bindings.
+# https://cloud.google.com/iam/docs/conditions-resource-attributes ("Resource type values"): resource
+# attributes are available only for the resource types that page lists; "other services and resource
+# types do not recognize resource attributes". Its Compute Engine types run BackendService, Disk, Firewall,
+# ForwardingRule, GlobalForwardingRule, Image, Instance, InstanceTemplate, ...: no InstanceGroupManager
+# (zonal or regional) and no operation. The same page gives the resource name format,
+# projects/PROJECT/global/instanceTemplates/NAME (the relative name, without //compute.googleapis.com/).
+# Below: the collections fleet's VMs touch, and the type value Google lists for each (None: not listed).
+ATTRIBUTED_TYPES: dict[str, str | None] = {
+    "instanceTemplates": "compute.googleapis.com/InstanceTemplate",
+    "instances": "compute.googleapis.com/Instance",
+    "instanceGroupManagers": None,
+    "regionInstanceGroupManagers": None,
+    "operations": None,
+    "regions": None,
+    "zones": None,
+    "machineTypes": None,
+}
+# For a type Google does not list, the page does not say what a condition reads instead (empty, the
+# resource's own name anyway, its project's, or an error): the stand-in tries each of these, and a
+# condition whose outcome turns on which is undetermined (the call is refused and recorded), since fleet
+# cannot count on any of them.
+def _unknown(attribute: str, resource: str) -> tuple[str, ...]:
+    if attribute == "name":
+        return "", resource, "/".join(resource.split("/")[:2])
+    if attribute == "type":
+        return "", "compute.googleapis.com/InstanceGroupManager"
+    return "", "compute.googleapis.com"
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """resource.service, resource.type and resource.name as a condition reads them (given: False when
+    Google lists no attributes for the resource's type)."""
+
+    resource: str  # the relative resource name, projects/P/...
+    type: str
+    given: bool
+
+
+def compute_attributes(resource: str) -> Attributes:
+    """The attributes of a Compute resource named projects/P/.../COLLECTION/NAME."""
+    parts = resource.split("/")
+    collection = parts[-2] if len(parts) >= 4 else ""
+    if collection == "instanceGroupManagers" and parts[2] == "regions":
+        collection = "regionInstanceGroupManagers"
+    kind = ATTRIBUTED_TYPES.get(collection)
+    return Attributes(resource, kind or "", kind is not None)
+
+
+def decide(expression: str, attributes: Attributes) -> bool | None:
+    """The condition's outcome, or None when it turns on an attribute Google does not give."""
+    if attributes.given:
+        return evaluate(expression, attributes.resource, attributes.type, "compute.googleapis.com")
+    outcomes = {evaluate(expression, name, type_, service)
+                for name in _unknown("name", attributes.resource) for type_ in _unknown("type", attributes.resource)
+                for service in _unknown("service", attributes.resource)}
+    return outcomes.pop() if len(outcomes) == 1 else None
+
+
 # -- a small CEL evaluator: what fleet's condition uses ---------------------------------------------
-_TOKEN = re.compile(r'\s*(\|\||&&|!|\(|\)|\.|"(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z_0-9]*)')
+_TOKEN = re.compile(r'\s*(\|\||&&|==|!=|!|\(|\)|\.|"(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z_0-9]*)')
 
 
 def _tokens(text: str) -> list[str]:
@@ -170,10 +235,12 @@ def _extract(value: str, template: str) -> str:
     return rest.split(tail, 1)[0] if tail else rest
 
 
-def evaluate(expression: str, resource_name: str) -> bool:
-    """Evaluate `!`, `&&`, `||`, parentheses and resource.name.{contains,startsWith,endsWith,extract}(...)."""
+def evaluate(expression: str, resource_name: str, resource_type: str = "", resource_service: str = "") -> bool:
+    """Evaluate `!`, `&&`, `||`, parentheses, `resource.{name,type,service} ==/!= "..."` and
+    resource.X.{contains,startsWith,endsWith,extract}(...)."""
     toks = _tokens(expression)
     pos = 0
+    attrs = {"name": resource_name, "type": resource_type, "service": resource_service}
 
     def take(expected: str | None = None) -> str:
         nonlocal pos
@@ -191,8 +258,11 @@ def evaluate(expression: str, resource_name: str) -> bool:
             value = disjunction()
             take(")")
             return value
-        take("resource"), take("."), take("name")
-        value: object = resource_name
+        take("resource"), take(".")
+        attr = take()
+        if attr not in attrs:
+            raise ValueError(f"CEL: unsupported attribute resource.{attr}")
+        value: object = attrs[attr]
         while peek() == ".":
             take(".")
             fn = take()
@@ -206,6 +276,10 @@ def evaluate(expression: str, resource_name: str) -> bool:
                          "endsWith": str.endswith}[fn](str(value), arg)
             else:
                 raise ValueError(f"CEL: unsupported function {fn}")
+        if peek() in ("==", "!="):
+            op = take()
+            other = json.loads(take())
+            value = (value == other) if op == "==" else (value != other)
         if not isinstance(value, bool):
             raise ValueError(f"CEL: {expression!r} does not give a boolean")
         return value
@@ -251,6 +325,8 @@ class Policy:
     calls: list[Call] = field(default_factory=list)
     upstream: str = ""  # fake-gcs-server, asked whether an upload replaces an object
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # VM calls whose condition outcome turned on an attribute Google does not give (refused here)
+    undetermined: list[tuple[str, str]] = field(default_factory=list)
 
     @classmethod
     def for_fleet(cls, project: str, bucket: str, vm_tokens: Iterable[str], **kw) -> "Policy":
@@ -288,8 +364,10 @@ class Policy:
         if who != "vm":
             self._record(Call("operator", method, (permission,), resource, True))
             return
-        allowed = permission in self.compute_permissions and (
-            self.condition is None or evaluate(self.condition, resource))
+        outcome = True if self.condition is None else decide(self.condition, compute_attributes(resource))
+        if outcome is None:
+            self.undetermined.append((method, resource))
+        allowed = permission in self.compute_permissions and outcome is True
         self._record(Call("vm", method, (permission,), resource, allowed))
         if not allowed:
             raise ApiError(403, "forbidden", f"Required '{permission}' permission for '{resource}'")
