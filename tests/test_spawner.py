@@ -155,3 +155,28 @@ def test_sigterm_gives_the_item_back_at_once(store_url):
     wait_all([w2])
     assert w2.returncode == 0 and time.time() - t0 < 120
     assert StatusReader(store, "term").collect().done == StatusReader(store, "term").collect().items
+
+
+def test_fleet_work_lets_its_idle_processes_go_when_one_drains_the_run_without_listing_it_again(tmp_path, monkeypatch):
+    """`fleet work --procs N` listed every lease and marker itself whenever one of its processes
+    left (spares too: 2 x items / 1,000 calls each time, per VM) and SIGTERMed the others, one
+    perhaps writing the run's files. Now the process that found the run drained says so by its
+    exit code, and its siblings asleep between idle sweeps leave on a SIGUSR1: no listing here,
+    every item done once, the run's files written, and a success."""
+    from fleet.core import processes
+    from fleet.core.manifest import MANIFEST
+
+    bucket = str(tmp_path / "bucket")
+    items = plan_run(bucket, "procs", delay=0.2, ttl=30)  # a 5 s poll: idle siblings sleep
+    assert len(items) >= 4
+    listed = []
+    monkeypatch.setattr(processes, "drained", lambda *args: listed.append(args) or False)
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    code = processes.work(bucket, "procs", procs=3, log_dir=str(tmp_path / "logs"), prefix="vm")
+    assert code == 0, [open(tmp_path / "logs" / f).read()[-2000:] for f in os.listdir(tmp_path / "logs")]
+    assert listed == []
+    digests(bucket, "procs")  # every item done
+    assert open_store(f"{bucket}/out-procs").stat(MANIFEST) is not None
+    store = open_store(bucket)
+    beats = [json.loads(store.read(b.name)) for b in store.list(worker_prefix("procs"))]
+    assert len(beats) == 3 and {b["state"] for b in beats} <= {"exited", "stopped"}

@@ -1,7 +1,13 @@
 """Worker processes: one per core, each a fresh interpreter (so no client state is shared
 across a fork) running fleet.core.spawner's Worker until the run is drained; SIGTERM and Ctrl-C
 give the item in hand back; the exit code says whether a process crashed (1) or said why in one
-line (2).
+line (2), or found the run drained (3, a success).
+
+`fleet work --procs N` lets its other processes go when one finds the run drained: that one
+listed every lease and marker, so a SIGUSR1 ends the sleep of those idle between sweeps, which
+would each list the whole run again (2 x items / 1,000 calls a process). It used to list the run
+itself whenever a process left, spares included, and SIGTERM the others, one of them perhaps
+in the middle of writing the run's files.
 
 A store that stops answering (``Unavailable``: an outage, beyond the storage client's own
 retries) is ridden out here, with backoff, for up to ``FLEET_OUTAGE_MINUTES`` (30): a worker
@@ -35,6 +41,7 @@ import weakref
 
 log = logging.getLogger("fleet.worker")
 
+DRAINED_EXIT = 3  # a worker process that found the run drained (fleet work: a success, and a signal to its siblings)
 OUTAGE_ENV = "FLEET_OUTAGE_MINUTES"
 DEFAULT_OUTAGE_MINUTES = 30.0
 
@@ -117,6 +124,21 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
     A problem that is the user's, the store's or the machine's (no such run or bucket, 403,
     a bad or changed vocab, an unknown job, a full disk) is one log line and exit code 2,
     never a traceback; an item in hand is given back first."""
+    return _work_one(bucket, run, name, log_file, standby)[0]
+
+
+def _stop_if_sleeping(worker) -> None:
+    """SIGUSR1 (from `fleet work`: a sibling found the run drained): a worker asleep between idle
+    sweeps holds nothing and leaves now; one at work, or writing the run's files, goes on."""
+    from fleet.core.attempt import SHIELD, Shutdown
+
+    if worker.sleeping and not SHIELD.depth:
+        raise Shutdown()
+
+
+def _work_one(bucket: str, run: str, name: str | None, log_file: str | None,
+              standby: int | None) -> tuple[int, bool]:
+    """work_one's exit code, and whether the worker left because it found the run drained."""
     import gc
 
     from fleet.core.attempt import Environment, Shutdown, environmental
@@ -127,6 +149,7 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
 
     previous = signal.signal(signal.SIGTERM, _on_sigterm), signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches every process of the group: same as SIGTERM
+    signal.signal(signal.SIGUSR1, _ignore)  # (its default would kill a worker still starting: see _stop_if_sleeping)
     try:
         limit = outage_limit()
         _setup_logging(name or "worker", log_file)  # (what riding out says before the worker is made)
@@ -134,18 +157,19 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
     except ValueError as e:
         _setup_logging(name or "worker", log_file)
         log.error("cannot start: %s", e)
-        return 2
+        return 2, False
     except Shutdown:
-        return 0
+        return 0, False
     except (PlanError, ConfigError, JobNotFound, StoreError) as e:
         _setup_logging(name or "worker", log_file)
         log.error("cannot start: %s", e)
-        return 2
+        return 2, False
     except OSError as e:
         _setup_logging(name or "worker", log_file)
         log.error("cannot start: %s", environmental(e) or e)
-        return 2
+        return 2, False
     _setup_logging(worker.name, log_file)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: _stop_if_sleeping(worker))
     # What the worker loaded lives as long as it does (modules, the job's vocab and tokenizer): kept
     # out of the collector's reach, so its full collections no longer walk them while items convert.
     gc.freeze()
@@ -168,25 +192,25 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
             worker.mark_idle(False)
             worker.beat("stopped")
             log.info("stopped by a signal; items given back")
-            return 0
+            return 0, False
         except Environment as e:
             log.error("stopped: %s", e)
             worker.mark_idle(False)
             worker.beat("stopped")
-            return 2
+            return 2, False
         except Unavailable as e:  # unreachable for longer than the limit
             log.error("stopped: the bucket was unreachable for over %.0f min (%s): %s", limit / 60, OUTAGE_ENV, e)
-            return 2
+            return 2, False
         except StoreError as e:  # retries (fleet.core.store.gcs) are spent: the store is gone or refuses us
             log.error("stopped: %s", e)
             worker.beat("stopped")
-            return 2
+            return 2, False
         except OSError as e:
             reason = environmental(e)
             if reason is None:
                 raise
             log.error("stopped: %s", reason)
-            return 2
+            return 2, False
     finally:
         # Leaving: nothing is held any more, so a SIGTERM now (`fleet local` stops its workers once the
         # run is finished) must not interrupt the scratch sweep with a Shutdown and a traceback.
@@ -196,14 +220,16 @@ def work_one(bucket: str, run: str, name: str | None = None, log_file: str | Non
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
     log.info("drained: %d done, %d failed here", counters.items_done, counters.items_failed)
-    return 0
+    return 0, worker.found_drained
 
 
 def _child(bucket: str, run: str, name: str, log_file: str | None, standby: int | None = None) -> None:
     """A worker process's body. A crash says which worker it was above its traceback and exits 1,
     as multiprocessing's children did."""
     try:
-        code = work_one(bucket, run, name, log_file, standby)
+        code, found_drained = _work_one(bucket, run, name, log_file, standby)
+        if code == 0 and found_drained:
+            code = DRAINED_EXIT
     except SystemExit:
         raise
     except BaseException:
@@ -320,17 +346,19 @@ def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, pref
                 if c.is_alive():
                     continue
                 pending.remove(c)
-                if c.exitcode == 0 and pending and drained(bucket, run):
-                    # The others can only be idle now, waiting out a poll: let them go at once.
-                    stop_workers(pending)
-                    pending = []
-                    break
+                if c.exitcode == DRAINED_EXIT:
+                    # It listed every lease and marker: the others that sleep between idle sweeps
+                    # leave now, and do not list the run again each; one writing the run's files
+                    # finishes them (a SIGTERM would leave the run without them).
+                    for other in pending:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(other.pid, signal.SIGUSR1)
     except KeyboardInterrupt:  # Ctrl-C reached the children too: they give their items back
         stop_workers(children)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    failed = [c.exitcode for c in children if c.exitcode and c.exitcode != -signal.SIGTERM]
+    failed = [c.exitcode for c in children if c.exitcode and c.exitcode not in (-signal.SIGTERM, DRAINED_EXIT)]
     if not failed:
         return 0
     return 2 if all(code == 2 for code in failed) else 1  # 2: each said why in one line (work_one)

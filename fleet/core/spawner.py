@@ -94,6 +94,8 @@ class Worker:
         self.holding: Held | None = None  # from claim to the end of process(), for a SIGTERM in between
         self.live_window = max(4 * self.poll + 1.0, 3.0)  # an idle worker beats every poll
         self.idle_marked = False
+        self.sleeping = False  # between idle sweeps, holding nothing
+        self.found_drained = False  # it left because a sweep of every lease and marker found the run drained
 
     # -- heartbeat -------------------------------------------------------------
     def beat(self, state: str) -> None:
@@ -173,7 +175,11 @@ class Worker:
                     return self.leave()
                 self.mark_idle(True)
                 self.beat("idle")
-                time.sleep(self.poll * random.uniform(0.8, 1.2))
+                self.sleeping = True  # (fleet.core.processes may end this sleep: a sibling found the run drained)
+                try:
+                    time.sleep(self.poll * random.uniform(0.8, 1.2))
+                finally:
+                    self.sleeping = False
             kind, window = next_pass
 
     def _try_candidates(self, policy: ClaimPolicy, by_id: dict[str, Item], window: int | None) -> bool:
@@ -263,6 +269,7 @@ class Worker:
     def leave(self, drained: bool = False) -> Counters:
         """Stop; a worker that finds the run drained writes its files first (finish_run)."""
         self.mark_idle(False)
+        self.found_drained = drained
         if drained:
             self.finish_run()
         self.beat("exited")
