@@ -4,7 +4,9 @@
 #   0. arm the way out first: whatever fails from here on, the EXIT trap records this boot in
 #      the bucket and removes the VM from its MIG with nothing but bash, curl and the metadata
 #      server's token (REST deleteInstances); when a few boots in a row have failed with no item
-#      finished in between, it deletes the MIG and the template instead: the run stops itself
+#      finished in between, it deletes the MIG and the template instead: the run stops itself.
+#      A boot the run's deadline ended (fleet-deadline, the template's terminationTime) counts as
+#      failed, and stops the run at once: no VM of it can start after that time
 #   1. read the run, bucket, code version and the run's object names from instance metadata
 #      (fleet-paths: fleet/core/layout.py owns every name under runs/<run>/; this script spells none)
 #   2. download the pinned code snapshot and check every file against its manifest
@@ -157,7 +159,7 @@ leave() { # remove this VM from its MIG (deleteInstances lowers the target size;
   if api POST "$SCOPE/instanceGroupManagers/$MIG/deleteInstances" "$body"; then
     log "$INSTANCE: removed from $MIG through deleteInstances"
   else
-    log "could not remove this VM from its MIG ($(api_error)); it ends at the template's maxRunDuration"
+    log "could not remove this VM from its MIG ($(api_error)); it ends at the run's deadline"
   fi
   if [[ ${STOP_RUN:-0} == 1 ]]; then
     log "stopping the run: deleting $MIG and its template"
@@ -206,8 +208,10 @@ record_boot() { # OUTCOME REASON: this boot's record (at boot: one per boot, nev
 count_failure() { # REASON: a failed boot; after MAX_FAILED_BOOTS of them with no item finished in between, stop the run
   local finished failed f=$WORK_DIR/stop.json
   finished=$(gs_count "$(at final)") || { log "cannot list $(at final)"; return; }
+  FINISHED=$finished
   gs_put /dev/null "$(at failed "$finished")" || { log "cannot record the failure"; return; }
   failed=$(gs_count "$(at failed-now "$finished")") || return
+  FAILED=$failed
   log "$failed failed boot(s) with $finished item(s) finished, none since; the run stops at $MAX_FAILED_BOOTS"
   if ((failed >= MAX_FAILED_BOOTS)); then
     STOP_RUN=1
@@ -218,6 +222,18 @@ count_failure() { # REASON: a failed boot; after MAX_FAILED_BOOTS of them with n
 }
 
 ship_log() { gs_put "$LOG" "$(at log)" || log "log upload failed"; }
+
+at_deadline() { # did the run's deadline end this boot? (GCE stops a VM at its terminationTime, up to 30 s late, never early)
+  [[ -n ${DEADLINE:-} ]] && (($(date +%s) >= DEADLINE - 30))
+}
+
+stop_at_deadline() { # REASON: no VM of the run can start any more, so its MIG and template go now (the stop record says why)
+  local f=$WORK_DIR/stop.json
+  STOP_RUN=1
+  printf '{"time": %s, "instance": %s, "failed_boots": %s, "items_finished": %s, "reason": %s, "deadline": %s}\n' \
+    "$(date +%s)" "$(json "$INSTANCE-$BOOT")" "${FAILED:-0}" "${FINISHED:-0}" "$(json "$1")" "$DEADLINE" >"$f"
+  gs_put "$f" "$(at stop)" application/json || log "could not write $(at stop)"
+}
 
 run() { # COMMAND...: one step of the boot, in the background so that a stop (SIGTERM) interrupts it at once
   "$@" &
@@ -243,7 +259,10 @@ on_exit() { # the way out: record the boot, then leave the MIG (or stop the run)
   if [[ -n ${WORKER:-} ]]; then wait "$WORKER" 2>/dev/null; fi
   if [[ -n ${SHIPPER:-} ]]; then kill "$SHIPPER" 2>/dev/null; fi
   [[ -f $WORK_DIR/stopping ]] && STOPPING=1
-  if [[ ${STOPPING:-0} == 1 ]]; then
+  if [[ ${STOPPING:-0} == 1 ]] && at_deadline; then
+    outcome=failed # a time limit that ends boots must count: a hung worker would otherwise never stop the run
+    reason="the run's deadline ($(date -u -d "@$DEADLINE" +%FT%TZ)) ended this boot"
+  elif [[ ${STOPPING:-0} == 1 ]]; then
     outcome=stopped
   elif [[ $rc == 0 ]]; then
     outcome=done
@@ -254,12 +273,13 @@ on_exit() { # the way out: record the boot, then leave the MIG (or stop the run)
   fi
   log "exiting ($rc): this boot $outcome${reason:+: $reason}"
   if [[ -z ${MIG:-} ]]; then
-    log "cannot leave the MIG (its name, zone or project is unreadable from metadata); this VM ends at maxRunDuration"
+    log "cannot leave the MIG (its name, zone or project is unreadable from metadata); this VM ends at the run's deadline"
     return
   fi
   if [[ -n ${BUCKET:-} && ${#PATHS[@]} -gt 0 ]]; then
     record_boot "$outcome" "$reason"
     if [[ $outcome == failed ]]; then count_failure "$reason"; fi
+    if [[ $outcome == failed ]] && at_deadline; then stop_at_deadline "$reason"; fi
     ship_log
   fi
   if [[ $outcome == stopped ]]; then
@@ -377,7 +397,7 @@ exec >>"$LOG" 2>&1
 trap on_exit EXIT
 trap on_term TERM
 
-# Who this VM is: all the way out needs. Without it, only maxRunDuration ends the VM.
+# Who this VM is: all the way out needs. Without it, only the run's deadline ends the VM.
 INSTANCE=$(md instance/name) || fail "metadata instance/name is unreadable"
 ZONE=$(md instance/zone) || fail "metadata instance/zone is unreadable"
 ZONE=${ZONE##*/}
@@ -397,6 +417,8 @@ RUN=$(md instance/attributes/fleet-run) || fail "metadata fleet-run is unreadabl
 [[ $RUN =~ ^[A-Za-z0-9_][-A-Za-z0-9_.]*$ ]] || fail "metadata fleet-run is not a run name"
 PATHS_TEXT=$(md instance/attributes/fleet-paths) || fail "metadata fleet-paths is unreadable"
 load_paths "$PATHS_TEXT" || { PATHS=(); fail "metadata fleet-paths is not the run's object names (KEY=NAME lines)"; }
+DEADLINE=$(md instance/attributes/fleet-deadline 2>/dev/null || true) # absent on a template made before deadlines
+[[ $DEADLINE =~ ^[0-9]+$ ]] || DEADLINE=
 log "VM $INSTANCE (boot $BOOT) of $MIG: run $RUN; log in $LOG and gs://$BUCKET/$(at log)"
 record_boot booting ""
 (while sleep "$LOG_INTERVAL"; do ship_log; done) 9>&- &

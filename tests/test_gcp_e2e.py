@@ -21,6 +21,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from fleet.gce import compute_requests
 from fleet.gce.boots import boot_records
 from fleet.cli.commands import app
 from fleet.core.lease import DONE, Lease
@@ -156,12 +157,15 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     cloud.fleet("plan", "--run", "e2e", "--job", "electra_zh_en", "--input", f"{cloud.bucket}/corpus/",
                 "--output", f"{cloud.bucket}/out/", "--set", f"vocab_file={cloud.bucket}/vocab.txt",
                 "--item-mb", "0.15", "--lease-ttl", "20")
-    dry = cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--dry-run")
+    # The deadline fixed once (a whole minute, an hour away), so that the dry run shows exactly what the launch sends.
+    deadline = compute_requests.rfc3339((time.time() // 60 + 60) * 60)
+    dry = cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--dry-run",
+                      "--deadline", deadline)
     assert f"POST {cloud.standin.url}/compute/v1/projects/{PROJECT}/global/instanceTemplates" in dry
     assert {c.method for c in cloud.standin.calls} == {"GET"}  # a dry run only reads (quotas, machine type)
     # GCE may report "template in use" as the error of the delete's operation: the last VM out must retry that too.
     cloud.standin.in_use_error = "operation"
-    cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e")
+    cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--deadline", deadline)
     # What the dry run printed is exactly what was sent.
     sent = [c for c in cloud.standin.calls if c.method == "POST" and c.path.endswith(("instanceTemplates", "instanceGroupManagers"))]
     assert [c.body for c in sent] == _bodies(dry)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import time
+from datetime import datetime
+
 import pytest
 from typer.testing import CliRunner
 
@@ -37,7 +40,7 @@ def test_the_bound_is_three_times_the_expected_time_in_whole_hours_within_gces_r
     one = estimate.estimate([50_000_000, 1_000_000], 100, 4, 0, True, RATES, None)
     assert one.work_s == pytest.approx(10.0)
     assert estimate.estimate([1], 1, 1, 0, True, RATES, 2.5).bound_hours == 2.5  # an override is kept
-    assert "none" in estimate.estimate([1], 1, 1, 0, True, RATES, 0).lines()[-1]
+    assert "deadline: none" in estimate.estimate([1], 1, 1, 0, True, RATES, 0).lines()[-1]
 
 
 def _cfg(**kw) -> FleetConfig:
@@ -92,11 +95,13 @@ def test_launch_refuses_before_creating_anything_and_dry_run_states_the_cost(clo
     assert dry.exit_code == 0, dry.output
     assert "expected: about" in dry.output and "price range: ≈ $" in dry.output
     assert "bucket operations: ≈ " in dry.output and " of bucket operations" in dry.output
-    assert "maxRunDuration: 60 min per VM (derived" in dry.output and "checks: quota CPUS" in dry.output
+    assert "60 min after launch (derived" in dry.output and "checks: quota CPUS" in dry.output
     body = _bodies(dry.output)[0]
-    assert body["properties"]["scheduling"]["maxRunDuration"] == {"seconds": "3600"}
+    # The run's deadline, an hour (the floor) from now in whole minutes: every VM's terminationTime.
+    end = datetime.fromisoformat(body["properties"]["scheduling"]["terminationTime"].replace("Z", "+00:00")).timestamp()
+    assert 3600 <= end - time.time() <= 3660 and end % 60 == 0 and "maxRunDuration" not in body["properties"]["scheduling"]
     override = CliRunner().invoke(app, ["launch", "--run", "chk", "--workers", "1", "--dry-run", "--max-run-hours", "5"])
-    assert override.exit_code == 0 and "maxRunDuration: 5.0 h per VM (set by max_run_hours)" in override.output
+    assert override.exit_code == 0 and "5.0 h after launch (set by --max-run-hours)" in override.output
 
 
 def test_launch_refuses_when_the_service_account_does_not_exist(cloud):

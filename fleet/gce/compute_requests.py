@@ -15,6 +15,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from google.cloud import compute_v1
 
@@ -35,6 +36,12 @@ MIG_LIMIT = {"zonal": 1000, "regional": 2000}  # VMs per managed instance group 
 # that the bucket layout has one owner; metadata, since the VM needs them before (and if) its code downloads.
 MD_BUCKET, MD_RUN, MD_VERSION = "fleet-bucket", "fleet-run", "fleet-code-version"
 MD_PROCS, MD_STANDBY, MD_PATHS = "fleet-workers-per-vm", "fleet-standby", "fleet-paths"
+MD_DEADLINE = "fleet-deadline"  # the run's deadline in seconds since the epoch: startup.sh tells a boot it ended
+
+
+def rfc3339(t: float) -> str:
+    """A time as GCE's terminationTime takes it (RFC 3339, UTC, whole seconds)."""
+    return datetime.fromtimestamp(int(t), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ComputeError(Exception):
@@ -107,7 +114,8 @@ class FleetSpec:
     startup_script: str
     shutdown_script: str = ""  # startup/shutdown.sh: has the workers give their items back when the VM stops
     spot: bool = True
-    max_run_hours: float = 24.0
+    max_run_hours: float = 24.0  # scheduling.maxRunDuration of each VM (0 = none); bounds a VM, not the run
+    deadline: float = 0.0  # the run's end, seconds since the epoch: scheduling.terminationTime of every VM
     disk_gb: int = 20
     disk_type: str = ""  # "" = the machine series' default (pd-standard on E2/N2, hyperdisk-balanced on C4/N4)
     workers_per_vm: int = 0
@@ -118,6 +126,8 @@ class FleetSpec:
 
     def __post_init__(self) -> None:
         check_name("instance template", self.template)
+        if self.deadline and self.max_run_hours:  # Google's "Limit the run time of VMs in a MIG": one of the two
+            raise ValueError("a template takes one time limit: a deadline or max_run_hours, not both")
 
 
 @dataclass(frozen=True)
@@ -159,8 +169,13 @@ def template_resource(spec: FleetSpec) -> compute_v1.InstanceTemplate:
         scheduling.instance_termination_action = "DELETE"
         scheduling.automatic_restart = False
         scheduling.on_host_maintenance = "TERMINATE"
-    if spec.max_run_hours:
-        # The safety net: no VM bills for longer than this, whatever its script does.
+    if spec.deadline:
+        # The run's deadline: every VM, recreated ones included, is deleted at this time whatever it is
+        # doing, and the MIG can create none after it (maxRunDuration would bound each VM, not the run).
+        scheduling.termination_time = rfc3339(spec.deadline)
+        scheduling.instance_termination_action = "DELETE"
+        items[MD_DEADLINE] = str(int(spec.deadline))
+    elif spec.max_run_hours:
         scheduling.max_run_duration = compute_v1.Duration(seconds=int(spec.max_run_hours * 3600))
         scheduling.instance_termination_action = "DELETE"
     nic = compute_v1.NetworkInterface(network=spec.network)
