@@ -15,9 +15,10 @@
 #      where it was synced from; no compiler here), else Python (slower, the same records)
 #   4. run `fleet work` as an unprivileged user, one process per core, in its own process group
 #      (recorded for shutdown.sh), streaming this log to the bucket
-#   5. on exit, leave the MIG through deleteInstances; the last one out deletes the MIG and
-#      the template. Not when the platform stops the VM (preemption, `fleet down`): then the
-#      MIG decides, and startup/shutdown.sh has the workers give their items back.
+#   5. on exit, leave the MIG through deleteInstances; a VM that finds every item of the run
+#      finished deletes the MIG (every VM leaving through deleteInstances first) and the template.
+#      Not when the platform stops the VM (preemption, `fleet down`): then the MIG decides, and
+#      startup/shutdown.sh has the workers give their items back.
 #
 # Production defaults; a test overrides what differs on a laptop:
 #   FLEET_PYTHON        python with the dependencies (default /opt/fleet/venv/bin/python)
@@ -128,10 +129,29 @@ remove_all() { # deleteInstances on every VM of the MIG (1000 a call), so that n
   log "$MIG: deleteInstances on its ${#urls[@]} VM(s)"
 }
 
+staying() { # how many VMs of the MIG are not being deleted (yet): "" if the MIG cannot be listed
+  local page="" n=0
+  while :; do
+    api POST "$SCOPE/instanceGroupManagers/$MIG/listManagedInstances${page:+?pageToken=$page}" || return
+    n=$((n + $(grep -o '"currentAction": *"[A-Z_]*"' <<<"$API_OUT" | grep -vc '"DELETING"' || true)))
+    page=$(sed -n 's/.*"nextPageToken": *"\([^"]*\)".*/\1/p' <<<"$API_OUT" | head -n 1)
+    [[ -n $page ]] || break
+  done
+  echo "$n"
+}
+
 delete_fleet() { # the MIG and then the template, which stays in use until the MIG is gone
   # Every VM leaves through deleteInstances first: a MIG none of whose VMs it must stop itself is gone at once
   # (a VM stopped by the MIG's deletion would hold it up, and with it the template, until it powers off).
+  # deleteInstances is DONE once the deletions are scheduled: wait (a minute at most) until every VM is DELETING.
   remove_all
+  local n i
+  for ((i = 0; i < 60; i++)); do
+    n=$(staying)
+    [[ $n == 0 || -z $n ]] && break
+    sleep 1
+  done
+  [[ $n == 0 ]] || log "$MIG: ${n:-?} VM(s) not yet deleting after a minute; deleting the MIG stops them"
   if api DELETE "$SCOPE/instanceGroupManagers/$MIG"; then log "$MIG: deleting"
   elif [[ $API_CODE == 404 ]]; then log "$MIG: already deleted"
   else log "could not delete $MIG: $(api_error)"; fi
@@ -164,18 +184,22 @@ leave() { # remove this VM from its MIG (deleteInstances lowers the target size;
   if [[ ${STOP_RUN:-0} == 1 ]]; then
     log "stopping the run: deleting $MIG and its template"
     delete_fleet
-  elif ! api GET "$SCOPE/instanceGroupManagers/$MIG"; then
-    [[ $API_CODE == 404 ]] && log "$MIG: already deleted" || log "could not read $MIG: $(api_error)"
+  elif [[ ${OUTCOME:-} == done ]] && run_finished; then
+    # Not "the last one out" by the MIG's size: deleteInstances lowers it only later, and VMs stuck in
+    # CREATING (a stock-out, a quota) count in it. Whoever sees the run finished deletes the fleet; a
+    # second one finds it gone (404), so the workers that drain together may all try.
+    log "$INSTANCE: the run is finished: deleting $MIG and template $TEMPLATE"
+    delete_fleet
   else
-    local size
-    size=$(grep -o '"targetSize": *"\?[0-9]*' <<<"$API_OUT" | grep -o '[0-9]*$' | head -n 1)
-    if [[ ${size:-1} == 0 ]]; then
-      log "$INSTANCE: last one out: deleting $MIG and template $TEMPLATE"
-      delete_fleet
-    else
-      log "$MIG: ${size:-?} VM(s) remain; leaving it to them"
-    fi
+    log "$MIG: the run goes on; leaving it to the other VMs"
   fi
+}
+
+run_finished() { # has every item of the run finished? (fleet.core.processes.drained: a listing of leases and markers)
+  [[ -n ${CODE:-} && -d $CODE ]] || return 1
+  (cd "$CODE" && PYTHONPATH=$CODE "$PY" -c 'import sys
+from fleet.core.processes import drained
+sys.exit(0 if drained(sys.argv[1], sys.argv[2]) else 1)' "$BUCKET_URL" "$RUN")
 }
 
 declare -A PATHS=() # KEY -> an object name under runs/<run>/, a template over {instance}, {boot} and {finished}
@@ -272,6 +296,7 @@ on_exit() { # the way out: record the boot, then leave the MIG (or stop the run)
     reason=${reason:-exit status $rc}
   fi
   log "exiting ($rc): this boot $outcome${reason:+: $reason}"
+  OUTCOME=$outcome
   if [[ -z ${MIG:-} ]]; then
     log "cannot leave the MIG (its name, zone or project is unreadable from metadata); this VM ends at the run's deadline"
     return

@@ -14,7 +14,8 @@ from fleet.gce import compute_requests
 from fleet.gce.boots import boot_records, load_stop
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
-from tests.test_gcp_e2e import Cloud, cloud_fixture, init, ship_test_jobs  # noqa: F401 (the `cloud` fixture)
+from tests.test_gcp_e2e import (ACCOUNT, PROJECT, Cloud, check_clean_exit, cloud_fixture, init,  # noqa: F401
+                                ship_test_jobs)
 
 
 def _set(cloud: Cloud, key: str, value: str) -> None:
@@ -67,3 +68,64 @@ def test_a_hung_worker_cannot_keep_the_run_past_its_deadline(cloud, capsys):
     text = cloud.fleet("status", "--run", "hung")
     assert "VM boots: 2 failed" in text and "ago): the run's VMs are gone" in text
 
+
+def test_a_late_delete_instances_still_leaves_no_fleet_behind(cloud):
+    """deleteInstances is DONE when the deletion is scheduled; here the VMs start DELETING, and the
+    size drops, 5 s later. The last VM out used to read targetSize right after its own
+    deleteInstances, found itself still counted and left the MIG and its template behind. Now
+    the VM that finds every item finished deletes them, whatever the size says."""
+    cloud.standin.delete_lag = 5.0
+    init(cloud)
+    ship_test_jobs()
+    cloud.fleet("sync")
+    cloud.fleet("plan", "--run", "late", "--job", "tests.helpers.linejob:JOB", "--input",
+                f"{cloud.bucket}/corpus/sample_en.txt", "--output", f"{cloud.bucket}/out-late/",
+                "--item-mb", "0.2", "--lease-ttl", "20")
+    cloud.fleet("launch", "--run", "late", "--workers", "3", "--template", "fleet-t-late")
+    cloud.wait_until_gone("fleet-late", "fleet-t-late", timeout=120)
+    st = StatusReader(open_store(cloud.bucket), "late").collect()
+    assert st.done == st.items and not st.failed
+    check_clean_exit(cloud, "late")  # every VM left through deleteInstances, MIG and template deleted
+    logs = "".join(cloud.fleet("logs", "--run", "late", vm) for vm in set(cloud.standin.events_of("create")))
+    assert "the run is finished: deleting fleet-late" in logs
+
+
+def test_a_zone_out_of_capacity_holds_up_neither_the_run_nor_the_fleets_end(cloud, capsys):
+    """A regional launch where two zones have no Spot capacity and the others room for two VMs
+    in all: the third VM can be created nowhere and waits in CREATING. The work finishes on the
+    other two, `fleet status` says which zones are short, and the VM that finds the run finished
+    deletes the MIG (the waiting VM with it) and the template. Before, the last VM out read the
+    target size, which counts the waiting VM, and left the MIG and the template behind."""
+    cloud.fleet("init", "--project", PROJECT, "--region", "us-central1", "--bucket", cloud.bucket,
+                "--service-account", ACCOUNT, "--workers-per-vm", "1", "--standby", "1", "--max-run-hours", "1")
+    for zone, room in (("us-central1-a", 0), ("us-central1-b", 0), ("us-central1-c", 1), ("us-central1-f", 1)):
+        cloud.standin.set_capacity(zone, room)
+    ship_test_jobs()
+    cloud.fleet("sync")
+    cloud.fleet("plan", "--run", "zones", "--job", "tests.helpers.linejob:JOB", "--input",
+                f"{cloud.bucket}/corpus/sample_en.txt", "--output", f"{cloud.bucket}/out-zones/",
+                "--set", "delay=0.3", "--item-mb", "0.2", "--lease-ttl", "20")
+    cloud.fleet("launch", "--run", "zones", "--workers", "3", "--template", "fleet-t-zones")
+    st = cloud.standin
+    mig = st.migs[("regions/us-central1", "fleet-zones")]
+    assert mig.body["instanceLifecyclePolicy"] == {"onRepair": {"allowChangingZone": "YES"}}
+    deadline = time.time() + 60
+    while len(st.events_of("create")) < 2 or len(st.events_of("create-failed")) < 2:
+        assert time.time() < deadline, st.events
+        time.sleep(0.2)
+    view = json.loads(cloud.fleet("status", "--run", "zones", "--json"))["fleet"]
+    short = view["mig"]["short_zones"]
+    assert short and set(short) <= {"us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"}, short
+    assert "zones short:" in cloud.fleet("status", "--run", "zones")
+    cloud.wait_until_gone("fleet-zones", "fleet-t-zones", timeout=150)
+    status = StatusReader(open_store(cloud.bucket), "zones").collect()
+    assert status.done == status.items and not status.failed
+    created = set(st.events_of("create"))
+    assert len(created) == 2  # the third never found room
+    waiting = {w for w in st.events_of("create-failed")} - created
+    assert waiting and waiting <= set(st.events_of("deleteInstances"))  # removed, never holding the MIG up
+    gone_via = {w: d for _, k, w, d in st.events if k == "gone"}
+    assert set(gone_via.values()) == {"deleteInstances"}, gone_via
+    assert st.events_of("mig-gone") == ["fleet-zones"] and st.events_of("template-deleted") == ["fleet-t-zones"]
+    ran = {r.zone for r in boot_records(open_store(cloud.bucket), "zones")}  # where the VMs ran
+    assert ran == {"us-central1-c", "us-central1-f"}, ran

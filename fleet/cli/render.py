@@ -259,6 +259,12 @@ def print_fleet(out: Console, view: dict) -> None:
         out.print(deadline_line(launch["deadline"], time.time()), highlight=False)
     if mig:
         out.print(f"target size {mig['target_size']}, template {mig['template']}", highlight=False)
+        short = mig.get("short_zones") or {}
+        if short:
+            say(out, ", ".join(f"{zone} ({n} failed creation{'s' if n > 1 else ''})" for zone, n in sorted(short.items()))
+                + ": no capacity there (a stock-out, in the MIG's recent errors); "
+                + ("the run goes on in the other zones" if launch.get("region") else
+                   "a regional MIG (region in fleet.toml) would go on in other zones"), "zones short:", "yellow")
     elif view.get("stopped"):
         say(out, view["stopped"], style="red")
     elif not view["problem"]:

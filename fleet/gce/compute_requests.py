@@ -220,6 +220,10 @@ def mig_resource(spec: FleetSpec, place: Place, name: str, size: int) -> compute
         mig.distribution_policy = compute_v1.DistributionPolicy(target_shape="ANY")
         mig.update_policy = compute_v1.InstanceGroupManagerUpdatePolicy(
             instance_redistribution_type="NONE", type_="OPPORTUNISTIC")
+        # A preempted Spot VM is repaired in its old zone by default (allowChangingZone NO): the zone
+        # that just ran out of capacity. YES lets the MIG recreate it wherever there is room.
+        mig.instance_lifecycle_policy = compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
+            on_repair=compute_v1.InstanceGroupManagerInstanceLifecyclePolicyOnRepair(allow_changing_zone="YES"))
     return mig
 
 
@@ -244,13 +248,18 @@ def delete_instances_body(place: Place, instances: list[str], skip_invalid: bool
                 instances=instances, skip_instances_on_validation_error=skip_invalid)}
 
 
+# What GCE says when a zone has no capacity for the VM (a Spot stock-out, most often).
+STOCK_OUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
+
+
 @dataclass
 class MigState:
     name: str
     target_size: int
     template: str  # the template's name
     instances: list[dict] = field(default_factory=list)  # name, status, action, errors
-    errors: list[dict] = field(default_factory=list)  # from listErrors: time, instance, action, code, message
+    errors: list[dict] = field(default_factory=list)  # from listErrors: time, instance, zone, action, code, message
+    short_zones: dict[str, int] = field(default_factory=dict)  # zone -> stock-outs listErrors reports there
 
 
 def mig_state(name: str, mig: compute_v1.InstanceGroupManager, managed: list[compute_v1.ManagedInstance],
@@ -263,7 +272,13 @@ def mig_state(name: str, mig: compute_v1.InstanceGroupManager, managed: list[com
                              "zone": mi.instance.split("/zones/")[-1].split("/")[0], "status": mi.instance_status,
                              "action": mi.current_action, "errors": errs})
     for e in errors:
-        st.errors.append({"time": e.timestamp, "instance": e.instance_action_details.instance.rsplit("/", 1)[-1],
+        url = e.instance_action_details.instance
+        st.errors.append({"time": e.timestamp, "instance": url.rsplit("/", 1)[-1],
+                          "zone": url.split("/zones/")[-1].split("/")[0] if "/zones/" in url else "",
                           "action": e.instance_action_details.action, "code": e.error.code,
                           "message": e.error.message})
+    # A zone is short of capacity where GCE could not create a VM for want of it (listErrors: recent history).
+    for e in st.errors:
+        if e["code"] in STOCK_OUT_CODES and e["zone"]:
+            st.short_zones[e["zone"]] = st.short_zones.get(e["zone"], 0) + 1
     return st

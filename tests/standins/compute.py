@@ -27,9 +27,10 @@ What costs money when a product assumes kinder behaviour (issue 29):
   be created (the attempt fails, in ``listErrors``, and is retried as GCE retries).
 - Zones have capacity (:meth:`ComputeStandin.set_capacity`; 0 is a stock-out): a
   creation in a full zone fails with ``ZONE_RESOURCE_POOL_EXHAUSTED``. A regional MIG
-  whose distribution shape is ``ANY`` puts a new VM in a zone that has room; a
+  whose distribution shape is ``ANY`` then puts a new VM in a zone that has room; a
   *repair* (recreating a preempted VM, or one at its time limit) stays in the VM's
-  zone unless ``instanceLifecyclePolicy.onRepair.allowChangingZone`` is ``YES``.
+  zone unless ``instanceLifecyclePolicy.onRepair.allowChangingZone`` is ``YES``. The
+  attempt in the full zone fails first (``listErrors`` has it), as GCE reports it.
 
 A stop is what a GCE guest sees (tests/standins/guest.py models the inside): the
 *machine* (what the launcher returns) is asked to stop, which signals only the
@@ -327,7 +328,7 @@ class ComputeStandin:
     def __init__(self, project: str, launcher: Launcher | None = None, on_gone: Stopper | None = None,
                  stop_delay: float = 0.3, stop_window: float = 90.0, preempt_window: float = 30.0,
                  op_delay: float = 0.2, run_duration_scale: float = 1.0, in_use_error: str | None = None,
-                 mig_delete_time: float = 1.0, delete_lag: float = 0.0):
+                 mig_delete_time: float = 1.0, delete_lag: float = 1.0):
         self.project = project
         # deleteInstances: its operation is DONE at once, the VMs start DELETING (and targetSize drops) this much later.
         self.delete_lag = delete_lag
@@ -460,9 +461,10 @@ class ComputeStandin:
         return zone not in self.capacity or self._used(zone) < self.capacity[zone]
 
     def _place(self, mig: Mig, vm: VM) -> None:
-        """A regional ANY-shape MIG creates a VM where there is room; a repair stays in its zone
-        unless the MIG allows changing it (instanceLifecyclePolicy.onRepair.allowChangingZone)."""
-        if self._room(vm.zone) or not mig.scope.startswith("regions/"):
+        """After an attempt failed for want of room, a regional ANY-shape MIG tries the VM where there
+        is room; a repair stays in its zone unless the MIG allows changing it
+        (instanceLifecyclePolicy.onRepair.allowChangingZone)."""
+        if self._room(vm.zone) or not vm.errors or not mig.scope.startswith("regions/"):
             return
         if (mig.body.get("distributionPolicy") or {}).get("targetShape", "EVEN") != "ANY":
             return
