@@ -102,19 +102,30 @@ def _state(bucket: str) -> tuple[dict[str, Lease], set[str]]:
     return reader.leases(), {b.name[len(final_prefix(RUN)):] for b in store.list(final_prefix(RUN))}
 
 
-def test_a_worker_converts_again_an_item_whose_lease_was_deleted_under_its_marker(tmp_path, caplog, store_url):
-    bucket, items = _plan(tmp_path, bucket=store_url)
+def _drained(bucket: str):
+    """(the run's store, its output store, the outputs' bytes) once a worker drained the run."""
     _drain(bucket)
     store = open_store(bucket)
     out = open_store(load_spec(store, RUN).output)
-    clean = {b.name: out.read(b.name) for b in out.list("part-")}
-    store.delete(lease_prefix(RUN) + items[0].id)
-    out.delete(f"part-{items[0].id}.txt")
-    _drain(bucket)
+    return store, out, {b.name: out.read(b.name) for b in out.list("part-")}
+
+
+def _assert_as_clean(bucket: str, items, out, clean) -> dict[str, Lease]:
+    """Every item done once, its marker beside its lease, and the outputs a clean run's."""
     leases, finals = _state(bucket)
     assert all(lease.state == DONE for lease in leases.values()) and len(leases) == len(items)
     assert finals == set(leases)
     assert {b.name: out.read(b.name) for b in out.list("part-")} == clean
+    return leases
+
+
+def test_a_worker_converts_again_an_item_whose_lease_was_deleted_under_its_marker(tmp_path, caplog, store_url):
+    bucket, items = _plan(tmp_path, bucket=store_url)
+    store, out, clean = _drained(bucket)
+    store.delete(lease_prefix(RUN) + items[0].id)
+    out.delete(f"part-{items[0].id}.txt")
+    _drain(bucket)
+    _assert_as_clean(bucket, items, out, clean)
     assert any("stale" in r.getMessage() and items[0].id in r.getMessage() for r in caplog.records), caplog.text
 
 
@@ -125,10 +136,7 @@ def test_a_run_left_by_workers_before_windows_resumes_and_finishes_every_item_on
 
     bucket, items = _plan(tmp_path, docs=120, bucket=store_url)
     assert len(items) > 16  # several windows
-    _drain(bucket)
-    store = open_store(bucket)
-    out = open_store(load_spec(store, RUN).output)
-    clean = {b.name: out.read(b.name) for b in out.list("part-")}
+    store, out, clean = _drained(bucket)
     assert list(store.list(done_prefix(RUN)))
     for b in store.list(done_prefix(RUN)):
         store.delete(b.name)
@@ -138,10 +146,7 @@ def test_a_run_left_by_workers_before_windows_resumes_and_finishes_every_item_on
         store.delete(lease_prefix(RUN) + item)
         out.delete(f"part-{item}.txt")
     _drain(bucket)
-    leases, finals = _state(bucket)
-    assert all(lease.state == DONE for lease in leases.values()) and len(leases) == len(items)
-    assert finals == set(leases)
-    assert {b.name: out.read(b.name) for b in out.list("part-")} == clean
+    leases = _assert_as_clean(bucket, items, out, clean)
     assert all(leases[i].attempt == 1 for i in pending)
 
 
