@@ -115,7 +115,8 @@ def run_deadline(cfg: FleetConfig, max_run_hours: float | None, deadline: str | 
     if deadline is not None and max_run_hours is not None:
         raise PlanError(f"--deadline {deadline} and --max-run-hours {max_run_hours:g}: give one of the two")
     if deadline is not None:
-        at, name = parse_deadline(deadline), f"--deadline {deadline}"
+        # In whole seconds, as terminationTime takes it (compute_requests.rfc3339), before it is checked.
+        at, name = float(int(parse_deadline(deadline))), f"--deadline {deadline}"
         if at <= now:
             raise PlanError(f"{name}: that time has passed (it is {compute_requests.rfc3339(now)} now); "
                             "give a later one")
@@ -139,7 +140,7 @@ def run_deadline(cfg: FleetConfig, max_run_hours: float | None, deadline: str | 
     if at - now > estimate.MAX_BOUND_S:
         raise PlanError(f"{name}: more than 120 days from now, GCE's longest time limit")
     # Whole minutes from hours (a dry run and its launch a few seconds apart agree); a time given stays as given.
-    return Deadline(float(int(at)) if deadline is not None else float(math.ceil(at / 60) * 60), hours, how)
+    return Deadline(at if deadline is not None else float(math.ceil(at / 60) * 60), hours, how)
 
 
 def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None = None, spot: bool | None = None,
