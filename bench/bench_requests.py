@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -70,17 +71,28 @@ def run(items: int, workers: int, standby: int | None, folder: str) -> tuple[int
 def projection() -> None:
     """The dry run's estimate (fleet.gce.estimate) at docs/costs.md's sizes: 200 VMs x 4 worker
     processes, 64 MB items, the planning figures of fleet.toml (5 MB/s per vCPU, e2-standard-4 Spot)."""
-    from fleet.gce.estimate import Rates, estimate, usd
+    from fleet.core.shuffle import CombineRule, partitions_for, plan_combine
+    from fleet.gce.estimate import Boundary, Rates, estimate, usd
 
     rates = Rates(mb_per_vcpu_s=5.0, boot_minutes=3.0, vcpu_hour_usd=0.0335, spot_vcpu_hour_usd=0.0100)
     print("200 VMs x 4 worker processes, 64 MB items, e2-standard-4 Spot at 5 MB/s per vCPU")
-    print(f"{'input':>24} {'items':>8} {'list pages':>11} {'writes':>10} {'reads':>10} {'bucket':>8} {'machines':>9}")
-    runs = [(f"{gb:,} GB", [64_000_000] * (gb * 1000 // 64), None) for gb in (100, 1000, 10_000)]
-    runs.append(("100 GB, --shards 1024", [64_000_000] * 1562 + [0] * 1025, [0] * 1562 + [1] + [2] * 1024))
-    for label, sizes, steps in runs:
-        e = estimate(sizes, 200, 4, 0, True, rates, None, item_steps=steps)
+    print(f"{'input':>34} {'items':>8} {'list pages':>11} {'writes':>10} {'reads':>10} {'bucket':>8} {'machines':>9}")
+    runs = [(f"{gb:,} GB", [64_000_000] * (gb * 1000 // 64), None, ()) for gb in (100, 1000, 10_000)]
+    for gb in (100, 1000):
+        maps = gb * 1000 // 64
+        # A stage of 1,024 items: the map, its barrier and the stage, and the combine step the plan
+        # gives it by default (fleet.core.run.plan_combines), or none.
+        combine = plan_combine(CombineRule(), maps, partitions_for(1024, True), 1024, 64e6)
+        for c, label in ((None, "no combine"), (combine, f"combine {combine.group}x{combine.blocks}")):
+            extra = [1] * (math.ceil(maps / c.group) * c.blocks) if c else []
+            steps = [0] * maps + extra + [2 if c else 1] + [3 if c else 2] * 1024
+            stage = Boundary(maps, 1024, c) if c else Boundary(maps, 1024)
+            runs.append((f"{gb:,} GB, --shards 1024, {label}", [64_000_000] * maps + [0] * (len(steps) - maps),
+                         steps, [stage]))
+    for label, sizes, steps, stages in runs:
+        e = estimate(sizes, 200, 4, 0, True, rates, None, item_steps=steps, stages=stages)
         b = e.bucket
-        print(f"{label:>24} {len(sizes):>8,} {b.list_pages:>11,.0f} {b.writes:>10,.0f} {b.class_b:>10,.0f} "
+        print(f"{label:>34} {len(sizes):>8,} {b.list_pages:>11,.0f} {b.writes:>10,.0f} {b.class_b:>10,.0f} "
               f"{usd(b.usd):>8} {usd(e.expected_usd):>9}"
               + (f"   (the shuffle: {b.shuffle.reads:,} reads, {usd(PRICES.usd(0, b.shuffle.reads))})"
                  if b.shuffle else ""))

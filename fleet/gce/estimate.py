@@ -16,9 +16,9 @@ Rates and prices come from fleet.toml (docs/costs.md), so they can be
 replaced by what `fleet status` measures on a slice of the corpus.
 
 Beside the machines, the bucket's operations (:func:`bucket_estimate`): the requests per item
-of the coordination model (:class:`RequestModel`, the one place its figures live), the full
-listings each worker makes when it starts and when it finds nothing, the shuffle's reads for a
-run with stages (:func:`shuffle_reads`), at Cloud Storage's list price (:class:`OperationPrices`).
+of the coordination model (:class:`RequestModel`, the one place its figures live), the
+listings each worker process makes whatever its items (the drain's full listing among them),
+the shuffle's reads for a run with stages (:func:`shuffle_reads`), at Cloud Storage's list price (:class:`OperationPrices`).
 """
 
 from __future__ import annotations
@@ -66,39 +66,41 @@ PRICES = OperationPrices()
 @dataclass(frozen=True)
 class RequestModel:
     """Store requests a run makes, per item and per worker process: the coordination model the
-    bucket estimate is made of, in one place, to be replaced as the claim loop is re-measured.
+    bucket estimate is made of, in one place, to be re-measured as the claim loop changes.
 
-    Measured: the per-item figures marked so are docs/coordination.md's (bench/scale_sim.py,
-    200 workers on 2,000 items of 30 s, lease TTL 50 s: 10.9 requests per item in all, 8.9 of
-    them coordination). The listings are the claim loop issue 28 asks for, not that measurement
-    (which listed every lease and marker on every pass, so its listings per item grew with the
-    run): a few list calls per item, one page each, plus a full listing of leases/ and final/
-    (``full_listings`` x items/1,000 pages) when a worker process starts and on each pass that
-    finds nothing to claim. From the code: the output, stat, input and finishing figures (one
-    output file per item; a text job's input is a stat and one ranged download; the run's files
-    read every lease once). A figure a run breaks (a job writing three files per item) moves
-    its estimate by that figure's share only. bench/bench_requests.py prints what workers
-    counted beside this model's figures."""
+    Measured with bench/scale_sim.py (200 workers, 30 ms a request, items of 3 s standing for
+    180 s, lease TTL 5 s), fitted over its runs at 2,000 and 20,000 items (docs/coordination.md
+    has the figures): per item, the claim, the commit, renewals, markers, heartbeats and about
+    1.1 list calls (fleet.core.claims: a worker lists its window about once an item, 64 items a
+    window); per worker process, what does not grow with its items: about 34 list calls (its
+    start, its steals, the tail's sweeps of the few unfinished windows); per run, the listings
+    of every lease and every ``final/`` marker that confirm the drain (fleet.core.claims says
+    why a drain trusts nothing less), made by the few workers that see it: the standbys the
+    fleet keeps (fleet.gce.config's ``standby``) and the last items' workers; the others have
+    left as spares before. From the code: one output file per item and its stat;
+    a text job's input is a stat and one ranged download; the run's files read every lease once
+    (fleet.core.manifest). A figure a run breaks (a job writing three files per item) moves its
+    estimate by that figure's share only. bench/bench_requests.py prints what workers counted
+    beside this model's figures."""
 
     # Class A, per item (every item: map items, barriers, stage items)
-    lease_writes: float = 2.4  # claim and commit, 0.4 lost creates among them (measured)
-    renewals: float = 1.2  # lease renewals, one every TTL/3 while an item converts (measured)
-    final_markers: float = 1.3  # final/<item>, replays and races included (measured)
-    heartbeats: float = 1.4  # workers/<name> while working (measured)
+    lease_writes: float = 2.3  # claim and commit, lost creates among them (measured)
+    renewals: float = 1.25  # lease renewals, one every TTL/3 while an item converts (measured)
+    final_markers: float = 1.2  # final/<item>, replays and races included (measured)
+    done_markers: float = 1 / 64  # done/<window>: one a finished window (fleet.core.windows)
+    heartbeats: float = 2.3  # workers/<name> while working (measured)
     outputs: float = 1.0  # uploads of the item's outputs (or records for the next stage)
-    list_calls: float = 3.0  # listings that stay one page per call (issue 28's claim loop)
+    list_calls: float = 1.1  # window visits, one page each (measured)
     # Class B, per item
-    lease_reads: float = 0.5  # leases read when one stood still for half a TTL (measured)
+    lease_reads: float = 0.3  # leases read: stood still for half a TTL, released, lost races (measured)
     output_stats: float = 1.0  # each output's stat after its upload (fleet.core.attempt: its version)
     input_reads: float = 2.0  # per map item: the input's stat and one ranged download
     finish_reads: float = 1.0  # the run's files: one worker reads every lease once (fleet.core.manifest)
-    # Per pass of a worker process's claim loop that lists in full: at its start, and each idle pass
-    full_listings: int = 2  # leases/ and final/, each list_pages(items) pages
-    pass_pages: float = 1.0  # besides them: released/, one page
-    pass_writes: float = 1.0  # a heartbeat
-    idle_passes: float = 3.0  # passes per worker process that find nothing, before it leaves
-    tail_passes: float = 100.0  # the standbys' passes in the tail: 2 x (item + TTL) / poll = 2 x (180 + 300) / 10
-    start_reads: float = 2.0  # per worker process: run.json and the item list (Class B)
+    # Per worker process
+    process_calls: float = 34.0  # list calls that do not grow with the items: start, steals, sweeps (measured)
+    start_reads: float = 2.0  # run.json and the item list (Class B)
+    # Per run: the drain's confirmations, each a listing of leases/ and final/, list_pages(items) pages each
+    drains: float = 3.0  # the standbys (fleet.gce.config: 2) and the worker of the last item
 
 
 MODEL = RequestModel()
@@ -214,10 +216,9 @@ def bucket_estimate(item_steps: Sequence[int], map_bytes: int, processes: int, m
     for step in item_steps:
         per_step[step] = per_step.get(step, 0) + 1
     map_items = per_step.get(0, 0)
-    passes = processes * (1 + model.idle_passes) + model.tail_passes
-    pages = items * model.list_calls + passes * (model.full_listings * list_pages(items) + model.pass_pages)
-    writes = (items * (model.lease_writes + model.renewals + model.final_markers + model.heartbeats + model.outputs)
-              + passes * model.pass_writes)
+    pages = items * model.list_calls + processes * model.process_calls + model.drains * 2 * list_pages(items)
+    writes = items * (model.lease_writes + model.renewals + model.final_markers + model.done_markers
+                      + model.heartbeats + model.outputs)
     reads = items * (model.lease_reads + model.output_stats + model.finish_reads) + map_items * model.input_reads \
         + processes * model.start_reads
     shuffle = None
