@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fleet worker VM shutdown script: GCE runs it as root when the VM stops (Spot preemption,
-# deleteInstances, the MIG's deletion by `fleet down`, maxRunDuration).
+# deleteInstances, the MIG's deletion by `fleet down`, the run's deadline: terminationTime).
 #
 # GCE's guest agent signals only the startup script's runner at a stop (its unit has
 # KillMode=process): startup.sh and the workers it started get nothing until the power-off,

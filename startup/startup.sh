@@ -4,7 +4,9 @@
 #   0. arm the way out first: whatever fails from here on, the EXIT trap records this boot in
 #      the bucket and removes the VM from its MIG with nothing but bash, curl and the metadata
 #      server's token (REST deleteInstances); when a few boots in a row have failed with no item
-#      finished in between, it deletes the MIG and the template instead: the run stops itself
+#      finished in between, it deletes the MIG and the template instead: the run stops itself.
+#      A boot the run's deadline ended (fleet-deadline, the template's terminationTime) counts as
+#      failed, and stops the run at once: no VM of it can start after that time
 #   1. read the run, bucket, code version and the run's object names from instance metadata
 #      (fleet-paths: fleet/core/layout.py owns every name under runs/<run>/; this script spells none)
 #   2. download the pinned code snapshot and check every file against its manifest
@@ -15,9 +17,10 @@
 #      (recorded for shutdown.sh), streaming this log to the bucket
 #   Everything it and the workers say goes to its log file (shipped to the bucket) and to its stdout,
 #   which the guest agent's runner writes to the journal and the serial console.
-#   5. on exit, leave the MIG through deleteInstances; the last one out deletes the MIG and
-#      the template. Not when the platform stops the VM (preemption, `fleet down`): then the
-#      MIG decides, and startup/shutdown.sh has the workers give their items back.
+#   5. on exit, leave the MIG through deleteInstances; a VM that finds every item of the run
+#      finished deletes the MIG (every VM leaving through deleteInstances first) and the template.
+#      Not when the platform stops the VM (preemption, `fleet down`): then the MIG decides, and
+#      startup/shutdown.sh has the workers give their items back.
 #
 # Production defaults; a test overrides what differs on a laptop:
 #   FLEET_PYTHON        python with the dependencies (default /opt/fleet/venv/bin/python)
@@ -128,10 +131,29 @@ remove_all() { # deleteInstances on every VM of the MIG (1000 a call), so that n
   log "$MIG: deleteInstances on its ${#urls[@]} VM(s)"
 }
 
+staying() { # how many VMs of the MIG are not being deleted (yet): "" if the MIG cannot be listed
+  local page="" n=0
+  while :; do
+    api POST "$SCOPE/instanceGroupManagers/$MIG/listManagedInstances${page:+?pageToken=$page}" || return
+    n=$((n + $(grep -o '"currentAction": *"[A-Z_]*"' <<<"$API_OUT" | grep -vc '"DELETING"' || true)))
+    page=$(sed -n 's/.*"nextPageToken": *"\([^"]*\)".*/\1/p' <<<"$API_OUT" | head -n 1)
+    [[ -n $page ]] || break
+  done
+  echo "$n"
+}
+
 delete_fleet() { # the MIG and then the template, which stays in use until the MIG is gone
   # Every VM leaves through deleteInstances first: a MIG none of whose VMs it must stop itself is gone at once
   # (a VM stopped by the MIG's deletion would hold it up, and with it the template, until it powers off).
+  # deleteInstances is DONE once the deletions are scheduled: wait (a minute at most) until every VM is DELETING.
   remove_all
+  local n i
+  for ((i = 0; i < 60; i++)); do
+    n=$(staying)
+    [[ $n == 0 || -z $n ]] && break
+    sleep 1
+  done
+  [[ $n == 0 ]] || log "$MIG: ${n:-?} VM(s) not yet deleting after a minute; deleting the MIG stops them"
   if api DELETE "$SCOPE/instanceGroupManagers/$MIG"; then log "$MIG: deleting"
   elif [[ $API_CODE == 404 ]]; then log "$MIG: already deleted"
   else log "could not delete $MIG: $(api_error)"; fi
@@ -159,23 +181,72 @@ leave() { # remove this VM from its MIG (deleteInstances lowers the target size;
   if api POST "$SCOPE/instanceGroupManagers/$MIG/deleteInstances" "$body"; then
     log "$INSTANCE: removed from $MIG through deleteInstances"
   else
-    log "could not remove this VM from its MIG ($(api_error)); it ends at the template's maxRunDuration"
+    log "could not remove this VM from its MIG ($(api_error)); it ends at the run's deadline"
   fi
   if [[ ${STOP_RUN:-0} == 1 ]]; then
     log "stopping the run: deleting $MIG and its template"
     delete_fleet
-  elif ! api GET "$SCOPE/instanceGroupManagers/$MIG"; then
-    [[ $API_CODE == 404 ]] && log "$MIG: already deleted" || log "could not read $MIG: $(api_error)"
+  elif [[ ${OUTCOME:-} == done ]] && run_finished; then
+    # Not "the last one out" by the MIG's size: deleteInstances lowers it only later, and VMs stuck in
+    # CREATING (a stock-out, a quota) count in it. Whoever sees the run finished deletes the fleet; a
+    # second one finds it gone (404), so the workers that drain together may all try.
+    log "$INSTANCE: the run is finished: deleting $MIG and template $TEMPLATE"
+    delete_fleet
+  elif own_deletion_shows && [[ $(staying) == 0 ]]; then
+    # The run is not finished, and no VM is left to finish it (a bucket that refuses every VM finishes
+    # nothing, and cannot count their failed boots either): the last one out takes the fleet with it. Judged
+    # by the VMs' own states once this one's deletion shows, never by the target size, which drops later.
+    log "$INSTANCE: the last VM of $MIG, with the run unfinished: deleting $MIG and template $TEMPLATE"
+    delete_fleet
   else
-    local size
-    size=$(grep -o '"targetSize": *"\?[0-9]*' <<<"$API_OUT" | grep -o '[0-9]*$' | head -n 1)
-    if [[ ${size:-1} == 0 ]]; then
-      log "$INSTANCE: last one out: deleting $MIG and template $TEMPLATE"
-      delete_fleet
-    else
-      log "$MIG: ${size:-?} VM(s) remain; leaving it to them"
-    fi
+    log "$MIG: the run goes on; leaving it to the other VMs"
   fi
+}
+
+own_deletion_shows() { # wait (a minute at most) until this VM is DELETING in its MIG's list, or gone from it
+  local i page state
+  for ((i = 0; i < 60; i++)); do
+    page="" state=""
+    while :; do
+      api POST "$SCOPE/instanceGroupManagers/$MIG/listManagedInstances${page:+?pageToken=$page}" || return 1
+      state=$(own_action)
+      [[ -n $state ]] && break
+      page=$(sed -n 's/.*"nextPageToken": *"\([^"]*\)".*/\1/p' <<<"$API_OUT" | head -n 1)
+      [[ -n $page ]] || break
+    done
+    [[ -z $state || $state == DELETING ]] && return 0
+    sleep 1
+  done
+  log "$INSTANCE: still $state in $MIG after a minute"
+  return 1
+}
+
+own_action() { # this VM's currentAction on the listManagedInstances page in API_OUT ("" if not on it)
+  # Each managed instance is an object of the array (depth 2), its own fields at any order beside nested ones.
+  awk -v me="/instances/$INSTANCE\"" 'BEGIN { RS = "\001" } {
+    d = 0; obj = ""
+    for (i = 1; i <= length($0); i++) {
+      c = substr($0, i, 1)
+      if (c == "{") d++
+      if (d >= 2) obj = obj c
+      if (c == "}") {
+        if (d == 2) {
+          if (index(obj, me) && match(obj, /"currentAction": *"[A-Z_]*"/)) {
+            s = substr(obj, RSTART, RLENGTH); sub(/.*: *"/, "", s); sub(/"$/, "", s); print s; exit
+          }
+          obj = ""
+        }
+        d--
+      }
+    }
+  }' <<<"$API_OUT"
+}
+
+run_finished() { # has every item of the run finished? (fleet.core.processes.drained: a listing of leases and markers)
+  [[ -n ${CODE:-} && -d $CODE ]] || return 1
+  (cd "$CODE" && PYTHONPATH=$CODE "$PY" -c 'import sys
+from fleet.core.processes import drained
+sys.exit(0 if drained(sys.argv[1], sys.argv[2]) else 1)' "$BUCKET_URL" "$RUN")
 }
 
 declare -A PATHS=() # KEY -> an object name under runs/<run>/, a template over {instance}, {boot} and {finished}
@@ -208,8 +279,10 @@ record_boot() { # OUTCOME REASON: this boot's record (at boot: one per boot, nev
 count_failure() { # REASON: a failed boot; after MAX_FAILED_BOOTS of them with no item finished in between, stop the run
   local finished failed f=$WORK_DIR/stop.json
   finished=$(gs_count "$(at final)") || { log "cannot list $(at final)"; return; }
+  FINISHED=$finished
   gs_put /dev/null "$(at failed "$finished")" || { log "cannot record the failure"; return; }
   failed=$(gs_count "$(at failed-now "$finished")") || return
+  FAILED=$failed
   log "$failed failed boot(s) with $finished item(s) finished, none since; the run stops at $MAX_FAILED_BOOTS"
   if ((failed >= MAX_FAILED_BOOTS)); then
     STOP_RUN=1
@@ -220,6 +293,18 @@ count_failure() { # REASON: a failed boot; after MAX_FAILED_BOOTS of them with n
 }
 
 ship_log() { gs_put "$LOG" "$(at log)" || log "log upload failed"; }
+
+at_deadline() { # did the run's deadline end this boot? (GCE stops a VM at its terminationTime, up to 30 s late, never early)
+  [[ -n ${DEADLINE:-} ]] && (($(date +%s) >= DEADLINE - 30))
+}
+
+stop_at_deadline() { # REASON: no VM of the run can start any more, so its MIG and template go now (the stop record says why)
+  local f=$WORK_DIR/stop.json
+  STOP_RUN=1
+  printf '{"time": %s, "instance": %s, "failed_boots": %s, "items_finished": %s, "reason": %s, "deadline": %s}\n' \
+    "$(date +%s)" "$(json "$INSTANCE-$BOOT")" "${FAILED:-0}" "${FINISHED:-0}" "$(json "$1")" "$DEADLINE" >"$f"
+  gs_put "$f" "$(at stop)" application/json || log "could not write $(at stop)"
+}
 
 run() { # COMMAND...: one step of the boot, in the background so that a stop (SIGTERM) interrupts it at once
   "$@" &
@@ -245,7 +330,10 @@ on_exit() { # the way out: record the boot, then leave the MIG (or stop the run)
   if [[ -n ${WORKER:-} ]]; then wait "$WORKER" 2>/dev/null; fi
   if [[ -n ${SHIPPER:-} ]]; then kill "$SHIPPER" 2>/dev/null; fi
   [[ -f $WORK_DIR/stopping ]] && STOPPING=1
-  if [[ ${STOPPING:-0} == 1 ]]; then
+  if [[ ${STOPPING:-0} == 1 ]] && at_deadline; then
+    outcome=failed # a time limit that ends boots must count: a hung worker would otherwise never stop the run
+    reason="the run's deadline ($(date -u -d "@$DEADLINE" +%FT%TZ)) ended this boot"
+  elif [[ ${STOPPING:-0} == 1 ]]; then
     outcome=stopped
   elif [[ $rc == 0 ]]; then
     outcome=done
@@ -255,13 +343,15 @@ on_exit() { # the way out: record the boot, then leave the MIG (or stop the run)
     reason=${reason:-exit status $rc}
   fi
   log "exiting ($rc): this boot $outcome${reason:+: $reason}"
+  OUTCOME=$outcome
   if [[ -z ${MIG:-} ]]; then
-    log "cannot leave the MIG (its name, zone or project is unreadable from metadata); this VM ends at maxRunDuration"
+    log "cannot leave the MIG (its name, zone or project is unreadable from metadata); this VM ends at the run's deadline"
     return
   fi
   if [[ -n ${BUCKET:-} && ${#PATHS[@]} -gt 0 ]]; then
     record_boot "$outcome" "$reason"
     if [[ $outcome == failed ]]; then count_failure "$reason"; fi
+    if [[ $outcome == failed ]] && at_deadline; then stop_at_deadline "$reason"; fi
     ship_log
   fi
   if [[ $outcome == stopped ]]; then
@@ -397,7 +487,7 @@ exec >>"$LOG" 2>&1
 trap 'on_exit; end_log' EXIT
 trap on_term TERM
 
-# Who this VM is: all the way out needs. Without it, only maxRunDuration ends the VM.
+# Who this VM is: all the way out needs. Without it, only the run's deadline ends the VM.
 INSTANCE=$(md instance/name) || fail "metadata instance/name is unreadable"
 ZONE=$(md instance/zone) || fail "metadata instance/zone is unreadable"
 ZONE=${ZONE##*/}
@@ -417,6 +507,8 @@ RUN=$(md instance/attributes/fleet-run) || fail "metadata fleet-run is unreadabl
 [[ $RUN =~ ^[A-Za-z0-9_][-A-Za-z0-9_.]*$ ]] || fail "metadata fleet-run is not a run name"
 PATHS_TEXT=$(md instance/attributes/fleet-paths) || fail "metadata fleet-paths is unreadable"
 load_paths "$PATHS_TEXT" || { PATHS=(); fail "metadata fleet-paths is not the run's object names (KEY=NAME lines)"; }
+DEADLINE=$(md instance/attributes/fleet-deadline 2>/dev/null || true) # absent on a template made before deadlines
+[[ $DEADLINE =~ ^[0-9]+$ ]] || DEADLINE=
 log "VM $INSTANCE (boot $BOOT) of $MIG: run $RUN; log in $LOG and gs://$BUCKET/$(at log)"
 record_boot booting ""
 (while sleep "$LOG_INTERVAL"; do ship_log; done) 9>&- &

@@ -100,7 +100,11 @@ def test_template_and_mig_lifecycle(standin, place):
     assert st.target_size == 3 and st.template == "t-r1"
     victim = st.instances[0]
     comp.delete_instances("fleet-r1", [f"zones/{victim['zone']}/instances/{victim['name']}"])
-    assert comp.get_mig("fleet-r1").target_size == 2  # the MIG will not replace it
+    # Its operation is DONE when the deletion is scheduled (as on GCE): the size may drop a moment later.
+    deadline = time.time() + 10
+    while comp.get_mig("fleet-r1").target_size != 2:  # the MIG will not replace it
+        assert time.time() < deadline
+        time.sleep(0.05)
     with pytest.raises(compute_requests.ComputeError, match="already being used by"):
         comp.delete_template("t-r1")
     assert comp.delete_mig("fleet-r1") is True and comp.get_mig("fleet-r1") is None
@@ -199,10 +203,14 @@ def test_launch_refuses_what_vms_cannot_run(launched, tmp_path):
 
 def test_dry_run_prints_the_requests_and_only_reads(launched):
     bucket, standin = launched
-    out = fleet("launch", "--run", "r1", "--workers", "5", "--no-spot", "--max-run-hours", "2", "--dry-run")
+    deadline = compute_requests.rfc3339((time.time() // 60 + 120) * 60)  # a whole minute: kept as given
+    out = fleet("launch", "--run", "r1", "--workers", "5", "--no-spot", "--deadline", deadline, "--dry-run")
     assert f"POST {standin.url}/compute/v1/projects/{PROJECT}/global/instanceTemplates\n" in out
     assert f"POST {standin.url}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instanceGroupManagers\n" in out
-    assert '"provisioningModel": "STANDARD"' in out and '"seconds": "7200"' in out and '"targetSize": 5' in out
+    assert '"provisioningModel": "STANDARD"' in out and f'"terminationTime": "{deadline}"' in out
+    assert '"instanceTerminationAction": "DELETE"' in out and '"targetSize": 5' in out and "maxRunDuration" not in out
+    assert f"deadline: {deadline}, 2.0 h after launch (set by --deadline); every VM, recreated ones included, " \
+           "is gone by then" in out
     assert {c.method for c in standin.calls} == {"GET"} and open_store(bucket).stat("runs/r1/launch.json") is None
 
 
@@ -331,3 +339,33 @@ def test_any_faults_on_the_way_leave_one_template_and_one_mig_then_none(standin,
     assert standin.events_of("template-created") == ["t-r1"] and standin.events_of("mig-created") == ["fleet-r1"]
     assert standin.events_of("template-deleted") == ["t-r1"] and standin.events_of("mig-delete") == ["fleet-r1"]
     assert not standin.templates and not standin.migs
+
+
+def test_launch_refuses_a_run_without_a_sound_deadline_in_one_line(launched, tmp_path):
+    """No launch leaves a run without a time limit, or with one that has passed or ends before a VM boots."""
+    bucket, standin = launched
+    soon = compute_requests.rfc3339(time.time() + 60)  # within one boot (boot_minutes = 3)
+    cases = [
+        (["--max-run-hours", "0"], "--max-run-hours 0: a run without a time limit is refused (a hung worker would "
+                                   "bill until `fleet down`); give the hours the run may last with --max-run-hours, "
+                                   "a time with --deadline, or neither to derive one from the plan"),
+        (["--deadline", "2020-01-01T00:00:00Z"], "--deadline 2020-01-01T00:00:00Z: that time has passed (it is "),
+        (["--deadline", soon], f"--deadline {soon}: "),
+        (["--max-run-hours", "0.01"], "--max-run-hours 0.01: 36 s from now is shorter than one VM boot (3 min, "
+                                      "boot_minutes in fleet.toml); give a later deadline"),
+        (["--deadline", "2030-01-01T00:00:00"], "--deadline 2030-01-01T00:00:00: give its time zone, e.g. "
+                                                "2030-01-01T00:00:00Z for UTC"),
+        (["--deadline", "friday"], "--deadline friday: not a time; give one like 2025-06-01T18:00:00Z (RFC 3339)"),
+        (["--deadline", "2030-01-01T00:00:00Z", "--max-run-hours", "2"], "give one of the two"),
+    ]
+    for args, message in cases:
+        for dry in ([], ["--dry-run"]):
+            out = fleet("launch", "--run", "r1", "--workers", "2", *args, *dry, code=2)
+            assert out.count("\n") == 1 and out.startswith("fleet: error: ") and message in out, (args, out)
+    assert "shorter than one VM boot" in fleet("launch", "--run", "r1", "--workers", "2", "--deadline", soon, code=2)
+    # fleet.toml's max_run_hours = 0 (no limit, which fleet once allowed) still loads, and is refused by name.
+    config = tmp_path / "fleet.toml"
+    config.write_text(config.read_text() + "max_run_hours = 0\n")
+    out = fleet("launch", "--run", "r1", "--workers", "2", code=2)
+    assert out.count("\n") == 1 and "fleet.toml: max_run_hours = 0: a run without a time limit is refused" in out
+    assert not standin.calls  # refused before any request

@@ -21,6 +21,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from fleet.gce import compute_requests
 from fleet.gce.boots import boot_records
 from fleet.cli.commands import app
 from fleet.core.lease import DONE, Lease
@@ -161,14 +162,17 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     cloud.fleet("plan", "--run", "e2e", "--job", "electra_zh_en", "--input", f"{cloud.bucket}/corpus/",
                 "--output", f"{cloud.bucket}/out/", "--set", f"vocab_file={cloud.bucket}/vocab.txt",
                 "--item-mb", "0.15", "--lease-ttl", "20")
-    dry = cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--dry-run")
+    # The deadline fixed once (a whole minute, an hour away), so that the dry run shows exactly what the launch sends.
+    deadline = compute_requests.rfc3339((time.time() // 60 + 60) * 60)
+    dry = cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--dry-run",
+                      "--deadline", deadline)
     assert f"POST {os.environ['FLEET_COMPUTE_ENDPOINT']}/compute/v1/projects/{PROJECT}/global/instanceTemplates" in dry
     assert {c.method for c in cloud.standin.calls} == {"GET"}  # a dry run only reads (quotas, machine type)
     # GCE may report "template in use" as the error of the delete's operation: the last VM out must retry that too.
     cloud.standin.in_use_error = "operation"
     # Certainly once: the MIG's insert is applied, its answer lost; the retry, same requestId, gets its operation.
     cloud.network.script = [[lambda method, path: method == "POST" and path.split("?")[0].endswith("/instanceGroupManagers"), "lost", 1]]
-    cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e")
+    cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--deadline", deadline)
     assert cloud.network.counts["lost"] >= 1 and len(cloud.standin.events_of("request-id-seen")) >= 1
     assert cloud.standin.events_of("mig-created") == ["fleet-e2e"]
     # What the dry run printed is exactly what was sent (a retry after a reset sends it again, with the same requestId).

@@ -1,6 +1,6 @@
 """A run with stages on the Compute Engine stand-in: the VMs' workers do the map, wait for
 it to drain instead of leaving as standbys would, move on to the shards stage without a new
-launch, and the last one out deletes the MIG only once the final stage is done. The shards
+launch, and the VM that finds the final stage done deletes the MIG. The shards
 are the bytes `fleet local` writes on this machine."""
 
 from __future__ import annotations

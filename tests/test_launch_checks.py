@@ -1,9 +1,14 @@
 """`fleet launch` checks quota and the service account before it creates anything, and
-`--dry-run` states what the run should cost beside the maxRunDuration it derives."""
+`--dry-run` states what the run should cost beside the run deadline it derives."""
 
 from __future__ import annotations
 
+import time
+from datetime import datetime
+
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from fleet.gce import estimate, prelaunch
@@ -37,7 +42,7 @@ def test_the_bound_is_three_times_the_expected_time_in_whole_hours_within_gces_r
     one = estimate.estimate([50_000_000, 1_000_000], 100, 4, 0, True, RATES, None)
     assert one.work_s == pytest.approx(10.0)
     assert estimate.estimate([1], 1, 1, 0, True, RATES, 2.5).bound_hours == 2.5  # an override is kept
-    assert "none" in estimate.estimate([1], 1, 1, 0, True, RATES, 0).lines()[-1]
+    assert "deadline: none" in estimate.estimate([1], 1, 1, 0, True, RATES, 0).lines()[-1]
 
 
 def _cfg(**kw) -> FleetConfig:
@@ -92,11 +97,13 @@ def test_launch_refuses_before_creating_anything_and_dry_run_states_the_cost(clo
     assert dry.exit_code == 0, dry.output
     assert "expected: about" in dry.output and "price range: ≈ $" in dry.output
     assert "bucket operations: ≈ " in dry.output and " of bucket operations" in dry.output
-    assert "maxRunDuration: 60 min per VM (derived" in dry.output and "checks: quota CPUS" in dry.output
+    assert "60 min after launch (derived" in dry.output and "checks: quota CPUS" in dry.output
     body = _bodies(dry.output)[0]
-    assert body["properties"]["scheduling"]["maxRunDuration"] == {"seconds": "3600"}
+    # The run's deadline, an hour (the floor) from now in whole minutes: every VM's terminationTime.
+    end = datetime.fromisoformat(body["properties"]["scheduling"]["terminationTime"].replace("Z", "+00:00")).timestamp()
+    assert 3600 <= end - time.time() <= 3660 and end % 60 == 0 and "maxRunDuration" not in body["properties"]["scheduling"]
     override = CliRunner().invoke(app, ["launch", "--run", "chk", "--workers", "1", "--dry-run", "--max-run-hours", "5"])
-    assert override.exit_code == 0 and "maxRunDuration: 5.0 h per VM (set by max_run_hours)" in override.output
+    assert override.exit_code == 0 and "5.0 h after launch (set by --max-run-hours)" in override.output
 
 
 def test_launch_refuses_when_the_service_account_does_not_exist(cloud):
@@ -140,3 +147,47 @@ def test_no_credentials_is_a_check_that_cannot_tell_not_a_traceback(monkeypatch,
     monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
     check = iam.check_service_account("w@proj-123.iam.gserviceaccount.com")
     assert check.exists is None and "gcloud auth application-default login" in check.detail
+
+
+def _text(t: float, zone: str) -> str:
+    """``t`` as --deadline takes it, with fractions of a second and in ``zone`` ("Z", "+02:00", or none)."""
+    from datetime import timedelta, timezone
+    tz = timezone.utc if zone in ("Z", "") else timezone(timedelta(hours=int(zone[:3]), minutes=int(zone[4:])))
+    text = datetime.fromtimestamp(t, tz).isoformat()
+    return text.replace("+00:00", "Z") if zone == "Z" else text[:-6] if zone == "" else text
+
+
+@settings(max_examples=400, deadline=None)
+@given(now=st.floats(1.6e9, 2.2e9), boot_minutes=st.floats(0.01, 600),
+       toml_hours=st.one_of(st.none(), st.just(0.0), st.floats(1 / 120, 24 * 120)),
+       flag_hours=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
+       offset=st.one_of(st.none(), st.floats(-1e6, 2e7)), zone=st.sampled_from(["Z", "+02:00", "-05:30", ""]),
+       junk=st.one_of(st.none(), st.text(max_size=30)))
+# A deadline half a second more than a boot away, given with a fraction of a second: the whole second GCE
+# gets (terminationTime) is within the boot.
+@example(now=1.7e9 + 0.5, boot_minutes=1.0, toml_hours=None, flag_hours=None, offset=60.2, zone="Z", junk=None)
+def test_no_launch_gets_a_deadline_that_is_none_past_or_within_a_boot(now, boot_minutes, toml_hours, flag_hours,
+                                                                      offset, zone, junk):
+    """The invariant behind the refusals (issue 29, part 1): whatever --deadline, --max-run-hours and
+    fleet.toml say (any text for --deadline), a launch either gets a deadline at least one boot away (or one derived from the
+    plan, which is never shorter than the boot it counts in: fleet.gce.estimate), or is refused in
+    one line that names the option to change. Never a run without a limit, never a traceback."""
+    from fleet.core.run import PlanError
+    from fleet.gce import gcp
+
+    cfg = _cfg(boot_minutes=boot_minutes, max_run_hours=toml_hours)
+    text = junk if junk is not None else None if offset is None else _text(now + offset, zone)
+    try:
+        d = gcp.run_deadline(cfg, flag_hours, text, now)
+    except PlanError as e:
+        # (`fleet launch` prints it on one line whatever the text given holds: fleet.cli.commands.fail)
+        message = " ".join(str(e).splitlines())
+        assert message.startswith(("--deadline ", "--max-run-hours ", "fleet.toml: max_run_hours")), message
+        return
+    if d.hours is None:  # nothing set: derived from the plan's estimate, at least an hour and 3 boots
+        assert d.at == 0 and text is None and flag_hours is None and toml_hours is None
+        assert estimate.derived_bound_hours(boot_minutes * 60) * 3600 >= boot_minutes * 60
+        return
+    assert d.at >= now + boot_minutes * 60, (d, now)  # never past, never within one boot
+    assert d.at - now <= estimate.MAX_BOUND_S + 60 and d.how in ("--deadline", "--max-run-hours",
+                                                                  "max_run_hours in fleet.toml")

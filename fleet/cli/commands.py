@@ -465,7 +465,8 @@ def init_cmd(
     workers_per_vm: int = typer.Option(0, help="Worker processes per VM (0 = one per core)"),
     standby: int = typer.Option(2, help="Idle workers kept in the tail to take over expired leases"),
     max_run_hours: Optional[float] = typer.Option(
-        None, help="Every VM is deleted after this long (0 = no limit; default: 3 x the run's expected time)"),
+        None, help="A run's time limit from its launch: every VM is deleted by then (default: 3 x the run's "
+                   "expected time)"),
     force: bool = typer.Option(False, help="Overwrite an existing fleet.toml"),
 ) -> None:
     """Write fleet.toml: where the fleet runs and what its VMs look like."""
@@ -501,7 +502,10 @@ def launch_cmd(
     template: Optional[str] = typer.Option(None, help="Instance template name (default: the MIG's name)"),
     spot: Optional[bool] = typer.Option(None, "--spot/--no-spot", help="Spot VMs (default: fleet.toml's)"),
     max_run_hours: Optional[float] = typer.Option(
-        None, help="Each VM is deleted after this long (default: fleet.toml's, else 3 x the expected time)"),
+        None, help="The run may last this long from now: every VM, recreated ones included, is deleted by then "
+                   "(default: fleet.toml's, else 3 x the expected time)"),
+    deadline: Optional[str] = typer.Option(
+        None, help="The run's end instead, as a time: 2025-06-01T18:00:00Z (RFC 3339, with its zone)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the requests and the cost estimate (machines and bucket "
                                  "operations); create nothing"),
     force: bool = typer.Option(False, "--force", help="Launch even if the quota or service-account check fails"),
@@ -513,7 +517,7 @@ def launch_cmd(
     from fleet.gce import gcp
 
     cfg = _required_config()
-    plan, checks = gcp.prepare(cfg, run, workers, template, spot, max_run_hours)
+    plan, checks = gcp.prepare(cfg, run, workers, template, spot, max_run_hours, deadline)
     problems = checks.problems
     if checks.skipped and not dry_run:
         fail(f"{checks.skipped}; nothing was created")

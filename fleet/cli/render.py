@@ -233,6 +233,16 @@ def print_counts(out: Console, sources: dict, outputs: dict) -> None:
             + (f" ({rest:,} more beside them: indexes, sidecars)" if rest else ""), "counted:")
 
 
+def deadline_line(deadline: float, now: float) -> str:
+    """When the run's VMs are gone at the latest (their terminationTime), and how far that is."""
+    at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(deadline))
+    left = deadline - now
+    span = f"{left / 60:.0f} min" if abs(left) < 5400 else f"{left / 3600:.1f} h"
+    return (f"deadline {at} (in {span}): every VM, recreated ones included, is gone by then" if left > 0 else
+            f"deadline {at} ({span.lstrip('-')} ago): the run's VMs are gone and no new one can start; "
+            "`fleet launch` again to go on")
+
+
 def print_fleet(out: Console, view: dict) -> None:
     """`fleet status` of a launched run: its MIG's VMs, errors, VM-hours and boots."""
     launch = view["launch"]
@@ -245,8 +255,16 @@ def print_fleet(out: Console, view: dict) -> None:
     for vm in (mig or {}).get("instances", []):
         table.add_row(vm["name"], vm["zone"], vm["status"], vm["action"], "; ".join(vm["errors"]))
     out.print(table)
+    if launch.get("deadline"):
+        out.print(deadline_line(launch["deadline"], time.time()), highlight=False)
     if mig:
         out.print(f"target size {mig['target_size']}, template {mig['template']}", highlight=False)
+        short = mig.get("short_zones") or {}
+        if short:
+            say(out, ", ".join(f"{zone} ({n} failed creation{'s' if n > 1 else ''})" for zone, n in sorted(short.items()))
+                + ": no capacity there (a stock-out, in the MIG's recent errors); "
+                + ("the run goes on in the other zones" if launch.get("region") else
+                   "a regional MIG (region in fleet.toml) would go on in other zones"), "zones short:", "yellow")
     elif view.get("stopped"):
         say(out, view["stopped"], style="red")
     elif not view["problem"]:

@@ -11,7 +11,8 @@ and clears the stop for a new launch:
                                             the markers under the current n are the failures since the
                                             run last finished an item
     runs/<run>/stopped.json                 written by the VM whose failure made that count reach the
-                                            limit (3); it then deleted the MIG and the template
+                                            limit (3), or whose boot the run's deadline ended (no VM can
+                                            start after it); it then deleted the MIG and the template
 """
 
 from __future__ import annotations
@@ -44,10 +45,16 @@ class StopRecord(JsonRecord):
     items_finished: int
     reason: str  # the last failed boot's
     time: float = 0.0
+    deadline: float = 0.0  # set when the run's deadline stopped it
 
     def line(self) -> str:
         """What `fleet status` says, in one line."""
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.time)) if self.time else "at an unknown time"
+        if self.deadline:
+            at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.deadline))
+            return (f"the run reached its deadline {at} with {self.items_finished} item(s) finished: every VM was "
+                    f"stopped and {self.instance} deleted the MIG and the template. `fleet launch` again (with a later "
+                    "--deadline or more --max-run-hours) to go on")
         return (f"the run stopped itself {when}: {self.failed_boots} VM boots failed with no item finished "
                 f"in between (the MIG and the template are deleted); last failure, on {self.instance}: "
                 f"{self.reason}. Fix that, then `fleet launch` again")

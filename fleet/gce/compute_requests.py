@@ -16,6 +16,7 @@ import os
 import re
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from google.cloud import compute_v1
 
@@ -36,6 +37,12 @@ MIG_LIMIT = {"zonal": 1000, "regional": 2000}  # VMs per managed instance group 
 # that the bucket layout has one owner; metadata, since the VM needs them before (and if) its code downloads.
 MD_BUCKET, MD_RUN, MD_VERSION = "fleet-bucket", "fleet-run", "fleet-code-version"
 MD_PROCS, MD_STANDBY, MD_PATHS = "fleet-workers-per-vm", "fleet-standby", "fleet-paths"
+MD_DEADLINE = "fleet-deadline"  # the run's deadline in seconds since the epoch: startup.sh tells a boot it ended
+
+
+def rfc3339(t: float) -> str:
+    """A time as GCE's terminationTime takes it (RFC 3339, UTC, whole seconds)."""
+    return datetime.fromtimestamp(int(t), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ComputeError(Exception):
@@ -108,7 +115,8 @@ class FleetSpec:
     startup_script: str
     shutdown_script: str = ""  # startup/shutdown.sh: has the workers give their items back when the VM stops
     spot: bool = True
-    max_run_hours: float = 24.0
+    max_run_hours: float = 24.0  # scheduling.maxRunDuration of each VM (0 = none); bounds a VM, not the run
+    deadline: float = 0.0  # the run's end, seconds since the epoch: scheduling.terminationTime of every VM
     disk_gb: int = 20
     disk_type: str = ""  # "" = the machine series' default (pd-standard on E2/N2, hyperdisk-balanced on C4/N4)
     workers_per_vm: int = 0
@@ -119,6 +127,8 @@ class FleetSpec:
 
     def __post_init__(self) -> None:
         check_name("instance template", self.template)
+        if self.deadline and self.max_run_hours:  # Google's "Limit the run time of VMs in a MIG": one of the two
+            raise ValueError("a template takes one time limit: a deadline or max_run_hours, not both")
 
 
 @dataclass(frozen=True)
@@ -168,8 +178,13 @@ def template_resource(spec: FleetSpec) -> compute_v1.InstanceTemplate:
         scheduling.instance_termination_action = "DELETE"
         scheduling.automatic_restart = False
         scheduling.on_host_maintenance = "TERMINATE"
-    if spec.max_run_hours:
-        # The safety net: no VM bills for longer than this, whatever its script does.
+    if spec.deadline:
+        # The run's deadline: every VM, recreated ones included, is deleted at this time whatever it is
+        # doing, and the MIG can create none after it (maxRunDuration would bound each VM, not the run).
+        scheduling.termination_time = rfc3339(spec.deadline)
+        scheduling.instance_termination_action = "DELETE"
+        items[MD_DEADLINE] = str(int(spec.deadline))
+    elif spec.max_run_hours:
         scheduling.max_run_duration = compute_v1.Duration(seconds=int(spec.max_run_hours * 3600))
         scheduling.instance_termination_action = "DELETE"
     nic = compute_v1.NetworkInterface(network=spec.network)
@@ -214,6 +229,10 @@ def mig_resource(spec: FleetSpec, place: Place, name: str, size: int) -> compute
         mig.distribution_policy = compute_v1.DistributionPolicy(target_shape="ANY")
         mig.update_policy = compute_v1.InstanceGroupManagerUpdatePolicy(
             instance_redistribution_type="NONE", type_="OPPORTUNISTIC")
+        # A preempted Spot VM is repaired in its old zone by default (allowChangingZone NO): the zone
+        # that just ran out of capacity. YES lets the MIG recreate it wherever there is room.
+        mig.instance_lifecycle_policy = compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
+            on_repair=compute_v1.InstanceGroupManagerInstanceLifecyclePolicyOnRepair(allow_changing_zone="YES"))
     return mig
 
 
@@ -238,13 +257,18 @@ def delete_instances_body(place: Place, instances: list[str], skip_invalid: bool
                 instances=instances, skip_instances_on_validation_error=skip_invalid)}
 
 
+# What GCE says when a zone has no capacity for the VM (a Spot stock-out, most often).
+STOCK_OUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
+
+
 @dataclass
 class MigState:
     name: str
     target_size: int
     template: str  # the template's name
     instances: list[dict] = field(default_factory=list)  # name, status, action, errors
-    errors: list[dict] = field(default_factory=list)  # from listErrors: time, instance, action, code, message
+    errors: list[dict] = field(default_factory=list)  # from listErrors: time, instance, zone, action, code, message
+    short_zones: dict[str, int] = field(default_factory=dict)  # zone -> stock-outs listErrors reports there
 
 
 def mig_state(name: str, mig: compute_v1.InstanceGroupManager, managed: list[compute_v1.ManagedInstance],
@@ -257,7 +281,13 @@ def mig_state(name: str, mig: compute_v1.InstanceGroupManager, managed: list[com
                              "zone": mi.instance.split("/zones/")[-1].split("/")[0], "status": mi.instance_status,
                              "action": mi.current_action, "errors": errs})
     for e in errors:
-        st.errors.append({"time": e.timestamp, "instance": e.instance_action_details.instance.rsplit("/", 1)[-1],
+        url = e.instance_action_details.instance
+        st.errors.append({"time": e.timestamp, "instance": url.rsplit("/", 1)[-1],
+                          "zone": url.split("/zones/")[-1].split("/")[0] if "/zones/" in url else "",
                           "action": e.instance_action_details.action, "code": e.error.code,
                           "message": e.error.message})
+    # A zone is short of capacity where GCE could not create a VM for want of it (listErrors: recent history).
+    for e in st.errors:
+        if e["code"] in STOCK_OUT_CODES and e["zone"]:
+            st.short_zones[e["zone"]] = st.short_zones.get(e["zone"], 0) + 1
     return st

@@ -55,7 +55,8 @@ class FleetConfig:
     disk_type: str = ""  # boot disk type; "" = the machine series' default (hyperdisk-balanced on C4/N4)
     workers_per_vm: int = 0  # worker processes per VM; 0 = one per core
     standby: int = 2  # idle workers kept in the tail to take over expired leases
-    # scheduling.maxRunDuration of every VM: unset = derived from the plan (fleet.gce.estimate); 0 = no limit
+    # A run's time limit from its launch (its VMs' terminationTime): unset = derived from the plan
+    # (fleet.gce.estimate); 0 (no limit) still loads from an old file, and `fleet launch` refuses it
     max_run_hours: float | None = None
     network: str = "global/networks/default"
     subnetwork: str = ""
@@ -112,7 +113,7 @@ class FleetConfig:
         if self.standby < 0:
             raise bad("standby", "must be 0 or more")
         if self.max_run_hours is not None and not (self.max_run_hours == 0 or 1 / 120 <= self.max_run_hours <= 24 * 120):
-            raise bad("max_run_hours", "must be 0 (no limit) or between 0.0083 (30 s) and 2880 (120 days); "
+            raise bad("max_run_hours", "must be between 0.0083 (30 s) and 2880 (120 days); "
                                        "leave it out to derive it from the plan")
         for name in ("mb_per_vcpu_s", "boot_minutes", "vcpu_hour_usd", "spot_vcpu_hour_usd"):
             if not getattr(self, name) > 0:  # NaN too
@@ -189,8 +190,8 @@ _COMMENTS = {
     "standby": "idle workers kept alive in the tail to take over expired leases",
     "disk_type": "boot disk type; empty = the machine series' default (pd-standard on E2/N2, "
                  "hyperdisk-balanced on C4/N4); e.g. pd-balanced for faster boots on E2",
-    "max_run_hours": "every VM is deleted after this long whatever it is doing (0 = never); "
-                     "unset = 3 x the run's expected time, shown by `fleet launch --dry-run`",
+    "max_run_hours": "a run's time limit from its launch: every VM, recreated ones included, is deleted by "
+                     "then whatever it is doing; unset = 3 x the run's expected time, shown by `fleet launch --dry-run`",
     "mb_per_vcpu_s": "cost estimate (planning figures; docs/costs.md): MB/s per vCPU, boot, "
                      "price per vCPU-hour",
     "code_paths": "what `fleet sync` uploads, relative to the project root",

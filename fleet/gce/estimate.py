@@ -1,4 +1,4 @@
-"""What a run should cost, and how long a VM may live: from the plan's size, before anything starts.
+"""What a run should cost, and how long its fleet may live: from the plan's size, before anything starts.
 
     work time  = input MB / (MB/s per vCPU × busy worker processes × efficiency)
                  (never less than the largest item at one process's rate)
@@ -6,10 +6,12 @@
     VM-hours   = VMs × wall time;  vCPU-hours = VM-hours × vCPUs per VM
     cost       = vCPU-hours × price per vCPU-hour (Spot or on-demand)
 
-The bound every VM gets as ``maxRunDuration`` is 3 × the expected wall time in whole hours, at
-least an hour (a slow boot or a slow mirror must not kill a healthy VM) and
-within GCE's 30 s to 120 days. The upper end of the price range is that bound
-for every VM once: what the run costs if no VM ever leaves on its own.
+The run's deadline (every VM's ``scheduling.terminationTime``: the VMs of the run, recreated ones
+included, are gone by then) is the launch plus 3 × the expected wall time in whole hours, at
+least an hour (a slow boot or a slow mirror must not kill a healthy run) and within GCE's
+30 s to 120 days. The MIG never holds more than its target size at once, so the upper end of
+the price range is every VM running until the deadline: what the run costs if no VM ever
+leaves on its own (a hung worker, a bucket out of reach).
 Rates and prices come from fleet.toml (docs/costs.md), so they can be
 replaced by what `fleet status` measures on a slice of the corpus.
 
@@ -241,10 +243,12 @@ class Estimate:
     vm_hours: float
     vcpu_hours: float
     vcpu_hour_usd: float
-    bound_hours: float  # maxRunDuration of every VM (0 = none)
+    bound_hours: float  # from the launch to the run's deadline (0 = none)
     bound_derived: bool
     rates: Rates
     bucket: BucketEstimate | None = None
+    deadline: str = ""  # the deadline itself (RFC 3339), once a launch has fixed it
+    bound_how: str = ""  # who set the deadline, when not derived ("--deadline", "max_run_hours in fleet.toml")
 
     @property
     def expected_usd(self) -> float:
@@ -276,13 +280,15 @@ class Estimate:
             out += self.bucket.lines()
         if self.bound_hours:
             how = (f"derived: {MARGIN:g} × the expected time, at least {MIN_BOUND_S / 3600:g} h; --max-run-hours "
-                   "overrides" if self.bound_derived else "set by max_run_hours")
-            out.append(f"maxRunDuration: {_duration(self.bound_hours * 3600)} per VM ({how}); at most "
-                       f"{self.bound_vm_hours:,.2f} VM-hours, ≈ ${self.bound_usd:,.2f}, if every VM ran that long once")
+                   "or --deadline overrides" if self.bound_derived else f"set by {self.bound_how or 'max_run_hours'}")
+            at = f"{self.deadline}, " if self.deadline else ""
+            out.append(f"deadline: {at}{_duration(self.bound_hours * 3600)} after launch ({how}); every VM, recreated "
+                       f"ones included, is gone by then: at most {self.bound_vm_hours:,.2f} VM-hours, "
+                       f"≈ ${self.bound_usd:,.2f}")
             out.append(f"price range: ≈ ${self.expected_usd:,.2f} to ${self.bound_usd:,.2f}"
                        + (f" for the machines, + ≈ {usd(self.bucket_usd)} of bucket operations" if self.bucket else ""))
         else:
-            out.append("maxRunDuration: none (max_run_hours = 0): a VM that never leaves bills until `fleet down`")
+            out.append("deadline: none: a VM that never leaves bills until `fleet down`")
         return out
 
 
@@ -304,7 +310,7 @@ def derived_bound_hours(wall_s: float) -> float:
 def estimate(item_sizes: list[int], workers: int, vcpus: int, workers_per_vm: int, spot: bool, rates: Rates,
              max_run_hours: float | None, item_steps: Sequence[int] | None = None,
              stages: Sequence[Boundary] = ()) -> Estimate:
-    """``max_run_hours`` None derives the bound; 0 means none; otherwise it is the bound.
+    """``max_run_hours`` None derives the run's bound (launch to deadline); 0 means none; otherwise it is the bound.
     ``item_steps``: each item's step (fleet.core.run.Item.step), and ``stages`` the run's stage
     boundaries (:func:`boundaries`), for a run with stages; else all map items."""
     procs = workers_per_vm or vcpus

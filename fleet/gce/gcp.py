@@ -9,10 +9,13 @@ token: it must work when Python or the code is what failed).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Callable
 
 from fleet.gce import boots, compute, compute_requests, estimate, iam, prelaunch
@@ -38,9 +41,10 @@ class LaunchRecord(JsonRecord):
     workers: int
     spot: bool
     machine_type: str
-    max_run_hours: float
+    max_run_hours: float  # from the launch to the deadline
     code_version: str
     launched: float = field(default_factory=time.time)
+    deadline: float = 0.0  # every VM's terminationTime, seconds since the epoch (0: launched before deadlines)
 
     @property
     def place(self) -> compute_requests.Place:
@@ -83,12 +87,71 @@ def check_template(template: str | None) -> None:
                         f"lets them delete only templates named so (`fleet iam`)")
 
 
+def parse_deadline(text: str) -> float:
+    """``--deadline``: an RFC 3339 time with its zone (2025-06-01T18:00:00Z, or +02:00), as seconds."""
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise PlanError(f"--deadline {text}: not a time; give one like 2025-06-01T18:00:00Z (RFC 3339)") from None
+    if when.tzinfo is None:
+        raise PlanError(f"--deadline {text}: give its time zone, e.g. {text}Z for UTC")
+    return when.timestamp()
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When every VM of the run is gone (scheduling.terminationTime), and who said so."""
+
+    at: float  # seconds since the epoch
+    hours: float | None  # for the estimate: None = derive it from the plan; else launch to deadline
+    how: str  # "" when derived
+
+
+def run_deadline(cfg: FleetConfig, max_run_hours: float | None, deadline: str | None, now: float) -> Deadline:
+    """The run's deadline from --deadline, --max-run-hours or fleet.toml's max_run_hours (all
+    checked here, each refusal one line naming the option), else None hours: derived from the plan.
+    A run without one is refused: a hung worker would bill until `fleet down`."""
+    boot = cfg.boot_minutes * 60
+    if deadline is not None and max_run_hours is not None:
+        raise PlanError(f"--deadline {deadline} and --max-run-hours {max_run_hours:g}: give one of the two")
+    if deadline is not None:
+        # In whole seconds, as terminationTime takes it (compute_requests.rfc3339), before it is checked.
+        at, name = float(int(parse_deadline(deadline))), f"--deadline {deadline}"
+        if at <= now:
+            raise PlanError(f"{name}: that time has passed (it is {compute_requests.rfc3339(now)} now); "
+                            "give a later one")
+        hours, how = (at - now) / 3600, "--deadline"
+    else:
+        hours, name = (max_run_hours, f"--max-run-hours {max_run_hours:g}") if max_run_hours is not None else \
+            (cfg.max_run_hours, f"fleet.toml: max_run_hours = {cfg.max_run_hours:g}" if cfg.max_run_hours is not None
+             else "")
+        if hours is None:
+            return Deadline(0.0, None, "")
+        if hours == 0:
+            raise PlanError(f"{name}: a run without a time limit is refused (a hung worker would bill until "
+                            "`fleet down`); give the hours the run may last with --max-run-hours, a time with "
+                            "--deadline, or neither to derive one from the plan")
+        if not 1 / 120 <= hours <= 24 * 120:
+            raise PlanError(f"{name}: give 0.0083 (30 s) to 2880 (120 days), GCE's range for a time limit")
+        at, how = now + hours * 3600, "--max-run-hours" if max_run_hours is not None else "max_run_hours in fleet.toml"
+    if at - now < boot:
+        raise PlanError(f"{name}: {at - now:.0f} s from now is shorter than one VM boot ({cfg.boot_minutes:g} min, "
+                        "boot_minutes in fleet.toml); give a later deadline")
+    if at - now > estimate.MAX_BOUND_S:
+        raise PlanError(f"{name}: more than 120 days from now, GCE's longest time limit")
+    # Whole minutes from hours (a dry run and its launch a few seconds apart agree); a time given stays as given.
+    return Deadline(at if deadline is not None else float(math.ceil(at / 60) * 60), hours, how)
+
+
 def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None = None, spot: bool | None = None,
-                max_run_hours: float | None = None, vcpus: int | None = None) -> LaunchPlan:
+                max_run_hours: float | None = None, vcpus: int | None = None, deadline: str | None = None,
+                now: float | None = None) -> LaunchPlan:
     """Check the run can go to VMs and build the exact requests; sends nothing to Compute.
 
     ``vcpus`` per VM (machineTypes.get, see fleet.gce.prelaunch) sizes the estimate and the derived
-    maxRunDuration; without it the machine type's name says."""
+    deadline; without it the machine type's name says. ``now``: the launch's time (the deadline is
+    fixed from it)."""
+    now = time.time() if now is None else now
     kind = "zonal" if cfg.zone else "regional"
     limit = compute_requests.MIG_LIMIT[kind]
     if workers > limit and cfg.zone:
@@ -101,9 +164,7 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     if not cfg.service_account:
         raise PlanError("fleet.toml: service_account is empty; the VMs need one to reach the bucket "
                         "(docs/gcp.md, step 2)")
-    override = cfg.max_run_hours if max_run_hours is None else max_run_hours
-    if override is not None and not (override == 0 or 1 / 120 <= override <= 24 * 120):
-        raise PlanError(f"--max-run-hours {override:g}: give 0 (no limit) or 0.0083 (30 s) to 2880 (120 days)")
+    limit_at = run_deadline(cfg, max_run_hours, deadline, now)
     check_template(template)
     store = open_store(cfg.bucket)
     spec = load_spec(store, run)
@@ -121,22 +182,23 @@ def plan_launch(cfg: FleetConfig, run: str, workers: int, template: str | None =
     cores = known or 1
     use_spot = cfg.spot if spot is None else spot
     est = estimate.estimate([item.size for item in items], workers, cores, cfg.workers_per_vm, use_spot, rates(cfg),
-                            override, item_steps=[item.step for item in items],
+                            limit_at.hours, item_steps=[item.step for item in items],
                             stages=estimate.boundaries(StepPlan(spec), [item.step for item in items]))
-    hours = est.bound_hours
+    at = limit_at.at or float(math.ceil((now + est.bound_hours * 3600) / 60) * 60)
+    est = dataclasses.replace(est, deadline=compute_requests.rfc3339(at), bound_how=limit_at.how)
     mig = compute_requests.mig_name(run)
     fspec = compute_requests.FleetSpec(
         run=run, bucket=cfg.bucket, code_version=spec.code_version, template=template or mig,
         machine_type=cfg.machine_type, image=cfg.image, service_account=cfg.service_account,
         startup_script=read_startup_script(), shutdown_script=read_startup_script(script=SHUTDOWN_SCRIPT),
-        spot=use_spot, max_run_hours=hours,
+        spot=use_spot, max_run_hours=0, deadline=at,
         disk_gb=cfg.disk_gb, disk_type=cfg.disk_type, workers_per_vm=cfg.workers_per_vm, standby=cfg.standby, network=cfg.network,
         subnetwork=cfg.subnetwork, external_ip=cfg.external_ip)
     place = compute_requests.Place(cfg.project, cfg.zone, cfg.region)
     tpl = compute_requests.template_resource(fspec)
     mig_res = compute_requests.mig_resource(fspec, place, mig, workers)
     record = LaunchRecord(run, cfg.project, cfg.zone, cfg.region, mig, fspec.template, workers, fspec.spot,
-                          cfg.machine_type, hours, spec.code_version)
+                          cfg.machine_type, est.bound_hours, spec.code_version, launched=now, deadline=at)
     return LaunchPlan(record, fspec, tpl, mig_res, compute_requests.launch_requests(tpl, mig_res, place), est)
 
 
@@ -149,19 +211,21 @@ class Checks:
 
 
 def prepare(cfg: FleetConfig, run: str, workers: int, template: str | None = None, spot: bool | None = None,
-            max_run_hours: float | None = None) -> tuple[LaunchPlan, Checks]:
+            max_run_hours: float | None = None, deadline: str | None = None) -> tuple[LaunchPlan, Checks]:
     """The plan, sized with the machine type's real vCPUs, and what stands in its way (quota, the
     service account): read-only calls only, so a dry run makes them too. Without Google
     credentials the plan is sized from the machine type's name and the checks are skipped:
     a dry run still shows the requests and the cost, a launch refuses (fleet.cli.commands)."""
-    plan = plan_launch(cfg, run, workers, template, spot, max_run_hours)  # what the bucket alone can refuse, first
+    now = time.time()  # the deadline is fixed once, from here
+    plan = plan_launch(cfg, run, workers, template, spot, max_run_hours, deadline=deadline, now=now)  # the bucket's refusals first
     comp = compute.Compute(compute_requests.Place(cfg.project, cfg.zone, cfg.region))
     try:
         facts = prelaunch.gather(cfg, comp)
     except compute.NoCredentials as e:
         return plan, Checks([], str(e))
     if facts.vcpus != plan.estimate.vcpus:
-        plan = plan_launch(cfg, run, workers, template, spot, max_run_hours, vcpus=facts.vcpus)
+        plan = plan_launch(cfg, run, workers, template, spot, max_run_hours, vcpus=facts.vcpus, deadline=deadline,
+                           now=now)
     disk = plan.template.properties.disks[0].initialize_params
     account = iam.check_service_account(cfg.service_account)
     return plan, Checks(prelaunch.shortfalls(cfg, workers, plan.spec.spot, disk.disk_type, disk.disk_size_gb, facts,

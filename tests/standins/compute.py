@@ -15,6 +15,23 @@ does not rule out) is a VM that reaches its template's ``maxRunDuration``;
 creation failures injected with :meth:`ComputeStandin.fail_creations` show up in
 ``listErrors``.
 
+What costs money when a product assumes kinder behaviour (issue 29):
+
+- ``deleteInstances`` answers with an operation that is already DONE, but the VMs
+  start ``DELETING`` and ``targetSize`` drops only ``delete_lag`` seconds later: the
+  operation says the deletion is scheduled, not done.
+- A template's ``scheduling.terminationTime`` (RFC 3339; one of the two kinds of time
+  limit Google's "Limit the run time of VMs in a MIG" names, so never beside
+  ``maxRunDuration``) ends every VM at that time, whenever it was created; the MIG
+  then tries to recreate it, and a VM made from the template after that time cannot
+  be created (the attempt fails, in ``listErrors``, and is retried as GCE retries).
+- Zones have capacity (:meth:`ComputeStandin.set_capacity`; 0 is a stock-out): a
+  creation in a full zone fails with ``ZONE_RESOURCE_POOL_EXHAUSTED``. A regional MIG
+  whose distribution shape is ``ANY`` then puts a new VM in a zone that has room; a
+  *repair* (recreating a preempted VM, or one at its time limit) stays in the VM's
+  zone unless ``instanceLifecyclePolicy.onRepair.allowChangingZone`` is ``YES``. The
+  attempt in the full zone fails first (``listErrors`` has it), as GCE reports it.
+
 A stop is what a GCE guest sees (tests/standins/guest.py models the inside): the
 *machine* (what the launcher returns) is asked to stop, which signals only the
 startup script's runner and runs the template's ``shutdown-script``; it powers off
@@ -100,6 +117,26 @@ def int64(field_name: str, value) -> int:
     return int(value)
 
 
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+def rfc3339(field_name: str, value) -> float:
+    """A time stamp in RFC 3339 text format (a date, a time and a zone), as seconds since the epoch."""
+    if not isinstance(value, str) or not RFC3339.match(value):
+        raise invalid(field_name, f"'{value}'. Expected an RFC3339 timestamp, e.g. 2025-01-01T12:00:00Z.")
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def termination_time(template: dict) -> float | None:
+    sch = template["properties"].get("scheduling") or {}
+    return rfc3339("terminationTime", sch["terminationTime"]) if "terminationTime" in sch else None
+
+
+STOCK_OUT = ("ZONE_RESOURCE_POOL_EXHAUSTED",
+             "The zone does not have enough resources available to fulfill the request. Try a different zone, "
+             "or try again later.")
+
+
 def last(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
 
@@ -166,6 +203,13 @@ def validate_template(body: dict) -> None:
             raise invalid("resource.properties.scheduling.automaticRestart", "Spot VMs cannot restart automatically.")
         if sch.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
             raise invalid("resource.properties.scheduling.onHostMaintenance", "Spot VMs must TERMINATE on host maintenance.")
+    if "terminationTime" in sch:
+        rfc3339("resource.properties.scheduling.terminationTime", sch["terminationTime"])
+        if "maxRunDuration" in sch:  # "You can specify one of two types of time limits"
+            raise invalid("resource.properties.scheduling", "give either maxRunDuration or terminationTime, not both")
+        if action is None:
+            raise invalid("resource.properties.scheduling.instanceTerminationAction",
+                          "must be set when terminationTime is set")
     if "maxRunDuration" in sch:
         seconds = int64("resource.properties.scheduling.maxRunDuration.seconds", sch["maxRunDuration"].get("seconds"))
         if not 30 <= seconds <= 120 * 86400:
@@ -228,6 +272,8 @@ class VM:
     kill_at: float | None = None
     termed: bool = False
     deadline: float | None = None  # maxRunDuration of this boot, as a time
+    terminate_at: float | None = None  # the template's terminationTime
+    repair: bool = False  # being recreated (zone-pinned unless onRepair.allowChangingZone is YES)
     next_try: float = 0.0
     extra: dict = field(default_factory=dict)  # for the launcher (metadata server, work dir)
 
@@ -282,8 +328,12 @@ class ComputeStandin:
     def __init__(self, project: str, launcher: Launcher | None = None, on_gone: Stopper | None = None,
                  stop_delay: float = 0.3, stop_window: float = 90.0, preempt_window: float = 30.0,
                  op_delay: float = 0.2, run_duration_scale: float = 1.0, in_use_error: str | None = None,
-                 mig_delete_time: float = 1.0):
+                 mig_delete_time: float = 1.0, delete_lag: float = 1.0):
         self.project = project
+        # deleteInstances: its operation is DONE at once, the VMs start DELETING (and targetSize drops) this much later.
+        self.delete_lag = delete_lag
+        self._pending_deletes: list[tuple[float, tuple[str, str], list[str]]] = []
+        self.capacity: dict[str, int] = {}  # zone -> VMs it can hold (absent: no limit; 0: a stock-out)
         # A MIG's deletion takes a while even with no VM left, so its template is still in use meanwhile.
         self.mig_delete_time = mig_delete_time
         # Where GCE reports a template still used by a MIG: a synchronous 400 or an error in the delete's
@@ -353,6 +403,14 @@ class ComputeStandin:
         with self.lock:
             self._fail += [(code, message)] * count
 
+    def set_capacity(self, zone: str, vms: int | None) -> None:
+        """At most ``vms`` VMs can run in ``zone`` (0: a Spot stock-out; None: no limit again)."""
+        with self.lock:
+            if vms is None:
+                self.capacity.pop(zone, None)
+            else:
+                self.capacity[zone] = vms
+
     def preempt(self, name: str) -> VM:
         """Preempt a VM as Spot does: a stop with ``preempt_window`` to power-off, then recreate it."""
         with self.lock:
@@ -390,8 +448,50 @@ class ComputeStandin:
         vm.extra.pop("exited", None)
         limit = ((template["properties"].get("scheduling") or {}).get("maxRunDuration") or {}).get("seconds")
         vm.deadline = time.time() + int(limit) * self.run_duration_scale if limit else None
+        vm.terminate_at = termination_time(template)
+        vm.repair = False
         vm.proc = self.launcher(self, vm, mig, template) if self.launcher else None
         vm.status, vm.action = "RUNNING", "NONE"
+
+    def _used(self, zone: str) -> int:
+        """VMs started in the zone and not yet gone (a stopping VM still holds its machine)."""
+        return sum(1 for m in self.migs.values() for v in m.vms.values()
+                   if v.zone == zone and v.status != "PROVISIONING") + sum(1 for v in self.orphans if v.zone == zone)
+
+    def _room(self, zone: str) -> bool:
+        return zone not in self.capacity or self._used(zone) < self.capacity[zone]
+
+    def _place(self, mig: Mig, vm: VM) -> None:
+        """After an attempt failed for want of room, a regional ANY-shape MIG tries the VM where there
+        is room; a repair stays in its zone unless the MIG allows changing it
+        (instanceLifecyclePolicy.onRepair.allowChangingZone)."""
+        if self._room(vm.zone) or not vm.errors or not mig.scope.startswith("regions/"):
+            return
+        if (mig.body.get("distributionPolicy") or {}).get("targetShape", "EVEN") != "ANY":
+            return
+        on_repair = ((mig.body.get("instanceLifecyclePolicy") or {}).get("onRepair") or {})
+        if vm.repair and on_repair.get("allowChangingZone", "NO") != "YES":
+            return
+        free = [z for z in mig.zones if self._room(z)]
+        if free:
+            vm.zone = free[0]
+
+    def _create_error(self, mig: Mig, vm: VM, now: float) -> tuple[str, str] | None:
+        """Why this attempt to create the VM fails, if it does."""
+        refused = self._refused(mig)
+        if refused:
+            return refused
+        end = termination_time(self.templates[mig.template])
+        if end is not None and now >= end:
+            return ("INVALID_FIELD_VALUE", "Invalid value for field 'resource.scheduling.terminationTime': "
+                    f"'{self.templates[mig.template]['properties']['scheduling']['terminationTime']}'. "
+                    "The termination time must be in the future.")
+        self._place(mig, vm)
+        if not self._room(vm.zone):
+            return STOCK_OUT
+        if self._fail:
+            return self._fail.pop(0)
+        return None
 
     def _refused(self, mig: Mig) -> tuple[str, str] | None:
         """Why GCE cannot create a VM from this template at all (it keeps retrying and reporting it)."""
@@ -426,6 +526,10 @@ class ComputeStandin:
         now = time.time()
         gone: list[VM] = []
         with self.lock:
+            due = [p for p in self._pending_deletes if now >= p[0]]
+            self._pending_deletes = [p for p in self._pending_deletes if now < p[0]]
+            for _, key, names in due:
+                self._apply_delete(key, names, now)
             for vm in list(self.orphans):
                 if self._shutdown_step(vm, now):
                     self.orphans.remove(vm)
@@ -440,27 +544,32 @@ class ComputeStandin:
                         if self._shutdown_step(vm, now):
                             if self.on_gone:
                                 self.on_gone(self, vm)
-                            self._start(mig, vm)
-                            self.event("recreate", vm.name, str(vm.boot))
-                    elif vm.action == "CREATING" and now >= vm.next_try:
-                        refused = self._refused(mig)
-                        if refused or self._fail:
-                            code, message = refused or self._fail.pop(0)
+                            vm.proc, vm.action, vm.status, vm.repair, vm.next_try = None, "CREATING", "PROVISIONING", True, 0.0
+                    if vm.action == "CREATING" and now >= vm.next_try:
+                        error = self._create_error(mig, vm, now)
+                        if error:
+                            code, message = error
                             err = {"code": code, "message": message}
                             vm.errors = [err]
                             vm.next_try = now + 0.5
                             mig.errors.append({"error": err, "timestamp": _now_iso(), "instanceActionDetails": {
-                                "action": "CREATING", "instance": self.instance_url(vm),
+                                "action": "RECREATING" if vm.repair else "CREATING", "instance": self.instance_url(vm),
                                 "version": {"instanceTemplate": self.template_url(mig.template)}}})
-                            self.event("create-failed", vm.name, code)
+                            self.event("create-failed", vm.name, f"{code} {vm.zone}")
                         else:
+                            repair = vm.repair
                             self._start(mig, vm)
-                            self.event("create", vm.name)
-                    elif vm.deadline is not None and now >= vm.deadline:
+                            self.event("recreate" if repair else "create", vm.name, str(vm.boot) if repair else vm.zone)
+                    elif vm.action == "NONE" and vm.terminate_at is not None and now >= vm.terminate_at:
+                        # terminationTime: GCE deletes the VM; the MIG tries to recreate it (and cannot, after that time).
+                        self.event("termination-time", vm.name, str(vm.boot))
+                        self._recreate(vm, self.stop_window)
+                    elif vm.action == "NONE" and vm.deadline is not None and now >= vm.deadline:
                         # maxRunDuration: GCE deletes the VM; assume the worst, that the MIG recreates it.
                         self.event("max-run-duration", vm.name, str(vm.boot))
                         self._recreate(vm, self.stop_window)
-                    elif vm.proc is not None and "exited" not in vm.extra and vm.proc.script_exit() is not None:
+                    elif vm.action == "NONE" and vm.proc is not None and "exited" not in vm.extra \
+                            and vm.proc.script_exit() is not None:
                         vm.extra["exited"] = vm.proc.script_exit()  # the script ended; the VM idles on
                         self.event("script-exited", vm.name, str(vm.extra["exited"]))
                 if not mig.deleting:
@@ -752,14 +861,25 @@ class ComputeStandin:
                 return self.operation(scope, "deleteInstances", self.mig_url(mig), error={
                     "code": "RESOURCE_NOT_FOUND", "message": f"Instance '{strangers[0]}' is not a member of "
                                                              f"the managed instance group '{mig.name}'."})
-            for vm in chosen:
-                if vm.action == "DELETING":
-                    continue
-                vm.action, vm.deleted_via = "DELETING", "deleteInstances"
-                vm.term_at, vm.kill_at = now + self.stop_delay, now + self.stop_delay + self.stop_window
-                mig.target = max(0, mig.target - 1)
-                self.event("deleteInstances", vm.name, mig.name)
+            # DONE now; the VMs start DELETING, and the target size drops, delete_lag later (as on GCE).
+            self._pending_deletes.append((now + self.delete_lag, (scope, name), [vm.name for vm in chosen]))
+            if not self.delete_lag:
+                self._pending_deletes.pop()
+                self._apply_delete((scope, name), [vm.name for vm in chosen], now)
         return self.operation(scope, "deleteInstances", self.mig_url(mig))
+
+    def _apply_delete(self, key: tuple[str, str], names: list[str], now: float) -> None:
+        mig = self.migs.get(key)
+        if mig is None or mig.deleting:
+            return
+        for name in names:
+            vm = mig.vms.get(name)
+            if vm is None or vm.action == "DELETING":
+                continue
+            vm.action, vm.deleted_via = "DELETING", "deleteInstances"
+            vm.term_at, vm.kill_at = now + self.stop_delay, now + self.stop_delay + self.stop_window
+            mig.target = max(0, mig.target - 1)
+            self.event("deleteInstances", vm.name, mig.name)
 
 
 class _Handler(BaseHTTPRequestHandler):
