@@ -21,7 +21,6 @@ from fleet.core.claims import ClaimPolicy
 from fleet.core.lease import DONE, Lease
 from fleet.core.run import load_spec, plan
 from fleet.core.layout import final_prefix, lease_prefix
-from fleet.core.processes import drained
 from fleet.core.spawner import Worker
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
@@ -66,14 +65,6 @@ def test_a_marker_counts_only_while_its_lease_is_listed():
     assert policy.drained()
     policy.observe(finals=["a"], listing={}, now=1.0)  # the lease deleted since: not finished any more
     assert not policy.drained() and policy.candidates(1.0, 1.0) == [("a", True)]
-
-
-def test_the_drain_check_does_not_count_stale_markers(tmp_path):
-    bucket, items = _plan(tmp_path)
-    store = open_store(bucket)
-    for item in items:
-        store.write(final_prefix(RUN) + item.id, b"done")
-    assert not drained(bucket, RUN)
 
 
 # -- in process: a worker converts an item whose marker is stale ----------------------------------------

@@ -170,13 +170,25 @@ def test_fleet_work_lets_its_idle_processes_go_when_one_drains_the_run_without_l
     items = plan_run(bucket, "procs", delay=0.2, ttl=30)  # a 5 s poll: idle siblings sleep
     assert len(items) >= 4
     listed = []
-    monkeypatch.setattr(processes, "drained", lambda *args: listed.append(args) or False)
+    original = open_store(bucket).__class__.list
+
+    def listing(self, prefix="", *args, **kwargs):  # this process's own listings: the parent's, none
+        listed.append(prefix)
+        return original(self, prefix, *args, **kwargs)
+
+    monkeypatch.setattr(open_store(bucket).__class__, "list", listing)
     monkeypatch.setenv("PYTHONPATH", ROOT)
-    code = processes.work(bucket, "procs", procs=3, log_dir=str(tmp_path / "logs"), prefix="vm")
+    report = tmp_path / "drained"  # what startup.sh reads to know the run finished, instead of listing it
+    code = processes.work(bucket, "procs", procs=3, log_dir=str(tmp_path / "logs"), prefix="vm",
+                          drained_file=str(report))
     assert code == 0, [open(tmp_path / "logs" / f).read()[-2000:] for f in os.listdir(tmp_path / "logs")]
-    assert listed == []
+    assert listed == [] and report.exists()
     digests(bucket, "procs")  # every item done
     assert open_store(f"{bucket}/out-procs").stat(MANIFEST) is not None
     store = open_store(bucket)
     beats = [json.loads(store.read(b.name)) for b in store.list(worker_prefix("procs"))]
     assert len(beats) == 3 and {b["state"] for b in beats} <= {"exited", "stopped"}
+    # One process, and a run already drained: it finds so and says so too.
+    report.unlink()
+    assert processes.work(bucket, "procs", procs=1, prefix="late", drained_file=str(report)) == 0
+    assert report.exists()

@@ -229,6 +229,9 @@ def work_cmd(
                                           "idle workers stay on standby (default: stay until the run is drained)"),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Give failed items new attempts first "
                                       "(run it from one place only)"),
+    drained_file: Optional[str] = typer.Option(None, help="Create this file when a worker process finds the run "
+                                               "drained, by a listing of every lease and marker (a VM's startup "
+                                               "script then deletes the fleet without listing the run again)"),
 ) -> None:
     """Claim, convert and commit items until the run is drained (what each VM runs)."""
     from fleet.core.processes import work
@@ -239,7 +242,7 @@ def work_cmd(
     bucket = _bucket(bucket, _config())
     if retry_failed:
         _retry_failed(bucket, run)
-    code = work(bucket, run, procs or os.cpu_count() or 1, log_dir, name_prefix, standby)
+    code = work(bucket, run, procs or os.cpu_count() or 1, log_dir, name_prefix, standby, drained_file)
     raise typer.Exit(code)
 
 

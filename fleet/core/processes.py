@@ -230,6 +230,9 @@ def _child(bucket: str, run: str, name: str, log_file: str | None, standby: int 
         code, found_drained = _work_one(bucket, run, name, log_file, standby)
         if code == 0 and found_drained:
             code = DRAINED_EXIT
+        # Ignored by the kernel from here: the interpreter's finalisation would put back the default,
+        # which kills, and `fleet work` signals the others when one leaves drained.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     except SystemExit:
         raise
     except BaseException:
@@ -331,11 +334,16 @@ def stop_workers(children: list, timeout: float = 10.0) -> None:
 
 
 def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, prefix: str | None = None,
-         standby: int | None = None) -> int:
-    """Run `procs` worker processes (one per core is right: conversion is CPU-bound)."""
+         standby: int | None = None, drained_file: str | None = None) -> int:
+    """Run `procs` worker processes (one per core is right: conversion is CPU-bound). ``drained_file``:
+    created when one of them found the run drained (a listing of every lease and marker said so),
+    so that the caller (startup.sh) need not list the run again to know."""
     if procs == 1:
         name = f"{prefix or socket.gethostname() + '-' + uuid.uuid4().hex[:4]}-w0"
-        return work_one(bucket, run, name, os.path.join(log_dir, f"{name}.log") if log_dir else None, standby)
+        code, found = _work_one(bucket, run, name, os.path.join(log_dir, f"{name}.log") if log_dir else None, standby)
+        if found:
+            _say_drained(drained_file)
+        return code
     children = start_workers(bucket, run, procs, log_dir, prefix, standby)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop_workers(children))
     try:
@@ -347,6 +355,7 @@ def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, pref
                     continue
                 pending.remove(c)
                 if c.exitcode == DRAINED_EXIT:
+                    _say_drained(drained_file)
                     # It listed every lease and marker: the others that sleep between idle sweeps
                     # leave now, and do not list the run again each; one writing the run's files
                     # finishes them (a SIGTERM would leave the run without them).
@@ -358,24 +367,16 @@ def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, pref
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    failed = [c.exitcode for c in children if c.exitcode and c.exitcode not in (-signal.SIGTERM, DRAINED_EXIT)]
+    # A SIGUSR1 kills only a process that holds nothing: one still starting (before its handler is
+    # set) or leaving (the interpreter's finalisation puts the default back): both are fine.
+    benign = (-signal.SIGTERM, -signal.SIGUSR1, DRAINED_EXIT)
+    failed = [c.exitcode for c in children if c.exitcode and c.exitcode not in benign]
     if not failed:
         return 0
     return 2 if all(code == 2 for code in failed) else 1  # 2: each said why in one line (work_one)
 
 
-def drained(bucket: str, run: str) -> bool:
-    """Every item finished: one listing of the leases, then one of the final/ markers; a
-    marker counts only while its lease is there (a stale one must not stop the workers)."""
-    from fleet.core.layout import final_prefix, lease_prefix
-    from fleet.core.run import load_spec
-    from fleet.core.store import open_store
-
-    try:
-        store = open_store(bucket)
-        prefix, final = lease_prefix(run), final_prefix(run)
-        leased = {b.name[len(prefix):] for b in store.list(prefix)}
-        finals = {b.name[len(final):] for b in store.list(final)}
-        return len(finals & leased) >= load_spec(store, run).items
-    except Exception:  # then the workers find out themselves
-        return False
+def _say_drained(path: str | None) -> None:
+    if path:
+        with contextlib.suppress(OSError):  # advisory: without it, the standbys or the last VM out end the fleet
+            open(path, "w").close()

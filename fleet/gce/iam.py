@@ -7,7 +7,7 @@ predefined ones, each with only the permissions those calls need:
 - ``fleetWorkerStorage`` on the bucket: read code and items, write outputs, leases,
   heartbeats and logs (an overwrite needs ``storage.objects.delete`` too).
 - ``fleetWorkerCompute`` on the project: leave its own MIG (``deleteInstances``), and,
-  as the last one out or when the run stops itself, delete the MIG and the template.
+  when the run is done or stops itself, or no VM is left, delete the MIG and the template.
   Its IAM condition confines the template deletion to templates named ``fleet-*``
   (what `fleet launch` creates). It cannot confine the MIG permissions: IAM Conditions
   give resource attributes (``resource.type``, ``resource.name``) only for the resource
@@ -66,13 +66,14 @@ STORAGE_ROLE = Role(
 
 COMPUTE_ROLE = Role(
     "fleetWorkerCompute", "fleet worker (own MIG)",
-    "What a fleet VM does to its own MIG: leave it; the last one out deletes the MIG and its template.",
+    "What a fleet VM does to its own MIG: leave it; when the run is done (or stops, or no VM is left), delete "
+    "the MIG and its template.",
     (
         Permission("compute.instanceGroupManagers.update", "instanceGroupManagers.deleteInstances: a VM leaves its MIG"),
         Permission("compute.instanceGroupManagers.get",
-                   "instanceGroupManagers.get (is it the last one out?), listManagedInstances (stopping the run)"),
-        Permission("compute.instanceGroupManagers.delete", "instanceGroupManagers.delete: the last one out"),
-        Permission("compute.instanceTemplates.delete", "instanceTemplates.delete: the last one out"),
+                   "listManagedInstances: the VMs to remove, and whether any is left that is not being deleted"),
+        Permission("compute.instanceGroupManagers.delete", "instanceGroupManagers.delete: the run done or stopped"),
+        Permission("compute.instanceTemplates.delete", "instanceTemplates.delete: the run done or stopped"),
         Permission("compute.globalOperations.get", "globalOperations.get: waiting for the template's deletion"),
     ))
 
