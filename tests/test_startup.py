@@ -207,3 +207,41 @@ def test_a_reboot_sends_only_its_own_lines(vm):
     assert "downloaded and verified" in first.stdout and "downloaded and verified" not in again.stdout
     assert "already here and verified" in again.stdout
     assert (first.disk / "logs" / "startup.log").read_text() == first.stdout + again.stdout
+
+
+def _own_action(page: dict, instance: str) -> str:
+    """startup.sh's own_action on a listManagedInstances page, run by bash."""
+    lines = STARTUP.read_text().splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("own_action() {")))
+    end = lines.index("}", start)
+    body = "\n".join(lines[start:end + 1])
+    proc = subprocess.run(["bash", "-c", f"{body}\nown_action"], capture_output=True, text=True, check=True,
+                          env={"PATH": os.environ["PATH"], "INSTANCE": instance, "API_OUT": json.dumps(page, indent=1)})
+    return proc.stdout.strip()
+
+
+def test_a_vm_finds_its_own_action_in_its_migs_list_whatever_the_order_of_the_fields():
+    """The last VM out of an unfinished run waits until its own deletion shows (DELETING, or gone) before it
+    counts the VMs left: its entry is told by its name, whatever order GCE gives the fields in, and
+    beside nested objects (version, lastAttempt's errors) and names that share a prefix with it."""
+    from hypothesis import given, settings, strategies as st
+
+    actions = st.sampled_from(["NONE", "CREATING", "DELETING", "RECREATING", "VERIFYING"])
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.lists(actions, min_size=1, max_size=6), st.randoms(use_true_random=False), st.booleans())
+    def check(states, rnd, present):
+        names = [f"fleet-r-{i}" for i in range(len(states))] + ["fleet-r-0x"]
+        entries = []
+        for name, state in zip(names, states + ["NONE"]):
+            fields = [("instance", f"https://www.googleapis.com/compute/v1/projects/p/zones/z/instances/{name}"),
+                      ("currentAction", state), ("id", "123"), ("instanceStatus", "RUNNING"),
+                      ("version", {"instanceTemplate": "global/instanceTemplates/t"}),
+                      ("lastAttempt", {"errors": {"errors": [{"code": "X", "message": f"about {name}"}]}})]
+            rnd.shuffle(fields)
+            entries.append(dict(fields))
+        me = names[0] if present else "fleet-r-9"
+        page = {"managedInstances": entries}
+        assert _own_action(page, me) == (states[0] if present else "")
+
+    check()
