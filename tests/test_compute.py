@@ -22,13 +22,13 @@ from fleet.core.codesync import sync
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.run import plan
 from fleet.core.store import open_store
+from tests.helpers.gce import PROJECT, spec
 from tests.standins.catalog import Catalog
 from tests.standins.compute import ComputeStandin
 from tests.standins.faultproxy import FaultProxy
 from tests.standins.iam import IamStandin
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT = "fleet-test-1"
 ZONAL, REGIONAL = compute_requests.Place(PROJECT, zone="us-central1-a"), compute_requests.Place(PROJECT, region="us-central1")
 
 
@@ -42,13 +42,6 @@ def standin(monkeypatch):
     yield s
     s.stop()
     accounts.stop()
-
-
-def spec(**changes) -> compute_requests.FleetSpec:
-    base = dict(run="r1", bucket="gs://bkt", code_version="0123456789abcdef", template="t-r1",
-                machine_type="e2-standard-4", image="projects/debian-cloud/global/images/family/debian-12",
-                service_account=f"w@{PROJECT}.iam.gserviceaccount.com", startup_script="#!/bin/bash\ntrue\n")
-    return compute_requests.FleetSpec(**{**base, **changes})
 
 
 def test_template_request_has_only_the_scopes_workers_need_and_a_safety_net():

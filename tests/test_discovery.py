@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from fleet.gce import compute, compute_requests
+from tests.helpers import gce
 from fleet.gce.config import ConfigError, FleetConfig
 from tests.standins import discovery
 from tests.standins.compute import ComputeStandin
@@ -29,11 +30,7 @@ BASE = f"/compute/v1/projects/{PROJECT}"
 
 
 def spec(**changes) -> compute_requests.FleetSpec:
-    base = dict(run="r1", bucket="gs://bkt", code_version="0123456789abcdef", template="t-r1",
-                machine_type="e2-standard-4", image="projects/debian-cloud/global/images/family/debian-12",
-                service_account=f"w@{PROJECT}.iam.gserviceaccount.com", startup_script="#!/bin/bash\ntrue\n",
-                shutdown_script="#!/bin/bash\ntrue\n")
-    return compute_requests.FleetSpec(**{**base, **changes})
+    return gce.spec(**{"shutdown_script": "#!/bin/bash\ntrue\n", **changes})
 
 
 @pytest.fixture

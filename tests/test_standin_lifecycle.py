@@ -19,9 +19,9 @@ import pytest
 from google.cloud import compute_v1
 
 from fleet.gce import compute, compute_requests
+from tests.helpers.gce import PROJECT, spec
 from tests.standins.compute import ComputeStandin
 
-PROJECT = "fleet-test-1"
 ZONAL, REGIONAL = compute_requests.Place(PROJECT, zone="us-central1-a"), compute_requests.Place(PROJECT, region="us-central1")
 
 
@@ -31,13 +31,6 @@ def standin(monkeypatch):
     monkeypatch.setenv(compute_requests.ENDPOINT_ENV, s.url)
     yield s
     s.stop()
-
-
-def spec(**changes) -> compute_requests.FleetSpec:
-    base = dict(run="r1", bucket="gs://bkt", code_version="0123456789abcdef", template="t-r1",
-                machine_type="e2-standard-4", image="projects/debian-cloud/global/images/family/debian-12",
-                service_account=f"w@{PROJECT}.iam.gserviceaccount.com", startup_script="#!/bin/bash\ntrue\n")
-    return compute_requests.FleetSpec(**{**base, **changes})
 
 
 def rfc3339(t: float) -> str:
