@@ -113,15 +113,21 @@ api_wait() { # wait (up to a minute) for the operation in API_OUT; 0 if it ended
   grep -q '"status": *"DONE"' <<<"$API_OUT" && ! grep -q '"error"' <<<"$API_OUT"
 }
 
-remove_all() { # deleteInstances on every VM of the MIG (1000 a call), so that none holds up the MIG's deletion
-  local page="" urls=() i body
+mig_pages() { # FUNC: list the MIG's VMs page by page (listManagedInstances), FUNC on each page (in API_OUT);
+  # a FUNC that returns non-zero ends the walk. 1 if a page cannot be listed.
+  local page=""
   while :; do
-    api POST "$SCOPE/instanceGroupManagers/$MIG/listManagedInstances${page:+?pageToken=$page}" ||
-      { log "could not list the VMs of $MIG: $(api_error)"; return; }
-    mapfile -t -O "${#urls[@]}" urls < <(grep -o '"instance": *"[^"]*"' <<<"$API_OUT" | sed 's/.*"\([^"]*\)"$/\1/')
+    api POST "$SCOPE/instanceGroupManagers/$MIG/listManagedInstances${page:+?pageToken=$page}" || return 1
+    "$1" || return 0
     page=$(sed -n 's/.*"nextPageToken": *"\([^"]*\)".*/\1/p' <<<"$API_OUT" | head -n 1)
-    [[ -n $page ]] || break
+    [[ -n $page ]] || return 0
   done
+}
+
+remove_all() { # deleteInstances on every VM of the MIG (1000 a call), so that none holds up the MIG's deletion
+  local urls=() i body
+  add_urls() { mapfile -t -O "${#urls[@]}" urls < <(grep -o '"instance": *"[^"]*"' <<<"$API_OUT" | sed 's/.*"\([^"]*\)"$/\1/'); }
+  mig_pages add_urls || { log "could not list the VMs of $MIG: $(api_error)"; return; }
   for ((i = 0; i < ${#urls[@]}; i += 1000)); do
     body=$(printf '"%s", ' "${urls[@]:i:1000}")
     api POST "$SCOPE/instanceGroupManagers/$MIG/deleteInstances" \
@@ -132,13 +138,9 @@ remove_all() { # deleteInstances on every VM of the MIG (1000 a call), so that n
 }
 
 staying() { # how many VMs of the MIG are not being deleted (yet): "" if the MIG cannot be listed
-  local page="" n=0
-  while :; do
-    api POST "$SCOPE/instanceGroupManagers/$MIG/listManagedInstances${page:+?pageToken=$page}" || return
-    n=$((n + $(grep -o '"currentAction": *"[A-Z_]*"' <<<"$API_OUT" | grep -vc '"DELETING"' || true)))
-    page=$(sed -n 's/.*"nextPageToken": *"\([^"]*\)".*/\1/p' <<<"$API_OUT" | head -n 1)
-    [[ -n $page ]] || break
-  done
+  local n=0
+  count_staying() { n=$((n + $(grep -o '"currentAction": *"[A-Z_]*"' <<<"$API_OUT" | grep -vc '"DELETING"' || true))); }
+  mig_pages count_staying || return
   echo "$n"
 }
 
@@ -204,16 +206,11 @@ leave() { # remove this VM from its MIG (deleteInstances lowers the target size;
 }
 
 own_deletion_shows() { # wait (a minute at most) until this VM is DELETING in its MIG's list, or gone from it
-  local i page state
+  local i state
+  find_own() { state=$(own_action); [[ -z $state ]]; } # (on to the next page while not found)
   for ((i = 0; i < 60; i++)); do
-    page="" state=""
-    while :; do
-      api POST "$SCOPE/instanceGroupManagers/$MIG/listManagedInstances${page:+?pageToken=$page}" || return 1
-      state=$(own_action)
-      [[ -n $state ]] && break
-      page=$(sed -n 's/.*"nextPageToken": *"\([^"]*\)".*/\1/p' <<<"$API_OUT" | head -n 1)
-      [[ -n $page ]] || break
-    done
+    state=""
+    mig_pages find_own || return 1
     [[ -z $state || $state == DELETING ]] && return 0
     sleep 1
   done
