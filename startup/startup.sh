@@ -327,7 +327,11 @@ on_exit() { # the way out: record the boot, then leave the MIG (or stop the run)
   if [[ -n ${WORKER:-} ]]; then wait "$WORKER" 2>/dev/null; fi
   if [[ -n ${SHIPPER:-} ]]; then kill "$SHIPPER" 2>/dev/null; fi
   [[ -f $WORK_DIR/stopping ]] && STOPPING=1
-  if [[ ${STOPPING:-0} == 1 ]] && at_deadline; then
+  if [[ ${WORK_RC:-} == 0 ]] && { [[ ${WORK_ENDED:-0} == 1 ]] || run_finished; }; then
+    # The workers finished before the stop reached them, or found the whole run finished: a VM that another one
+    # deletes because the run drained is done, not stopped (and leaves like one: the MIG must not recreate it).
+    outcome=done
+  elif [[ ${STOPPING:-0} == 1 ]] && at_deadline; then
     outcome=failed # a time limit that ends boots must count: a hung worker would otherwise never stop the run
     reason="the run's deadline ($(date -u -d "@$DEADLINE" +%FT%TZ)) ended this boot"
   elif [[ ${STOPPING:-0} == 1 ]]; then
@@ -537,7 +541,10 @@ wait "$WORKER" || rc=$?
 if [[ ${STOPPING:-0} == 1 ]]; then
   rc=0
   wait "$WORKER" || rc=$?
+elif [[ ! -f $WORK_DIR/stopping ]]; then
+  WORK_ENDED=1 # on their own: shutdown.sh marks the stop before it signals them
 fi
+WORK_RC=$rc
 log "fleet work finished ($rc)"
 WORKER=
 if [[ $rc != 0 && ${STOPPING:-0} != 1 ]]; then

@@ -12,12 +12,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from fleet.core.codesync import OBJECTS, manifest_name, parse_manifest, sync
+from fleet.gce.boots import boot_records
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.layout import log_name, vm_paths_text
 from fleet.core.run import plan
@@ -245,3 +247,26 @@ def test_a_vm_finds_its_own_action_in_its_migs_list_whatever_the_order_of_the_fi
         assert _own_action(page, me) == (states[0] if present else "")
 
     check()
+
+
+def test_a_boot_whose_worker_finished_the_run_is_done_even_if_the_vm_is_being_deleted(vm, tmp_path):
+    """The first VM to find the run finished deletes every VM of the MIG, and the others' shutdown.sh
+    marks them stopping while their own workers are finishing too. Before, such a boot was recorded
+    "stopped" although its worker exited 0 with the run drained (seen in CI: one of three boots)."""
+    bucket, _, boot = vm
+    version = sync(bucket, paths=(*DEFAULT_CODE_PATHS, "tests/__init__.py", "tests/helpers")).version  # + linejob
+    plan_pinned_to(bucket, "racing", version)
+
+    def deleted_while_working(proc):
+        deadline = time.time() + 60
+        while not (disk / "work.pgid").exists():  # the workers started (startup.sh removed old marks before)
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        (disk / "stopping").touch()  # shutdown.sh's first step, before its SIGTERM
+
+    disk = tmp_path / "racing-disk"
+    result = boot("racing", version, disk=disk, during=deleted_while_working)
+    assert "fleet work finished (0)" in result.log and (disk / "report" / "drained").exists()
+    records = boot_records(open_store(bucket), "racing")
+    assert [r.outcome for r in records] == ["done"], result.log
+    assert "this boot done" in result.log and "left to the MIG" not in result.log
