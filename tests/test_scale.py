@@ -141,6 +141,23 @@ def test_objects_listed_per_item_do_not_grow_with_the_number_of_items(kind, size
     assert big_calls <= 1.3 * small_calls, (per_item)
 
 
+def test_lease_reads_do_not_grow_with_the_idle_workers_that_watch_the_last_items():
+    """The tail of a run: a few items still converting, their holders renewing every third of a
+    TTL, and every other worker idle, sweeping. Before, an idle worker read each lease in flight at
+    each new generation: 21 lease reads with 4 workers, 207 with 16, on the same 8 items (at 100,000
+    items and 200 workers in bench/scale_sim.py, 5.2 reads an item against 1.3 at 20,000). A lease
+    is read once it stood still for half a TTL, by idle workers too: what is left is a read for each
+    lease by the run's files, and one for each create that lost a race at the start."""
+    sim = load_scale_sim()
+    reads: list[int] = []
+    for workers in (4, 16):
+        fig = sim.simulate(f"mem://tail{workers}", workers=workers, items=8, seconds=2.0, ttl=3.0, jitter=0.9,
+                           standby=None, latency=0.002)  # item times 0.2 to 3.8 s; every worker stays to the end
+        assert fig.errors == [] and fig.double_commits == 0 and fig.stranded == 0
+        reads.append(fig.requests.get("lease read", 0))
+        assert reads[-1] <= 8 + workers + 4, reads
+
+
 def test_stages_through_a_combine_step_twenty_workers(fake_gcs, gcs_bucket):
     """The same with a combine step between the map and the barrier (groups of 4 map files in 2 key
     blocks): every step drains, nothing twice, every record in one shard; a combine item reads a

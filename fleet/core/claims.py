@@ -7,8 +7,11 @@ item is claimed as new); an item with no lease is tried first (claimed by a crea
 lease is read only when its generation has stood still, by this worker's own clock, for half a
 TTL, while holders rewrite theirs every third of one. So only dead, released or failed-for-retry
 leases are ever read, and a lease whose holder keeps renewing is never taken, whatever the skew
-between clocks. A worker idle for a pass or two (a standby) also reads leases it has not seen at
-their current generation; and an item given back (preemption, shutdown, a failure to retry) is
+between clocks. Idle workers keep the same rule: before, a standby also read every lease in
+flight that it had not seen at its current generation, which in the tail of a run is each renewal
+of each item still converting, by each idle worker (lease reads rose from 1.3 to 5.2 an item
+between 20,000 and 100,000 items in bench/scale_sim.py), to save at most half a TTL on a lease
+that was dead before it looked. An item given back (preemption, shutdown, a failure to retry) is
 announced by a marker in ``released/`` that every worker lists, so a busy fleet takes it at once.
 
 What is listed, so that coordination costs the same per item at a thousand items or a million
@@ -24,8 +27,7 @@ What is listed, so that coordination costs the same per item at a thousand items
 - ``SWEEP``: after a few fruitless visits, every window that is not finished: the ``done/``
   markers, then a visit of each unfinished window of the open steps, or, when that would cost as
   much, every lease and every marker (``items / 1,000`` calls). Only a sweep sees all that is
-  left, so only after one may a worker leave as a spare standby or read leases it has not
-  watched stand still; and a worker that finds the run drained confirms it by a sweep of every
+  left, so only after one may a worker leave as a spare standby; and a worker that finds the run drained confirms it by a sweep of every
   lease and marker, which trusts no ``done/`` marker (a window whose items it finds unfinished is
   unfinished, and its marker is removed). Idle workers sweep once a poll; busy ones sweep only
   when windows keep turning up nothing. In the tail the unfinished windows are the few that hold
@@ -81,10 +83,6 @@ class ClaimPolicy:
         self.seen_done: set[int] = set()  # windows seen finished by a listing, and not yet marked
         self.worked_here: set[int] = set()  # windows this worker claimed in, until it marks them
         self.still = lease_ttl / 2
-        # Idle for this many sweeps, a worker reads unseen leases at once: with standbys, two,
-        # so that the other idle workers have had a pass to see its beat and leave.
-        self.watch_after = 2 if standby else 1
-        self.idle = 0  # sweeps in a row with nothing claimed
         self.current_window: int | None = None
         self.fruitless = 0  # passes in a row with nothing claimed, since the last claim or sweep
 
@@ -103,29 +101,32 @@ class ClaimPolicy:
         ``sweep``: a window visited by a sweep, which marks it done/ if it finds it finished (else
         only the worker that worked in a window does: its last committer)."""
         scope = self.windows if window is None else [self.windows[window]]
-        covered = {item for w in scope for item in w.items}
+        # (The whole run's items are window_of's keys: a sweep of a million items builds no set of them.)
+        covered = self.window_of if window is None else set(self.windows[window].items)
         finals = {f for f in finals if f in covered}
         listing = {k: v for k, v in listing.items() if k in covered}
         if window is None:
             self.listing, self.terminal, self.stale = {}, set(), set()
         else:
-            for item in self.windows[window].items:
+            for item in covered:
                 self.listing.pop(item, None)
                 self.terminal.discard(item)
                 self.stale.discard(item)
         self.listing.update(listing)
         self.stale |= finals - listing.keys()
-        self.terminal |= {item for item in finals if item in listing} | {
-            item for item in covered if item in self.known and self.known[item][0].terminal
-            and listing.get(item) == self.known[item][1]}
+        self.terminal |= finals & listing.keys()
+        self.terminal |= {item for item, (lease, gen) in self.known.items()  # (read: this worker's own, mostly)
+                          if lease.terminal and item in covered and listing.get(item) == gen}
         self.released = set(released)
-        elsewhere = {item for item in self.released - covered if item in self.window_of}
+        elsewhere = {item for item in self.released if item not in covered and item in self.window_of}
         for item in elsewhere:  # rewritten (or reopened) since this worker listed it: read it afresh
             self.listing.pop(item, None)
             self.terminal.discard(item)
+        since = self.since
         for name, gen in listing.items():
-            if self.since.get(name, (None, 0.0))[0] != gen:
-                self.since[name] = (gen, now)
+            seen = since.get(name)
+            if seen is None or seen[0] != gen:
+                since[name] = (gen, now)
         for w in scope:  # a window's last committer marks it: one marker write a window, not one a visitor
             self._recount(w, marked=(sweep and window is not None or w.index in self.worked_here)
                           and all(item in finals and item in listing for item in w.items))
@@ -228,9 +229,8 @@ class ClaimPolicy:
             scope = self._order(w) if w.step <= open_step else []
         todo = [item for item in scope if item not in self.terminal]
         unleased = [(item, True) for item in todo if item not in self.listing]
-        watch = 0.0 if window is None and self.idle >= self.watch_after else self.still
         stalled = [(item, False) for item in todo if item in self.listing
-                   and (now - self.since[item][1] >= watch or item in self.released or self._free(item, wall))]
+                   and (now - self.since[item][1] >= self.still or item in self.released or self._free(item, wall))]
         inside = set(scope)
         given_back = [(item, False) for item in sorted(self.released) if item not in inside
                       and item not in self.terminal and self.steps.get(item, 0) <= open_step
@@ -270,8 +270,6 @@ class ClaimPolicy:
     def end_pass(self, kind: str, worked: bool, window: int | None = None) -> tuple[str, int | None]:
         """The next pass, after one of ``kind`` (on ``window``) that claimed something or not:
         (VISIT, window), (STEAL, None) or (SWEEP, None)."""
-        if kind == SWEEP:
-            self.idle = 0 if worked else self.idle + 1
         if worked:
             self.fruitless = 0
             if window is None and self.current_window is None:
