@@ -227,6 +227,67 @@ def test_a_damaged_long_json_record_is_one_bad_record(small_limits, damage, why)
     assert tally.bad == 1 and tally.examples[0].startswith("big.jsonl: byte 19: record 2") and why in tally.examples[0]
 
 
+# -- 6. a record the JSON decoder cannot take costs that record only (issue 30) ----------------------
+POISON = {
+    "nested past the recursion limit": "[" * 100_000,
+    "an object nested past the recursion limit": '{"text": "x", "n": ' + '{"a": ' * 50_000 + "1" + "}" * 50_000 + "}",
+    "an integer past int's max str digits": '{"text": "x", "n": ' + "9" * 10_000 + "}",
+    "a float past the largest double": '{"text": "x", "n": 1e999999}',  # json reads inf: a good record
+}
+
+
+@pytest.mark.parametrize("compression", ["none", "gz"])
+@pytest.mark.parametrize("what", list(POISON))
+def test_a_record_the_json_decoder_cannot_take_is_one_bad_record(what, compression):
+    """Whatever the decoder raises on a record (RecursionError, ValueError, OverflowError...),
+    that record is one bad record with its reason, and every other record is read: before, a
+    record nested deeper than the recursion limit failed its whole item (the whole file, when
+    compressed)."""
+    record = POISON[what]
+    data = b'{"text": "before"}\n' + record.encode() + b'\n{"text": "after"}\n'
+    name = "deep.jsonl" if compression == "none" else "deep.jsonl.gz"
+    if compression == "gz":
+        data = gzip.compress(data, mtime=0)
+    tally = Tally()
+    docs = read_all(data, name, tally=tally)
+    if what.startswith("a float"):
+        assert docs == [["before"], ["x"], ["after"]] and tally.bad == 0
+        return
+    assert docs == [["before"], ["after"]]
+    assert tally.bad == 1 and tally.examples[0].startswith(f"{name}: {'decompressed ' * (compression != 'none')}"
+                                                           "byte 19: record 2 is not JSON (")
+
+
+@pytest.mark.parametrize("error", [RecursionError("deep"), OverflowError("big"), ValueError("odd"),
+                                   MemoryError(), KeyError("x")])
+def test_any_exception_of_the_json_decoder_costs_its_record_only(monkeypatch, error):
+    """The reader and the provenance reading (places.py) both pass over a record whatever the
+    decoder raises on it, and agree on every other record."""
+    from fleet_jobs.text.inputs import places
+
+    real = json.loads
+
+    def loads(s, *a, **k):
+        if "poison" in s:
+            raise error
+        return real(s, *a, **k)
+
+    monkeypatch.setattr(json, "loads", loads)
+    data = b'{"text": "one"}\n{"text": "poison"}\n{"text": "two"}\n'
+    tally = Tally()
+    assert read_all(data, "p.jsonl", tally=tally) == [["one"], ["two"]]
+    assert tally.bad == 1 and f"({error.__class__.__name__}" in tally.examples[0]
+    records = places.line_records(io.BytesIO(data), "jsonl", "none", 0, ReadOptions())
+    assert [doc for _, doc in records] == [["one"], ["two"]]
+
+
+def test_a_first_line_the_decoder_cannot_take_does_not_stop_the_format_sniffing():
+    """Telling a file's format from its first bytes never raises, whatever its first line holds."""
+    deep = b'{"text": ' + b"[" * 100_000
+    assert formats.sniff(deep) == "jsonl"  # a record longer than the sample
+    assert formats.sniff(deep + b'\n{"text": "x"}\n') is None  # not JSON: taken for text, as any other
+
+
 # -- the fuzzer ----------------------------------------------------------------------------------
 # Documents are rendered in a format, with lines that look like the format's markup, blank-ish
 # lines, NULs, CRs, and lines made bad on purpose (invalid UTF-8; a lone surrogate escape in
@@ -242,9 +303,20 @@ SPECIAL = ["<doc", "</doc>", "</doc> \r", '<doc id="9" url="u" title="x">', '<do
            '{"index": {"_id": "1"}}', '{"text": "x"}', "\u3000", "\r", " \t", "\x1c", "\x00", "\ufeff", "", "\x85",
            "\u2028", "a\rb", "\\", '"', "\\u", "\\ud800"]
 plain = st.one_of(st.text(alphabet=ODD, max_size=12), st.text(max_size=8)).map(
-    lambda s: s.replace("\n", " ").replace(TAG, "").replace(MARK, "").replace(HEAD, "").replace(END, ""))
+    lambda s: s.replace("\n", " ").replace(TAG, "").replace(MARK, "").replace(HEAD, "").replace(END, "").replace(POISON_MARK, ""))
 lines = st.lists(st.tuples(st.one_of(plain, st.sampled_from(SPECIAL)),
                            st.sampled_from(["ok"] * 12 + ["bad", "long"])), max_size=5)
+# Records no JSON reader takes, read whole (json.loads) or as a stream (longjson), whatever the
+# limits; none holds a text field, so each is one bad record on either path. POISON_MARK: a short
+# record that the fuzzer's stand-in decoder (check_case) fails with a drawn exception.
+POISON_MARK = "\ue127"
+POISONED = [
+    lambda: b"[" * 5000,  # past the recursion limit of json.loads (a fixed size: hypothesis wants the same draws)
+    lambda: b'{"n": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    lambda: b'{"n": ' + b"9" * 10_000 + b"}",  # past int's max str digits (4300)
+    lambda: b'{"n": 1e999999}',
+    lambda: json.dumps({"text": POISON_MARK}, ensure_ascii=False).encode(),
+]
 FORMATS_NAMES = {"text": "f.txt", "jsonl": "f.jsonl", "cirrus": "f-cirrussearch.json", "wikiextractor": "wiki_00"}
 _CLOSE = re.compile(r"</doc>\s*$")
 
@@ -323,6 +395,9 @@ def render(fmt: str, docs, draw, max_line: int, titles: bool) -> Rendered:
         elif len(record) > max_line:  # read as a stream: a line of its text longer than a line is dropped
             n_bad = sum(len(t) > max_line for t in good)
             good = [t for t in good if len(t) <= max_line]
+        for poison in draw(st.lists(st.sampled_from(range(len(POISONED))), max_size=2)):
+            put(POISONED[poison]() + b"\n", k)  # records the decoder cannot take: one bad record each
+            n_bad += 1
         if fmt == "cirrus":
             put(json.dumps({"index": {"_id": MARK + _tag(k)}}).encode() + b"\n", k)
         put(record + b"\n", k)
@@ -399,6 +474,15 @@ def check_case(draw, fmt: str) -> None:
     scan = draw(st.sampled_from([5, 64, 64 << 10]))
     patches = [(formats, "MAX_DOCUMENT_CHARS", max_doc), (formats, "MAX_LINE_BYTES", max_line),
                (formats, "_BLOCK", block), (ranges, "_SCAN", scan), (ranges, "_SHORT", draw(st.sampled_from([40, 64 << 10])))]
+    error = draw(st.sampled_from([RecursionError, OverflowError, ValueError, MemoryError, KeyError]))
+    real_loads = json.loads
+
+    def loads(s, *args, **kwargs):  # any exception of the decoder costs its record only
+        if POISON_MARK in s:
+            raise error(POISON_MARK)
+        return real_loads(s, *args, **kwargs)
+
+    patches.append((json, "loads", loads))
     saved = [(m, a, getattr(m, a)) for m, a, _ in patches]
     for m, a, v in patches:
         setattr(m, a, v)

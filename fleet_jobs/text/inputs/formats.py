@@ -362,7 +362,9 @@ def _text_events(lines: Iterator) -> Iterator:
 def _json_events(lines: Iterator, column: str, cirrus: bool) -> Iterator:
     """JSON Lines: a record's text field is a document (blank lines in it separate paragraphs).
     A bad record (not JSON, no text, invalid UTF-8 or a lone surrogate escape in its text) is
-    one Bad with its offset. A record longer than MAX_LINE_BYTES is read as a stream
+    one Bad with its offset. Not JSON is whatever the decoder raises on the record, not only
+    ValueError: a record nested past the recursion limit (RecursionError) is the record's
+    damage, not the item's. A record longer than MAX_LINE_BYTES is read as a stream
     (longjson): its text is handed on in parts as it is decoded, and damage found further on
     drops what is not handed on yet."""
     number = 0
@@ -381,7 +383,7 @@ def _json_events(lines: Iterator, column: str, cirrus: bool) -> Iterator:
                     continue
                 try:
                     record = loads(line)
-                except ValueError as e:
+                except Exception as e:  # ValueError; RecursionError (nested too deep), MemoryError...: its record's
                     why = f"record {number} is not JSON ({e.__class__.__name__}: {str(e)[:80]})"
                 else:
                     if cirrus and isinstance(record, dict) and set(record) == {"index"}:
@@ -630,7 +632,7 @@ def sniff(head: bytes) -> str | None:
         return None
     try:
         record = json.loads(line)
-    except ValueError:
+    except Exception:  # ValueError, RecursionError...: whatever the decoder raises (formats._json_events)
         return "jsonl" if first == len(lines) - 1 else None  # a record longer than the sample, or not JSON
     if not isinstance(record, dict):
         return None

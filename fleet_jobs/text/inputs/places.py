@@ -225,7 +225,7 @@ def _json_records(lines: Iterator[tuple[int, str | bytes | None]], column: str, 
             continue
         try:
             record = json.loads(line)
-        except ValueError:
+        except Exception:  # whatever the decoder raises: the reader drops the record (formats._json_events)
             continue
         if not isinstance(record, dict) or cirrus and set(record) == {"index"}:
             continue
