@@ -18,6 +18,7 @@ import bz2
 import gzip
 import io
 import json
+import lzma
 import os
 import re
 import tempfile
@@ -288,6 +289,93 @@ def test_a_first_line_the_decoder_cannot_take_does_not_stop_the_format_sniffing(
     assert formats.sniff(deep + b'\n{"text": "x"}\n') is None  # not JSON: taken for text, as any other
 
 
+# -- 7. what follows a complete compressed stream is counted, and costs no document (issue 30) ---------
+def _xz(data: bytes) -> bytes:
+    return lzma.compress(data)
+
+
+MEMBER = {"gz": lambda d: gzip.compress(d, mtime=0), "bz2": bz2.compress, "xz": _xz,
+          "zst": lambda d: zstandard.ZstdCompressor().compress(d)}
+MAGIC = {"gz": b"\x1f\x8b", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zst": b"\x28\xb5\x2f\xfd"}  # how a member starts
+
+
+@pytest.mark.parametrize("fmt,name,data", [
+    ("text", "t.txt", b"".join(b"doc %d line one\ndoc %d line two\n\n" % (i, i) for i in range(150)) + b"last doc\n"),
+    ("jsonl", "t.jsonl", b"".join(b'{"text": "doc %d"}\n' % i for i in range(150)) + b'{"text": "last doc"}'),
+])
+@pytest.mark.parametrize("compression", list(MEMBER))
+def test_junk_after_a_complete_stream_keeps_its_last_document_and_is_counted_in_bytes(fmt, name, data, compression):
+    """Bytes after a complete member that start no member are trailing garbage: every document of
+    the member is read (the last one too, that no blank line ends), and the garbage is counted in
+    its bytes, with its offset in the file, not as a bad record. Before, gzip and zstd dropped the
+    last document and counted one bad record; bzip2 said nothing."""
+    junk = b"junk after the stream"
+    packed = MEMBER[compression](data)
+    tally = Tally()
+    docs = read_all(packed + junk, f"{name}.{compression}", tally=tally)
+    assert docs == read_all(data, name) and docs[-1] == ["last doc"]
+    assert tally.bad == 0 and tally.trailing == len(junk)
+    assert tally.examples == [f"{name}.{compression}: byte {len(packed)}: {len(junk)} bytes of trailing garbage "
+                              f"after a complete {formats.Trailing(0, 1, compression).why.split(' after a complete ')[1]}"]
+    assert tally.stats()["trailing_garbage_bytes"] == len(junk)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(docs=st.lists(st.lists(st.text(alphabet="ab \u4e2d\U0001f600.\x00", min_size=1, max_size=20)
+                                .filter(lambda s: s.strip()), min_size=1, max_size=4), max_size=30),
+       compression=st.sampled_from(list(MEMBER)), cuts=st.lists(st.integers(0, 1 << 16), max_size=3),
+       junk=st.binary(max_size=64), begun=st.booleans(), end_blank=st.booleans(),
+       block=st.sampled_from([7, 64, 4 << 20]))
+def test_any_members_then_any_junk_give_every_document_and_count_the_junk(docs, compression, cuts, junk, begun,
+                                                                         end_blank, block):
+    """Any text in one or more members of any compression, followed by any bytes that start no
+    member, reads as the same documents as the text itself, and the junk is counted to the byte.
+    Junk that starts like a member is a damaged member: one bad record, the documents before it kept."""
+    text = "\n\n".join("\n".join(doc) for doc in docs).encode() + b"\n\n" * end_blank
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    members = b"".join(MEMBER[compression](text[a:b]) for a, b in zip([0] + points, points + [len(text)]))
+    expected = read_all(text, "x.txt")
+    magic = MAGIC[compression]
+    if begun:
+        junk = magic + junk
+    old = formats._BLOCK
+    formats._BLOCK = block
+    try:
+        tally = Tally()
+        got = read_all(members + junk, f"x.txt.{compression}", tally=tally, options=ReadOptions(max_bad_share=1.0))
+    finally:
+        formats._BLOCK = old
+    if junk.startswith(magic):  # a member begun: damaged or cut short
+        assert got == expected[:len(got)] and tally.trailing == 0
+        assert tally.bad == 1 and "corrupt or truncated" in tally.examples[0], tally.examples
+        assert got == expected or not end_blank  # (the document in progress, when the break ends none)
+        return
+    assert got == expected and tally.bad == 0 and tally.trailing == len(junk)
+
+
+def test_xz_is_read_and_taken_from_a_folder(tmp_path):
+    """.xz is read wherever .gz is: in a folder, and named on its own."""
+    from fleet_jobs.text.inputs import find_corpus, plan_slices
+
+    data = b"one\n\ntwo\nlines\n"
+    (tmp_path / "a.txt.xz").write_bytes(lzma.compress(data))
+    (tmp_path / "b.jsonl.xz").write_bytes(lzma.compress(b'{"text": "three"}\n'))
+    assert sorted(s.name for s in find_corpus([str(tmp_path)])) == ["a.txt.xz", "b.jsonl.xz"]
+    slices = plan_slices([str(tmp_path)], 1 << 20)
+    assert [(s.name, s.format, s.compression) for s in slices] == [("a.txt.xz", "text", "xz"),
+                                                                   ("b.jsonl.xz", "jsonl", "xz")]
+    assert read_all(lzma.compress(data), "a.txt.xz") == [["one"], ["two", "lines"]]
+
+
+def test_places_and_documents_agree_after_trailing_garbage():
+    """Provenance reads the same lines as the reader when the stream is followed by junk."""
+    from fleet_jobs.text.inputs import places
+
+    data = gzip.compress(b'{"text": "one"}\n{"text": "two"}', mtime=0) + b"junk"
+    records = places.line_records(io.BytesIO(data), "jsonl", "gz", 0, ReadOptions())
+    assert [doc for _, doc in records] == read_all(data, "x.jsonl.gz") == [["one"], ["two"]]
+
+
 # -- the fuzzer ----------------------------------------------------------------------------------
 # Documents are rendered in a format, with lines that look like the format's markup, blank-ish
 # lines, NULs, CRs, and lines made bad on purpose (invalid UTF-8; a lone surrogate escape in
@@ -435,7 +523,8 @@ def touched(r: Rendered, hit) -> set[int]:
     return {k for s, e, who in r.owners for lo, hi in hit if s < hi and lo < e for k in who}
 
 
-COMPRESS = {"gz": lambda d: gzip.compress(d, mtime=0), "bz2": bz2.compress, "zst": lambda d: zstandard.ZstdCompressor().compress(d)}
+COMPRESS = {"gz": lambda d: gzip.compress(d, mtime=0), "bz2": bz2.compress, "xz": lzma.compress,
+            "zst": lambda d: zstandard.ZstdCompressor().compress(d)}
 _STORE = tempfile.mkdtemp(prefix="fuzz-inputs-")
 
 
@@ -502,8 +591,9 @@ def _check(draw, fmt: str, max_doc: int, max_line: int) -> None:
     clean = data = data if data != r.data else r.data
     if data != r.data:
         clean = None
-    compression = draw(st.sampled_from(["none", "none", "gz", "bz2", "zst"]))
+    compression = draw(st.sampled_from(["none", "none", "gz", "bz2", "xz", "zst"]))
     chaos = False  # damage inside a compressed stream: garbage may come out, but no crash
+    trailing = 0  # bytes of junk after a complete stream: counted, and no document's loss
     if compression != "none":
         name += "." + compression
         data = COMPRESS[compression](data)
@@ -522,9 +612,16 @@ def _check(draw, fmt: str, max_doc: int, max_line: int) -> None:
                         break
                     got += len(block)
                 hurt |= touched(r, [(got - 16, 1 << 60)])  # (less what the damage inserted before it)
+        elif data:
+            junk = draw(st.binary(max_size=6))  # that starts no member (nor a zstd skippable frame)
+            if junk and junk[0] != data[0] and not 0x50 <= junk[0] < 0x60:
+                data += junk
+                trailing = len(junk)
+                if clean is not None:
+                    clean = data
     target = draw(st.integers(1, max(1, len(data) + 10)))
     try:
-        _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs, titles)
+        _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs, titles, trailing)
     except AssertionError:
         if os.environ.get("FLEET_FUZZ_DUMP"):  # the failing case, to replay by hand
             with open(os.environ["FLEET_FUZZ_DUMP"], "a") as f:
@@ -533,9 +630,12 @@ def _check(draw, fmt: str, max_doc: int, max_line: int) -> None:
         raise
 
 
-def _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs, titles) -> None:
+def _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs, titles,
+                trailing=0) -> None:
     whole, whole_tally = read_items(data, fmt, compression, name, None, titles)
     parts, tally = read_items(data, fmt, compression, name, target, titles)
+    if not chaos:
+        assert tally.trailing == whole_tally.trailing == trailing
     case = (fmt, compression, target, data)
     # Every part is a bounded piece of one document.
     for part in parts:

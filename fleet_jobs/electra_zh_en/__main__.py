@@ -90,7 +90,7 @@ def _bad_records(sampled) -> None:
 def vocab(
     inputs: List[str] = typer.Argument(
         ..., metavar="INPUT", help="Files or folders, local or gs://, in any format fleet reads "
-        "(text, JSON Lines, WikiExtractor, CirrusSearch, Parquet), maybe .gz/.bz2/.zst."
+        "(text, JSON Lines, WikiExtractor, CirrusSearch, Parquet), maybe .gz/.bz2/.xz/.zst."
     ),
     size: int = typer.Option(21128, help="Vocab size, at most (a small corpus gives fewer). Refused when "
                              "below what the corpus needs: the special tokens and every character kept."),

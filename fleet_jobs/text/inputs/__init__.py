@@ -3,7 +3,7 @@ reading an item's documents, and counting its bad records.
 
 A corpus is plain text (one line per sentence or paragraph, a blank line
 between documents), JSON Lines with a ``text`` field (CirrusSearch dumps too),
-WikiExtractor output, or Parquet, optionally compressed with gzip, bzip2 or zstd.
+WikiExtractor output, or Parquet, optionally compressed with gzip, bzip2, xz or zstd.
 A plain file is cut into byte ranges that start and end at a document boundary, so a
 document is never split and every line is read exactly once. Compressed files cannot be
 entered in the middle, so each is one item; a Parquet file's items are ranges of its row groups.

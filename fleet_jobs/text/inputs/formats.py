@@ -16,7 +16,8 @@ MAX_LINE_BYTES: the line is dropped, its document goes on); in JSON it is the re
 JSON, no text field, invalid UTF-8, or a lone surrogate escape such as "\\ud800" in its
 text, which no UTF-8 encoder takes later); a <doc> left open by the next <doc> or by the end
 of the item drops the document it holds; a compressed stream that ends early keeps the
-documents before the break. Each is tallied with its byte offset. The item fails only when
+documents before the break, and bytes after its last complete member that start none are
+counted as trailing garbage (their bytes, not a record) after every document is kept. Each is tallied with its byte offset. The item fails only when
 more than ``max_bad_share`` of its records (lines, for text and WikiExtractor) are bad: then
 the data is not in this format at all. NUL and other control characters are text (BERT's
 cleaning drops them), not damage.
@@ -33,12 +34,13 @@ from __future__ import annotations
 import io
 import json
 import re
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
 
 from fleet.job import InputError
 
-from fleet_jobs.text.inputs.compression import COMPRESSIONS, decompressed, head_of
+from fleet_jobs.text.inputs.compression import COMPRESSIONS, Trailing, decompressed, head_of
 from fleet_jobs.text.inputs.longjson import NotJSON, TextField
 from fleet_jobs.text.inputs.names import describe
 
@@ -72,11 +74,16 @@ class Tally:
     bad: int = 0
     examples: list[str] = field(default_factory=list)  # the first few bad records: where and why
     documents_cut: int = 0
+    trailing: int = 0  # bytes after a complete compressed stream that start no member (compression.Trailing)
 
     def stats(self) -> dict:
         out: dict = {}
         if self.bad:
-            out.update(bad_records=self.bad, bad_examples=list(self.examples))
+            out["bad_records"] = self.bad
+        if self.examples:
+            out["bad_examples"] = list(self.examples)
+        if self.trailing:
+            out["trailing_garbage_bytes"] = self.trailing
         if self.documents_cut:
             out["documents_cut"] = self.documents_cut
         return out
@@ -91,6 +98,7 @@ class Tally:
         self.records += other.records
         self.bad += other.bad
         self.documents_cut += other.documents_cut
+        self.trailing += other.trailing
         self.examples += other.examples[:max(0, _EXAMPLES - len(self.examples))]
 
 
@@ -107,7 +115,8 @@ class Bad:
 
 def _blocks(raw: BinaryIO, compression: str) -> Iterator[bytes | Exception]:
     """Blocks of at most _BLOCK bytes; where a compressed stream breaks off, what it gave up to
-    there, then the error (a plain read of a broken stream would lose the whole block)."""
+    there, then the error (a plain read of a broken stream would lose the whole block); after
+    the last block of one followed by trailing garbage, its compression.Trailing."""
     stream = decompressed(raw, compression)
     if compression == "none":
         while block := stream.read(_BLOCK):
@@ -131,6 +140,9 @@ def _blocks(raw: BinaryIO, compression: str) -> Iterator[bytes | Exception]:
             yield error
             return
         if size < _BLOCK:
+            trailing = getattr(stream, "trailing", None)
+            if trailing is not None:
+                yield trailing
             return
 
 
@@ -151,21 +163,26 @@ class _LongEnd:
 # of their characters, and the offset after the last one's newline (as if the stream's last
 # line had one). A line's offset is counted only when a bad record needs it (_advance,
 # _back), not line by line: clean input pays no offset bookkeeping.
-def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool = False
-           ) -> Iterator[tuple | Bad | _LongLine | _LongEnd | bytes]:
+def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool = False,
+           trailing: list | None = None) -> Iterator[tuple | Bad | _LongLine | _LongEnd | bytes]:
     """Segments of decoded lines, and a Bad for each line that cannot be one (invalid UTF-8,
     or longer than MAX_LINE_BYTES) or where a compressed stream breaks off. With
     ``stream_long``, an over-long line is handed on as a _LongLine, its bytes in chunks and a
     _LongEnd instead of a Bad. Offsets are bytes of the (decompressed) stream; a byte-order
     mark that opens the stream is in no line. Only the line that a block's carry starts can be
     over-long, as long as _BLOCK <= MAX_LINE_BYTES: lines are judged by their length alone,
-    however the blocks fall."""
+    however the blocks fall. Trailing garbage after a compressed stream ends the lines as the
+    end of the stream does, and its Trailing goes to ``trailing``: not a line's damage."""
     carry = b""
     offset = base_offset  # offset of carry[0], or of the next byte when carry is empty
     long_at = -1  # inside an over-long line that started there: its bytes are passed over
     first = True
     for block in _blocks(raw, compression):
         if block.__class__ is not bytes:
+            if block.__class__ is Trailing:
+                if trailing is not None:
+                    trailing.append(block)
+                break
             if long_at >= 0:
                 yield _LongEnd(offset) if stream_long else _too_long(long_at, None)
             yield Bad(offset + len(carry), f"corrupt or truncated {compression} data ({block}); "
@@ -666,16 +683,18 @@ def iter_documents(raw: BinaryIO, fmt: str, compression: str, source: str, base_
     that no document costs more memory than that whatever the input."""
     tally = tally if tally is not None else Tally()
     unit = "decompressed byte" if compression != "none" else "byte"
+    trailing: list[Trailing] = []  # counted after the documents: the garbage is past every one
     if fmt in ("jsonl", "cirrus"):
-        lines = _lines(raw, compression, base_offset, stream_long=True)
+        lines = _lines(raw, compression, base_offset, stream_long=True, trailing=trailing)
         events = _json_events(lines, options.text_column, fmt == "cirrus")
     elif fmt == "wikiextractor":
-        events = _wikiextractor_events(_lines(raw, compression, base_offset), options.keep_titles)
+        events = _wikiextractor_events(_lines(raw, compression, base_offset, trailing=trailing), options.keep_titles)
     elif fmt == "text":
-        events = _text_events(_lines(raw, compression, base_offset))
+        events = _text_events(_lines(raw, compression, base_offset, trailing=trailing))
     else:
         raise InputError(f"{source}: format {fmt!r} is not read as lines")
-    yield from _assemble(events, source, tally, options, unit, by_line=fmt in ("text", "wikiextractor"))
+    yield from _assemble(chain(events, trailing), source, tally, options, unit,
+                         by_line=fmt in ("text", "wikiextractor"))
 
 
 def checked(docs: Iterator[list[str] | Bad], source: str, tally: Tally, options: ReadOptions,
@@ -744,6 +763,10 @@ def _assemble(events: Iterator, source: str, tally: Tally, options: ReadOptions,
                 if not by_line:
                     tally.records += 1
             part, size, total, handed = [], 0, 0, False
+        elif event.__class__ is Trailing:  # not a record: counted in bytes, not in the bad share
+            tally.trailing += event.size
+            if len(tally.examples) < _EXAMPLES:
+                tally.examples.append(f"{source}: byte {event.offset}: {event.why}")
         else:
             tally.bad += 1
             if len(tally.examples) < _EXAMPLES:

@@ -117,6 +117,8 @@ def _lines(raw: BinaryIO, compression: str, base: int, whole: bool) -> Iterator[
     skipping = False  # inside an over-long line (not ``whole``): its bytes are passed over
     first = True
     for block in formats._blocks(raw, compression):
+        if block.__class__ is formats.Trailing:  # the stream's end, as the reader sees it
+            break
         if block.__class__ is not bytes:  # broken off: a JSON record the reader was streaming gave it lines
             if whole and len(carry) > limit:
                 yield offset, carry
