@@ -15,6 +15,7 @@ FLEET_FUZZ_EXAMPLES examples (default 5000) for a nightly-style search.
 from __future__ import annotations
 
 import bz2
+import codecs
 import gzip
 import io
 import json
@@ -374,6 +375,105 @@ def test_places_and_documents_agree_after_trailing_garbage():
     data = gzip.compress(b'{"text": "one"}\n{"text": "two"}', mtime=0) + b"junk"
     records = places.line_records(io.BytesIO(data), "jsonl", "gz", 0, ReadOptions())
     assert [doc for _, doc in records] == read_all(data, "x.jsonl.gz") == [["one"], ["two"]]
+
+
+# -- 8. text in UTF-16 or UTF-32 with a byte-order mark reads as the same documents as UTF-8 (issue 30) --
+ENCODINGS = {"utf-8": lambda t: t.encode("utf-8"), "utf-8-bom": lambda t: codecs.BOM_UTF8 + t.encode("utf-8"),
+             "utf-16-le": lambda t: codecs.BOM_UTF16_LE + t.encode("utf-16-le"),
+             "utf-16-be": lambda t: codecs.BOM_UTF16_BE + t.encode("utf-16-be"),
+             "utf-32-le": lambda t: codecs.BOM_UTF32_LE + t.encode("utf-32-le"),
+             "utf-32-be": lambda t: codecs.BOM_UTF32_BE + t.encode("utf-32-be")}
+MANY = "".join(f"document {i} \u6570\u636e\nits second line \U0001f600\n\n" for i in range(151))
+
+
+@pytest.mark.parametrize("encoding", list(ENCODINGS))
+def test_a_utf16_or_utf32_file_with_its_mark_gives_its_documents(encoding):
+    """Text with a UTF-16 or UTF-32 byte-order mark is decoded, not read as UTF-8 with NULs:
+    151 documents are 151, not 1, and nothing is counted bad."""
+    tally = Tally()
+    docs = read_all(ENCODINGS[encoding](MANY), "many.txt", tally=tally)
+    assert len(docs) == 151 and docs == read_all(MANY.encode(), "many.txt") and tally.bad == 0
+
+
+@pytest.mark.parametrize("encoding", [e for e in ENCODINGS if e.startswith("utf-16")])
+def test_a_utf16_file_larger_than_an_item_is_one_item_that_gives_every_document(tmp_path, encoding):
+    """A file in UTF-16 cannot be cut where UTF-8 has its boundaries: it is one item, as a
+    compressed file is, and every document comes out once."""
+    from fleet_jobs.text.inputs import plan_slices, read_slice
+
+    (tmp_path / "many.txt").write_bytes(ENCODINGS[encoding](MANY))
+    slices = plan_slices([str(tmp_path)], 1000)
+    assert [(s.start, s.end) for s in slices] == [(0, (tmp_path / "many.txt").stat().st_size)]
+    tally = Tally()
+    docs = list(read_slice(slices[0], str(tmp_path), tally))
+    assert docs == read_all(MANY.encode(), "many.txt") and tally.bad == 0
+
+
+@pytest.mark.parametrize("damage,where", [
+    (lambda b: b.replace("second line \U0001f600\n\nd".encode("utf-16-le"), "second line \ud800\n\nd".encode(
+        "utf-16-le", "surrogatepass"), 1), "a lone surrogate"),
+    (lambda b: b + b"x", "an odd last byte"),
+])
+def test_what_is_not_text_in_utf16_costs_its_line(damage, where):
+    """A code unit that is not text costs its line (counted, "invalid UTF-16"); its document goes on."""
+    data = damage(codecs.BOM_UTF16_LE + MANY.encode("utf-16-le"))
+    tally = Tally()
+    docs = read_all(data, "many.txt", tally=tally)
+    good = read_all(MANY.encode(), "many.txt")
+    assert tally.bad == 1 and "invalid UTF-16" in tally.examples[0], where
+    if where == "a lone surrogate":
+        assert docs == [good[0][:1]] + good[1:]
+    else:
+        assert docs == good
+
+
+@pytest.mark.parametrize("name,data,fmt", [
+    ("data", '{"text": "one"}\n{"text": "two"}\n', "jsonl"),
+    ("wiki_00", '<doc id="1" url="u" title="T">\nT\nbody\n</doc>\n', "wikiextractor"),
+])
+def test_the_format_of_a_utf16_file_is_told_from_its_text(name, data, fmt):
+    raw = ENCODINGS["utf-16-le"](data)
+    assert formats.decide("text", name, raw) == fmt
+    assert read_all(raw, name) == read_all(data.encode(), name)
+
+
+text_docs = st.lists(st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12)
+                              .map(lambda s: s.replace("\n", " ").replace("\r", " ")).filter(lambda s: s.strip()),
+                              min_size=1, max_size=4), max_size=12)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(docs=text_docs, encoding=st.sampled_from(list(ENCODINGS)), fmt=st.sampled_from(["text", "jsonl", "wikiextractor"]),
+       compression=st.sampled_from(["none", "gz", "zst"]), block=st.sampled_from([7, 16, 64, 4 << 20]))
+def test_any_text_in_any_unicode_encoding_with_its_mark_gives_the_same_documents(docs, encoding, fmt, compression,
+                                                                                block):
+    """Any documents written as text, JSON Lines or WikiExtractor, encoded as UTF-8 (with or
+    without its mark), UTF-16 or UTF-32 (LE or BE, with their mark), compressed or not, read as
+    the same documents as their UTF-8, with nothing counted bad, however the blocks fall; and
+    provenance (places.py) sees the same records."""
+    from fleet_jobs.text.inputs import places
+
+    if fmt == "text":
+        text = "".join("\n".join(doc) + "\n\n" for doc in docs)
+    elif fmt == "jsonl":
+        text = "".join(json.dumps({"text": "\n".join(doc)}, ensure_ascii=False) + "\n" for doc in docs)
+    else:
+        text = "".join(f'<doc id="{i}" url="u" title="t">\nt\n' + "\n".join(doc) + "\n</doc>\n"
+                       for i, doc in enumerate(docs))
+    name = {"text": "x.txt", "jsonl": "x.jsonl", "wikiextractor": "wiki_00"}[fmt]
+    expected = read_all(text.encode(), name, fmt=fmt)
+    data = ENCODINGS[encoding](text)
+    if compression != "none":
+        data, name = COMPRESS[compression](data), f"{name}.{compression}"
+    old = formats._BLOCK
+    formats._BLOCK = block
+    try:
+        tally = Tally()
+        assert read_all(data, name, fmt=fmt, tally=tally) == expected and tally.bad == 0, tally.examples
+        records = places.line_records(io.BytesIO(data), fmt, compression, 0, ReadOptions())
+        assert [doc for _, doc in records] == [doc for doc in expected]
+    finally:
+        formats._BLOCK = old
 
 
 # -- the fuzzer ----------------------------------------------------------------------------------

@@ -311,7 +311,7 @@ def test_a_bad_file_in_a_group_is_one_line_naming_it_and_nothing_else_is_lost(tm
 
 def test_fleet_local_exits_1_on_a_failed_file_and_says_so(tmp_path):
     one_line_files(tmp_path / "in", 10)
-    (tmp_path / "in" / "f00004.txt").write_bytes(b"\xff\xfe\n" * 5)
+    (tmp_path / "in" / "f00004.txt").write_bytes(b"\xff\xff\n" * 5)  # (FF FE first would be UTF-16's mark)
     result, printed = local([tmp_path / "in"], tmp_path / "out", LINEJOB, expect=1)
     assert result.status.done == result.status.items == 1
     flat = " ".join(printed.split())

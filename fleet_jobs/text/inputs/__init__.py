@@ -5,15 +5,15 @@ A corpus is plain text (one line per sentence or paragraph, a blank line
 between documents), JSON Lines with a ``text`` field (CirrusSearch dumps too),
 WikiExtractor output, or Parquet, optionally compressed with gzip, bzip2, xz or zstd.
 A plain file is cut into byte ranges that start and end at a document boundary, so a
-document is never split and every line is read exactly once. Compressed files cannot be
-entered in the middle, so each is one item; a Parquet file's items are ranges of its row groups.
+document is never split and every line is read exactly once. Compressed files, and text in
+UTF-16 or UTF-32, cannot be entered in the middle, so each is one item; a Parquet file's items are ranges of its row groups.
 
 This is the text layer's, not the fleet's: the fleet finds input objects
 (fleet.core.sources), pins their versions and hands a job an item's byte range; the text
 jobs (``fleet_jobs.text.job.TextJob``) say here how a file is cut and read.
 
 Modules: ``names`` (which files in a folder are corpus; a format from a name),
-``ranges`` (cutting them into items), ``compression``, ``formats`` (documents from bytes;
+``ranges`` (cutting them into items), ``compression``, ``encoding`` (UTF-16 and UTF-32 by their byte-order mark), ``formats`` (documents from bytes;
 ``longjson`` for a JSON record too long for a line), ``parquet``, ``slices`` (an item's
 bytes, checked to be the ones planned).
 

@@ -41,13 +41,13 @@ from typing import BinaryIO, Iterator
 from fleet.job import InputError
 
 from fleet_jobs.text.inputs.compression import COMPRESSIONS, Trailing, decompressed, head_of
+from fleet_jobs.text.inputs.encoding import head_text, opened
 from fleet_jobs.text.inputs.longjson import NotJSON, TextField
 from fleet_jobs.text.inputs.names import describe
 
 _BLOCK = 4 << 20  # at most MAX_LINE_BYTES: then only a line that a block's carry starts can be over-long
 MAX_LINE_BYTES = 16 << 20
 MAX_DOCUMENT_CHARS = 4 << 20  # longer documents reach the job in parts: bounded memory per document
-_BOM = b"\xef\xbb\xbf"
 FORMATS = ("text", "jsonl", "cirrus", "wikiextractor", "parquet")
 _EARLY = 100  # bad records before the share is judged while reading (a binary file fails fast)
 # A WikiExtractor document starts with a line <doc id=…>: the reader and the item cutter
@@ -169,15 +169,18 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool 
     or longer than MAX_LINE_BYTES) or where a compressed stream breaks off. With
     ``stream_long``, an over-long line is handed on as a _LongLine, its bytes in chunks and a
     _LongEnd instead of a Bad. Offsets are bytes of the (decompressed) stream; a byte-order
-    mark that opens the stream is in no line. Only the line that a block's carry starts can be
+    mark that opens the stream is in no line, and one of UTF-16 or UTF-32 has the stream read
+    as UTF-8 (encoding.py: offsets then count bytes of its text as UTF-8). Only the line that a block's carry starts can be
     over-long, as long as _BLOCK <= MAX_LINE_BYTES: lines are judged by their length alone,
     however the blocks fall. Trailing garbage after a compressed stream ends the lines as the
     end of the stream does, and its Trailing goes to ``trailing``: not a line's damage."""
     carry = b""
     offset = base_offset  # offset of carry[0], or of the next byte when carry is empty
     long_at = -1  # inside an over-long line that started there: its bytes are passed over
-    first = True
-    for block in _blocks(raw, compression):
+    blocks, encoding = _blocks(raw, compression), "UTF-8"
+    if offset == 0:  # the stream's start: a byte-order mark says how it is encoded
+        blocks, offset, encoding = opened(blocks, _BLOCK)
+    for block in blocks:
         if block.__class__ is not bytes:
             if block.__class__ is Trailing:
                 if trailing is not None:
@@ -188,10 +191,6 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool 
             yield Bad(offset + len(carry), f"corrupt or truncated {compression} data ({block}); "
                       "the documents before it are kept", final=True)
             return
-        if first:
-            first = False
-            if offset == 0 and block.startswith(_BOM):
-                block, offset = block[len(_BOM):], len(_BOM)
         if long_at >= 0:
             nl = block.find(b"\n")
             if nl < 0:
@@ -232,7 +231,7 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool 
             try:
                 text = head.decode("utf-8")
             except UnicodeDecodeError:
-                yield from _line_by_line(head, base)
+                yield from _line_by_line(head, base, encoding)
             else:
                 lines = text.split("\n")
                 lines.pop()  # the empty string after the final newline
@@ -245,7 +244,7 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool 
         try:
             line = carry.decode("utf-8")
         except UnicodeDecodeError as e:
-            yield Bad(offset + e.start, "invalid UTF-8", end=offset + len(carry))
+            yield Bad(offset + e.start, f"invalid {encoding}", end=offset + len(carry))
         else:
             yield (offset, [line], len(line), offset + len(carry) + 1)
 
@@ -254,7 +253,7 @@ def _too_long(offset: int, end: int | None) -> Bad:
     return Bad(offset, f"a line longer than {MAX_LINE_BYTES >> 20} MiB (not line-oriented text?)", end=end)
 
 
-def _line_by_line(head: bytes, base: int) -> Iterator[tuple | Bad]:
+def _line_by_line(head: bytes, base: int, encoding: str = "UTF-8") -> Iterator[tuple | Bad]:
     """A block that is not UTF-8 as a whole: its good lines in segments, a Bad for each other."""
     good: list[str] = []
     start = pos = base  # where the segment in progress starts; where the next line starts
@@ -265,7 +264,7 @@ def _line_by_line(head: bytes, base: int) -> Iterator[tuple | Bad]:
             if good:
                 yield (start, good, sum(map(len, good)), pos)
                 good = []
-            yield Bad(pos + e.start, "invalid UTF-8", end=pos + len(raw_line) + 1)
+            yield Bad(pos + e.start, f"invalid {encoding}", end=pos + len(raw_line) + 1)
             start = pos + len(raw_line) + 1
         pos += len(raw_line) + 1
     if good:
@@ -637,7 +636,7 @@ def sniff(head: bytes) -> str | None:
     ``jsonl``, or None (plain text)."""
     if head.startswith(b"PAR1"):
         return "parquet"
-    text = head.decode("utf-8", "ignore").lstrip("\ufeff")
+    text = head_text(head)
     lines = text.split("\n")
     first = next((n for n, line in enumerate(lines) if line.strip()), None)
     if first is None:

@@ -110,23 +110,21 @@ def _lines(raw: BinaryIO, compression: str, base: int, whole: bool) -> Iterator[
     for a line the reader drops (invalid UTF-8, or longer than MAX_LINE_BYTES); with ``whole``
     (JSON records), such a long line comes whole, as bytes, for it is read as a stream there. The same blocks as the reader's (formats._blocks), so a
     stream that breaks off ends the lines where the reader's end; a byte-order mark that opens
-    the stream is in no line."""
+    the stream is in no line, and one of UTF-16 or UTF-32 has it read as UTF-8, as the reader does."""
     limit = formats.MAX_LINE_BYTES
     carry = b""
     offset = base  # of carry[0]
     skipping = False  # inside an over-long line (not ``whole``): its bytes are passed over
-    first = True
-    for block in formats._blocks(raw, compression):
+    blocks = formats._blocks(raw, compression)
+    if offset == 0:  # as the reader: a byte-order mark says how the stream is encoded
+        blocks, offset, _ = formats.opened(blocks, formats._BLOCK)
+    for block in blocks:
         if block.__class__ is formats.Trailing:  # the stream's end, as the reader sees it
             break
         if block.__class__ is not bytes:  # broken off: a JSON record the reader was streaming gave it lines
             if whole and len(carry) > limit:
                 yield offset, carry
             return
-        if first:
-            first = False
-            if offset == 0 and block.startswith(formats._BOM):
-                block, offset = block[len(formats._BOM):], len(formats._BOM)
         data = carry + block if carry else block
         at = 0
         while True:

@@ -14,6 +14,7 @@ from typing import Iterator
 from fleet.job import ItemInput, Source, Store, find_sources, open_store, printable
 
 from fleet_jobs.text.inputs.compression import head_of
+from fleet_jobs.text.inputs.encoding import wide
 from fleet_jobs.text.inputs.formats import ReadOptions, Tally, decide, iter_documents
 from fleet_jobs.text.inputs.names import corpus_file, describe
 from fleet_jobs.text.inputs.parquet import _open as parquet_file
@@ -56,16 +57,17 @@ class Slice:
 
 def cut_source(source: Source, item_bytes: int, options: ReadOptions = ReadOptions()) -> list[Slice]:
     """A file's slices of about ``item_bytes``: byte ranges of a plain file cut at document
-    boundaries, the whole of a compressed one, ranges of row groups of a Parquet file."""
+    boundaries, the whole of a compressed one or of one in UTF-16 or UTF-32 (its boundaries are
+    not where UTF-8 has them: encoding.py), ranges of row groups of a Parquet file."""
     store = open_store(source.url)
     _, compression = describe(source.name)
-    fmt = file_format(store, source.name, source.size)
+    fmt, head = _format_and_head(store, source.name, source.size)
     if fmt == "parquet":
         groups = row_groups(store, source.name, source.size, source.version or None, options.text_column,
                             source.display)
         return [Slice(source.url, source.name, first, end, fmt, "none", source.version, False, max(1, size))
                 for first, end, size in plan_row_groups(groups, item_bytes)]
-    if compression != "none":
+    if compression != "none" or wide(head):
         return [Slice(source.url, source.name, 0, source.size, fmt, compression, source.version)]
     ranges = plan_ranges(store, source.name, source.size, fmt, item_bytes)
     cuts = sum(cut for _, _, cut in ranges)
@@ -144,11 +146,17 @@ def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
 
 def file_format(store: Store, name: str, size: int) -> str:
     """A file's format: what its name says, or its first bytes show (formats.decide)."""
+    return _format_and_head(store, name, size)[0]
+
+
+def _format_and_head(store: Store, name: str, size: int) -> tuple[str, bytes]:
+    """(format, the first bytes of its stream, decompressed: b"" for Parquet)."""
     by_name, compression = describe(name)
     if by_name == "parquet":
-        return by_name
+        return by_name, b""
     prefix = store.read(name, 0, min(size, (1 << 20) if compression != "none" else (64 << 10)))
-    return decide(by_name, name, head_of(prefix, compression))
+    head = head_of(prefix, compression)
+    return decide(by_name, name, head), head
 
 
 def iter_path_documents(paths: list[str], options: ReadOptions = ReadOptions()) -> Iterator[list[str]]:
