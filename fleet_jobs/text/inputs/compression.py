@@ -137,7 +137,7 @@ class _Members(io.RawIOBase):
             self._member, self._members = self._new(), self._members + 1
             return True
         if not self._members:
-            raise OSError("not {} data (it does not start with a {} {})".format(self._compression, *_NAMES[self._compression]))
+            raise OSError("not {} data (no {} {} at its start)".format(self._compression, *_NAMES[self._compression]))
         size = len(self._input)
         while data := self._raw.read(self._RAW):
             size += len(data)
