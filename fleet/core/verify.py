@@ -22,7 +22,7 @@ from typing import Iterable
 
 from fleet.core.layout import counts_prefix, done_prefix, final_prefix, lease_prefix, shuffle_prefix
 from fleet.core.lease import DONE, Lease
-from fleet.core.run import Item, RunSpec, load_items
+from fleet.core.run import Item, RunSpec, load_items, output_place
 from fleet.core.store import Blob, NotFound, Store, open_store
 from fleet.core.windows import Window, cut_windows
 
@@ -56,8 +56,10 @@ def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False, s
     version (or, in leases from before versions were kept, generation) is not the one its
     commit recorded is read and hashed; ``deep`` hashes every output. ``state``, the run's
     bucket: the records a stage left for the next one, and a grouped item's per-file counts
-    (what the manifest's rows of its files come from), are checked there too."""
-    output = open_store(spec.output)
+    (what the manifest's rows of its files come from), are checked there too, and the outputs are
+    looked for where that state puts them (fleet.core.run.output_place: a copied or moved OUT_DIR
+    of `fleet local` is checked against its own files)."""
+    output = open_store(output_place(spec, state) if state is not None else spec.output)
     try:
         present: dict[str, Blob] = {b.name: b for b in output.list("part-")}
     except NotFound:
