@@ -159,3 +159,36 @@ def _damage(folder: Path, names: list[str], damage: dict[int, str]) -> set[str]:
             (folder / name).write_bytes(b"not what was committed\n")
         hit.add(name)
     return hit
+
+
+# -- a reopened run is not finished: its manifest goes ---------------------------------------------------
+def test_a_reopened_item_takes_the_manifest_with_it_and_the_run_writes_it_again(tmp_path):
+    """Invariant: manifest.json is in the output place only while every item is done. (verify.reopen
+    left it, and finish_run returns early when one is there: a run with pending items kept
+    claiming it was finished, counts and all.)"""
+    from fleet.core.layout import finishing_name
+    from fleet.core.manifest import MANIFEST
+    from fleet.core.verify import reopen
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write_corpus(str(folder / "a.txt"), 30)
+    out = tmp_path / "out"
+    bucket = str(out / STATE_DIR)
+    _, items, _ = plan(bucket, LOCAL_RUN, LINEJOB, [str(folder)], str(out), {}, "test", lease_ttl=30,
+                       item_bytes=600)
+
+    def drain():
+        worker = Worker(bucket, LOCAL_RUN, name="w", poll=0.01)
+        try:
+            worker.run_until_drained()
+        finally:
+            worker.close()
+
+    drain()
+    manifest = (out / MANIFEST).read_bytes()
+    reopen(open_store(bucket), LOCAL_RUN, [items[1].id])
+    assert not (out / MANIFEST).exists()
+    assert open_store(bucket).stat(finishing_name(LOCAL_RUN)) is None  # the next drain writes it at once
+    drain()
+    assert (out / MANIFEST).read_bytes() == manifest
