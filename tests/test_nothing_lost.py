@@ -200,7 +200,7 @@ def test_status_verify_checks_outputs_on_gcs_and_sends_lost_ones_back(tmp_path, 
     store.write(names[1], clean[names[1]])  # rewritten with the same bytes: a new generation, nothing lost
     store.write(names[2], clean[names[2]][:-1] + b"!")
     proc = fleet("status", *run, "--verify")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # damage found: exit 1
     assert f"2 of {len(names)} done items sent back to pending" in proc.stderr, proc.stderr
     assert names[0] in proc.stderr and names[2] in proc.stderr and names[1] not in proc.stderr
     status = json.loads(fleet("status", *run, "--json").stdout)

@@ -251,7 +251,7 @@ def test_a_shard_deleted_after_the_run_is_named_by_verify_and_redone_the_same(co
     with open(out / "part-00002-of-00003.txt", "ab") as f:
         f.write(b"garbage\n")
     proc = _cli("status", str(out), "--verify")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # damage found: exit 1
     assert "part-00001-of-00003.txt is missing" in proc.stderr
     assert "part-00002-of-00003.txt has" in proc.stderr
     again, text = _run(corpus, out, workers=2, shards=3)
@@ -362,7 +362,7 @@ def test_a_lost_or_damaged_combined_file_is_named_by_verify_and_redone_with_what
     data = bucket.read(damaged)
     bucket.write(damaged, data[:-1] + bytes([data[-1] ^ 1]))
     proc = _cli("status", str(out), "--verify")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # damage found: exit 1
     assert f"item {combined[1]}: runs/local/shuffle/{combined[1]} is missing" in proc.stderr
     assert f"item {combined[2]}: {damaged} has other contents than committed" in proc.stderr
     assert "4 item(s) of later stages read those and are redone with them" in proc.stderr  # the barrier, 3 shards

@@ -378,3 +378,73 @@ def test_open_store_kinds(tmp_path):
 
     assert isinstance(open_store(str(tmp_path)), LocalStore)
     assert open_store(f"file://{tmp_path}").root == str(tmp_path)
+
+
+class _Interrupt(BaseException):
+    """What a worker's SIGTERM handler raises (fleet.core.attempt.Shutdown), at any line."""
+
+
+def _interrupted_at(n: int, call) -> bool:
+    """Run ``call`` with an _Interrupt raised at the nth place below it where CPython runs a pending
+    signal handler: on entering a Python function, and when a call into C returns (its effect done,
+    its result dropped), in any frame (the store's, tempfile's, contextlib's); True when ``call`` ran
+    to its end first. (Loops' back edges, the third such place, are left out.)"""
+    import sys
+
+    seen = 0
+
+    def profile(frame, event, arg):
+        nonlocal seen
+        if event in ("call", "c_return"):
+            seen += 1
+            if seen == n:
+                raise _Interrupt()
+
+    sys.setprofile(profile)
+    try:
+        call()
+    except _Interrupt:
+        return False
+    finally:
+        sys.setprofile(None)
+    return True
+
+
+@pytest.mark.parametrize("how", ["write", "write_if_absent", "write_refused", "upload_file"])
+def test_a_local_write_interrupted_at_any_line_leaves_no_temporary_file(local_store, tmp_path, how):
+    """Invariant: wherever a signal interrupts a local write (a worker's SIGTERM raises
+    Shutdown wherever it lands: `fleet local` stops its workers the moment the run is finished,
+    one of them perhaps writing manifest.json), no ``.fleet-tmp-*`` file is left beside the
+    object; the object is the old one or the new one, whole. (A temporary file was left in
+    OUT_DIR after `fleet local` returned, under load: a SIGTERM between mkstemp and the try whose
+    finally removes the file, or inside that finally before the unlink.)"""
+    from fleet.core.store.local import _TMP_PREFIX
+
+    src = tmp_path / "src"
+    src.write_bytes(b"new" * 1000)
+    def refused():  # the object is there: PreconditionFailed, on its way through the same cleanup
+        try:  # (not pytest.raises: its own calls would be interrupted too, thousands of them)
+            local_store.write("a/obj", b"new" * 1000, if_generation_match=0)
+        except PreconditionFailed:
+            return
+        raise AssertionError("a create-only write over an object went through")
+
+    calls = {
+        "write": lambda: local_store.write("a/obj", b"new" * 1000),
+        "write_if_absent": lambda: local_store.write("a/other", b"new" * 1000, if_generation_match=0),
+        "write_refused": refused,
+        "upload_file": lambda: local_store.upload_file("a/obj", str(src)),
+    }
+    n = 0
+    while True:
+        n += 1
+        local_store.write("a/obj", b"old")
+        local_store.delete("a/other")
+        finished = _interrupted_at(n, calls[how])
+        left = [name for name in os.listdir(os.path.join(local_store.root, "a")) if name.startswith(_TMP_PREFIX)]
+        assert left == [], f"interrupted at the call or return {n}: {left}"
+        name = "a/other" if how == "write_if_absent" else "a/obj"
+        assert local_store.stat(name) is None or local_store.read(name) in (b"old", b"new" * 1000)
+        if finished:
+            break
+    assert n > 10  # the profile saw the calls inside the write, not only the write

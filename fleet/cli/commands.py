@@ -364,9 +364,10 @@ def status_cmd(
     run: Optional[str] = typer.Option(None, callback=_run_name, help="Run name"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON"),
     watch: bool = typer.Option(False, help="Refresh every few seconds until the run finishes"),
-    verify: bool = typer.Option(False, "--verify", help="Read every done item's outputs and check them against "
-                                "the digests their leases recorded; send items whose outputs are gone or changed "
-                                "back to pending"),
+    verify: bool = typer.Option(False, "--verify", help="Read every done item's outputs (in the folder named, for "
+                                "an OUT_DIR of `fleet local`, even copied or moved) and check them against the "
+                                "digests their leases recorded; send items whose outputs are gone or changed "
+                                "back to pending, and exit 1"),
 ) -> None:
     """Counts of items pending/leased/done/failed, throughput, failures, workers, and the store requests the
     workers made, with what they cost at Cloud Storage's list price."""
@@ -378,8 +379,7 @@ def status_cmd(
     except PlanError:  # a damaged run spec: say so, after why the run stopped itself if it did
         _print_stop(open_store(bucket), run)
         raise
-    if verify:
-        _verify(open_store(bucket), reader, run)
+    damaged = _verify(open_store(bucket), reader, run) if verify else False
     while True:
         st = reader.collect(with_workers=True)
         fleet_view = _fleet_view(open_store(bucket), run, st.workers)
@@ -393,9 +393,13 @@ def status_cmd(
         if not watch or (st.finished and not (fleet_view or {}).get("mig")):
             break
         time.sleep(5)
+    if damaged:  # what was found is said above; exit 1, as a run with failed items does
+        raise typer.Exit(1)
 
 
-def _verify(store, reader, run: str) -> None:
+def _verify(store, reader, run: str) -> bool:
+    """Check the done items' outputs where the run's state puts them (fleet.core.run.output_place)
+    and send the damaged back to pending; True when there were any."""
     from fleet.core.verify import check_outputs, describe_stale, downstream, reopen, stale_markers
 
     stale = stale_markers(store, run, repair=True)
@@ -418,8 +422,9 @@ def _verify(store, reader, run: str) -> None:
         console.print(f"verify: {len(items)} of {done} done items sent back to pending (outputs gone or changed); "
                       "resume the run to convert them again (`fleet local` with the same arguments, "
                       "`fleet work`, or `fleet launch`)", highlight=False, soft_wrap=True)
-    else:
-        console.print(f"verify: the outputs of all {done} done items match their digests", highlight=False)
+        return True
+    console.print(f"verify: the outputs of all {done} done items match their digests", highlight=False)
+    return False
 
 
 # -- the fleet on Google Cloud ---------------------------------------------------------------------

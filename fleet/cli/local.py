@@ -28,14 +28,14 @@ from fleet.job import Job, StageOptions, load_job
 from fleet.cli.render import print_counts, print_detail, print_failed_files, printable, print_skipped, say, \
     stage_counts
 from fleet.core.run import PlanError, load_spec, plan
-from fleet.core.layout import STATE_DIR, spec_name
+from fleet.core.layout import LOCAL_RUN, STATE_DIR, spec_name
 from fleet.core.processes import start_workers, stop_workers, wait_for_exit
 from fleet.core.status import RunStatus, StatusReader
 from fleet.core.manifest import finish_run, finishing_name
 from fleet.core.store import StoreError, open_store
 from fleet.core.verify import check_outputs, describe_stale, downstream, reopen, stale_markers
 
-RUN = "local"
+RUN = LOCAL_RUN
 
 
 def auto_item_bytes(total: int) -> int:
@@ -162,12 +162,13 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _existing_item_bytes(bucket: str) -> int | None:
-    """The item size a run in this folder was planned with: a resumed run keeps its items."""
+def _existing_spec(bucket: str):
+    """The spec of the run planned in this folder before, if any: a resumed run keeps its items
+    (their size) and is resumed wherever its folder is now."""
     store = open_store(bucket)
     if store.stat(spec_name(RUN)) is None:
         return None
-    return load_spec(store, RUN).item_bytes or None
+    return load_spec(store, RUN)
 
 
 def run_local(
@@ -192,12 +193,20 @@ def run_local(
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise PlanError(f"{out_dir}: the output folder is an existing file; give a folder")
     bucket = os.path.join(out_dir, STATE_DIR)
-    if item_bytes is None:
-        item_bytes = _existing_item_bytes(bucket)
+    existing = _existing_spec(bucket)
+    if item_bytes is None and existing is not None:
+        item_bytes = existing.item_bytes or None
+    planned_output = out_dir
+    if existing is not None and existing.output != out_dir:
+        # OUT_DIR was copied or moved since the run was planned: the run's outputs are in the folder
+        # that holds its state (output_place), so it resumes here, and writes nothing where it came from.
+        say(console, f"the run in {out_dir} was planned in {existing.output}: the folder was copied or moved "
+                     "since; resuming it here")
+        planned_output = existing.output
     size_for = item_bytes if item_bytes is not None else auto_item_bytes
     chosen = load_job(job)
     chosen.check_here(chosen.parse_config(settings))  # the workers run here: what they need must be here
-    spec, items, created = plan(bucket, RUN, job, inputs, out_dir, settings, code_version(paths=DEFAULT_CODE_PATHS),
+    spec, items, created = plan(bucket, RUN, job, inputs, planned_output, settings, code_version(paths=DEFAULT_CODE_PATHS),
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=size_for,
                                 exclude=[out_dir], read=read, stage_options=stage_options,
                                 shuffle_budget=shuffle_budget,

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Callable
 from fleet.core.codesync import sha256_file
 from fleet.job import Converter, InputError, ItemContext, ItemFailed, ItemInput, Reducer, Sink, item_seed
 from fleet.core.lease import DONE, FAILED, Held, Leases, Lost
-from fleet.core.run import Item, RunSpec, StepPlan
+from fleet.core.run import Item, RunSpec, StepPlan, output_place
 from fleet.core.layout import counts_name, index_name, released_prefix, shuffle_name
 from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, combine, index_totals, load_index, \
     partitions_for, reduce_records
@@ -212,7 +212,7 @@ class ItemRunner:
                  items: list[Item] = ()):
         self.store, self.run, self.spec = store, spec.run, spec
         self.leases = leases
-        self.output = open_store(spec.output)
+        self.output = open_store(output_place(spec, store))  # a moved OUT_DIR: its own folder
         self.converter = converter
         self.make_reducer = reducer
         self.reducers: dict[str, Reducer] = {}

@@ -28,7 +28,7 @@ import numpy as np
 from fleet.job import ConfigError, Feature, JobNotFound, load_job
 from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.outputs import OutputError, is_parquet, parquet_columns, parquet_examples, read_records, record_examples
-from fleet.core.run import PlanError, list_runs, load_items, load_spec
+from fleet.core.run import PlanError, list_runs, load_items, load_spec, output_place
 from fleet.core.layout import final_prefix, lease_prefix
 from fleet.core.store import NotFound, Store, StoreError, open_store
 
@@ -66,7 +66,7 @@ class Follower:
     def __iter__(self) -> Iterator[Output]:
         store = open_store(self.bucket)
         spec = load_spec(store, self.run)
-        output_root = spec.output.rstrip("/")
+        output_root = output_place(spec, store).rstrip("/")  # a moved OUT_DIR's own files
         skip_before = 0.0 if self.from_start else time.time()
         prefix = final_prefix(self.run)
         # A run with stages: a failed barrier means the stages after it never run (StepPlan).

@@ -29,6 +29,7 @@ from __future__ import annotations
 RUNS = "runs/"
 SPEC = "run.json"
 STATE_DIR = ".fleet"  # `fleet local OUT_DIR`: the folder in OUT_DIR that stands in for the bucket
+LOCAL_RUN = "local"  # the run `fleet local` plans in OUT_DIR/.fleet
 LOG_SUFFIX = ".log"
 
 

@@ -10,12 +10,13 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from fleet.job import ConfigError, ItemInput, Job, Opener, Piece, Source, Stage, StageOptions, load_job, printable
-from fleet.core.layout import RUNS, items_name, run_of_spec, spec_name
+from fleet.core.layout import LOCAL_RUN, RUNS, STATE_DIR, items_name, run_of_spec, spec_name
 from fleet.core.records import JsonRecord
 from fleet.core import shuffle
 from fleet.core.shuffle import Combine, CombineRule, combine_groups, partitions_for, plan_combine
@@ -167,6 +168,18 @@ class RunSpec(JsonRecord):
     # so that a run is planned again by its own rule.
     group_files: int = 0
     created: float = field(default=0.0, compare=False)
+
+
+def output_place(spec: RunSpec, state: Store) -> str:
+    """Where the run's outputs are, for a run whose state is ``state``. A `fleet local` run keeps its
+    state in its output folder (OUT_DIR/.fleet, run ``local``): its outputs are in the folder that
+    holds that state now, wherever the run was planned (``spec.output`` names the place then), so a
+    copied or moved OUT_DIR is read, checked and resumed in itself, never in the folder it came from.
+    Any other run's outputs are where it was planned to write them."""
+    root = state.url
+    if spec.run != LOCAL_RUN or "://" in root or "://" in spec.output or os.path.basename(root) != STATE_DIR:
+        return spec.output
+    return os.path.dirname(root)
 
 
 MAP, COMBINE, BARRIER, ITEMS = "map", "combine", "barrier", "items"  # the kinds of step (StepPlan)

@@ -20,9 +20,10 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.core.layout import counts_prefix, done_prefix, final_prefix, lease_prefix, shuffle_prefix
+from fleet.core.layout import counts_prefix, done_prefix, final_prefix, finishing_name, lease_prefix, shuffle_prefix
 from fleet.core.lease import DONE, Lease
-from fleet.core.run import Item, RunSpec, load_items
+from fleet.core.manifest import MANIFEST
+from fleet.core.run import Item, RunSpec, load_items, load_spec, output_place
 from fleet.core.store import Blob, NotFound, Store, open_store
 from fleet.core.windows import Window, cut_windows
 
@@ -56,8 +57,10 @@ def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False, s
     version (or, in leases from before versions were kept, generation) is not the one its
     commit recorded is read and hashed; ``deep`` hashes every output. ``state``, the run's
     bucket: the records a stage left for the next one, and a grouped item's per-file counts
-    (what the manifest's rows of its files come from), are checked there too."""
-    output = open_store(spec.output)
+    (what the manifest's rows of its files come from), are checked there too, and the outputs are
+    looked for where that state puts them (fleet.core.run.output_place: a copied or moved OUT_DIR
+    of `fleet local` is checked against its own files)."""
+    output = open_store(output_place(spec, state) if state is not None else spec.output)
     try:
         present: dict[str, Blob] = {b.name: b for b in output.list("part-")}
     except NotFound:
@@ -158,13 +161,17 @@ def downstream(items: list[Item], reopened: Iterable[str]) -> list[str]:
 
 
 def reopen(store: Store, run: str, items: Iterable[str]) -> None:
-    """Send finished items back to pending: the ``done/`` marker of their window first, then each
-    item's ``final/`` marker, so that no worker takes the item for finished once its lease is
-    gone, then the lease, so the item is claimed as new. Workers that knew the window finished
-    find out at their next sweep, which trusts the leases alone."""
+    """Send finished items back to pending: the run's ``manifest.json`` (in the output place) and
+    the claim to write it first, since a run with pending items is not finished (and finish_run,
+    finding a manifest there, would write none when it finishes again); then the ``done/`` marker
+    of their window, then each item's ``final/`` marker, so that no worker takes the item for
+    finished once its lease is gone, then the lease, so the item is claimed as new. Workers that
+    knew the window finished find out at their next sweep, which trusts the leases alone."""
     items = list(items)
     if not items:
         return
+    open_store(output_place(load_spec(store, run), store)).delete(MANIFEST)
+    store.delete(finishing_name(run))
     window_of = {item: w for w in _windows(store, run) for item in w.items}
     for key in sorted({window_of[item].key for item in items if item in window_of}):
         store.delete(done_prefix(run) + key)

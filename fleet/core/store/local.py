@@ -15,8 +15,8 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import shutil
-import tempfile
 import time
 from stat import S_ISREG
 from typing import Iterator
@@ -49,16 +49,20 @@ class LocalStore(Store):
             raise StoreError(f"{self.root}: object name {name!r} escapes the store or is not a plain path")
         return os.path.join(self.root, *parts)
 
-    @contextlib.contextmanager
-    def _locked_dir(self, path: str):
+    def _lock_dir(self, path: str) -> int:
+        """The folder of ``path`` locked (flock): the fd to close, in a ``finally`` whose first call
+        is ``os.close``. Not a generator context manager: a Shutdown raised inside contextlib's
+        calls, between the lock and the ``with`` (or on the way out of it), left the fd open and
+        the folder locked, and the worker's next write there (giving its item back) waited forever."""
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        return fd
 
     @staticmethod
     def _generation(st: os.stat_result) -> int:
@@ -102,15 +106,25 @@ class LocalStore(Store):
             raise type(e)(e.errno, e.strerror, path) from None
 
     def _tmp_beside(self, path: str) -> str:
+        """A name for a temporary file beside ``path`` (its folder made), not yet a file: the caller
+        creates it (:meth:`_create`) inside the ``try`` whose ``finally`` removes it, so that a
+        signal (a worker's SIGTERM raises Shutdown between any two calls) between the file's
+        creation and that ``try`` cannot leave it behind, as mkstemp's own return could. CPython
+        runs a signal handler on entering a Python function and after a call returns: so that
+        ``finally`` calls ``os.unlink`` first, and a Shutdown met on the way into it (after a
+        PreconditionFailed, say) lands once the file is gone."""
         folder = os.path.dirname(path)
         try:
             os.makedirs(folder, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise self._clash(path) from None
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=folder)
-        os.close(fd)
-        os.chmod(tmp, 0o644)
-        return tmp
+        return os.path.join(folder, _TMP_PREFIX + secrets.token_hex(8))
+
+    @staticmethod
+    def _create(tmp: str) -> int:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        os.fchmod(fd, 0o644)
+        return fd
 
     # -- reads ---------------------------------------------------------------
     def read(self, name: str, start: int = 0, end: int | None = None, version: str | None = None) -> bytes:
@@ -205,40 +219,53 @@ class LocalStore(Store):
         with self._naming(path):
             tmp = self._tmp_beside(path)
             try:
-                with open(tmp, "wb") as f:
+                with open(self._create(tmp), "wb") as f:
                     f.write(data)
-                with self._locked_dir(path):
+                lock = self._lock_dir(path)
+                try:
                     current = self._current(path)
                     if if_generation_match is not None and current != if_generation_match:
                         raise PreconditionFailed(
                             f"{name}: generation is {current}, write expected {if_generation_match}"
                         )
                     return self._install(tmp, path, current)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
+                finally:
+                    os.close(lock)
+            finally:  # its first call the unlink: see _tmp_beside
+                try:
                     os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
 
     def upload_file(self, name: str, path: str) -> int:
         dest = self._path(name)
         with self._naming(dest):
             tmp = self._tmp_beside(dest)
             try:
+                os.close(self._create(tmp))
                 shutil.copyfile(path, tmp)
-                with self._locked_dir(dest):
+                lock = self._lock_dir(dest)
+                try:
                     return self._install(tmp, dest, self._current(dest))
-            finally:
-                with contextlib.suppress(FileNotFoundError):
+                finally:
+                    os.close(lock)
+            finally:  # its first call the unlink: see _tmp_beside
+                try:
                     os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
 
     def delete(self, name: str) -> None:
         path = self._path(name)
         if not os.path.isdir(os.path.dirname(path)):
             return  # absent; taking the folder lock would create the folders (or fail on a file)
-        with self._locked_dir(path):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                if e.errno != errno.EISDIR:
-                    raise
+        lock = self._lock_dir(path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno != errno.EISDIR:
+                raise
+        finally:
+            os.close(lock)
