@@ -51,7 +51,11 @@ def test_a_bucket_outage_mid_run_takes_no_vm_away(cloud, tmp_path, capsys):
     left = [t for t, kind, _, _ in st.events if kind == "deleteInstances"]
     assert len(left) == 3 and min(left) > ended  # each left after the outage, because the run was done
     records = boot_records(open_store(cloud.bucket), "out")
-    assert len(records) == 3 and {r.outcome for r in records} == {"done"}, [(r.outcome, r.reason) for r in records]
+    # No boot failed. The first VM to find the run finished deletes every VM: one whose worker was still idle,
+    # waiting for the drain, is stopped by that deletion (and its boot counts for nothing), never failed.
+    outcomes = [r.outcome for r in records]
+    assert len(records) == 3 and "done" in outcomes and set(outcomes) <= {"done", "stopped"}, \
+        [(r.outcome, r.reason) for r in records]
     status = reader.collect()
     assert status.done == status.items and not status.failed
     check_clean_exit(cloud, "out")
