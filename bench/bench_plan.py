@@ -45,7 +45,7 @@ def worker_start(folder: str, n: int) -> None:
 
     t0 = time.perf_counter()
     items = load_items(open_store(os.path.join(folder, "bucket")), "big")
-    ClaimPolicy([i.id for i in items], "bench-w0", 300.0, standby=True,
+    ClaimPolicy([i.id for i in items], "bench-w0", 300.0,
                 steps={i.id: i.step for i in items if i.step}, barriers=[])
     by_id = {i.id: i for i in items}
     assert len(by_id) == n

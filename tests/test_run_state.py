@@ -52,7 +52,7 @@ def corpus(folder: Path) -> Path:
 
 # -- the claim policy and the drain check take the lease for the truth -----------------------------
 def test_a_final_marker_without_its_lease_is_stale_and_the_item_is_claimable():
-    policy = ClaimPolicy(["a", "b"], "w", 60.0, standby=False)
+    policy = ClaimPolicy(["a", "b"], "w", 60.0)
     policy.observe(finals=["a", "b"], listing={"b": 7}, now=0.0)
     assert policy.stale == {"a"}
     assert ("a", True) in policy.candidates(0.0, 0.0)  # unleased: claimed as new
@@ -60,7 +60,7 @@ def test_a_final_marker_without_its_lease_is_stale_and_the_item_is_claimable():
 
 
 def test_a_marker_counts_only_while_its_lease_is_listed():
-    policy = ClaimPolicy(["a"], "w", 60.0, standby=False)
+    policy = ClaimPolicy(["a"], "w", 60.0)
     policy.observe(finals=["a"], listing={"a": 3}, now=0.0)
     assert policy.drained()
     policy.observe(finals=["a"], listing={}, now=1.0)  # the lease deleted since: not finished any more

@@ -37,9 +37,9 @@ FLEET = [sys.executable, "-m", "fleet.cli"]
 
 
 # -- the claim policy's gate, pure -----------------------------------------------------------
-def _policy(standby=False):
+def _policy():
     steps = {"shards-index": 1, "00000-of-00002": 2, "00001-of-00002": 2}
-    return ClaimPolicy(["00000", "00001", *steps], "w", 10.0, standby, steps=steps, barriers=["shards-index"])
+    return ClaimPolicy(["00000", "00001", *steps], "w", 10.0, steps=steps, barriers=["shards-index"])
 
 
 def _lease(state):

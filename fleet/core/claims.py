@@ -27,8 +27,8 @@ What is listed, so that coordination costs the same per item at a thousand items
 - ``SWEEP``: after a few fruitless visits, every window that is not finished: the ``done/``
   markers, then a visit of each unfinished window of the open steps, or, when that would cost as
   much, every lease and every marker (``items / 1,000`` calls). Only a sweep sees all that is
-  left, so only after one may a worker leave as a spare standby; and a worker that finds the run drained confirms it by a sweep of every
-  lease and marker, which trusts no ``done/`` marker (a window whose items it finds unfinished is
+  left, so only after one may a worker leave as a spare standby; and a worker that finds the run
+  drained confirms it by a sweep of every lease and marker, which trusts no ``done/`` marker (a window whose items it finds unfinished is
   unfinished, and its marker is removed). Idle workers sweep once a poll; busy ones sweep only
   when windows keep turning up nothing. In the tail the unfinished windows are the few that hold
   live leases, so an idle worker's sweep costs a few calls, not the run's size.
@@ -55,7 +55,7 @@ STEALS = 2  # fruitless steals after which it sweeps
 
 
 class ClaimPolicy:
-    def __init__(self, items: Sequence[str], worker: str, lease_ttl: float, standby: bool,
+    def __init__(self, items: Sequence[str], worker: str, lease_ttl: float,
                  steps: Mapping[str, int] | None = None, barriers: Iterable[str] = (), window: int | None = None):
         self.worker = worker
         self.rng = random.Random(worker)  # each worker its own picks: 200 do not queue on one window

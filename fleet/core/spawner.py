@@ -126,7 +126,7 @@ class Worker:
         taken: listings are taken about as often as they go stale.
         """
         policy = ClaimPolicy([item.id for item in self.items], self.name, self.spec.lease_ttl,
-                             standby=self.standby is not None, steps={i.id: i.step for i in self.items if i.step},
+                             steps={i.id: i.step for i in self.items if i.step},
                              barriers=[i.id for i in self.items if i.meta.get("barrier")])
         by_id = {item.id: item for item in self.items}
         prefix, final, back = lease_prefix(self.run), final_prefix(self.run), released_prefix(self.run)
