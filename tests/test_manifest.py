@@ -305,6 +305,25 @@ def test_one_drained_worker_claims_the_run_files_and_a_dead_claimant_is_replaced
     assert json.loads(store.read(finishing_name("r")))["worker"] == "c"
 
 
+def test_an_ended_drain_is_trusted_by_the_workers_there_and_checked_again_by_a_later_one(tmp_path):
+    """The claim's last word (end_claim): workers that started before the drain ended leave at it
+    (run_ended), none of them takes the claim over however old it gets; a worker that started
+    after it (a rerun, after a lease was deleted by hand) takes it at once and checks for itself."""
+    from fleet.core.manifest import end_claim, run_ended
+
+    store = open_store(str(tmp_path))
+    gen = claim_finish(store, "r", "a", stale_after=60, now=1000.0, started=900.0)
+    assert gen and not run_ended(store, "r", since=900.0)
+    end_claim(store, "r", "a", gen, "written", now=1010.0)
+    assert run_ended(store, "r", since=900.0)  # b, there since 900, leaves
+    assert claim_finish(store, "r", "b", stale_after=60, now=5000.0, started=900.0) is None  # never stale
+    assert not run_ended(store, "r", since=1020.0)  # c started after it ended
+    assert claim_finish(store, "r", "c", stale_after=60, now=1030.0, started=1020.0)
+    assert not run_ended(store, "r", since=900.0)  # c's drain is under way: b waits for its word
+    end_claim(store, "r", "a", gen, "written", now=1040.0)  # a stale holder's word is not taken
+    assert json.loads(store.read(finishing_name("r")))["worker"] == "c"
+
+
 def test_a_claim_to_the_run_files_held_longer_than_its_ttl_is_renewed_not_taken_over(tmp_path):
     """The 20,000-item simulation: reading every lease took the claimant longer than a TTL, and
     every worker that drained meanwhile took the claim over and read every lease again (11 lease

@@ -156,10 +156,13 @@ def finish_run(output: Store, job: Job, config: Any, spec: RunSpec, items: list[
     return manifest, differ
 
 
-def claim_finish(store: Store, run: str, worker: str, stale_after: float, now: float | None = None) -> int | None:
-    """Whether this worker is the one to write the run's files (the claim's generation, or None): it
-    created the claim, or took over one not renewed for ``stale_after`` seconds (its writer died
-    before the manifest was written). The holder renews it (:func:`holding_finish`)."""
+def claim_finish(store: Store, run: str, worker: str, stale_after: float, now: float | None = None,
+                 started: float | None = None) -> int | None:
+    """Whether this worker is the one to confirm the drain and write the run's files (the claim's
+    generation, or None): it created the claim, or took over one not renewed for ``stale_after``
+    seconds (its writer died before the run ended), or one whose drain ended before this worker
+    ``started`` (an earlier drain's: a lease deleted by hand since is this worker's to find).
+    The holder renews it (:func:`holding_finish`) and ends it (:func:`end_claim`)."""
     now = time.time() if now is None else now
     name = finishing_name(run)
     try:
@@ -168,12 +171,16 @@ def claim_finish(store: Store, run: str, worker: str, stale_after: float, now: f
         pass
     try:
         data, generation = store.read_generation(name)
-        claimed = float(json.loads(data).get("claimed", 0))
+        body = json.loads(data)
+        claimed, ended = float(body.get("claimed", 0)), body.get("ended")
     except NotFound:
         return None  # removed between the calls: the next worker to look claims it
     except (ValueError, TypeError, AttributeError):
-        claimed = 0.0  # not a claim: take it over
-    if now - claimed < stale_after:
+        claimed, ended = 0.0, None  # not a claim: take it over
+    if ended is not None:
+        if started is None or float(ended) >= started:
+            return None  # this drain's: ended already (run_ended says so)
+    elif now - claimed < stale_after:
         return None
     try:
         return store.write(name, _claim(worker, now), if_generation_match=generation)
@@ -185,20 +192,55 @@ def _claim(worker: str, now: float) -> bytes:
     return json.dumps({"worker": worker, "claimed": now}, sort_keys=True).encode()
 
 
+def run_ended(store: Store, run: str, since: float) -> bool:
+    """Whether a worker ended the run's drain at or after ``since`` (wall clock): it confirmed by
+    a listing of every lease and marker that every item is finished, and wrote the run's files
+    (or found them due to no one: an item failed). A drain is a moment: the workers that were
+    there when it ended trust it and leave, and one that starts later checks for itself."""
+    try:
+        ended = json.loads(store.read(finishing_name(run))).get("ended")
+    except NotFound:
+        return False
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return ended is not None and float(ended) >= since
+
+
+def end_claim(store: Store, run: str, worker: str, generation: int, files: str, now: float | None = None) -> None:
+    """The holder's last word on the claim: the drain is confirmed and the run's files are
+    ``files`` ("written", "not due": an item failed, or why not). Generation-matched: a holder
+    whose claim was taken over says nothing. Reopening an item removes the object first."""
+    now = time.time() if now is None else now
+    body = {"worker": worker, "claimed": now, "ended": now, "files": files}
+    try:
+        store.write(finishing_name(run), json.dumps(body, sort_keys=True).encode(), if_generation_match=generation)
+    except PreconditionFailed:
+        log.warning("the claim to end the run was taken over; its new holder ends it")
+
+
+class Renewal:
+    """The claim's generation as its renewals move it (what :func:`end_claim` must match)."""
+
+    def __init__(self, generation: int):
+        self.generation = generation
+
+
 @contextlib.contextmanager
-def holding_finish(store: Store, run: str, worker: str, generation: int, every: float) -> Iterator[None]:
-    """Renew the claim every ``every`` seconds while the run's files are made: reading every lease
-    of a big run takes longer than a TTL (100,000 leases at 50 ms, 16 at a time: about 5 min),
-    and a claim left to age would be taken over by each worker that drains meanwhile, every one
-    of them reading every lease again. A renewal that fails (taken over, the store down) stops
-    renewing: the files are create-only and the same bytes, so a second writer only costs reads."""
+def holding_finish(store: Store, run: str, worker: str, generation: int, every: float) -> Iterator[Renewal]:
+    """Renew the claim every ``every`` seconds while the drain is confirmed and the run's files are
+    made: a listing of every lease of a big run, then a read of each, take longer than a TTL
+    (100,000 leases at 50 ms, 16 at a time: about 5 min), and a claim left to age would be taken
+    over by each worker that drains meanwhile, every one of them reading every lease again. A
+    renewal that fails (taken over, the store down) stops renewing: the files are create-only and
+    the same bytes, so a second writer only costs reads."""
     stop = threading.Event()
+    held = Renewal(generation)
 
     def renew() -> None:
-        gen = generation
         while not stop.wait(every):
             try:
-                gen = store.write(finishing_name(run), _claim(worker, time.time()), if_generation_match=gen)
+                held.generation = store.write(finishing_name(run), _claim(worker, time.time()),
+                                              if_generation_match=held.generation)
             except Exception as e:  # noqa: BLE001 - advisory, as the claim is
                 log.warning("the claim to write the run's files was not renewed (%s)", e)
                 return
@@ -206,7 +248,7 @@ def holding_finish(store: Store, run: str, worker: str, generation: int, every: 
     thread = threading.Thread(target=renew, name="finish-claim", daemon=True)
     thread.start()
     try:
-        yield
+        yield held
     finally:
         stop.set()
         thread.join()

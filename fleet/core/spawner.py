@@ -29,7 +29,9 @@ from fleet.job import load_job
 from fleet.core.lease import Held, Lease, Leases
 from fleet.core.liveness import pid_alive
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec, pinned_opener
-from fleet.core.layout import done_prefix, final_prefix, idle_prefix, lease_prefix, released_prefix, worker_prefix
+from fleet.core.layout import done_prefix, final_prefix, finishing_name, idle_prefix, lease_prefix, released_prefix, \
+    worker_prefix
+from fleet.core.manifest import run_ended
 from fleet.core.store import PreconditionFailed, open_store
 from fleet.core.store.metered import MeteredStore
 
@@ -95,7 +97,9 @@ class Worker:
         self.live_window = max(4 * self.poll + 1.0, 3.0)  # an idle worker beats every poll
         self.idle_marked = False
         self.sleeping = False  # between idle sweeps, holding nothing
-        self.found_drained = False  # it left because a sweep of every lease and marker found the run drained
+        self.found_drained = False  # it left because the run's drain was confirmed and ended (end_run)
+        self.started = time.time()  # a drain ended before this is an earlier one's (run_ended)
+        self.finishing = None  # (ExitStack, Renewal) while it holds the claim to end the run
 
     # -- heartbeat -------------------------------------------------------------
     def beat(self, state: str) -> None:
@@ -125,6 +129,12 @@ class Worker:
         next item that had no lease in its listing, and lists again as soon as one turns out
         taken: listings are taken about as often as they go stale.
         """
+        try:
+            return self._claim_loop()
+        finally:
+            self.release_finish()  # (a signal or an error while confirming the drain: the next to drain does)
+
+    def _claim_loop(self) -> Counters:
         policy = ClaimPolicy([item.id for item in self.items], self.name, self.spec.lease_ttl,
                              steps={i.id: i.step for i in self.items if i.step},
                              barriers=[i.id for i in self.items if i.meta.get("barrier")])
@@ -163,10 +173,19 @@ class Worker:
                 if confirm:
                     self.unmark_windows(policy)
                 if policy.drained():
-                    if confirm or targets is None:
+                    # One worker confirms the drain and ends the run (fleet.core.manifest.claim_finish):
+                    # the others wait for its word, idle, rather than each listing every lease and marker.
+                    if self.finishing is None and run_ended(self.store, self.run, self.started):
                         return self.leave(drained=True)
-                    confirm = True  # markers say so: a sweep of every lease and marker must too
-                    continue
+                    if self.finishing is None:
+                        self.claim_finish()
+                    if self.finishing is not None:
+                        if confirm or targets is None:  # a listing of every lease and marker says so too
+                            return self.end_run()
+                        confirm = True  # markers say so: a sweep of every lease and marker must too
+                        continue
+                elif self.finishing is not None:  # the confirming sweep found an item unfinished
+                    self.release_finish()
                 confirm = False
             next_pass = policy.end_pass(kind, worked, window)
             if kind == SWEEP and not worked:
@@ -267,41 +286,82 @@ class Worker:
             self._unannounce(item)
 
     def leave(self, drained: bool = False) -> Counters:
-        """Stop; a worker that finds the run drained writes its files first (finish_run)."""
+        """Stop. ``drained``: the run's drain is confirmed and ended (end_run): the VM may take the
+        fleet with it (fleet work --drained-file), since the run's files are written by then."""
+        self.release_finish()
         self.mark_idle(False)
         self.found_drained = drained
-        if drained:
-            self.finish_run()
         self.beat("exited")
         return self.counters
 
-    def finish_run(self) -> None:
-        """The run's manifest and the job's run files (fleet.core.manifest), if every item is done.
-        The first worker to find the run drained claims the job (fleet.core.manifest.claim_finish);
+    # -- ending the run: one worker confirms the drain and writes the run's files --------------------
+    def claim_finish(self) -> None:
+        """Take the claim to end the run if no other live worker holds it (fleet.core.manifest),
+        renewed from here until end_run or release_finish."""
+        from fleet.core.manifest import claim_finish, holding_finish
+
+        try:
+            generation = claim_finish(self.store, self.run, self.name, self.spec.lease_ttl, started=self.started)
+        except Exception as e:  # advisory: tried again at the next sweep
+            log.warning("the claim to end the run was not taken: %s", e)
+            return
+        if generation is not None:
+            stack = contextlib.ExitStack()
+            renewal = stack.enter_context(holding_finish(self.store, self.run, self.name, generation,
+                                                         self.spec.lease_ttl / 3))
+            self.finishing = (stack, renewal)
+
+    def release_finish(self) -> None:
+        """Give the claim up (the drain was not confirmed, or the worker leaves), for the next to drain."""
+        if self.finishing is None:
+            return
+        stack, _ = self.finishing
+        self.finishing = None
+        stack.close()
+        try:
+            self.store.delete(finishing_name(self.run))
+        except Exception as e:  # it ages: another worker takes it over after a TTL
+            log.warning("the claim to end the run was not given up: %s", e)
+
+    def end_run(self) -> Counters:
+        """The drain confirmed by this worker's listing of every lease and marker: write the run's
+        files, then say on the claim that the run ended, so that the workers waiting for it leave,
+        after the files (a VM that leaves drained deletes the fleet: it must not cut the files short)."""
+        from fleet.core.manifest import end_claim
+
+        files = self.write_run_files()
+        stack, renewal = self.finishing
+        self.finishing = None
+        stack.close()  # (renewals stop: the generation to match is the last one)
+        try:
+            end_claim(self.store, self.run, self.name, renewal.generation, files)
+        except Exception as e:  # its claim ages, and the next worker to drain ends the run
+            log.warning("the run's end not recorded: %s", e)
+        return self.leave(drained=True)
+
+    def write_run_files(self) -> str:
+        """The run's manifest and the job's run files (fleet.core.manifest), if every item is done:
         the writes are create-only and the bytes a pure function of the leases, so any other
-        writer (a claim taken over, `fleet local`) finds them equal. Advisory
-        for the worker: a failure here is logged, never stops it (`fleet local` writes them too)."""
-        from fleet.core.manifest import MANIFEST, claim_finish, finish_run, finishing_name, holding_finish
+        writer (a claim taken over, `fleet local`) finds them equal. Returns what became of them,
+        for the claim's last word; a failure is logged, never stops the worker (`fleet local`
+        writes them too)."""
+        from fleet.core.manifest import MANIFEST, finish_run
         from fleet.core.status import StatusReader
 
         try:
             output = self.runner.output
             if output.stat(MANIFEST) is not None:
-                return  # another worker got there first
-            # One worker reads every lease, not each that drains at once; one that died doing it is
-            # replaced by the next to drain after a lease TTL (a relaunch, `fleet local` again).
-            claim = claim_finish(self.store, self.run, self.name, self.spec.lease_ttl)
-            if claim is None:
-                return
-            with holding_finish(self.store, self.run, self.name, claim, self.spec.lease_ttl / 3):
-                reader = StatusReader(self.store, self.run)
-                manifest, _ = finish_run(output, self.job, self.config, self.spec, reader.items, reader.leases())
-            if manifest is not None:
-                log.info("run finished: %s written with %d output(s) counted", MANIFEST, len(manifest.outputs))
-            else:  # an item failed: no files, and the claim goes, for the drain after a retry
-                self.store.delete(finishing_name(self.run))
+                return "written"  # by an earlier drain (the same bytes: a pure function of the leases)
+            _test_pause("finishing", "")
+            reader = StatusReader(self.store, self.run)
+            manifest, _ = finish_run(output, self.job, self.config, self.spec, reader.items, reader.leases())
         except Exception as e:
             log.warning("run files not written: %s", e)
+            return f"not written: {e}"
+        if manifest is None:
+            return "not due: an item failed or is blocked"
+        log.info("run finished: %s written with %d output(s) counted", MANIFEST, len(manifest.outputs))
+        return "written"
 
     def close(self) -> None:
         self._sweep()
