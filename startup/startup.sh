@@ -239,10 +239,11 @@ own_action() { # this VM's currentAction on the listManagedInstances page in API
   }' <<<"$API_OUT"
 }
 
-run_finished() { # has every item of the run finished? A worker of this VM found so, by a listing of every lease and
-  # marker (fleet work --drained-file). A VM whose workers all left as spares did not: standbys elsewhere stay until
-  # the drain (or the last one out takes the fleet with it). Each VM listing the run on its way out would cost
-  # 2 x items / 1,000 calls a VM.
+run_finished() { # has every item of the run finished, and are the run's files written? A worker of this VM found so
+  # (fleet work --drained-file): it confirmed the drain by a listing of every lease and marker and wrote the files,
+  # or it waited for the word of the worker that did (fleet.core.manifest.run_ended). A VM whose workers all left
+  # as spares did not: standbys elsewhere stay until the drain (or the last one out takes the fleet with it). Each
+  # VM listing the run on its way out would cost 2 x items / 1,000 calls a VM.
   [[ -f $WORK_DIR/report/drained ]]
 }
 

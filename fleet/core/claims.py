@@ -27,15 +27,16 @@ What is listed, so that coordination costs the same per item at a thousand items
 - ``SWEEP``: after a few fruitless visits, every window that is not finished: the ``done/``
   markers, then a visit of each unfinished window of the open steps, or, when that would cost as
   much, every lease and every marker (``items / 1,000`` calls). Only a sweep sees all that is
-  left, so only after one may a worker leave as a spare standby; and a worker that finds the run
-  drained confirms it by a sweep of every lease and marker, which trusts no ``done/`` marker (a window whose items it finds unfinished is
-  unfinished, and its marker is removed). Idle workers sweep once a poll; busy ones sweep only
-  when windows keep turning up nothing. In the tail the unfinished windows are the few that hold
+  left, so only after one may a worker leave as a spare standby. One worker confirms a drain: the
+  one that takes the claim to end the run (fleet.core.manifest.claim_finish) sweeps every lease and
+  marker, trusting no ``done/`` marker (a window whose items it finds unfinished is unfinished, and
+  its marker is removed), and writes the run's files; the others wait for its word, or leave as
+  spares. Idle workers sweep once a poll; busy ones sweep only when windows keep turning up nothing. In the tail the unfinished windows are the few that hold
   live leases, so an idle worker's sweep costs a few calls, not the run's size.
 
 Per item a busy worker therefore lists its window about once (3 calls with ``released/``), and
-the listings that do grow with the run (steals, the drain's sweep) happen a bounded number of
-times per worker, not per item. A SIGKILLed worker's lease is found by whoever lists its window twice half a
+the listings that do grow with the run (steals, sweeps) happen a bounded number of times per
+worker, not per item, and the drain's confirmation once a run. A SIGKILLed worker's lease is found by whoever lists its window twice half a
 TTL apart, and at the latest by the sweeps of the tail.
 
 Pure: the worker loop (fleet.core.spawner) lists, reads and writes; this decides.

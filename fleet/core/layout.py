@@ -17,7 +17,8 @@ the workers, the readers, `fleet status` and the VMs' startup/startup.sh.
     runs/<run>/shuffle/<item>                 a stage's keyed records of one item, for the next stage
     runs/<run>/shuffle/<barrier>.index        where the next stage's items find them (fleet.core.shuffle)
     runs/<run>/counts/<item>.json             a grouped item's exact counts per input file (fleet.core.manifest)
-    runs/<run>/finishing                      claimed by the one drained worker that writes the run's files
+    runs/<run>/finishing                      claimed by the one drained worker that confirms the drain and
+                                              writes the run's files; then its word that the run ended
 
 startup.sh writes the last four with curl alone and never spells a name itself: the launch
 hands it :func:`vm_paths` (templates over ``{instance}``, ``{boot}``, ``{finished}``) in the
@@ -139,9 +140,10 @@ def counts_name(run: str, item: str) -> str:
 
 
 def finishing_name(run: str) -> str:
-    """The run-state object the worker that writes the run's files (manifest.json, Job.run_files)
-    claims first (create-only), so that the workers that find the run drained together do not all
-    read every lease."""
+    """The run-state object the worker that confirms the drain and writes the run's files
+    (manifest.json, Job.run_files) claims first (create-only), so that the workers that find the
+    run drained together do not all list and read every lease; it ends holding that worker's
+    word that the run ended (fleet.core.manifest.end_claim), which the others wait for."""
     return f"{run_prefix(run)}finishing"
 
 

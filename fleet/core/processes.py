@@ -3,9 +3,9 @@ across a fork) running fleet.core.spawner's Worker until the run is drained; SIG
 give the item in hand back; the exit code says whether a process crashed (1) or said why in one
 line (2), or found the run drained (3, a success).
 
-`fleet work --procs N` lets its other processes go when one finds the run drained: that one
-listed every lease and marker, so a SIGUSR1 ends the sleep of those idle between sweeps, which
-would each list the whole run again (2 x items / 1,000 calls a process). It used to list the run
+`fleet work --procs N` lets its other processes go when one finds the run drained: the drain is
+confirmed and the run's files written by then (fleet.core.spawner.Worker.end_run), so a SIGUSR1
+ends the sleep of those idle between sweeps, which would each wait for the same word. It used to list the run
 itself whenever a process left, spares included, and SIGTERM the others, one of them perhaps
 in the middle of writing the run's files.
 
