@@ -655,7 +655,8 @@ class OptionHelp:
 
 def describe_options(config_type: type) -> list[OptionHelp]:
     """A job's options from its config dataclass: name, type, default and one line of help,
-    from ``field(metadata={"help": ...})`` or else the comment at the end of the field's line."""
+    from ``field(metadata={"help": ...})`` or else the comment at the end of the field's line,
+    then the range the option takes (``option_range``), if any."""
     import inspect
     import io
     import textwrap
@@ -681,5 +682,9 @@ def describe_options(config_type: type) -> list[OptionHelp]:
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
         kind = hints.get(f.name, str)
         name = getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
-        out.append(OptionHelp(f.name, name, default, f.metadata.get("help") or comments.get(f.name, "")))
+        text = f.metadata.get("help") or comments.get(f.name, "")
+        bounds = option_range(f)
+        if bounds is not None:  # what parse_dataclass takes, where `fleet jobs` shows it
+            text = f"{text} ({bounds[0]} to {bounds[1]})".strip()
+        out.append(OptionHelp(f.name, name, default, text))
     return out

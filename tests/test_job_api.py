@@ -42,6 +42,16 @@ def test_option_help_from_metadata_or_the_fields_comment():
     assert got["name"].help == "what it is called" and got["bare"].help == ""
 
 
+def test_the_options_range_is_in_its_help():
+    @dataclasses.dataclass
+    class Config:
+        seed: int = 0  # the run's seed
+        share: int = dataclasses.field(default=5, metadata={"range": (0, 10), "help": "a share"})
+
+    got = {o.name: o.help for o in describe_options(Config)}
+    assert got == {"seed": f"the run's seed (0 to {(1 << 63) - 1})", "share": "a share (0 to 10)"}
+
+
 def test_the_item_seed_comes_from_the_job_api():
     assert LINEJOB.seed(LineConfig(seed=9)) == 9
     electra = load_job("electra_zh_en")
