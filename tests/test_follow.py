@@ -198,3 +198,28 @@ def test_fleet_follow_on_a_stopped_run_says_so_in_one_line_and_exits_3(tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "no worker has been alive for" in lines[0] and "the run is stopped" in lines[0]
     assert f"fleet work --bucket {bucket} --run r" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_fleet_follow_on_a_fleet_local_killed_with_sigkill_says_it_is_stopped(tmp_path):
+    """The case of the issue end to end: `fleet local` killed with SIGKILL mid-run leaves heartbeats
+    that look fresh, but their pids are gone, so `fleet follow` says the run is stopped (exit 3)
+    after --dead-after, and names `fleet local` to resume it."""
+    import signal
+
+    corpus = write_corpus(str(tmp_path / "c.txt"), 120)
+    out = tmp_path / "out"
+    local = subprocess.Popen(FLEET + ["local", corpus, str(out), "--job", LINEJOB, "--workers", "2", "--item-mb",
+                                      "0.004", "--set", "delay=0.2"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    try:
+        deadline = time.time() + 120
+        while not (out / ".fleet" / "runs" / "local" / "workers").is_dir() or \
+                not any((out / ".fleet" / "runs" / "local" / "workers").iterdir()):
+            assert time.time() < deadline and local.poll() is None, "no worker started"
+            time.sleep(0.1)
+    finally:
+        os.killpg(local.pid, signal.SIGKILL)
+        local.wait()
+    proc = fleet("follow", "--bucket", out, "--poll", "0.1", "--dead-after", "2", timeout=120)
+    assert proc.returncode == 3, proc
+    assert "the run is stopped; resume it with `fleet local`" in proc.stderr and len(proc.stderr.splitlines()) == 1
