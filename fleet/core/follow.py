@@ -100,8 +100,8 @@ class Liveness:
             if beat is None:
                 try:
                     beat = json.loads(self.store.read(key[0]))
-                except (NotFound, ValueError):
-                    continue  # rewritten or removed since the listing: the next look sees it
+                except (NotFound, StoreError, ValueError):
+                    continue  # removed since the listing, or not read this time: the next look reads it
             if isinstance(beat, dict):
                 beats[key] = beat
         self._beats = beats
