@@ -500,13 +500,38 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
     return str(value) if value is not None else None
 
 
+# The run's seed goes to every item's seed and RNG: a signed 64-bit integer that is not negative is
+# what numpy (no negative seeds), TensorFlow (int64) and a JSON reader of run.json all take as it is.
+SEED_RANGE = (0, (1 << 63) - 1)
+
+
+def option_range(f: dataclasses.Field) -> tuple[float, float] | None:
+    """The (low, high) an option declares with ``field(metadata={"range": (low, high)})``, both
+    included; the option ``seed`` has SEED_RANGE unless it declares its own (Job.seed reads it)."""
+    declared = f.metadata.get("range")
+    if declared is not None:
+        return declared
+    return SEED_RANGE if f.name == "seed" else None
+
+
+def _in_range(name: str, value: Any, bounds: tuple[float, float] | None) -> Any:
+    if bounds is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    low, high = bounds
+    if not low <= value <= high:  # NaN too
+        raise ConfigError(f"option {name}: {value!r} is out of range: give {low} to {high}")
+    return value
+
+
 def parse_dataclass(cls: type, values: Mapping[str, Any]) -> Any:
+    """The config from option values, each coerced to its field's type and checked against the
+    range it declares (``option_range``): one line naming the option, never a traceback."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
-    kwargs = {k: _coerce(k, hints.get(k, str), v) for k, v in values.items()}
+    kwargs = {k: _in_range(k, _coerce(k, hints.get(k, str), v), option_range(fields[k])) for k, v in values.items()}
     try:
         return cls(**kwargs)
     except TypeError as e:
@@ -630,7 +655,8 @@ class OptionHelp:
 
 def describe_options(config_type: type) -> list[OptionHelp]:
     """A job's options from its config dataclass: name, type, default and one line of help,
-    from ``field(metadata={"help": ...})`` or else the comment at the end of the field's line."""
+    from ``field(metadata={"help": ...})`` or else the comment at the end of the field's line,
+    then the range the option takes (``option_range``), if any."""
     import inspect
     import io
     import textwrap
@@ -656,5 +682,9 @@ def describe_options(config_type: type) -> list[OptionHelp]:
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
         kind = hints.get(f.name, str)
         name = getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
-        out.append(OptionHelp(f.name, name, default, f.metadata.get("help") or comments.get(f.name, "")))
+        text = f.metadata.get("help") or comments.get(f.name, "")
+        bounds = option_range(f)
+        if bounds is not None:  # what parse_dataclass takes, where `fleet jobs` shows it
+            text = f"{text} ({bounds[0]} to {bounds[1]})".strip()
+        out.append(OptionHelp(f.name, name, default, text))
     return out

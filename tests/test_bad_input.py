@@ -269,3 +269,36 @@ def test_a_403_on_one_input_fails_that_item_after_its_attempts(gcs_bucket, tmp_p
     assert "\n" not in failure["error"]
     lease = json.loads(store.read(f"runs/r/leases/{failure['item']}"))
     assert lease["attempt"] == 2  # retried: a 403 may be an IAM change still spreading
+
+
+@pytest.mark.parametrize("name,data", [
+    ("a.jsonl", b'{"id": 1, "content": "hello world"}\n{"id": 2, "content": "doc two"}\n'),
+    ("a.jsonl.gz", gzip.compress(b'{"id": 1, "content": "hello world"}\n' * 50)),
+])
+def test_a_json_corpus_without_its_text_field_is_refused_at_plan_time(tmp_path, vocab, name, data):
+    """Issue 30: a JSON Lines corpus none of whose records has the text field failed every item
+    at run time, and said --retry-failed, which cannot help. The plan looks at the first records
+    (the bytes it reads anyway) and refuses in one line naming the file, the field, the fields
+    there are and the flag; nothing is written. A file where some records lack it is read."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / name).write_bytes(data)
+    out = tmp_path / "out"
+    one_line_error(fleet("local", inputs, out, "--workers", "1", "--set", f"vocab_file={vocab}"),
+                   f"{inputs / name}: no record of the first", "the field 'text'",
+                   "(fields seen: 'content', 'id')", "give --text-column content")
+    assert not out.exists()
+    one_line_error(fleet("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", "electra_zh_en", "--input", inputs,
+                         "--output", tmp_path / "o", "--set", f"vocab_file={vocab}"), "the field 'text'")
+    proc = fleet("local", inputs, out, "--workers", "1", "--set", f"vocab_file={vocab}", "--text-column", "content")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_json_file_where_only_some_records_lack_the_field_is_read(tmp_path, vocab):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "a.jsonl").write_bytes(b'{"body": "x"}\n' * 50 + b'{"text": "hello world"}\n' + b'{"body": "x"}\n' * 100)
+    (inputs / "b.jsonl").write_bytes(b'{"body": "x"}\n{"text": "doc line"}\n')
+    proc = fleet("local", inputs, tmp_path / "out", "--workers", "1", "--set", f"vocab_file={vocab}",
+                 "--max-bad-share", "1")
+    assert proc.returncode == 0, proc.stderr

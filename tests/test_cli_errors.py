@@ -110,6 +110,18 @@ def test_plan_refuses_a_number_out_of_range(option, value, corpus, tmp_path):
                           "--output", tmp_path / "out", option, value), option)
 
 
+@pytest.mark.parametrize("seed", ["-1", str(1 << 63), "-" + "9" * 30])
+def test_a_seed_out_of_range_is_refused_at_plan_time(seed, corpus, tmp_path):
+    """Issue 30: ``--set seed=-1`` was planned and run. Now one line names the option and its
+    range, exit 2, and nothing is written."""
+    line = one_line_error(invoke("local", corpus, tmp_path / "out", "--job", LINEJOB, "--set", f"seed={seed}"),
+                          "option seed", "out of range", "give 0 to ")
+    assert seed in line
+    assert not (tmp_path / "out").exists()
+    one_line_error(invoke("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", corpus,
+                          "--output", tmp_path / "out", "--set", f"seed={seed}"), "option seed", "give 0 to ")
+
+
 @pytest.mark.parametrize("job", [":", "a:", ":b", "..x:y", ".:JOB", "a..b:c", "tests.helpers.linejob:", "x y:z",
                                  "-:-", "\x00:x", "fleet_jobs/electra", "", "..", "a\udcffb"])
 def test_a_malformed_job_name_is_one_line(job, corpus, tmp_path):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from fleet.job import available_jobs, describe_options, item_seed, load_job
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fleet.job import SEED_RANGE, ConfigError, available_jobs, describe_options, item_seed, load_job
 from tests.helpers.cli import fleet
 from tests.helpers.linejob import JOB as LINEJOB, LineConfig
 
@@ -39,12 +42,61 @@ def test_option_help_from_metadata_or_the_fields_comment():
     assert got["name"].help == "what it is called" and got["bare"].help == ""
 
 
+def test_the_options_range_is_in_its_help():
+    @dataclasses.dataclass
+    class Config:
+        seed: int = 0  # the run's seed
+        share: int = dataclasses.field(default=5, metadata={"range": (0, 10), "help": "a share"})
+
+    got = {o.name: o.help for o in describe_options(Config)}
+    assert got == {"seed": f"the run's seed (0 to {(1 << 63) - 1})", "share": "a share (0 to 10)"}
+
+
 def test_the_item_seed_comes_from_the_job_api():
     assert LINEJOB.seed(LineConfig(seed=9)) == 9
     electra = load_job("electra_zh_en")
     config = electra.parse_config({"vocab_file": "v.txt", "seed": "5"})
     assert electra.seed(config) == 5
     assert item_seed(5, "00001") != item_seed(5, "00002") and item_seed(5, "00001") == item_seed(5, "00001")
+
+
+SEED_LOW, SEED_HIGH = SEED_RANGE
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.one_of(st.integers(max_value=SEED_LOW - 1), st.integers(min_value=SEED_HIGH + 1)))
+def test_a_seed_out_of_range_is_refused_naming_the_option_and_the_range(seed):
+    """Issue 30: seed=-1 was taken. A seed outside 0..2**63-1 is refused when the config is
+    parsed (at plan time), in one line naming the option and the range, for every job: the
+    fleet's own jobs and a plug-in's that declares no range (Job.seed reads its ``seed``)."""
+    for job in (load_job("electra_zh_en"), LINEJOB, load_job("command")):
+        with pytest.raises(ConfigError) as e:
+            job.parse_config({"vocab_file": "v.txt", "seed": str(seed)} if job.name == "electra_zh_en"
+                             else {"seed": str(seed)})
+        assert str(e.value) == f"option seed: {seed!r} is out of range: give {SEED_LOW} to {SEED_HIGH}"
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(min_value=SEED_LOW, max_value=SEED_HIGH))
+def test_a_seed_in_range_is_the_runs_seed(seed):
+    assert LINEJOB.seed(LINEJOB.parse_config({"seed": str(seed)})) == seed
+
+
+@settings(max_examples=40, deadline=None)
+@given(value=st.integers(-1000, 1000))
+def test_an_option_declares_its_range_in_its_metadata(value):
+    """``field(metadata={"range": (low, high)})``: any value outside is refused, inside taken."""
+    from fleet.job import parse_dataclass
+
+    @dataclasses.dataclass
+    class Config:
+        share: int = dataclasses.field(default=5, metadata={"range": (0, 10)})
+
+    if 0 <= value <= 10:
+        assert parse_dataclass(Config, {"share": value}).share == value
+    else:
+        with pytest.raises(ConfigError, match=r"^option share: .* give 0 to 10$"):
+            parse_dataclass(Config, {"share": value})
 
 
 def test_the_shared_text_layer_is_a_library_not_a_job(tmp_path, monkeypatch):

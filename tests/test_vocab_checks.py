@@ -99,6 +99,50 @@ def test_vocab_trains_on_every_document_not_a_sample(tmp_path):
     assert {"最", "后", "的", "文", "档"} <= set(out.read_text(encoding="utf-8").splitlines())
 
 
+def _told(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("wrote ")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("min_frequency", [1, 2])
+def test_a_vocab_smaller_than_its_size_says_why_in_one_line(corpus, tmp_path, min_frequency):
+    """Issue 30: ``vocab --size 21128`` wrote 10,126 tokens and said nothing of why. Fewer tokens
+    than --size is no error (exit 0, the README's first command), and one line says how many and
+    which of the trainer's stops it met: with --min-frequency 1 it ran out of pairs (every word a
+    token; only a bigger corpus gives more), with 2 the pairs left are seen once."""
+    out = tmp_path / "v.txt"
+    result = run("vocab", corpus, "--size", 21128, "--min-frequency", min_frequency, "--out", out)
+    assert result.exit_code == 0, result.output
+    written = len(out.read_text(encoding="utf-8").splitlines())
+    line = _told(result)
+    assert line.startswith(f"wrote {written} tokens to {out}, fewer than --size 21128: "), line
+    if min_frequency == 1:
+        assert "every word of the corpus is a token already" in line and "only a bigger corpus" in line
+    else:
+        assert "--min-frequency 2" in line and "a bigger corpus gives more tokens" in line
+        assert "a lower --min-frequency" in line and re.search(r"the \d+ words still in pieces", line)
+    full = run("vocab", corpus, "--size", 60, "--out", out)  # as many as asked: the plain line
+    assert full.exit_code == 0 and _told(full) == f"wrote 60 tokens to {out}"
+
+
+@settings(max_examples=15, deadline=None)
+@given(words=st.lists(st.text(alphabet="abcdefgh", min_size=1, max_size=8), min_size=1, max_size=60))
+def test_without_a_min_frequency_the_trainer_stops_only_when_every_word_is_a_token(words):
+    """What the message rests on: with --min-frequency 1, a vocab smaller than its size holds
+    every word whole (words_in_pieces is 0); with 2, every word left in pieces occurs once."""
+    from collections import Counter
+
+    from fleet_jobs.text.vocab import train_vocab, words_in_pieces
+
+    texts = [" ".join(words[i:i + 5]) for i in range(0, len(words), 5)]
+    tokens = train_vocab(texts, 5000, min_frequency=1)
+    assert len(tokens) < 5000 and words_in_pieces(tokens, texts) == 0
+    tokens = train_vocab(texts, 5000, min_frequency=2)
+    whole = set(tokens)
+    assert all(count == 1 for word, count in Counter(words).items() if word not in whole)
+
+
 # -- 12c: what each format needs of the vocab -----------------------------------------------
 
 @pytest.mark.parametrize("fmt", ["electra", "bert"])

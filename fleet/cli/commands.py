@@ -91,6 +91,7 @@ ITEM_MB = (0.001, 1e6)  # 1 kB to 1 TB of input per item
 LEASE_TTL = (1.0, 86400.0)  # seconds: a lease is renewed every TTL/3, so a day is already generous
 MAX_ATTEMPTS = (1, 100)
 POLL = (0.05, 3600.0)  # seconds
+DEAD_AFTER = (0.0, 7 * 86400.0)  # seconds `fleet follow` waits for a sign of life; 0: forever
 SHARDS_HELP = ("Write exactly N output files of examples globally shuffled by the run's seed, their counts "
                "differing by at most one (a second stage on the same workers)")
 DEDUP_HELP = "exact: drop documents whose normalized text equals an earlier one's (a stage before converting)"
@@ -341,17 +342,27 @@ def follow_cmd(
     run: Optional[str] = typer.Option(None, callback=_run_name, help="Run name (needed when the bucket holds several)"),
     from_start: bool = typer.Option(False, "--from-start", help="Also the outputs committed before now"),
     poll: float = typer.Option(2.0, help="Seconds between looks at the bucket"),
+    dead_after: Optional[float] = typer.Option(
+        None, help="Seconds without a live worker or a finished item after which the run counts as stopped "
+        "(default: 60 for a `fleet local` run, 900 for a bucket run, whose VMs take minutes to boot; 0: wait forever)"),
 ) -> None:
     """Print each committed output's URL once, in commit order, as items finish; exit when the run drains.
 
-    Exits 0 when every item is done, 1 (listing them) when some failed."""
-    from fleet.core.follow import follow
+    Exits 0 when every item is done, 1 (listing them) when some failed, 3 when no worker has
+    been alive for --dead-after seconds with items unfinished (the run is stopped)."""
+    from fleet.core.follow import RunStopped, default_dead_after, follow
 
     within("--poll", poll, POLL, " seconds")
+    if dead_after is not None:
+        within("--dead-after", dead_after, DEAD_AFTER, " seconds")
     bucket, run = _resolve(bucket, None, run)
-    follower = follow(bucket, run, from_start=from_start, poll=poll)
-    for out in follower:
-        print(out.url, flush=True)
+    wait = default_dead_after(run) if dead_after is None else dead_after
+    follower = follow(bucket, run, from_start=from_start, poll=poll, dead_after=wait or None)
+    try:
+        for out in follower:
+            print(out.url, flush=True)
+    except RunStopped as e:
+        fail(str(e), 3)
     for item, error in follower.failed:
         say(console, f"item {item}: {error}", "failed", "red")
     raise typer.Exit(1 if follower.failed else 0)

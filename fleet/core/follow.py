@@ -13,23 +13,29 @@ parsed examples). The layout comes from the run's job and config in ``run.json``
 each output is read and checked by ``fleet.core.outputs`` (TFRecord, GZIP or Parquet).
 Items that failed are what ``fleet follow`` reports: once everything else is read,
 the reading raises ``FollowError`` naming them (and the dataset fails with it).
+
+A run nobody works on any more (its workers killed, its VMs deleted) would be waited on
+forever. With ``dead_after`` a follower says so instead: ``RunStopped`` once, for that many
+seconds of its own clock, no item finished and no worker showed life (``Liveness``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from fleet.job import ConfigError, Feature, JobNotFound, load_job
 from fleet.core.lease import DONE, FAILED, Lease
+from fleet.core.liveness import worker_alive
 from fleet.core.outputs import OutputError, is_parquet, parquet_columns, parquet_examples, read_records, record_examples
 from fleet.core.run import PlanError, list_runs, load_items, load_spec, output_place
-from fleet.core.layout import final_prefix, lease_prefix
+from fleet.core.layout import LOCAL_RUN, boots_prefix, final_prefix, lease_prefix, log_prefix, worker_prefix
 from fleet.core.store import NotFound, Store, StoreError, open_store
 
 if TYPE_CHECKING:
@@ -48,12 +54,77 @@ class Output:
     sha256: str
 
 
+class FollowError(Exception):
+    """Items of the run failed, or an output cannot be read as the run's examples; the
+    message names them."""
+
+
+class RunStopped(FollowError):
+    """No worker of the run has been alive for ``dead_after`` seconds and items are unfinished:
+    nothing will finish them until workers start again. The message says how to."""
+
+
+@dataclass
+class Liveness:
+    """Does anyone still work on the run? Asked by a follower that has seen no item finish.
+
+    A look lists the run's heartbeats (``workers/``), VM boot records (``boots/``) and VM logs
+    (``logs/``). The run shows life when that listing changed since the last look (a worker
+    beat, one started, a VM booted or logged: a change the follower sees on its own clock, so
+    no clock skew between machines matters), or when a heartbeat is alive by
+    ``liveness.worker_alive`` (fresh, and on this machine its process running: a `fleet local`
+    killed with SIGKILL is seen dead at once). A worker beats at every lease renewal (TTL/3)
+    and every idle poll, so between items and on a long item alike it shows life well within a
+    TTL; a run still starting has ``dead_after`` from the follower's start before any sign is
+    due. Only the heartbeats whose listing changed are read: a look costs three listings.
+    """
+
+    store: Store
+    run: str
+    lease_ttl: float
+    clock: Callable[[], float] = time.time
+    _listed: frozenset[tuple[str, int]] | None = None
+    _beats: dict[tuple[str, int], dict] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        listed = frozenset((b.name, b.generation) for prefix in (worker_prefix(self.run), boots_prefix(self.run),
+                                                                 log_prefix(self.run))
+                           for b in self.store.list(prefix))
+        changed = self._listed is not None and listed != self._listed
+        self._listed = listed
+        beats: dict[tuple[str, int], dict] = {}
+        for key in listed:
+            if not key[0].startswith(worker_prefix(self.run)):
+                continue
+            beat = self._beats.get(key)
+            if beat is None:
+                try:
+                    beat = json.loads(self.store.read(key[0]))
+                except (NotFound, StoreError, ValueError):
+                    continue  # removed since the listing, or not read this time: the next look reads it
+            if isinstance(beat, dict):
+                beats[key] = beat
+        self._beats = beats
+        now = self.clock()
+        return changed or any(worker_alive(beat, self.lease_ttl, now) for beat in beats.values())
+
+
+def default_dead_after(run: str) -> float:
+    """How long `fleet follow` waits for a sign of life: a `fleet local` run's workers start
+    seconds after its plan and are seen dead at once by their pid, a bucket run's VMs take
+    minutes to boot (or to be recreated after a preemption)."""
+    return 60.0 if run == LOCAL_RUN else 900.0
+
+
 @dataclass
 class Follower:
     """Iterate over a run's outputs as they are committed.
 
     ``from_start``: also the outputs committed before the follower started (a trainer
     that starts mid-run catches up); otherwise only those committed after.
+    ``dead_after``: raise RunStopped when no item finished and no worker was alive
+    (``Liveness``) for that many seconds while items are unfinished; None waits forever.
+    ``clock`` and ``sleep`` are the follower's time (tests give their own).
     """
 
     bucket: str
@@ -61,6 +132,9 @@ class Follower:
     from_start: bool = True
     poll: float = 2.0
     failed: list[tuple[str, str]] = field(default_factory=list)  # (item, error), known once drained
+    dead_after: float | None = None
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
     _seen: set[str] = field(default_factory=set)
 
     def __iter__(self) -> Iterator[Output]:
@@ -72,6 +146,8 @@ class Follower:
         # A run with stages: a failed barrier means the stages after it never run (StepPlan).
         barriers = {i.id for i in load_items(store, self.run) if i.meta.get("barrier")} if spec.stages else set()
         idle = 0
+        watch = Liveness(store, self.run, spec.lease_ttl, self.clock) if self.dead_after else None
+        last_life = looked = self.clock()
         while True:
             finished = [b.name[len(prefix):] for b in store.list(prefix)]
             if idle >= 5:  # no marker for a while: a committer may have died before writing one
@@ -98,8 +174,26 @@ class Follower:
                                  str(out.get("sha256", "")))
             if len(self._seen) >= spec.items or any(item in barriers for item, _ in self.failed):
                 return
-            idle = 0 if found or any(item in self._seen for item in fresh) else idle + 1
-            time.sleep(self.poll)
+            progressed = bool(found) or any(item in self._seen for item in fresh)
+            idle = 0 if progressed else idle + 1
+            now = self.clock()
+            if watch is not None and self.dead_after is not None:
+                if progressed:
+                    last_life = now
+                elif now - looked >= min(max(self.poll, 5.0), self.dead_after / 4):
+                    looked = now
+                    if watch.alive():
+                        last_life = now
+                    elif now - last_life >= self.dead_after:
+                        raise RunStopped(self._stopped(spec.items - len(self._seen), now - last_life))
+            self.sleep(self.poll)
+
+    def _stopped(self, unfinished: int, dead_for: float) -> str:
+        again = ("resume it with `fleet local` on the same inputs and OUT_DIR" if self.run == LOCAL_RUN
+                 else f"start its workers again (`fleet work --bucket {self.bucket} --run {self.run}`, or "
+                      "relaunch its VMs)")
+        return (f"run {self.run}: no worker has been alive for {dead_for:.0f} s and {unfinished} item(s) are "
+                f"unfinished: the run is stopped; {again}")
 
 
 def _lease(store: Store, run: str, item: str) -> Lease | None:
@@ -111,17 +205,13 @@ def _lease(store: Store, run: str, item: str) -> Lease | None:
     return lease if lease.state in (DONE, FAILED) else None
 
 
-def follow(bucket: str, run: str, from_start: bool = True, poll: float = 2.0) -> Follower:
+def follow(bucket: str, run: str, from_start: bool = True, poll: float = 2.0,
+           dead_after: float | None = None) -> Follower:
     """``for out in follow("gs://b", "wiki"): train_on(out.url)``; see Follower."""
-    return Follower(bucket, run, from_start, poll)
+    return Follower(bucket, run, from_start, poll, dead_after=dead_after)
 
 
 # -- a run's examples, for any job that declares its features ---------------------------
-
-
-class FollowError(Exception):
-    """Items of the run failed, or an output cannot be read as the run's examples; the
-    message names them."""
 
 
 def resolve_run(source: str, run: str | None = None) -> tuple[str, str]:

@@ -104,7 +104,7 @@ def vocab(
     from fleet_jobs.text.inputs import ReadOptions
 
     from fleet_jobs.text.tokenization import SPECIAL_TOKENS
-    from fleet_jobs.text.vocab import VocabTooSmall, check_options, train_vocab, write_vocab
+    from fleet_jobs.text.vocab import VocabTooSmall, check_options, train_vocab, words_in_pieces, write_vocab
 
     from fleet_jobs.text.sample import Sampled, sample_documents
 
@@ -133,7 +133,20 @@ def vocab(
     except OSError as e:
         _fail(f"{out}: cannot write ({e.strerror or e})")
     _bad_records(sampled)
-    typer.echo(f"wrote {len(tokens)} tokens to {out}", err=True)
+    if len(tokens) >= size:
+        typer.echo(f"wrote {len(tokens)} tokens to {out}", err=True)
+        return
+    # Fewer than asked: say which of the trainer's two stops it met (fleet_jobs.text.vocab). The
+    # corpus is read again, but only a small one gives fewer tokens than a vocab's size.
+    again = sample_documents(inputs, math.inf, math.inf, ReadOptions(), Sampled())
+    split = words_in_pieces(tokens, (line for document in again for line in document), lowercase)
+    if split:
+        why = (f"the trainer merges only pairs of pieces seen at least --min-frequency {min_frequency} times, and the "
+               f"pairs left in the {split:,} words still in pieces are each seen fewer; a bigger corpus gives more "
+               "tokens" + (", as does a lower --min-frequency" if min_frequency > 1 else ""))
+    else:
+        why = "every word of the corpus is a token already, nothing is left to merge; only a bigger corpus gives more"
+    typer.echo(f"wrote {len(tokens)} tokens to {out}, fewer than --size {size}: {why}", err=True)
 
 
 @app.command()

@@ -7,11 +7,18 @@ too few characters for Chinese, leaving about 9% of it as ``[UNK]``.
 it keeps (alone and as a ``##`` piece), whatever ``vocab_size`` says, so a size below
 that is refused (``VocabTooSmall``, with the size that fits) rather than exceeded, or
 met by cutting characters, which would turn their text into ``[UNK]`` unseen.
+
+``size`` is a bound from above only: the trainer (BPE's loop, kept by WordPiece) stops merging
+when the most frequent pair of pieces left is seen fewer than ``min_frequency`` times, or when
+no pair is left because every word of the corpus is a token. A small corpus meets one of the
+two first (the sample corpus in ``corpus/`` gives about 10,100 of 21,128 tokens: the pairs left
+are each seen once); ``words_in_pieces`` tells which it was.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from itertools import islice
+from typing import Iterable, Iterator
 
 from .tokenization import SPECIAL_TOKENS
 
@@ -73,3 +80,27 @@ def train_vocab(
 def write_vocab(tokens: Iterable[str], path: str) -> None:
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         f.writelines(token + "\n" for token in tokens)
+
+
+def words_in_pieces(tokens: list[str], texts: Iterable[str], lowercase: bool = True) -> int:
+    """How many distinct words of the texts the vocab ``tokens`` holds only in pieces, split as
+    the trainer splits them. None: every word is a token, so the trainer had no pair left to
+    merge; some: it stopped at ``min_frequency``, each pair still in them seen fewer times. (A
+    word of characters the alphabet left out is one ``[UNK]``, not pieces.)"""
+    from tokenizers import BertWordPieceTokenizer
+
+    tokenizer = BertWordPieceTokenizer({t: i for i, t in enumerate(tokens)}, clean_text=True,
+                                       handle_chinese_chars=True, lowercase=lowercase)
+    split: set[str] = set()
+    lines: Iterator[str] = iter(texts)
+    while batch := list(islice(lines, 10_000)):
+        for line, encoding in zip(batch, tokenizer.encode_batch(batch, add_special_tokens=False)):
+            pieces: dict[int, int] = {}
+            for word in encoding.word_ids:
+                if word is not None:
+                    pieces[word] = pieces.get(word, 0) + 1
+            for word, count in pieces.items():
+                if count > 1:
+                    start, end = encoding.word_to_chars(word)
+                    split.add(line[start:end])
+    return len(split)

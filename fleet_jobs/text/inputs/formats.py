@@ -38,7 +38,7 @@ from itertools import chain
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
 
-from fleet.job import InputError
+from fleet.job import ConfigError, InputError
 
 from fleet_jobs.text.inputs.compression import COMPRESSIONS, Trailing, decompressed, head_of
 from fleet_jobs.text.inputs.encoding import head_text, opened
@@ -653,6 +653,46 @@ def sniff(head: bytes) -> str | None:
     if not isinstance(record, dict):
         return None
     return "cirrus" if set(record) == {"index"} else "jsonl"
+
+
+FIELD_SAMPLE = 100  # the records of a JSON file's head that the plan looks at for its text field
+
+
+def check_text_field(head: bytes, fmt: str, column: str, source: str) -> None:
+    """Refuse, at plan time, a JSON Lines file none of whose first FIELD_SAMPLE records has the
+    text field: at run time each of its records would be bad and every item fail, which no retry
+    mends. ``head`` is what the plan read already (the first bytes of the stream, no further
+    request); a file where only some records lack the field is read, those counted bad. Records
+    that are not JSON objects are the reader's to count: with none in the head, no verdict."""
+    if fmt not in ("jsonl", "cirrus"):
+        return
+    records: list[dict] = []
+    for line in head.split(b"\n"):
+        if len(records) >= FIELD_SAMPLE:
+            break
+        try:
+            record = json.loads(line)
+        except Exception:  # blank, cut off at the head's end, or damaged: not a verdict on the field
+            continue
+        if not isinstance(record, dict) or (fmt == "cirrus" and set(record) == {"index"}):
+            continue
+        if isinstance(record.get(column), str):
+            return
+        records.append(record)
+    if not records:
+        return
+    strings: dict[str, int] = {}
+    for record in records:
+        for key, value in record.items():
+            if isinstance(value, str):
+                strings[key] = strings.get(key, 0) + len(value)
+    seen = sorted({key for record in records for key in record})
+    shown = ", ".join(repr(k) for k in seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
+    best = max(strings, key=strings.get) if strings else None  # type: ignore[arg-type]
+    advice = (f"give --text-column {best}" if best is not None
+              else "give --text-column the field that holds the text")
+    raise ConfigError(f"{source}: no record of the first {len(records)} has the field {column!r} "
+                      f"(fields seen: {shown}); {advice}")
 
 
 def decide(name_format: str, name: str, head: bytes) -> str:

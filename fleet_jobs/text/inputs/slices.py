@@ -15,7 +15,7 @@ from fleet.job import ItemInput, Source, Store, find_sources, open_store, printa
 
 from fleet_jobs.text.inputs.compression import head_of
 from fleet_jobs.text.inputs.encoding import wide
-from fleet_jobs.text.inputs.formats import ReadOptions, Tally, decide, iter_documents
+from fleet_jobs.text.inputs.formats import ReadOptions, Tally, check_text_field, decide, iter_documents
 from fleet_jobs.text.inputs.names import corpus_file, describe
 from fleet_jobs.text.inputs.parquet import _open as parquet_file
 from fleet_jobs.text.inputs.parquet import parquet_documents, plan_row_groups, row_groups
@@ -58,7 +58,9 @@ class Slice:
 def cut_source(source: Source, item_bytes: int, options: ReadOptions = ReadOptions()) -> list[Slice]:
     """A file's slices of about ``item_bytes``: byte ranges of a plain file cut at document
     boundaries, the whole of a compressed one or of one in UTF-16 or UTF-32 (its boundaries are
-    not where UTF-8 has them: encoding.py), ranges of row groups of a Parquet file."""
+    not where UTF-8 has them: encoding.py), ranges of row groups of a Parquet file. The text
+    field or column is checked here, at plan time: in the first records of a JSON file's head
+    (formats.check_text_field), in a Parquet file's schema (parquet.row_groups)."""
     store = open_store(source.url)
     _, compression = describe(source.name)
     fmt, head = _format_and_head(store, source.name, source.size)
@@ -67,6 +69,8 @@ def cut_source(source: Source, item_bytes: int, options: ReadOptions = ReadOptio
                             source.display)
         return [Slice(source.url, source.name, first, end, fmt, "none", source.version, False, max(1, size))
                 for first, end, size in plan_row_groups(groups, item_bytes)]
+    if not wide(head):  # UTF-16 or UTF-32 lines are not split at b"\n": read as they come
+        check_text_field(head, fmt, options.text_column, source.display)
     if compression != "none" or wide(head):
         return [Slice(source.url, source.name, 0, source.size, fmt, compression, source.version)]
     ranges = plan_ranges(store, source.name, source.size, fmt, item_bytes)
