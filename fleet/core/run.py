@@ -20,7 +20,7 @@ from fleet.core.layout import LOCAL_RUN, RUNS, STATE_DIR, items_name, run_of_spe
 from fleet.core.records import JsonRecord
 from fleet.core import shuffle
 from fleet.core.shuffle import Combine, CombineRule, combine_groups, partitions_for, plan_combine
-from fleet.core.sources import survey
+from fleet.core.sources import survey, warn_skipped
 from fleet.core.store import BucketNotFound, NotFound, PreconditionFailed, Store, open_store, read_url
 
 log = logging.getLogger("fleet.plan")
@@ -492,7 +492,7 @@ def plan(
     read = job.check_read(read or {})
     job.check(config, read_url)
     files = pin_files(job, config)
-    surveyed = survey(inputs, exclude, job.skip_reason)
+    surveyed = survey(inputs, exclude, job.skip_reason, warn=False)
     found, account = surveyed.sources, surveyed.account
     if not isinstance(item_bytes, int):  # chosen from the corpus size (fleet local: a few items per worker)
         item_bytes = item_bytes(sum(f.size for f in found))
@@ -573,6 +573,7 @@ def plan(
             old_spec = _read_spec(store, run)
             if old_spec != spec:
                 raise PlanError(f"run {run!r} in {store.url} was just planned with other options; {again}") from None
+    warn_skipped(account)  # (only now: a plan refused is its one line)
     return (old_spec or spec), items, created
 
 

@@ -176,10 +176,11 @@ class Survey:
     account: InputAccount
 
 
-def survey(paths: list[str], exclude: list[str] = (), skip: Callable[[str], str | None] = skip_of(every_file)
-           ) -> Survey:
+def survey(paths: list[str], exclude: list[str] = (), skip: Callable[[str], str | None] = skip_of(every_file),
+           warn: bool = True) -> Survey:
     """Expand files and folders (local or gs://) into input objects, in a stable order, and account
-    for every file found: read, or skipped with a reason (warned, one line per reason).
+    for every file found: read, or skipped with a reason (with ``warn``, one warning line per
+    reason; a plan warns once it is accepted, so that a refusal stays one line: warn_skipped).
 
     Each file is planned once, however often it is named (directly, inside a named
     folder, or through links): the same corpus twice would be converted twice. Paths
@@ -266,9 +267,15 @@ def survey(paths: list[str], exclude: list[str] = (), skip: Callable[[str], str 
         else:
             raise InputError(f"{printable(path)}: no such file or folder")
         account.add(here)
+    if warn:
+        warn_skipped(account)
+    return Survey(found, account)
+
+
+def warn_skipped(account: InputAccount) -> None:
+    """The files skipped, a warning line per reason (bounded: the first names, the count, the bytes)."""
     for line in account.lines():
         _warn(f"skipped {line}")
-    return Survey(found, account)
 
 
 def _gcs_outputs(path: str, names: list[str]) -> dict[str, str]:
