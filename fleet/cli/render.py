@@ -96,8 +96,13 @@ def plan_line(spec, items: int, created: bool, groups: list[int] = ()) -> str:
     """`fleet plan`'s one line; ``groups``: the files of each item that packs several small ones."""
     verb = "planned" if created else "already planned (unchanged)"
     packed = f" ({sum(groups):,} small files packed into {len(groups):,} of them)" if groups else ""
+    account = ""
+    if spec.input_files:  # (the skipped files' reasons: in the warnings above)
+        from fleet.core.accounting import InputAccount
+
+        account = f"; input files: {InputAccount.from_dict(spec.input_files).line()}"
     return (f"run {spec.run} {verb}: {items} items{packed}, {spec.input_bytes / 1e6:,.1f} MB, "
-            f"job {spec.job}, code {spec.code_version}")
+            f"job {spec.job}, code {spec.code_version}{account}")
 
 
 def sync_line(result) -> str:
