@@ -212,3 +212,17 @@ def test_a_run_planned_before_accounts_were_kept_resumes_and_shows_none(tmp_path
     write(tmp_path / "in" / "NOTICE", b"n\n")  # a file skipped now that was not there: no other outputs
     spec, _, created = plan(bucket, "r", LINEJOB, [str(tmp_path / "in")], str(tmp_path / "o"), {}, "v")
     assert not created and spec.input_files == {}
+
+
+def test_fleet_plan_says_what_it_read_and_skipped_after_the_plan_is_accepted(tmp_path):
+    write(tmp_path / "in" / "a.txt", b"a\n\nb\n")
+    write(tmp_path / "in" / "b.lz4", b"lz4")
+    args = ["plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", tmp_path / "in",
+            "--output", tmp_path / "o"]
+    proc = fleet(*args)
+    assert proc.returncode == 0, proc.stderr
+    warning, planned = proc.stderr.strip().splitlines()
+    assert warning.startswith("warning: skipped 1 file (3 bytes): ") and "b.lz4: an unsupported compression" in warning
+    assert planned.endswith("; input files: 1 read (5 bytes), 1 skipped (3 bytes) of 2 files found (8 bytes)")
+    refused = fleet(*args, "--set", "seed=1")
+    one_line_error(refused, "planned differently")  # a refusal is its one line, no warnings before it
