@@ -354,6 +354,12 @@ class Job(abc.ABC):
         file; a text job skips READMEs and licences). A file named on its own is always taken."""
         return True
 
+    def skip_reason(self, name: str) -> str | None:
+        """Inside a folder named as input, why the file ``name`` is not input, in a few words the
+        run's account shows ("a README-like name", "an unsupported compression (.lz4)"), or None
+        if it is. By default ``accepts`` without a why: a job that skips files says why here."""
+        return None if self.accepts(name) else f"not input to job {self.name}"
+
     def check_read(self, read: Mapping[str, Any]) -> dict[str, Any]:
         """At plan time: the run's read options (``fleet plan --text-column``... : the fleet passes them
         on unread) checked, with a one-line ConfigError naming the flag, and completed with their
@@ -445,12 +451,16 @@ def cut_at_newlines(source: Source, item_bytes: int, scan: int = 1 << 20) -> lis
     return pieces
 
 
-def find_sources(paths: list[str], exclude: list[str] = (), accept: Callable[[str], bool] | None = None
-                 ) -> list[Source]:
+def find_sources(paths: list[str], exclude: list[str] = (), accept: Callable[[str], bool] | None = None,
+                 skip: Callable[[str], str | None] | None = None) -> list[Source]:
     """The input objects under some files, folders or ``gs://`` prefixes, as ``fleet plan`` finds
-    them (for a job's own tools: a vocab trained over a corpus, a pre-flight look)."""
-    from fleet.core.sources import find_sources as find
+    them (for a job's own tools: a vocab trained over a corpus, a pre-flight look). Inside a
+    folder, ``skip(name)`` says why a file is not input (``Job.skip_reason``), or ``accept(name)``
+    only whether; the files skipped are named in warnings, a line a reason."""
+    from fleet.core.sources import find_sources as find, survey
 
+    if skip is not None:
+        return survey(paths, exclude, skip).sources
     return find(paths, exclude, accept) if accept is not None else find(paths, exclude)
 
 

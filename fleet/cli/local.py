@@ -25,8 +25,8 @@ from rich.text import Text
 from fleet.core.codesync import code_version
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.job import Job, StageOptions, load_job
-from fleet.cli.render import print_counts, print_detail, print_failed_files, printable, print_skipped, say, \
-    stage_counts
+from fleet.cli.render import print_counts, print_detail, print_failed_files, print_input_files, printable, \
+    print_skipped, say, stage_counts
 from fleet.core.run import PlanError, load_spec, plan
 from fleet.core.layout import LOCAL_RUN, STATE_DIR, spec_name
 from fleet.core.processes import start_workers, stop_workers, wait_for_exit
@@ -81,6 +81,8 @@ def summarize(st: RunStatus, job: Job, wall: float, workers: int) -> dict:
         "failures": st.failures,
         "failed_files": st.failed_files,  # files a grouped item could not read; the rest of its files are converted
         "skipped": st.bad_records,
+        # Every file found under the inputs: read, or skipped by reason (fleet.core.accounting).
+        "input_files": st.input_files,
     }
     if st.failed:
         summary["hint"] = "failed items stay failed when the run resumes; run again with --retry-failed to retry them"
@@ -93,12 +95,14 @@ def summarize(st: RunStatus, job: Job, wall: float, workers: int) -> dict:
 def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     table = Table(title=f"fleet local: {summary['done']}/{summary['items']} items done", show_header=False)
     for key, value in summary.items():
-        if key in ("outputs", "failures", "failed_files", "run", "hint", "skipped", "sources", "output_counts"):
+        if key in ("outputs", "failures", "failed_files", "run", "hint", "skipped", "sources", "output_counts",
+                   "input_files"):
             continue
         table.add_row(key, Text(f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int)
                                 else printable(str(value))))  # a job name or a path, as it is
     table.add_row("outputs", Text(printable(f"{len(summary['outputs'])} files in {out_dir}")))
     console.print(table)
+    print_input_files(console, summary.get("input_files") or {})
     print_counts(console, summary.get("sources") or {}, summary.get("output_counts") or {})
     for f in summary["failures"]:
         say(console, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")

@@ -39,6 +39,20 @@ def print_skipped(out: Console, examples: list[dict], count: int) -> None:
         say(out, f"{count:,} bad records in all (the first few of each item above)", "skipped", "yellow")
 
 
+def print_input_files(out: Console, input_files: dict) -> None:
+    """What became of every file found under the inputs at plan time (RunSpec.input_files): read
+    and skipped, files and bytes, then one line per reason a file was skipped, with the first
+    names. Nothing for a run planned before accounts were kept."""
+    if not input_files:
+        return
+    from fleet.core.accounting import InputAccount
+
+    account = InputAccount.from_dict(input_files)
+    say(out, account.line(), "input files:")
+    for line in account.lines():
+        say(out, line, "skipped", "yellow")
+
+
 def print_failed_files(out: Console, failed: list[dict], count: int) -> None:
     """Input files a grouped item could not read (the rest of its files were converted): one line each."""
     for f in failed:
@@ -82,8 +96,13 @@ def plan_line(spec, items: int, created: bool, groups: list[int] = ()) -> str:
     """`fleet plan`'s one line; ``groups``: the files of each item that packs several small ones."""
     verb = "planned" if created else "already planned (unchanged)"
     packed = f" ({sum(groups):,} small files packed into {len(groups):,} of them)" if groups else ""
+    account = ""
+    if spec.input_files:  # (the skipped files' reasons: in the warnings above)
+        from fleet.core.accounting import InputAccount
+
+        account = f"; input files: {InputAccount.from_dict(spec.input_files).line()}"
     return (f"run {spec.run} {verb}: {items} items{packed}, {spec.input_bytes / 1e6:,.1f} MB, "
-            f"job {spec.job}, code {spec.code_version}")
+            f"job {spec.job}, code {spec.code_version}{account}")
 
 
 def sync_line(result) -> str:
@@ -154,6 +173,7 @@ def print_status(out: Console, st) -> None:
     if st.requests is not None:
         for line in requests_caveats(st.requests):
             say(out, line, "requests:", "yellow")
+    print_input_files(out, st.input_files)
     print_counts(out, st.sources, st.output_counts)
     for f in st.failures:
         say(out, f"item {f['item']} ({f['source']}): {f['error']}", "failed", "red")

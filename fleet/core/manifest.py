@@ -11,7 +11,8 @@ the text jobs count documents and bad records), kept in a counts object beside t
 (fleet.core.attempt.part_counts); what the item made of its files together (examples that pack
 several, tokens) is in the run's totals and the per-output counts, as a stage item's is.
 ``seconds`` (a duration, not a count) and float counters (ratios) are left out, so the manifest
-is a pure function of the outputs and is the same whoever computes it, whenever.
+is a pure function of the outputs (and of the plan's account of the input files, kept in the
+run's spec) and is the same whoever computes it, whenever.
 
 ``manifest.json`` is written once every item is done (never with an item failed or blocked),
 create-only: the workers that find the run drained and ``fleet local`` may all try, and all write
@@ -94,8 +95,9 @@ def totals(rows: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
 
 
 def manifest_json(spec: RunSpec, manifest: RunManifest) -> bytes:
-    """``manifest.json``: the run, its job, per source and per output counts and their totals.
-    Bytes that depend on the leases only, so every writer writes the same."""
+    """``manifest.json``: the run, its job, per source and per output counts and their totals, and
+    the plan's account of every file found under the inputs (read or skipped: RunSpec.input_files).
+    Bytes that depend on the leases and the run's spec only, so every writer writes the same."""
     body = {
         "run": spec.run,
         "job": spec.job,
@@ -103,6 +105,8 @@ def manifest_json(spec: RunSpec, manifest: RunManifest) -> bytes:
         "outputs": manifest.outputs,
         "totals": {"sources": totals(manifest.sources), "outputs": totals(manifest.outputs)},
     }
+    if spec.input_files:  # (a run planned before accounts were kept has none: its manifest as it was)
+        body["input_files"] = spec.input_files
     return (json.dumps(body, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 

@@ -20,7 +20,7 @@ from fleet.core.layout import LOCAL_RUN, RUNS, STATE_DIR, items_name, run_of_spe
 from fleet.core.records import JsonRecord
 from fleet.core import shuffle
 from fleet.core.shuffle import Combine, CombineRule, combine_groups, partitions_for, plan_combine
-from fleet.core.sources import find_sources
+from fleet.core.sources import survey, warn_skipped
 from fleet.core.store import BucketNotFound, NotFound, PreconditionFailed, Store, open_store, read_url
 
 log = logging.getLogger("fleet.plan")
@@ -167,6 +167,10 @@ class RunSpec(JsonRecord):
     # grouping, which resumes as planned), GROUPED (packed: group_pieces). What the items say, kept
     # so that a run is planned again by its own rule.
     group_files: int = 0
+    # What became of every file found under the inputs: read, or skipped with a reason, files and
+    # bytes (fleet.core.accounting.InputAccount.to_dict). Not compared: a README added since
+    # changes no output; {} in a run planned before accounts were kept.
+    input_files: dict[str, Any] = field(default_factory=dict, compare=False)
     created: float = field(default=0.0, compare=False)
 
 
@@ -488,7 +492,8 @@ def plan(
     read = job.check_read(read or {})
     job.check(config, read_url)
     files = pin_files(job, config)
-    found = find_sources(inputs, exclude, job.accepts)
+    surveyed = survey(inputs, exclude, job.skip_reason, warn=False)
+    found, account = surveyed.sources, surveyed.account
     if not isinstance(item_bytes, int):  # chosen from the corpus size (fleet local: a few items per worker)
         item_bytes = item_bytes(sum(f.size for f in found))
     if output.startswith("gs://"):
@@ -538,6 +543,7 @@ def plan(
         shuffle_budget=shuffle_budget,
         item_bytes=item_bytes,
         group_files=group_files,
+        input_files=account.to_dict(),
         created=time.time(),
     )
     items_blob = b"".join(json.dumps(_item_dict(i), sort_keys=True).encode() + b"\n" for i in items)
@@ -567,6 +573,7 @@ def plan(
             old_spec = _read_spec(store, run)
             if old_spec != spec:
                 raise PlanError(f"run {run!r} in {store.url} was just planned with other options; {again}") from None
+    warn_skipped(account)  # (only now: a plan refused is its one line)
     return (old_spec or spec), items, created
 
 

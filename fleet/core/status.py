@@ -89,6 +89,8 @@ class RunStatus:
     sources: dict[str, dict[str, int]] = field(default_factory=dict)
     output_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     requests: RequestTally | None = None  # with the workers: the store requests they counted
+    # Every file found under the inputs at plan time, read or skipped by reason (RunSpec.input_files).
+    input_files: dict[str, Any] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -168,7 +170,8 @@ class StatusReader:
 
     def collect(self, with_workers: bool = False) -> RunStatus:
         now = time.time()
-        st = RunStatus(self.run, self.spec.job, len(self.items), self.spec.input_bytes)
+        st = RunStatus(self.run, self.spec.job, len(self.items), self.spec.input_bytes,
+                       input_files=self.spec.input_files)
         leases = self.leases()
         by_id = {i.id: i for i in self.items}
         starts, finishes = [], []

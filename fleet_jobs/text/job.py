@@ -21,6 +21,7 @@ from fleet.job import (ConfigError, Converter, ItemContext, ItemInput, Job, Open
                        Stage, StageOptions)
 
 from fleet_jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
+from fleet_jobs.text.inputs.names import skip_reason
 from fleet_jobs.text.inputs.places import Place
 from fleet_jobs.text.output import example_sink
 from fleet_jobs.text.parts import GroupReading, item_slice
@@ -72,6 +73,9 @@ class TextJob(Job):
 
     def accepts(self, name: str) -> bool:
         return corpus_file(name)
+
+    def skip_reason(self, name: str) -> str | None:
+        return skip_reason(name)
 
     def check_read(self, read: Mapping[str, Any]) -> dict[str, Any]:
         return dataclasses.asdict(check_read_options(read))

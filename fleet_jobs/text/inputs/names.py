@@ -2,7 +2,9 @@
 (``corpus_file``, the text jobs' ``Job.accepts``), and its format and compression (``describe``).
 
 Inside a folder only corpus files are taken: not READMEs, licences or build files (with or
-without an extension). A file named on its own is always taken (fleet.core.sources)."""
+without an extension), nor files of other kinds or compressions it cannot read; each skipped file
+gets its reason (``skip_reason``: the text jobs' ``Job.skip_reason``). A file named on its own is
+always taken (fleet.core.sources)."""
 
 from __future__ import annotations
 
@@ -39,15 +41,36 @@ NOT_CORPUS = frozenset({
 })
 
 
-def corpus_file(name: str) -> bool:
-    """Inside a folder, take text files and extension-less shards (wiki_00); skip READMEs and code."""
+# Compressions and archives a text job does not read: a file of one is named, with this, not read.
+UNREAD_COMPRESSIONS = (".lz4", ".lzma", ".lz", ".lzo", ".br", ".sz", ".snappy", ".z")
+ARCHIVES = (".zip", ".tar", ".tgz", ".tbz", ".tbz2", ".txz", ".7z", ".rar")
+
+
+def skip_reason(name: str) -> str | None:
+    """Inside a folder, why a file is not corpus, or None: text files and extension-less shards
+    (wiki_00) are; READMEs, code, data of other kinds and compressions this layer cannot read
+    are not, each with its reason (the run's account names them: fleet.core.accounting)."""
     if _hidden(name):
-        return False
+        return "a hidden name (starts with '.' or '_')"
     base = name.rsplit("/", 1)[-1].lower()
     if base.split(".", 1)[0] in NOT_CORPUS:
-        return False
+        return "a README-like name (readme, licence, build file...), not corpus"
     for ext in COMPRESSIONS:
         if base.endswith(ext):
             base = base[: -len(ext)]
             break
-    return base.endswith(TEXT_EXTENSIONS) or "." not in base
+    if base.endswith(TEXT_EXTENSIONS) or "." not in base:
+        return None
+    ext = "." + base.rsplit(".", 1)[1]
+    if ext in UNREAD_COMPRESSIONS:
+        return f"an unsupported compression ({ext}): decompress it, or recompress as .gz, .bz2, .xz or .zst"
+    if ext in ARCHIVES:
+        return f"an archive ({ext}): unpack it"
+    if ext[1:].isdigit():
+        return f"a numbered extension ({ext}), as of a piece of a split file: join the pieces"
+    return f"not a corpus extension ({ext or '.'}): .txt, .jsonl, .json, .ndjson or .parquet"
+
+
+def corpus_file(name: str) -> bool:
+    """Inside a folder, take text files and extension-less shards (wiki_00); skip READMEs and code."""
+    return skip_reason(name) is None

@@ -16,7 +16,7 @@ from fleet.job import ItemInput, Source, Store, find_sources, open_store, printa
 from fleet_jobs.text.inputs.compression import head_of
 from fleet_jobs.text.inputs.encoding import wide
 from fleet_jobs.text.inputs.formats import ReadOptions, Tally, check_text_field, decide, iter_documents
-from fleet_jobs.text.inputs.names import corpus_file, describe
+from fleet_jobs.text.inputs.names import describe, skip_reason
 from fleet_jobs.text.inputs.parquet import _open as parquet_file
 from fleet_jobs.text.inputs.parquet import parquet_documents, plan_row_groups, row_groups
 from fleet_jobs.text.inputs.places import Place, line_records, parquet_records, placed
@@ -84,7 +84,7 @@ def cut_source(source: Source, item_bytes: int, options: ReadOptions = ReadOptio
 
 def find_corpus(paths: list[str]) -> list[Source]:
     """The corpus files under some files or folders (a file named is always taken)."""
-    return find_sources(paths, accept=corpus_file)
+    return find_sources(paths, skip=skip_reason)
 
 
 def plan_slices(paths: list[str], item_bytes: int, options: ReadOptions = ReadOptions()) -> list[Slice]:
