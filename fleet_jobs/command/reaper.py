@@ -35,12 +35,13 @@ TICK = 0.05  # seconds between looks at what is left
 SLACK = 10.0  # seconds after SIGKILL before it gives up on a process that will not go (a zombie init never reaps)
 
 
-class Stop(Exception):
-    """SIGTERM: the worker wants the item ended."""
+_stop_asked = False  # SIGTERM came: the worker wants the item ended
 
 
-def _stop(signum, frame) -> None:
-    raise Stop()
+def _ask_stop(signum, frame) -> None:
+    # A flag, not an exception: one raised between two statements could skip the ending.
+    global _stop_asked
+    _stop_asked = True
 
 
 def _prctl():
@@ -86,9 +87,7 @@ def _reaped_all() -> bool:
             return False
 
 
-def _group_alive(pgid: int | None) -> bool:
-    if pgid is None:
-        return False
+def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
         return True
@@ -96,10 +95,16 @@ def _group_alive(pgid: int | None) -> bool:
         return False
 
 
-def end_all(group: int | None, grace: float) -> None:
-    """SIGTERM to every process below this one (and to ``group``), SIGKILL after ``grace``
-    seconds to what is left, until none is left (or SLACK seconds more: a zombie init never reaps)."""
-    me, sent = os.getpid(), set()
+def _signal(pid: int, sig: int, group: bool = False) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        (os.killpg if group else os.kill)(pid, sig)
+
+
+def end_all(group: int, grace: float) -> None:
+    """SIGTERM to every process below this one and to the program's ``group``, SIGKILL after
+    ``grace`` seconds to what is left, until none is left (or SLACK seconds more: a zombie that
+    init never reaps)."""
+    me, termed, group_termed = os.getpid(), set(), False
     kill_at = time.monotonic() + grace
     give_up = kill_at + SLACK
     while True:
@@ -110,22 +115,23 @@ def end_all(group: int | None, grace: float) -> None:
         now = time.monotonic()
         if now > give_up:
             return
-        sig = signal.SIGTERM if now < kill_at else signal.SIGKILL
-        if group is not None and (sig == signal.SIGKILL or group not in sent):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, sig)
-            sent.add(group)
-        for pid in left:
-            if sig == signal.SIGKILL or pid not in sent:  # SIGTERM once each: a program may log it
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-                sent.add(pid)
+        if now < kill_at:  # SIGTERM once each: a program may log each one it gets
+            if not group_termed:
+                _signal(group, signal.SIGTERM, group=True)
+                group_termed = True
+            for pid in set(left) - termed:
+                _signal(pid, signal.SIGTERM)
+            termed.update(left)
+        else:
+            _signal(group, signal.SIGKILL, group=True)
+            for pid in left:
+                _signal(pid, signal.SIGKILL)
         time.sleep(TICK)
 
 
 def main(argv: list[str]) -> int:
     grace, program = float(argv[0]), argv[1:]
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, _ask_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the worker, which sends SIGTERM
     prctl = _prctl()  # looked up before the fork: a dlopen in the child could deadlock
     if prctl is not None:
@@ -135,18 +141,15 @@ def main(argv: list[str]) -> int:
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
-    group = code = None
-    try:
-        child = subprocess.Popen(program, stdout=subprocess.DEVNULL, start_new_session=True,
-                                 preexec_fn=die_with_keeper, close_fds=True)
-        group = child.pid  # a session leader: its pid is its group's id
-        with open(os.devnull, "rb") as null:  # the program holds its stdin alone: the worker sees it stop reading
-            os.dup2(null.fileno(), 0)
-        code = child.wait()
-    except Stop:
-        pass
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    end_all(group, grace)
+    child = subprocess.Popen(program, stdout=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=die_with_keeper, close_fds=True)
+    with open(os.devnull, "rb") as null:  # the program holds its stdin alone: the worker sees it stop reading
+        os.dup2(null.fileno(), 0)
+    code = None
+    while code is None and not _stop_asked:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            code = child.wait(TICK)
+    end_all(child.pid, grace)  # a session leader: its pid is its group's id
     if code is not None:
         sys.stdout.write(f"{code}\n")
     return 0
