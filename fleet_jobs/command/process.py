@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
@@ -151,6 +152,8 @@ def run(argv: list[str], *, cwd: str | None, env: dict[str, str], checkpoint: Ca
     lease) and a Shutdown arriving meanwhile go through, the program's tree ended first."""
     t0 = time.monotonic()
     err_r, err_w = os.pipe()
+    with contextlib.suppress(OSError, AttributeError):  # fewer, bigger reads (Linux); the default 64 kB is fine too
+        fcntl.fcntl(err_r, fcntl.F_SETPIPE_SZ, READ_CHUNK)
     try:
         keeper = subprocess.Popen([sys.executable, "-I", "-S", KEEPER, repr(float(grace)), *argv], cwd=cwd,
                                   env=env, stdout=subprocess.PIPE, stderr=err_w,
