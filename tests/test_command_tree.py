@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -256,3 +257,21 @@ def test_a_chatty_program_costs_no_scratch_disk(fails, tmp_path):
         assert sink.files == {"-copy.txt": b"one line\n"} and stats["output_files"] == 1
     seen.append(_scratch_bytes(work))
     assert seen and max(seen) <= 64 * 1024, max(seen)
+
+
+def test_without_proc_or_prctl_the_keeper_still_stops_the_programs_process_group(tmp_path):
+    """Elsewhere than Linux (no /proc, no subreaper), the keeper falls back to the program's
+    process group, as the command job did before it: a background child in it ends with it."""
+    pidfile = tmp_path / "pids"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import reaper; "
+            "reaper.descendants = lambda root: None; reaper._prctl = lambda: None; sys.exit(reaper.main(sys.argv[2:]))")
+    keeper = subprocess.Popen([PY, "-I", "-S", "-c", code, os.path.dirname(process.KEEPER), "1", "/bin/sh", "-c",
+                               f"sleep 1000 & echo $! > {pidfile}; wait"], stdout=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not _pids(pidfile):
+        assert time.time() < deadline and keeper.poll() is None
+        time.sleep(0.05)
+    keeper.send_signal(signal.SIGTERM)
+    out, _ = keeper.communicate(timeout=60)
+    assert keeper.returncode == 0 and out == b""  # stopped: no exit code of the program to tell
+    assert [p for p in _pids(pidfile) if _alive(p)] == []
