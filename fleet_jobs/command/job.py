@@ -6,7 +6,8 @@ with an empty folder as ``{output}``, and after it exits 0 every file it left th
 becomes an output of the item: ``{output}/NAME`` is committed as ``part-<item>-NAME``
 (a subfolder's file as ``part-<item>-SUB/NAME``), with the digests and lease of any
 job's outputs. A non-zero exit, a signal or the timeout fails the attempt with the exit
-code and the end of stderr (fleet.job.ItemFailed), and the fleet retries it.
+code and the end of stderr (fleet.job.ItemFailed), and the fleet retries it. However the
+item ends, every process the program started has ended with it (process.py).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class CommandConfig:
     command: str = ""  # the program per item, run by /bin/sh; {input} {output} {item} {seed} are replaced (quoted)
     split: str = "files"  # files: one item per input file; lines: byte ranges of about --item-mb cut at newlines
     stdin: bool = False  # stream the item's bytes to the command's stdin instead of a file at {input}
-    timeout: float = 0.0  # seconds an attempt may run before its process group is stopped and it fails (0: no limit)
+    timeout: float = 0.0  # seconds an attempt may run before it is stopped, and all it started, and fails (0: none)
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL when the command is stopped (give-back, timeout)
     requirements_file: str = ""  # pip requirements with --hash lines: installed once per machine for the command
     seed: int = 0  # the run's seed: {seed} of each item is derived from it and the item id
@@ -172,19 +173,19 @@ class CommandConverter(Converter):
             os.makedirs(in_dir)
             values["input"] = item.fetch(os.path.join(in_dir, input_name(item.name)))
         ctx.checkpoint()
-        stderr = os.path.join(work, "stderr")
         try:
             done = process.run([SHELL, "-c", substitute(cfg.command, values)], cwd=None, env=self.env,
-                               stdout=os.path.join(work, "stdout"), stderr=stderr, checkpoint=ctx.checkpoint,
-                               timeout=cfg.timeout, grace=cfg.grace, stdin_from=item if cfg.stdin else None)
-        except process.TimedOut:
-            raise ItemFailed(f"the command ran longer than timeout={cfg.timeout:g} s; its process group was stopped",
-                             {"timeout_seconds": cfg.timeout, "stderr_tail": process.tail(stderr)}) from None
+                               checkpoint=ctx.checkpoint, timeout=cfg.timeout, grace=cfg.grace,
+                               stdin_from=item if cfg.stdin else None)
+        except process.TimedOut as e:
+            raise ItemFailed(f"the command ran longer than timeout={cfg.timeout:g} s; it was stopped with every "
+                             "process it started",
+                             {"timeout_seconds": cfg.timeout, "stderr_tail": e.stderr_tail}) from None
         except BaseException:  # a give-back or a lost lease: nothing it wrote may be committed
             shutil.rmtree(out_dir, ignore_errors=True)
             raise
         if done.returncode != 0:
-            tail = process.tail(stderr)
+            tail = done.stderr_tail
             how = (f"exit code {done.returncode}" if done.returncode > 0
                    else f"killed by {process.signal_name(done.returncode)}")
             raise ItemFailed(f"the command failed ({how}): {tail[-1] if tail else 'nothing on stderr'}",
