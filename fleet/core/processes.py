@@ -183,6 +183,10 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None,
                     log.warning("the bucket is unreachable (%s): waiting for it, up to %.0f min", e, limit / 60)
                     riding_out(limit)(_back_from_outage, worker)
         except Shutdown:
+            if worker.stopped_after_the_end():  # (the fleet deleted once the run ended: a done boot)
+                worker.mark_idle(False)
+                worker.beat("exited")
+                return 0, True
             held = worker.holding
             if held is not None and held.lease.live(time.time()):
                 try:  # the signal came after the claim, before process() could give it back

@@ -100,6 +100,7 @@ class Worker:
         self.found_drained = False  # it left because the run's drain was confirmed and ended (end_run)
         self.started = time.time()  # a drain ended before this is an earlier one's (run_ended)
         self.finishing = None  # (ExitStack, Renewal) while it holds the claim to end the run
+        self.awaiting_end = False  # the run found drained, another worker confirming it and writing its files
 
     # -- heartbeat -------------------------------------------------------------
     def beat(self, state: str) -> None:
@@ -180,12 +181,16 @@ class Worker:
                     if self.finishing is None:
                         self.claim_finish()
                     if self.finishing is not None:
+                        self.awaiting_end = False
                         if confirm or targets is None:  # a listing of every lease and marker says so too
                             return self.end_run()
                         confirm = True  # markers say so: a sweep of every lease and marker must too
                         continue
-                elif self.finishing is not None:  # the confirming sweep found an item unfinished
-                    self.release_finish()
+                    self.awaiting_end = True
+                else:
+                    self.awaiting_end = False
+                    if self.finishing is not None:  # the confirming sweep found an item unfinished
+                        self.release_finish()
                 confirm = False
             next_pass = policy.end_pass(kind, worked, window)
             if kind == SWEEP and not worked:
@@ -322,6 +327,21 @@ class Worker:
             self.store.delete(finishing_name(self.run))
         except Exception as e:  # it ages: another worker takes it over after a TTL
             log.warning("the claim to end the run was not given up: %s", e)
+
+    def stopped_after_the_end(self) -> bool:
+        """A worker stopped (SIGTERM) while it waited for the run's end: whether the end came first.
+        The VM that ends the run deletes the fleet, and so stops the VMs still waiting for its word:
+        those left a drained run (their boots are done), not an unfinished one. One read."""
+        if not self.awaiting_end or self.holding is not None:
+            return False
+        try:
+            ended = run_ended(self.store, self.run, self.started)
+        except Exception:  # (the store down: the boot counts as stopped, which is safe)
+            return False
+        if ended:
+            self.found_drained = True
+            log.info("stopped after the run ended: it left drained")
+        return ended
 
     def end_run(self) -> Counters:
         """The drain confirmed by this worker's listing of every lease and marker: write the run's
