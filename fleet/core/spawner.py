@@ -176,10 +176,10 @@ class Worker:
                 if policy.drained():
                     # One worker confirms the drain and ends the run (fleet.core.manifest.claim_finish):
                     # the others wait for its word, idle, rather than each listing every lease and marker.
-                    if self.finishing is None and run_ended(self.store, self.run, self.started):
-                        return self.leave(drained=True)
                     if self.finishing is None:
-                        self.claim_finish()
+                        self.claim_finish()  # (first: a read of a claim not there would ask for the bucket)
+                        if self.finishing is None and run_ended(self.store, self.run, self.started):
+                            return self.leave(drained=True)
                     if self.finishing is not None:
                         self.awaiting_end = False
                         if confirm or targets is None:  # a listing of every lease and marker says so too
