@@ -587,3 +587,33 @@ def test_a_held_lease_is_released_at_once_wherever_a_worker_is_stopped_in_its_it
     attempt spent, at every named point of an item: with `leased` above, the whole of it.)"""
     state = _stopped_at(tmp_path, corpus, point)
     assert given_back(state), state
+
+
+def test_a_signal_while_a_leaving_worker_quiets_its_handlers_is_no_traceback(monkeypatch):
+    """A loaded suite run: `fleet local` SIGTERMed its worker just as the worker, done, replaced its
+    handlers to leave; the old handler ran inside that call, raised Shutdown, and the worker printed
+    a traceback. Invariant: a worker that holds nothing lets no Shutdown out while it leaves."""
+    import signal as signals
+
+    from fleet.core import processes
+    from fleet.core.attempt import Shutdown
+
+    calls: list[int] = []
+    real = signals.signal
+
+    def signal_once_interrupted(signum, handler):
+        calls.append(signum)
+        if len(calls) == 1:  # the old handler ran inside the first replacement
+            raise Shutdown()
+        return real(signum, handler)
+
+    previous = real(signals.SIGTERM, signals.getsignal(signals.SIGTERM)), signals.getsignal(signals.SIGINT)
+    monkeypatch.setattr(processes.signal, "signal", signal_once_interrupted)
+    try:
+        processes._quiet_signals()  # no Shutdown out of it
+        assert signals.getsignal(signals.SIGTERM) is processes._ignore
+        assert signals.getsignal(signals.SIGINT) is processes._ignore
+    finally:
+        monkeypatch.undo()
+        real(signals.SIGTERM, previous[0])
+        real(signals.SIGINT, previous[1])

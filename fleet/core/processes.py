@@ -117,6 +117,22 @@ def _ignore(signum, frame):
     pass
 
 
+def _quiet_signals() -> None:
+    """SIGTERM and Ctrl-C ignored from here on, for a worker that holds nothing any more. A signal
+    that arrives while the handlers are being replaced still runs the old one, which ignores them
+    too and raises Shutdown: that Shutdown says nothing here, and once escaped it was a traceback
+    (`fleet local` stops its workers the moment the run finishes; seen in a loaded suite run)."""
+    from fleet.core.attempt import Shutdown
+
+    for _ in range(3):
+        try:
+            signal.signal(signal.SIGTERM, _ignore)
+            signal.signal(signal.SIGINT, _ignore)
+            return
+        except Shutdown:
+            continue
+
+
 def work_one(bucket: str, run: str, name: str | None = None, log_file: str | None = None,
              standby: int | None = None) -> int:
     """One worker process until the run is drained; exit code 0 unless it crashed.
@@ -218,8 +234,7 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None,
     finally:
         # Leaving: nothing is held any more, so a SIGTERM now (`fleet local` stops its workers once the
         # run is finished) must not interrupt the scratch sweep with a Shutdown and a traceback.
-        signal.signal(signal.SIGTERM, _ignore)
-        signal.signal(signal.SIGINT, _ignore)
+        _quiet_signals()
         worker.close()
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
