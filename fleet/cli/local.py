@@ -32,6 +32,7 @@ from fleet.core.layout import LOCAL_RUN, STATE_DIR, spec_name
 from fleet.core.processes import start_workers, stop_workers, wait_for_exit
 from fleet.core.status import RunStatus, StatusReader
 from fleet.core.manifest import finish_run, finishing_name
+from fleet.core.window_counts import run_counts
 from fleet.core.store import StoreError, open_store
 from fleet.core.verify import check_outputs, describe_stale, downstream, reopen, stale_markers
 
@@ -121,8 +122,7 @@ def write_run_files(console: Console, job, spec, reader: StatusReader, out_dir: 
     """A finished run's manifest.json and the job's run files (fleet.core.manifest), if its
     workers have not written them already; a file there with other bytes is named, not replaced."""
     try:
-        _, differ = finish_run(open_store(out_dir), job, job.parse_config(spec.config), spec, reader.items,
-                               reader.leases())
+        _, differ = finish_run(open_store(out_dir), job, job.parse_config(spec.config), spec, run_counts(reader))
     except (OSError, StoreError, ValueError, TypeError) as e:  # the outputs are all there; say what is missing
         say(console, f"{out_dir}: the run's files (manifest.json) not written: {e}", style="yellow")
         return

@@ -110,11 +110,6 @@ def manifest_json(spec: RunSpec, manifest: RunManifest) -> bytes:
     return (json.dumps(body, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
-def all_done(items: Iterable[Item], leases: Mapping[str, Lease]) -> bool:
-    """Every item done: the only state in which the run's files are written."""
-    return all(getattr(leases.get(item.id), "state", None) == DONE for item in items)
-
-
 def run_files(job: Job, config: Any, spec: RunSpec, manifest: RunManifest) -> dict[str, bytes]:
     """Every file the finished run writes into the output place, by name: the job's, then the
     manifest (written last, so that a manifest there says the job's files are there too)."""
@@ -147,13 +142,13 @@ def write_run_files(output: Store, files: Mapping[str, bytes]) -> list[str]:
     return differ
 
 
-def finish_run(output: Store, job: Job, config: Any, spec: RunSpec, items: list[Item],
-               leases: Mapping[str, Lease]) -> tuple[RunManifest | None, list[str]]:
-    """If every item is done: the manifest, written with the job's run files (and the names of
-    those found there with other bytes). Else (None, []), nothing written."""
-    if not all_done(items, leases):
+def finish_run(output: Store, job: Job, config: Any, spec: RunSpec,
+               manifest: RunManifest | None) -> tuple[RunManifest | None, list[str]]:
+    """If every item is done (``manifest``: fleet.core.window_counts.run_counts, None if not):
+    the manifest, written with the job's run files (and the names of those found there with
+    other bytes). Else (None, []), nothing written."""
+    if manifest is None:
         return None, []
-    manifest = manifest_of(items, leases)
     differ = write_run_files(output, run_files(job, config, spec, manifest))
     for name in differ:
         log.warning("%s/%s holds other bytes than this run's leases give; left as it is", output.url, name)
@@ -232,9 +227,9 @@ class Renewal:
 @contextlib.contextmanager
 def holding_finish(store: Store, run: str, worker: str, generation: int, every: float) -> Iterator[Renewal]:
     """Renew the claim every ``every`` seconds while the drain is confirmed and the run's files are
-    made: a listing of every lease of a big run, then a read of each, take longer than a TTL
-    (100,000 leases at 50 ms, 16 at a time: about 5 min), and a claim left to age would be taken
-    over by each worker that drains meanwhile, every one of them reading every lease again. A
+    made: a listing of every lease and marker of a big run, and the windows' counts read, may
+    take longer than a TTL, and a claim left to age would be taken over by each worker that
+    drains meanwhile, every one of them listing and reading again. A
     renewal that fails (taken over, the store down) stops renewing: the files are create-only and
     the same bytes, so a second writer only costs reads."""
     stop = threading.Event()

@@ -10,6 +10,7 @@ worker processes is fleet.core.processes'.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -32,6 +33,7 @@ from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec, pinne
 from fleet.core.layout import done_prefix, final_prefix, finishing_name, idle_prefix, lease_prefix, released_prefix, \
     worker_prefix
 from fleet.core.manifest import run_ended
+from fleet.core.status import StatusReader
 from fleet.core.store import PreconditionFailed, open_store
 from fleet.core.store.metered import MeteredStore
 
@@ -263,16 +265,48 @@ class Worker:
 
     def mark_windows(self, policy: ClaimPolicy) -> None:
         """A done/ marker for each window a listing showed finished: create-only (a finished window
-        stays finished until a reopen removes its marker first) and advisory (sweeps trust none)."""
+        stays finished until a reopen removes its marker first) and advisory (sweeps trust none).
+        It holds the window's counts (fleet.core.window_counts), so the run's end reads a marker
+        per window rather than a lease per item; a marker there already is not made again."""
         for w in policy.to_mark():
+            name = done_prefix(self.run) + w.key
             try:
-                self.store.write(done_prefix(self.run) + w.key, b"", if_generation_match=0)
+                generation = self.store.write(name, b"", if_generation_match=0)
             except PreconditionFailed:
-                pass  # another worker's, or our own write replayed
+                policy.marked_now(w)  # another worker's (its counts are its to write), or our own replayed
+                continue
             except Exception as e:
                 log.warning("done marker of window %s not written: %s", w.key, e)
                 continue
             policy.marked_now(w)
+            # The marker's creator alone reads the window's leases for its counts: the others lost
+            # the create above before reading anything. Empty until then, it holds no counts.
+            try:
+                self.store.write(name, self._window_body(policy, w.items), if_generation_match=generation)
+            except Exception as e:  # (PreconditionFailed: unmarked since) the run's end reads the leases
+                log.warning("counts of window %s not kept in its done marker: %s", w.key, e)
+
+    def _window_body(self, policy: ClaimPolicy, items: list[str]) -> bytes:
+        from fleet.core.window_counts import window_body
+
+        generations = {i: policy.listing.get(i, -1) for i in items}  # (-1: not listed, read it)
+        for i in items:
+            known = policy.known.get(i)
+            if known is not None and known[1] == generations[i]:
+                self.counts_reader.remember(i, *known)  # read or committed by this worker: not read again
+        try:
+            return window_body((self.by_id[i] for i in items), self.counts_reader.read_leases(generations))
+        finally:
+            self.counts_reader.forget(items)  # (a worker's memory does not grow with the windows it marks)
+
+    @functools.cached_property
+    def counts_reader(self) -> StatusReader:
+        """Reads leases for the windows' counts and the run's end, caching them by generation."""
+        return StatusReader(self.store, self.run, spec=self.spec, items=self.items)
+
+    @functools.cached_property
+    def by_id(self) -> dict[str, Item]:
+        return {item.id: item for item in self.items}
 
     def unmark_windows(self, policy: ClaimPolicy) -> None:
         """Remove the done/ markers of windows a sweep found unfinished (a lease deleted by hand)."""
@@ -366,15 +400,14 @@ class Worker:
         for the claim's last word; a failure is logged, never stops the worker (`fleet local`
         writes them too)."""
         from fleet.core.manifest import MANIFEST, finish_run
-        from fleet.core.status import StatusReader
+        from fleet.core.window_counts import run_counts
 
         try:
             output = self.runner.output
             if output.stat(MANIFEST) is not None:
                 return "written"  # by an earlier drain (the same bytes: a pure function of the leases)
             _test_pause("finishing", "")
-            reader = StatusReader(self.store, self.run)
-            manifest, _ = finish_run(output, self.job, self.config, self.spec, reader.items, reader.leases())
+            manifest, _ = finish_run(output, self.job, self.config, self.spec, run_counts(self.counts_reader))
         except Exception as e:
             log.warning("run files not written: %s", e)
             return f"not written: {e}"

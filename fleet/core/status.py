@@ -9,7 +9,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from fleet.core.layout import counts_name, lease_prefix, worker_prefix
 from fleet.core.lease import DONE, FAILED, Lease
@@ -103,10 +103,10 @@ class RunStatus:
 class StatusReader:
     """Reads a run's state; caches leases by generation so --watch stays cheap."""
 
-    def __init__(self, store: Store, run: str):
+    def __init__(self, store: Store, run: str, spec: RunSpec | None = None, items: list[Item] | None = None):
         self.store, self.run = store, run
-        self.spec: RunSpec = load_spec(store, run)
-        self.items: list[Item] = load_items(store, run)
+        self.spec: RunSpec = spec if spec is not None else load_spec(store, run)
+        self.items: list[Item] = items if items is not None else load_items(store, run)
         self._cache: dict[str, tuple[int, Lease]] = {}
         self._grouped = {i.id for i in self.items if i.parts}
         self._unreadable: set[tuple[str, str]] = set()
@@ -118,18 +118,39 @@ class StatusReader:
             return name, gen, None
         return name, real_gen, Lease.parse(data, f"{self.store.url}/{name}")
 
-    def leases(self) -> dict[str, Lease]:
+    def listing(self) -> dict[str, int]:
+        """Every lease's generation, by item: one listing, no lease read."""
         prefix = lease_prefix(self.run)
-        listing = {b.name: b.generation for b in self.store.list(prefix)}
-        stale = [(n, g) for n, g in listing.items() if n not in self._cache or self._cache[n][0] != g]
+        return {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
+
+    def leases(self) -> dict[str, Lease]:
+        return {item: lease for item, (lease, _) in self.read_leases(self.listing()).items()}
+
+    def remember(self, item: str, lease: Lease, generation: int) -> None:
+        """A lease the caller read (or wrote) with its generation: not read again at that generation."""
+        self._cache[lease_prefix(self.run) + item] = (generation, lease)
+
+    def forget(self, items: Iterable[str]) -> None:
+        """Drop these items' leases from the cache (a worker reading window after window keeps none)."""
+        prefix = lease_prefix(self.run)
+        for item in items:
+            self._cache.pop(prefix + item, None)
+
+    def read_leases(self, generations: Mapping[str, int]) -> dict[str, tuple[Lease, int]]:
+        """The leases of these items (item -> generation listed), each with the generation read,
+        and a done grouped item's counts per input file; read only where the cache holds another
+        generation (16 at a time). An item whose lease is gone is left out."""
+        prefix = lease_prefix(self.run)
+        stale = [(prefix + i, g) for i, g in generations.items()
+                 if prefix + i not in self._cache or self._cache[prefix + i][0] != g]
         if stale:
             with ThreadPoolExecutor(16) as pool:
                 for name, gen, lease in pool.map(lambda ng: self._read(*ng), stale):
                     if lease is not None:
                         self._cache[name] = (gen, lease)
-        leases = {n[len(prefix):]: self._cache[n][1] for n in listing if n in self._cache}
-        self._load_part_counts(leases)
-        return leases
+        out = {i: (self._cache[prefix + i][1], self._cache[prefix + i][0]) for i in generations if prefix + i in self._cache}
+        self._load_part_counts({i: lease for i, (lease, _) in out.items()})
+        return out
 
     def _load_part_counts(self, leases: dict[str, Lease]) -> None:
         """Each done grouped item's counts per input file (Lease.part_counts), read once beside its

@@ -19,6 +19,7 @@ of finished windows, whatever the steps after it.
 A finished window (every item's ``final/`` marker listed with its lease) may be marked by a
 create-only ``done/<key>`` object: one listing of those (``windows / 1,000`` calls) tells a worker
 where the work is left. The key carries the window size, so markers of another size are ignored.
+The marker's body keeps the window's counts, for the run's end (fleet.core.window_counts).
 """
 
 from __future__ import annotations

@@ -78,8 +78,8 @@ class RequestModel:
     why a drain trusts nothing less), made by the few workers that see it: the standbys the
     fleet keeps (fleet.gce.config's ``standby``) and the last items' workers; the others have
     left as spares before. From the code: one output file per item and its stat;
-    a text job's input is a stat and one ranged download; the run's files read every lease once
-    (fleet.core.manifest). A figure a run breaks (a job writing three files per item) moves its
+    a text job's input is a stat and one ranged download; the run's counts read every lease once,
+    as its window is marked done (fleet.core.window_counts). A figure a run breaks (a job writing three files per item) moves its
     estimate by that figure's share only. bench/bench_requests.py prints what workers counted
     beside this model's figures."""
 
@@ -87,7 +87,7 @@ class RequestModel:
     lease_writes: float = 2.3  # claim and commit, lost creates among them (measured)
     renewals: float = 1.25  # lease renewals, one every TTL/3 while an item converts (measured)
     final_markers: float = 1.2  # final/<item>, replays and races included (measured)
-    done_markers: float = 1 / 64  # done/<window>: one a finished window (fleet.core.windows)
+    done_markers: float = 2 / 64  # done/<window>: a finished window's, created, then its counts (fleet.core.windows)
     heartbeats: float = 2.3  # workers/<name> while working (measured)
     outputs: float = 1.0  # uploads of the item's outputs (or records for the next stage)
     list_calls: float = 1.1  # window visits, one page each (measured)
@@ -95,7 +95,9 @@ class RequestModel:
     lease_reads: float = 0.3  # leases read: stood still for half a TTL, released, lost races (measured)
     output_stats: float = 1.0  # each output's stat after its upload (fleet.core.attempt: its version)
     input_reads: float = 2.0  # per map item: the input's stat and one ranged download
-    finish_reads: float = 1.0  # the run's files: one worker reads every lease once (fleet.core.manifest)
+    # The run's counts: the worker that marks a window done reads its leases once (fleet.core.window_counts),
+    # and the run's end reads a marker a window (the 1 / 64).
+    finish_reads: float = 1.0 + 1 / 64
     # Per worker process
     process_calls: float = 34.0  # list calls that do not grow with the items: start, steals, sweeps (measured)
     start_reads: float = 2.0  # run.json and the item list (Class B)
