@@ -294,3 +294,50 @@ def test_a_run_planned_before_an_option_existed_resumes_with_its_default(tmp_pat
     assert not created and spec.config["poison"] == ""
     with pytest.raises(PlanError, match="option poison is 'x', was ''"):
         plan(bucket, "r", job, [str(corpus)], str(tmp_path / "out"), {"poison": "x"}, "v")
+
+
+# -- the resume repair, one function for `fleet local` and `fleet status --verify` (issue 31) -----------
+DAMAGES = st.sampled_from(["none", "none", "lease deleted", "lease damaged", "output deleted", "output changed",
+                           "failed"])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(damages=st.lists(DAMAGES, min_size=1, max_size=8))
+def test_the_repair_reopens_exactly_what_is_wrong_and_a_drain_then_gives_the_clean_run(tmp_path_factory, damages):
+    """Whatever mix of damage a finished run takes (a lease deleted under its marker or made
+    unreadable, an output deleted or rewritten, an item failed), fleet.core.repair.repair_run
+    sends back exactly the items hit, and one drain after it gives the clean run's outputs and
+    manifest, byte for byte."""
+    from fleet.core.manifest import MANIFEST
+    from fleet.core.repair import repair_run
+
+    bucket, items = _plan(tmp_path_factory.mktemp("run"))
+    store, out, clean = _drained(bucket)
+    manifest = out.read(MANIFEST)
+    hit: dict[str, set[str]] = {}
+    for item, damage in zip(items, damages):
+        hit.setdefault(damage, set()).add(item.id)
+        name, part = lease_prefix(RUN) + item.id, f"part-{item.id}.txt"
+        if damage == "lease deleted":
+            store.delete(name)
+        elif damage == "lease damaged":
+            store.write(name, b"{not a lease")
+        elif damage == "output deleted":
+            out.delete(part)
+        elif damage == "output changed":
+            out.write(part, b"other bytes\n")
+        elif damage == "failed":
+            store.write(name, Lease("failed", "w", 3, 0.0, error="boom").to_json())
+    fix = repair_run(store, StatusReader(store, RUN), deep=True, retry_failed=True)
+    assert fix.stale == sorted(hit.get("lease deleted", ()))
+    assert set(fix.damaged) == hit.get("lease damaged", set())
+    assert {d.item for d in fix.lost} == hit.get("output deleted", set()) | hit.get("output changed", set())
+    assert set(fix.retried) == hit.get("failed", set())
+    wrong = set().union(*(v for k, v in hit.items() if k != "none"))
+    leases, finals = _state(bucket)
+    assert not wrong & {i for i, lease in leases.items() if lease.state == DONE} and not wrong & finals
+    if wrong:
+        assert not out.stat(MANIFEST)  # a run with pending items is not finished
+    _drain(bucket)
+    _assert_as_clean(bucket, items, out, clean)
+    assert out.read(MANIFEST) == manifest

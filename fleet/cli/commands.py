@@ -411,25 +411,20 @@ def status_cmd(
 def _verify(store, reader, run: str) -> bool:
     """Check the done items' outputs where the run's state puts them (fleet.core.run.output_place)
     and send the damaged back to pending; True when there were any."""
-    from fleet.core.verify import check_outputs, describe_stale, downstream, reopen, stale_markers
+    from fleet.core.repair import repair_run
+    from fleet.core.verify import describe_stale
 
-    stale = stale_markers(store, run, repair=True)
-    if stale:
-        say(console, f"verify: {describe_stale(stale)}")
-    leases = reader.leases()
-    done = sum(1 for lease in leases.values() if lease.state == "done")
-    damage = check_outputs(reader.spec, leases, deep=True, state=store)
-    for d in damage:
+    fix = repair_run(store, reader, deep=True)
+    if fix.stale:
+        say(console, f"verify: {describe_stale(fix.stale)}")
+    for d in fix.lost:
         say(console, str(d), "output lost:", "yellow")
-    damaged = [item for item, lease in leases.items() if lease.damaged]
-    for item in damaged:
-        say(console, f"item {item}: {leases[item].error}", "damaged lease:", "yellow")
-    items = sorted({d.item for d in damage} | set(damaged))
+    for item, error in fix.damaged.items():
+        say(console, f"item {item}: {error}", "damaged lease:", "yellow")
+    items, done = [i for i in fix.reopened if i not in fix.later], fix.done
     if items:
-        later = [i for i in downstream(reader.items, items) if i not in items and i in leases]
-        if later:
-            say(console, f"verify: {len(later)} item(s) of later stages read those and are redone with them")
-        reopen(store, run, items + later)
+        if fix.later:
+            say(console, f"verify: {len(fix.later)} item(s) of later stages read those and are redone with them")
         console.print(f"verify: {len(items)} of {done} done items sent back to pending (outputs gone or changed); "
                       "resume the run to convert them again (`fleet local` with the same arguments, "
                       "`fleet work`, or `fleet launch`)", highlight=False, soft_wrap=True)

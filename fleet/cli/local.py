@@ -34,7 +34,8 @@ from fleet.core.status import RunStatus, StatusReader
 from fleet.core.manifest import finish_run, finishing_name
 from fleet.core.window_counts import run_counts
 from fleet.core.store import StoreError, open_store
-from fleet.core.verify import check_outputs, describe_stale, downstream, reopen, stale_markers
+from fleet.core.repair import repair_run
+from fleet.core.verify import describe_stale
 
 RUN = LOCAL_RUN
 
@@ -219,29 +220,21 @@ def run_local(
     reader = StatusReader(store, RUN)
     st = reader.collect()
     if not created:
-        damaged = [item for item, lease in reader.leases().items() if lease.damaged]
-        if damaged:
-            say(console, f"{len(damaged)} damaged lease object(s) ({', '.join(damaged[:5])}): converting those "
+        fix = repair_run(store, reader, release=True, retry_failed=retry_failed)
+        if fix.damaged:
+            say(console, f"{len(fix.damaged)} damaged lease object(s) ({', '.join(list(fix.damaged)[:5])}): converting those "
                          "items again")
-            reopen(store, RUN, damaged)
-        stale = stale_markers(store, RUN, repair=True)  # the lease is the truth; a lone marker lies
-        if stale:
-            say(console, describe_stale(stale))
-        freed = release_dead(store, reader)
-        if freed:
-            say(console, f"{freed} item(s) held by workers of an earlier run that died are given back")
-        leases = reader.leases()
-        damage = check_outputs(spec, leases, state=store)
-        if damage:
-            items_hit = sorted({d.item for d in damage})
-            for d in damage[:10]:
+        if fix.stale:  # the lease is the truth; a lone marker lies
+            say(console, describe_stale(fix.stale))
+        if fix.freed:
+            say(console, f"{fix.freed} item(s) held by workers of an earlier run that died are given back")
+        if fix.lost:
+            for d in fix.lost[:10]:
                 say(console, str(d), "output lost:", "yellow")
-            say(console, f"{len(items_hit)} done item(s) whose outputs are gone or changed are converted again")
-            reopen(store, RUN, [i for i in downstream(items, items_hit) if i in leases])
-        if retry_failed and st.failed:
-            failed = [f["item"] for f in st.failures]
-            say(console, f"retrying {len(failed)} failed item(s) (--retry-failed)")
-            reopen(store, RUN, [i for i in downstream(items, failed) if i in leases])
+            say(console, f"{len({d.item for d in fix.lost})} done item(s) whose outputs are gone or changed are "
+                         "converted again")
+        if fix.retried:
+            say(console, f"retrying {len(fix.retried)} failed item(s) (--retry-failed)")
         st = reader.collect()
         say(console, f"resuming the run in {out_dir}: {st.done} of {st.items} items already done"
             + (f", {st.failed} failed (--retry-failed retries them)" if st.failed else ""))
@@ -320,39 +313,6 @@ def _progress_line(st: RunStatus) -> str:
     if not st.stages:
         return f"items {st.done}/{st.items}{failed}"
     return stage_counts(st) + failed
-
-
-def release_dead(store, reader: StatusReader) -> int:
-    """Leases still held by workers of an earlier `fleet local` that no longer run (a kill -9,
-    a crash) are given back now, instead of making the resumed run wait out their TTL. Their
-    attempt stays counted: an item that kills its worker must still end failed."""
-    import dataclasses
-
-    from fleet.core.lease import LEASED, Lease
-    from fleet.core.layout import lease_prefix, released_prefix
-    from fleet.core.liveness import worker_alive
-    from fleet.core.store import NotFound, PreconditionFailed
-
-    now = time.time()
-    beats = {w.get("worker"): w for w in reader.workers()}
-    freed = 0
-    for item, lease in reader.leases().items():
-        if lease.state != LEASED or not lease.live(now):
-            continue
-        beat = beats.get(lease.worker)
-        if beat is not None and worker_alive(beat, reader.spec.lease_ttl, now):
-            continue
-        name = lease_prefix(RUN) + item
-        try:
-            data, gen = store.read_generation(name)
-            if Lease.parse(data, name) != lease:
-                continue  # it moved on since we looked
-            store.write(name, dataclasses.replace(lease, expires=0.0).to_json(), if_generation_match=gen)
-            store.write(released_prefix(RUN) + item, b"", idempotent=True)  # taken at once, not after TTL/2
-            freed += 1
-        except (PreconditionFailed, NotFound):
-            continue
-    return freed
 
 
 def stopped_reasons(log_dir: str) -> list[str]:
