@@ -247,7 +247,7 @@ run_finished() { # has every item of the run finished, and are the run's files w
   [[ -f $WORK_DIR/report/drained ]]
 }
 
-declare -A PATHS=() # KEY -> an object name under runs/<run>/, a template over {instance}, {boot} and {finished}
+declare -A PATHS=() # KEY -> an object name in the bucket, a template over {instance}, {boot}, {finished}, {version}, {sha256}
 
 load_paths() { # TEXT: the metadata fleet-paths, one KEY=TEMPLATE a line (fleet/core/layout.py: vm_paths_text)
   local key value
@@ -256,13 +256,15 @@ load_paths() { # TEXT: the metadata fleet-paths, one KEY=TEMPLATE a line (fleet/
     [[ $key =~ ^[a-z-]+$ && $value =~ ^[-A-Za-z0-9_./{}]+$ ]] || return 1
     PATHS[$key]=$value
   done <<<"$1"
-  for key in boot log final failed failed-now stop; do [[ -n ${PATHS[$key]:-} ]] || return 1; done
+  for key in boot log final failed failed-now stop code-manifest code-object; do [[ -n ${PATHS[$key]:-} ]] || return 1; done
 }
 
-at() { # KEY [FINISHED]: the object name, this VM's instance and boot (and FINISHED) filled in
+at() { # KEY [VALUE]: the object name, this VM's instance, boot and code version (and VALUE: {finished}, {sha256}) filled in
   local name=${PATHS[$1]}
   name=${name//\{instance\}/$INSTANCE}
   name=${name//\{boot\}/$BOOT}
+  name=${name//\{version\}/${VERSION:-}}
+  name=${name//\{sha256\}/${2:-}}
   printf '%s' "${name//\{finished\}/${2:-}}"
 }
 
@@ -426,13 +428,13 @@ fetch_code() { # the pinned snapshot into $CODE, every file checked against the 
   TOKEN=$(token)
   local tmp sum path n=0
   tmp=$(mktemp -d "$WORK_DIR/code/.incoming-XXXXXX")
-  gs_get "code/$VERSION/manifest.sha256" "$tmp/MANIFEST.sha256" || fail "no code $VERSION in gs://$BUCKET (fleet sync)"
+  gs_get "$(at code-manifest)" "$tmp/MANIFEST.sha256" || fail "no code $VERSION in gs://$BUCKET (fleet sync)"
   [[ $(sha256sum <"$tmp/MANIFEST.sha256" | cut -c1-16) == "$VERSION" ]] ||
     fail "the manifest of code $VERSION does not hash to its name; refusing it"
   while read -r sum path; do
     [[ $sum =~ ^[0-9a-f]{64}$ && -n $path && $path != /* && /$path/ != */../* ]] || fail "bad manifest line: $sum $path"
     mkdir -p "$tmp/$(dirname "$path")"
-    gs_get "code/objects/$sum" "$tmp/$path" || fail "code object $sum ($path) is missing from gs://$BUCKET"
+    gs_get "$(at code-object "$sum")" "$tmp/$path" || fail "code object $sum ($path) is missing from gs://$BUCKET"
     n=$((n + 1))
   done <"$tmp/MANIFEST.sha256"
   (cd "$tmp" && sha256sum --quiet --strict -c MANIFEST.sha256) ||

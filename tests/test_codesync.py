@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet.core.codesync import (MANIFEST, OBJECTS, CodeError, check_pinned, code_files, code_version, manifest_bytes,
-                            manifest_name, parse_manifest, snapshot, sync, verify, version_of)
+from fleet.core.layout import code_manifest_name as manifest_name, code_object_name
+from fleet.core.codesync import (MANIFEST, CodeError, check_pinned, code_files, code_version, manifest_bytes,
+                            parse_manifest, snapshot, sync, verify, version_of)
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.store import open_store
 
@@ -76,7 +77,7 @@ def test_sync_uploads_only_new_content(tree, store_url):
     store = open_store(store_url)
     assert store.read(manifest_name(first.version)) == manifest_bytes(snapshot(str(tree), paths=PATHS))
     for sha, path in parse_manifest(store.read(manifest_name(first.version))):
-        assert store.read(OBJECTS + sha) == (tree / path).read_bytes()
+        assert store.read(code_object_name(sha)) == (tree / path).read_bytes()
     again = sync(store_url, str(tree), paths=PATHS)
     assert (again.version, again.uploaded, again.manifest_created) == (first.version, 0, False)
     (tree / "fleet" / "sub" / "b.py").write_text("B = 3\n")
@@ -91,7 +92,7 @@ def download(store_url: str, version: str, dest: Path) -> None:
     manifest = store.read(manifest_name(version))
     for sha, path in parse_manifest(manifest):
         (dest / path).parent.mkdir(parents=True, exist_ok=True)
-        (dest / path).write_bytes(store.read(OBJECTS + sha))
+        (dest / path).write_bytes(store.read(code_object_name(sha)))
     (dest / MANIFEST).write_bytes(manifest)
 
 

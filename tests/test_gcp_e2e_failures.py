@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from fleet.gce import gcp
 from fleet.cli.commands import app
 from fleet.gce.boots import boot_records, load_stop
-from fleet.core.codesync import OBJECTS, manifest_name, parse_manifest
+from fleet.core.codesync import parse_manifest
+from fleet.core.layout import code_manifest_name as manifest_name, code_object_name
 from fleet.gce.config import load
 from fleet.core.store import open_store
 from tests.test_gcp_e2e import Cloud, cloud_fixture, init, ship_test_jobs  # noqa: F401 (the `cloud` fixture)
@@ -79,7 +80,7 @@ def test_code_that_fails_its_hash_check(cloud, capsys):
     version = cloud.fleet("sync").strip().splitlines()[-1]
     store = open_store(cloud.bucket)
     sha = dict((p, s) for s, p in parse_manifest(store.read(manifest_name(version))))["fleet/core/spawner.py"]
-    store.write(OBJECTS + sha, b"raise SystemExit('not the real spawner')\n")
+    store.write(code_object_name(sha), b"raise SystemExit('not the real spawner')\n")
     started = launch(cloud, "hash")
     until_nothing_left(cloud, "hash", started, "code that fails its hash check", capsys)
     check_stopped(cloud, "hash", "the downloaded code does not match its manifest")

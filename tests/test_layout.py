@@ -38,16 +38,19 @@ def _functions(*names: str) -> str:
     return "\n".join(out)
 
 
-def _resolve(run: str, instance: str, boot: str, finished: int) -> dict[str, str]:
+def _resolve(run: str, instance: str, boot: str, finished: int, version: str = "0123456789abcdef",
+             sha: str = "ab" * 32) -> dict[str, str]:
     """What startup.sh's own code makes of the run's fleet-paths metadata."""
     script = _functions("load_paths", "at") + """
 set -euo pipefail
 load_paths "$1"
-INSTANCE=$2 BOOT=$3
+INSTANCE=$2 BOOT=$3 VERSION=$5
 for key in boot log final failed failed-now stop; do printf '%s\\t%s\\n' "$key" "$(at "$key" "$4")"; done
+printf 'code-manifest\\t%s\\n' "$(at code-manifest)"
+printf 'code-object\\t%s\\n' "$(at code-object "$6")"
 """
-    out = subprocess.run(["bash", "-c", script, "startup", layout.vm_paths_text(run), instance, boot, str(finished)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["bash", "-c", script, "startup", layout.vm_paths_text(run), instance, boot, str(finished),
+                          version, sha], capture_output=True, text=True, check=True).stdout
     return dict(line.split("\t") for line in out.splitlines())
 
 
@@ -62,12 +65,15 @@ def test_startup_sh_writes_exactly_the_names_fleet_layout_gives(run, instance, b
         "failed": layout.failed_name(run, finished, instance, boot),
         "failed-now": layout.failed_prefix(run, finished),
         "stop": layout.stop_name(run),
+        "code-manifest": layout.code_manifest_name("0123456789abcdef"),
+        "code-object": layout.code_object_name("ab" * 32),
     }
 
 
 def test_startup_sh_spells_no_object_name_and_uses_only_keys_the_launch_gives():
     code = [line.split(" #")[0] for line in STARTUP.read_text().splitlines() if not line.lstrip().startswith("#")]
-    assert not [line for line in code if "runs/" in line or "stopped.json" in line or "final/" in line]
+    assert not [line for line in code if "runs/" in line or "stopped.json" in line or "final/" in line
+                or "code/objects" in line or "manifest.sha256" in line]  # (its local $WORK_DIR/code/ is its own)
     used = set(re.findall(r"\$\(at ([a-z-]+)", "\n".join(code)))
     required = set(re.search(r"for key in ([a-z -]+); do \[\[ -n \$\{PATHS", "\n".join(code)).group(1).split())
     assert used == required == set(layout.vm_paths("r"))

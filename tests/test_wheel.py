@@ -134,7 +134,8 @@ def test_installed_outside_the_checkout_the_c_core_runs(with_cc, c_records, tmp_
 
 
 def test_fleet_sync_from_the_installed_package_uploads_what_a_vm_needs(with_cc, tmp_path):
-    from fleet.core.codesync import OBJECTS, manifest_name, parse_manifest, sha256_file
+    from fleet.core.codesync import parse_manifest, sha256_file
+    from fleet.core.layout import code_manifest_name as manifest_name, code_object_name
 
     bucket = tmp_path / "bucket"
     done = _run(with_cc, tmp_path, "-m", "fleet.cli", "sync", "--bucket", str(bucket))
@@ -148,7 +149,7 @@ def test_fleet_sync_from_the_installed_package_uploads_what_a_vm_needs(with_cc, 
     assert not [p for p in files if p.startswith("fleet/_data/") or ".dist-info" in p or p.endswith(".pyc")]
     for rel in ("startup/startup.sh", "requirements.lock"):
         assert files[rel] == sha256_file(str(ROOT / rel))
-        assert (bucket / OBJECTS / files[rel]).read_bytes() == (ROOT / rel).read_bytes()
+        assert (bucket / code_object_name(files[rel])).read_bytes() == (ROOT / rel).read_bytes()
     assert files[LIBRARY] == sha256_file(str(with_cc.site / LIBRARY))
     again = _run(with_cc, tmp_path, "-m", "fleet.cli", "sync", "--bucket", str(bucket))
     assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == version  # the same code: the same version

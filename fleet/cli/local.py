@@ -28,7 +28,7 @@ from fleet.job import Job, StageOptions, load_job
 from fleet.cli.render import print_counts, print_detail, print_failed_files, print_input_files, printable, \
     print_skipped, say, stage_counts
 from fleet.core.run import PlanError, load_spec, plan
-from fleet.core.layout import LOCAL_RUN, STATE_DIR, spec_name
+from fleet.core.layout import LOCAL_RUN, STATE_DIR, SUMMARY, spec_name
 from fleet.core.processes import start_workers, stop_workers, wait_for_exit
 from fleet.core.status import RunStatus, StatusReader
 from fleet.core.manifest import finish_run, finishing_name
@@ -285,7 +285,7 @@ def run_local(
         raise PlanError(refused[0])
     wall = time.time() - t0
     summary = summarize(st, chosen, wall, workers)
-    path = os.path.join(out_dir, "summary.json")
+    path = os.path.join(out_dir, SUMMARY)
     try:
         with open(path, "w") as f:
             json.dump(summary, f, indent=1)

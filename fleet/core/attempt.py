@@ -25,7 +25,7 @@ from fleet.core.codesync import sha256_file
 from fleet.job import Converter, InputError, ItemContext, ItemFailed, ItemInput, Reducer, Sink, item_seed
 from fleet.core.lease import DONE, FAILED, Held, Leases, Lost
 from fleet.core.run import Item, RunSpec, StepPlan, output_place
-from fleet.core.layout import counts_name, index_name, released_prefix, shuffle_name
+from fleet.core.layout import counts_name, index_name, output_name, released_prefix, shuffle_name
 from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, combine, index_totals, load_index, \
     partitions_for, reduce_records
 from fleet.core.store import Store, StoreError, Unavailable, open_store
@@ -128,10 +128,6 @@ class DirSink(Sink):
         if counted:
             raise ValueError(f"counts given for output(s) {', '.join(sorted(map(repr, counted)))} that the item "
                              "did not write")
-
-
-def output_name(item: str, suffix: str) -> str:
-    return f"part-{item}{suffix}"
 
 
 def part_counts(item: Item, given: ItemInput, workdir: str) -> str:

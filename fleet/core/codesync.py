@@ -24,10 +24,10 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
+from fleet.core.layout import CODE_OBJECTS, code_manifest_name as manifest_name, code_object_name
 from fleet.core.run import PlanError
 
 MANIFEST = "MANIFEST.sha256"  # the manifest's name inside a downloaded snapshot
-OBJECTS = "code/objects/"
 _SKIP_DIRS = {"__pycache__", "node_modules"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 DATA = "_data"  # fleet/_data in an installed wheel (setup.py: build_py_with_data)
@@ -76,10 +76,6 @@ def locate(rel: str, root: str | None = None) -> str:
     if not os.path.exists(path) and installed(root):
         return os.path.join(data_root(), rel)
     return path
-
-
-def manifest_name(version: str) -> str:
-    return f"code/{version}/manifest.sha256"
 
 
 def _is_venv(path: str) -> bool:
@@ -208,7 +204,7 @@ def sync(bucket: str, root: str | None = None, *, paths: Sequence[str], threads:
     manifest = manifest_bytes(entries)
     version = version_of(manifest)
     store = open_store(bucket)
-    have = {b.name[len(OBJECTS):] for b in store.list(OBJECTS)}
+    have = {b.name[len(CODE_OBJECTS):] for b in store.list(CODE_OBJECTS)}
     new: dict[str, str] = {}
     for e in entries:
         if e.sha256 not in have:
@@ -232,7 +228,7 @@ def _upload(store, files: dict[str, str], threads: int) -> None:
     if isinstance(store, GCSStore):
         from google.cloud.storage import transfer_manager
 
-        pairs = [(path, store.bucket.blob(store._full(OBJECTS + sha))) for sha, path in files.items()]
+        pairs = [(path, store.bucket.blob(store._full(code_object_name(sha)))) for sha, path in files.items()]
         results = transfer_manager.upload_many(pairs, skip_if_exists=True, max_workers=threads,
                                                worker_type=transfer_manager.THREAD)
         errors = [(path, r) for (path, _), r in zip(pairs, results) if isinstance(r, Exception)
@@ -242,7 +238,7 @@ def _upload(store, files: dict[str, str], threads: int) -> None:
             raise CodeError(f"uploading {path} to {store.url}: {err}".splitlines()[0])
         return
     for sha, path in files.items():
-        store.upload_file(OBJECTS + sha, path)
+        store.upload_file(code_object_name(sha), path)
 
 
 def has_version(bucket: str, version: str) -> bool:

@@ -20,9 +20,21 @@ the workers, the readers, `fleet status` and the VMs' startup/startup.sh.
     runs/<run>/finishing                      claimed by the one drained worker that confirms the drain and
                                               writes the run's files; then its word that the run ended
 
-startup.sh writes the last four with curl alone and never spells a name itself: the launch
-hands it :func:`vm_paths` (templates over ``{instance}``, ``{boot}``, ``{finished}``) in the
-instance metadata, so the two sides cannot drift (tests/test_layout.py holds them together).
+Beside the runs, the bucket holds the code snapshots `fleet sync` uploads (fleet.core.codesync):
+
+    code/<version>/manifest.sha256            a snapshot's manifest (sha256sum format)
+    code/objects/<sha256>                     a file's bytes, shared by every snapshot that has it
+
+And the output place (a folder or gs:// prefix, fleet.core.run.output_place) holds the outputs:
+
+    part-<item><suffix>                       an item's outputs (the last stage's: part-00003-of-00016...)
+    manifest.json                             the finished run's exact counts (fleet.core.manifest)
+    summary.json                              `fleet local`'s summary of the run
+
+startup.sh writes the run's boots, logs and stop with curl alone, and reads the code snapshot,
+and never spells a name itself: the launch hands it :func:`vm_paths` (templates over
+``{instance}``, ``{boot}``, ``{finished}``, ``{version}``, ``{sha256}``) in the instance
+metadata, so the two sides cannot drift (tests/test_layout.py holds them together).
 """
 
 from __future__ import annotations
@@ -32,6 +44,25 @@ SPEC = "run.json"
 STATE_DIR = ".fleet"  # `fleet local OUT_DIR`: the folder in OUT_DIR that stands in for the bucket
 LOCAL_RUN = "local"  # the run `fleet local` plans in OUT_DIR/.fleet
 LOG_SUFFIX = ".log"
+CODE_OBJECTS = "code/objects/"
+OUTPUT_PREFIX = "part-"  # every output of an item begins so; nothing else in the output place does
+MANIFEST = "manifest.json"  # in the output place, beside the outputs
+SUMMARY = "summary.json"  # in `fleet local`'s output folder
+
+
+def output_name(item: str, suffix: str) -> str:
+    """An item's output ``suffix`` (``.tfrecord``, ``-logs/a.txt``) in the output place."""
+    return f"{OUTPUT_PREFIX}{item}{suffix}"
+
+
+def code_manifest_name(version: str) -> str:
+    """A code snapshot's manifest (fleet.core.codesync)."""
+    return f"code/{version}/manifest.sha256"
+
+
+def code_object_name(sha256: str) -> str:
+    """A file's bytes in the code snapshots, by its sha256."""
+    return f"{CODE_OBJECTS}{sha256}"
 
 
 def run_prefix(run: str) -> str:
@@ -152,12 +183,13 @@ def stop_name(run: str) -> str:
 
 
 # What startup.sh fills in, and the keys it looks the templates up by.
-INSTANCE, BOOT, FINISHED = "{instance}", "{boot}", "{finished}"
+INSTANCE, BOOT, FINISHED, VERSION, SHA256 = "{instance}", "{boot}", "{finished}", "{version}", "{sha256}"
 
 
 def vm_paths(run: str) -> dict[str, str]:
-    """The names a VM's startup.sh writes or lists, as templates over {instance}, {boot} and
-    {finished}: it gets them from the launch (metadata), never spells them itself."""
+    """The names a VM's startup.sh writes, lists or reads, as templates over {instance}, {boot},
+    {finished}, {version} and {sha256}: it gets them from the launch (metadata), never spells
+    them itself."""
     return {
         "boot": boot_name(run, INSTANCE, BOOT),
         "log": log_name(run, INSTANCE),
@@ -165,6 +197,8 @@ def vm_paths(run: str) -> dict[str, str]:
         "failed": failed_name(run, FINISHED, INSTANCE, BOOT),
         "failed-now": failed_prefix(run, FINISHED),
         "stop": stop_name(run),
+        "code-manifest": code_manifest_name(VERSION),
+        "code-object": code_object_name(SHA256),
     }
 
 

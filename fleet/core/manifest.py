@@ -29,15 +29,14 @@ import time
 from typing import Any, Iterable, Iterator, Mapping
 
 from fleet.job import Job, RunManifest
-from fleet.core.layout import finishing_name
+from fleet.core.layout import MANIFEST, OUTPUT_PREFIX, SUMMARY, finishing_name
 from fleet.core.lease import DONE, Lease
 from fleet.core.run import Item, RunSpec
 from fleet.core.store import NotFound, PreconditionFailed, Store
 
 log = logging.getLogger("fleet.manifest")
 
-MANIFEST = "manifest.json"  # in the output place, beside the outputs
-RESERVED = (MANIFEST, "summary.json")  # names a job's run file may not take (fleet local writes the second)
+RESERVED = (MANIFEST, SUMMARY)  # names a job's run file may not take (fleet local writes the second)
 NOT_COUNTS = ("seconds",)  # stats that are measured, not counted: they differ between attempts
 
 
@@ -116,7 +115,7 @@ def run_files(job: Job, config: Any, spec: RunSpec, manifest: RunManifest) -> di
     files = {}
     for name, data in sorted(job.run_files(config, manifest).items()):
         parts = name.split("/")
-        if name in RESERVED or name.startswith("part-") or any(p in ("", ".", "..") for p in parts) or "\\" in name:
+        if name in RESERVED or name.startswith(OUTPUT_PREFIX) or any(p in ("", ".", "..") for p in parts) or "\\" in name:
             raise ValueError(f"job {spec.job}: run file {name!r} is taken or not a plain relative name")
         if not isinstance(data, bytes):
             raise TypeError(f"job {spec.job}: run file {name!r} is {type(data).__name__}, not bytes")

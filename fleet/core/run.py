@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from fleet.job import ConfigError, ItemInput, Job, Opener, Piece, Source, Stage, StageOptions, load_job, printable
-from fleet.core.layout import LOCAL_RUN, RUNS, STATE_DIR, items_name, run_of_spec, spec_name
+from fleet.core.layout import LOCAL_RUN, OUTPUT_PREFIX, RUNS, STATE_DIR, items_name, run_of_spec, spec_name
 from fleet.core.records import JsonRecord
 from fleet.core import shuffle
 from fleet.core.shuffle import Combine, CombineRule, combine_groups, partitions_for, plan_combine
@@ -621,7 +621,7 @@ def _check_output_is_free(output: str) -> None:
     and leftovers of a bigger run would be read as this one's."""
     try:
         store = open_store(output)
-        taken = next((b.name for b in store.list("part-")), None)
+        taken = next((b.name for b in store.list(OUTPUT_PREFIX)), None)
     except NotFound:
         return
     if taken is not None:

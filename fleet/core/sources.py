@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 from fleet.job import InputError, Source, printable
 from fleet.core.accounting import (BROKEN_LINK, EMPTY, FOLDER_AGAIN, HIDDEN, LINK_LOOP, NAMED_TWICE, NOT_REGULAR,
                                    OUTPUT_FOLDER, REJECTED, SAME_FILE, InputAccount)
-from fleet.core.layout import RUNS, SPEC, STATE_DIR
+from fleet.core.layout import OUTPUT_PREFIX, RUNS, SPEC, STATE_DIR, SUMMARY
 from fleet.core.store import open_store, split_url
 from fleet.core.store.local import file_version
 
@@ -47,8 +47,8 @@ def fleet_output(folder: str, entries: Iterable[str], exists: Callable[[str], bo
     entries = set(entries)
     if STATE_DIR in entries:
         return f"the outputs of a `fleet local` run: it holds {STATE_DIR}/"
-    if "summary.json" in entries and any(e.startswith("part-") for e in entries):
-        return "the outputs of a fleet run: it holds summary.json and part-* files"
+    if SUMMARY in entries and any(e.startswith(OUTPUT_PREFIX) for e in entries):
+        return f"the outputs of a fleet run: it holds {SUMMARY} and {OUTPUT_PREFIX}* files"
     if folder.rstrip("/").rsplit("/", 1)[-1] == RUNS.rstrip("/") and any(exists(f"{e}/{SPEC}") for e in entries):
         return f"the run state of a fleet bucket: it holds {RUNS}*/{SPEC}"
     return None

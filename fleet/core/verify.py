@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.core.layout import counts_prefix, done_prefix, final_prefix, finishing_name, lease_prefix, shuffle_prefix
+from fleet.core.layout import OUTPUT_PREFIX, counts_prefix, done_prefix, final_prefix, finishing_name, lease_prefix, shuffle_prefix
 from fleet.core.lease import DONE, Lease
 from fleet.core.manifest import MANIFEST
 from fleet.core.run import Item, RunSpec, load_items, load_spec, output_place
@@ -62,7 +62,7 @@ def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False, s
     of `fleet local` is checked against its own files)."""
     output = open_store(output_place(spec, state) if state is not None else spec.output)
     try:
-        present: dict[str, Blob] = {b.name: b for b in output.list("part-")}
+        present: dict[str, Blob] = {b.name: b for b in output.list(OUTPUT_PREFIX)}
     except NotFound:
         present = {}
     # What items keep in the run's state: records for a stage, a grouped item's per-file counts.
