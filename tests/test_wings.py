@@ -1,5 +1,9 @@
-"""The wings of fleet/ stay apart: the core imports neither the GCE wing nor the CLI, the GCE wing
-does not import the CLI, and nothing in fleet/ imports a job (jobs are found by discovery only).
+"""The wings of fleet/ stay apart.
+
+The core imports neither the GCE wing nor the CLI nor the job API (``fleet.job``: the facade a
+job imports, above the core, re-exporting what the core defines), the GCE wing does not import
+the CLI, nothing in fleet/ imports ``fleet.job``, and nothing in fleet/ imports a job (jobs are
+found by discovery only: ``fleet.core.discovery`` lists the jobs package, never names a job in it).
 
 Checked on the source (every import statement, inside functions too), so a lazy import inside
 a function cannot cross a wing unseen."""
@@ -14,12 +18,14 @@ import pytest
 
 FLEET = Path(__file__).resolve().parent.parent / "fleet"
 
-# What each part of fleet/ may not import. fleet.job (the job API) and fleet/__init__ belong with the core.
+# What each part of fleet/ may not import. fleet/__init__ belongs with the core; fleet/job.py is the facade.
 FORBIDDEN = {
-    "core": ("fleet.gce", "fleet.cli", "fleet_jobs"),
-    "gce": ("fleet.cli", "fleet_jobs"),
-    "cli": ("fleet_jobs",),
+    "core": ("fleet.job", "fleet.gce", "fleet.cli", "fleet_jobs"),
+    "gce": ("fleet.job", "fleet.cli", "fleet_jobs"),
+    "cli": ("fleet.job", "fleet_jobs"),
+    "facade": ("fleet.gce", "fleet.cli", "fleet_jobs"),
 }
+DISCOVERY = Path("core") / "discovery.py"  # may import the package fleet_jobs itself, to list its folders
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -37,13 +43,15 @@ def imports(path: Path) -> list[tuple[int, str]]:
 
 def wing_of(path: Path) -> str:
     rel = path.relative_to(FLEET)
+    if rel == Path("job.py"):
+        return "facade"
     return rel.parts[0] if len(rel.parts) > 1 else "core"
 
 
 def crossings(path: Path) -> list[str]:
     bad = []
     for line, name in imports(path):
-        if path.name == "job.py" and path.parent == FLEET and name == "fleet_jobs":
+        if path.relative_to(FLEET) == DISCOVERY and name == "fleet_jobs":
             continue  # discovery: the jobs package is found, never named a job
         for forbidden in FORBIDDEN[wing_of(path)]:
             if name == forbidden or name.startswith(forbidden + "."):
@@ -61,10 +69,17 @@ def test_no_module_crosses_a_wing(path):
 
 
 def test_the_rule_catches_a_crossing(tmp_path, monkeypatch):
-    """The check itself: a core module with a lazy import of the GCE wing is caught."""
+    """The check itself: a core module with a lazy import of the GCE wing, or of the job API, is caught."""
     fake = tmp_path / "fleet"
     (fake / "core").mkdir(parents=True)
     module = fake / "core" / "x.py"
-    module.write_text("def f():\n    from fleet.gce import compute\n    import fleet.cli.render\n")
+    module.write_text("def f():\n    from fleet.gce import compute\n    import fleet.cli.render\n"
+                      "from fleet.job import Job\nfrom fleet import job\nimport fleet_jobs\n")
     monkeypatch.setattr(sys.modules[__name__], "FLEET", fake)
-    assert crossings(module) == ["fleet/core/x.py:2 imports fleet.gce", "fleet/core/x.py:3 imports fleet.cli.render"]
+    assert sorted(crossings(module)) == ["fleet/core/x.py:2 imports fleet.gce", "fleet/core/x.py:3 imports fleet.cli.render",
+                                 "fleet/core/x.py:4 imports fleet.job", "fleet/core/x.py:5 imports fleet.job",
+                                 "fleet/core/x.py:6 imports fleet_jobs"]
+    discovery = fake / "core" / "discovery.py"
+    discovery.write_text("import fleet_jobs\nimport fleet_jobs.bert\n")
+    assert crossings(discovery) == ["fleet/core/discovery.py:2 imports fleet_jobs.bert"]
+

@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from fleet.job import ConfigError, Feature, JobNotFound, load_job
+from fleet.core.discovery import load_job
+from fleet.core.errors import ConfigError, JobNotFound
+from fleet.core.sink import Feature
 from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.liveness import worker_alive
 from fleet.core.outputs import OutputError, is_parquet, parquet_columns, parquet_examples, read_records, record_examples

@@ -28,7 +28,8 @@ import threading
 import time
 from typing import Any, Iterable, Iterator, Mapping
 
-from fleet.job import Job, RunManifest
+from fleet.core.job import Job
+from fleet.core.sink import RunManifest
 from fleet.core.layout import finishing_name
 from fleet.core.lease import DONE, Lease
 from fleet.core.run import Item, RunSpec

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping
 import numpy as np
 
 from fleet.core import tfexample
-from fleet.job import Feature
+from fleet.core.sink import Feature
 from fleet.core.store import Store, StoreError, StoreFile, locate
 
 if TYPE_CHECKING:
