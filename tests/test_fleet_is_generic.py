@@ -2,7 +2,7 @@
 
 The text formats, the cutting of files at document boundaries, the corpus-name filter and the
 read options are the text layer's (fleet_jobs/text/inputs, fleet_jobs.text.job.TextJob). These tests fail
-if a module under fleet/ imports the text layer or any job (discovery in fleet/job.py excepted),
+if a module under fleet/ imports the text layer or any job (discovery in fleet/core/discovery.py excepted),
 if the old fleet/inputs comes back, or if the fleet reads its input options instead of handing
 them to the job.
 """
@@ -26,7 +26,7 @@ from tests.helpers.linejob import JOB as LINEJOB
 FLEET = Path(__file__).resolve().parent.parent / "fleet"
 # Modules that are text formats (or the old home of them): the fleet imports none.
 TEXT_MODULES = ("fleet.inputs", "fleet_jobs.text", "fleet_jobs")
-DISCOVERY = {("job.py", "fleet_jobs")}  # fleet/job.py finds jobs by scanning the jobs package
+DISCOVERY = {("core/discovery.py", "fleet_jobs")}  # fleet/core/discovery.py finds jobs by scanning the jobs package
 
 
 def imports(path: Path) -> list[str]:

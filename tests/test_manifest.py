@@ -24,10 +24,11 @@ from rich.console import Console
 from fleet.cli.local import run_local
 from fleet.core.attempt import DirSink
 from fleet.core.lease import DONE, FAILED, Lease
-from fleet.core.manifest import MANIFEST, build_manifest, claim_finish, counters, finishing_name, manifest_json, \
+from fleet.core.manifest import MANIFEST, claim_finish, counters, finishing_name, manifest_json, \
     manifest_of, totals, write_run_files
 from fleet.core.run import Item, RunSpec, plan
 from fleet.core.spawner import Worker
+from fleet.core.status import build_manifest
 from fleet.core.store import open_store
 from fleet.core.tfexample import parse_example, records
 from fleet.job import StageOptions

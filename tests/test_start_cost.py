@@ -45,7 +45,7 @@ def test_fleet_local_and_its_worker_load_no_multiprocessing_and_the_worker_no_di
 
 
 def test_loading_a_job_reads_no_distribution_metadata_when_none_declares_a_job():
-    code = ("import sys; from fleet.job import _may_declare_entry_points, load_job; "
+    code = ("import sys; from fleet.core.discovery import _may_declare_entry_points, load_job; "
             "assert not _may_declare_entry_points('fleet.jobs'); load_job('causal_lm'); "
             "print('importlib.metadata' in sys.modules)")
     assert run([sys.executable, "-c", code]).stdout.strip() == "False"

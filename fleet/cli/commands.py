@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 from fleet.gce.config import PROCS_PER_CORE, ConfigError as FleetConfigError
 from fleet.cli.render import (logs_text, plan_line, print_fleet, print_options, print_status, roles_text, say, stdout,
                           sync_line)
-from fleet.job import ConfigError, InputError, JobNotFound
+from fleet.core.errors import ConfigError, InputError, JobNotFound
 from fleet.core.layout import LOG_SUFFIX, launch_name, log_prefix
 from fleet.core.run import PlanError, check_run_name, list_runs
 from fleet.core.store import StoreError, open_store
@@ -203,7 +203,7 @@ def _plan_numbers(item_mb: float | None, lease_ttl: float, max_attempts: int) ->
 
 def _stage_options(shards: Optional[int], dedup: Optional[str], shuffle_mb: float):
     """--shards and --dedup as given: a number of files >= 1, a mode named (the job checks which)."""
-    from fleet.job import StageOptions
+    from fleet.core.stage import StageOptions
 
     if shards is not None:
         within("--shards", shards, (1, 100_000), " output files")
@@ -326,7 +326,8 @@ def jobs_cmd(
     name: Optional[str] = typer.Argument(None, help="A job: show only its options"),
 ) -> None:
     """The jobs this fleet knows, each with its options (--set key=value): type, default, help."""
-    from fleet.job import available_jobs, describe_options, load_job
+    from fleet.core.discovery import available_jobs, load_job
+    from fleet.core.options import describe_options
 
     names = [name] if name else available_jobs()
     for job_name in names:

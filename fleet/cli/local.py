@@ -24,7 +24,9 @@ from rich.text import Text
 
 from fleet.core.codesync import code_version
 from fleet.gce.config import DEFAULT_CODE_PATHS
-from fleet.job import Job, StageOptions, load_job
+from fleet.core.discovery import load_job
+from fleet.core.job import Job
+from fleet.core.stage import StageOptions
 from fleet.cli.render import print_counts, print_detail, print_failed_files, print_input_files, printable, \
     print_skipped, say, stage_counts
 from fleet.core.run import PlanError, load_spec, plan

@@ -22,7 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
 from fleet.core.codesync import sha256_file
-from fleet.job import Converter, InputError, ItemContext, ItemFailed, ItemInput, Reducer, Sink, item_seed
+from fleet.core.errors import InputError, ItemFailed
+from fleet.core.item import ItemContext, ItemInput, item_seed
+from fleet.core.job import Converter
+from fleet.core.sink import Sink
+from fleet.core.stage import Reducer
 from fleet.core.lease import DONE, FAILED, Held, Leases, Lost
 from fleet.core.run import Item, RunSpec, StepPlan, output_place
 from fleet.core.layout import counts_name, index_name, output_name, released_prefix, shuffle_name

@@ -30,10 +30,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from fleet.job import ConfigError, Feature, JobNotFound, load_job
+from fleet.core.discovery import load_job
+from fleet.core.errors import ConfigError, JobNotFound
+from fleet.core.sink import Feature
 from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.liveness import worker_alive
-from fleet.core.outputs import OutputError, is_parquet, parquet_columns, parquet_examples, read_records, record_examples
+from fleet.core.outputs import (Output, OutputError, is_parquet, parquet_columns, parquet_examples, read_records,
+                                record_examples)
 from fleet.core.run import PlanError, list_runs, load_items, load_spec, output_place
 from fleet.core.layout import LOCAL_RUN, boots_prefix, final_prefix, lease_prefix, log_prefix, worker_prefix
 from fleet.core.store import NotFound, Store, StoreError, open_store
@@ -43,15 +46,6 @@ if TYPE_CHECKING:
 
 EXAMPLE_FILES = (".tfrecord", ".tfrecord.gz", ".parquet")  # what the examples readers read of an item's outputs
 _CHUNK = 256  # records per element handed from Python to tf.data (then unbatched)
-
-
-@dataclass(frozen=True)
-class Output:
-    url: str  # where to read it: gs://... or a local path
-    item: str
-    committed: float  # when its item was committed (the lease's finish time)
-    size: int
-    sha256: str
 
 
 class FollowError(Exception):

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from fleet.job import Cancelled
+from fleet.core.errors import Cancelled
 from fleet.core.records import JsonRecord
 from fleet.core.store import NotFound, PreconditionFailed, Store
 

@@ -1,4 +1,4 @@
-"""A run's exact counts (fleet.job.RunManifest), from its leases, and the files only a finished
+"""A run's exact counts (fleet.core.sink.RunManifest), from its leases, and the files only a finished
 run can write: ``manifest.json`` and the job's own (``Job.run_files``).
 
 Per output: what the converter recorded with ``Sink.count`` (the lease keeps it in the output's
@@ -28,7 +28,8 @@ import threading
 import time
 from typing import Any, Iterable, Iterator, Mapping
 
-from fleet.job import Job, RunManifest
+from fleet.core.job import Job
+from fleet.core.sink import RunManifest
 from fleet.core.layout import MANIFEST, OUTPUT_PREFIX, SUMMARY, finishing_name
 from fleet.core.lease import DONE, Lease
 from fleet.core.run import Item, RunSpec
@@ -250,11 +251,3 @@ def holding_finish(store: Store, run: str, worker: str, generation: int, every: 
     finally:
         stop.set()
         thread.join()
-
-
-def build_manifest(store: Store, run: str) -> RunManifest:
-    """A run's manifest as its leases have it now (the done items' counts)."""
-    from fleet.core.status import StatusReader
-
-    reader = StatusReader(store, run)
-    return manifest_of(reader.items, reader.leases())

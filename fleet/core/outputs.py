@@ -16,19 +16,28 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-from typing import TYPE_CHECKING, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Iterator, Mapping
 
 import numpy as np
 
 from fleet.core import tfexample
-from fleet.job import Feature
+from fleet.core.sink import Feature
 from fleet.core.store import Store, StoreError, StoreFile, locate
-
-if TYPE_CHECKING:
-    from fleet.core.follow import Output
 
 _BUFFER = 8 << 20  # bytes per ranged read of an output
 PARQUET_SUFFIX = ".parquet"
+
+
+@dataclass(frozen=True)
+class Output:
+    """A committed output of a run, as its lease names it (fleet.core.follow hands these out)."""
+
+    url: str  # where to read it: gs://... or a local path
+    item: str
+    committed: float  # when its item was committed (the lease's finish time)
+    size: int
+    sha256: str
 
 
 class OutputError(Exception):

@@ -158,10 +158,10 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None,
     import gc
 
     from fleet.core.attempt import Environment, Shutdown, environmental
+    from fleet.core.errors import ConfigError, JobNotFound
     from fleet.core.run import PlanError
     from fleet.core.spawner import Worker
     from fleet.core.store import StoreError, Unavailable
-    from fleet.job import ConfigError, JobNotFound
 
     previous = signal.signal(signal.SIGTERM, _on_sigterm), signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches every process of the group: same as SIGTERM

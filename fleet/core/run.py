@@ -15,7 +15,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from fleet.job import ConfigError, ItemInput, Job, Opener, Piece, Source, Stage, StageOptions, load_job, printable
+from fleet.core.discovery import load_job
+from fleet.core.errors import ConfigError
+from fleet.core.item import ItemInput, Opener, Piece, Source, printable
+from fleet.core.job import Job
+from fleet.core.stage import Stage, StageOptions
 from fleet.core.layout import LOCAL_RUN, OUTPUT_PREFIX, RUNS, STATE_DIR, items_name, run_of_spec, spec_name
 from fleet.core.records import JsonRecord
 from fleet.core import shuffle

@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from fleet.core.store import Changed, NotFound, Store
-from fleet.job import KeyedSink
+from fleet.core.sink import KeyedSink
 
 MAGIC = b"FLEETKV1"
 INDEX_MAGIC = b"FLEETIX1"

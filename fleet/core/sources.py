@@ -18,7 +18,8 @@ import stat
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from fleet.job import InputError, Source, printable
+from fleet.core.errors import InputError
+from fleet.core.item import Source, printable
 from fleet.core.accounting import (BROKEN_LINK, EMPTY, FOLDER_AGAIN, HIDDEN, LINK_LOOP, NAMED_TWICE, NOT_REGULAR,
                                    OUTPUT_FOLDER, REJECTED, SAME_FILE, InputAccount)
 from fleet.core.layout import OUTPUT_PREFIX, RUNS, SPEC, STATE_DIR, SUMMARY

@@ -26,7 +26,7 @@ import weakref
 from fleet.core.attempt import SHIELD, Counters, ItemRunner, _test_pause
 from fleet.core.claims import STEAL, SWEEP, VISIT, ClaimPolicy
 from fleet.core.codesync import check_pinned
-from fleet.job import load_job
+from fleet.core.discovery import load_job
 from fleet.core.lease import Held, Lease, Leases
 from fleet.core.liveness import pid_alive
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec, pinned_opener

@@ -16,6 +16,7 @@ from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.liveness import worker_alive
 from fleet.core.manifest import manifest_of
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec
+from fleet.core.sink import RunManifest
 from fleet.core.store import NotFound, Store
 from fleet.core.store.metered import RequestCounts
 
@@ -254,3 +255,9 @@ class StatusReader:
             st.live_workers = sum(worker_alive(w, self.spec.lease_ttl, now) for w in st.workers)
             st.requests = tally_requests(st.workers, self.spec.lease_ttl, now)
         return st
+
+
+def build_manifest(store: Store, run: str) -> RunManifest:
+    """A run's manifest as its leases have it now (the done items' counts)."""
+    reader = StatusReader(store, run)
+    return manifest_of(reader.items, reader.leases())

@@ -37,7 +37,7 @@ from fleet.core.manifest import CountsMissing, manifest_of
 from fleet.core.run import Item
 from fleet.core.status import StatusReader
 from fleet.core.store import NotFound
-from fleet.job import RunManifest
+from fleet.core.sink import RunManifest
 
 log = logging.getLogger("fleet.window_counts")
 

@@ -20,24 +20,14 @@ from typing import Any, Iterable, Iterator, Mapping
 from fleet.job import (ConfigError, Converter, ItemContext, ItemInput, Job, Opener, Piece, Reducer, Sink, Source,
                        Stage, StageOptions)
 
+from fleet_jobs.text.converter import CHECK_EVERY, DocumentConverter
 from fleet_jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
 from fleet_jobs.text.inputs.names import skip_reason
 from fleet_jobs.text.inputs.places import Place
 from fleet_jobs.text.output import example_sink
 from fleet_jobs.text.parts import GroupReading, item_slice
 from fleet_jobs.text.provenance import PlacedDocuments, check_provenance
-
-
-class DocumentConverter(abc.ABC):
-    """The pure part of a text job: one item's documents to outputs, and counters."""
-
-    # True (``provenance=true``): ``convert`` gets a fleet_jobs.text.provenance.PlacedDocuments, whose
-    # ``take`` gives each document's place in the corpus, in a map item (not from a stage).
-    provenance: bool = False
-
-    @abc.abstractmethod
-    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
-        """Turn one item's documents (each a list of lines) into outputs; return counters."""
+from fleet_jobs.text.stages import DEDUP, dedup_map, text_reducer, text_stages
 
 
 def read_options(read: Mapping[str, Any]) -> ReadOptions:
@@ -91,8 +81,6 @@ class TextJob(Job):
     def stages(self, config: Any, options: StageOptions, map_items: int) -> list[Stage]:
         """``--dedup exact`` and ``--shards N`` (fleet_jobs.text.stages). Shards hold examples: a job
         whose outputs are not examples of fixed features (Job.features) cannot shard them."""
-        from .stages import text_stages
-
         check_provenance(getattr(config, "provenance", False), options)
         if options.shards and not self.features(config):
             raise ConfigError(f"--shards: job {self.name} writes no examples of fixed features (Job.features), "
@@ -101,8 +89,6 @@ class TextJob(Job):
 
     def reducer(self, config: Any, opener: Opener, stage: str) -> Reducer:
         """The "dedup" stage converts with ``document_converter``; "shards" writes ``features``."""
-        from .stages import text_reducer
-
         return text_reducer(self, config, opener, stage)
 
     @abc.abstractmethod
@@ -134,17 +120,12 @@ def item_documents(item: ItemInput, ctx: ItemContext, tally: Tally, places: list
         yield doc
 
 
-CHECK_EVERY = 64  # documents between checkpoints
-
-
 class _Documents(Converter):
     def __init__(self, inner: DocumentConverter):
         self.inner = inner
 
     def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink) -> dict[str, float]:
         """The item's documents converted; in a dedup run, emitted for the dedup stage instead."""
-        from .stages import DEDUP, dedup_map  # stages imports this module
-
         tally = Tally()
         group = None
         if item.grouped:  # its files one by one, each counted in its row as the item's stats name documents

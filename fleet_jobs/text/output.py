@@ -1,4 +1,5 @@
-"""The output options every text job shares, and one writer interface for both formats.
+"""The output options every text job shares, and one writer interface for both formats
+(``fleet_jobs.text.writer``; the Parquet writer is ``parquet_writer``).
 
 ``output=tfrecord`` (the default) writes ``tf.train.Example`` records, one TFRecord
 file per item (``.tfrecord``, or ``.tfrecord.gz`` with ``compression=GZIP``);
@@ -22,11 +23,9 @@ them in the end gives the file the run asks for.
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import gzip
 import struct
-from dataclasses import dataclass
 from typing import BinaryIO, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -34,20 +33,13 @@ import numpy as np
 from fleet.job import ConfigError, ItemContext, KeyedSink, Sink, shuffle_key
 
 from . import tfrecord
+from .writer import Column, ExampleWriter, _row_count
 
 OUTPUTS = ("tfrecord", "parquet")
 COMPRESSIONS = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}  # option value (any case) -> file suffix
 PARQUET_SUFFIX = ".parquet"
 SUFFIXES = (*COMPRESSIONS.values(), PARQUET_SUFFIX)  # every output file a text job writes ends so
 GZIP_LEVEL = 6  # zlib's default, as TensorFlow's TFRecordWriter uses for GZIP
-
-
-@dataclass(frozen=True)
-class Column:
-    """One feature of a job's examples: a list of ints (token ids, masks) or of floats."""
-
-    name: str
-    kind: str = "int"  # int | float
 
 
 def check_output(output: str, compression: str, known: Sequence[str] = OUTPUTS) -> None:
@@ -69,38 +61,6 @@ def check_output(output: str, compression: str, known: Sequence[str] = OUTPUTS) 
 def output_suffix(output: str, compression: str) -> str:
     """The end of an item's output file name: ``part-<item>`` + this."""
     return PARQUET_SUFFIX if output == "parquet" else COMPRESSIONS[str(compression).lower()]
-
-
-class ExampleWriter(abc.ABC):
-    """An item's examples, in the run's output format."""
-
-    def __init__(self, columns: Sequence[Column]):
-        self.columns = list(columns)
-        self.examples = 0  # written so far: open_writer records it as the file's count (Sink.count)
-        self.counts: dict[str, int] = {}  # what the job adds of the file (``note``): tokens, documents
-
-    def note(self, **counts: int) -> None:
-        """Exact counts of what this file holds besides its examples (tokens, documents), kept with
-        the output (``Sink.count``) when open_writer closes it; nothing when examples feed a stage."""
-        for name, value in counts.items():
-            self.counts[name] = self.counts.get(name, 0) + int(value)
-
-    @abc.abstractmethod
-    def write(self, records: bytes, count: Optional[int] = None) -> None:
-        """Framed TFRecords of ``tf.train.Example``s holding exactly the columns' features;
-        ``count``, how many, where the caller knows (else the frames are counted)."""
-
-    @abc.abstractmethod
-    def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
-        """Examples as one 2-D array per column: row i of every array is example i."""
-
-    def write_examples(self, values: Mapping[str, np.ndarray]) -> None:
-        """``write_columns``, giving the file ``write`` would give for the same examples encoded
-        as records (Parquet: the same row groups), for a job that can write either way."""
-        self.write_columns(values)
-
-    def close(self) -> None:
-        """Finish the file (Parquet writes its footer here)."""
 
 
 class TFRecordWriter(ExampleWriter):
@@ -142,16 +102,6 @@ def encode_rows(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> 
         body = b"".join(entries)
         out.append(tfrecord.frame(tfrecord.example_prefix(len(body)) + body))
     return out
-
-
-def _row_count(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> int:
-    names = {c.name for c in columns}
-    if set(values) != names:
-        raise ValueError(f"columns {sorted(values)} given, the writer has {sorted(names)}")
-    counts = {len(values[name]) for name in names}
-    if len(counts) != 1:
-        raise ValueError(f"columns of different lengths: {sorted(counts)}")
-    return counts.pop()
 
 
 class ShuffledExamples(KeyedSink):

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import tfrecord
-from .output import Column, ExampleWriter, _row_count
+from .writer import Column, ExampleWriter, _row_count
 
 ROW_GROUP_ROWS = 16_384  # 8 MB of int32 at 128 tokens per row: readers stream a group at a time
 COMPRESSION = "zstd"

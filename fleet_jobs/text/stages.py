@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence, TypeVar
 from fleet.job import ConfigError, Feature, ItemContext, KeyedSink, Reducer, Sink, Stage, StageOptions
 
 from .dedup import DedupCounts, document_record, document_text, unique_documents
-from .job import CHECK_EVERY, DocumentConverter
+from .converter import CHECK_EVERY, DocumentConverter
 from .output import Column, example_sink, open_writer
 
 DEDUP, SHARDS = "dedup", "shards"  # the stages' names (ItemContext.stage, .feeds)

@@ -10,7 +10,7 @@ import io
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fleet.core.store import Store
+    from fleet.core.store.base import Store
 
 
 class StoreFile(io.RawIOBase):

@@ -25,8 +25,8 @@ from google.cloud.storage.exceptions import DataCorruption
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY, ConditionalRetryPolicy, is_generation_specified
 
-from fleet.core.store import (Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed, Store,
-                              StoreError, Unavailable)
+from fleet.core.store.base import (Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed,
+                                   Store, StoreError, Unavailable)
 
 RETRY_SECONDS_ENV = "FLEET_STORE_RETRY_SECONDS"
 # The transport failing under the client: requests' ConnectionError and Timeout are OSErrors but

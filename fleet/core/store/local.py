@@ -21,7 +21,7 @@ import time
 from stat import S_ISREG
 from typing import Iterator
 
-from fleet.core.store import Blob, Changed, NotFound, PreconditionFailed, Store, StoreError
+from fleet.core.store.base import Blob, Changed, NotFound, PreconditionFailed, Store, StoreError
 
 _TMP_PREFIX = ".fleet-tmp-"
 
