@@ -376,7 +376,7 @@ def main() -> None:
             s = speed[f"fleet: {label}, full conversion (text -> TFRecord bytes)", k]
             print(f"  {label}: {s:.2f} MB/s per core, {s / ref_speed:.2f}x the {ref_speed:.2f} MB/s of tokenizers "
                   f"(which only tokenizes)")
-        for label, (config, converter) in converters.items():
+        for label, (_config, converter) in converters.items():
             sink = MemorySink()
             stats = converter.convert(corpora[k], ItemContext("bench", 1, "bench"), sink)
             out = sum(f.getbuffer().nbytes for f in sink.files.values())

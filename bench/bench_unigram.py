@@ -89,8 +89,8 @@ def main() -> None:
     print(f"{'documents':16}{'MB':>7}{'library':>10}{'fleet':>10}{'ratio':>8}   words: cached, added, computed")
     for name, texts in rows.items():
         mb = sum(len(t.encode()) for t in texts) / 1e6
-        lib_s, expected = cpu(lambda _: library(texts), args.rounds)
-        ours_s, (ids, stats) = cpu(lambda enc: fleet(enc, texts), args.rounds,
+        lib_s, expected = cpu(lambda _, texts=texts: library(texts), args.rounds)
+        ours_s, (ids, stats) = cpu(lambda enc, texts=texts: fleet(enc, texts), args.rounds,
                                    lambda: UnigramEncoder(sp, proto, lib))  # (a cold cache every round)
         assert ids.tolist() == [i for doc in expected for i in doc], name
         print(f"{name:16}{mb:7.2f}{lib_s:9.3f}s{ours_s:9.3f}s{lib_s / ours_s:7.2f}x   "

@@ -409,8 +409,8 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     key blocks) of a combine step before the shards, (0, 0) none (fleet.core.shuffle.CombineRule)."""
     import random
 
-    import fleet.core.attempt  # noqa: F401  (imported before open_store is patched in the modules that use it)
-    import fleet.core.manifest  # noqa: F401
+    import fleet.core.attempt  # (imported before open_store is patched in the modules that use it)
+    import fleet.core.manifest
     import fleet.core.status  # noqa: F401
     import fleet.core.store as core_store
     from fleet.core.lease import DONE, FAILED, Lease

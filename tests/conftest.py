@@ -147,5 +147,5 @@ def pytest_report_header(config):
         from tests.standins import discovery
 
         return f"compute v1 discovery document: revision {discovery.revision()} ({discovery.document_path()})"
-    except Exception as e:  # noqa: BLE001 - a header must never stop the run
+    except Exception as e:  # a header must never stop the run
         return f"compute v1 discovery document: unavailable ({e})"

@@ -5,7 +5,6 @@ masking statistics, whole words in Chinese and English, NSP labels, packing, GZI
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import random
 import re
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 import rjieba
 
-from fleet.job import ConfigError, ItemContext, Sink
+from fleet.job import ConfigError, ItemContext
 from fleet_jobs.bert import JOB as BERT, BertConfig
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
 from fleet_jobs.text import tfrecord

@@ -112,7 +112,7 @@ def test_each_file_is_an_item_and_the_files_of_output_are_its_outputs(tmp_path):
 def test_split_lines_cuts_byte_ranges_at_newlines_and_the_outputs_give_back_the_input(tmp_path):
     src = corpus(tmp_path, files=1, lines=400)
     text = (src / "shard-0.txt").read_bytes()
-    cat = f"cat {{input}} > {{output}}/piece.txt; echo {{item}} {{seed}} > {{output}}/who.txt"
+    cat = "cat {input} > {output}/piece.txt; echo {item} {seed} > {output}/who.txt"
     result, shown = local([src], tmp_path / "out", {"command": cat, "split": "lines", "seed": "5"},
                           item_bytes=1000)
     assert result.exit_code == 0, shown

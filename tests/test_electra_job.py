@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from fleet.job import ConfigError, ItemContext, Sink, load_job
+from fleet.job import ConfigError, ItemContext, load_job
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
 from fleet_jobs.text import tfrecord
 from fleet_jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet_jobs.text.inputs import find_corpus
-from fleet_jobs.text.inputs.names import NOT_CORPUS, corpus_file
+from fleet_jobs.text.inputs.names import corpus_file
 
 
 def names(paths) -> list[str]:

@@ -560,7 +560,7 @@ def render(fmt: str, docs, draw, max_line: int, titles: bool) -> Rendered:
                 if any(kind == "ok" and (re.match(r"<doc\s+id=.*>\s*$", t) or _CLOSE.match(t))
                        for t, _, kind in rendered):
                     broken.add(k)
-            for text, raw, kind in rendered:
+            for text, raw, _kind in rendered:
                 put((raw if raw is not None else text.encode()) + b"\n", k)
             if fmt == "text":
                 put(b"\n", k, k + 1)  # the blank line between documents

@@ -9,7 +9,6 @@ pending; and `--verify` exited 0 whatever it found.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from pathlib import Path
 

@@ -79,7 +79,7 @@ class Consumer(threading.Thread):
                 if self.first_at is None:
                     self.first_at = time.time()
                 self.items.append(item)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
+        except BaseException as e:  # handed to the test
             self.error = e
 
 

@@ -25,13 +25,13 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from fleet.cli.local import RUN, run_local
-from fleet.core.layout import counts_name, items_name, lease_prefix, spec_name
+from fleet.core.layout import counts_name, items_name, spec_name
 from fleet.core.manifest import MANIFEST, CountsMissing, manifest_of
 from fleet.core.run import MAX_GROUP_FILES, Item, PlanError, group_pieces, load_items, make_items, plan
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
 from fleet.core.verify import check_outputs
-from fleet.job import Converter, InputError, ItemInput, Job, Piece, Source, StageOptions
+from fleet.job import Converter, InputError, Job, Piece, Source, StageOptions
 from fleet_jobs.text import tfrecord
 from fleet_jobs.text.job import TextJob
 from fleet_jobs.text.vocab import train_vocab, write_vocab

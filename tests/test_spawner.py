@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from fleet.core.lease import DONE, Lease
 from fleet.core.layout import lease_prefix, worker_prefix

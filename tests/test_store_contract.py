@@ -42,7 +42,7 @@ def _race(n, fn):
         barrier.wait()
         try:
             return fn(i)
-        except Exception as e:  # noqa: BLE001 - the caller sorts outcomes
+        except Exception as e:  # the caller sorts outcomes
             return e
 
     with ThreadPoolExecutor(n) as pool:

@@ -294,7 +294,7 @@ def local_cmd(
                            stage_options=stage_options, shuffle_budget=int(shuffle_mb * 1e6))
     except Interrupted as e:
         say(console, str(e))
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     raise typer.Exit(result.exit_code)
 
 

@@ -240,7 +240,7 @@ def holding_finish(store: Store, run: str, worker: str, generation: int, every: 
             try:
                 held.generation = store.write(finishing_name(run), _claim(worker, time.time()),
                                               if_generation_match=held.generation)
-            except Exception as e:  # noqa: BLE001 - advisory, as the claim is
+            except Exception as e:  # advisory, as the claim is
                 log.warning("the claim to write the run's files was not renewed (%s)", e)
                 return
 

@@ -15,7 +15,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Callable
 
 from fleet.gce import boots, compute, compute_requests, estimate, iam, prelaunch

@@ -104,7 +104,7 @@ def wait_exit(procs, timeout: float) -> None:
             for q in procs:
                 if q.alive():
                     q.popen.kill()
-            raise AssertionError(f"worker {p.name} still running after {timeout} s; log tail: {p.log_lines()[-5:]}")
+            raise AssertionError(f"worker {p.name} still running after {timeout} s; log tail: {p.log_lines()[-5:]}") from None
 
 
 def plan_lines(bucket: str, run: str, corpus: str, item_bytes: int, ttl: float, attempts: int = 10,

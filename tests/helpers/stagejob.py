@@ -81,7 +81,7 @@ class Shards(Reducer, _Slow):
     def reduce(self, records, ctx, sink):
         n = 0
         with sink.open(".txt") as out:
-            for n, (key, value) in enumerate(records, 1):
+            for n, (_key, value) in enumerate(records, 1):
                 self.pace(n)
                 out.write(value + b"\n")
         return {"shard_lines": n}

@@ -458,9 +458,9 @@ class IamStandin:
         email = urllib.parse.unquote(m.group(2))
         if self.denied:
             return 403, {"error": {"code": 403, "status": "PERMISSION_DENIED", "message":
-                                   f"Permission 'iam.serviceAccounts.get' denied on resource (or it may not exist)."}}
+                                   "Permission 'iam.serviceAccounts.get' denied on resource (or it may not exist)."}}
         if email not in self.accounts:
-            return 404, {"error": {"code": 404, "message": f"Unknown service account", "status": "NOT_FOUND"}}
+            return 404, {"error": {"code": 404, "message": "Unknown service account", "status": "NOT_FOUND"}}
         project = email.split("@", 1)[1].split(".", 1)[0]
         return 200, {"name": f"projects/{project}/serviceAccounts/{email}", "projectId": project,
                      "uniqueId": "104" + str(abs(hash(email)))[:18], "email": email, "oauth2ClientId": "1"}
