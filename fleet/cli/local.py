@@ -165,7 +165,15 @@ def local_folder(out_dir: str) -> str:
                     f"only{hint}")
 
 
+_SIGNALLED: list[int] = []  # the signals that interrupted this run (see _interrupt)
+
+
 def _interrupt(signum, frame):
+    """Ctrl-C or SIGTERM: recorded, then raised as KeyboardInterrupt. The record outlives the
+    exception, which Python swallows when it lands inside a finalizer or a __del__ that the
+    collector runs ("Exception ignored in ..."): the run then still ends as interrupted (exit 130)
+    once its workers, which got the same Ctrl-C, are gone, not as a run whose workers stopped."""
+    _SIGNALLED.append(signum)
     raise KeyboardInterrupt
 
 
@@ -248,7 +256,8 @@ def run_local(
     t0 = time.time()
     children = []
     interrupted = False
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM to this process: as Ctrl-C
+    _SIGNALLED.clear()
+    previous = signal.signal(signal.SIGTERM, _interrupt), signal.signal(signal.SIGINT, _interrupt)  # SIGTERM: as Ctrl-C
     try:
         if not st.finished:
             children = start_workers(bucket, RUN, workers, log_dir=os.path.join(bucket, "logs"), prefix="local")
@@ -272,8 +281,9 @@ def run_local(
         except KeyboardInterrupt:  # a second Ctrl-C: stop at once
             stop_workers(children, timeout=0)
             interrupted = True
-        signal.signal(signal.SIGTERM, previous)
-    if interrupted:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    if interrupted or _SIGNALLED:
         st = reader.collect()
         raise Interrupted(f"interrupted: {st.done} of {st.items} items done, the others given back; "
                           "run the same command again to resume")
