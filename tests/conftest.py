@@ -149,3 +149,19 @@ def pytest_report_header(config):
         return f"compute v1 discovery document: revision {discovery.revision()} ({discovery.document_path()})"
     except Exception as e:  # a header must never stop the run
         return f"compute v1 discovery document: unavailable ({e})"
+
+
+# Markers by file (registered in pyproject.toml; none is deselected by default): `pytest -m 'not e2e
+# and not root'` is the fast lane. e2e: fleet on the stand-in cloud (every test that takes `cloud`,
+# tests/test_gcp_e2e.py) or whole `fleet local` runs read back by their users' readers; root: a chroot.
+E2E_FILES = {"test_local_e2e.py", "test_shards_e2e.py", "test_debian.py"}
+ROOT_FILES = {"test_debian.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        if name.startswith("test_gcp_e2e") or name in E2E_FILES or "cloud" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
+        if name in ROOT_FILES:
+            item.add_marker(pytest.mark.root)

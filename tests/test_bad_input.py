@@ -273,7 +273,7 @@ def test_a_403_on_one_input_fails_that_item_after_its_attempts(gcs_bucket, tmp_p
 
 @pytest.mark.parametrize("name,data", [
     ("a.jsonl", b'{"id": 1, "content": "hello world"}\n{"id": 2, "content": "doc two"}\n'),
-    ("a.jsonl.gz", gzip.compress(b'{"id": 1, "content": "hello world"}\n' * 50)),
+    ("a.jsonl.gz", gzip.compress(b'{"id": 1, "content": "hello world"}\n' * 50, mtime=0)),
 ])
 def test_a_json_corpus_without_its_text_field_is_refused_at_plan_time(tmp_path, vocab, name, data):
     """Issue 30: a JSON Lines corpus none of whose records has the text field failed every item

@@ -70,7 +70,7 @@ def test_cirrussearch_dump_documents_are_the_content_lines():
 
 @pytest.mark.parametrize("name,data,fmt", [
     ("wiki_00", wikiextractor(), "wikiextractor"), ("wiki_01", wikiextractor_json(), "jsonl"),
-    ("x-cirrussearch-content.json.gz", gzip.compress(cirrus()), "cirrus"), ("wiki_02.bz2", bz2.compress(wikiextractor()), "wikiextractor"),
+    ("x-cirrussearch-content.json.gz", gzip.compress(cirrus(), mtime=0), "cirrus"), ("wiki_02.bz2", bz2.compress(wikiextractor()), "wikiextractor"),
     ("a.txt", b"plain\ntext\n", "text"), ("shard_7", b"plain\ntext\n", "text"), ("b.jsonl", b'{"text": "x"}\n', "jsonl"),
     ("notes.txt", b'{"text": "looks like JSON"}\n', "text"),  # a name that says text is text...
     ("c.txt", wikiextractor(), "wikiextractor"),  # ...unless it is WikiExtractor's
