@@ -366,6 +366,7 @@ def test_ctrl_c_gives_the_items_back_and_exits_130_with_one_line(tmp_path, corpu
     assert all(lease.state == DONE or lease.expires == 0 for lease in leases(out / ".fleet").values())
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the swallowing, on purpose)
 def test_a_ctrl_c_that_python_swallows_in_a_finalizer_still_ends_the_run_as_interrupted(tmp_path, corpus,
                                                                                          monkeypatch):
     """Seen once in ten loaded xdist runs of the test above: `fleet local` exited 1 ("workers

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.core.codesync import OBJECTS, manifest_name, parse_manifest, sync
+from fleet.core.codesync import parse_manifest, sync
+from fleet.core.layout import code_manifest_name as manifest_name, code_object_name
 from fleet.gce.boots import boot_records
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.layout import log_name, vm_paths_text
@@ -143,7 +144,7 @@ def test_a_tampered_code_object_is_refused(vm):
     bucket, version, boot = vm
     store = open_store(bucket)
     sha = dict((path, sha) for sha, path in parse_manifest(store.read(manifest_name(version))))["fleet/core/spawner.py"]
-    store.write(OBJECTS + sha, b"raise SystemExit('not the real spawner')\n")
+    store.write(code_object_name(sha), b"raise SystemExit('not the real spawner')\n")
     plan_pinned_to(bucket, "tampered", version)
     result = boot("tampered")
     assert result.returncode == 1
