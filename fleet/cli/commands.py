@@ -422,7 +422,7 @@ def _verify(store, reader, run: str) -> bool:
         say(console, str(d), "output lost:", "yellow")
     for item, error in fix.damaged.items():
         say(console, f"item {item}: {error}", "damaged lease:", "yellow")
-    items, done = [i for i in fix.reopened if i not in fix.later], fix.done
+    items, done = fix.hit, fix.done
     if items:
         if fix.later:
             say(console, f"verify: {len(fix.later)} item(s) of later stages read those and are redone with them")

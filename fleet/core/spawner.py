@@ -141,7 +141,6 @@ class Worker:
         policy = ClaimPolicy([item.id for item in self.items], self.name, self.spec.lease_ttl,
                              steps={i.id: i.step for i in self.items if i.step},
                              barriers=[i.id for i in self.items if i.meta.get("barrier")])
-        by_id = {item.id: item for item in self.items}
         prefix, final, back = lease_prefix(self.run), final_prefix(self.run), released_prefix(self.run)
         done = done_prefix(self.run)
         self.beat("starting")
@@ -170,7 +169,7 @@ class Worker:
                 current = self.leases.read(barrier)
                 if current is not None:
                     policy.remember(barrier, *current)
-            worked = self._try_candidates(policy, by_id, window)
+            worked = self._try_candidates(policy, self.by_id, window)
             self.mark_windows(policy)
             if kind == SWEEP:
                 if confirm:
