@@ -14,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fleet.core.claims import ClaimPolicy
@@ -306,6 +306,7 @@ DAMAGES = st.sampled_from(["none", "none", "lease deleted", "lease damaged", "ou
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(damages=st.lists(DAMAGES, min_size=1, max_size=8))
+@example(damages=["lease deleted"])  # (found by the property: the stale marker went, the manifest stayed)
 def test_the_repair_reopens_exactly_what_is_wrong_and_a_drain_then_gives_the_clean_run(tmp_path_factory, damages):
     """Whatever mix of damage a finished run takes (a lease deleted under its marker or made
     unreadable, an output deleted or rewritten, an item failed), fleet.core.repair.repair_run

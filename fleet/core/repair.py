@@ -37,10 +37,9 @@ class Repair:
     done: int = 0  # done items whose outputs were checked
 
     @property
-    def reopened(self) -> list[str]:
-        """Every item sent back to pending, in the order they were found."""
-        hit = list(self.damaged) + sorted({d.item for d in self.lost}) + self.retried
-        return list(dict.fromkeys(hit + self.later))
+    def hit(self) -> list[str]:
+        """The items found wrong and sent back (``later`` went with them), in the order found."""
+        return list(dict.fromkeys(list(self.damaged) + sorted({d.item for d in self.lost}) + self.retried))
 
 
 def repair_run(store: Store, reader: StatusReader, deep: bool = False, release: bool = False,
@@ -52,6 +51,8 @@ def repair_run(store: Store, reader: StatusReader, deep: bool = False, release: 
     ``retry_failed`` every failed item, sent back to pending with the later-stage items that
     read them."""
     fix = Repair(stale=stale_markers(store, reader.run, repair=True))
+    if fix.stale:  # pending now: the run is not finished, so its manifest and its ended drain go too
+        reopen(store, reader.run, fix.stale)
     if release:
         fix.freed = release_dead(store, reader)
     leases = reader.leases()
@@ -60,7 +61,7 @@ def repair_run(store: Store, reader: StatusReader, deep: bool = False, release: 
     fix.lost = check_outputs(reader.spec, leases, deep=deep, state=store)
     if retry_failed:
         fix.retried = [item for item, lease in leases.items() if lease.state == "failed" and not lease.damaged]
-    hit = list(dict.fromkeys(list(fix.damaged) + sorted({d.item for d in fix.lost}) + fix.retried))
+    hit = fix.hit
     if hit:
         fix.later = [i for i in downstream(reader.items, hit) if i not in hit and i in leases]
         reopen(store, reader.run, hit + fix.later)
