@@ -50,6 +50,8 @@ CE=${FLEET_COMPUTE_ENDPOINT:-https://compute.googleapis.com}
 IMPORTS="google.cloud.storage, google.cloud.compute_v1, google.auth, typer, rich, tenacity"
 LOG=$WORK_DIR/logs/startup.log
 STARTED=$(date +%s)
+# How long a bucket request waits out an outage: the workers' FLEET_OUTAGE_MINUTES (fleet.core.processes), 30.
+OUTAGE_S=$(awk -v m="${FLEET_OUTAGE_MINUTES:-30}" 'BEGIN { if (m ~ /^[0-9]+([.][0-9]*)?$/) printf "%d", m * 60; else print 1800 }')
 
 log() { echo "$(date -u +%FT%TZ) startup: $*"; }
 fail() { # REASON: record why this boot failed (a step in a subshell too), then exit through on_exit
@@ -72,19 +74,44 @@ json() { # STRING as a JSON string
   s=${s//$'\t'/ }
   printf '"%s"' "$(printf '%s' "$s" | tr -d '\000-\037')"
 }
+gs() { # OUT CURL-ARGS...: one request to the bucket (its answer's body in the file OUT); 0 once it succeeded.
+  # An outage (no answer, or 408, 429 or 5xx once curl's own retries are spent) is ridden out as the workers ride
+  # it out (fleet.core.processes.riding_out): tried again after a jittered pause of up to a minute, for up to
+  # OUTAGE_S seconds from the first failure, so that a VM booting in an outage waits for the bucket instead of
+  # failing its boot. Any other answer (a 404, a 403) fails at once. Said on stderr: gs_count's stdout is a number.
+  local out=$1 code rc began=$SECONDS n=0 cap
+  shift
+  while :; do
+    rc=0
+    code=$(curl -sS --retry 5 --retry-connrefused -o "$out" -w '%{http_code}' "$@") || rc=$?
+    GS_CODE=$code
+    [[ $rc == 0 && $code == 2* ]] && return 0
+    [[ $code =~ ^(000|408|429|5[0-9][0-9])$ ]] || { log "bucket request failed: HTTP $code" >&2; return 1; }
+    if ((SECONDS - began >= OUTAGE_S)); then
+      log "the bucket is still unreachable (HTTP $code) after $((SECONDS - began)) s: giving up" >&2
+      return 1
+    fi
+    cap=$((1 << (n < 6 ? n : 6)))
+    ((cap < 60)) || cap=60
+    n=$((n + 1))
+    log "the bucket is unreachable (HTTP $code): waiting for it, up to $((OUTAGE_S / 60)) min" >&2
+    sleep $((1 + RANDOM % cap))
+  done
+}
 gs_get() { # OBJECT FILE
-  curl -fsS --retry 5 --retry-connrefused -H "Authorization: Bearer $TOKEN" -o "$2" \
-    "$GCS/storage/v1/b/$BUCKET/o/${1//\//%2F}?alt=media"
+  gs "$2" -H "Authorization: Bearer $TOKEN" "$GCS/storage/v1/b/$BUCKET/o/${1//\//%2F}?alt=media"
 }
 gs_put() { # FILE OBJECT [CONTENT-TYPE]
-  curl -fsS --retry 5 --retry-connrefused -X POST -H "Authorization: Bearer $(token)" -H "Content-Type: ${3:-text/plain}" \
-    --data-binary "@$1" "$GCS/upload/storage/v1/b/$BUCKET/o?uploadType=media&name=${2//\//%2F}" >/dev/null
+  gs /dev/null -X POST -H "Authorization: Bearer $(token)" -H "Content-Type: ${3:-text/plain}" \
+    --data-binary "@$1" "$GCS/upload/storage/v1/b/$BUCKET/o?uploadType=media&name=${2//\//%2F}"
 }
 gs_count() { # PREFIX: how many objects it holds
-  local n=0 page="" out
+  local n=0 page="" out f=$WORK_DIR/list.json
   while :; do
-    out=$(curl -fsS --retry 5 --retry-connrefused -H "Authorization: Bearer $(token)" \
-      "$GCS/storage/v1/b/$BUCKET/o?prefix=${1//\//%2F}&fields=items(name),nextPageToken${page:+&pageToken=$page}") || return 1
+    gs "$f" -H "Authorization: Bearer $(token)" \
+      "$GCS/storage/v1/b/$BUCKET/o?prefix=${1//\//%2F}&fields=items(name),nextPageToken${page:+&pageToken=$page}" ||
+      return 1
+    out=$(cat "$f")
     n=$((n + $(grep -o '"name"' <<<"$out" | wc -l)))
     page=$(sed -n 's/.*"nextPageToken": *"\([^"]*\)".*/\1/p' <<<"$out")
     [[ -n $page ]] || break
@@ -327,6 +354,7 @@ on_exit() { # the way out: record the boot, then leave the MIG (or stop the run)
   local rc=$? outcome reason=""
   set +e
   trap '' TERM
+  ((OUTAGE_S < 120)) || OUTAGE_S=120 # on the way out a record is worth the storage client's 2 minutes, not the workers' 30
   if [[ -n ${WORKER:-} ]]; then wait "$WORKER" 2>/dev/null; fi
   if [[ -n ${SHIPPER:-} ]]; then kill "$SHIPPER" 2>/dev/null; fi
   [[ -f $WORK_DIR/stopping ]] && STOPPING=1
@@ -419,6 +447,14 @@ check_native() { # which path the tokenizer takes: the C core in the snapshot (f
   return 1
 }
 
+unread() { # WHAT-A-404-MEANS: why the last bucket read failed (GS_CODE), in words
+  case $GS_CODE in
+    404) echo "$1" ;;
+    401 | 403) echo "code $VERSION: gs://$BUCKET refused this VM (HTTP $GS_CODE): the VMs' service account needs to read it" ;;
+    *) echo "code $VERSION: gs://$BUCKET is unreachable (HTTP $GS_CODE), longer than $((OUTAGE_S / 60)) min" ;;
+  esac
+}
+
 fetch_code() { # the pinned snapshot into $CODE, every file checked against the manifest
   if [[ -f $CODE/MANIFEST.sha256 ]] && (cd "$CODE" && sha256sum --quiet --strict -c MANIFEST.sha256 >/dev/null 2>&1); then
     log "code $VERSION: already here and verified"
@@ -428,13 +464,14 @@ fetch_code() { # the pinned snapshot into $CODE, every file checked against the 
   TOKEN=$(token)
   local tmp sum path n=0
   tmp=$(mktemp -d "$WORK_DIR/code/.incoming-XXXXXX")
-  gs_get "$(at code-manifest)" "$tmp/MANIFEST.sha256" || fail "no code $VERSION in gs://$BUCKET (fleet sync)"
+  gs_get "$(at code-manifest)" "$tmp/MANIFEST.sha256" || fail "$(unread "no code $VERSION in gs://$BUCKET (fleet sync)")"
   [[ $(sha256sum <"$tmp/MANIFEST.sha256" | cut -c1-16) == "$VERSION" ]] ||
     fail "the manifest of code $VERSION does not hash to its name; refusing it"
   while read -r sum path; do
     [[ $sum =~ ^[0-9a-f]{64}$ && -n $path && $path != /* && /$path/ != */../* ]] || fail "bad manifest line: $sum $path"
     mkdir -p "$tmp/$(dirname "$path")"
-    gs_get "$(at code-object "$sum")" "$tmp/$path" || fail "code object $sum ($path) is missing from gs://$BUCKET"
+    gs_get "$(at code-object "$sum")" "$tmp/$path" ||
+      fail "$(unread "code object $sum ($path) is missing from gs://$BUCKET")"
     n=$((n + 1))
   done <"$tmp/MANIFEST.sha256"
   (cd "$tmp" && sha256sum --quiet --strict -c MANIFEST.sha256) ||

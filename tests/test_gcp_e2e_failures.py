@@ -147,5 +147,6 @@ def test_a_bucket_that_refuses_the_vms(cloud, capsys):
         assert console == ours[:len(console)] and len(console) >= 10
         assert journal == [f"google_metadata_script_runner: {line}" for line in console]
         text = "\n".join(console)
-        assert "The requested URL returned error: 403" in text and "this boot failed: no code" in text
+        assert "bucket request failed: HTTP 403" in text and "this boot failed: code " in text
+        assert "refused this VM (HTTP 403): the VMs' service account needs to read it" in text
         assert "removed from fleet-refused through deleteInstances" in text

@@ -55,7 +55,7 @@ def test_a_bucket_outage_mid_run_takes_no_vm_away(cloud, tmp_path, capsys):
     # waiting for the drain, is stopped by that deletion (and its boot counts for nothing), never failed.
     outcomes = [r.outcome for r in records]
     assert len(records) == 3 and "done" in outcomes and set(outcomes) <= {"done", "stopped"}, \
-        [(r.outcome, r.reason) for r in records]
+        ([(r.instance, r.outcome, r.reason) for r in records], cloud.standin.events, cloud.vms.console())
     status = reader.collect()
     assert status.done == status.items and not status.failed
     check_clean_exit(cloud, "out")

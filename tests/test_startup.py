@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,9 +198,45 @@ def test_every_line_reaches_stdout_for_the_journal_and_the_serial_console_when_t
     assert lines == on_disk  # every line of the log, in order, and nothing else
     text = result.stdout
     assert "startup: VM fleet-x-abcd (boot " in text and "boot record upload failed" in text
-    assert "The requested URL returned error: 403" in text  # curl's own words, from stderr
-    assert f"startup: error: no code {version} in gs://" in text and "this boot failed: no code" in text
+    assert "bucket request failed: HTTP 403" in text  # (said on stderr)
+    assert f"startup: error: code {version}: gs://" in text and "refused this VM (HTTP 403)" in text
+    assert "this boot failed: code " in text
     assert "could not remove this VM from its MIG" in text and "log upload failed" in text  # the way out, too
+
+
+def test_a_bucket_outage_while_the_vm_fetches_its_code_is_waited_out(vm, fake_gcs):
+    """Before, every bucket request of startup.sh gave up with curl's own retries (about 31 s): a VM
+    that booted in an outage (Spot VMs are recreated at any time) failed its boot, counted towards
+    the run's stop and left its MIG for good, with "no code ... (fleet sync)" as the reason (seen in
+    CI: a VM still booting when tests/test_gcp_e2e_outage.py began its outage). Now it waits for
+    the bucket as the workers do, jittered, up to FLEET_OUTAGE_MINUTES."""
+    bucket, version, boot = vm
+    plan_pinned_to(bucket, "outage", "0123456789abcdef")  # (workers that start refuse the run: a quick end)
+    began: list[float] = []
+
+    def down(method: str, path: str) -> bool:  # every request for 40 s from the first read of the code
+        if not began and "code" in urllib.parse.unquote(path):
+            began.append(time.time())
+        return bool(began) and time.time() < began[0] + 40
+    with FaultProxy(fake_gcs.url, script=[(down, "503", 10**9)]) as proxy:
+        result = boot("outage", STORAGE_EMULATOR_HOST=proxy.url)
+    assert proxy.counts["503"] >= 6
+    assert "the bucket is unreachable (HTTP 503): waiting for it, up to 30 min" in result.log
+    assert f"code {version}: " in result.log and "downloaded and verified" in result.log, result.log
+    assert "the run pins 0123456789abcdef; refusing" in result.log  # the workers started, after the outage
+    records = boot_records(open_store(bucket), "outage")
+    assert len(records) == 1 and "fleet work exited 2" in records[0].reason
+
+
+def test_a_bucket_that_stays_unreachable_fails_the_boot_after_the_outage_limit_saying_so(vm, fake_gcs):
+    bucket, version, boot = vm
+    plan_pinned_to(bucket, "gone", version)
+    code = lambda method, path: "code" in urllib.parse.unquote(path)  # noqa: E731
+    with FaultProxy(fake_gcs.url, script=[(code, "503", 10**9)]) as proxy:
+        result = boot("gone", STORAGE_EMULATOR_HOST=proxy.url, FLEET_OUTAGE_MINUTES="0.5")
+    assert result.returncode == 1 and proxy.counts["503"] >= 6
+    assert "the bucket is still unreachable (HTTP 503) after " in result.log
+    assert f"this boot failed: code {version}: gs://" in result.log and "is unreachable (HTTP 503)" in result.log
 
 
 def test_a_reboot_sends_only_its_own_lines(vm):
