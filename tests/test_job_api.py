@@ -30,23 +30,30 @@ def test_discovery_lists_packages_that_define_a_job_only():
     assert all(not name.startswith("_") for name in available_jobs())
 
 
-def test_option_help_from_metadata_or_the_fields_comment():
+def test_option_help_is_the_comment_of_the_fields_line_in_the_class_that_declares_it():
     @dataclasses.dataclass
-    class Config:
+    class Shared:
+        seed: int = 1  # the run's seed
+        name: str = "x"  # what it is called
+
+    @dataclasses.dataclass
+    class Config(Shared):
         size: int = 3  # how big
-        name: str = dataclasses.field(default="x", metadata={"help": "what it is called"})
+        name: str = "y"
         bare: float = 0.5
 
     got = {o.name: o for o in describe_options(Config)}
+    assert list(got) == ["seed", "name", "size", "bare"]
     assert (got["size"].type, got["size"].default, got["size"].help) == ("int", 3, "how big")
-    assert got["name"].help == "what it is called" and got["bare"].help == ""
+    assert got["seed"].help.startswith("the run's seed")  # declared in the class it builds on
+    assert (got["name"].default, got["name"].help) == ("y", "what it is called") and got["bare"].help == ""
 
 
 def test_the_options_range_is_in_its_help():
     @dataclasses.dataclass
     class Config:
         seed: int = 0  # the run's seed
-        share: int = dataclasses.field(default=5, metadata={"range": (0, 10), "help": "a share"})
+        share: int = dataclasses.field(default=5, metadata={"range": (0, 10)})  # a share
 
     got = {o.name: o.help for o in describe_options(Config)}
     assert got == {"seed": f"the run's seed (0 to {(1 << 63) - 1})", "share": "a share (0 to 10)"}

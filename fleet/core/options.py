@@ -90,9 +90,31 @@ class OptionHelp:
 
 
 def describe_options(config_type: type) -> list[OptionHelp]:
-    """A job's options from its config dataclass: name, type, default and one line of help,
-    from ``field(metadata={"help": ...})`` or else the comment at the end of the field's line,
-    then the range the option takes (``option_range``), if any."""
+    """A job's options from its config dataclass: name, type, default and one line of help, the
+    comment at the end of the field's line (in the class that declares it: a config may build on
+    a shared one), then the range the option takes (``option_range``), if any. One way to write
+    help: a comment where the field is, read back here."""
+    comments: dict[str, str] = {}
+    for cls in reversed(config_type.__mro__):
+        if dataclasses.is_dataclass(cls):
+            comments.update(_field_comments(cls))
+    hints = typing.get_type_hints(config_type)
+    out = []
+    for f in dataclasses.fields(config_type):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
+        kind = hints.get(f.name, str)
+        name = getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
+        text = comments.get(f.name, "")
+        bounds = option_range(f)
+        if bounds is not None:  # what parse_dataclass takes, where `fleet jobs` shows it
+            text = f"{text} ({bounds[0]} to {bounds[1]})".strip()
+        out.append(OptionHelp(f.name, name, default, text))
+    return out
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """{field: the comment that ends its line} in ``cls``'s own source ({} where there is none)."""
     import inspect
     import io
     import textwrap
@@ -100,7 +122,7 @@ def describe_options(config_type: type) -> list[OptionHelp]:
 
     comments: dict[str, str] = {}
     try:
-        source = textwrap.dedent(inspect.getsource(config_type))
+        source = textwrap.dedent(inspect.getsource(cls))
         pending = None
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type == tokenize.NAME and tok.start[1] == 4 and pending is None:
@@ -111,16 +133,4 @@ def describe_options(config_type: type) -> list[OptionHelp]:
                 pending = None
     except (OSError, TypeError, tokenize.TokenError, IndentationError):
         pass
-    hints = typing.get_type_hints(config_type)
-    out = []
-    for f in dataclasses.fields(config_type):
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
-        kind = hints.get(f.name, str)
-        name = getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
-        text = f.metadata.get("help") or comments.get(f.name, "")
-        bounds = option_range(f)
-        if bounds is not None:  # what parse_dataclass takes, where `fleet jobs` shows it
-            text = f"{text} ({bounds[0]} to {bounds[1]})".strip()
-        out.append(OptionHelp(f.name, name, default, text))
-    return out
+    return comments

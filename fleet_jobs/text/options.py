@@ -2,13 +2,13 @@
 what ``split_sentences`` does where documents enter a job.
 
 A job's config builds on ``TextOptions`` and adds its own fields after these (the fleet lists
-them in field order; a run's ``run.json`` holds them all). Help comes from the fields'
-metadata, as the fleet reads a comment from the job's own class only.
+them in field order; a run's ``run.json`` holds them all). Each field's help is the comment
+at the end of its line, as in every job's config (``fleet.core.options.describe_options``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 from fleet.job import ConfigError, ItemContext, Opener, Sink
@@ -22,22 +22,16 @@ from .tokenizer_cache import bert_tokenizer
 MAX_SEQ_LENGTHS = (5, 1 << 16)  # [CLS] a [SEP] b [SEP] at least; positions in 16 bits
 
 
-def _help(text: str, default):
-    return field(default=default, metadata={"help": text})
-
-
 @dataclass
 class TextOptions:
-    vocab_file: str = _help("URL or path of a BERT vocab.txt (required)", "")
-    max_seq_length: int = _help("tokens per example, [CLS] and [SEP] included", 128)
-    do_lower_case: bool = _help("lower-case and strip accents (as the vocab was made)", True)
-    seed: int = _help("the run's seed: each item's seed derives from it", 12345)
-    compression: str = _help("none | GZIP (files end .tfrecord.gz; TFRecordDataset(compression_type=\"GZIP\"))",
-                             "none")
-    output: str = _help("tfrecord | parquet (one row per example, list columns, zstd; files end .parquet)",
-                        "tfrecord")
-    pack_documents: bool = _help("fill examples across document boundaries (corpora of short documents)", False)
-    split_sentences: bool = _help("cut each line into sentences first (inputs with a paragraph per line)", False)
+    vocab_file: str = ""  # URL or path of a BERT vocab.txt (required)
+    max_seq_length: int = 128  # tokens per example, [CLS] and [SEP] included
+    do_lower_case: bool = True  # lower-case and strip accents (as the vocab was made)
+    seed: int = 12345  # the run's seed: each item's seed derives from it
+    compression: str = "none"  # none | GZIP (files end .tfrecord.gz; TFRecordDataset(compression_type="GZIP"))
+    output: str = "tfrecord"  # tfrecord | parquet (one row per example, list columns, zstd; files end .parquet)
+    pack_documents: bool = False  # fill examples across document boundaries (corpora of short documents)
+    split_sentences: bool = False  # cut each line into sentences first (inputs with a paragraph per line)
 
 
 def check_text_options(config: TextOptions) -> None:
