@@ -18,7 +18,7 @@ the core can change behind it. Nothing in fleet/ imports this module.
 
 from __future__ import annotations
 
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Sequence
 
 from fleet.core.discovery import available_jobs, load_job
 from fleet.core.errors import Cancelled, ConfigError, InputError, ItemFailed, JobNotFound
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 
-def find_sources(paths: list[str], exclude: list[str] = (), accept: Callable[[str], bool] | None = None,
+def find_sources(paths: list[str], exclude: Sequence[str] = (), accept: Callable[[str], bool] | None = None,
                  skip: Callable[[str], str | None] | None = None) -> list[Source]:
     """The input objects under some files, folders or ``gs://`` prefixes, as ``fleet plan`` finds
     them (for a job's own tools: a vocab trained over a corpus, a pre-flight look). Inside a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -92,7 +93,7 @@ def print_options(out: Console, title: str, options: list) -> None:
     out.print(table)
 
 
-def plan_line(spec, items: int, created: bool, groups: list[int] = ()) -> str:
+def plan_line(spec, items: int, created: bool, groups: Sequence[int] = ()) -> str:
     """`fleet plan`'s one line; ``groups``: the files of each item that packs several small ones."""
     verb = "planned" if created else "already planned (unchanged)"
     packed = f" ({sum(groups):,} small files packed into {len(groups):,} of them)" if groups else ""

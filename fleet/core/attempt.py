@@ -19,7 +19,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Sequence
 
 from fleet.core.codesync import sha256_file
 from fleet.core.errors import InputError, ItemFailed
@@ -28,7 +28,7 @@ from fleet.core.job import Converter
 from fleet.core.sink import Sink
 from fleet.core.stage import Reducer
 from fleet.core.lease import DONE, FAILED, Held, Leases, Lost
-from fleet.core.run import Item, RunSpec, StepPlan, output_place
+from fleet.core.run import Item, RunSpec, Stage, StepPlan, output_place
 from fleet.core.layout import counts_name, index_name, output_name, released_prefix, shuffle_name
 from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, combine, index_totals, load_index, \
     partitions_for, reduce_records
@@ -209,7 +209,7 @@ class ItemRunner:
     def __init__(self, store: Store, spec: RunSpec, leases: Leases, converter: Converter, seed: int,
                  scratch: str, counters: Counters, beat: Callable[[str], None],
                  reducer: Callable[[str], Reducer] | None = None, steps: StepPlan | None = None,
-                 items: list[Item] = ()):
+                 items: Sequence[Item] = ()):
         self.store, self.run, self.spec = store, spec.run, spec
         self.leases = leases
         self.output = open_store(output_place(spec, store))  # a moved OUT_DIR: its own folder
@@ -364,7 +364,7 @@ class ItemRunner:
 
     def _records(self, item: Item, workdir: str, checkpoint: Callable[[], None]):
         """A stage item's records, sorted by (key, value), from the index its barrier wrote."""
-        stage = self.steps.stage(item.step)
+        stage = self._stage(item.step)
         name = index_name(self.run, self._barrier_of(item.step).id)
         blob = self.store.stat(name)
         if blob is None:
@@ -373,6 +373,13 @@ class ItemRunner:
             self._index = (name, blob.version, load_index(self.store, name, blob.version or None))
         return reduce_records(self.store, self._index[2], item.meta["part"], stage.items, stage.balanced, workdir,
                               checkpoint)
+
+    def _stage(self, step: int) -> Stage:
+        """The stage whose items ``step`` is: only a run planned with stages has such steps."""
+        stage = self.steps.stage(step) if self.steps else None
+        if stage is None:
+            raise StageError(f"step {step} is no stage's items (the run's plan and its items disagree)")
+        return stage
 
     def _pieces(self, item: Item, before: list[Item]) -> list[ShufflePiece]:
         """The record files of ``before`` (items of the step before), each pinned to the version its
@@ -385,14 +392,16 @@ class ItemRunner:
             first, lease = failed[0]
             cannot = f"stage {item.meta['stage']} cannot run: "
             message = f"{cannot}{len(failed)} item(s) before it failed (item {first.id}: {lease.error})"
-            if (lease.error or "").startswith(cannot):  # a combine item that failed for what failed before it
+            if lease.error and lease.error.startswith(cannot):  # a combine item that failed for what failed before it
                 message = lease.error
             raise StageError(message, {"failed_items": [i.id for i, _ in failed]})
         unfinished = [i.id for i, got in zip(before, leases) if got is None or got[0].state != DONE]
         if unfinished:  # reopened since the gate opened (fleet status --verify): wait for them
             raise ItemFailed(f"item(s) {', '.join(unfinished[:5])} of the step before are not done yet")
         pieces = []
-        for i, (lease, _) in zip(before, leases):
+        for i, got in zip(before, leases):
+            assert got is not None  # every one is done (unfinished above)
+            lease = got[0]
             out = next((o for o in lease.outputs if o.get("name") == shuffle_name(self.run, i.id)), None)
             if out is None:
                 raise StageError(f"stage {item.meta['stage']} cannot run: item {i.id} left no records for it "
@@ -415,7 +424,7 @@ class ItemRunner:
         """Every item of the step before is done: index their records for this stage's items (one
         read of each), or fail for good naming what failed, so the stage never runs on less."""
         pieces = self._pieces(item, [i for i in self.items if i.step == item.step - 1])
-        stage = self.steps.stage(item.step + 1)
+        stage = self._stage(item.step + 1)
         data = build_index(self.store, pieces, partitions_for(stage.items, stage.balanced))
         path = os.path.join(workdir, "index")
         with open(path, "wb") as f:

@@ -35,7 +35,7 @@ class Lease(JsonRecord):
     # a program's exit code and the last lines of its stderr), for `fleet status` to show.
     detail: dict[str, Any] = field(default_factory=dict)
     outputs: list[dict[str, Any]] = field(default_factory=list)
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)  # counters (numbers), and lists a job reports
     started: float = 0.0
     finished: float = 0.0
     # A done grouped item's counts per input file (fleet.core.attempt.part_counts), loaded by the

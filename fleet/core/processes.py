@@ -277,7 +277,8 @@ class WorkerProcess:
     def __init__(self, name: str, args: tuple):
         read, write = os.pipe()
         try:
-            cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", _CHILD_CODE,
+            flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]  # (no stub; multiprocessing uses it)
+            cmd = [sys.executable, *flags, "-c", _CHILD_CODE,
                    json.dumps({"path": sys.path, "args": args})]
             # stdin as a spawned child has it: nothing to read (a worker never asks the terminal).
             self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(write,))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -19,8 +19,9 @@ class JsonRecord:
     def to_json(self) -> bytes:
         """The record's fields, but those marked ``metadata={"transient": True}`` (default None):
         what a reader loaded beside the record, never written into it."""
-        transient = [f.name for f in dataclasses.fields(self) if f.metadata.get("transient")]
-        d = dataclasses.asdict(dataclasses.replace(self, **dict.fromkeys(transient)) if transient else self)
+        record: Any = self  # a dataclass: every subclass is one
+        transient = [f.name for f in dataclasses.fields(record) if f.metadata.get("transient")]
+        d = dataclasses.asdict(dataclasses.replace(record, **dict.fromkeys(transient)) if transient else record)
         for name in transient:
             del d[name]
         return json.dumps(d, indent=self.json_indent, sort_keys=True).encode()
@@ -28,5 +29,5 @@ class JsonRecord:
     @classmethod
     def from_json(cls: type[R], data: bytes) -> R:
         d = json.loads(data)
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)  # type: ignore[arg-type]
                       if f.name in d and not f.metadata.get("transient")})

@@ -311,6 +311,7 @@ class PartitionWriter(KeyedSink):
         self._done = True
         buffer, self._buffer = self._buffer, []
         buffer.sort()
+        records: Iterable[tuple[int, bytes]]
         if self._runs:
             records = _merge_files(self._runs, self._runs, self.folder, checkpoint, buffer)
         else:
@@ -594,10 +595,10 @@ def combine(store: Store, pieces: list[ShufflePiece], partitions: int, block: tu
     out = None
     try:
         with ThreadPoolExecutor(max(1, min(threads, len(pieces)))) as pool:
-            for j, (path, start, counts) in enumerate(pool.map(fetch, range(len(pieces)))):
+            for j, (path, start, block_counts) in enumerate(pool.map(fetch, range(len(pieces)))):
                 if path is not None:
                     wanted.append((j, path, start))
-                for k, n in enumerate(counts, p1):
+                for k, n in enumerate(block_counts, p1):
                     expected[k] += n
         checkpoint()
         bytes_read = sum(os.path.getsize(path) for _, path, _ in wanted)

@@ -12,11 +12,12 @@ is the job's business: this module never reads one.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import stat
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from fleet.core.errors import InputError
 from fleet.core.item import Source, printable
@@ -115,7 +116,7 @@ def _walk(root: str, exclude: tuple[str, ...], skip: Callable[[str], str | None]
                 st = os.stat(path) if link else os.lstat(path)
             except OSError as e:
                 why = LINK_LOOP if e.errno == 40 else BROKEN_LINK if os.path.islink(path) else e.strerror
-                account.skip(printable(path), printable(why))
+                account.skip(printable(path), printable(why or str(e)))
                 continue
             if stat.S_ISDIR(st.st_mode):
                 yield from visit(path, name + "/")
@@ -160,7 +161,7 @@ def skip_of(accept: Callable[[str], bool]) -> Callable[[str], str | None]:
     return lambda name: None if accept(name) else REJECTED
 
 
-def find_sources(paths: list[str], exclude: list[str] = (), accept: Callable[[str], bool] = every_file
+def find_sources(paths: list[str], exclude: Sequence[str] = (), accept: Callable[[str], bool] = every_file
                  ) -> list[Source]:
     """Expand files and folders (local or gs://) into input objects, in a stable order (survey:
     the files skipped, each under its reason, are named in warnings, a line a reason).
@@ -177,7 +178,11 @@ class Survey:
     account: InputAccount
 
 
-def survey(paths: list[str], exclude: list[str] = (), skip: Callable[[str], str | None] = skip_of(every_file),
+def _present(present: set[str], folder: str, rel: str) -> bool:
+    return folder + rel in present
+
+
+def survey(paths: list[str], exclude: Sequence[str] = (), skip: Callable[[str], str | None] = skip_of(every_file),
            warn: bool = True) -> Survey:
     """Expand files and folders (local or gs://) into input objects, in a stable order, and account
     for every file found: read, or skipped with a reason (with ``warn``, one warning line per
@@ -292,7 +297,7 @@ def _gcs_outputs(path: str, names: list[str]) -> dict[str, str]:
     for folder in sorted(entries):
         if any(folder.startswith(s) for s in skipped):
             continue
-        why = fleet_output(folder, entries[folder], lambda rel, f=folder: f + rel in present)
+        why = fleet_output(folder, entries[folder], functools.partial(_present, present, folder))
         if why is None:
             continue
         if not folder:

@@ -22,6 +22,7 @@ import tempfile
 import time
 import uuid
 import weakref
+from typing import Sequence
 
 from fleet.core.attempt import SHIELD, Counters, ItemRunner, _test_pause
 from fleet.core.claims import STEAL, SWEEP, VISIT, ClaimPolicy
@@ -32,7 +33,7 @@ from fleet.core.liveness import pid_alive
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec, pinned_opener
 from fleet.core.layout import done_prefix, final_prefix, finishing_name, idle_prefix, lease_prefix, released_prefix, \
     worker_prefix
-from fleet.core.manifest import run_ended
+from fleet.core.manifest import Renewal, run_ended
 from fleet.core.status import StatusReader
 from fleet.core.store import PreconditionFailed, open_store
 from fleet.core.store.metered import MeteredStore
@@ -101,7 +102,7 @@ class Worker:
         self.sleeping = False  # between idle sweeps, holding nothing
         self.found_drained = False  # it left because the run's drain was confirmed and ended (end_run)
         self.started = time.time()  # a drain ended before this is an earlier one's (run_ended)
-        self.finishing = None  # (ExitStack, Renewal) while it holds the claim to end the run
+        self.finishing: tuple[contextlib.ExitStack, Renewal] | None = None  # while it holds the claim to end the run
         self.awaiting_end = False  # the run found drained, another worker confirming it and writing its files
 
     # -- heartbeat -------------------------------------------------------------
@@ -285,7 +286,7 @@ class Worker:
             except Exception as e:  # (PreconditionFailed: unmarked since) the run's end reads the leases
                 log.warning("counts of window %s not kept in its done marker: %s", w.key, e)
 
-    def _window_body(self, policy: ClaimPolicy, items: list[str]) -> bytes:
+    def _window_body(self, policy: ClaimPolicy, items: Sequence[str]) -> bytes:
         from fleet.core.window_counts import window_body
 
         generations = {i: policy.listing.get(i, -1) for i in items}  # (-1: not listed, read it)
@@ -383,6 +384,7 @@ class Worker:
         from fleet.core.manifest import end_claim
 
         files = self.write_run_files()
+        assert self.finishing is not None  # (run_until_drained ends the run only while it holds the claim)
         stack, renewal = self.finishing
         self.finishing = None
         stack.close()  # (renewals stop: the generation to match is the last one)

@@ -170,7 +170,7 @@ class StatusReader:
                 data = self.store.read(name) if out is not None else None
             except NotFound:
                 data = None
-            if data is None or hashlib.sha256(data).hexdigest() != out.get("sha256"):
+            if data is None or out is None or hashlib.sha256(data).hexdigest() != out.get("sha256"):
                 log.warning("item %s: its counts per input file (%s) are missing or changed", item, name)
                 self._unreadable.add((item, lease.token))  # once per lease, not at every look
                 return

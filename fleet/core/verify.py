@@ -84,7 +84,7 @@ def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False, s
                 damage.append(Damage(item, name, f"has {blob.size:,} bytes, not the {out['size']:,} committed"))
             elif deep or _moved(out, blob):
                 try:
-                    same = _sha256_of(state if in_state else output, name) == out.get("sha256")
+                    same = _sha256_of(state if in_state and state is not None else output, name) == out.get("sha256")
                 except NotFound:
                     damage.append(Damage(item, name, "is missing"))
                     continue

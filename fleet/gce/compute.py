@@ -13,6 +13,7 @@ import functools
 import os
 import re
 import time
+from typing import Callable, TypeVar
 
 import requests
 from google.api_core import exceptions as gexc
@@ -27,6 +28,7 @@ from fleet.gce.compute_requests import (DELETE_INSTANCES_LIMIT, ComputeError, Mi
 # REST transport raises requests' ConnectionError (a reset, a refused or dropped connection) and
 # Timeout, which are not Python's ConnectionError; a token refresh that cannot reach its server
 # raises google.auth's TransportError. Replaying a mutation is safe: each carries a requestId.
+T = TypeVar("T")
 _TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
               gexc.GatewayTimeout, ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout,
               auth_exceptions.TransportError)
@@ -126,7 +128,7 @@ class Compute:
         except gexc.GoogleAPICallError as e:
             raise ComputeError(f"get {what}: {e.code} {_one_line(e)}") from e
 
-    def _create(self, what: str, get, insert, **request) -> tuple[bool, object]:
+    def _create(self, what: str, get: Callable[[], T | None], insert, **request) -> tuple[bool, T | None]:
         """(True, None) once created now; else (False, what exists: None if it vanished meanwhile).
 
         The insert's retries share one requestId: a retry after a lost answer gets the first

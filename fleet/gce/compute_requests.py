@@ -287,7 +287,7 @@ def mig_state(name: str, mig: compute_v1.InstanceGroupManager, managed: list[com
                           "action": e.instance_action_details.action, "code": e.error.code,
                           "message": e.error.message})
     # A zone is short of capacity where GCE could not create a VM for want of it (listErrors: recent history).
-    for e in st.errors:
-        if e["code"] in STOCK_OUT_CODES and e["zone"]:
-            st.short_zones[e["zone"]] = st.short_zones.get(e["zone"], 0) + 1
+    for error in st.errors:
+        if error["code"] in STOCK_OUT_CODES and error["zone"]:
+            st.short_zones[error["zone"]] = st.short_zones.get(error["zone"], 0) + 1
     return st

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]
 
 CONFIG_FILE = "fleet.toml"
 CONFIG_ENV = "FLEET_CONFIG"  # another path for the file (tests, several projects)
@@ -132,14 +132,15 @@ def config_path(path: str | None = None) -> str:
 def _coerce(name: str, tp: typing.Any, value: typing.Any) -> typing.Any:
     if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         tp = next(t for t in typing.get_args(tp) if t is not type(None))  # Optional: absent in the file = None
-    want = {int: int, float: (int, float), bool: bool, str: str}.get(tp)
+    kinds: dict[type, type | tuple[type, ...]] = {int: int, float: (int, float), bool: bool, str: str}
+    want = kinds.get(tp)
     if typing.get_origin(tp) is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{CONFIG_FILE}: {name}: expected a list of strings, got {value!r}")
         return list(value)
     if want is None or not isinstance(value, want) or (tp in (int, float) and isinstance(value, bool)):
         raise ConfigError(f"{CONFIG_FILE}: {name}: expected {tp.__name__}, got {value!r}")
-    return float(value) if tp is float else value
+    return float(typing.cast(float, value)) if tp is float else value
 
 
 def from_dict(values: dict[str, typing.Any]) -> FleetConfig:

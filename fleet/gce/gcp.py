@@ -16,7 +16,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from fleet.gce import boots, compute, compute_requests, estimate, iam, prelaunch
 from fleet.core.codesync import has_version, locate
@@ -25,6 +25,9 @@ from fleet.core.records import JsonRecord
 from fleet.core.layout import launch_name
 from fleet.core.run import PlanError, StepPlan, load_items, load_spec
 from fleet.core.store import NotFound, Store, open_store
+
+if TYPE_CHECKING:  # (imported where it is used: the Compute library loads slowly)
+    from google.cloud import compute_v1
 
 STARTUP_SCRIPT = os.path.join("startup", "startup.sh")
 SHUTDOWN_SCRIPT = os.path.join("startup", "shutdown.sh")
@@ -71,8 +74,8 @@ def read_startup_script(root: str | None = None, script: str = STARTUP_SCRIPT) -
 class LaunchPlan:
     record: LaunchRecord
     spec: compute_requests.FleetSpec
-    template: object  # compute_v1.InstanceTemplate
-    mig: object  # compute_v1.InstanceGroupManager
+    template: compute_v1.InstanceTemplate
+    mig: compute_v1.InstanceGroupManager
     requests: list[compute_requests.Request]
     estimate: estimate.Estimate
 
@@ -112,6 +115,7 @@ def run_deadline(cfg: FleetConfig, max_run_hours: float | None, deadline: str | 
     checked here, each refusal one line naming the option), else None hours: derived from the plan.
     A run without one is refused: a hung worker would bill until `fleet down`."""
     boot = cfg.boot_minutes * 60
+    hours: float | None
     if deadline is not None and max_run_hours is not None:
         raise PlanError(f"--deadline {deadline} and --max-run-hours {max_run_hours:g}: give one of the two")
     if deadline is not None:

@@ -140,12 +140,14 @@ def check_service_account(email: str, timeout: float = 30.0) -> AccountCheck:
     """IAM projects.serviceAccounts.get on the account (needs iam.serviceAccounts.get, which
     roles/iam.serviceAccountUser, needed to launch VMs as it, includes)."""
     import google.auth
+    import google.auth.credentials
     import google.auth.exceptions
     from google.auth.transport.requests import AuthorizedSession
     from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
     import requests
 
     endpoint = api_endpoint()
+    credentials: google.auth.credentials.Credentials
     if endpoint:
         from google.auth.credentials import AnonymousCredentials
 
