@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser, published as tomli
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 CONFIG_FILE = "fleet.toml"
 CONFIG_ENV = "FLEET_CONFIG"  # another path for the file (tests, several projects)
