@@ -211,6 +211,8 @@ leave() { # remove this VM from its MIG (deleteInstances lowers the target size;
   local body="{\"instances\": [\"zones/$ZONE/instances/$INSTANCE\"], \"skipInstancesOnValidationError\": true}"
   if api POST "$SCOPE/instanceGroupManagers/$MIG/deleteInstances" "$body"; then
     log "$INSTANCE: removed from $MIG through deleteInstances"
+  elif [[ $API_CODE == 404 ]]; then # a VM that found the run finished first removed every VM, then the MIG
+    log "$INSTANCE: $MIG is already deleted, and this VM with it"
   else
     log "could not remove this VM from its MIG ($(api_error)); it ends at the run's deadline"
   fi

@@ -200,7 +200,10 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     vm = listing.split()[0]
     text = cloud.fleet("logs", "--run", "e2e", vm + "-w0")
     assert f"code {version}: " in text and "downloaded and verified" in text
-    assert f"{vm}: removed from fleet-e2e through deleteInstances" in text
+    # It left through deleteInstances: its own, or that of a VM which found the run finished first and
+    # deleted the fleet (each VM that drains together may; check_clean_exit counts every VM's removal).
+    assert (f"{vm}: removed from fleet-e2e through deleteInstances" in text
+            or f"{vm}: fleet-e2e is already deleted, and this VM with it" in text), text
     records = boot_records(open_store(cloud.bucket), "e2e")
     assert sorted(r.instance for r in records) == sorted(cloud.standin.events_of("create"))
     assert {r.outcome for r in records} == {"done"} and all(r.code_version == version for r in records)

@@ -110,7 +110,7 @@ def test_a_worker_refuses_a_run_pinned_to_other_code_and_a_second_boot_reuses_th
     assert "this boot failed: fleet work exited 2: " in first.log
     assert f"code {version}: " in first.log and "downloaded and verified" in first.log
     assert f"this code is version {version}" in first.log and "the run pins 0123456789abcdef; refusing" in first.log
-    assert "could not remove this VM from its MIG" in first.log  # no such MIG in the stand-in
+    assert "fleet-x-abcd: fleet-x is already deleted, and this VM with it" in first.log  # no such MIG in the stand-in
     # The tokenizer's C core came with the code (built by this checkout's pip install -e .): no compiler at boot.
     assert f"tokenizer C core: {first.disk / 'code' / version}/fleet_jobs/text/_wordpiece." in first.log
     again = boot("other", disk=first.disk)  # a reboot: same disk
@@ -201,7 +201,7 @@ def test_every_line_reaches_stdout_for_the_journal_and_the_serial_console_when_t
     assert "bucket request failed: HTTP 403" in text  # (said on stderr)
     assert f"startup: error: code {version}: gs://" in text and "refused this VM (HTTP 403)" in text
     assert "this boot failed: code " in text
-    assert "could not remove this VM from its MIG" in text and "log upload failed" in text  # the way out, too
+    assert "fleet-x is already deleted, and this VM with it" in text and "log upload failed" in text  # the way out, too
 
 
 def test_a_bucket_outage_while_the_vm_fetches_its_code_is_waited_out(vm, fake_gcs):
