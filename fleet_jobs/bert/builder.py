@@ -293,6 +293,7 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
                     a_end = chunk + 1 if n == 1 else chunk + randint(1, n - 1)
             a0, a1 = ss[chunk], ss[a_end]
             first, last = sentence_doc[chunk], sentence_doc[i]
+            k: int | None
             if random_next and several_docs:  # other_document's first try, inline (the usual case)
                 k = randint(0, n_docs - 1)
                 if first <= k <= last or numbers[k] == numbers[first] or numbers[k] == numbers[last]:
@@ -364,7 +365,7 @@ def assemble(ids: np.ndarray, spans: Spans, max_seq_length: int, cls_id: int, se
     n_rows = len(la)
     b_first = la + 2
     row_start = np.arange(n_rows) * max_seq_length
-    tokens = np.zeros(n_rows * max_seq_length, np.int32)
+    tokens: np.ndarray = np.zeros(n_rows * max_seq_length, np.int32)  # flat here, (n_rows, max_seq_length) below
     for start, length, at in ((spans.a_start, la, row_start + 1), (spans.b_start, lb, row_start + b_first)):
         total = int(length.sum())
         if total:

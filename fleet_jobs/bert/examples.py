@@ -141,6 +141,7 @@ class BertExamples:
         for batch in self._batches(documents, counters):
             yield from self._batch_chunks(batch, pool, rngs, counters, keep)
         for dupe in range(1, self.opts.dupe_factor):
+            assert keep is not None  # dupe_factor > 1: a list, above
             rngs, pool = self._rngs(seed, dupe), NegativePool()
             for batch in keep:
                 yield from self._batch_chunks(batch, pool, rngs, counters, None)

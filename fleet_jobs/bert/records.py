@@ -191,7 +191,7 @@ def _varint_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     if not v.size or (v.min() >= 0 and v.max() < 1 << 16):
         words = np.take(_varint_words(), v)
         # A byte is used if it is a value's first or follows one with the continuation bit.
-        used = (words & 0x8080) << 1 | 1
+        used: np.ndarray = (words & 0x8080) << 1 | 1  # (a bool array in the other branch)
         return (words.view(np.uint8).reshape(n_rows, -1), used.view(bool).reshape(n_rows, -1),
                 np.take(tfrecord._varint_table()[1], v).sum(axis=1, dtype=np.int64))
     v = v.astype(np.int64)

@@ -149,5 +149,5 @@ class ShuffledExamples:
         self.file.flush()
         fd, width = self.file.fileno(), dtype.itemsize
         for start in range(0, n, ROWS_OUT):
-            data = b"".join([os.pread(fd, width, i * width) for i in order[start:start + ROWS_OUT].tolist()])
-            yield _unpack(np.frombuffer(data, dtype), types)
+            rows_read = b"".join([os.pread(fd, width, i * width) for i in order[start:start + ROWS_OUT].tolist()])
+            yield _unpack(np.frombuffer(rows_read, dtype), types)

@@ -127,7 +127,11 @@ def with_ends(ids: np.ndarray, counts: np.ndarray, eod_id: int) -> tuple[np.ndar
     return stream, counts[keep] + 1
 
 
-def flatten(documents: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+# A document's ids: a list of ints, or an int array (BERT's ``tokenize_flat``).
+DocumentIds = Sequence[int] | np.ndarray
+
+
+def flatten(documents: Sequence[DocumentIds]) -> tuple[np.ndarray, np.ndarray]:
     """Ids per document -> (end to end as int32, counts): lists of ints in one ``fromiter``."""
     counts = np.fromiter(map(len, documents), np.int64, len(documents))
     if all(isinstance(ids, list) for ids in documents):

@@ -117,14 +117,20 @@ class CausalLMConverter(DocumentConverter):
         self.columns = [Column(name) for name in features(config)]
         self.provenance = config.provenance
 
-    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Union[Sink, ShuffledExamples]
+                ) -> dict[str, float]:
+        """``sink``: the item's, or (``example_sink``: its outputs feed a stage) the shuffle."""
         if self.config.output in SEQUENCE_OUTPUTS:
             return self._sequences(documents, sink)
         cutter = BlockCutter(self.options)
-        trace = Trace(documents, sink, self.options) if self.provenance else None
+        trace = None
+        if self.provenance:
+            assert not isinstance(sink, ShuffledExamples)  # provenance is refused with --shards (check_provenance)
+            trace = Trace(documents, sink, self.options)
         # TFRecords (a file, or the shuffle's Examples) of blocks from cached heads; Parquet from columns
         records = BlockRecords(self.options.block_size, self.padded) if self.config.output == "tfrecord" else None
-        counts = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "examples", "real_tokens"), 0)
+        counts: dict[str, float] = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "examples",
+                                                  "real_tokens"), 0)
         with open_writer(sink, self.config.output, self.config.compression, self.columns) as out:
 
             def write(blocks) -> None:
@@ -149,15 +155,18 @@ class CausalLMConverter(DocumentConverter):
                     trace.batch(per_document)
             write(cutter.finish())
         if trace:
-            trace.close(counts["examples"])
+            trace.close(int(counts["examples"]))
         counts["dropped_tokens"] = cutter.dropped
         counts["positions"] = counts["examples"] * self.options.block_size
         return counts
 
     def _sequences(self, documents: Iterable[list[str]], sink: Union[Sink, ShuffledExamples]) -> dict[str, float]:
         """One sequence per document with ids (its ids, then the end-of-document id)."""
-        counts = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "sequences"), 0)
-        trace = Trace(documents, sink, None) if self.provenance else None
+        counts: dict[str, float] = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "sequences"), 0)
+        trace = None
+        if self.provenance:
+            assert not isinstance(sink, ShuffledExamples)  # provenance is refused with --shards (check_provenance)
+            trace = Trace(documents, sink, None)
         with self._sequence_output(sink) as write:
             for batch in document_groups(documents, BATCH_CHARS):
                 _count_text(counts, batch)
@@ -170,7 +179,7 @@ class CausalLMConverter(DocumentConverter):
                 counts["tokens"] += len(stream)
                 counts["sequences"] += len(lengths)
         if trace:
-            trace.close(counts["sequences"])
+            trace.close(int(counts["sequences"]))
         return counts
 
     @contextlib.contextmanager
@@ -188,7 +197,7 @@ class CausalLMConverter(DocumentConverter):
             yield out.write
 
 
-def _count_text(counts: dict[str, int], batch: Sequence[list[str]]) -> None:
+def _count_text(counts: dict[str, float], batch: Sequence[list[str]]) -> None:
     """A batch's documents, lines and UTF-8 bytes of its lines, counted in one join and one encode."""
     counts["documents"] += len(batch)
     counts["lines"] += sum(map(len, batch))

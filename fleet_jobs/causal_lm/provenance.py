@@ -11,12 +11,14 @@ makes no block. ``output=megatron|tokens``: one sequence per document with ids.
 from __future__ import annotations
 
 from collections import deque
-from typing import Generic, Sequence, TypeVar
+from typing import Generic, Iterable, Sequence, TypeVar
+
+import numpy as np
 
 from fleet.job import Sink
 
 from fleet_jobs.text.inputs.places import Place
-from fleet_jobs.text.provenance import PlacedDocuments, Sidecar
+from fleet_jobs.text.provenance import Sidecar
 
 from .blocks import BlockOptions
 
@@ -69,11 +71,12 @@ class BlockSources(Generic[T]):
 class Trace(Sidecar):
     """An item's sidecar, fed batch by batch as the converter tokenizes and writes."""
 
-    def __init__(self, documents: PlacedDocuments, sink: Sink, opts: BlockOptions | None):
+    def __init__(self, documents: Iterable[list[str]], sink: Sink, opts: BlockOptions | None):
+        """``documents``: a PlacedDocuments (Sidecar raises TypeError for any other)."""
         super().__init__(documents, sink)
         self.sources: BlockSources[Place] | None = BlockSources(opts) if opts else None
 
-    def batch(self, lengths: Sequence[int]) -> None:
+    def batch(self, lengths: Sequence[int] | np.ndarray) -> None:
         """A batch of documents tokenized (``lengths``: each document's number of ids): the lines
         of its blocks, or (no BlockOptions: one sequence per document) of its sequences."""
         places = self.documents.take(len(lengths))

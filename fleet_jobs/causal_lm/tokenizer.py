@@ -20,7 +20,7 @@ import numpy as np
 from fleet.job import ConfigError
 from fleet_jobs.text.groups import line_groups
 
-from .blocks import flatten
+from .blocks import DocumentIds, flatten
 from .unigram import unigram_encoder
 from .word_cache import word_cache
 
@@ -33,7 +33,7 @@ LINE_GROUP_CHARS = 1 << 18
 
 @dataclass(frozen=True)
 class DocumentTokenizer:
-    encode: Callable[[Sequence[list[str]]], list[Sequence[int]]]  # documents (lists of lines) -> ids each
+    encode: Callable[[Sequence[list[str]]], Sequence[DocumentIds]]  # documents (lists of lines) -> ids each
     eod_id: int
     pad_id: int
     vocab_size: int
@@ -65,6 +65,7 @@ def from_bert(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
     """BERT's WordPiece (``fleet_jobs.text.tokenization.BertTokenizer``): [SEP] ends a document by default."""
     vocab = tokenizer.vocab
     eod = _special(vocab, "eod", "eod_token", eod_token, ("[SEP]",), source)
+    assert eod is not None  # [SEP] is in every BERT vocab (tokenization.REQUIRED_TOKENS)
     pad = _special(vocab, "pad", "pad_token", pad_token, PAD_CANDIDATES, source)
     tokenize_flat = tokenizer.tokenize_flat
 
@@ -73,7 +74,7 @@ def from_bert(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
             return tokenize_flat(lines)[0]
         return np.concatenate([tokenize_flat(group)[0] for group in line_groups(lines, LINE_GROUP_CHARS)])
 
-    def encode(documents: Sequence[list[str]]) -> list[Sequence[int]]:
+    def encode(documents: Sequence[list[str]]) -> list[np.ndarray]:
         return [ids(lines) for lines in documents]
 
     # (the vocab's lines, not its distinct tokens: a repeated token leaves its first id unused)
@@ -100,6 +101,7 @@ def from_json(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
     cache = word_cache(tokenizer)  # a byte-level BPE it reproduces exactly: most words looked up
 
     def flat(documents: Sequence[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+        assert cache is not None  # flat is handed on only with a cache (below)
         return cache.encode(["\n".join(lines) for lines in documents])
 
     return DocumentTokenizer(encode, eod, eod if pad is None else pad, tokenizer.get_vocab_size(with_added_tokens=True),

@@ -184,6 +184,7 @@ def run(argv: list[str], *, cwd: str | None, env: dict[str, str], checkpoint: Ca
             feeder.join(grace + 5)
             if feeder.error is not None:  # the program did not get all of its input
                 raise feeder.error
+        assert keeper.stdout is not None  # stdout=PIPE
         said = keeper.stdout.read().strip()
         stderr.join(READER_WAIT)
         code = int(said) if said.lstrip(b"-").isdigit() else keeper.returncode  # no code: the keeper died

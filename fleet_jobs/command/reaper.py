@@ -104,7 +104,8 @@ def end_all(group: int, grace: float) -> None:
     """SIGTERM to every process below this one and to the program's ``group``, SIGKILL after
     ``grace`` seconds to what is left, until none is left (or SLACK seconds more: a zombie that
     init never reaps)."""
-    me, termed, group_termed = os.getpid(), set(), False
+    me, group_termed = os.getpid(), False
+    termed: set[int] = set()
     kill_at = time.monotonic() + grace
     give_up = kill_at + SLACK
     while True:

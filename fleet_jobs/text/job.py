@@ -17,8 +17,8 @@ import abc
 import dataclasses
 from typing import Any, Iterable, Iterator, Mapping
 
-from fleet.job import (ConfigError, Converter, ItemContext, ItemInput, Job, Opener, Piece, Reducer, Sink, Source,
-                       Stage, StageOptions)
+from fleet.job import (ConfigError, Converter, ItemContext, ItemInput, Job, KeyedSink, Opener, Piece, Reducer, Sink,
+                       Source, Stage, StageOptions)
 
 from fleet_jobs.text.converter import CHECK_EVERY, DocumentConverter
 from fleet_jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
@@ -124,8 +124,9 @@ class _Documents(Converter):
     def __init__(self, inner: DocumentConverter):
         self.inner = inner
 
-    def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink) -> dict[str, float]:
-        """The item's documents converted; in a dedup run, emitted for the dedup stage instead."""
+    def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink | KeyedSink) -> dict[str, float]:
+        """The item's documents converted; in a dedup run, emitted for the dedup stage instead
+        (``sink`` is a KeyedSink when ``ctx.feeds`` names a stage)."""
         tally = Tally()
         group = None
         if item.grouped:  # its files one by one, each counted in its row as the item's stats name documents
@@ -138,6 +139,7 @@ class _Documents(Converter):
         else:
             documents = group.documents() if group else item_documents(item, ctx, tally)
         if ctx.feeds == DEDUP:
+            assert isinstance(sink, KeyedSink)  # the map feeds the dedup stage
             stats = dedup_map(documents, ctx, sink)
         else:
             stats = dict(self.inner.convert(documents, ctx, example_sink(sink, ctx)))

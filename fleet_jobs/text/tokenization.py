@@ -181,11 +181,13 @@ def load_vocab(data: bytes | str, source: str = "vocab") -> dict[str, int]:
 _NEWLINE = (-1,)  # what a newline "token" maps to in tokenize_flat: marks the end of a line
 
 
-class _IdCache(dict):
+class _IdCache(dict[str, tuple[int, ...]]):
     """basic token -> tuple of ids; a miss runs WordPiece. Cleared when too big.
     A newline maps to ``_NEWLINE`` (tokenize_flat finds line ends by it)."""
 
     __slots__ = ("wordpiece", "limit")
+    wordpiece: Callable[[str], tuple[int, ...]]
+    limit: int
 
     def __missing__(self, word: str) -> tuple[int, ...]:
         ids = _NEWLINE if word == "\n" else self.wordpiece(word)
@@ -195,13 +197,15 @@ class _IdCache(dict):
         return ids
 
 
-class _CodeCache(dict):
+class _CodeCache(dict[str, int]):
     """basic token -> one int for ``tokenize_flat``: the id of a one-piece token (nearly all),
     -1 for a newline, or ``-2 - k`` for ``pieces[k]``, the ids of a token of several pieces.
     One int per token lets numpy take the ids straight from the ``map`` with a known length,
     without chaining a tuple per token (about half the cost of that step)."""
 
     __slots__ = ("ids", "pieces")
+    ids: _IdCache
+    pieces: list[tuple[int, ...]]
 
     def __missing__(self, word: str) -> int:
         ids = self.ids[word]

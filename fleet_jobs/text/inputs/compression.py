@@ -17,7 +17,7 @@ import io
 import lzma
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Callable, Protocol
 
 COMPRESSIONS = {".gz": "gz", ".gzip": "gz", ".bz2": "bz2", ".xz": "xz", ".zst": "zst", ".zstd": "zst"}
 # How a member starts: a zstd stream may also hold skippable frames (magic 0x184D2A5?).
@@ -40,6 +40,21 @@ class Trailing:
         name, unit = _NAMES[self.compression]
         return (f"{self.size:,} bytes of trailing garbage after a complete {name} {unit} (not another {unit}): "
                 "ignored, every document before them is kept")
+
+
+class _Member(Protocol):
+    """What a member is decoded with: ``bz2.BZ2Decompressor``, ``lzma.LZMADecompressor``, or one below."""
+
+    def decompress(self, data: bytes, max_length: int, /) -> bytes: ...
+
+    @property
+    def needs_input(self) -> bool: ...
+
+    @property
+    def eof(self) -> bool: ...
+
+    @property
+    def unused_data(self) -> bytes: ...
 
 
 class _Zlib:
@@ -97,7 +112,7 @@ class _Zstd:
         return self._d.unused_data + self._input[self._in:]
 
 
-_DECODERS = {"gz": _Zlib, "bz2": bz2.BZ2Decompressor, "xz": lzma.LZMADecompressor, "zst": _Zstd}
+_DECODERS: dict[str, Callable[[], _Member]] = {"gz": _Zlib, "bz2": bz2.BZ2Decompressor, "xz": lzma.LZMADecompressor, "zst": _Zstd}
 
 
 class _Members(io.RawIOBase):
@@ -111,7 +126,7 @@ class _Members(io.RawIOBase):
     def __init__(self, raw: BinaryIO, compression: str):
         self._raw, self._compression = raw, compression
         self._new, self._magic = _DECODERS[compression], _MAGIC[compression]
-        self._member = None  # the member being decoded, None between members
+        self._member: _Member | None = None  # the member being decoded, None between members
         self._members = 0  # members begun
         self._input = b""  # compressed bytes read and not given to a member yet
         self._at = 0  # offset of _input[0] in the compressed file
@@ -152,6 +167,7 @@ class _Members(io.RawIOBase):
             if self._member is None and not self._start():
                 return b""
             member = self._member
+            assert member is not None  # the one being decoded, or the one _start() just began
             data = b""
             if member.needs_input:
                 if not self._input and not self._more():

@@ -24,8 +24,15 @@ _WIDE = ((codecs.BOM_UTF32_LE, "utf-32-le", "UTF-32"), (codecs.BOM_UTF32_BE, "ut
          (codecs.BOM_UTF16_LE, "utf-16-le", "UTF-16"), (codecs.BOM_UTF16_BE, "utf-16-be", "UTF-16"))
 UTF8_BOM = codecs.BOM_UTF8
 _NOT_TEXT = "fleet.not-text"
-# Not text: a lone surrogate, which UTF-8 ("surrogatepass") writes as bytes no UTF-8 reader takes.
-codecs.register_error(_NOT_TEXT, lambda e: ("\udc80", e.end))
+
+
+def _not_text(error: UnicodeError) -> tuple[str, int]:
+    """Not text: a lone surrogate, which UTF-8 ("surrogatepass") writes as bytes no UTF-8 reader takes."""
+    assert isinstance(error, UnicodeDecodeError)  # _NOT_TEXT is the errors of decoders only (below)
+    return "\udc80", error.end
+
+
+codecs.register_error(_NOT_TEXT, _not_text)
 
 
 def wide(head: bytes) -> tuple[bytes, str, str] | None:

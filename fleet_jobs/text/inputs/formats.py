@@ -113,7 +113,7 @@ class Bad:
     final: bool = False
 
 
-def _blocks(raw: BinaryIO, compression: str) -> Iterator[bytes | Exception]:
+def _blocks(raw: BinaryIO, compression: str) -> Iterator[bytes | Exception | Trailing]:
     """Blocks of at most _BLOCK bytes; where a compressed stream breaks off, what it gave up to
     there, then the error (a plain read of a broken stream would lose the whole block); after
     the last block of one followed by trailing garbage, its compression.Trailing."""
@@ -186,6 +186,7 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool 
                 if trailing is not None:
                     trailing.append(block)
                 break
+            assert isinstance(block, Exception)  # neither bytes nor a Trailing: the stream's error (_blocks)
             if long_at >= 0:
                 yield _LongEnd(offset) if stream_long else _too_long(long_at, None)
             yield Bad(offset + len(carry), f"corrupt or truncated {compression} data ({block}); "
@@ -433,11 +434,13 @@ def _json_events(lines: Iterator, column: str, cirrus: bool) -> Iterator:
             if whole:
                 yield whole
         elif cls is bytes:
+            assert long is not None  # a long record's bytes come between its _LongLine and _LongEnd (_lines)
             yield from long.feed(item)
         elif cls is _LongLine:
             number += 1
             long = _LongRecord(item.offset, number, column)
         elif cls is _LongEnd:
+            assert long is not None  # after its _LongLine (_lines)
             yield from long.close()
             long = None
         else:

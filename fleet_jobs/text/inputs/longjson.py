@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from json.decoder import JSONDecodeError, scanstring
+from json.decoder import JSONDecodeError, scanstring  # type: ignore[attr-defined]  # defined at runtime; typeshed leaves it out
 
 _WS = re.compile(r"[ \t\r\n]*")
 _SKIP_STRING = re.compile(r'(?:[^"\\]++|\\.)*+', re.S)  # a string's body, escapes unchecked
@@ -93,7 +93,9 @@ class TextField:
                     break  # the rest is an escape the next chunk completes
                 continue
             if state in ("skip", "nested_string", "key_string"):
-                e = _SKIP_STRING.match(buf, i).end()
+                m = _SKIP_STRING.match(buf, i)
+                assert m is not None  # it matches the empty string
+                e = m.end()
                 if state == "key_string":
                     self._grow(buf[i:e])
                 i = e
@@ -107,7 +109,9 @@ class TextField:
                     self._state = "nested" if state == "nested_string" else "after"
                 continue
             if state == "nested":
-                i = _NESTED.match(buf, i).end()
+                m = _NESTED.match(buf, i)
+                assert m is not None  # it matches the empty string
+                i = m.end()
                 if i == n:
                     break
                 c = buf[i]
@@ -122,13 +126,17 @@ class TextField:
                         self._state = "after"
                 continue
             if state == "scalar":
-                e = _SCALAR.match(buf, i).end()
+                m = _SCALAR.match(buf, i)
+                assert m is not None  # it matches the empty string
+                e = m.end()
                 self._grow(buf[i:e])
                 i = e
                 if i < n:
                     self._end_scalar()
                 continue
-            i = _WS.match(buf, i).end()
+            m = _WS.match(buf, i)
+            assert m is not None  # it matches the empty string
+            i = m.end()
             if i == n:
                 break
             c = buf[i]
@@ -160,7 +168,9 @@ class TextField:
 
     def _text(self, buf: str, i: int, out: list[str]) -> int:
         """Decode the text string from i as far as whole escapes go; the new position."""
-        e = _TEXT.match(buf, i).end()
+        m = _TEXT.match(buf, i)
+        assert m is not None  # it matches the empty string
+        e = m.end()
         closed = e < len(buf) and buf[e] == '"'
         bad = not closed and e < len(buf) and not _ESCAPE_START.match(buf, e)
         if not closed and not bad and _HIGH.search(buf, i, e) and _escapes(buf, e - 6):

@@ -37,7 +37,7 @@ import json
 from itertools import chain
 from collections import deque
 from dataclasses import dataclass
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator, Literal, overload
 
 from fleet_jobs.text.inputs import formats
 from fleet_jobs.text.inputs.formats import _DOC_OPEN, _SURROGATE, ReadOptions
@@ -77,7 +77,8 @@ class _Matcher:
     def __init__(self, records: Iterator[tuple[int, list[str]]]):
         self.records = records
         self.ahead: deque[tuple[int, list[str]]] = deque()
-        self.where, self.lines, self.used = 0, [], 0  # the record being matched, and its lines matched
+        self.where, self.used = 0, 0  # the record being matched, and its lines matched
+        self.lines: list[str] = []
 
     def place(self, doc: list[str]) -> int | None:
         if self.used and self.lines[self.used:self.used + len(doc)] == doc:  # the record's next part
@@ -103,6 +104,14 @@ class _Matcher:
 
 
 LOOKAHEAD = 4096  # records a document is looked for in, past the last one matched
+
+
+@overload
+def _lines(raw: BinaryIO, compression: str, base: int, whole: Literal[False]) -> Iterator[tuple[int, str | None]]: ...
+
+
+@overload
+def _lines(raw: BinaryIO, compression: str, base: int, whole: bool) -> Iterator[tuple[int, str | bytes | None]]: ...
 
 
 def _lines(raw: BinaryIO, compression: str, base: int, whole: bool) -> Iterator[tuple[int, str | bytes | None]]:
@@ -168,7 +177,8 @@ def line_records(raw: BinaryIO, fmt: str, compression: str, base: int, options: 
 
 
 def _text_records(lines: Iterator[tuple[int, str | None]]) -> Iterator[tuple[int, list[str]]]:
-    start, doc = 0, []
+    start = 0
+    doc: list[str] = []
     for offset, line in lines:
         if line is None:  # a bad line is dropped; its document goes on
             continue
@@ -187,7 +197,8 @@ def _wikiextractor_records(lines: Iterator[tuple[int, str | None]], keep_titles:
                            ) -> Iterator[tuple[int, list[str]]]:
     """As formats._wikiextractor_events: a <doc> line opens (and drops an open one), </doc> closes."""
     outside, title, text = 0, 1, 2
-    state, start, doc = outside, 0, []
+    state, start = outside, 0
+    doc: list[str] = []
     for offset, line in lines:
         if line is None:
             if state:

@@ -73,14 +73,14 @@ def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str, limit
             nl = data.find(b"\n", i)
             if nl < 0:
                 if offset >= size:  # the last line, with no newline
-                    if whole and base + i >= pos and data.startswith(mark, i) and _starts(fmt, data[i:]):
+                    if whole and mark is not None and base + i >= pos and data.startswith(mark, i) and _starts(fmt, data[i:]):
                         return base + i, True
                 elif len(data) - i > _SHORT:
                     passing = True
                 else:
                     carry = data[i:]
                 break
-            if whole and base + i >= pos and data.startswith(mark, i) and _starts(fmt, data[i:nl]):
+            if whole and mark is not None and base + i >= pos and data.startswith(mark, i) and _starts(fmt, data[i:nl]):
                 return base + i, True
             if first_line_end is None:
                 first_line_end = base + nl + 1
