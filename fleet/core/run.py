@@ -490,7 +490,7 @@ class PlanRequest:
     stage_options: StageOptions = StageOptions()  # --shards, --dedup: the stages after the map (Job.stages)
     shuffle_budget: int = 256 << 20  # memory a stage's sort holds before it spills: it changes no output byte
     # When a stage gets a combine step; None: fleet.core.shuffle.COMBINE_RULE, looked up when it
-    # plans (a test may change it). A run planned already keeps the steps it was planned with.
+    # plans. A run planned already keeps the steps it was planned with (none, if older code planned it).
     combine: CombineRule | None = None
 
 
