@@ -25,15 +25,17 @@ DOC = "document {:07d} of the corpus, one line\n\n"
 
 
 def plan_one(folder: str, n: int) -> None:
-    from fleet.core.run import plan
+    from fleet.core.run import PlanRequest, plan
 
     corpus = os.path.join(folder, "corpus.txt")
     with open(corpus, "w") as f:
         for i in range(n):
             f.write(DOC.format(i))
     t0 = time.perf_counter()
-    _, items, _ = plan(os.path.join(folder, "bucket"), "big", "tests.helpers.sleepjob:JOB", [corpus],
-                       os.path.join(folder, "out"), {}, "bench", item_bytes=len(DOC.format(0)) - 1)
+    _, items, _ = plan(os.path.join(folder, "bucket"), PlanRequest(run="big", job="tests.helpers.sleepjob:JOB",
+                                                                   inputs=[corpus], output=os.path.join(folder, "out"),
+                                                                   code_version="bench",
+                                                                   item_bytes=len(DOC.format(0)) - 1))
     assert len(items) == n, len(items)
     print(f"{time.perf_counter() - t0:.1f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}")
 

@@ -227,7 +227,7 @@ def run_worker(bucket: str, name: str, folder: str) -> float:
 
 def rss_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
     from fleet.core.lease import DONE
-    from fleet.core.run import load_items, plan
+    from fleet.core.run import PlanRequest, load_items, plan
     from fleet.core.status import StatusReader
     from fleet.core.store import open_store
     from fleet.core.verify import reopen
@@ -237,9 +237,10 @@ def rss_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
     shutil.rmtree(out, ignore_errors=True)
     bucket = os.path.join(out, ".fleet")
     budget = int(args.rss_shuffle_mb * 1e6)
-    _, items, _ = plan(bucket, RUN, JOB, [corpus], out, {"vocab_file": vocab}, "bench", lease_ttl=60,
-                       item_bytes=int(args.rss_item_mb * 1e6), stage_options=StageOptions(1, ""),
-                       shuffle_budget=budget)
+    _, items, _ = plan(bucket, PlanRequest(run=RUN, job=JOB, inputs=[corpus], output=out, code_version="bench",
+                                           settings={"vocab_file": vocab}, lease_ttl=60,
+                                           item_bytes=int(args.rss_item_mb * 1e6), stage_options=StageOptions(1, ""),
+                                           shuffle_budget=budget))
     whole = run_worker(bucket, "whole", folder)
     store = open_store(bucket)
     leases = StatusReader(store, RUN).leases()

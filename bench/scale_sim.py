@@ -415,7 +415,7 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     import fleet.core.store as core_store
     from fleet.core.lease import DONE, FAILED, Lease
     from fleet.core.layout import lease_prefix
-    from fleet.core.run import load_items, plan
+    from fleet.core.run import PlanRequest, load_items, plan
     import fleet.core.spawner as spawner
     from fleet.core.shuffle import CombineRule
     from fleet.core.spawner import Worker
@@ -461,11 +461,11 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     settings = {"seconds": str(seconds), "jitter": str(jitter)}
     if shards:
         settings.update(records=str(records), reduce_seconds=str(reduce_seconds))
-    _, planned, _ = plan(root, run, SLEEPJOB, [corpus], f"{root}/out/{run}",
-                         settings, "sim", lease_ttl=ttl, max_attempts=5, item_bytes=size - 1,  # one document each
-                         stage_options=StageOptions(shards),
-                         combine=CombineRule(group=combine[0], blocks=combine[1]) if combine[0] else
-                         CombineRule(min_reads=1 << 62))
+    _, planned, _ = plan(root, PlanRequest(
+        run=run, job=SLEEPJOB, inputs=[corpus], output=f"{root}/out/{run}", code_version="sim", settings=settings,
+        lease_ttl=ttl, max_attempts=5, item_bytes=size - 1,  # one document each
+        stage_options=StageOptions(shards),
+        combine=CombineRule(group=combine[0], blocks=combine[1]) if combine[0] else CombineRule(min_reads=1 << 62)))
     assert sum(1 for i in planned if i.step == 0) == items, (len(planned), items)
     # The item list is the same for every worker: one copy in this process (a VM's workers each read theirs).
     shared = load_items(store, run)

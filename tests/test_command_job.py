@@ -36,7 +36,7 @@ from fleet.cli.commands import app
 from fleet.job import ConfigError, ItemContext, ItemFailed, item_seed, load_job
 from fleet.core.lease import DONE, LEASED, Lease, Lost
 from fleet.cli.local import run_local
-from fleet.core.run import load_items, plan
+from fleet.core.run import PlanRequest, load_items, plan
 from fleet.core.layout import lease_prefix, released_prefix
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
@@ -280,8 +280,9 @@ def test_sigterm_gives_the_item_back_and_stops_the_whole_process_group(sig, stor
     pids = tmp_path / "pids"
     # The shell, a background grandchild, and a partial output: none may survive or be committed.
     cmd = (f"echo partial > {{output}}/part.txt; sleep 300 & echo $$ $! > {pids}; wait # {{input}}")
-    plan(store_url, "give", "command", [f"{store_url}/in/"], f"{store_url}/out-give", {"command": cmd, "grace": "2"},
-         "test", lease_ttl=60, max_attempts=3)
+    plan(store_url, PlanRequest(run="give", job="command", inputs=[f"{store_url}/in/"], output=f"{store_url}/out-give",
+                                code_version="test", settings={"command": cmd, "grace": "2"}, lease_ttl=60,
+                                max_attempts=3))
     w = start_worker(store_url, "give", "w", str(tmp_path / "logs"))
     _wait_for(pids, w)
     shell, child = map(int, pids.read_text().split())
@@ -329,8 +330,8 @@ def test_the_next_worker_stops_what_a_sigkilled_worker_left_running(tmp_path):
     pids, again = tmp_path / "pids", tmp_path / "again"
     cmd = (f"if [ -e {again} ]; then echo ok > {{output}}/ok.txt; "
            f"else touch {again}; sleep 300 & echo $! > {pids}; wait; fi # {{input}}")
-    plan(bucket, "orphan", "command", [str(src)], str(tmp_path / "out"), {"command": cmd}, "test",
-         lease_ttl=2, max_attempts=3)
+    plan(bucket, PlanRequest(run="orphan", job="command", inputs=[str(src)], output=str(tmp_path / "out"),
+                             code_version="test", settings={"command": cmd}, lease_ttl=2, max_attempts=3))
     first = start_worker(bucket, "orphan", "first", str(tmp_path / "logs"))
     _wait_for(pids, first)
     first.popen.send_signal(signal.SIGKILL)
@@ -359,8 +360,9 @@ def test_sigkilled_workers_commit_each_item_once_with_the_bytes_of_a_clean_run(s
     logs = str(tmp_path / "logs")
 
     def plan_run(run: str, ttl: float) -> int:
-        _, items, _ = plan(store_url, run, "command", [f"{store_url}/in/"], f"{store_url}/out-{run}", options, "test",
-                           lease_ttl=ttl, max_attempts=20, item_bytes=1000)
+        _, items, _ = plan(store_url, PlanRequest(run=run, job="command", inputs=[f"{store_url}/in/"],
+                                                  output=f"{store_url}/out-{run}", code_version="test",
+                                                  settings=options, lease_ttl=ttl, max_attempts=20, item_bytes=1000))
         return len(items)
 
     n = plan_run("clean", 60)

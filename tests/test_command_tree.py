@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fleet.core.lease import LEASED, Lease, Lost
 from fleet.core.layout import lease_prefix
-from fleet.core.run import plan
+from fleet.core.run import PlanRequest, plan
 from fleet.core.store import open_store
 from fleet.job import ItemContext, ItemFailed, ItemInput, load_job
 from fleet_jobs.command import process
@@ -196,9 +196,10 @@ def test_sigterm_to_a_worker_ends_the_setsid_grandchildren_of_its_item(store_url
     store = open_store(store_url)
     store.upload_file("in/x.txt", str(src))
     pidfile = tmp_path / "pids"
-    plan(store_url, "tree", "command", [f"{store_url}/in/"], f"{store_url}/out-tree",
-         {"command": _spawn_command(tmp_path, pidfile, ["s", "fsf"], "hang"), "grace": "1"}, "test",
-         lease_ttl=60, max_attempts=3)
+    plan(store_url, PlanRequest(run="tree", job="command", inputs=[f"{store_url}/in/"], output=f"{store_url}/out-tree",
+                                code_version="test",
+                                settings={"command": _spawn_command(tmp_path, pidfile, ["s", "fsf"], "hang"), "grace": "1"},
+                                lease_ttl=60, max_attempts=3))
     w = start_worker(store_url, "tree", "w", str(tmp_path / "logs"))
     deadline = time.time() + 120
     while len(_pids(pidfile)) < 2:

@@ -20,7 +20,7 @@ from fleet.gce import compute, compute_requests, iam
 from fleet.cli.commands import app
 from fleet.core.codesync import sync
 from fleet.gce.config import DEFAULT_CODE_PATHS
-from fleet.core.run import plan
+from fleet.core.run import PlanRequest, plan
 from fleet.core.store import open_store
 from tests.helpers.gce import PROJECT, spec
 from tests.standins.catalog import Catalog
@@ -146,8 +146,8 @@ def launched(fake_gcs, gcs_bucket, standin, tmp_path, monkeypatch):
     store = open_store(bucket)
     store.upload_file("corpus/sample_en.txt", str(ROOT / "corpus" / "sample_en.txt"))
     version = sync(bucket, paths=DEFAULT_CODE_PATHS).version
-    plan(bucket, "r1", "tests.helpers.linejob:JOB", [f"{bucket}/corpus/"], f"{bucket}/out/", {}, version,
-         item_bytes=200_000)
+    plan(bucket, PlanRequest(run="r1", job="tests.helpers.linejob:JOB", inputs=[f"{bucket}/corpus/"],
+                             output=f"{bucket}/out/", code_version=version, item_bytes=200_000))
     return bucket, standin
 
 
@@ -178,11 +178,12 @@ def test_status_shows_the_migs_instances_and_its_stock_out_errors(launched):
 
 def test_launch_refuses_what_vms_cannot_run(launched, tmp_path):
     bucket, standin = launched
-    plan(bucket, "localout", "tests.helpers.linejob:JOB", [f"{bucket}/corpus/"], str(tmp_path / "out"), {},
-         "0123456789abcdef")
+    plan(bucket, PlanRequest(run="localout", job="tests.helpers.linejob:JOB", inputs=[f"{bucket}/corpus/"],
+                             output=str(tmp_path / "out"), code_version="0123456789abcdef"))
     out = fleet("launch", "--run", "localout", "--workers", "2", code=2)
     assert "is a local path; VMs can read and write only gs:// URLs" in out
-    plan(bucket, "unsynced", "tests.helpers.linejob:JOB", [f"{bucket}/corpus/"], f"{bucket}/o2/", {}, "0123456789abcdef")
+    plan(bucket, PlanRequest(run="unsynced", job="tests.helpers.linejob:JOB", inputs=[f"{bucket}/corpus/"],
+                             output=f"{bucket}/o2/", code_version="0123456789abcdef"))
     assert "code version 0123456789abcdef (pinned by run 'unsynced') is not in" in \
         fleet("launch", "--run", "unsynced", "--workers", "2", code=2)
     assert "--workers 0: give 1 to 1000 (the limit of a zonal" in fleet("launch", "--run", "r1", "--workers", "0", code=2)

@@ -26,7 +26,7 @@ from fleet.gce.boots import boot_records
 from fleet.core.codesync import sync
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.layout import vm_paths_text
-from fleet.core.run import plan
+from fleet.core.run import PlanRequest, plan
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
 from tests.standins.compute import ComputeStandin
@@ -97,8 +97,8 @@ def test_startup_sh_installs_and_works_on_a_bare_debian_12(fake_gcs, gcs_bucket,
     store = open_store(bucket)
     store.upload_file("corpus/sample_en.txt", str(ROOT / "corpus" / "sample_en.txt"))
     version = sync(bucket, paths=list(DEFAULT_CODE_PATHS) + ["tests/__init__.py", "tests/helpers"]).version
-    plan(bucket, "deb", "tests.helpers.linejob:JOB", [f"{bucket}/corpus/sample_en.txt"], f"{bucket}/out-deb",
-         {}, version, item_bytes=200_000)
+    plan(bucket, PlanRequest(run="deb", job="tests.helpers.linejob:JOB", inputs=[f"{bucket}/corpus/sample_en.txt"],
+                             output=f"{bucket}/out-deb", code_version=version, item_bytes=200_000))
 
     # Compute: a template and a MIG of one VM, which this chroot is.
     standin = ComputeStandin(PROJECT).start()

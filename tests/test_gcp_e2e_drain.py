@@ -15,7 +15,7 @@ import time
 
 from fleet.core.lease import DONE, Lease
 from fleet.core.layout import lease_prefix, worker_prefix
-from fleet.core.run import plan
+from fleet.core.run import PlanRequest, plan
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
 
@@ -37,8 +37,9 @@ def beats(store, run: str) -> dict[str, dict]:
 
 
 def test_idle_workers_leave_except_the_standbys(store_url):
-    _, items, _ = plan(store_url, "tail", JOB, [CORPUS_EN], f"{store_url}/out-tail", {"delay": "0.2"}, "test",
-                       lease_ttl=3, item_bytes=200_000)
+    _, items, _ = plan(store_url, PlanRequest(run="tail", job=JOB, inputs=[CORPUS_EN], output=f"{store_url}/out-tail",
+                                              code_version="test", settings={"delay": "0.2"}, lease_ttl=3,
+                                              item_bytes=200_000))
     assert len(items) == 3  # of 12 to 21 documents: 2.4 s or more each
     procs = [start(store_url, "tail", f"w{i}", standby=1) for i in range(5)]
     for p in procs:
@@ -57,8 +58,9 @@ def test_idle_workers_leave_except_the_standbys(store_url):
 
 
 def test_a_standby_takes_over_when_the_last_busy_worker_dies(store_url):
-    plan(store_url, "strand", JOB, [CORPUS_EN], f"{store_url}/out-strand", {"delay": "0.06"}, "test",
-         lease_ttl=2.0, max_attempts=3, item_bytes=10_000_000)
+    plan(store_url, PlanRequest(run="strand", job=JOB, inputs=[CORPUS_EN], output=f"{store_url}/out-strand",
+                                code_version="test", settings={"delay": "0.06"}, lease_ttl=2.0, max_attempts=3,
+                                item_bytes=10_000_000))
     store = open_store(store_url)
     procs = {name: start(store_url, "strand", name, standby=1) for name in ("a", "b")}
     holder, deadline = None, time.time() + 60
@@ -81,8 +83,8 @@ def test_a_standby_takes_over_when_the_last_busy_worker_dies(store_url):
 
 def test_sigterm_right_after_a_claim_still_gives_the_item_back(store_url):
     """A VM stopped between a claim and the conversion's start must not keep the item for a whole TTL."""
-    plan(store_url, "justclaimed", JOB, [CORPUS_EN], f"{store_url}/out-jc", {}, "test", lease_ttl=300,
-         item_bytes=10_000_000)
+    plan(store_url, PlanRequest(run="justclaimed", job=JOB, inputs=[CORPUS_EN], output=f"{store_url}/out-jc",
+                                code_version="test", lease_ttl=300, item_bytes=10_000_000))
     code = f"from fleet.core.processes import work_one; raise SystemExit(work_one({store_url!r}, 'justclaimed', 'w', standby=1))"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE,
                             env=dict(os.environ, PYTHONPATH=ROOT, FLEET_TEST_PAUSE="claimed=30"))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fleet.core import accounting
 from fleet.core.accounting import HIDDEN, NAMES, OTHER, REASONS, InputAccount
-from fleet.core.run import plan
+from fleet.core.run import PlanRequest, plan
 from fleet.core.sources import survey
 from fleet.core.store import open_store
 from fleet.job import InputError
@@ -203,14 +203,16 @@ def test_a_run_planned_before_accounts_were_kept_resumes_and_shows_none(tmp_path
     write(tmp_path / "in" / "a.txt", b"a\n\nb\n")
     write(tmp_path / "in" / "README", b"r\n")
     bucket = str(tmp_path / "b")
-    spec, _, created = plan(bucket, "r", LINEJOB, [str(tmp_path / "in")], str(tmp_path / "o"), {}, "v")
+    spec, _, created = plan(bucket, PlanRequest(run="r", job=LINEJOB, inputs=[str(tmp_path / "in")],
+                                                output=str(tmp_path / "o"), code_version="v"))
     assert created and spec.input_files["skipped"]["files"] == 1
     path = tmp_path / "b" / "runs" / "r" / "run.json"
     old = json.loads(path.read_text())
     del old["input_files"]
     path.write_text(json.dumps(old))
     write(tmp_path / "in" / "NOTICE", b"n\n")  # a file skipped now that was not there: no other outputs
-    spec, _, created = plan(bucket, "r", LINEJOB, [str(tmp_path / "in")], str(tmp_path / "o"), {}, "v")
+    spec, _, created = plan(bucket, PlanRequest(run="r", job=LINEJOB, inputs=[str(tmp_path / "in")],
+                                                output=str(tmp_path / "o"), code_version="v"))
     assert not created and spec.input_files == {}
 
 

@@ -26,7 +26,7 @@ from fleet.core.attempt import DirSink
 from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.manifest import MANIFEST, claim_finish, counters, finishing_name, manifest_json, \
     manifest_of, totals, write_run_files
-from fleet.core.run import Item, RunSpec, plan
+from fleet.core.run import Item, PlanRequest, RunSpec, plan
 from fleet.core.spawner import Worker
 from fleet.core.status import build_manifest
 from fleet.core.store import open_store
@@ -220,7 +220,8 @@ def test_a_worker_that_finds_the_run_drained_writes_the_run_files(tmp_path):
     folder.mkdir()
     write_corpus(str(folder / "a.txt"), 25)
     bucket, output = str(tmp_path / "bucket"), str(tmp_path / "out")
-    plan(bucket, "r", RUNFILEJOB, [str(folder)], output, {}, "test", lease_ttl=30, item_bytes=600)
+    plan(bucket, PlanRequest(run="r", job=RUNFILEJOB, inputs=[str(folder)], output=output, code_version="test",
+                             lease_ttl=30, item_bytes=600))
     worker = Worker(bucket, "r", name="w", poll=0.01)
     try:
         worker.run_until_drained()

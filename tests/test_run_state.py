@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from fleet.core.claims import ClaimPolicy
 from fleet.core.lease import DONE, Lease
-from fleet.core.run import load_spec, plan
+from fleet.core.run import PlanRequest, load_spec, plan
 from fleet.core.layout import final_prefix, lease_prefix
 from fleet.core.spawner import Worker
 from fleet.core.status import StatusReader
@@ -74,8 +74,8 @@ def _plan(tmp_path: Path, docs: int = 30, bucket: str | None = None, lease_ttl: 
     write_corpus(str(folder / "a.txt"), docs)
     bucket = bucket or str(tmp_path / "bucket")
     output = f"{bucket}/out" if bucket.startswith("gs://") else str(tmp_path / "out")
-    _, items, _ = plan(bucket, RUN, LINEJOB, [str(folder)], output, {}, "test",
-                       lease_ttl=lease_ttl, max_attempts=3, item_bytes=600)
+    _, items, _ = plan(bucket, PlanRequest(run=RUN, job=LINEJOB, inputs=[str(folder)], output=output,
+                                           code_version="test", lease_ttl=lease_ttl, max_attempts=3, item_bytes=600))
     return bucket, items
 
 
@@ -288,15 +288,17 @@ def test_a_run_planned_before_an_option_existed_resumes_with_its_default(tmp_pat
     corpus = tmp_path / "c.txt"
     corpus.write_text("a\nb\n\nc\n", encoding="utf-8")
     bucket, job = str(tmp_path / "b"), "tests.helpers.linejob:JOB"
-    plan(bucket, "r", job, [str(corpus)], str(tmp_path / "out"), {}, "v")
+    plan(bucket, PlanRequest(run="r", job=job, inputs=[str(corpus)], output=str(tmp_path / "out"), code_version="v"))
     spec_path = tmp_path / "b" / "runs" / "r" / "run.json"
     old = json.loads(spec_path.read_text())
     del old["config"]["poison"]  # as written by a version of the job without that option
     spec_path.write_text(json.dumps(old))
-    spec, _, created = plan(bucket, "r", job, [str(corpus)], str(tmp_path / "out"), {}, "v")
+    spec, _, created = plan(bucket, PlanRequest(run="r", job=job, inputs=[str(corpus)], output=str(tmp_path / "out"),
+                                                code_version="v"))
     assert not created and spec.config["poison"] == ""
     with pytest.raises(PlanError, match="option poison is 'x', was ''"):
-        plan(bucket, "r", job, [str(corpus)], str(tmp_path / "out"), {"poison": "x"}, "v")
+        plan(bucket, PlanRequest(run="r", job=job, inputs=[str(corpus)], output=str(tmp_path / "out"), code_version="v",
+                                 settings={"poison": "x"}))
 
 
 # -- the resume repair, one function for `fleet local` and `fleet status --verify` (issue 31) -----------

@@ -88,14 +88,16 @@ def _crowd_run(bucket: str, items: int, workers: int, monkeypatch) -> tuple[dict
     import collections
     import threading
 
-    from fleet.core.run import plan
+    from fleet.core.run import PlanRequest, plan
     from fleet.core.spawner import Worker
 
     store = open_store(bucket)
     store.write("in/corpus.txt", "".join(f"doc {i:07d}\n\n" for i in range(items)).encode())
-    _, planned, _ = plan(bucket, "crowd", "tests.helpers.sleepjob:JOB", [f"{bucket.rstrip('/')}/in/corpus.txt"],
-                         f"{bucket.rstrip('/')}/out", {"seconds": "0", "jitter": "0"}, "test", lease_ttl=30,
-                         item_bytes=len("doc 0000000\n\n") - 1)  # one document each
+    _, planned, _ = plan(bucket, PlanRequest(run="crowd", job="tests.helpers.sleepjob:JOB",
+                                             inputs=[f"{bucket.rstrip('/')}/in/corpus.txt"],
+                                             output=f"{bucket.rstrip('/')}/out", code_version="test",
+                                             settings={"seconds": "0", "jitter": "0"}, lease_ttl=30,
+                                             item_bytes=len("doc 0000000\n\n") - 1))  # one document each
     assert len(planned) == items
     objects: collections.Counter = collections.Counter()
     calls = [0]
@@ -172,14 +174,15 @@ def _draining_crowd(tmp_path, workers: int, monkeypatch, finish_delay: float = 0
 
     from fleet.core import manifest
     from fleet.core.claims import ClaimPolicy
-    from fleet.core.run import plan
+    from fleet.core.run import PlanRequest, plan
     from fleet.core.spawner import Worker
 
     bucket = str(tmp_path / f"bucket{workers}")
     store = open_store(bucket)
     store.write("in/corpus.txt", "".join(f"doc {i:07d}\n\n" for i in range(60)).encode())
-    plan(bucket, "crowd", "tests.helpers.sleepjob:JOB", [f"{bucket}/in/corpus.txt"], f"{bucket}/out",
-         {"seconds": "0", "jitter": "0"}, "test", lease_ttl=ttl, item_bytes=len("doc 0000000\n\n") - 1)
+    plan(bucket, PlanRequest(run="crowd", job="tests.helpers.sleepjob:JOB", inputs=[f"{bucket}/in/corpus.txt"],
+                             output=f"{bucket}/out", code_version="test", settings={"seconds": "0", "jitter": "0"},
+                             lease_ttl=ttl, item_bytes=len("doc 0000000\n\n") - 1))
     if ghost:
         assert manifest.claim_finish(store, "crowd", "ghost", ttl, started=0.0)
     confirms = [0]

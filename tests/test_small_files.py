@@ -27,7 +27,7 @@ from rich.console import Console
 from fleet.cli.local import RUN, run_local
 from fleet.core.layout import counts_name, items_name, spec_name
 from fleet.core.manifest import MANIFEST, CountsMissing, manifest_of
-from fleet.core.run import MAX_GROUP_FILES, Item, PlanError, group_pieces, load_items, make_items, plan
+from fleet.core.run import MAX_GROUP_FILES, Item, PlanError, PlanRequest, group_pieces, load_items, make_items, plan
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
 from fleet.core.verify import check_outputs
@@ -138,8 +138,8 @@ def test_every_byte_is_in_one_item_in_order_and_groups_stay_within_the_target(si
 
 def test_items_of_a_grouped_plan_round_trip_through_items_jsonl(tmp_path):
     one_line_files(tmp_path / "in", 30)
-    _, items, _ = plan(str(tmp_path / "b"), "r", LINEJOB, [str(tmp_path / "in")], str(tmp_path / "out"), {}, "v",
-                       item_bytes=300)
+    _, items, _ = plan(str(tmp_path / "b"), PlanRequest(run="r", job=LINEJOB, inputs=[str(tmp_path / "in")],
+                                                        output=str(tmp_path / "out"), code_version="v", item_bytes=300))
     store = open_store(str(tmp_path / "b"))
     assert load_items(store, "r") == items
     assert len(items) > 2 and all(len(i.parts) >= 2 for i in items)
@@ -284,7 +284,8 @@ def test_a_bad_file_in_a_group_is_one_line_naming_it_and_nothing_else_is_lost(tm
     junk.write_bytes(b"\n".join(bytes(rng.randrange(128, 256) for _ in range(30)) for _ in range(20)) + b"\n")
     gone = tmp_path / "in" / "f00030.txt"
     bucket, out = str(tmp_path / "bucket"), tmp_path / "out"
-    _, items, _ = plan(bucket, "r", LINEJOB, [str(tmp_path / "in")], str(out), {}, "v", item_bytes=100_000)
+    _, items, _ = plan(bucket, PlanRequest(run="r", job=LINEJOB, inputs=[str(tmp_path / "in")], output=str(out),
+                                           code_version="v", item_bytes=100_000))
     assert len(items) == 1 and len(items[0].parts) == 40
     gone.unlink()  # after the plan: gone when its turn comes
     worker = start_worker(bucket, "r", "w", str(tmp_path / "logs"))
@@ -326,7 +327,8 @@ def test_grouped_files_in_a_bucket_are_read_ahead_and_one_gone_fails_alone(tmp_p
     store = open_store(bucket)
     for path in sorted((tmp_path / "in").iterdir()):
         store.write(f"in/{path.name}", path.read_bytes())
-    _, items, _ = plan(bucket, "r", LINEJOB, [f"{bucket}/in"], f"{bucket}/out", {}, "v", item_bytes=100_000)
+    _, items, _ = plan(bucket, PlanRequest(run="r", job=LINEJOB, inputs=[f"{bucket}/in"], output=f"{bucket}/out",
+                                           code_version="v", item_bytes=100_000))
     assert len(items) == 1 and len(items[0].parts) == 60
     store.delete("in/f00042.txt")
     worker = start_worker(bucket, "r", "w", str(tmp_path / "logs"))
@@ -397,8 +399,9 @@ def test_a_run_the_code_before_grouping_planned_resumes_with_an_item_per_file(tm
             text = text.replace(f"{{VERSION:f{i:05d}.txt}}", version)
         (Path(bucket) / "runs" / "old" / name).write_text(text, encoding="utf-8")
     planned = (Path(bucket) / "runs" / "old" / "items.jsonl").read_bytes()
-    spec, items, created = plan(bucket, "old", LINEJOB, [str(base / "in")], str(base / "out"), {}, "test",
-                                lease_ttl=30, item_bytes=262144)
+    spec, items, created = plan(bucket, PlanRequest(run="old", job=LINEJOB, inputs=[str(base / "in")],
+                                                    output=str(base / "out"), code_version="test", lease_ttl=30,
+                                                    item_bytes=262144))
     assert not created and spec.group_files == 0 and len(items) == 6 and not any(i.parts for i in items)
     assert (Path(bucket) / "runs" / "old" / "items.jsonl").read_bytes() == planned
     Worker(bucket, "old", "w").run_until_drained()

@@ -12,7 +12,7 @@ import time
 
 from fleet.core.lease import DONE, Lease
 from fleet.core.layout import lease_prefix, worker_prefix
-from fleet.core.run import plan
+from fleet.core.run import PlanRequest, plan
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
 
@@ -30,8 +30,9 @@ def start_worker(bucket: str, run: str, name: str) -> subprocess.Popen:
 
 def plan_run(bucket: str, run: str, delay: float, ttl: float, **extra) -> list:
     settings = {"delay": str(delay), **extra}
-    _, items, _ = plan(bucket, run, JOB, [CORPUS_EN], f"{bucket}/out-{run}", settings, "test",
-                       lease_ttl=ttl, max_attempts=4, item_bytes=60_000)
+    _, items, _ = plan(bucket, PlanRequest(run=run, job=JOB, inputs=[CORPUS_EN], output=f"{bucket}/out-{run}",
+                                           code_version="test", settings=settings, lease_ttl=ttl, max_attempts=4,
+                                           item_bytes=60_000))
     return items
 
 

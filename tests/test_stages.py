@@ -24,7 +24,7 @@ from fleet.cli.local import run_local
 from fleet.core import shuffle
 from fleet.core.claims import ClaimPolicy
 from fleet.core.lease import DONE, FAILED, Lease
-from fleet.core.run import BARRIER, COMBINE, ITEMS, MAP, StepPlan, load_items, load_spec, plan, stage_items
+from fleet.core.run import BARRIER, COMBINE, ITEMS, MAP, PlanRequest, StepPlan, load_items, load_spec, plan, stage_items
 from fleet.core.shuffle import Combine, CombineRule
 from fleet.core.store import open_store
 from fleet.core.verify import downstream
@@ -442,8 +442,10 @@ def test_a_run_planned_before_combine_steps_resumes_with_its_own_steps(corpus, t
         with open(os.path.join(bucket, "runs", "old", name), "w", encoding="utf-8") as f:
             f.write(text)
     planned = open(os.path.join(bucket, "runs", "old", "items.jsonl"), "rb").read()
-    spec, items, created = plan(bucket, "old", JOB, [str(base / "corpus.txt")], str(base / "out"), {}, "test",
-                                lease_ttl=30, max_attempts=10, item_bytes=2500, stage_options=StageOptions(3, "lines"))
+    spec, items, created = plan(bucket, PlanRequest(run="old", job=JOB, inputs=[str(base / "corpus.txt")],
+                                                    output=str(base / "out"), code_version="test", lease_ttl=30,
+                                                    max_attempts=10, item_bytes=2500,
+                                                    stage_options=StageOptions(3, "lines")))
     assert not created and spec.combine == []
     assert open(os.path.join(bucket, "runs", "old", "items.jsonl"), "rb").read() == planned
     steps = StepPlan(spec)
@@ -454,8 +456,9 @@ def test_a_run_planned_before_combine_steps_resumes_with_its_own_steps(corpus, t
     Worker(bucket, "old", "w").run_until_drained()
     assert _digest(base / "out") == BEFORE["uniq_shards3"]
     # A new run of the same stages does get the combine steps.
-    _, fresh, _ = plan(bucket, "new", JOB, [str(base / "corpus.txt")], str(base / "out-new"), {}, "test",
-                       item_bytes=2500, stage_options=StageOptions(3, "lines"))
+    _, fresh, _ = plan(bucket, PlanRequest(run="new", job=JOB, inputs=[str(base / "corpus.txt")],
+                                           output=str(base / "out-new"), code_version="test", item_bytes=2500,
+                                           stage_options=StageOptions(3, "lines")))
     assert any(i.meta.get("combine") for i in fresh)
 
 
@@ -471,8 +474,9 @@ def _shuffle_reads(tmp_path, monkeypatch, docs: int, shards: int, rule: CombineR
     base.mkdir()
     corpus = write_corpus(str(base / "corpus.txt"), docs=docs, seed=11)
     bucket = str(base / "bucket")
-    _, items, _ = plan(bucket, "count", JOB, [corpus], str(base / "out"), {}, "test", lease_ttl=30,
-                       item_bytes=2000, stage_options=StageOptions(shards), combine=rule)
+    _, items, _ = plan(bucket, PlanRequest(run="count", job=JOB, inputs=[corpus], output=str(base / "out"),
+                                           code_version="test", lease_ttl=30, item_bytes=2000,
+                                           stage_options=StageOptions(shards), combine=rule))
     reads = [0]
     for method in ("read", "download_file"):
         original = getattr(LocalStore, method)
@@ -517,9 +521,10 @@ WINDOW = {"claimed": 0.6, "uploaded": 0.8}
 
 def _plan(bucket, run, corpus, shards, ttl, **settings):
     """Both stages with a combine step (groups of 3 files in 2 key blocks): every kind of step."""
-    plan(bucket, run, JOB, [corpus], f"{bucket}/out-{run}", {k: str(v) for k, v in settings.items()}, "test",
-         lease_ttl=ttl, max_attempts=10, item_bytes=2500, stage_options=StageOptions(shards, "lines"),
-         combine=CombineRule(group=3, blocks=2))
+    plan(bucket, PlanRequest(run=run, job=JOB, inputs=[corpus], output=f"{bucket}/out-{run}", code_version="test",
+                             settings={k: str(v) for k, v in settings.items()}, lease_ttl=ttl, max_attempts=10,
+                             item_bytes=2500, stage_options=StageOptions(shards, "lines"),
+                             combine=CombineRule(group=3, blocks=2)))
 
 
 def _digests(bucket, run):

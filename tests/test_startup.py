@@ -24,7 +24,7 @@ from fleet.core.layout import code_manifest_name as manifest_name, code_object_n
 from fleet.gce.boots import boot_records
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.layout import log_name, vm_paths_text
-from fleet.core.run import plan
+from fleet.core.run import PlanRequest, plan
 from fleet.core.store import NotFound, open_store
 from tests.standins.compute import ComputeStandin
 from tests.standins.faultproxy import FaultProxy
@@ -92,8 +92,8 @@ def vm(fake_gcs, gcs_bucket, tmp_path):
 
 
 def plan_pinned_to(bucket: str, run: str, code_version: str) -> None:
-    plan(bucket, run, "tests.helpers.linejob:JOB", [str(ROOT / "corpus" / "sample_en.txt")], f"{bucket}/out-{run}",
-         {}, code_version, item_bytes=200_000)
+    plan(bucket, PlanRequest(run=run, job="tests.helpers.linejob:JOB", inputs=[str(ROOT / "corpus" / "sample_en.txt")],
+                             output=f"{bucket}/out-{run}", code_version=code_version, item_bytes=200_000))
 
 
 def test_syntax_and_strict_mode():

@@ -179,7 +179,7 @@ def plan_cmd(
 ) -> None:
     """Write a run's spec and work items to the bucket."""
     from fleet.core.codesync import code_version
-    from fleet.core.run import plan
+    from fleet.core.run import PlanRequest, plan
 
     _plan_numbers(item_mb, lease_ttl, max_attempts)
     check_inputs(input, "--input")
@@ -187,10 +187,11 @@ def plan_cmd(
     bucket = _bucket(bucket, cfg)
     version = code_version(paths=code_paths(cfg))
     stage_options = _stage_options(shards, dedup, shuffle_mb)
-    spec, items, created = plan(bucket, run, job, input, output, parse_settings(set_), version,
-                                lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=int(item_mb * 1e6),
-                                read=_read(text_column, keep_titles, max_bad_share), stage_options=stage_options,
-                                shuffle_budget=int(shuffle_mb * 1e6))
+    request = PlanRequest(run=run, job=job, inputs=input, output=output, code_version=version,
+                          settings=parse_settings(set_), lease_ttl=lease_ttl, max_attempts=max_attempts,
+                          item_bytes=int(item_mb * 1e6), read=_read(text_column, keep_titles, max_bad_share),
+                          stage_options=stage_options, shuffle_budget=int(shuffle_mb * 1e6))
+    spec, items, created = plan(bucket, request)
     console.print(plan_line(spec, len(items), created, [len(i.parts) for i in items if i.parts]))
 
 

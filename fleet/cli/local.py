@@ -29,7 +29,7 @@ from fleet.core.job import Job
 from fleet.core.stage import StageOptions
 from fleet.cli.render import print_counts, print_detail, print_failed_files, print_input_files, printable, \
     print_skipped, say, stage_counts
-from fleet.core.run import PlanError, load_spec, plan
+from fleet.core.run import PlanError, PlanRequest, load_spec, plan
 from fleet.core.layout import LOCAL_RUN, STATE_DIR, SUMMARY, spec_name
 from fleet.core.processes import start_workers, stop_workers, wait_for_exit
 from fleet.core.status import RunStatus, StatusReader
@@ -218,14 +218,16 @@ def run_local(
         say(console, f"the run in {out_dir} was planned in {existing.output}: the folder was copied or moved "
                      "since; resuming it here")
         planned_output = existing.output
-    size_for = item_bytes if item_bytes is not None else auto_item_bytes
+    request = PlanRequest(
+        run=RUN, job=job, inputs=inputs, output=planned_output, code_version=code_version(paths=DEFAULT_CODE_PATHS),
+        settings=settings, lease_ttl=lease_ttl, max_attempts=max_attempts,
+        item_bytes=item_bytes if item_bytes is not None else auto_item_bytes,
+        exclude=[out_dir],  # OUT_DIR may be inside an input folder: its outputs are not inputs
+        again="write to another OUT_DIR, or restore what changed to resume this one",
+        read=read or {}, stage_options=stage_options, shuffle_budget=shuffle_budget)
     chosen = load_job(job)
     chosen.check_here(chosen.parse_config(settings))  # the workers run here: what they need must be here
-    spec, items, created = plan(bucket, RUN, job, inputs, planned_output, settings, code_version(paths=DEFAULT_CODE_PATHS),
-                                lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=size_for,
-                                exclude=[out_dir], read=read, stage_options=stage_options,
-                                shuffle_budget=shuffle_budget,
-                                again="write to another OUT_DIR, or restore what changed to resume this one")
+    spec, items, created = plan(bucket, request)
     store = open_store(bucket)
     reader = StatusReader(store, RUN)
     st = reader.collect()

@@ -460,91 +460,106 @@ def _spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
     return out
 
 
-def plan(
-    bucket: str,
-    run: str,
-    job_name: str,
-    inputs: list[str],
-    output: str,
-    settings: dict[str, str],
-    code_version: str,
-    lease_ttl: float = 300.0,
-    max_attempts: int = 3,
-    item_bytes: int | Callable[[int], int] = 64 << 20,
-    exclude: list[str] = (),
-    again: str = "plan it under another run name",
-    read: Mapping[str, Any] | None = None,
-    stage_options: StageOptions = StageOptions(),
-    shuffle_budget: int = 256 << 20,
-    combine: CombineRule | None = None,
-) -> tuple[RunSpec, list[Item], bool]:
-    """Write run.json and the items; returns (spec, items, created_now).
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a run is planned from: what `fleet plan` and `fleet local` ask of plan(). The bucket
+    that holds the run's state is plan()'s other argument: where the run is kept, not what it is.
+    Its checks are plan()'s (check_run_name, check_numbers, Job.check_read...), so that a request
+    built anywhere, by the CLI or a test, is refused for the same reasons."""
+
+    run: str  # the run's name: its folder runs/<run>/ in the bucket (check_run_name)
+    job: str  # the job: a folder under fleet_jobs/, or module:ATTR (fleet.core.discovery.load_job)
+    inputs: Sequence[str]  # files or folders, local or gs://, as given (--input, fleet local's INPUT...)
+    output: str  # where the outputs go: gs://BUCKET/prefix or a local folder
+    # The code snapshot the run is pinned to (fleet.core.codesync.code_version): no default, a
+    # worker of other code must not touch the run (check_pinned).
+    code_version: str
+    settings: Mapping[str, str] = field(default_factory=dict)  # the job's options as --set gives them, unparsed
+    lease_ttl: float = 300.0  # seconds a lease lives without renewal (fleet local: 60)
+    max_attempts: int = 3  # attempts per item before it is marked failed
+    # Target bytes of input per item; or a function of the inputs' total size, to pick it once
+    # they are found (fleet local: a few items per worker, auto_item_bytes).
+    item_bytes: int | Callable[[int], int] = 64 << 20
+    # Files or folders under the inputs that are not inputs (fleet local: OUT_DIR, which may lie
+    # inside an input folder and must not be read as one).
+    exclude: Sequence[str] = ()
+    # What to do instead when the run was planned differently: the end of the refusal's message.
+    again: str = "plan it under another run name"
+    # The job's read options (--text-column, --keep-titles...): the job checks them (Job.check_read).
+    read: Mapping[str, Any] = field(default_factory=dict)
+    stage_options: StageOptions = StageOptions()  # --shards, --dedup: the stages after the map (Job.stages)
+    shuffle_budget: int = 256 << 20  # memory a stage's sort holds before it spills: it changes no output byte
+    # When a stage gets a combine step; None: fleet.core.shuffle.COMBINE_RULE, looked up when it
+    # plans. A run planned already keeps the steps it was planned with (none, if older code planned it).
+    combine: CombineRule | None = None
+
+
+def plan(bucket: str, request: PlanRequest) -> tuple[RunSpec, list[Item], bool]:
+    """Write run.json and the items of ``request`` to ``bucket``; returns (spec, items, created_now).
 
     Planning the same run again with the same inputs, file contents and options is a
     no-op, so `fleet local` can resume; anything else is refused, naming what differs
-    (``again`` says what to do instead), rather than mixed into one run.
-    ``item_bytes`` may be a function of the inputs' total size; ``read`` are the job's read
-    options (``--text-column``...), which it checks (Job.check_read). ``combine``: when a stage
-    gets a combine step (default ``fleet.core.shuffle.COMBINE_RULE``); a run planned already keeps
-    the combine steps it was planned with (none, if older code planned it).
+    (``request.again`` says what to do instead), rather than mixed into one run.
     """
-    check_run_name(run)
-    check_numbers(lease_ttl, max_attempts, item_bytes if isinstance(item_bytes, int) else 1)
-    check_stage_options(stage_options)
-    job = load_job(job_name)
-    config = job.parse_config(settings)
-    read = job.check_read(read or {})
+    r = request
+    item_bytes = r.item_bytes  # (a function of the inputs' size: called once they are found)
+    check_run_name(r.run)
+    check_numbers(r.lease_ttl, r.max_attempts, item_bytes if isinstance(item_bytes, int) else 1)
+    check_stage_options(r.stage_options)
+    job = load_job(r.job)
+    config = job.parse_config(r.settings)
+    read = job.check_read(r.read)
     job.check(config, read_url)
     files = pin_files(job, config)
-    surveyed = survey(inputs, exclude, job.skip_reason, warn=False)
+    surveyed = survey(list(r.inputs), list(r.exclude), job.skip_reason, warn=False)
     found, account = surveyed.sources, surveyed.account
     if not isinstance(item_bytes, int):  # chosen from the corpus size (fleet local: a few items per worker)
         item_bytes = item_bytes(sum(f.size for f in found))
-    if output.startswith("gs://"):
+    if r.output.startswith("gs://"):
         # A missing or unreadable output bucket would otherwise show only at each item's upload.
-        next(iter(open_store(output).list("")), None)
+        next(iter(open_store(r.output).list("")), None)
     store = open_store(bucket)
-    old_spec = _with_new_defaults(job, _read_spec(store, run))
-    old_items = store.read(items_name(run)) if old_spec is not None or store.stat(items_name(run)) else None
+    old_spec = _with_new_defaults(job, _read_spec(store, r.run))
+    old_items = store.read(items_name(r.run)) if old_spec is not None or store.stat(items_name(r.run)) else None
     # A run planned before is planned again by its own rule: one planned before grouping (no
     # group_files in its run.json) keeps its items, and resumes, instead of being grouped. (A plan
     # cut short after its items: what they show.)
     if old_spec is not None:
         group_files = old_spec.group_files
     elif old_items is not None:
-        group_files = GROUPED if any(i.parts for i in _parse_items(store, run, old_items)) else 0
+        group_files = GROUPED if any(i.parts for i in _parse_items(store, r.run, old_items)) else 0
     else:
         group_files = GROUPED if job.group_small_files else 0
     items = make_items(job, config, found, item_bytes, read, group=group_files == GROUPED)
     if not items:
-        raise PlanError(f"{', '.join(map(printable, inputs))}: the inputs hold no data")
-    stages = job.stages(config, stage_options, len(items)) if stage_options else []
+        raise PlanError(f"{', '.join(map(printable, r.inputs))}: the inputs hold no data")
+    stages = job.stages(config, r.stage_options, len(items)) if r.stage_options else []
     combines: list[Combine] = []
     if stages:
         stage_dicts = [dataclasses.asdict(s) for s in stages]
         if old_spec is not None and old_spec.stages == stage_dicts:  # its own structure, not today's rule
             combines = [Combine(**c) for c in old_spec.combine]
         else:
-            combines = plan_combines(combine or shuffle.COMBINE_RULE, stages, len(items),
+            combines = plan_combines(r.combine or shuffle.COMBINE_RULE, stages, len(items),
                                      sum(i.size for i in items))
         items += stage_items(stages, len(items), combines)
     spec = RunSpec(
-        run=run,
-        job=job_name,
+        run=r.run,
+        job=r.job,
         config=dataclasses.asdict(config),
-        output=output,
-        code_version=code_version,
-        lease_ttl=lease_ttl,
-        max_attempts=max_attempts,
+        output=r.output,
+        code_version=r.code_version,
+        lease_ttl=r.lease_ttl,
+        max_attempts=r.max_attempts,
         items=len(items),
         input_bytes=sum(i.size for i in items),
         files=files,
         read=read,
-        shards=stage_options.shards,
-        dedup=stage_options.dedup,
+        shards=r.stage_options.shards,
+        dedup=r.stage_options.dedup,
         stages=[dataclasses.asdict(s) for s in stages],
         combine=[dataclasses.asdict(c) for c in combines],
-        shuffle_budget=shuffle_budget,
+        shuffle_budget=r.shuffle_budget,
         item_bytes=item_bytes,
         group_files=group_files,
         input_files=account.to_dict(),
@@ -555,28 +570,28 @@ def plan(
     if old_spec is not None and old_spec != spec:
         differences += _spec_differences(old_spec, spec)
     if old_items is not None and old_items != items_blob:
-        differences += _item_differences(_parse_items(store, run, old_items), items)
+        differences += _item_differences(_parse_items(store, r.run, old_items), items)
     if differences:
         shown = differences[:6] + ([f"and {len(differences) - 6} more"] if len(differences) > 6 else [])
-        raise PlanError(f"run {run!r} in {store.url} was planned differently: {'; '.join(shown)}. "
-                        f"Its outputs must not mix with these: {again}")
+        raise PlanError(f"run {r.run!r} in {store.url} was planned differently: {'; '.join(shown)}. "
+                        f"Its outputs must not mix with these: {r.again}")
     if old_spec is None and old_items is None:
-        _check_output_is_free(output)
+        _check_output_is_free(r.output)
     created = old_items is None
     if old_items is None:
         try:
-            store.write(items_name(run), items_blob, if_generation_match=0)
+            store.write(items_name(r.run), items_blob, if_generation_match=0)
         except PreconditionFailed:  # another planner got there first: theirs must be ours
             created = False
-            if store.read(items_name(run)) != items_blob:
-                raise PlanError(f"run {run!r} in {store.url} was just planned with other inputs; {again}") from None
+            if store.read(items_name(r.run)) != items_blob:
+                raise PlanError(f"run {r.run!r} in {store.url} was just planned with other inputs; {r.again}") from None
     if old_spec is None:
         try:
-            store.write(spec_name(run), spec.to_json(), if_generation_match=0)
+            store.write(spec_name(r.run), spec.to_json(), if_generation_match=0)
         except PreconditionFailed:
-            old_spec = _read_spec(store, run)
+            old_spec = _read_spec(store, r.run)
             if old_spec != spec:
-                raise PlanError(f"run {run!r} in {store.url} was just planned with other options; {again}") from None
+                raise PlanError(f"run {r.run!r} in {store.url} was just planned with other options; {r.again}") from None
     warn_skipped(account)  # (only now: a plan refused is its one line)
     return (old_spec or spec), items, created
 

@@ -492,7 +492,7 @@ class CombineRule:
     blocks: int = 1  # with a fixed group: key blocks
 
 
-COMBINE_RULE = CombineRule()  # fleet.core.run.plan's default, looked up when it plans
+COMBINE_RULE = CombineRule()  # fleet.core.run.PlanRequest.combine's default, looked up when it plans
 
 
 def plan_combine(rule: CombineRule, producers: int, partitions: int, readers: int, producer_bytes: float) -> Combine:

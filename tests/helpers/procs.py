@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from fleet.core.lease import DONE
-from fleet.core.run import plan
+from fleet.core.run import PlanRequest, plan
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
 
@@ -109,9 +109,10 @@ def wait_exit(procs, timeout: float) -> None:
 
 def plan_lines(bucket: str, run: str, corpus: str, item_bytes: int, ttl: float, attempts: int = 10,
                output: str | None = None, **settings) -> list:
-    _, items, _ = plan(bucket, run, LINEJOB, [corpus], output or f"{bucket}/out-{run}",
-                       {k: str(v) for k, v in settings.items()}, "test",
-                       lease_ttl=ttl, max_attempts=attempts, item_bytes=item_bytes)
+    _, items, _ = plan(bucket, PlanRequest(run=run, job=LINEJOB, inputs=[corpus],
+                                           output=output or f"{bucket}/out-{run}", code_version="test",
+                                           settings={k: str(v) for k, v in settings.items()}, lease_ttl=ttl,
+                                           max_attempts=attempts, item_bytes=item_bytes))
     return items
 
 
