@@ -49,12 +49,13 @@ def test_idle_workers_leave_except_the_standbys(store_url):
     leases = StatusReader(store, "tail").leases()
     assert all(lease.state == DONE for lease in leases.values())
     last_done = max(lease.finished for lease in leases.values())
-    left = {name: b["updated"] for name, b in beats(store, "tail").items()}
-    assert all(b["state"] == "exited" for b in beats(store, "tail").values())
-    # When the last item finished, only its worker and the one standby were still there:
-    # every other worker left as soon as it found nothing to claim.
-    alive_at_end = {name for name, t in left.items() if t >= last_done}
-    assert len(left) == 5 and len(alive_at_end) <= 2, (left, last_done)
+    seen = beats(store, "tail")
+    assert len(seen) == 5 and all(b["state"] == "exited" for b in seen.values())
+    # When the last item finished, only its worker and the one standby were still there: every
+    # other worker left as soon as it found nothing to claim. (Under load a worker may start only
+    # as the run ends: one that began less than a first pass, 3 s, before then is not counted.)
+    alive_at_end = {name for name, b in seen.items() if b["updated"] >= last_done and b["started"] < last_done - 3}
+    assert len(alive_at_end) <= 2, (seen, last_done)
 
 
 def test_a_standby_takes_over_when_the_last_busy_worker_dies(store_url):

@@ -108,7 +108,7 @@ class Worker:
     # -- heartbeat -------------------------------------------------------------
     def beat(self, state: str) -> None:
         body = {"worker": self.name, "host": socket.gethostname(), "pid": os.getpid(), "state": state,
-                "item": self.runner.current, "updated": time.time(), **self.counters.__dict__,
+                "item": self.runner.current, "started": self.started, "updated": time.time(), **self.counters.__dict__,
                 "requests": self.store.meter.for_beat()}
         try:
             self.store.write(worker_prefix(self.run) + self.name, json.dumps(body, sort_keys=True).encode(),
