@@ -6,7 +6,7 @@ import json
 import os
 import sys
 import time
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -23,7 +23,7 @@ from fleet.core.store import StoreError, open_store
 try:  # typer 0.2x carries its own copy of click
     from typer._click import exceptions as _click_errors
 except ImportError:  # older typer: click itself
-    from click import exceptions as _click_errors
+    from click import exceptions as _click_errors  # type: ignore[no-redef]
 
 UsageError = _click_errors.UsageError
 NoArgsIsHelpError = getattr(_click_errors, "NoArgsIsHelpError", ())  # click 8.2+: `fleet` alone
@@ -64,7 +64,7 @@ console = Console(stderr=True, soft_wrap=True, markup=False)  # one line however
 USER_ERRORS = (PlanError, ConfigError, InputError, JobNotFound, StoreError, FleetConfigError)
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """The one line of a user error: only the prefix is styled; the message is printed as it is."""
     say(console, " ".join(str(message).splitlines()), "fleet: error:", "red")
     raise typer.Exit(code)

@@ -331,7 +331,7 @@ def _progress_line(st: RunStatus) -> str:
 
 def stopped_reasons(log_dir: str) -> list[str]:
     """The one-line reasons workers gave for stopping early (a full disk, a changed vocab)."""
-    reasons = []
+    reasons: list[str] = []
     try:
         names = sorted(os.listdir(log_dir))
     except OSError:

@@ -271,6 +271,7 @@ class RunReader:
     # -- the outputs, then their records or examples --------------------------------------
     def outputs(self) -> Iterator[Output]:
         """Each committed output once, in commit order; FollowError at the end if items failed."""
+        assert self.run is not None  # (resolved in __post_init__)
         follower = Follower(self.bucket, self.run, self.from_start, self.poll)
         index, count = self.shard
         for out in follower:

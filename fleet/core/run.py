@@ -242,10 +242,17 @@ class StepPlan:
         run's outputs (and for a barrier, which writes an index)."""
         s = self.steps[step]
         if s.kind == COMBINE:
-            return s.stage.name
+            return self._stage_of(step).name
         if s.kind == BARRIER or step == self.last:
             return ""
-        return self.steps[step + 1].stage.name
+        return self._stage_of(step + 1).name
+
+    def _stage_of(self, step: int) -> Stage:
+        """The stage a step after the map belongs to (only the map's step has none)."""
+        stage = self.steps[step].stage
+        if stage is None:
+            raise PlanError(f"step {step} of the run belongs to no stage: its plan is damaged")
+        return stage
 
     def combine_of(self, step: int) -> Combine:
         """The combine step the stage of ``step`` reads through (``Combine()``: none)."""
@@ -255,8 +262,7 @@ class StepPlan:
 
     def partitions(self, step: int) -> int:
         """How many key ranges the records of a step feeding a stage are cut into."""
-        s = self.steps[step]
-        nxt = s.stage if s.kind == COMBINE else self.steps[step + 1].stage
+        nxt = self._stage_of(step if self.steps[step].kind == COMBINE else step + 1)
         return partitions_for(nxt.items, nxt.balanced)
 
 
