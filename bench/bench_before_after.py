@@ -105,7 +105,7 @@ def main() -> None:
         vocab = args.vocab
         if not vocab:
             vocab = os.path.join(tmp, "vocab.txt")
-            subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", *samples, "--size", "21128",
+            subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128",
                             "--out", vocab], cwd=ROOT, check=True, capture_output=True)
         trees = {args.rev: before, "this checkout": ROOT}
         cpu: dict[tuple, float] = {}

@@ -286,7 +286,7 @@ def main() -> None:
     vocab_path = args.vocab
     if not vocab_path:  # in another process, so this one stays small until the peak RSS rows ran
         vocab_path = os.path.join(tmp.name, "vocab.txt")
-        subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", *samples, "--size", "21128",
+        subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128",
                         "--out", vocab_path], cwd=ROOT, check=True, capture_output=True)
     rss_lines = peak_rss(raw, vocab_path, args.rss_mb, args.max_seq_length, tmp.name) if args.rss_mb > 0 else []
     whole_lines: list[str] = []

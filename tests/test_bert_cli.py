@@ -1,4 +1,4 @@
-"""`python -m fleet_jobs.electra_zh_en report` and `fleet local --job bert` (or `--set format=bert`) end to end."""
+"""`python -m fleet_jobs.text report` and `fleet local --job bert` (or `--set format=bert`) end to end."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from fleet.job import ItemContext, Sink
 from fleet_jobs.electra_zh_en import JOB
 from fleet_jobs.text import tfrecord
-from fleet_jobs.electra_zh_en.__main__ import app
+from fleet_jobs.text.tools import app
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

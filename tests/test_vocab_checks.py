@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from fleet.job import ConfigError
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
-from fleet_jobs.electra_zh_en.__main__ import app
+from fleet_jobs.text.tools import app
 from fleet_jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
 from tests.helpers.cli import one_line_job_error as one_line_error
 

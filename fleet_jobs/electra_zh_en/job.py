@@ -211,7 +211,7 @@ class ElectraJob(TextJob):
         return {"fill_ratio": totals.get("tokens", 0) / positions if positions else 0.0}
 
     def report(self, output_url: str, config: ElectraConfig) -> str | None:
-        """The records' summary (``python -m fleet_jobs.electra_zh_en report``) for a local output folder."""
+        """The records' summary (``python -m fleet_jobs.text report``) for a local output folder."""
         from fleet_jobs.text.report import local_report
 
         return local_report(output_url, config.vocab_file, REPORT_RECORDS)
