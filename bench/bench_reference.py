@@ -194,10 +194,10 @@ def count_and_check(outputs: dict[str, list[str]], text_file: str, vocab: str, n
         docs = bench_convert.read_all(f.read(), "input.txt")[:40]
     fleet_records = {}
     for label, options in FLEET_OPTIONS.items():
-        config = bench_convert.JOB.parse_config({"vocab_file": vocab, "max_seq_length": MAX_SEQ_LENGTH, **options,
-                                                 **(BERT_SPECIFIC if options["format"] == "bert" else {})})
+        job, config = bench_convert.configured({"vocab_file": vocab, "max_seq_length": MAX_SEQ_LENGTH, **options,
+                                                **(BERT_SPECIFIC if options["format"] == "bert" else {})})
         sink = bench_convert.MemorySink()
-        bench_convert.JOB.document_converter(config, bench_convert.read_file).convert(
+        job.document_converter(config, bench_convert.read_file).convert(
             docs, bench_convert.ItemContext("check", 1, "check"), sink)
         data = b"".join(f.getvalue() for f in sink.files.values())
         path = os.path.join(os.path.dirname(text_file), f"fleet-{options['format']}-check.tfrecord")

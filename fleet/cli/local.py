@@ -24,7 +24,7 @@ from rich.text import Text
 
 from fleet.core.codesync import code_version
 from fleet.gce.config import DEFAULT_CODE_PATHS
-from fleet.core.discovery import load_job
+from fleet.core.discovery import load_configured
 from fleet.core.job import Job
 from fleet.core.stage import StageOptions
 from fleet.cli.render import print_counts, print_detail, print_failed_files, print_input_files, printable, \
@@ -219,8 +219,8 @@ def run_local(
                      "since; resuming it here")
         planned_output = existing.output
     size_for = item_bytes if item_bytes is not None else auto_item_bytes
-    chosen = load_job(job)
-    chosen.check_here(chosen.parse_config(settings))  # the workers run here: what they need must be here
+    chosen, config = load_configured(job, settings)  # a former name (format=bert): the job it became, as plan has it
+    chosen.check_here(config)  # the workers run here: what they need must be here
     spec, items, created = plan(bucket, RUN, job, inputs, planned_output, settings, code_version(paths=DEFAULT_CODE_PATHS),
                                 lease_ttl=lease_ttl, max_attempts=max_attempts, item_bytes=size_for,
                                 exclude=[out_dir], read=read, stage_options=stage_options,
