@@ -12,10 +12,12 @@ documents of 1-3 lines), each repeated ``--repeat`` times into one file (27: abo
 CPU = user + system seconds of the process tree (``os.wait4``), least of ``--rounds``; MB =
 10^6 bytes of UTF-8 text in the file's lines. Both trees get the same vocab, and the script
 says whether their outputs are the same bytes. Rows (``--formats``): ``electra`` and ``bert``
-are electra_zh_en's formats; ``bert-job`` runs REV with ``--set format=bert`` and this checkout
-with ``--job bert`` (the job that format=bert became), so its records are compared with those
-of the former format; ``causal_lm`` and ``causal_lm_parquet`` the causal_lm job with the same
-vocab (TFRecord, Parquet output).
+are ``--set format=electra`` / ``format=bert``, electra_zh_en's formats before the bert job had
+its own name (read now by discovery's former-name rule: fleet.core.discovery.FORMER_NAMES);
+``bert-job`` runs REV with ``--set format=bert`` and this checkout with ``--job bert`` (the job
+that format=bert became), so its records are compared with those of the former format;
+``causal_lm`` and ``causal_lm_parquet`` the causal_lm job with the same vocab (TFRecord,
+Parquet output).
 """
 
 from __future__ import annotations

@@ -649,6 +649,8 @@ def _read_spec(store: Store, run: str) -> RunSpec | None:
             from None
     # A run planned under a job's former name (electra_zh_en with format=bert) is read as the job it
     # became, by every reader of its spec: the planner, the workers, status and the readers.
+    if not isinstance(spec.config, dict):  # (damaged: the job's parse_config names it)
+        return spec
     try:
         chosen = resolve_job(spec.job, spec.config)
     except ConfigError as e:
