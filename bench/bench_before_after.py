@@ -12,10 +12,12 @@ documents of 1-3 lines), each repeated ``--repeat`` times into one file (27: abo
 CPU = user + system seconds of the process tree (``os.wait4``), least of ``--rounds``; MB =
 10^6 bytes of UTF-8 text in the file's lines. Both trees get the same vocab, and the script
 says whether their outputs are the same bytes. Rows (``--formats``): ``electra`` and ``bert``
-are electra_zh_en's formats; ``bert-job`` runs REV with ``--set format=bert`` and this checkout
-with ``--job bert`` (the job that format=bert became), so its records are compared with those
-of the former format; ``causal_lm`` and ``causal_lm_parquet`` the causal_lm job with the same
-vocab (TFRecord, Parquet output).
+are ``--set format=electra`` / ``format=bert``, electra_zh_en's formats before the bert job had
+its own name (read now by discovery's former-name rule: fleet.core.discovery.FORMER_NAMES);
+``bert-job`` runs REV with ``--set format=bert`` and this checkout with ``--job bert`` (the job
+that format=bert became), so its records are compared with those of the former format;
+``causal_lm`` and ``causal_lm_parquet`` the causal_lm job with the same vocab (TFRecord,
+Parquet output).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def main() -> None:
         vocab = args.vocab
         if not vocab:
             vocab = os.path.join(tmp, "vocab.txt")
-            subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", *samples, "--size", "21128",
+            subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128",
                             "--out", vocab], cwd=ROOT, check=True, capture_output=True)
         trees = {args.rev: before, "this checkout": ROOT}
         cpu: dict[tuple, float] = {}

@@ -56,13 +56,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fleet_jobs.text.inputs import read_all  # noqa: E402
 from short_corpus import short_documents  # noqa: E402
 from fleet.job import ItemContext, Sink  # noqa: E402
-from fleet_jobs.electra_zh_en import JOB  # noqa: E402
+from fleet.core.discovery import load_configured  # noqa: E402
 from fleet_jobs.text.tokenization import BertTokenizer  # noqa: E402
 
-FORMATS = {  # row label -> job options
+FORMATS = {  # row label -> job options (format=bert: the bert job, under its former name, as runs gave it)
     "format=electra": {"format": "electra"},
     "format=bert": {"format": "bert"},
 }
+
+
+def configured(options: dict):
+    """(job, config) for electra_zh_en with ``options``, as a run's spec is read (discovery's rule)."""
+    return load_configured("electra_zh_en", options)
 
 
 class MemorySink(Sink):
@@ -107,8 +112,8 @@ def rss_child(path: str, vocab_path: str, options: dict) -> None:
     """In a fresh process: convert one big item, print MB/s and peak RSS as JSON."""
     from fleet_jobs.text.inputs import iter_path_documents
 
-    config = JOB.parse_config({"vocab_file": vocab_path, **options})
-    converter = JOB.document_converter(config, read_file)
+    job, config = configured({"vocab_file": vocab_path, **options})
+    converter = job.document_converter(config, read_file)
     with tempfile.TemporaryDirectory(prefix="bench-rss-") as out:
         c0, w0 = time.process_time(), time.perf_counter()
         stats = converter.convert(iter_path_documents([path]), ItemContext("big", 7, path), FileSink(out))
@@ -286,7 +291,7 @@ def main() -> None:
     vocab_path = args.vocab
     if not vocab_path:  # in another process, so this one stays small until the peak RSS rows ran
         vocab_path = os.path.join(tmp.name, "vocab.txt")
-        subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", *samples, "--size", "21128",
+        subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128",
                         "--out", vocab_path], cwd=ROOT, check=True, capture_output=True)
     rss_lines = peak_rss(raw, vocab_path, args.rss_mb, args.max_seq_length, tmp.name) if args.rss_mb > 0 else []
     whole_lines: list[str] = []
@@ -306,8 +311,8 @@ def main() -> None:
     corpora["short"] = read_all(short_raw, "short.txt") * args.repeat
 
     def make(options):
-        config = JOB.parse_config({"vocab_file": vocab_path, "max_seq_length": args.max_seq_length, **options})
-        return config, JOB.document_converter(config, read_file)
+        job, config = configured({"vocab_file": vocab_path, "max_seq_length": args.max_seq_length, **options})
+        return job, job.document_converter(config, read_file)
 
     converters = {label: make(options) for label, options in FORMATS.items()}
     tok = BertTokenizer.from_file(vocab_path)
@@ -320,10 +325,11 @@ def main() -> None:
         lines = [line for doc in docs for line in doc]
         ctx = ItemContext("bench", 1, "bench")
 
-        def cold(options):  # a new tokenizer: its token -> ids cache starts empty
+        def cold(label):  # a new tokenizer: its token -> ids cache starts empty
             def run():
-                config = JOB.parse_config({"vocab_file": vocab_path, "max_seq_length": args.max_seq_length, **options})
-                converter = type(converters["format=" + config.format][1])(config, BertTokenizer.from_file(vocab_path))
+                _, config = configured({"vocab_file": vocab_path, "max_seq_length": args.max_seq_length,
+                                        **FORMATS[label]})
+                converter = type(converters[label][1])(config, BertTokenizer.from_file(vocab_path))
                 c0, w0 = time.process_time(), time.perf_counter()
                 converter.convert(docs, ctx, MemorySink())
                 return time.process_time() - c0, time.perf_counter() - w0
@@ -337,7 +343,7 @@ def main() -> None:
         for label, (_, converter) in converters.items():
             table[f"fleet: {label}, full conversion (text -> TFRecord bytes)"] = (
                 lambda c=converter: c.convert(docs, ctx, MemorySink()))
-            table[f"fleet: {label}, full conversion, cold cache, one pass"] = cold(FORMATS[label])
+            table[f"fleet: {label}, full conversion, cold cache, one pass"] = cold(label)
         table["tokenizers: encode, one call per line"] = lambda: [
             ref.encode(x, add_special_tokens=False) for x in lines]
         table[BASELINE] = lambda: [ref.encode_batch(lines[i:i + 10000], add_special_tokens=False)
@@ -376,11 +382,11 @@ def main() -> None:
             s = speed[f"fleet: {label}, full conversion (text -> TFRecord bytes)", k]
             print(f"  {label}: {s:.2f} MB/s per core, {s / ref_speed:.2f}x the {ref_speed:.2f} MB/s of tokenizers "
                   f"(which only tokenizes)")
-        for label, (_config, converter) in converters.items():
+        for label, (job, converter) in converters.items():
             sink = MemorySink()
             stats = converter.convert(corpora[k], ItemContext("bench", 1, "bench"), sink)
             out = sum(f.getbuffer().nbytes for f in sink.files.values())
-            extra = "".join(f", {key} {v:.3f}" for key, v in JOB.summarize(stats).items())
+            extra = "".join(f", {key} {v:.3f}" for key, v in job.summarize(stats).items())
             print(f"  {label}: {stats['examples']} examples{extra}, {out / 1e6:.2f} MB of TFRecords")
 
     for block in (whole_lines, rss_lines):

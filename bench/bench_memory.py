@@ -163,7 +163,7 @@ def train_vocab(folder: str) -> str:
     if os.path.exists(path):
         return path
     samples = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]
-    subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", *samples, "--size", "8000", "--out", path],
+    subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "8000", "--out", path],
                    cwd=ROOT, check=True, capture_output=True)
     return path
 

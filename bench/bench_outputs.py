@@ -64,7 +64,7 @@ def main() -> None:
 
     rows = {
         "electra_zh_en format=electra": ("electra_zh_en", {"vocab_file": vocab}),
-        "electra_zh_en format=bert": ("electra_zh_en", {"vocab_file": vocab, "format": "bert"}),
+        "electra_zh_en format=bert": ("bert", {"vocab_file": vocab}),  # the bert job, format=bert before
         "causal_lm vocab.txt, 512": ("causal_lm", {"vocab_file": vocab, "max_seq_length": 512}),
         "causal_lm byte-level BPE, 512": ("causal_lm", {"tokenizer_file": bpe_path, "max_seq_length": 512}),
     }

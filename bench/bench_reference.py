@@ -30,7 +30,7 @@ All read one file: corpus/sample_zh.txt repeated N times then corpus/sample_en.t
 input format: a line of text per line, blank lines between documents), and, as a second corpus
 ("short", run after the first unless ``--corpus`` says otherwise), the same with each sample's
 lines cut into documents of 1-3 lines (``bench/short_corpus.py``); all use the same vocab
-(``--vocab``, or one of 21128 trained on the sample with ``python -m fleet_jobs.electra_zh_en vocab``).
+(``--vocab``, or one of 21128 trained on the sample with ``python -m fleet_jobs.text vocab``).
 That training is not deterministic (a few tokens differ from one to the next), and BERT's count of
 instances, so its work, moves by several per cent with its random path (seed or vocab): to compare
 runs, give them one ``--vocab``.
@@ -194,10 +194,10 @@ def count_and_check(outputs: dict[str, list[str]], text_file: str, vocab: str, n
         docs = bench_convert.read_all(f.read(), "input.txt")[:40]
     fleet_records = {}
     for label, options in FLEET_OPTIONS.items():
-        config = bench_convert.JOB.parse_config({"vocab_file": vocab, "max_seq_length": MAX_SEQ_LENGTH, **options,
-                                                 **(BERT_SPECIFIC if options["format"] == "bert" else {})})
+        job, config = bench_convert.configured({"vocab_file": vocab, "max_seq_length": MAX_SEQ_LENGTH, **options,
+                                                **(BERT_SPECIFIC if options["format"] == "bert" else {})})
         sink = bench_convert.MemorySink()
-        bench_convert.JOB.document_converter(config, bench_convert.read_file).convert(
+        job.document_converter(config, bench_convert.read_file).convert(
             docs, bench_convert.ItemContext("check", 1, "check"), sink)
         data = b"".join(f.getvalue() for f in sink.files.values())
         path = os.path.join(os.path.dirname(text_file), f"fleet-{options['format']}-check.tfrecord")
@@ -355,7 +355,7 @@ def main() -> None:
     samples = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]
     vocab = os.path.abspath(args.vocab) if args.vocab else os.path.join(tmp.name, "vocab.txt")
     if not args.vocab:
-        subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", *samples, "--size", "21128",
+        subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128",
                         "--out", vocab], cwd=ROOT, check=True, capture_output=True)
     with open(vocab, encoding="utf-8") as f:
         vocab_size = sum(1 for _ in f)

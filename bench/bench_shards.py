@@ -301,7 +301,7 @@ def main() -> None:
         if not vocab:
             vocab = os.path.join(folder, "vocab.txt")
             samples = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]
-            subprocess.run([sys.executable, "-m", f"fleet_jobs.{JOB}", "vocab", *samples, "--size", "21128",
+            subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128",
                             "--out", vocab], cwd=ROOT, check=True, capture_output=True)
         corpus = os.path.join(folder, "short.txt")
         write_corpus(corpus, args.repeat)

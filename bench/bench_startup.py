@@ -7,7 +7,7 @@ report: everything from start to exit), CPU = user + system seconds of the proce
 children (``bench_convert.run_process``), least of ``--rounds``:
 
 - ``electra_zh_en`` with a WordPiece vocab trained on the sample corpus (the README's first
-  command: ``python -m fleet_jobs.electra_zh_en vocab corpus/``);
+  command: ``python -m fleet_jobs.text vocab corpus/``);
 - ``causal_lm`` with a SentencePiece ``.model`` and a byte-level BPE ``tokenizer.json``
   (``bench_lm_tokenizers.make_tokenizers``, trained on the short corpus);
 - ``python -c pass`` and ``python -c "import sentencepiece"`` (the floor: an interpreter's start,
@@ -90,7 +90,7 @@ def main() -> None:
     texts = [block for block in (parts["zh"] + parts["en"]).decode().split("\n\n") if block.strip()]
     tokenizers = make_tokenizers(texts, folder)
     vocab = os.path.join(folder, "vocab.txt")
-    subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", os.path.join(ROOT, "corpus"),
+    subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", os.path.join(ROOT, "corpus"),
                     "--size", "21128", "--out", vocab], cwd=ROOT, check=True, capture_output=True)
     line = os.path.join(folder, "line.txt")
     with open(line, "w") as f:

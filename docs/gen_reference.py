@@ -95,11 +95,11 @@ def _default(param, kind: str) -> str:
 
 def programs() -> list[tuple[str, str, object]]:
     """The command lines a user types, each as (prog, its heading's name, app): `fleet`, and the
-    text tools of electra_zh_en (headings without `python -m`, so GitHub and mkdocs make one anchor)."""
+    text tools, `fleet_jobs.text` (headings without `python -m`, so GitHub and mkdocs make one anchor)."""
     from fleet.cli.commands import app as fleet_app
-    from fleet_jobs.electra_zh_en.__main__ import app as tools_app
+    from fleet_jobs.text.tools import app as tools_app
 
-    return [("fleet", "fleet", fleet_app), ("python -m fleet_jobs.electra_zh_en", "fleet_jobs.electra_zh_en", tools_app)]
+    return [("fleet", "fleet", fleet_app), ("python -m fleet_jobs.text", "fleet_jobs.text", tools_app)]
 
 
 def _command_section(prog: str, title: str, name: str, command, hints: dict) -> list[str]:
@@ -128,7 +128,7 @@ def cli_page() -> str:
 
     out = [HEAD, "# The commands\n\n",
            "Every command of `fleet` (also `python -m fleet.cli`) and of the text tools "
-           "(`python -m fleet_jobs.electra_zh_en`), from the command lines' own definitions: `COMMAND --help` "
+           "(`python -m fleet_jobs.text`), from the command lines' own definitions: `COMMAND --help` "
            "prints the same. A user error is one line and exit 2.\n\n",
            "| command | what it does |\n| --- | --- |\n"]
     sections = []

@@ -1,4 +1,4 @@
-"""`python -m fleet_jobs.electra_zh_en report` and `fleet local --job bert` (or `--set format=bert`) end to end."""
+"""`python -m fleet_jobs.text report` and `fleet local --job bert` (or `--set format=bert`) end to end."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet.job import ItemContext, Sink
-from fleet_jobs.electra_zh_en import JOB
+from fleet.core.discovery import load_configured
 from fleet_jobs.text import tfrecord
-from fleet_jobs.electra_zh_en.__main__ import app
+from fleet_jobs.text.tools import app
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,8 +53,8 @@ def vocabs(tmp_path_factory, documents):
 
 def write_run(folder, vocab, documents, **options) -> dict:
     os.makedirs(folder, exist_ok=True)
-    config = JOB.parse_config({"vocab_file": vocab, **options})
-    converter = JOB.document_converter(config, lambda p: open(p, "rb").read())
+    job, config = load_configured("electra_zh_en", {"vocab_file": vocab, **options})  # format=bert: the bert job
+    converter = job.document_converter(config, lambda p: open(p, "rb").read())
     totals: dict = {}
     for part in range(2):
         stats = converter.convert(documents[part::2], ItemContext(f"{part}", part, "t"),

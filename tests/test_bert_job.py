@@ -1,6 +1,7 @@
 """The bert job through the job API on the sample corpus: records BERT's run_pretraining.py parses,
 masking statistics, whole words in Chinese and English, NSP labels, packing, GZIP, v2 names; and
-``--job electra_zh_en --set format=bert``, its former name, giving the same."""
+``--job electra_zh_en --set format=bert``, its former name (read as the bert job by discovery's rule),
+giving the same."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import rjieba
 
+from fleet.core.discovery import load_configured
 from fleet.job import ConfigError, ItemContext
 from fleet_jobs.bert import JOB as BERT, BertConfig
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
@@ -60,8 +62,8 @@ def read_file(path: str) -> bytes:
 
 
 def convert(vocab_path, docs, seed=7, **options) -> tuple[dict, str, bytes]:
-    job = JOB if "format" in options else BERT  # the bert job, or electra_zh_en with its format
-    config = job.parse_config({"vocab_file": vocab_path, **options})
+    # the bert job, or electra_zh_en with format=electra, or format=bert (the bert job under its former name)
+    job, config = load_configured("electra_zh_en" if "format" in options else "bert", {"vocab_file": vocab_path, **options})
     sink = MemorySink()
     stats = job.document_converter(config, read_file).convert(iter(docs), ItemContext("item", seed, "test"), sink)
     (suffix, data), = sink.files.items()
@@ -457,7 +459,7 @@ def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_pat
     assert alone == together
     # ... and the per-example writer on the reference builder's padded examples.
     # (without packing each document draws from its own DocumentRandom, from the run seed and its text)
-    config = JOB.parse_config({"vocab_file": vocab_path, "format": "electra"})
+    config = JOB.parse_config({"vocab_file": vocab_path})
     converter = JOB.document_converter(config, read_file)
     builder = ExampleBuilder(SEQ, converter.cls_id, converter.sep_id, random_module.Random(7))
     key = DocumentRandom.seed_key(config.seed)
@@ -476,11 +478,14 @@ def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_pat
 
 def test_config_errors(vocab_path, tmp_path):
     bad = {
-        "option masked_lm_prob applies to format=bert only (--job bert)": {"format": "electra",
-                                                                          "masked_lm_prob": "0.2"},
-        "option dupe_factor applies to format=bert only": {"dupe_factor": "2"},
+        "unknown option(s) masked_lm_prob": {"masked_lm_prob": "0.2"},  # the bert job's: --job bert
+        "option masked_lm_prob: not with format=electra (job electra_zh_en has no option masked_lm_prob)":
+            {"format": "electra", "masked_lm_prob": "0.2"},
+        "option provenance: not with format=bert (job bert has no option provenance)":
+            {"format": "bert", "provenance": "true"},
         "option compression: 'zip' is not supported": {"compression": "zip"},
-        "option format: 'gpt' is not supported": {"format": "gpt"},
+        "option format: 'gpt' is not supported (known: electra, bert; format=bert is the job bert: --job bert)":
+            {"format": "gpt"},
     }
     for_bert = {
         "option compression: 'zip' is not supported": {"compression": "zip"},
@@ -492,68 +497,79 @@ def test_config_errors(vocab_path, tmp_path):
         "option max_seq_length: must be between 5 and 65536": {"max_seq_length": "4"},
         "unknown option(s) format": {"format": "bert"},  # the bert job has no format
     }
-    cases = [(JOB, message, options) for message, options in bad.items()]
-    cases += [(BERT, message, options) for message, options in for_bert.items()]
-    cases += [(JOB, message, {"format": "bert", **options})  # the alias checks as the bert job does
+    cases = [("electra_zh_en", message, options) for message, options in bad.items()]
+    cases += [("bert", message, options) for message, options in for_bert.items()]
+    cases += [("electra_zh_en", message, {"format": "bert", **options})  # the alias checks as the bert job does
               for message, options in for_bert.items() if "format" not in options]
-    for job, message, options in cases:
+    for name, message, options in cases:
         with pytest.raises(ConfigError) as e:
-            job.check(job.parse_config({"vocab_file": vocab_path, **options}), read_file)
-        assert message in str(e.value) and "\n" not in str(e.value), (job.name, options, str(e.value))
+            job, config = load_configured(name, {"vocab_file": vocab_path, **options})
+            job.check(config, read_file)
+        assert message in str(e.value) and "\n" not in str(e.value), (name, options, str(e.value))
     no_mask = tmp_path / "no_mask.txt"
     no_mask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\na\n")
     with pytest.raises(ConfigError, match="no_mask.txt: the bert job needs a \\[MASK\\] token"):
         BERT.check(BertConfig(vocab_file=str(no_mask)), read_file)
-    with pytest.raises(ConfigError, match="no_mask.txt: the bert job needs a \\[MASK\\] token"):
-        JOB.check(ElectraConfig(vocab_file=str(no_mask), format="bert"), read_file)
-    with pytest.raises(ConfigError, match="no_mask.txt: format=electra needs a \\[MASK\\] token"):
+    with pytest.raises(ConfigError, match="no_mask.txt: the electra_zh_en job needs a \\[MASK\\] token"):
         JOB.check(ElectraConfig(vocab_file=str(no_mask)), read_file)  # ELECTRA's trainer masks too (issue 17)
     for job in (JOB, BERT):
         job.check(job.parse_config({"vocab_file": vocab_path, "compression": "GZIP", "pack_documents": "true"}),
                   read_file)
 
 
-# The options of electra_zh_en as a run's run.json holds them (before the bert job left it): a run
-# planned with them must still parse, resume and read (a resumed run compares its config).
-ELECTRA_OPTIONS = {"vocab_file", "max_seq_length", "do_lower_case", "seed", "format", "compression", "output",
-                   "pack_documents", "split_sentences", "masked_lm_prob", "max_predictions_per_seq",
-                   "short_seq_prob", "dupe_factor", "whole_word_masking", "v2_feature_names", "provenance"}
-
-
-def test_the_electra_options_and_their_defaults_are_those_runs_were_planned_with():
-    import dataclasses
-
-    config = dataclasses.asdict(ElectraConfig())
-    assert set(config) == ELECTRA_OPTIONS
-    assert config == {"vocab_file": "", "max_seq_length": 128, "do_lower_case": True, "seed": 12345,
+# The options of electra_zh_en as a run's run.json holds them before the bert job left it (issue 31):
+# a run planned with them must still parse, resume and read (discovery's rule: FORMER_NAMES).
+OLD_ELECTRA_CONFIG = {"vocab_file": "", "max_seq_length": 128, "do_lower_case": True, "seed": 12345,
                       "format": "electra", "compression": "none", "output": "tfrecord", "pack_documents": False,
                       "split_sentences": False, "masked_lm_prob": 0.15, "max_predictions_per_seq": 20,
                       "short_seq_prob": 0.1, "dupe_factor": 1, "whole_word_masking": True,
                       "v2_feature_names": False, "provenance": False}
+ELECTRA_OPTIONS = set(OLD_ELECTRA_CONFIG) - {"format", "masked_lm_prob", "max_predictions_per_seq", "short_seq_prob",
+                                             "dupe_factor", "whole_word_masking", "v2_feature_names"}
+
+
+def test_the_electra_options_and_the_old_run_json_they_read():
+    """electra_zh_en's options are ELECTRA's alone; a run.json written before (format and the bert
+    job's options at their defaults, or format=bert) reads as electra_zh_en or the bert job with
+    the options they had."""
+    import dataclasses
+
+    from fleet.core.discovery import JobChoice, resolve_job
+
+    config = dataclasses.asdict(ElectraConfig())
+    assert set(config) == ELECTRA_OPTIONS
+    assert all(config[name] == OLD_ELECTRA_CONFIG[name] for name in config)
     bert = dataclasses.asdict(BertConfig())
-    assert set(bert) == ELECTRA_OPTIONS - {"format", "provenance"}  # the bert job: the same options, without format
-    assert all(bert[name] == config[name] for name in bert)
+    assert set(bert) == set(OLD_ELECTRA_CONFIG) - {"format", "provenance"}  # the bert job: the options of format=bert
+    assert all(bert[name] == OLD_ELECTRA_CONFIG[name] for name in bert)
+    assert resolve_job("electra_zh_en", OLD_ELECTRA_CONFIG).settings == config
+    old_bert = {**OLD_ELECTRA_CONFIG, "format": "bert", "dupe_factor": 3}
+    assert resolve_job("electra_zh_en", old_bert) == JobChoice("bert", {**bert, "dupe_factor": 3})
 
 
 @pytest.mark.parametrize("options", [{}, {"dupe_factor": "2", "v2_feature_names": "true", "pack_documents": "true"},
                                      {"split_sentences": "true", "whole_word_masking": "false", "output": "parquet"},
                                      {"compression": "GZIP", "max_seq_length": "64", "seed": "3"}])
 def test_format_bert_is_the_bert_job(vocab_path, documents, options):
-    """``--job electra_zh_en --set format=bert`` (an old run.json's config, every option written
-    out) makes the bert job's files, counters and summary, byte for byte."""
+    """``--job electra_zh_en --set format=bert`` and an old run.json's config (every option written
+    out, provenance too) load the bert job: its files, counters and summary, byte for byte."""
     import dataclasses
 
     docs = documents["zh"][:15] + documents["en"][:10]
-    old_run_json = dataclasses.asdict(JOB.parse_config({"vocab_file": vocab_path, "format": "bert", **options}))
+    settings = {"vocab_file": vocab_path, **options}
+    old_run_json = {**dataclasses.asdict(BERT.parse_config(settings)), "format": "bert", "provenance": False}
 
-    def run(job, values):
+    def run(values):
+        job, config = load_configured("electra_zh_en", values)
+        assert job is BERT
         sink = MemorySink()
-        stats = job.document_converter(job.parse_config(values), read_file).convert(iter(docs), ItemContext("i", 7, "t"), sink)
+        stats = job.document_converter(config, read_file).convert(iter(docs), ItemContext("i", 7, "t"), sink)
         return stats, sink.files
 
-    alias, direct = run(JOB, old_run_json), run(BERT, {"vocab_file": vocab_path, **options})
-    assert alias == direct and direct[0]["examples"] > 20
-    assert JOB.summarize(alias[0]) == BERT.summarize(direct[0])
+    direct = BERT.document_converter(BERT.parse_config(settings), read_file).convert(
+        iter(docs), ItemContext("i", 7, "t"), sink := MemorySink())
+    assert run({**settings, "format": "bert"}) == run(old_run_json) == (direct, sink.files)
+    assert direct["examples"] > 20
 
 
 def test_electra_with_gzip_and_packing(vocab_path, documents):
@@ -581,5 +597,5 @@ def test_fleet_jobs_lists_the_bert_job_with_help_for_every_option():
     proc = fleet("jobs", "bert", env={"COLUMNS": "250"})
     assert proc.returncode == 0, proc.stderr
     rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") == 5}
-    assert set(rows) == set(ELECTRA_OPTIONS) - {"format", "provenance"}
+    assert set(rows) == set(OLD_ELECTRA_CONFIG) - {"format", "provenance"}
     assert "URL or path of a BERT vocab.txt" in rows["vocab_file"] and "0.15" in rows["masked_lm_prob"]

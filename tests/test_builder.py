@@ -176,7 +176,7 @@ def test_add_documents_is_add_document_for_each(docs, seed):
 
 
 def seeded_case(docs, seed):
-    """The documents' seed key, texts, lines and ends, as format=electra hands them to the builder."""
+    """The documents' seed key, texts, lines and ends, as electra_zh_en hands them to the builder."""
     from fleet_jobs.electra_zh_en.builder import DocumentRandom
 
     documents = numbered(docs)
@@ -211,7 +211,7 @@ def gathered(runs, flat: list[int]) -> list[list[int]]:
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 90), max_size=6), max_size=25), st.integers(5, 64), st.integers(0, 2**32))
 def test_seeded_document_runs_are_add_documents_with_a_document_random_each(docs, max_length, seed):
-    """format=electra packs from the lines' lengths alone (runs into the flat ids): the examples
+    """electra_zh_en packs from the lines' lengths alone (runs into the flat ids): the examples
     of the generic path, draw for draw, truncation and empty lines included (one-line documents
     and a last example whose lines all fit the first segment skip draws nobody sees)."""
     from fleet_jobs.electra_zh_en.builder import seeded_document_runs

@@ -1,4 +1,4 @@
-"""python -m fleet_jobs.electra_zh_en check: a bounded look at the inputs before the spend (issue 11)."""
+"""python -m fleet_jobs.text check: a bounded look at the inputs before the spend (issue 11)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from fleet_jobs.electra_zh_en.__main__ import app
+from fleet_jobs.text.tools import app
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.cli import one_line_job_error as one_line_error
 

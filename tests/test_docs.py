@@ -4,7 +4,7 @@ reference pages are what the code says, and the README stays an entrance.
 The site is mkdocs.yml + docs/; `mkdocs build --strict` fails on a broken link or anchor (the
 validation settings in mkdocs.yml), which a test here checks by breaking one. Command lines are
 read from the fenced code blocks of README.md and every page: each `fleet ...` and
-`python -m fleet_jobs.electra_zh_en ...` is parsed by the command line itself (its click command),
+`python -m fleet_jobs.text ...` is parsed by the command line itself (its click command),
 so a renamed command or option fails here, not in a user's terminal.
 """
 
@@ -132,20 +132,20 @@ def command_lines(block: str) -> list[list[str]]:
 
 def _apps():
     from fleet.cli.commands import app as fleet_app
-    from fleet_jobs.electra_zh_en.__main__ import app as tools_app
+    from fleet_jobs.text.tools import app as tools_app
 
-    return {"fleet": typer.main.get_command(fleet_app), "fleet_jobs.electra_zh_en": typer.main.get_command(tools_app)}
+    return {"fleet": typer.main.get_command(fleet_app), "fleet_jobs.text": typer.main.get_command(tools_app)}
 
 
 def program_of(words: list[str]) -> tuple[str, list[str]] | None:
-    """(`fleet` or `fleet_jobs.electra_zh_en`, the rest) for a command line of ours, else None."""
+    """(`fleet` or `fleet_jobs.text`, the rest) for a command line of ours, else None."""
     if words[0] == "fleet" or words[0].endswith("/bin/fleet"):
         return "fleet", words[1:]
     if re.fullmatch(r"(\S*/)?python3?", words[0]) and words[1:2] == ["-m"] and len(words) > 2:
         if words[2] == "fleet.cli":
             return "fleet", words[3:]
-        if words[2] == "fleet_jobs.electra_zh_en":
-            return "fleet_jobs.electra_zh_en", words[3:]
+        if words[2] == "fleet_jobs.text":
+            return "fleet_jobs.text", words[3:]
     return None
 
 
@@ -192,7 +192,7 @@ def test_the_docs_show_command_lines():
     """The collection works: the tour's and the guides' lines are found, so the test below has teeth."""
     shown = {" ".join(args[:1]) for _, _, program, args in COMMANDS if program == "fleet"}
     assert {"local", "plan", "launch", "status", "iam", "sync", "init", "down", "follow", "jobs"} <= shown
-    assert any(program == "fleet_jobs.electra_zh_en" for _, _, program, _ in COMMANDS)
+    assert any(program == "fleet_jobs.text" for _, _, program, _ in COMMANDS)
 
 
 def parse(program: str, args: list[str]) -> list[str]:
@@ -232,7 +232,7 @@ def test_a_wrong_command_line_is_caught():
         parse("fleet", ["lunch", "--run", "r"])
     with pytest.raises(Exception, match="--spot"):
         parse("fleet", ["local", "in/", "out/", "--spot"])
-    assert parse("fleet_jobs.electra_zh_en", ["check", "in/", "--vocab", "v.txt"]) == []
+    assert parse("fleet_jobs.text", ["check", "in/", "--vocab", "v.txt"]) == []
     assert parse("fleet", ["iam", "extra"]) == ["extra"]
 
 

@@ -1,4 +1,4 @@
-"""python -m fleet_jobs.electra_zh_en: vocab and tokenize, and their one-line errors."""
+"""python -m fleet_jobs.text (the text tools, once electra_zh_en's): vocab and tokenize, and their one-line errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from fleet_jobs.electra_zh_en.__main__ import app
+from fleet_jobs.text.tools import app
 from fleet_jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer
 from tests.helpers.cli import one_line_job_error as one_line_error
 
@@ -83,11 +83,21 @@ def test_tokenize_errors(tmp_path, vocab):
 def test_module_entry_point(tmp_path, vocab):
     (tmp_path / "in.txt").write_text("hello\n", encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    ok = subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "tokenize", "--vocab", str(vocab),
+    ok = subprocess.run([sys.executable, "-m", "fleet_jobs.text", "tokenize", "--vocab", str(vocab),
                          str(tmp_path / "in.txt")], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert ok.returncode == 0 and json.loads(ok.stdout) == BertTokenizer.from_file(str(vocab)).tokenize_ids("hello")
-    bad = subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "tokenize", "--vocab", "nope.txt",
+    bad = subprocess.run([sys.executable, "-m", "fleet_jobs.text", "tokenize", "--vocab", "nope.txt",
                           str(tmp_path / "in.txt")], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: nope.txt: cannot read vocab (No such file or directory)"
     ]
+
+
+def test_the_tools_former_place_forwards(tmp_path, vocab):
+    """``python -m fleet_jobs.electra_zh_en`` (the tools' place before issue 31) still runs them, for
+    scripts written then: the same ids as ``python -m fleet_jobs.text``."""
+    (tmp_path / "in.txt").write_text("hello\n", encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    old = subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "tokenize", "--vocab", str(vocab),
+                          str(tmp_path / "in.txt")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert old.returncode == 0 and json.loads(old.stdout) == BertTokenizer.from_file(str(vocab)).tokenize_ids("hello")

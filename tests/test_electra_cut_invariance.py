@@ -1,4 +1,4 @@
-"""format=electra seeds each document from the run seed and its own text: the examples of a corpus
+"""electra_zh_en seeds each document from the run seed and its own text: the examples of a corpus
 are the same multiset however the work was cut (item size, workers) and whatever the input format."""
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from fleet.core.discovery import load_configured
 from fleet.job import ConfigError, ItemContext, load_job
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
 from fleet_jobs.text import tfrecord
@@ -66,7 +67,6 @@ def test_check(tmp_path, vocab_path):
     bad = {
         "required": ElectraConfig(),
         "cannot read vocab_file": ElectraConfig(vocab_file=str(tmp_path / "nope.txt")),
-        "not supported": ElectraConfig(vocab_file=vocab_path, format="t5"),
         "max_seq_length": ElectraConfig(vocab_file=vocab_path, max_seq_length=4),
     }
     (tmp_path / "empty.txt").write_bytes(b"")
@@ -154,11 +154,11 @@ def test_parquet_output_holds_the_same_examples_as_the_tfrecords(vocab_path, doc
 
     from tests.helpers.records import examples
 
-    config = dict(vocab_file=vocab_path, format=fmt, max_seq_length=64)
+    config = dict(vocab_file=vocab_path, format=fmt, max_seq_length=64)  # format=bert: the bert job
     tf_sink, pq_sink, again = MemorySink(), MemorySink(), MemorySink()
     for sink, output in ((tf_sink, "tfrecord"), (pq_sink, "parquet"), (again, "parquet")):
-        JOB.document_converter(ElectraConfig(**config, output=output), read_file).convert(
-            iter(documents), ItemContext("item-1", 3, "test"), sink)
+        job, parsed = load_configured("electra_zh_en", {**config, "output": output})
+        job.document_converter(parsed, read_file).convert(iter(documents), ItemContext("item-1", 3, "test"), sink)
     assert list(pq_sink.files) == [".parquet"]
     data = pq_sink.files[".parquet"]
     assert data == again.files[".parquet"]  # a retried item rewrites the same bytes
@@ -207,7 +207,7 @@ def test_records_are_record_of_each_example(vocab_path, big_ids):
 
 
 def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch):
-    """format=electra hands Parquet its rows, not records to parse back; the file is the same,
+    """electra_zh_en hands Parquet its rows, not records to parse back; the file is the same,
     row groups included (a group ends after exactly ROW_GROUP_ROWS rows, here 7)."""
     from fleet_jobs.text import parquet_writer
     from fleet_jobs.text.output import encode_rows
@@ -229,7 +229,7 @@ def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, docu
 
 @pytest.mark.parametrize("max_length", [16, 128, 512])
 def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents, max_length):
-    """format=electra packs from the lines' lengths and gathers the ids from ``tokenize_flat``'s
+    """electra_zh_en packs from the lines' lengths and gathers the ids from ``tokenize_flat``'s
     one array (``seeded_document_runs``); the records are those of the list path it replaced:
     ``tokenize_lines``, ``add_documents`` with a ``DocumentRandom`` per document, ``records``, a
     group of documents at a time."""
@@ -260,8 +260,8 @@ def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents,
     assert data == b"".join(expected)
 
 
-def test_a_format_electra_worker_does_not_import_the_bert_modules(vocab_path, documents):
-    """The bert job's modules load only for format=bert (a worker's start-up pays for each import)."""
+def test_an_electra_worker_does_not_import_the_bert_modules(vocab_path, documents):
+    """electra_zh_en imports none of the bert job's modules (a worker's start-up pays for each import)."""
     import subprocess
     import sys
 

@@ -47,13 +47,13 @@ def read_file(path: str) -> bytes:
 outputs = st.sampled_from([{"output": "tfrecord"}, {"output": "tfrecord", "compression": "GZIP"},
                            {"output": "parquet"}])
 electra = st.fixed_dictionaries({"max_seq_length": st.integers(8, 96), "pack_documents": st.booleans()})
-bert = st.fixed_dictionaries({"format": st.just("bert"), "max_seq_length": st.integers(16, 96),
+bert = st.fixed_dictionaries({"max_seq_length": st.integers(16, 96),
                               "max_predictions_per_seq": st.integers(1, 12), "v2_feature_names": st.booleans(),
                               "pack_documents": st.booleans()})
 causal = st.fixed_dictionaries({"max_seq_length": st.integers(2, 96), "shifted_labels": st.booleans(),
                                 "last_block": st.sampled_from(["pad", "drop"]), "pack_documents": st.booleans()})
 configs = st.one_of(st.tuples(st.just("electra_zh_en"), electra, outputs),
-                    st.tuples(st.just("electra_zh_en"), bert, outputs), st.tuples(st.just("causal_lm"), causal, outputs))
+                    st.tuples(st.just("bert"), bert, outputs), st.tuples(st.just("causal_lm"), causal, outputs))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

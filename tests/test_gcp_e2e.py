@@ -150,7 +150,7 @@ def check_clean_exit(cloud: Cloud, run: str) -> None:
 
 def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     vocab = tmp_path / "vocab.txt"
-    subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", str(CORPUS), "--size", "8000",
+    subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", str(CORPUS), "--size", "8000",
                     "--out", str(vocab)], cwd=ROOT, check=True, capture_output=True)
     open_store(cloud.bucket).upload_file("vocab.txt", str(vocab))
     init(cloud)

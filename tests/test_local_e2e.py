@@ -24,7 +24,7 @@ def run(cmd, **kw):
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
-    proc = run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "vocab", CORPUS, "--size", "21128", "--out", path])
+    proc = run([sys.executable, "-m", "fleet_jobs.text", "vocab", CORPUS, "--size", "21128", "--out", path])
     assert proc.returncode == 0, proc.stderr
     return path
 

@@ -198,7 +198,7 @@ def test_causal_lm_tokenizes_a_long_document_into_arrays(tmp_path):
     assert peak < 12 << 20, f"tokenizing the document held {peak / 2**20:.1f} MiB of Python objects at once"
 
 
-# -- format=bert, dupe_factor > 1: the item's kept token ids ---------------------------------------
+# -- the bert job, dupe_factor > 1: the item's kept token ids ------------------------------------
 def test_bert_keeps_at_most_64_mb_of_an_items_token_ids_in_memory():
     """dupe_factor > 1 keeps the item's token ids (about 4 bytes a token) to build its examples
     again. A compressed file is one item however big, so they spill to a file beyond a limit;

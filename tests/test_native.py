@@ -377,8 +377,8 @@ def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocab
     """End to end in one process (the docs' job on short documents of the sample): the same
     bytes with FLEET_NATIVE=0 and =1. bench proves it with ``fleet local`` on whole corpora."""
     from fleet_jobs.text.inputs import read_all
+    from fleet.core.discovery import load_configured
     from fleet.job import ItemContext
-    from fleet_jobs.electra_zh_en import JOB
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(vocabs["small"]) + "\n", encoding="utf-8")
@@ -388,8 +388,9 @@ def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocab
     out = {}
     for mode in ("0", "1"):
         monkeypatch.setenv("FLEET_NATIVE", mode)
-        config = JOB.parse_config({"vocab_file": str(vocab), "max_seq_length": 64, **options})
-        converter = JOB.document_converter(config, lambda path: Path(path).read_bytes())
+        # (format=bert: the bert job, under the name the docs gave it)
+        job, config = load_configured("electra_zh_en", {"vocab_file": str(vocab), "max_seq_length": 64, **options})
+        converter = job.document_converter(config, lambda path: Path(path).read_bytes())
         sink = MemorySink()
         converter.convert(docs, ItemContext("item", 7, "short.txt"), sink)
         out[mode] = sink.files

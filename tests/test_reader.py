@@ -201,10 +201,11 @@ def test_nothing_to_follow_is_one_clear_error(tmp_path):
 
 
 def test_the_layout_follows_the_config():
-    from fleet_jobs.electra_zh_en import JOB
+    from fleet.core.discovery import load_configured
 
-    bert = JOB.features(JOB.parse_config({"vocab_file": "v", "format": "bert", "max_seq_length": 64,
-                                            "max_predictions_per_seq": 10, "v2_feature_names": "true"}))
+    job, config = load_configured("electra_zh_en", {"vocab_file": "v", "format": "bert", "max_seq_length": 64,
+                                                    "max_predictions_per_seq": 10, "v2_feature_names": "true"})
+    bert = job.features(config)  # format=bert: the bert job's layout
     assert {n: (f.length, f.dtype) for n, f in bert.items()} == {
         "input_word_ids": (64, "int64"), "input_mask": (64, "int64"), "input_type_ids": (64, "int64"),
         "masked_lm_positions": (10, "int64"), "masked_lm_ids": (10, "int64"), "masked_lm_weights": (10, "float32"),

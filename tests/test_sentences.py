@@ -96,10 +96,9 @@ def test_nothing_lost_nothing_empty_and_idempotent(line):
         assert split_sentences(piece) == [piece]  # a sentence is not cut again
 
 
-@pytest.mark.parametrize("fmt", ["electra", "bert"])
-def test_the_option_cuts_the_lines_where_documents_enter_the_job(tmp_path, fmt):
-    from fleet.job import ItemContext
-    from fleet_jobs.electra_zh_en import JOB
+@pytest.mark.parametrize("name", ["electra_zh_en", "bert"])
+def test_the_option_cuts_the_lines_where_documents_enter_the_job(tmp_path, name):
+    from fleet.job import ItemContext, load_job
     from fleet_jobs.text.vocab import train_vocab, write_vocab
     from tests.helpers.sinks import MemorySink
 
@@ -107,11 +106,12 @@ def test_the_option_cuts_the_lines_where_documents_enter_the_job(tmp_path, fmt):
                   ["第二个文件。它很短。", "Short one. Another one! Yes?"]]
     vocab = str(tmp_path / "vocab.txt")
     write_vocab(train_vocab((line for doc in paragraphs for line in doc), 500), vocab)
+    job = load_job(name)
 
     def convert(documents, **options):
-        config = JOB.parse_config({"vocab_file": vocab, "max_seq_length": 32, "format": fmt, **options})
+        config = job.parse_config({"vocab_file": vocab, "max_seq_length": 32, **options})
         sink = MemorySink()
-        stats = JOB.document_converter(config, lambda p: open(p, "rb").read()).convert(
+        stats = job.document_converter(config, lambda p: open(p, "rb").read()).convert(
             iter(documents), ItemContext("i", 7, "test"), sink)
         return stats, sink.files[".tfrecord"]
 
@@ -120,4 +120,4 @@ def test_the_option_cuts_the_lines_where_documents_enter_the_job(tmp_path, fmt):
     assert split == presplit and stats == stats_pre  # the same as giving the sentences as lines
     off_stats, off = convert(paragraphs)
     assert off != split and off_stats["lines"] == 4
-    assert JOB.parse_config({"vocab_file": vocab}).split_sentences is False  # off by default: records as before
+    assert job.parse_config({"vocab_file": vocab}).split_sentences is False  # off by default: records as before

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from fleet.job import ConfigError
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
-from fleet_jobs.electra_zh_en.__main__ import app
+from fleet_jobs.text.tools import app
 from fleet_jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
 from tests.helpers.cli import one_line_job_error as one_line_error
 
@@ -145,17 +145,20 @@ def test_without_a_min_frequency_the_trainer_stops_only_when_every_word_is_a_tok
 
 # -- 12c: what each format needs of the vocab -----------------------------------------------
 
-@pytest.mark.parametrize("fmt", ["electra", "bert"])
-def test_a_vocab_without_mask_is_refused_at_plan_time(tmp_path, fmt):
+@pytest.mark.parametrize("name", ["electra_zh_en", "bert"])
+def test_a_vocab_without_mask_is_refused_at_plan_time(tmp_path, name):
+    from fleet.job import load_job
+
     no_mask = tmp_path / "no_mask.txt"
     no_mask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\na\n")
+    job = load_job(name)
+    config = job.parse_config({"vocab_file": str(no_mask)})
     with pytest.raises(ConfigError) as e:
-        JOB.check(ElectraConfig(vocab_file=str(no_mask), format=fmt), read_file)
+        job.check(config, read_file)
     message = str(e.value)
-    who = {"electra": "format=electra", "bert": "the bert job"}[fmt]  # (format=bert: the bert job's check)
-    assert "\n" not in message and "no_mask.txt" in message and f"{who} needs a [MASK]" in message
+    assert "\n" not in message and "no_mask.txt" in message and f"the {name} job needs a [MASK]" in message
     with pytest.raises(ConfigError):
-        JOB.document_converter(ElectraConfig(vocab_file=str(no_mask), format=fmt), read_file)
+        job.document_converter(config, read_file)
 
 
 def test_causal_lm_needs_an_end_of_document_token(tmp_path):

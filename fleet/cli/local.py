@@ -24,7 +24,7 @@ from rich.text import Text
 
 from fleet.core.codesync import code_version
 from fleet.gce.config import DEFAULT_CODE_PATHS
-from fleet.core.discovery import load_job
+from fleet.core.discovery import load_configured
 from fleet.core.job import Job
 from fleet.core.stage import StageOptions
 from fleet.cli.render import print_counts, print_detail, print_failed_files, print_input_files, printable, \
@@ -225,8 +225,8 @@ def run_local(
         exclude=[out_dir],  # OUT_DIR may be inside an input folder: its outputs are not inputs
         again="write to another OUT_DIR, or restore what changed to resume this one",
         read=read or {}, stage_options=stage_options, shuffle_budget=shuffle_budget)
-    chosen = load_job(job)
-    chosen.check_here(chosen.parse_config(settings))  # the workers run here: what they need must be here
+    chosen, config = load_configured(job, settings)  # a former name (format=bert): the job it became, as plan has it
+    chosen.check_here(config)  # the workers run here: what they need must be here
     spec, items, created = plan(bucket, request)
     store = open_store(bucket)
     reader = StatusReader(store, RUN)

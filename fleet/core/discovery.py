@@ -5,6 +5,10 @@
 The fleet never names a job: it scans the jobs package and imports what it finds. This is the
 one module of fleet/ that imports the package ``fleet_jobs`` (to list its folders, never a job
 in it); the planner, the worker and the readers load a run's job through it.
+
+A job's name and options as a run or a command gives them pass ``resolve_job`` first: a former
+name (``FORMER_NAMES``, data, the one place a job is named here) is read as what it became, so a
+run planned under it (its run.json) resumes and reads, and a command that gives it still plans.
 """
 
 from __future__ import annotations
@@ -12,9 +16,84 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
-from fleet.core.errors import JobNotFound
+from fleet.core.errors import ConfigError, JobNotFound
 from fleet.core.job import Job
+
+
+@dataclass(frozen=True)
+class FormerName:
+    """A job name with one setting, as runs were planned before that setting's value became a job
+    of its own (or became the only one the job has): read as ``becomes`` with the setting dropped.
+    ``retired``: options the job wrote into every run's run.json then (each at the value it held
+    there), which ``becomes`` no longer has; dropped at that value, refused at any other."""
+
+    job: str
+    setting: str
+    value: str
+    becomes: str
+    retired: Mapping[str, Any] = field(default_factory=dict)
+
+
+# Issue 31: electra_zh_en held the bert job as format=bert until the bert job got its own name, and
+# wrote format and the bert job's options into every run.json (format=electra runs too, at their
+# defaults). Runs planned so, and commands written so, keep working; electra_zh_en holds ELECTRA
+# alone. (A value of the setting not listed is refused, naming the ones that are.)
+FORMER_NAMES = (
+    FormerName("electra_zh_en", "format", "electra", becomes="electra_zh_en",
+               retired={"masked_lm_prob": 0.15, "max_predictions_per_seq": 20, "short_seq_prob": 0.1,
+                        "dupe_factor": 1, "whole_word_masking": True, "v2_feature_names": False}),
+    FormerName("electra_zh_en", "format", "bert", becomes="bert", retired={"provenance": False}),
+)
+
+
+@dataclass(frozen=True)
+class JobChoice:
+    """The job to load and the settings (``--set`` strings or a run.json's config) to parse."""
+
+    job: str
+    settings: dict[str, Any]
+
+
+def resolve_job(name: str, settings: Mapping[str, Any]) -> JobChoice:
+    """What a run or a command that names job ``name`` with ``settings`` means now (FORMER_NAMES):
+    every path that loads a job for a run (plan, the workers, status, the readers) goes through
+    here, the run's spec read by ``fleet.core.run`` and a plan's ``--job``/``--set``."""
+    rows = [row for row in FORMER_NAMES if row.job == name and row.setting in settings]
+    if not rows:
+        return JobChoice(name, dict(settings))
+    setting, value = rows[0].setting, settings[rows[0].setting]
+    row = next((r for r in rows if r.value == value), None)
+    if row is None:
+        moved = "".join(f"; {setting}={r.value} is the job {r.becomes}: --job {r.becomes}" for r in rows
+                        if r.becomes != name)
+        raise ConfigError(f"option {setting}: {value!r} is not supported (known: {', '.join(r.value for r in rows)}"
+                          f"{moved})")
+    kept = {}
+    for key, given in settings.items():
+        if key == setting:
+            continue
+        if key in row.retired:
+            if _same_value(given, row.retired[key]):
+                continue
+            raise ConfigError(f"option {key}: not with {setting}={value} (job {row.becomes} has no option {key})")
+        kept[key] = given
+    return JobChoice(row.becomes, kept)
+
+
+def _same_value(given: Any, retired: Any) -> bool:
+    """A retired option's value as a run.json holds it (typed) or as ``--set`` gives it (a string)."""
+    if isinstance(given, str) and not isinstance(retired, str):
+        text = given.strip().lower()
+        if isinstance(retired, bool):
+            return text in (("1", "true", "yes", "on") if retired else ("0", "false", "no", "off"))
+        try:
+            return float(text) == retired
+        except ValueError:
+            return False
+    return given == retired and type(given) is type(retired)
 
 
 def available_jobs() -> list[str]:
@@ -122,3 +201,11 @@ def load_job(name: str) -> Job:
     if not isinstance(job, Job):
         raise JobNotFound(f"fleet_jobs.{name} does not define JOB, a fleet.job.Job")
     return job
+
+
+def load_configured(name: str, settings: Mapping[str, Any]) -> tuple[Job, Any]:
+    """(the job, its config) for a job name and settings as a run or a command gives them
+    (``resolve_job``: a former name as the job it became)."""
+    chosen = resolve_job(name, settings)
+    job = load_job(chosen.job)
+    return job, job.parse_config(chosen.settings)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from fleet.core.discovery import load_job
+from fleet.core.discovery import load_job, resolve_job
 from fleet.core.errors import ConfigError
 from fleet.core.item import ItemInput, Opener, Piece, Source, printable
 from fleet.core.job import Job
@@ -512,8 +512,10 @@ def plan(bucket: str, request: PlanRequest) -> tuple[RunSpec, list[Item], bool]:
     check_run_name(r.run)
     check_numbers(r.lease_ttl, r.max_attempts, item_bytes if isinstance(item_bytes, int) else 1)
     check_stage_options(r.stage_options)
-    job = load_job(r.job)
-    config = job.parse_config(r.settings)
+    chosen = resolve_job(r.job, r.settings)  # a former name (format=bert) as the job it became
+    job_name = chosen.job
+    job = load_job(job_name)
+    config = job.parse_config(chosen.settings)
     read = job.check_read(r.read)
     job.check(config, read_url)
     files = pin_files(job, config)
@@ -551,7 +553,7 @@ def plan(bucket: str, request: PlanRequest) -> tuple[RunSpec, list[Item], bool]:
         items += stage_items(stages, len(items), combines)
     spec = RunSpec(
         run=r.run,
-        job=r.job,
+        job=job_name,
         config=dataclasses.asdict(config),
         output=r.output,
         code_version=r.code_version,
@@ -662,10 +664,21 @@ def _read_spec(store: Store, run: str) -> RunSpec | None:
     except NotFound:
         return None
     try:
-        return RunSpec.from_json(data)
+        spec = RunSpec.from_json(data)
     except (ValueError, TypeError) as e:
         raise PlanError(f"{store.url}/{spec_name(run)}: not a run spec ({e}); the bucket's run state is damaged") \
             from None
+    # A run planned under a job's former name (electra_zh_en with format=bert) is read as the job it
+    # became, by every reader of its spec: the planner, the workers, status and the readers.
+    if not isinstance(spec.config, dict):  # (damaged: the job's parse_config names it)
+        return spec
+    try:
+        chosen = resolve_job(spec.job, spec.config)
+    except ConfigError as e:
+        raise PlanError(f"{store.url}/{spec_name(run)}: {e}") from None
+    if chosen.job == spec.job and chosen.settings == spec.config:
+        return spec
+    return dataclasses.replace(spec, job=chosen.job, config=chosen.settings)
 
 
 def load_spec(store: Store, run: str) -> RunSpec:

@@ -119,7 +119,7 @@ class BertJob(TextJob):
                 "random_next_share": totals.get("random_next", 0) / examples if examples else 0.0}
 
     def report(self, output_url: str, config: BertConfig) -> str | None:
-        """The records' summary (``python -m fleet_jobs.electra_zh_en report``) for a local output folder."""
+        """The records' summary (``python -m fleet_jobs.text report``) for a local output folder."""
         from fleet_jobs.text.report import local_report
 
         return local_report(output_url, config.vocab_file, REPORT_RECORDS)

@@ -11,7 +11,7 @@ given one ``DocumentRandom`` per document, from the document's own stream
 next, each document then starts with the full one). ``seeded_document_runs``
 packs as ``add_documents`` with a ``DocumentRandom`` per document, from the
 lines' token counts alone, giving
-each example as runs into all the ids laid end to end (format=electra's path:
+each example as runs into all the ids laid end to end (the job's path without packing:
 no Python list per line or example).
 """
 

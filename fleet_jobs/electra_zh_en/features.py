@@ -10,5 +10,5 @@ ELECTRA_FEATURES = ("input_ids", "input_mask", "segment_ids")
 
 
 def electra_features(config) -> dict[str, Feature]:
-    """``{name: Feature}`` for an ElectraConfig with ``format=electra``."""
+    """``{name: Feature}`` for an ElectraConfig."""
     return {name: Feature(config.max_seq_length) for name in ELECTRA_FEATURES}

@@ -12,13 +12,14 @@ Within a document, blank lines carry no tokens and do not split it: the
 fleet's inputs already cut documents (for ``.txt`` at blank lines, which is
 what ELECTRA's builder does with ``--blanks-separate-docs``).
 
-``format=bert`` is the ``bert`` job (``fleet_jobs/bert``) under its former name: runs planned
-with it (their ``run.json``) and commands that name it keep working (``_as_bert``).
+The job is ELECTRA alone. It once held BERT's records as ``format=bert``; that is the ``bert``
+job now, and runs planned with the former name (their run.json: ``format`` and the bert job's
+options) or commands that give it are read as that job by discovery's rule
+(``fleet.core.discovery.FORMER_NAMES``), never here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass
 from itertools import accumulate, chain
@@ -39,50 +40,17 @@ from fleet_jobs.text.tokenization import BertTokenizer
 from .builder import CLS_RUN, SEP_RUN, DocumentRandom, ExampleBuilder, FlatExamples, seeded_document_runs
 from .provenance import example_documents
 
-FORMATS = ("electra", "bert")
 REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60-130 µs each, paid by every run
 
 
 @dataclass
 class ElectraConfig(TextOptions):
-    seed: int = 12345  # the run's seed: electra seeds each document from it and its text, bert each item
-    format: str = "electra"  # electra | bert (the bert job: --job bert, which takes the options below)
+    seed: int = 12345  # the run's seed: each document is seeded from it and its text (pack_documents: each item)
     provenance: bool = False  # part-<item>.provenance.jsonl: each example's document in the corpus (docs/outputs.md)
-    # The bert job's own options, for format=bert only (kept so that format=bert runs, their run.json and
-    # commands stay valid; `fleet jobs` describes them under bert):
-    masked_lm_prob: float = 0.15  # format=bert: share of an example's tokens masked
-    max_predictions_per_seq: int = 20  # format=bert: masked positions an example holds, at most
-    short_seq_prob: float = 0.1  # format=bert: share of examples given a shorter target length
-    dupe_factor: int = 1  # format=bert: build the item's examples this many times, each with other randomness
-    whole_word_masking: bool = True  # format=bert: ## pieces with their word; Chinese words (rjieba) all characters
-    v2_feature_names: bool = False  # format=bert: tf-models' input_word_ids / input_type_ids
-
-
-BERT_ONLY = ("masked_lm_prob", "max_predictions_per_seq", "short_seq_prob", "dupe_factor", "whole_word_masking",
-             "v2_feature_names")
-
-
-def _as_bert(config: ElectraConfig):
-    """(the bert job, its config) for ``format=bert``, else None: the one place ``format`` is read.
-    The bert job loads only here, so a format=electra worker does not import it."""
-    if config.format != "bert":
-        return None
-    from fleet_jobs.bert import JOB
-
-    if config.provenance:
-        raise ConfigError("option provenance: format=electra only (bert's examples mix the documents of an item)")
-    return JOB, JOB.parse_config({k: v for k, v in dataclasses.asdict(config).items()
-                                  if k not in ("format", "provenance")})
 
 
 def _validate(config: ElectraConfig) -> None:
     check_text_options(config)
-    if config.format not in FORMATS:
-        raise ConfigError(f"option format: {config.format!r} is not supported (known: {', '.join(FORMATS)})")
-    defaults = ElectraConfig()
-    for name in BERT_ONLY:
-        if getattr(config, name) != getattr(defaults, name):
-            raise ConfigError(f"option {name} applies to format=bert only (--job bert), not format=electra")
     if config.provenance and config.pack_documents:
         raise ConfigError("option provenance: not with pack_documents (its examples mix an item's sentences)")
 
@@ -91,7 +59,7 @@ ELECTRA_COLUMNS = (Column("input_ids"), Column("input_mask"), Column("segment_id
 
 
 def _tokenizer(config: ElectraConfig, opener: Opener) -> BertTokenizer:
-    return masking_tokenizer(config, opener, "format=electra")
+    return masking_tokenizer(config, opener, "the electra_zh_en job")
 
 
 class ElectraConverter(DocumentConverter):
@@ -184,34 +152,24 @@ class ElectraJob(TextJob):
     config_type = ElectraConfig
 
     def check(self, config: ElectraConfig, opener: Opener) -> None:
-        if bert := _as_bert(config):
-            return bert[0].check(bert[1], opener)
         _validate(config)
         _tokenizer(config, opener)
 
     def document_converter(self, config: ElectraConfig, opener: Opener) -> DocumentConverter:
-        if bert := _as_bert(config):
-            return bert[0].document_converter(bert[1], opener)
         _validate(config)
         return with_sentences(ElectraConverter(config, _tokenizer(config, opener)), config)
 
     def features(self, config: ElectraConfig) -> dict[str, Feature]:
-        if bert := _as_bert(config):
-            return bert[0].features(bert[1])
         from .features import electra_features
 
         return electra_features(config)
 
     def summarize(self, totals) -> dict[str, float]:
-        if "masked_lm_predictions" in totals:  # a format=bert run's counters: the bert job's figures
-            from fleet_jobs.bert import JOB
-
-            return JOB.summarize(totals)
         positions = totals.get("positions", 0)
         return {"fill_ratio": totals.get("tokens", 0) / positions if positions else 0.0}
 
     def report(self, output_url: str, config: ElectraConfig) -> str | None:
-        """The records' summary (``python -m fleet_jobs.electra_zh_en report``) for a local output folder."""
+        """The records' summary (``python -m fleet_jobs.text report``) for a local output folder."""
         from fleet_jobs.text.report import local_report
 
         return local_report(output_url, config.vocab_file, REPORT_RECORDS)

@@ -2,8 +2,8 @@
 
 Without ``pack_documents`` an example holds lines of one document (each is seeded by its own
 text), so its document is the one its first id comes from: found from ``seeded_document_runs``'
-runs into the group's ids laid end to end. ``pack_documents`` and format=bert mix documents,
-and refuse the option.
+runs into the group's ids laid end to end. ``pack_documents`` mixes documents, and refuses the
+option (as the bert job, whose pairs mix them, has none).
 """
 
 from __future__ import annotations

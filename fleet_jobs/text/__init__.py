@@ -9,11 +9,13 @@
   file naming, and writers for TFRecord and Parquet (``parquet``);
 - ``tokenizer_cache``: tokenizers loaded once per process, by the digest of their file;
 - ``report``: a look at a run's records; ``sample`` + ``survey``: a bounded sample of a corpus
-  and its figures, before the spend (the ``check`` tool);
+  and its figures, before the spend (the ``check`` tool); ``tools``: the tools every text job
+  shares (``python -m fleet_jobs.text vocab|tokenize|report|check``);
 - ``job``: ``TextJob``, the fleet's item API read as documents; ``inputs``: the corpus
   formats, cutting files into items at document boundaries, and bad-record accounting.
 
 It depends on the fleet's job API only (``fleet.job``: the item API, ranged reads of an
 input's pinned version for Parquet's footer and a plan's look for document boundaries, and
-``find_sources`` for the tools), never on a job.
+``find_sources`` for the tools), never on a job (but ``check``, which imports ELECTRA's builder
+when it runs, for the tokens ELECTRA's packing would truncate).
 """

@@ -38,7 +38,7 @@ def check_text_options(config: TextOptions) -> None:
     """The shared options' plan-time check (``ConfigError`` names the option)."""
     if not config.vocab_file:
         raise ConfigError(
-            "option vocab_file is required (a BERT vocab.txt; make one with: python -m fleet_jobs.electra_zh_en vocab)"
+            "option vocab_file is required (a BERT vocab.txt; make one with: python -m fleet_jobs.text vocab)"
         )
     low, high = MAX_SEQ_LENGTHS
     if not low <= config.max_seq_length <= high:
