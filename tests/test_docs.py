@@ -91,7 +91,7 @@ def test_the_readme_is_an_entrance():
     blocks = code_blocks(readme)
     assert "&& .venv/bin/fleet local corpus/ out/ --workers 2 --set vocab_file=vocab.txt" in blocks[0]
     assert blocks[1].strip() == ("python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/ruff check "
-                                 "&& .venv/bin/python -m pytest")
+                                 "&& .venv/bin/mypy && .venv/bin/python -m pytest")
     # CI runs the README's test command (pip made quiet).
     assert blocks[1].strip().replace("pip install -e", "pip install -q -e") in (ROOT / ".ci" / "run").read_text()
     # The home page opens with the same two commands.
