@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from fleet.job import ItemContext, Sink
 from fleet_jobs.electra_zh_en import JOB
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.electra_zh_en.__main__ import app
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 

@@ -17,7 +17,7 @@ import rjieba
 from fleet.job import ConfigError, ItemContext
 from fleet_jobs.bert import JOB as BERT, BertConfig
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.bert.builder import DocBatcher, PairOptions, assemble, build_spans, truncate_pairs
 from fleet_jobs.bert import records as bert_records
 from fleet_jobs.bert.records import BertLayout, BertRecordEncoder, feature_names

@@ -10,7 +10,7 @@ import pytest
 
 from fleet.job import ConfigError, ItemContext, load_job
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
 from fleet_jobs.text.tokenization import BertTokenizer
 from fleet_jobs.text.vocab import train_vocab, write_vocab

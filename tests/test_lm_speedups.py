@@ -24,7 +24,8 @@ from fleet_jobs.causal_lm import JOB, CausalLMConverter
 from fleet_jobs.causal_lm.blocks import BlockCutter, BlockOptions
 from fleet_jobs.causal_lm.records import BlockRecords
 from fleet_jobs.causal_lm.word_cache import WordCache, word_cache
-from fleet_jobs.text import native, tfrecord
+from fleet.formats import tfrecord
+from fleet_jobs.text import native
 from fleet_jobs.text.output import Column, encode_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

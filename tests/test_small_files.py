@@ -32,7 +32,7 @@ from fleet.core.status import StatusReader
 from fleet.core.store import open_store
 from fleet.core.verify import check_outputs
 from fleet.job import Converter, InputError, Job, Piece, Source, StageOptions
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.text.job import TextJob
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.procs import LINEJOB, committed, plan_lines, start_worker, wait_exit

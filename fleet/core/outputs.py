@@ -6,7 +6,7 @@ A run's readers (``fleet.core.follow``) get from the job only its feature layout
 one its lease recorded at commit, and its examples checked against the layout.
 
 - ``.tfrecord`` / ``.tfrecord.gz``: streamed in ranged reads (bounded memory), GZIP
-  decompressed on the way, each record's checksums checked (``fleet.core.tfexample``);
+  decompressed on the way, each record's checksums checked (``fleet.formats.tfrecord``);
 - ``.parquet``: read whole (a third of its TFRecords' size), checked, then handed
   over a row group at a time as 2-D arrays, one per feature.
 """
@@ -21,9 +21,9 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-from fleet.core import tfexample
 from fleet.core.sink import Feature
 from fleet.core.store import Store, StoreError, StoreFile, locate
+from fleet.formats import tfrecord
 
 _BUFFER = 8 << 20  # bytes per ranged read of an output
 PARQUET_SUFFIX = ".parquet"
@@ -59,9 +59,9 @@ def read_records(out: "Output") -> Iterator[bytes]:
     stream = io.BufferedReader(raw, _BUFFER)
     data = gzip.GzipFile(fileobj=stream, mode="rb") if out.url.endswith(".gz") else stream
     try:
-        yield from tfexample.records(data)
+        yield from tfrecord.records(data)
         data.read()  # a gzip trailer, or nothing: the whole file passes through the hash
-    except tfexample.RecordError as e:
+    except tfrecord.RecordError as e:
         raise OutputError(f"{out.url}: {e}") from None
     except (OSError, EOFError, StoreError) as e:
         raise OutputError(f"{out.url}: cannot read ({e.__class__.__name__}: {e})") from None
@@ -72,8 +72,8 @@ def record_examples(out: "Output", layout: Mapping[str, Feature]) -> Iterator[di
     """``{name: array}`` per record of a TFRecord output, each feature checked against the layout."""
     for number, record in enumerate(read_records(out), 1):
         try:
-            example = tfexample.parse_example(record)
-        except tfexample.RecordError as e:
+            example = tfrecord.parse_example(record)
+        except tfrecord.RecordError as e:
             raise OutputError(f"{out.url}: record {number}: not a tf.train.Example ({e})") from None
         for name, feature in layout.items():
             value = example.get(name)

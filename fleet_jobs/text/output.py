@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import struct
 from typing import BinaryIO, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from fleet.formats import tfrecord
 from fleet.job import ConfigError, ItemContext, KeyedSink, Sink, shuffle_key
 
-from . import tfrecord
 from .writer import Column, ExampleWriter, _row_count
 
 OUTPUTS = ("tfrecord", "parquet")
@@ -70,7 +69,7 @@ class TFRecordWriter(ExampleWriter):
         self.order = sorted(columns, key=lambda c: c.name)  # tfrecord.example's order: stable bytes
 
     def write(self, records: bytes, count: Optional[int] = None) -> None:
-        self.examples += count_frames(records) if count is None else count
+        self.examples += tfrecord.count_frames(records) if count is None else count
         self.out.write(records)
 
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
@@ -143,40 +142,12 @@ class KeyedExampleWriter(ExampleWriter):
         self.order = sorted(columns, key=lambda c: c.name)  # as TFRecordWriter: the same bytes
 
     def write(self, records: bytes, count: Optional[int] = None) -> None:
-        for framed in frames(records):
+        for framed in tfrecord.frames(records):
             self.sink.emit_framed(framed)
 
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
         for framed in encode_rows(self.order, values):
             self.sink.emit_framed(memoryview(framed))
-
-
-_LENGTH = struct.Struct("<Q")
-
-
-def count_frames(records: bytes) -> int:
-    """How many framed TFRecords ``records`` holds (their lengths walked, nothing decoded)."""
-    n = at = 0
-    while at < len(records):
-        (length,) = _LENGTH.unpack_from(records, at)
-        at += 16 + length
-        n += 1
-    if at != len(records):
-        raise ValueError("a TFRecord frame runs past the end of the records")
-    return n
-
-
-def frames(records: bytes) -> Iterator[memoryview]:
-    """The whole frames (length, checksums and payload) of framed TFRecords this process just
-    encoded, as views (checksums not checked)."""
-    view, at = memoryview(records), 0
-    while at < len(records):
-        (length,) = _LENGTH.unpack_from(records, at)
-        end = at + 16 + length
-        if end > len(records):
-            raise ValueError("a TFRecord frame runs past the end of the records")
-        yield view[at:end]
-        at = end
 
 
 @contextlib.contextmanager

@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import tfrecord
+from fleet.formats import tfrecord
+
 from .writer import Column, ExampleWriter, _row_count
 
 ROW_GROUP_ROWS = 16_384  # 8 MB of int32 at 128 tokens per row: readers stream a group at a time

@@ -29,9 +29,8 @@ from typing import BinaryIO, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from fleet.formats import tfrecord
 from fleet.job import Sink
-
-from . import tfrecord
 
 SEQUENCE_OUTPUTS = ("megatron", "tokens")
 BIN_SUFFIX = ".bin"
