@@ -294,13 +294,13 @@ def test_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, m
     """format=bert hands Parquet its rows (``BertExamples.rows``), not records for the writer to
     parse back; the file is the one the records made, row groups included (here of 7 rows)."""
     from fleet_jobs.bert import examples as bert_examples
-    from fleet_jobs.text import parquet_writer
+    from fleet.formats import parquet
 
-    monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 7)
+    monkeypatch.setattr(parquet, "ROW_GROUP_ROWS", 7)
     docs = documents["zh"][:12] + documents["en"][:6]
     stats, suffix, rows_made = convert(vocab_path, docs, seed=11, output="parquet", **options)
     monkeypatch.setattr(bert_examples.BertExamples, "rows", bert_examples.BertExamples.records)  # the former way
-    monkeypatch.setattr(parquet_writer.ParquetExampleWriter, "write_examples", parquet_writer.ParquetExampleWriter.write)
+    monkeypatch.setattr(parquet.ParquetExampleWriter, "write_examples", parquet.ParquetExampleWriter.write)
     again, _, parsed = convert(vocab_path, docs, seed=11, output="parquet", **options)
     assert suffix == ".parquet" and stats == again and stats["examples"] > 50
     assert rows_made == parsed

@@ -110,10 +110,11 @@ def test_iter_records_detects_corruption():
 
 
 def test_rows_written_as_columns_are_the_bytes_of_tfrecord_example(tf):
-    """fleet_jobs.text.output.encode_rows (the writer's column path) against the generic encoder and TensorFlow."""
+    """fleet.formats.tfrecord.writer.encode_rows (the writer's column path) against the generic encoder and TensorFlow."""
     import numpy as np
 
-    from fleet_jobs.text.output import Column, encode_rows
+    from fleet.formats.tfrecord.writer import encode_rows
+    from fleet.formats.writer import Column
 
     rng = np.random.default_rng(3)
     columns = [Column("input_ids"), Column("attention_mask"), Column("weights", "float"), Column("wide")]

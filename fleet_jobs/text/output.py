@@ -1,5 +1,7 @@
-"""The output options every text job shares, and one writer interface for both formats
-(``fleet_jobs.text.writer``; the Parquet writer is ``parquet_writer``).
+"""The output options every text job shares, and the writer of an item's examples in the
+format the run asks for (``open_writer``). The formats themselves, the writers and the interface
+they share (``Column``, ``ExampleWriter``), are ``fleet.formats``' (``tfrecord``, ``parquet``,
+``writer``); ``Column`` is a job's to use from here, with ``open_writer``.
 
 ``output=tfrecord`` (the default) writes ``tf.train.Example`` records, one TFRecord
 file per item (``.tfrecord``, or ``.tfrecord.gz`` with ``compression=GZIP``);
@@ -25,14 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-from typing import BinaryIO, Iterator, Mapping, Optional, Sequence, Union
+from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from fleet.formats import tfrecord
+from fleet.formats.tfrecord.writer import TFRecordWriter, encode_rows
+from fleet.formats.writer import Column, ExampleWriter
 from fleet.job import ConfigError, ItemContext, KeyedSink, Sink, shuffle_key
-
-from .writer import Column, ExampleWriter, _row_count
 
 OUTPUTS = ("tfrecord", "parquet")
 COMPRESSIONS = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}  # option value (any case) -> file suffix
@@ -60,47 +62,6 @@ def check_output(output: str, compression: str, known: Sequence[str] = OUTPUTS) 
 def output_suffix(output: str, compression: str) -> str:
     """The end of an item's output file name: ``part-<item>`` + this."""
     return PARQUET_SUFFIX if output == "parquet" else COMPRESSIONS[str(compression).lower()]
-
-
-class TFRecordWriter(ExampleWriter):
-    def __init__(self, out: BinaryIO, columns: Sequence[Column]):
-        super().__init__(columns)
-        self.out = out
-        self.order = sorted(columns, key=lambda c: c.name)  # tfrecord.example's order: stable bytes
-
-    def write(self, records: bytes, count: Optional[int] = None) -> None:
-        self.examples += tfrecord.count_frames(records) if count is None else count
-        self.out.write(records)
-
-    def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
-        rows = encode_rows(self.order, values)
-        self.examples += len(rows)
-        self.out.write(b"".join(rows))
-
-
-def encode_rows(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> list[bytes]:
-    """One framed TFRecord per row, features in the order given; the bytes ``tfrecord.example``
-    gives for the same values, with each int column's varints made in one numpy pass."""
-    n = _row_count(columns, values)
-    per_column = []
-    for column in columns:
-        array = np.asarray(values[column.name])
-        if column.kind == "float":
-            per_column.append([tfrecord.feature_entry(column.name, tfrecord.float_feature(row.tolist()))
-                               for row in array])
-            continue
-        data, at = tfrecord.varint_rows(array.reshape(n, -1))
-        entries = []
-        for i in range(n):
-            payload = data[at[i]:at[i + 1]]
-            entries.append(tfrecord.int64_entry_prefix(column.name, len(payload)) + payload if payload
-                           else tfrecord.feature_entry(column.name, tfrecord.packed_int64_feature(b"")))
-        per_column.append(entries)
-    out = []
-    for entries in zip(*per_column):
-        body = b"".join(entries)
-        out.append(tfrecord.frame(tfrecord.example_prefix(len(body)) + body))
-    return out
 
 
 class ShuffledExamples(KeyedSink):
@@ -163,7 +124,7 @@ def open_writer(sink: Union[Sink, ShuffledExamples], output: str, compression: s
     suffix = output_suffix(output, compression)
     with sink.open(suffix) as raw:
         if output == "parquet":
-            from .parquet_writer import ParquetExampleWriter  # pyarrow loads only when asked for
+            from fleet.formats.parquet import ParquetExampleWriter  # pyarrow loads only when asked for
 
             writer: ExampleWriter = ParquetExampleWriter(raw, columns)
             yield writer

@@ -1,4 +1,4 @@
-"""TFRecords of blocks (causal_lm's examples), many at a time: the bytes ``encode_rows``
+"""TFRecords of blocks (causal_lm's examples), many at a time: the bytes ``writer.encode_rows``
 gives, in a few steps a row, in Python (the reference) or in one C call (``records.c``, beside).
 
 A block's record is head + the ids' varints + crc. The features go in name order:
