@@ -423,7 +423,7 @@ def test_a_changed_file_of_a_group_is_named_when_the_run_is_planned_again(tmp_pa
 def test_provenance_names_each_documents_own_file_in_a_grouped_item(tmp_path, vocab):
     from tests.test_provenance import document_at, sidecar
     from fleet_jobs.text.provenance import PROVENANCE_SUFFIX
-    from fleet_jobs.text.token_files import read_sequences
+    from fleet.formats.token_files import read_sequences
 
     folder = tmp_path / "in"
     folder.mkdir()

@@ -1,7 +1,8 @@
 """The output options every text job shares, and the writer of an item's examples in the
-format the run asks for (``open_writer``). The formats themselves, the writers and the interface
-they share (``Column``, ``ExampleWriter``), are ``fleet.formats``' (``tfrecord``, ``parquet``,
-``writer``); ``Column`` is a job's to use from here, with ``open_writer``.
+format the run asks for (``open_writer``), or of its token sequences (``open_sequence_writer``:
+causal_lm's ``output=megatron`` / ``tokens``). The formats themselves, the writers and the
+interface they share (``Column``, ``ExampleWriter``), are ``fleet.formats``' (``tfrecord``,
+``parquet``, ``token_files``, ``writer``); ``Column`` is a job's to use from here, with ``open_writer``.
 
 ``output=tfrecord`` (the default) writes ``tf.train.Example`` records, one TFRecord
 file per item (``.tfrecord``, or ``.tfrecord.gz`` with ``compression=GZIP``);
@@ -33,6 +34,7 @@ import numpy as np
 
 from fleet.formats import tfrecord
 from fleet.formats.tfrecord.writer import TFRecordWriter, encode_rows
+from fleet.formats.token_files import BIN_SUFFIX, INDEX_SUFFIXES, SequenceWriter
 from fleet.formats.writer import Column, ExampleWriter
 from fleet.job import ConfigError, ItemContext, KeyedSink, Sink, shuffle_key
 
@@ -45,7 +47,7 @@ GZIP_LEVEL = 6  # zlib's default, as TensorFlow's TFRecordWriter uses for GZIP
 
 def check_output(output: str, compression: str, known: Sequence[str] = OUTPUTS) -> None:
     """The shared options' plan-time check (``ConfigError`` names the option); ``known``: the
-    outputs of the job (causal_lm adds the token-sequence files of ``token_files``)."""
+    outputs of the job (causal_lm adds the token-sequence files of ``fleet.formats.token_files``)."""
     if output not in known:
         if output in ("megatron", "tokens"):
             raise ConfigError(f"option output: {output} holds token sequences, which this job does not make "
@@ -137,6 +139,18 @@ def open_writer(sink: Union[Sink, ShuffledExamples], output: str, compression: s
             writer = TFRecordWriter(raw, columns)
             yield writer
     sink.count(suffix, {**writer.counts, "examples": writer.examples})  # the file's exact counts (RunManifest)
+
+
+@contextlib.contextmanager
+def open_sequence_writer(sink: Sink, output: str, vocab_size: int) -> Iterator[SequenceWriter]:
+    """``output``: megatron or tokens. An item's (or shard's) ``.bin`` and its index (``.idx`` or ``.npy``), complete when the block
+    ends; their exact tokens and documents are counted on the ``.bin`` (``Sink.count``)."""
+    with sink.open(BIN_SUFFIX) as raw:
+        writer = SequenceWriter(raw, output, vocab_size)
+        yield writer
+    with sink.open(INDEX_SUFFIXES[output]) as raw:
+        writer.write_index(raw)
+    sink.count(BIN_SUFFIX, {"tokens": writer.tokens, "documents": writer.documents})
 
 
 def mask_and_segments(lengths, first_lengths, width: int) -> tuple[np.ndarray, np.ndarray]:
