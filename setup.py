@@ -1,7 +1,8 @@
 """What pyproject.toml cannot say: the tokenizer's C core as an optional extension, and the
 files a VM needs (startup/, the Packer template, the lock) inside the wheel.
 
-The C core (fleet_jobs/text/wordpiece.c, unigram.c and records.c) is a plain C library loaded with ctypes (fleet_jobs/text/native.py),
+The C core (fleet_jobs/text/wordpiece.c and unigram.c, and fleet/formats/tfrecord/records.c: TFRecord
+framing, beside its Python reference) is a plain C library loaded with ctypes (fleet_jobs/text/native.py),
 not a CPython module: it uses no Python.h, so one build serves every Python 3 (an abi3 wheel)
 and needs no python3-dev. It stays optional: where no compiler works, the build warns and
 goes on, and the package tokenizes in Python (the same records, about 3x slower).
@@ -20,7 +21,7 @@ from setuptools.command.build_py import build_py
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet_jobs/text/records.c"]
+SOURCES = ["fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet/formats/tfrecord/records.c"]
 # Copied into the wheel as fleet/_data/<path> (fleet.core.codesync finds them there when there
 # is no checkout): what `fleet sync` uploads besides the packages, and the worker image's template.
 DATA = ("startup", "images/packer", "requirements.lock", "pyproject.toml")

@@ -17,7 +17,9 @@ its own name (read now by discovery's former-name rule: fleet.core.discovery.FOR
 ``bert-job`` runs REV with ``--set format=bert`` and this checkout with ``--job bert`` (the job
 that format=bert became), so its records are compared with those of the former format;
 ``causal_lm`` and ``causal_lm_parquet`` the causal_lm job with the same vocab (TFRecord,
-Parquet output).
+Parquet output), ``causal_lm_megatron`` and ``causal_lm_tokens`` its token-sequence outputs;
+``electra_parquet`` and ``electra_gzip`` electra's Parquet and GZIP TFRecord outputs (every
+record format, for a change that moves a format's code).
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ ROWS = {  # the job options of each row (--formats)
     "bert-job": ["--job", "bert"],  # REV: --set format=bert (see job_args)
     "causal_lm": ["--job", "causal_lm"],
     "causal_lm_parquet": ["--job", "causal_lm", "--set", "output=parquet"],
+    "causal_lm_megatron": ["--job", "causal_lm", "--set", "output=megatron"],
+    "causal_lm_tokens": ["--job", "causal_lm", "--set", "output=tokens"],
+    "electra_parquet": ["--set", "format=electra", "--set", "output=parquet"],
+    "electra_gzip": ["--set", "format=electra", "--set", "compression=GZIP"],
 }
 
 
@@ -131,7 +137,7 @@ def main() -> None:
             for name, path in files.items():
                 mb = text_mb(path)
                 b, a = cpu[fmt, name, args.rev], cpu[fmt, name, "this checkout"]
-                print(f"  {fmt:17} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
+                print(f"  {fmt:18} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
                       f"this checkout {a:6.2f} s ({mb / a:5.2f} MB/s): {b / a:.2f}x; records "
                       f"{'the same bytes' if same[fmt, name] else 'DIFFER'}")
 

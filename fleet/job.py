@@ -69,15 +69,15 @@ def find_sources(paths: list[str], exclude: Sequence[str] = (), accept: Callable
 
 
 def tfrecord_records(f: BinaryIO):
-    """The records of a TFRecord stream, both checksums checked (``fleet.core.tfexample``: the one
+    """The records of a TFRecord stream, both checksums checked (``fleet.formats.tfrecord``: the one
     reader of the format, which the run's readers use too)."""
-    from fleet.core.tfexample import records
+    from fleet.formats.tfrecord import records
 
     return records(f)
 
 
 def parse_example(data: bytes) -> dict:
     """A serialized ``tf.train.Example`` -> {name: int64 or float32 array, or list of bytes}."""
-    from fleet.core.tfexample import parse_example as parse
+    from fleet.formats.tfrecord import parse_example as parse
 
     return parse(data)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from fleet.job import ItemContext, Sink
 from fleet.core.discovery import load_configured
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.text.tools import app
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 

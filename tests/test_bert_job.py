@@ -19,7 +19,7 @@ from fleet.core.discovery import load_configured
 from fleet.job import ConfigError, ItemContext
 from fleet_jobs.bert import JOB as BERT, BertConfig
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.bert.builder import DocBatcher, PairOptions, assemble, build_spans, truncate_pairs
 from fleet_jobs.bert import records as bert_records
 from fleet_jobs.bert.records import BertLayout, BertRecordEncoder, feature_names
@@ -296,13 +296,13 @@ def test_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, m
     """format=bert hands Parquet its rows (``BertExamples.rows``), not records for the writer to
     parse back; the file is the one the records made, row groups included (here of 7 rows)."""
     from fleet_jobs.bert import examples as bert_examples
-    from fleet_jobs.text import parquet_writer
+    from fleet.formats import parquet
 
-    monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 7)
+    monkeypatch.setattr(parquet, "ROW_GROUP_ROWS", 7)
     docs = documents["zh"][:12] + documents["en"][:6]
     stats, suffix, rows_made = convert(vocab_path, docs, seed=11, output="parquet", **options)
     monkeypatch.setattr(bert_examples.BertExamples, "rows", bert_examples.BertExamples.records)  # the former way
-    monkeypatch.setattr(parquet_writer.ParquetExampleWriter, "write_examples", parquet_writer.ParquetExampleWriter.write)
+    monkeypatch.setattr(parquet.ParquetExampleWriter, "write_examples", parquet.ParquetExampleWriter.write)
     again, _, parsed = convert(vocab_path, docs, seed=11, output="parquet", **options)
     assert suffix == ".parquet" and stats == again and stats["examples"] > 50
     assert rows_made == parsed

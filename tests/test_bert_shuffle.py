@@ -20,8 +20,8 @@ from fleet.job import ItemContext, ItemInput, KeyedSink, item_seed
 from fleet_jobs.bert import JOB
 from fleet_jobs.bert import examples as bert_examples, job as bert_job, shuffle
 from fleet_jobs.bert.masking import Masked
-from fleet_jobs.text import tfrecord
-from fleet_jobs.text.parquet_writer import read_rows
+from fleet.formats import tfrecord
+from fleet.formats.parquet import read_rows
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 

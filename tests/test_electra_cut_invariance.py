@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from fleet.cli.local import run_local
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 

@@ -11,7 +11,7 @@ import pytest
 from fleet.core.discovery import load_configured
 from fleet.job import ConfigError, ItemContext, load_job
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
 from fleet_jobs.text.tokenization import BertTokenizer
 from fleet_jobs.text.vocab import train_vocab, write_vocab
@@ -209,10 +209,10 @@ def test_records_are_record_of_each_example(vocab_path, big_ids):
 def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch):
     """electra_zh_en hands Parquet its rows, not records to parse back; the file is the same,
     row groups included (a group ends after exactly ROW_GROUP_ROWS rows, here 7)."""
-    from fleet_jobs.text import parquet_writer
-    from fleet_jobs.text.output import encode_rows
+    from fleet.formats import parquet
+    from fleet.formats.tfrecord.writer import encode_rows
 
-    monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 7)
+    monkeypatch.setattr(parquet, "ROW_GROUP_ROWS", 7)
     config = ElectraConfig(vocab_file=vocab_path, max_seq_length=64, output="parquet")
 
     def run():
@@ -221,7 +221,7 @@ def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, docu
         return stats, sink.files[".parquet"]
 
     stats, rows_made = run()
-    monkeypatch.setattr(parquet_writer.ParquetExampleWriter, "write_examples",  # the former way: records, parsed
+    monkeypatch.setattr(parquet.ParquetExampleWriter, "write_examples",  # the former way: records, parsed
                         lambda self, values: self.write(b"".join(encode_rows(self.columns, values))))
     again, parsed = run()
     assert stats == again and stats["examples"] > 20 and rows_made == parsed

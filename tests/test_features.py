@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet.job import ItemContext, load_job
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 

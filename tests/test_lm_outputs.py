@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from fleet.cli.local import run_local
+from fleet.formats.token_files import INDEX_SUFFIXES, MEGATRON_HEADER, read_megatron_index, read_sequences, token_dtype
 from fleet.job import ConfigError, ItemContext, RunManifest, StageOptions, load_job
 from fleet_jobs.causal_lm import JOB, CausalLMConfig
-from fleet_jobs.text.token_files import (INDEX_SUFFIXES, MEGATRON_HEADER, open_sequence_writer, read_megatron_index,
-                                   read_sequences, token_dtype)
+from fleet_jobs.text.output import open_sequence_writer
 from tests.helpers.sinks import MemorySink
 from tests.helpers.trained import bpe_json, wordpiece_vocab
 

@@ -24,8 +24,10 @@ from fleet_jobs.causal_lm import JOB, CausalLMConverter
 from fleet_jobs.causal_lm.blocks import BlockCutter, BlockOptions
 from fleet_jobs.causal_lm.records import BlockRecords
 from fleet_jobs.causal_lm.word_cache import WordCache, word_cache
-from fleet_jobs.text import native, tfrecord
-from fleet_jobs.text.output import Column, encode_rows
+from fleet.formats import tfrecord
+from fleet.formats.tfrecord.writer import encode_rows
+from fleet.formats.writer import Column
+from fleet_jobs.text import native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW_LETTERS = "".join(chr(c) for c in range(0x10940, 0x10946))  # Garay letters (Unicode 16)

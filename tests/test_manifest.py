@@ -3,7 +3,7 @@
 and ``manifest.json``, with the job's run files, written once every item is done.
 
 Round trips: the counts equal what the users' readers count in the files (TFRecords through
-fleet.core.tfexample, Parquet rows through pyarrow), for electra, bert, a sharded and a dedup run.
+fleet.formats.tfrecord, Parquet rows through pyarrow), for electra, bert, a sharded and a dedup run.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from fleet.core.run import Item, PlanRequest, RunSpec, plan
 from fleet.core.spawner import Worker
 from fleet.core.status import build_manifest
 from fleet.core.store import open_store
-from fleet.core.tfexample import parse_example, records
+from fleet.formats.tfrecord import parse_example, records
 from fleet.job import StageOptions
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.procs import write_corpus

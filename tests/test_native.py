@@ -265,6 +265,7 @@ def fresh(monkeypatch, tmp_path):
     for source in native.source_paths():
         (folder / source.name).write_bytes(source.read_bytes())
     monkeypatch.setattr(native, "SOURCE", folder / "wordpiece.c")
+    monkeypatch.setattr(native, "RECORDS_SOURCE", folder / "records.c")
     return folder
 
 
@@ -276,7 +277,9 @@ def test_the_installed_library_is_beside_native_py_and_built_from_its_source():
     lib = ctypes.CDLL(str(path))
     assert lib.wp_abi_version() == native.ABI_VERSION
     lib.wp_source_sha256.restype = ctypes.c_char_p
-    sources = b"".join(native.SOURCE.with_name(name).read_bytes() for name in ("wordpiece.c", "unigram.c", "records.c"))
+    assert [p.relative_to(ROOT).as_posix() for p in native.source_paths()] == [
+        "fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet/formats/tfrecord/records.c"]  # setup.py's order
+    sources = b"".join(p.read_bytes() for p in native.source_paths())
     assert lib.wp_source_sha256().decode() == hashlib.sha256(sources).hexdigest()
     assert native.load().path == path
 

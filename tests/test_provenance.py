@@ -32,7 +32,7 @@ from fleet_jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, 
 from fleet_jobs.text.inputs.formats import _DOC_OPEN
 from fleet_jobs.text.inputs.places import line_records, placed
 from fleet_jobs.text.provenance import PROVENANCE_SUFFIX
-from fleet_jobs.text.token_files import read_sequences
+from fleet.formats.token_files import read_sequences
 from tests.helpers.records import examples
 from tests.test_input_invariants import COMPRESS, FORMATS_NAMES, FUZZ_SETTINGS, _STORE, damage, lines, render
 

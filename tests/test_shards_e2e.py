@@ -30,7 +30,7 @@ from fleet.core.run import load_items
 from fleet.core.shuffle import CombineRule
 from fleet.core.store import open_store
 from fleet.job import StageOptions, load_job, shuffle_key
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

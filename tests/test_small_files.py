@@ -32,7 +32,7 @@ from fleet.core.status import StatusReader
 from fleet.core.store import open_store
 from fleet.core.verify import check_outputs
 from fleet.job import Converter, InputError, Job, Piece, Source, StageOptions
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.text.job import TextJob
 from fleet_jobs.text.vocab import train_vocab, write_vocab
 from tests.helpers.procs import LINEJOB, committed, plan_lines, start_worker, wait_exit
@@ -426,7 +426,7 @@ def test_a_changed_file_of_a_group_is_named_when_the_run_is_planned_again(tmp_pa
 def test_provenance_names_each_documents_own_file_in_a_grouped_item(tmp_path, vocab):
     from tests.test_provenance import document_at, sidecar
     from fleet_jobs.text.provenance import PROVENANCE_SUFFIX
-    from fleet_jobs.text.token_files import read_sequences
+    from fleet.formats.token_files import read_sequences
 
     folder = tmp_path / "in"
     folder.mkdir()

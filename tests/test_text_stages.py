@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from fleet.job import (ConfigError, ItemContext, ItemInput, KeyedSink, Sink, Source, Stage, StageOptions,
                        item_seed, load_job, parse_example, shuffle_key)
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.text.dedup import (DedupCounts, decode_value, document_digest, document_record, normalize,
                              unique_documents)
 from fleet_jobs.text.job import DocumentConverter, TextJob

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.electra_zh_en.builder import build_examples
 
 
@@ -110,10 +110,11 @@ def test_iter_records_detects_corruption():
 
 
 def test_rows_written_as_columns_are_the_bytes_of_tfrecord_example(tf):
-    """fleet_jobs.text.output.encode_rows (the writer's column path) against the generic encoder and TensorFlow."""
+    """fleet.formats.tfrecord.writer.encode_rows (the writer's column path) against the generic encoder and TensorFlow."""
     import numpy as np
 
-    from fleet_jobs.text.output import Column, encode_rows
+    from fleet.formats.tfrecord.writer import encode_rows
+    from fleet.formats.writer import Column
 
     rng = np.random.default_rng(3)
     columns = [Column("input_ids"), Column("attention_mask"), Column("weights", "float"), Column("wide")]
@@ -131,19 +132,19 @@ def test_rows_written_as_columns_are_the_bytes_of_tfrecord_example(tf):
     assert empty == [tfrecord.frame(tfrecord.int64_example({"x": []}))] * 2
 
 
-def test_iter_file_records_reads_a_file_as_iter_records_reads_its_bytes():
+def test_records_reads_a_file_as_iter_records_reads_its_bytes():
     import io
 
     rng = random.Random(5)
     records = [bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 30, 300)))) for _ in range(40)]
     data = b"".join(tfrecord.frame(r) for r in records)
-    assert list(tfrecord.iter_file_records(io.BytesIO(data))) == list(tfrecord.iter_records(data)) == records
+    assert list(tfrecord.records(io.BytesIO(data))) == list(tfrecord.iter_records(data)) == records
     for damaged in (data[:-3], data[:-(len(tfrecord.frame(records[-1])) - 5)], data[:20] + b"\xff" + data[21:],
                     data[:9] + b"\x00" + data[10:]):
         with pytest.raises(ValueError) as from_bytes:
             list(tfrecord.iter_records(damaged))
         with pytest.raises(ValueError) as from_file:
-            list(tfrecord.iter_file_records(io.BytesIO(damaged)))
+            list(tfrecord.records(io.BytesIO(damaged)))
         assert str(from_file.value) == str(from_bytes.value)
 
 

@@ -113,7 +113,7 @@ def c_records(with_cc, vocab, tmp_path_factory) -> dict:
 def test_the_wheel_carries_the_c_core_and_what_a_vm_boots_from(with_cc):
     names = set(zipfile.ZipFile(with_cc.wheel).namelist())
     assert with_cc.wheel.name.endswith("-cp310-abi3-linux_x86_64.whl")  # plain C: one wheel for every Python 3
-    assert {LIBRARY, "fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet_jobs/text/records.c",
+    assert {LIBRARY, "fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet/formats/tfrecord/records.c",
             "fleet_jobs/text/native.py"} <= names
     data = {"startup/startup.sh", "startup/shutdown.sh", "images/packer/fleet-worker.pkr.hcl", "requirements.lock",
             "pyproject.toml"}
@@ -144,7 +144,7 @@ def test_fleet_sync_from_the_installed_package_uploads_what_a_vm_needs(with_cc, 
     files = {path: sha for sha, path in parse_manifest((bucket / manifest_name(version)).read_bytes())}
     # The paths startup.sh and the workers look for, as a checkout's sync names them; no fleet/_data twice.
     assert {"startup/startup.sh", "startup/shutdown.sh", "requirements.lock", "pyproject.toml", LIBRARY,
-            "fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet_jobs/text/records.c",
+            "fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet/formats/tfrecord/records.c",
             "fleet/cli/__init__.py"} <= set(files)
     assert not [p for p in files if p.startswith("fleet/_data/") or ".dist-info" in p or p.endswith(".pyc")]
     for rel in ("startup/startup.sh", "requirements.lock"):

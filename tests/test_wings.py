@@ -1,6 +1,8 @@
 """The wings of fleet/ stay apart, and no import goes round in a circle.
 
-The core imports neither the GCE wing nor the CLI nor the job API (``fleet.job``: the facade a
+The record formats (``fleet.formats``: each format's writer and reader) are the layer below
+everything: they import nothing of the fleet and no job, and the core, the job API and the
+jobs import them. The core imports neither the GCE wing nor the CLI nor the job API (``fleet.job``: the facade a
 job imports, above the core, re-exporting what the core defines), the GCE wing does not import
 the CLI, nothing in fleet/ imports ``fleet.job``, and nothing in fleet/ imports a job (jobs are
 found by discovery only: ``fleet.core.discovery`` lists the jobs package, never names a job in it).
@@ -24,6 +26,7 @@ PACKAGES = ("fleet", "fleet_jobs")  # the modules whose imports must not go roun
 
 # What each part of fleet/ may not import. fleet/__init__ belongs with the core; fleet/job.py is the facade.
 FORBIDDEN = {
+    "formats": ("fleet.core", "fleet.job", "fleet.gce", "fleet.cli", "fleet_jobs"),
     "core": ("fleet.job", "fleet.gce", "fleet.cli", "fleet_jobs"),
     "gce": ("fleet.job", "fleet.cli", "fleet_jobs"),
     "cli": ("fleet.job", "fleet_jobs"),
@@ -64,7 +67,7 @@ def crossings(path: Path) -> list[str]:
 
 
 def test_the_three_wings_exist():
-    assert {p.name for p in FLEET.iterdir() if (p / "__init__.py").is_file()} >= {"core", "gce", "cli"}
+    assert {p.name for p in FLEET.iterdir() if (p / "__init__.py").is_file()} >= {"formats", "core", "gce", "cli"}
 
 
 @pytest.mark.parametrize("path", sorted(FLEET.rglob("*.py")), ids=lambda p: str(p.relative_to(FLEET)))
@@ -73,7 +76,8 @@ def test_no_module_crosses_a_wing(path):
 
 
 def test_the_rule_catches_a_crossing(tmp_path, monkeypatch):
-    """The check itself: a core module with a lazy import of the GCE wing, or of the job API, is caught."""
+    """The check itself: a core module with a lazy import of the GCE wing, or of the job API, is caught;
+    so is a format that imports the core or a job."""
     fake = tmp_path / "fleet"
     (fake / "core").mkdir(parents=True)
     module = fake / "core" / "x.py"
@@ -83,6 +87,10 @@ def test_the_rule_catches_a_crossing(tmp_path, monkeypatch):
     assert sorted(crossings(module)) == ["fleet/core/x.py:2 imports fleet.gce", "fleet/core/x.py:3 imports fleet.cli.render",
                                  "fleet/core/x.py:4 imports fleet.job", "fleet/core/x.py:5 imports fleet.job",
                                  "fleet/core/x.py:6 imports fleet_jobs"]
+    formats = fake / "formats" / "x.py"
+    formats.parent.mkdir()
+    formats.write_text("from fleet.core.store import Store\nimport fleet.formats.tfrecord\nfrom fleet_jobs.text import native\n")
+    assert crossings(formats) == ["fleet/formats/x.py:1 imports fleet.core.store", "fleet/formats/x.py:3 imports fleet_jobs.text"]
     discovery = fake / "core" / "discovery.py"
     discovery.write_text("import fleet_jobs\nimport fleet_jobs.bert\n")
     assert crossings(discovery) == ["fleet/core/discovery.py:2 imports fleet_jobs.bert"]

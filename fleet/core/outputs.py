@@ -6,9 +6,9 @@ A run's readers (``fleet.core.follow``) get from the job only its feature layout
 one its lease recorded at commit, and its examples checked against the layout.
 
 - ``.tfrecord`` / ``.tfrecord.gz``: streamed in ranged reads (bounded memory), GZIP
-  decompressed on the way, each record's checksums checked (``fleet.core.tfexample``);
+  decompressed on the way, each record's checksums checked (``fleet.formats.tfrecord``);
 - ``.parquet``: read whole (a third of its TFRecords' size), checked, then handed
-  over a row group at a time as 2-D arrays, one per feature.
+  over a row group at a time as 2-D arrays, one per feature (``fleet.formats.parquet``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-from fleet.core import tfexample
 from fleet.core.sink import Feature
 from fleet.core.store import Store, StoreError, StoreFile, locate
+from fleet.formats import tfrecord
 
 _BUFFER = 8 << 20  # bytes per ranged read of an output
 PARQUET_SUFFIX = ".parquet"
@@ -59,9 +59,9 @@ def read_records(out: "Output") -> Iterator[bytes]:
     stream = io.BufferedReader(raw, _BUFFER)
     data = gzip.GzipFile(fileobj=stream, mode="rb") if out.url.endswith(".gz") else stream
     try:
-        yield from tfexample.records(data)
+        yield from tfrecord.records(data)
         data.read()  # a gzip trailer, or nothing: the whole file passes through the hash
-    except tfexample.RecordError as e:
+    except tfrecord.RecordError as e:
         raise OutputError(f"{out.url}: {e}") from None
     except (OSError, EOFError, StoreError) as e:
         raise OutputError(f"{out.url}: cannot read ({e.__class__.__name__}: {e})") from None
@@ -72,8 +72,8 @@ def record_examples(out: "Output", layout: Mapping[str, Feature]) -> Iterator[di
     """``{name: array}`` per record of a TFRecord output, each feature checked against the layout."""
     for number, record in enumerate(read_records(out), 1):
         try:
-            example = tfexample.parse_example(record)
-        except tfexample.RecordError as e:
+            example = tfrecord.parse_example(record)
+        except tfrecord.RecordError as e:
             raise OutputError(f"{out.url}: record {number}: not a tf.train.Example ({e})") from None
         for name, feature in layout.items():
             value = example.get(name)
@@ -87,8 +87,7 @@ def record_examples(out: "Output", layout: Mapping[str, Feature]) -> Iterator[di
 def parquet_columns(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[str, np.ndarray]]:
     """The rows of one committed Parquet output, a row group at a time, as ``{name: 2-D array}``
     (row i of every array is example i) in the layout's dtypes; the file's sha256 checked first."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from fleet.formats import parquet  # pyarrow loads only when asked for
 
     store, name = locate(out.url)
     try:
@@ -97,29 +96,9 @@ def parquet_columns(out: "Output", layout: Mapping[str, Feature]) -> Iterator[di
         raise OutputError(f"{out.url}: cannot read ({e})") from None
     _check_digest(out, hashlib.sha256(data).hexdigest())
     try:
-        pf = pq.ParquetFile(io.BytesIO(data))
-        schema = pf.schema_arrow
-        missing = sorted(set(layout) - set(schema.names))
-        if missing:
-            raise OutputError(f"{out.url}: no column {', '.join(missing)} (not this run's examples?)")
-        for fname, feature in layout.items():
-            kind = schema.field(fname).type
-            values = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else kind
-            if not (pa.types.is_floating(values) if feature.dtype == "float32" else pa.types.is_integer(values)):
-                raise OutputError(f"{out.url}: column {fname} is {kind}, the run's job says lists of "
-                                  f"{feature.dtype} (not this run's examples?)")
-        for group in range(pf.num_row_groups):
-            table = pf.read_row_group(group, columns=list(layout))
-            columns = {}
-            for fname, feature in layout.items():
-                flat = table.column(fname).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-                if len(flat) != len(table) * feature.length:
-                    raise OutputError(f"{out.url}: column {fname} does not hold {feature.length} values a row, "
-                                      "as the run's job says (not this run's examples?)")
-                columns[fname] = flat.astype(feature.dtype).reshape(len(table), feature.length)
-            yield columns
-    except (pa.ArrowException, OSError) as e:
-        raise OutputError(f"{out.url}: cannot read as Parquet ({e})") from None
+        yield from parquet.read_columns(data, layout)
+    except parquet.ParquetError as e:
+        raise OutputError(f"{out.url}: {e}") from None
 
 
 def parquet_examples(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[str, np.ndarray]]:

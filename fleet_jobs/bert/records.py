@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from .masking import Masked
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -193,7 +193,7 @@ def _varint_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
         # A byte is used if it is a value's first or follows one with the continuation bit.
         used: np.ndarray = (words & 0x8080) << 1 | 1  # (a bool array in the other branch)
         return (words.view(np.uint8).reshape(n_rows, -1), used.view(bool).reshape(n_rows, -1),
-                np.take(tfrecord._varint_table()[1], v).sum(axis=1, dtype=np.int64))
+                np.take(tfrecord.varint_table()[1], v).sum(axis=1, dtype=np.int64))
     v = v.astype(np.int64)
     if v.min() < 0 or v.max() >= 1 << 35:
         raise ValueError("varints of values in [0, 2**35) only")
@@ -213,5 +213,5 @@ def _varint_words() -> np.ndarray:
     """For every value below 2**16, its varint bytes padded to four, as one uint32 (so one
     ``np.take`` gives them; little-endian, as the bytes are read back)."""
     words = np.zeros((1 << 16, 4), np.uint8)
-    words[:, :3] = tfrecord._varint_table()[0]
+    words[:, :3] = tfrecord.varint_table()[0]
     return words.view("<u4").ravel()

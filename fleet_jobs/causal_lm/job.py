@@ -7,7 +7,7 @@ by ``blocks.BlockCutter``; each batch's blocks go to the shared writer
 
 ``output=megatron`` and ``output=tokens`` write no blocks: one sequence per document (its ids
 and the end-of-document id) into a Megatron indexed dataset or a flat token file
-(``fleet_jobs.text.token_files``); the trainer cuts its own samples, so the block options are refused.
+(``fleet.formats.token_files``); the trainer cuts its own samples, so the block options are refused.
 With ``--shards`` each sequence goes to the shuffle as one Example and every shard is a dataset.
 """
 
@@ -21,16 +21,16 @@ from typing import Callable, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 
+from fleet.formats.token_files import (DATA_PATH_FILE, SEQUENCE_FEATURE, SEQUENCE_OUTPUTS, describe, megatron_data_path,
+                                       sequence_example)
 from fleet.job import (ConfigError, Feature, ItemContext, KeyedSink, Opener, Reducer, RunManifest, Sink, Stage,
                        StageOptions, parse_example)
 
 from fleet_jobs.text.job import DocumentConverter, TextJob
 from fleet_jobs.text.groups import document_groups
-from fleet_jobs.text.output import OUTPUTS, Column, ShuffledExamples, check_output, open_writer
+from fleet_jobs.text.output import OUTPUTS, Column, ShuffledExamples, check_output, open_sequence_writer, open_writer
 from fleet_jobs.text.provenance import check_provenance
 from fleet_jobs.text.stages import SHARD_BATCH, SHARDS, checkpointed, text_stages
-from fleet_jobs.text.token_files import (DATA_PATH_FILE, SEQUENCE_FEATURE, SEQUENCE_OUTPUTS, describe, megatron_data_path,
-                                   open_sequence_writer, sequence_example)
 from fleet_jobs.text.tokenizer_cache import TOKENIZER_KINDS, bert_tokenizer, file_tokenizer
 
 from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions, with_ends

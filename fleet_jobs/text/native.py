@@ -1,6 +1,7 @@
 """The C core of ``BertTokenizer`` (``wordpiece.c``), of SentencePiece's unigram encoder
 (``unigram.c``, for ``fleet_jobs.causal_lm.unigram``) and of causal_lm's block records
-(``records.c``, for ``fleet_jobs.causal_lm.records``), built at install time, loaded with ctypes.
+(``records.c``, for ``fleet_jobs.causal_lm.records``: it lives with the TFRecord format, beside its
+Python reference, in ``fleet/formats/tfrecord/``), built at install time, loaded with ctypes.
 
 ``tokenization.BertTokenizer`` normalizes text with whole-string operations (C speed already);
 what is left is per basic token: a ``str`` per token from ``re.findall``, a dict lookup, numpy
@@ -11,7 +12,7 @@ Python code stays as the fallback and as the reference: both give the same ids
 The library is built by the build backend (setup.py: an optional setuptools extension, plain C
 without Python.h) into this folder as ``_wordpiece.abi3.so``: by ``pip install`` / ``pip wheel``,
 and in place by ``pip install -e .``. Where no compiler worked at install time there is none,
-and Python does the work. A library built from other sources than the ones beside it (a
+and Python does the work. A library built from other sources than those (a
 checkout edited since its last ``pip install -e .``) is not loaded: it carries their sha256. `fleet sync` uploads the library with the code, so VMs load the one built here.
 
 ``FLEET_NATIVE``: ``0`` always Python; ``1`` native or an error; unset: native when there is a
@@ -34,8 +35,12 @@ from typing import Mapping
 
 import numpy as np
 
+from fleet.formats import tfrecord
+
 SOURCE = Path(__file__).with_name("wordpiece.c")
-OTHER_SOURCES = ("unigram.c", "records.c")  # beside SOURCE; setup.py builds them into one library, in this order
+OTHER_SOURCES = ("unigram.c",)  # beside SOURCE
+RECORDS_SOURCE = Path(tfrecord.__file__).with_name("records.c")  # the TFRecord format's C, beside its Python
+# setup.py builds SOURCE, OTHER_SOURCES and RECORDS_SOURCE into one library, in this order.
 NAME = "_wordpiece"  # setup.py's Extension("fleet_jobs.text._wordpiece"): NAME + an extension suffix, beside this file
 ABI_VERSION = 4
 
@@ -79,8 +84,8 @@ class _Library:
         built_from = lib.wp_source_sha256().decode()
         sources = sources_sha256()
         if sources is not None and built_from != sources:
-            raise NativeError(f"{path.name} was built from other sources than {SOURCE.parent}'s "
-                              f"{', '.join(p.name for p in source_paths())}: {REINSTALL}")
+            raise NativeError(f"{path.name} was built from other sources than "
+                              f"{', '.join(map(str, source_paths()))}: {REINSTALL}")
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
         lib.wp_new.restype = p
         lib.wp_new.argtypes = [p, p, i64, p, p, p, i64, i32, i64, i64, i64]
@@ -108,12 +113,12 @@ class _Library:
 
 
 def source_paths() -> list[Path]:
-    return [SOURCE, *(SOURCE.with_name(name) for name in OTHER_SOURCES)]
+    return [SOURCE, *(SOURCE.with_name(name) for name in OTHER_SOURCES), RECORDS_SOURCE]
 
 
 def sources_sha256() -> str | None:
     """The sha256 of the C sources end to end (what setup.py builds into the library), or None
-    where they are not beside this file."""
+    where they are not all there."""
     paths = source_paths()
     if not all(p.is_file() for p in paths):
         return None

@@ -1,5 +1,8 @@
-"""The output options every text job shares, and one writer interface for both formats
-(``fleet_jobs.text.writer``; the Parquet writer is ``parquet_writer``).
+"""The output options every text job shares, and the writer of an item's examples in the
+format the run asks for (``open_writer``), or of its token sequences (``open_sequence_writer``:
+causal_lm's ``output=megatron`` / ``tokens``). The formats themselves, the writers and the
+interface they share (``Column``, ``ExampleWriter``), are ``fleet.formats``' (``tfrecord``,
+``parquet``, ``token_files``, ``writer``); ``Column`` is a job's to use from here, with ``open_writer``.
 
 ``output=tfrecord`` (the default) writes ``tf.train.Example`` records, one TFRecord
 file per item (``.tfrecord``, or ``.tfrecord.gz`` with ``compression=GZIP``);
@@ -25,15 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import struct
-from typing import BinaryIO, Iterator, Mapping, Optional, Sequence, Union
+from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from fleet.formats import tfrecord
+from fleet.formats.tfrecord.writer import TFRecordWriter, encode_rows
+from fleet.formats.token_files import BIN_SUFFIX, INDEX_SUFFIXES, SequenceWriter
+from fleet.formats.writer import Column, ExampleWriter
 from fleet.job import ConfigError, ItemContext, KeyedSink, Sink, shuffle_key
-
-from . import tfrecord
-from .writer import Column, ExampleWriter, _row_count
 
 OUTPUTS = ("tfrecord", "parquet")
 COMPRESSIONS = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}  # option value (any case) -> file suffix
@@ -44,7 +47,7 @@ GZIP_LEVEL = 6  # zlib's default, as TensorFlow's TFRecordWriter uses for GZIP
 
 def check_output(output: str, compression: str, known: Sequence[str] = OUTPUTS) -> None:
     """The shared options' plan-time check (``ConfigError`` names the option); ``known``: the
-    outputs of the job (causal_lm adds the token-sequence files of ``token_files``)."""
+    outputs of the job (causal_lm adds the token-sequence files of ``fleet.formats.token_files``)."""
     if output not in known:
         if output in ("megatron", "tokens"):
             raise ConfigError(f"option output: {output} holds token sequences, which this job does not make "
@@ -61,47 +64,6 @@ def check_output(output: str, compression: str, known: Sequence[str] = OUTPUTS) 
 def output_suffix(output: str, compression: str) -> str:
     """The end of an item's output file name: ``part-<item>`` + this."""
     return PARQUET_SUFFIX if output == "parquet" else COMPRESSIONS[str(compression).lower()]
-
-
-class TFRecordWriter(ExampleWriter):
-    def __init__(self, out: BinaryIO, columns: Sequence[Column]):
-        super().__init__(columns)
-        self.out = out
-        self.order = sorted(columns, key=lambda c: c.name)  # tfrecord.example's order: stable bytes
-
-    def write(self, records: bytes, count: Optional[int] = None) -> None:
-        self.examples += count_frames(records) if count is None else count
-        self.out.write(records)
-
-    def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
-        rows = encode_rows(self.order, values)
-        self.examples += len(rows)
-        self.out.write(b"".join(rows))
-
-
-def encode_rows(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> list[bytes]:
-    """One framed TFRecord per row, features in the order given; the bytes ``tfrecord.example``
-    gives for the same values, with each int column's varints made in one numpy pass."""
-    n = _row_count(columns, values)
-    per_column = []
-    for column in columns:
-        array = np.asarray(values[column.name])
-        if column.kind == "float":
-            per_column.append([tfrecord.feature_entry(column.name, tfrecord.float_feature(row.tolist()))
-                               for row in array])
-            continue
-        data, at = tfrecord.varint_rows(array.reshape(n, -1))
-        entries = []
-        for i in range(n):
-            payload = data[at[i]:at[i + 1]]
-            entries.append(tfrecord.int64_entry_prefix(column.name, len(payload)) + payload if payload
-                           else tfrecord.feature_entry(column.name, tfrecord.packed_int64_feature(b"")))
-        per_column.append(entries)
-    out = []
-    for entries in zip(*per_column):
-        body = b"".join(entries)
-        out.append(tfrecord.frame(tfrecord.example_prefix(len(body)) + body))
-    return out
 
 
 class ShuffledExamples(KeyedSink):
@@ -143,40 +105,12 @@ class KeyedExampleWriter(ExampleWriter):
         self.order = sorted(columns, key=lambda c: c.name)  # as TFRecordWriter: the same bytes
 
     def write(self, records: bytes, count: Optional[int] = None) -> None:
-        for framed in frames(records):
+        for framed in tfrecord.frames(records):
             self.sink.emit_framed(framed)
 
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
         for framed in encode_rows(self.order, values):
             self.sink.emit_framed(memoryview(framed))
-
-
-_LENGTH = struct.Struct("<Q")
-
-
-def count_frames(records: bytes) -> int:
-    """How many framed TFRecords ``records`` holds (their lengths walked, nothing decoded)."""
-    n = at = 0
-    while at < len(records):
-        (length,) = _LENGTH.unpack_from(records, at)
-        at += 16 + length
-        n += 1
-    if at != len(records):
-        raise ValueError("a TFRecord frame runs past the end of the records")
-    return n
-
-
-def frames(records: bytes) -> Iterator[memoryview]:
-    """The whole frames (length, checksums and payload) of framed TFRecords this process just
-    encoded, as views (checksums not checked)."""
-    view, at = memoryview(records), 0
-    while at < len(records):
-        (length,) = _LENGTH.unpack_from(records, at)
-        end = at + 16 + length
-        if end > len(records):
-            raise ValueError("a TFRecord frame runs past the end of the records")
-        yield view[at:end]
-        at = end
 
 
 @contextlib.contextmanager
@@ -192,7 +126,7 @@ def open_writer(sink: Union[Sink, ShuffledExamples], output: str, compression: s
     suffix = output_suffix(output, compression)
     with sink.open(suffix) as raw:
         if output == "parquet":
-            from .parquet_writer import ParquetExampleWriter  # pyarrow loads only when asked for
+            from fleet.formats.parquet import ParquetExampleWriter  # pyarrow loads only when asked for
 
             writer: ExampleWriter = ParquetExampleWriter(raw, columns)
             yield writer
@@ -205,6 +139,18 @@ def open_writer(sink: Union[Sink, ShuffledExamples], output: str, compression: s
             writer = TFRecordWriter(raw, columns)
             yield writer
     sink.count(suffix, {**writer.counts, "examples": writer.examples})  # the file's exact counts (RunManifest)
+
+
+@contextlib.contextmanager
+def open_sequence_writer(sink: Sink, output: str, vocab_size: int) -> Iterator[SequenceWriter]:
+    """``output``: megatron or tokens. An item's (or shard's) ``.bin`` and its index (``.idx`` or ``.npy``), complete when the block
+    ends; their exact tokens and documents are counted on the ``.bin`` (``Sink.count``)."""
+    with sink.open(BIN_SUFFIX) as raw:
+        writer = SequenceWriter(raw, output, vocab_size)
+        yield writer
+    with sink.open(INDEX_SUFFIXES[output]) as raw:
+        writer.write_index(raw)
+    sink.count(BIN_SUFFIX, {"tokens": writer.tokens, "documents": writer.documents})
 
 
 def mask_and_segments(lengths, first_lengths, width: int) -> tuple[np.ndarray, np.ndarray]:

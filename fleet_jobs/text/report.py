@@ -1,6 +1,6 @@
 """A picture of a run's records, to catch a bad vocab or a broken split before training.
 
-Reads the records back with ``tfrecord.iter_file_records`` / ``parse_example`` (no
+Reads the records back with ``fleet.formats.tfrecord`` (``records``, ``parse_example``) (no
 TensorFlow), or the rows of ``.parquet`` outputs with pyarrow, and summarises: real sequence lengths and the fill ratio,
 segments per example, masked positions per example and how they were
 replaced, next-sentence labels, and the share of ``[UNK]`` among text tokens
@@ -20,7 +20,8 @@ from typing import Iterator
 
 import numpy as np
 
-from . import tfrecord
+from fleet.formats import tfrecord
+
 from .output import PARQUET_SUFFIX, SUFFIXES
 from .tokenization import VocabError, load_vocab
 
@@ -73,7 +74,7 @@ def _examples(path: str) -> Iterator[dict]:
     except OSError as e:
         raise ReportError(f"{path}: cannot read ({e})") from None
     with f:  # read as far as the records taken: a report of the first records of a big file reads those
-        records = tfrecord.iter_file_records(f)
+        records = tfrecord.records(f)
         number = 0
         while True:
             try:

@@ -16,9 +16,10 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from . import tfrecord
+from fleet.formats import tfrecord
+from fleet.formats.tfrecord import VARINTS
+
 from .output import mask_and_segments
-from .tfrecord import VARINTS
 
 
 class TokenExample(Protocol):

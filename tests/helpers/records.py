@@ -9,7 +9,7 @@ import os
 
 import pyarrow.parquet as pq
 
-from fleet_jobs.text import tfrecord
+from fleet.formats import tfrecord
 from fleet_jobs.text.output import SUFFIXES
 
 

@@ -1,12 +1,13 @@
-/* causal_lm's block records, a whole batch in one call: the bytes of
- * fleet_jobs/causal_lm/records.py's Python path (the reference; tests/test_lm_speedups.py
- * compares both), loaded with ctypes by that module.
+/* causal_lm's block records, a whole batch in one call: the bytes of blocks.py's Python path
+ * beside it (the reference; tests/test_lm_speedups.py compares both). Built by setup.py into the
+ * text jobs' C library and loaded with ctypes there (fleet_jobs/text/native.py), which hands
+ * rec_blocks to blocks.py (through fleet_jobs/causal_lm/records.py).
  *
  * Each row of ids becomes one TFRecord frame of a tf.train.Example: the example's length (uint64
  * LE) and its masked crc32c, the example, its masked crc32c. The example holds, in name order,
  * "attention_mask" (when padded: the row's length in ones, then zeros, to the block's width) and
  * "input_ids" (the row's varints), each a map entry {key = name, value = Feature{int64_list =
- * Int64List{packed values}}} (field numbers in fleet_jobs/text/tfrecord.py). Everything is done
+ * Int64List{packed values}}} (field numbers in wire.py, the frame in framing.py). Everything is done
  * here, heads too (no cache of them, as the Python path keeps: a head costs less to write than
  * a lookup), and each example's crc is computed over all of it.
  *

@@ -1,22 +1,27 @@
-"""``output=parquet``: an item's examples as one Parquet file, one row per example.
+"""Parquet files of examples (``output=parquet``): an item's examples as one file, one row per
+example; written here (``ParquetExampleWriter``) and read back (``read_columns``).
 
 Every feature is a list column: ``list<int32>`` for integer features (token ids,
 masks, positions: all far below 2**31; a value that is not raises) and
 ``list<float>`` for float ones (BERT's ``masked_lm_weights``), zstd-compressed, in
 row groups of ``ROW_GROUP_ROWS`` rows. The file's bytes depend on the rows only
 (pyarrow writes no time stamp), so a retried item rewrites the same file.
+
+The reader takes any list (or plain) columns of integers or floats, a row group at a time, as
+2-D arrays in the dtypes a layout asks for (``fleet.core.outputs``: a run's committed outputs).
 """
 
 from __future__ import annotations
 
-from typing import BinaryIO, Mapping, Optional, Sequence
+import io
+from typing import BinaryIO, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import tfrecord
-from .writer import Column, ExampleWriter, _row_count
+from fleet.formats import tfrecord
+from fleet.formats.writer import Column, ExampleWriter, row_count
 
 ROW_GROUP_ROWS = 16_384  # 8 MB of int32 at 128 tokens per row: readers stream a group at a time
 COMPRESSION = "zstd"
@@ -50,7 +55,7 @@ class ParquetExampleWriter(ExampleWriter):
                 self._flush()
 
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
-        n = _row_count(self.columns, values)
+        n = row_count(self.columns, values)
         for name, rows in self.rows.items():
             rows.extend(np.asarray(values[name]).reshape(n, -1))
         self.pending += n
@@ -61,7 +66,7 @@ class ParquetExampleWriter(ExampleWriter):
     def write_examples(self, values: Mapping[str, np.ndarray]) -> None:
         """Rows as ``write`` would add them from their records: a row group ends after exactly
         ``ROW_GROUP_ROWS`` rows (``write_columns`` ends one only after a whole call)."""
-        n = _row_count(self.columns, values)
+        n = row_count(self.columns, values)
         if not n:
             return
         arrays = {name: np.asarray(values[name]).reshape(n, -1) for name in self.rows}
@@ -105,3 +110,38 @@ class ParquetExampleWriter(ExampleWriter):
 def read_rows(path_or_file) -> dict[str, list[list]]:
     """A Parquet output's columns as Python lists (for checks and tests)."""
     return pq.read_table(path_or_file).to_pydict()
+
+
+class ParquetError(ValueError):
+    """The bytes are not a Parquet file of the examples asked for; the message says why."""
+
+
+def read_columns(data: bytes, layout: Mapping) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of a Parquet file's bytes, a row group at a time, as ``{name: 2-D array}`` (row i
+    of every array is example i). ``layout``: the features wanted, ``{name: feature}`` where a
+    feature has a ``length`` (values a row) and a ``dtype`` ("float32" or an integer dtype), as
+    ``fleet.core.sink.Feature``. ``ParquetError`` when the file is not that."""
+    try:
+        pf = pq.ParquetFile(io.BytesIO(data))
+        schema = pf.schema_arrow
+        missing = sorted(set(layout) - set(schema.names))
+        if missing:
+            raise ParquetError(f"no column {', '.join(missing)} (not this run's examples?)")
+        for fname, feature in layout.items():
+            kind = schema.field(fname).type
+            values = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else kind
+            if not (pa.types.is_floating(values) if feature.dtype == "float32" else pa.types.is_integer(values)):
+                raise ParquetError(f"column {fname} is {kind}, the run's job says lists of "
+                                   f"{feature.dtype} (not this run's examples?)")
+        for group in range(pf.num_row_groups):
+            table = pf.read_row_group(group, columns=list(layout))
+            columns = {}
+            for fname, feature in layout.items():
+                flat = table.column(fname).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+                if len(flat) != len(table) * feature.length:
+                    raise ParquetError(f"column {fname} does not hold {feature.length} values a row, "
+                                       "as the run's job says (not this run's examples?)")
+                columns[fname] = flat.astype(feature.dtype).reshape(len(table), feature.length)
+            yield columns
+    except (pa.ArrowException, OSError) as e:
+        raise ParquetError(f"cannot read as Parquet ({e})") from None

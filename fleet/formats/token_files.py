@@ -1,5 +1,7 @@
 """Token sequences in the files decoder trainers memory-map: Megatron indexed datasets and flat
-token files, one per item (or per shard), written as the sequences come.
+token files, one per item (or per shard), written as the sequences come (``SequenceWriter``;
+``fleet_jobs.text.output.open_sequence_writer`` gives it an item's files) and read back
+(``read_megatron_index``, ``read_sequences``, as docs/outputs.md reads them).
 
 ``output=megatron``: megatron-core's ``IndexedDataset`` layout, one sequence per document.
 ``<prefix>.bin`` holds the sequences' ids back to back; ``<prefix>.idx`` is the header
@@ -21,17 +23,14 @@ are narrowed, so an id can never wrap around in a narrow dtype.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator, Mapping, Sequence
+from typing import BinaryIO, Mapping, Sequence
 
 import numpy as np
 
-from fleet.job import Sink
-
-from . import tfrecord
+from fleet.formats import tfrecord
 
 SEQUENCE_OUTPUTS = ("megatron", "tokens")
 BIN_SUFFIX = ".bin"
@@ -123,18 +122,6 @@ class SequenceWriter:
             start = int(ends[-1])
         for at in range(0, n + 1, INDEX_CHUNK):
             out.write(np.arange(at, min(n + 1, at + INDEX_CHUNK), dtype="<i8").tobytes())
-
-
-@contextlib.contextmanager
-def open_sequence_writer(sink: Sink, output: str, vocab_size: int) -> Iterator[SequenceWriter]:
-    """An item's (or shard's) ``.bin`` and its index (``.idx`` or ``.npy``), complete when the block
-    ends; their exact tokens and documents are counted on the ``.bin`` (``Sink.count``)."""
-    with sink.open(BIN_SUFFIX) as raw:
-        writer = SequenceWriter(raw, output, vocab_size)
-        yield writer
-    with sink.open(INDEX_SUFFIXES[output]) as raw:
-        writer.write_index(raw)
-    sink.count(BIN_SUFFIX, {"tokens": writer.tokens, "documents": writer.documents})
 
 
 def megatron_data_path(outputs: Mapping[str, Mapping[str, int]]) -> bytes:

@@ -1,10 +1,10 @@
-"""The writer interface every output format of a text job shares: a job's features
-(``Column``) and what a writer of its examples does (``ExampleWriter``: framed records or rows
-of values in, one file out, with its counts).
+"""The writer interface the example formats share: a job's features (``Column``) and what a
+writer of its examples does (``ExampleWriter``: framed records or rows of values in, one file
+out, with its counts).
 
-Below the writers of each format (``output.TFRecordWriter``, ``parquet_writer``) and
-``output.open_writer`` that picks one, so a format's module imports the interface, not the
-module that picks it; ``fleet_jobs.text.output`` re-exports both names.
+Below the writers of each format (``tfrecord.writer.TFRecordWriter``, ``parquet``) and
+``fleet_jobs.text.output.open_writer`` that picks one for a job, so a format's module imports
+the interface, not the module that picks it.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class ExampleWriter(abc.ABC):
         """Finish the file (Parquet writes its footer here)."""
 
 
-def _row_count(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> int:
+def row_count(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> int:
+    """How many examples ``values`` holds (one 2-D array per column), checked against the columns."""
     names = {c.name for c in columns}
     if set(values) != names:
         raise ValueError(f"columns {sorted(values)} given, the writer has {sorted(names)}")

@@ -1,28 +1,28 @@
-"""``tf.train.Example`` bytes and TFRecord framing, without TensorFlow or protobuf.
-
-Every TFRecord byte a job writes comes from here: the wire format's pieces, the frame
-(length, checksums) of one record, and of many laid out at once (``frame_headers``,
-``checksum_frames``) for the batch encoders built on it (``token_records``, BERT's).
+"""``tf.train.Example`` bytes, without TensorFlow or protobuf: encoded (every Example a job
+writes) and decoded (the fleet's readers of a run, the report, tests).
 
 Writers need neither library: an Example of int64 lists is a few nested
 length-prefixed fields, and building protobuf objects would cost more than
-the tokenization. Varints of small values come from a precomputed table.
+the tokenization. Varints of small values come from a precomputed table. The batch
+encoders built on these pieces (``blocks`` here, ``fleet_jobs.text.token_records``, BERT's)
+lay out many records at once.
 
 Wire layout (field numbers from tensorflow/core/example/{example,feature}.proto):
 Example.features = 1; Features.feature = 1 (map entries: key = 1, value = 2);
 Feature.bytes_list = 1, float_list = 2, int64_list = 3; each *List.value = 1,
-packed for numbers.
+packed for numbers. The reader also takes unpacked numbers (one field per value),
+as protobuf writes them when asked to.
 """
 
 from __future__ import annotations
 
 import functools
-import io
 import struct
-from typing import BinaryIO, Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
-import google_crc32c
 import numpy as np
+
+from .framing import RecordError
 
 
 def encode_varint(value: int) -> bytes:
@@ -123,7 +123,7 @@ def varint_rows(values: np.ndarray) -> tuple[bytes, list[int]]:
     v = np.asarray(values)
     if v.size and (v.min() < 0 or v.max() >= 1 << 16):
         return _varint_rows_wide(v.astype(np.int64))
-    table, table_lengths = _varint_table()
+    table, table_lengths = varint_table()
     n_bytes = np.take(table_lengths, v)
     parts = np.take(table, v.ravel(), axis=0)  # (values, 3) bytes
     keep = np.ones(parts.shape, bool)
@@ -142,7 +142,7 @@ def varint_runs(values: np.ndarray, lengths: Sequence[int]) -> tuple[bytes, list
     v = np.asarray(values)
     if v.size and (v.min() < 0 or v.max() >= 1 << 16):
         raise ValueError("varint_runs takes values in [0, 2**16)")
-    table, table_lengths = _varint_table()
+    table, table_lengths = varint_table()
     n_bytes = np.take(table_lengths, v)
     parts = np.take(table, v, axis=0)  # (values, 3) bytes
     keep = np.ones(parts.shape, bool)
@@ -157,8 +157,9 @@ def varint_runs(values: np.ndarray, lengths: Sequence[int]) -> tuple[bytes, list
 
 
 @functools.cache
-def _varint_table() -> tuple[np.ndarray, np.ndarray]:
-    """(varint bytes, padded to 3, of every value below 2**16; their lengths)."""
+def varint_table() -> tuple[np.ndarray, np.ndarray]:
+    """(varint bytes, padded to 3, of every value below 2**16; their lengths): the table the
+    batch encoders look values up in (``varint_rows``, ``varint_runs``, BERT's)."""
     a = np.arange(1 << 16)
     lengths = (1 + (a >= 1 << 7) + (a >= 1 << 14)).astype(np.int8)
     table = np.stack([(a & 0x7F) | np.where(a >= 1 << 7, 0x80, 0),
@@ -199,67 +200,99 @@ def example_prefix(body_length: int) -> bytes:
     return VARINTS[1 << 3 | 2] + _varint(body_length)
 
 
-crc32c = google_crc32c.value
-extend_crc = google_crc32c.extend  # crc32c of a + b from crc32c(a) and b (a cached head's, extended)
-pack_crc = struct.Struct("<I").pack  # a masked crc as a frame holds it
-
-
-def mask_crc(crc):
-    """TFRecord's masking of a crc32c: of an int, or of a numpy uint32 array (many records at once)."""
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def masked_crc32c(data: bytes) -> int:
-    return mask_crc(google_crc32c.value(data))
-
-
-def frame(record: bytes) -> bytes:
-    """One TFRecord: length (uint64 LE), its masked crc32c, the data, the data's masked crc32c."""
-    return frame_header(len(record)) + record + pack_crc(masked_crc32c(record))
-
-
-@functools.lru_cache(maxsize=8192)
-def frame_header(length: int) -> bytes:
-    """The 12 bytes before a record of ``length`` bytes: the length and its masked crc32c."""
-    header = struct.pack("<Q", length)
-    return header + pack_crc(masked_crc32c(header))
-
-
-def frame_headers(count: int) -> np.ndarray:
-    """``frame_header`` of every length below ``count``, as rows of a (count, 12) byte array."""
-    return np.frombuffer(b"".join(frame_header.__wrapped__(n) for n in range(count)), np.uint8).reshape(-1, 12)
-
-
-def checksum_frames(frames: np.ndarray, record_lengths: np.ndarray) -> bytes:
-    """Framed records laid back to back in ``frames`` (a flat byte array), each record's data
-    checksum left blank: the bytes with every checksum filled in (one crc32c call per record)."""
-    ends = np.cumsum(np.asarray(record_lengths, np.int64) + 16)
-    starts = ends - (np.asarray(record_lengths, np.int64) + 16)
-    buf = frames.tobytes()
-    crc = np.fromiter((crc32c(buf[a:b]) for a, b in zip((starts + 12).tolist(), (ends - 4).tolist())), np.uint32,
-                      len(ends))
-    frames[(ends - 4)[:, None] + np.arange(4)] = mask_crc(crc).astype("<u4").view(np.uint8).reshape(-1, 4)
-    return frames.tobytes()
-
-
-# -- reading back (the report, the Parquet writer, tests): the fleet's reader, one copy ---------
-
-
-def iter_records(data: bytes) -> Iterator[bytes]:
-    """Records of a TFRecord file's bytes, both checksums checked (ValueError if damaged)."""
-    return iter_file_records(io.BytesIO(data))
-
-
-def iter_file_records(f: BinaryIO) -> Iterator[bytes]:
-    """The records of a TFRecord file object, both checksums checked, read as they are taken
-    (the report wants the first few thousand records of files that may hold hundreds of MB)."""
-    from fleet.job import tfrecord_records
-
-    return tfrecord_records(f)
+# -- decoding ------------------------------------------------------------------------------------
 
 
 def parse_example(data: bytes) -> dict[str, "np.ndarray | list[bytes]"]:
     """A serialized ``tf.train.Example`` -> {name: int64 or float32 array, or list of bytes}."""
-    from fleet.job import parse_example as parse
+    features: dict[str, np.ndarray | list[bytes]] = {}
+    for number, wire, start, end in _fields(data, 0, len(data)):
+        if number != 1 or wire != 2:
+            continue
+        for entry_number, entry_wire, es, ee in _fields(data, start, end):
+            if entry_number != 1 or entry_wire != 2:
+                continue
+            name, value = "", None
+            for key_number, _, ks, ke in _fields(data, es, ee):
+                if key_number == 1:
+                    name = data[ks:ke].decode("utf-8")
+                elif key_number == 2:
+                    value = _feature(data, ks, ke)
+            features[name] = value if value is not None else np.zeros(0, np.int64)
+    return features
 
-    return parse(data)
+
+def _feature(data: bytes, start: int, end: int) -> "np.ndarray | list[bytes]":
+    result: np.ndarray | list[bytes] = np.zeros(0, np.int64)
+    for kind, _, ls, le in _fields(data, start, end):
+        if kind == 1:  # BytesList
+            result = [data[s:e] for n, _, s, e in _fields(data, ls, le) if n == 1]
+        elif kind == 2:  # FloatList: packed, or one fixed32 per value
+            parts = [data[s:e] for n, _, s, e in _fields(data, ls, le) if n == 1]
+            result = np.frombuffer(b"".join(parts), "<f4").astype(np.float32)
+        elif kind == 3:  # Int64List: packed, or one varint per value
+            packed, single = [], []
+            for n, wire, s, e in _fields(data, ls, le):
+                if n == 1 and wire == 2:
+                    packed.append(decode_varints(data[s:e]))
+                elif n == 1 and wire == 0:
+                    single.append(np.array([s], np.uint64).view(np.int64))
+            result = np.concatenate(packed + single) if packed or single else np.zeros(0, np.int64)
+    return result
+
+
+def decode_varints(payload: bytes) -> np.ndarray:
+    """Packed varints -> int64 values (two's complement for ten-byte negatives), in numpy."""
+    b = np.frombuffer(payload, np.uint8)
+    if not len(b):
+        return np.zeros(0, np.int64)
+    last = b < 0x80
+    if not last[-1]:
+        raise RecordError("truncated varint")
+    if last.all():
+        return b.astype(np.int64)
+    group = np.zeros(len(b), np.int64)
+    np.cumsum(last[:-1], out=group[1:])
+    starts = np.flatnonzero(np.concatenate([[True], last[:-1]]))
+    shift = (7 * (np.arange(len(b)) - starts[group])).astype(np.uint64)
+    values = np.zeros(len(starts), np.uint64)
+    np.add.at(values, group, (b & 0x7F).astype(np.uint64) << shift)
+    return values.view(np.int64)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise RecordError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, start, end) of each field; for varints start is the value."""
+    pos = start
+    while pos < end:
+        tag, pos = _read_varint(data, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = _read_varint(data, pos)
+            yield number, wire, value, pos
+        elif wire == 2:
+            length, pos = _read_varint(data, pos)
+            if pos + length > end:
+                raise RecordError("truncated field")
+            yield number, wire, pos, pos + length
+            pos += length
+        elif wire == 5:
+            yield number, wire, pos, pos + 4
+            pos += 4
+        elif wire == 1:
+            yield number, wire, pos, pos + 8
+            pos += 8
+        else:
+            raise RecordError(f"unexpected wire type {wire}")
