@@ -15,14 +15,15 @@ from typing import Any, Mapping
 from fleet.core.errors import ConfigError
 from fleet.core.item import ItemContext, ItemInput, Opener, Piece, Source
 from fleet.core.options import parse_dataclass
-from fleet.core.sink import Feature, RunManifest, Sink
+from fleet.core.sink import Feature, KeyedSink, RunManifest, Sink
 from fleet.core.stage import Reducer, Stage, StageOptions
 
 
 class Converter(abc.ABC):
     @abc.abstractmethod
-    def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink) -> dict[str, float]:
-        """Turn one item's input into outputs; return counters (summed over the run)."""
+    def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink | KeyedSink) -> dict[str, float]:
+        """Turn one item's input into outputs; return counters (summed over the run). ``sink`` is a
+        KeyedSink where the item feeds a stage (``ctx.feeds``), else a Sink."""
 
 
 class Job(abc.ABC):

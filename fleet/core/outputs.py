@@ -75,13 +75,15 @@ def record_examples(out: "Output", layout: Mapping[str, Feature]) -> Iterator[di
             example = tfrecord.parse_example(record)
         except tfrecord.RecordError as e:
             raise OutputError(f"{out.url}: record {number}: not a tf.train.Example ({e})") from None
+        checked: dict[str, np.ndarray] = {}
         for name, feature in layout.items():
             value = example.get(name)
             if not isinstance(value, np.ndarray) or len(value) != feature.length or value.dtype != feature.dtype:
                 got = ("missing" if value is None else f"{len(value)} values of {_dtype(value)}")
                 raise OutputError(f"{out.url}: record {number}: feature {name} is {got}, the run's job says "
                                   f"{feature.length} of {feature.dtype} (not this run's records?)")
-        yield {name: example[name] for name in layout}
+            checked[name] = value
+        yield checked
 
 
 def parquet_columns(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[str, np.ndarray]]:

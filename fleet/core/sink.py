@@ -66,7 +66,7 @@ class KeyedSink(abc.ABC):
         """One record: ``key`` an unsigned 64-bit integer (see :func:`shuffle_key`)."""
 
 
-def shuffle_key(seed: int, value: bytes) -> int:
+def shuffle_key(seed: int, value: bytes | memoryview) -> int:
     """A key that puts records in a pseudo-random order seeded by ``seed`` (the run's seed): a
     keyed 64-bit BLAKE2b of the record. Equal records get equal keys, so the order depends on
     nothing but the records and the seed."""

@@ -48,7 +48,10 @@ class ParquetExampleWriter(ExampleWriter):
             if set(example) != names:
                 raise ValueError(f"a record has the features {sorted(example)}, the writer {sorted(names)}")
             for name, rows in self.rows.items():
-                rows.append(example[name])
+                value = example[name]
+                if not isinstance(value, np.ndarray):  # (a bytes feature: no column of this writer holds one)
+                    raise ValueError(f"a record's feature {name} holds bytes, the writer's column numbers")
+                rows.append(value)
             self.pending += 1
             self.examples += 1
             if self.pending >= ROW_GROUP_ROWS:

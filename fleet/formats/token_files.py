@@ -39,7 +39,7 @@ DATA_PATH_FILE = "megatron-data-path.txt"  # Job.run_files: the run's --data-pat
 
 MEGATRON_HEADER = b"MMIDIDX\x00\x00"
 MEGATRON_VERSION = 1
-MEGATRON_CODES = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}  # megatron-core's DType enum
+MEGATRON_CODES: dict[np.dtype, int] = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}  # megatron-core's DType enum
 MEGATRON_UINT16_BELOW = 65_500  # DType.optimal_dtype: uint16 for a vocab below this, else int32
 INDEX_CHUNK = 1 << 20  # index entries converted and written at a time
 
@@ -85,7 +85,7 @@ class SequenceWriter:
     def documents(self) -> int:
         return self.lengths.n
 
-    def write(self, sequences: Sequence[Sequence[int]]) -> None:
+    def write(self, sequences: Sequence[Sequence[int] | np.ndarray]) -> None:
         """Whole sequences (a document's ids and its end token), in order; empty ones are kept."""
         arrays = [np.asarray(s, np.int64).reshape(-1) for s in sequences]
         if not arrays:
@@ -171,8 +171,8 @@ def read_sequences(bin_path: str, index: bytes, output: str, vocab_size: int) ->
         return [np.asarray(ids[s:s + n]) for s, n in zip(starts.tolist(), idx.sizes.tolist())]
     starts = np.load(io.BytesIO(index), allow_pickle=False)
     dtype = token_dtype(output, vocab_size).newbyteorder("<")
-    ids = np.memmap(bin_path, dtype=dtype, mode="r") if starts[-1] else np.zeros(0, dtype)
-    return [np.asarray(ids[a:b]) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+    flat: np.ndarray = np.memmap(bin_path, dtype=dtype, mode="r") if starts[-1] else np.zeros(0, dtype)
+    return [np.asarray(flat[a:b]) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 
 
 # -- between stages: a sequence as one record of the shuffle (--shards) ---------------------------
@@ -180,7 +180,7 @@ def read_sequences(bin_path: str, index: bytes, output: str, vocab_size: int) ->
 SEQUENCE_FEATURE = "input_ids"
 
 
-def sequence_example(ids: Sequence[int]) -> bytes:
+def sequence_example(ids: Sequence[int] | np.ndarray) -> bytes:
     """A sequence as the shuffle before ``--shards`` carries it: a serialized ``tf.train.Example``
     of one int64 list ``input_ids`` as long as the sequence (records there are Examples)."""
     data, _ = tfrecord.varint_rows(np.asarray(ids, np.int64).reshape(1, -1))

@@ -11,9 +11,21 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Protocol, Sequence
 
 import numpy as np
+
+
+class Readable(Protocol):
+    """Bytes read in turn: a file, a gzip stream, an object's buffered reader (not only BinaryIO)."""
+
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
+class Writable(Protocol):
+    """Bytes written in turn: a file, a gzip stream, a sink's output."""
+
+    def write(self, data: bytes, /) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.job import ConfigError, Feature, ItemContext, Opener, Sink
+from fleet.job import ConfigError, Feature, ItemContext, Opener
 
 from fleet_jobs.text.job import DocumentConverter, TextJob
 
 from fleet_jobs.text.options import TextOptions, check_text_options, masking_tokenizer, with_sentences
-from fleet_jobs.text.output import Column, open_writer
+from fleet_jobs.text.output import Column, ExampleSink, open_writer
 from fleet_jobs.text.tokenization import BertTokenizer
 
 from .examples import BertCounters, BertExamples, BertOptions
@@ -72,7 +72,7 @@ class BertConverter(DocumentConverter):
         names = feature_names(config.v2_feature_names)
         self.columns = [Column(names[f], "float" if f == "masked_lm_weights" else "int") for f in FEATURES]
 
-    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: ExampleSink) -> dict[str, float]:
         counters = BertCounters()
         config = self.config
         with open_writer(sink, config.output, config.compression, self.columns) as out, SpillingBatches() as keep, \

@@ -20,8 +20,8 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from fleet.job import (ConfigError, Converter, ItemContext, ItemFailed, ItemInput, Job, Opener, Piece, Sink,
-                       Source, cut_at_newlines)
+from fleet.job import (ConfigError, Converter, ItemContext, ItemFailed, ItemInput, Job, KeyedSink, Opener, Piece,
+                       Sink, Source, cut_at_newlines)
 
 from . import packages, process
 
@@ -162,7 +162,9 @@ class CommandConverter(Converter):
             self.env["VIRTUAL_ENV"] = venv
             self.env.pop("PYTHONHOME", None)
 
-    def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink) -> dict[str, float]:
+    def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink | KeyedSink) -> dict[str, float]:
+        if not isinstance(sink, Sink):  # (a program's files feed no stage: the job has none)
+            raise TypeError(f"item {ctx.item_id}: the command job feeds no stage, but was given a KeyedSink")
         cfg = self.config
         work = ctx.workdir
         out_dir = os.path.join(work, "output")

@@ -61,7 +61,7 @@ class DocumentRandom:
         self._next = 0
 
     @classmethod
-    def from_keyed(cls, keyed: "hashlib._Hash", text: bytes) -> "DocumentRandom":
+    def from_keyed(cls, keyed: "hashlib.blake2b", text: bytes) -> "DocumentRandom":
         """``DocumentRandom(seed_key, text)`` from ``blake2b(key=seed_key, digest_size=64)``, made
         once: a copy of it costs less than setting up the key again for every document."""
         self = cls.__new__(cls)
@@ -130,7 +130,7 @@ class ExampleBuilder:
         document d ends before ``sentences[doc_ends[d]]``. Short documents are many: one call.
         With ``rngs`` (one per document) each document draws from its own and starts with the
         full target length, so its examples depend on it alone, not on the documents before it."""
-        out = []
+        out: list[Example] = []
         append, create = out.append, self._create
         rng_of = iter(rngs) if rngs is not None else None
         start = 0

@@ -32,7 +32,7 @@ from fleet.job import ConfigError, Feature, ItemContext, Opener, Sink
 from fleet_jobs.text.groups import document_groups
 from fleet_jobs.text.job import DocumentConverter, TextJob
 from fleet_jobs.text.options import TextOptions, check_text_options, masking_tokenizer, with_sentences
-from fleet_jobs.text.output import Column, open_writer
+from fleet_jobs.text.output import Column, ExampleSink, open_writer
 from fleet_jobs.text.provenance import Sidecar
 from fleet_jobs.text.token_records import TokenRecordEncoder
 from fleet_jobs.text.tokenization import BertTokenizer
@@ -83,14 +83,17 @@ class ElectraConverter(DocumentConverter):
         ends = np.cumsum(sizes)
         return source[np.repeat(starts - ends + sizes, sizes) + np.arange(int(ends[-1]))]
 
-    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: ExampleSink) -> dict[str, float]:
         max_length = self.config.max_seq_length
         builder = ExampleBuilder(max_length, self.cls_id, self.sep_id, random.Random(ctx.seed), pad=False)
         seed_key = DocumentRandom.seed_key(self.config.seed)
         n_docs = n_lines = n_examples = n_tokens = n_bytes = 0
         parquet = self.config.output == "parquet"
         encoder = self.encoder
-        sidecar = Sidecar(documents, sink) if self.provenance else None
+        sidecar = None
+        if self.provenance:
+            assert isinstance(sink, Sink)  # provenance is refused with --shards (its examples go to the shuffle)
+            sidecar = Sidecar(documents, sink)
         with open_writer(sink, self.config.output, self.config.compression, ELECTRA_COLUMNS) as out:
             for group in _groups(documents):
                 lines = [line for document in group for line in document]

@@ -9,9 +9,12 @@ re-exports DocumentConverter, the name a job imports.
 from __future__ import annotations
 
 import abc
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from fleet.job import ItemContext, Sink
+from fleet.job import ItemContext
+
+if TYPE_CHECKING:  # (output imports no converter; this only names its type)
+    from .output import ExampleSink
 
 
 CHECK_EVERY = 64  # documents between checkpoints
@@ -25,5 +28,6 @@ class DocumentConverter(abc.ABC):
     provenance: bool = False
 
     @abc.abstractmethod
-    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
-        """Turn one item's documents (each a list of lines) into outputs; return counters."""
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: ExampleSink) -> dict[str, float]:
+        """Turn one item's documents (each a list of lines) into outputs; return counters. ``sink``:
+        the item's (``open_writer`` writes its files), or, when its outputs feed a stage, the shuffle."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.job import ConfigError, ItemContext, Opener, Sink
+from fleet.job import ConfigError, ItemContext, Opener
 
 from .job import DocumentConverter
-from .output import check_output
+from .output import ExampleSink, check_output
 from .provenance import PlacedDocuments
 from .tokenization import BertTokenizer
 from .tokenizer_cache import bert_tokenizer
@@ -70,7 +70,7 @@ class SentenceSplitting(DocumentConverter):
         self.inner = inner
         self.provenance = inner.provenance
 
-    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Sink) -> dict[str, float]:
+    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: ExampleSink) -> dict[str, float]:
         from .sentences import split_lines  # its patterns cost every worker 10 ms to compile: only here
 
         if isinstance(documents, PlacedDocuments):  # provenance=true: a document's sentences keep its place

@@ -87,9 +87,14 @@ class ShuffledExamples(KeyedSink):
         self.inner.emit(shuffle_key(self.run_seed, framed[12:-4]), bytes(framed))
 
 
-def example_sink(sink: Union[Sink, KeyedSink], ctx: ItemContext) -> Union[Sink, ShuffledExamples]:
+ExampleSink = Union[Sink, ShuffledExamples]  # where a text job's examples go: an item's files, or the shuffle
+
+
+def example_sink(sink: Union[Sink, KeyedSink], ctx: ItemContext) -> ExampleSink:
     """Where an item's examples go: its sink, or, when its outputs feed a stage, the shuffle."""
     if not ctx.feeds:
+        if not isinstance(sink, Sink):
+            raise TypeError(f"item {ctx.item_id} feeds no stage but its sink is a KeyedSink")
         return sink
     if not isinstance(sink, KeyedSink):
         raise TypeError(f"item {ctx.item_id} feeds stage {ctx.feeds!r} but its sink is not a KeyedSink")
@@ -114,7 +119,7 @@ class KeyedExampleWriter(ExampleWriter):
 
 
 @contextlib.contextmanager
-def open_writer(sink: Union[Sink, ShuffledExamples], output: str, compression: str, columns: Sequence[Column]
+def open_writer(sink: ExampleSink, output: str, compression: str, columns: Sequence[Column]
                 ) -> Iterator[ExampleWriter]:
     """The item's output file and its writer; the file is complete when the block ends. A
     ShuffledExamples sink (``example_sink``) gets the examples keyed instead of a file."""

@@ -43,7 +43,7 @@ class Sampled:
     seconds: float = 0.0
 
 
-def sample_documents(paths: list[str], max_bytes: int, max_seconds: float, options: ReadOptions,
+def sample_documents(paths: list[str], max_bytes: float, max_seconds: float, options: ReadOptions,
                      sampled: Sampled) -> Iterator[list[str]]:
     """Documents from each file in turn, each file up to its share of ``max_bytes`` of text;
     stops at ``max_seconds`` (``math.inf`` for both: every document). Raises InputError (naming

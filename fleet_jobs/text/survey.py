@@ -23,8 +23,11 @@ _SPACE = re.compile(r"\s")
 
 
 class Packed(Protocol):
-    length: int  # ids, [CLS] and [SEP]s included
-    first_length: int  # ids of the first segment; == length for one segment
+    @property
+    def length(self) -> int: ...  # ids, [CLS] and [SEP]s included
+
+    @property
+    def first_length(self) -> int: ...  # ids of the first segment; == length for one segment
 
 
 class Builder(Protocol):

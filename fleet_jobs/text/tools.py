@@ -18,7 +18,7 @@ import math
 import os
 import random
 import sys
-from typing import List
+from typing import List, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -26,14 +26,14 @@ from typer.core import TyperGroup
 try:  # typer 0.2x parses with its own copy of click
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 except ImportError:  # pragma: no cover (older typer: click itself)
-    from click.exceptions import NoArgsIsHelpError, UsageError
+    from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
 from fleet.job import InputError
 
 from fleet_jobs.text.tokenization import BertTokenizer, VocabError
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {' '.join(message.split())}", err=True)  # one line, whatever the message holds
     raise typer.Exit(2)
 
@@ -194,6 +194,7 @@ def report(
         _fail(f"{out_dir}: no .tfrecord, .tfrecord.gz or .parquet files")
     if max_records < 1:
         _fail(f"--max-records {max_records}: give 1 or more")
+    ids: VocabIds | None
     if vocab:  # (local or gs://; an unusable one is one line saying why)
         tokenizer = _tokenizer(vocab, True)
         ids = VocabIds(tokenizer.unk_id, tokenizer.vocab.get("[MASK]"))

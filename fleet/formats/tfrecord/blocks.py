@@ -64,20 +64,21 @@ class BlockRecords:
         ids = np.asarray(ids)
         ids = np.ascontiguousarray(ids, np.int32 if ids.dtype == np.int32 else np.int64)
         rows, ids_width = ids.shape
-        lengths = np.ascontiguousarray(lengths, np.int64) if self.padded else None
-        if lengths is not None and len(lengths) != rows:
-            raise ValueError(f"block records: {rows} rows of ids but {len(lengths)} lengths")
+        mask_lengths = np.ascontiguousarray(lengths, np.int64) if self.padded else None
+        if mask_lengths is not None and len(mask_lengths) != rows:
+            raise ValueError(f"block records: {rows} rows of ids but {len(mask_lengths)} lengths")
         cap = rows * (128 + self.width * self.padded + 5 * ids_width) + 256  # room enough for rec_blocks
         if len(self._out) < cap:
             self._out = np.empty(cap, np.uint8)
         n = self._rec_blocks(ids.ctypes.data, ids.itemsize, rows, ids_width,
-                             None if lengths is None else lengths.ctypes.data, int(self.padded), self.width,
+                             None if mask_lengths is None else mask_lengths.ctypes.data, int(self.padded), self.width,
                              self._out.ctypes.data, cap, ctypes.byref(self._bad_row))
         if n == -2:
             raise ValueError(f"varint_rows takes values in [0, 2**35) (block {self._bad_row.value})")
         if n == -3:
+            assert mask_lengths is not None  # a length out of range: there are lengths (padded)
             raise ValueError(f"block records: block {self._bad_row.value}'s length "
-                             f"{lengths[self._bad_row.value]} is not in [0, {self.width}]")
+                             f"{mask_lengths[self._bad_row.value]} is not in [0, {self.width}]")
         if n < 0:
             raise RuntimeError(f"rec_blocks: error {n}")
         return self._out[:n].tobytes()

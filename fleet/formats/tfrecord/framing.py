@@ -16,10 +16,13 @@ from __future__ import annotations
 import functools
 import io
 import struct
-from typing import BinaryIO, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import google_crc32c
 import numpy as np
+
+if TYPE_CHECKING:
+    from fleet.formats.writer import Readable
 
 _CRC = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
@@ -75,7 +78,7 @@ def checksum_frames(frames: np.ndarray, record_lengths: np.ndarray) -> bytes:
 # -- reading back: the fleet's one reader (fleet.core.outputs, the report, the Parquet writer, tests)
 
 
-def records(f: BinaryIO) -> Iterator[bytes]:
+def records(f: Readable) -> Iterator[bytes]:
     """The records of a TFRecord stream, read as they are taken, both checksums checked."""
     pos = 0
     while header := f.read(12):

@@ -7,16 +7,16 @@ compressed, which the caller arranges (``fleet_jobs.text.output.open_writer``).
 
 from __future__ import annotations
 
-from typing import BinaryIO, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
 from fleet.formats import tfrecord
-from fleet.formats.writer import Column, ExampleWriter, row_count
+from fleet.formats.writer import Column, ExampleWriter, Writable, row_count
 
 
 class TFRecordWriter(ExampleWriter):
-    def __init__(self, out: BinaryIO, columns: Sequence[Column]):
+    def __init__(self, out: Writable, columns: Sequence[Column]):
         super().__init__(columns)
         self.out = out
         self.order = sorted(columns, key=lambda c: c.name)  # tfrecord.example's order: stable bytes
@@ -50,7 +50,7 @@ def encode_rows(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> 
                            else tfrecord.feature_entry(column.name, tfrecord.packed_int64_feature(b"")))
         per_column.append(entries)
     out = []
-    for entries in zip(*per_column):
-        body = b"".join(entries)
+    for row_entries in zip(*per_column):
+        body = b"".join(row_entries)
         out.append(tfrecord.frame(tfrecord.example_prefix(len(body)) + body))
     return out
