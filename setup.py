@@ -1,8 +1,8 @@
 """What pyproject.toml cannot say: the tokenizer's C core as an optional extension, and the
 files a VM needs (startup/, the Packer template, the lock) inside the wheel.
 
-The C core (fleet_jobs/text/wordpiece.c and unigram.c, and fleet/formats/tfrecord/records.c: TFRecord
-framing, beside its Python reference) is a plain C library loaded with ctypes (fleet_jobs/text/native.py),
+The C core (fleet_jobs/text/tokenizers/wordpiece.c and unigram.c, and fleet/formats/tfrecord/records.c: TFRecord
+framing, beside its Python reference) is a plain C library loaded with ctypes (fleet_jobs/text/tokenizers/native.py),
 not a CPython module: it uses no Python.h, so one build serves every Python 3 (an abi3 wheel)
 and needs no python3-dev. It stays optional: where no compiler works, the build warns and
 goes on, and the package tokenizes in Python (the same records, about 3x slower).
@@ -21,14 +21,14 @@ from setuptools.command.build_py import build_py
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet/formats/tfrecord/records.c"]
+SOURCES = ["fleet_jobs/text/tokenizers/wordpiece.c", "fleet_jobs/text/tokenizers/unigram.c", "fleet/formats/tfrecord/records.c"]
 # Copied into the wheel as fleet/_data/<path> (fleet.core.codesync finds them there when there
 # is no checkout): what `fleet sync` uploads besides the packages, and the worker image's template.
 DATA = ("startup", "images/packer", "requirements.lock", "pyproject.toml")
 
 
 def source_sha256() -> str:
-    """Of the sources end to end, as fleet_jobs/text/native.py checks it."""
+    """Of the sources end to end, as fleet_jobs/text/tokenizers/native.py checks it."""
     digest = hashlib.sha256()
     for source in SOURCES:
         with open(os.path.join(HERE, source), "rb") as f:
@@ -77,7 +77,7 @@ class build_py_with_data(build_py):
 
 setup(
     ext_modules=[Extension(
-        "fleet_jobs.text._wordpiece", SOURCES, py_limited_api=True,
+        "fleet_jobs.text.tokenizers._ccore", SOURCES, py_limited_api=True,
         define_macros=[("WP_SOURCE_SHA256", f'"{source_sha256()}"')],
         extra_compile_args=["-O2", "-std=c99"],
     )],

@@ -57,7 +57,7 @@ from fleet_jobs.text.inputs import read_all  # noqa: E402
 from short_corpus import short_documents  # noqa: E402
 from fleet.job import ItemContext, Sink  # noqa: E402
 from fleet.core.discovery import load_configured  # noqa: E402
-from fleet_jobs.text.tokenization import BertTokenizer  # noqa: E402
+from fleet_jobs.text.tokenizers.tokenization import BertTokenizer  # noqa: E402
 
 FORMATS = {  # row label -> job options (format=bert: the bert job, under its former name, as runs gave it)
     "format=electra": {"format": "electra"},
@@ -400,7 +400,7 @@ BASELINE = "tokenizers: encode_batch, 10,000 lines a batch"
 
 def tokenizer_core() -> str:
     """Which path fleet's tokenizer takes here: the C core or Python (``FLEET_NATIVE``)."""
-    from fleet_jobs.text import native
+    from fleet_jobs.text.tokenizers import native
 
     try:
         if native.mode() == "0":

@@ -233,7 +233,7 @@ def main() -> None:
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
 
-    from fleet_jobs.text.tiktoken_file import CL100K_PATTERN
+    from fleet_jobs.text.tokenizers.tiktoken_file import CL100K_PATTERN
 
     parts = short_sample()
     raw = parts["zh"] + parts["en"]

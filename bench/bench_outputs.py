@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 
 from fleet_jobs.text.inputs import read_all  # noqa: E402
 from fleet.job import ItemContext, Sink, load_job  # noqa: E402
-from fleet_jobs.text.vocab import train_vocab, write_vocab  # noqa: E402
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab  # noqa: E402
 
 
 class MemorySink(Sink):

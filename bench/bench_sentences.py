@@ -5,7 +5,7 @@ paragraph-per-line corpus deterministically, as Wikipedia dumps and hub datasets
 the lines of each document joined into one line ("document"), or every N lines of a
 document joined ("N lines"). Lines are joined with a space, or with nothing between two
 Chinese characters. Each corpus is then counted as it is and cut by split_sentences
-(fleet_jobs/text/survey.py: tokens per line, lines that do not fit in one example,
+(fleet_jobs/text/tools/survey.py: tokens per line, lines that do not fit in one example,
 tokens the ELECTRA builder truncates), and the splitter's own speed is timed.
 
     .venv/bin/python bench/bench_sentences.py [--vocab vocab.txt] [--max-seq-length 128] [--group 8]
@@ -26,9 +26,9 @@ sys.path.insert(0, ROOT)
 
 from fleet_jobs.electra_zh_en.builder import ExampleBuilder  # noqa: E402
 from fleet_jobs.text.sentences import split_sentences  # noqa: E402
-from fleet_jobs.text.survey import Side, Survey  # noqa: E402
-from fleet_jobs.text.tokenization import BertTokenizer  # noqa: E402
-from fleet_jobs.text.vocab import train_vocab, write_vocab  # noqa: E402
+from fleet_jobs.text.tools.survey import Side, Survey  # noqa: E402
+from fleet_jobs.text.tokenizers.tokenization import BertTokenizer  # noqa: E402
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab  # noqa: E402
 
 _CJK_END = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]$")
 _CJK_START = re.compile(r"^[\u4e00-\u9fff]")

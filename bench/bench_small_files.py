@@ -47,7 +47,7 @@ def make_files(folder: str, n: int) -> int:
 
 
 def make_vocab(path: str) -> str:
-    from fleet_jobs.text.vocab import train_vocab, write_vocab
+    from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 
     write_vocab(train_vocab([f"file {i}: " + " ".join(WORDS) for i in range(1000)], 400), path)
     return path
@@ -55,7 +55,7 @@ def make_vocab(path: str) -> str:
 
 def with_native(tree: str) -> None:
     """This checkout's built C tokenizer beside another tree's wordpiece.c (loaded only if the same)."""
-    for lib in glob.glob(os.path.join(ROOT, "fleet_jobs", "text", "_wordpiece*")):
+    for lib in glob.glob(os.path.join(ROOT, "fleet_jobs", "text", "tokenizers", "_ccore*")):
         target = os.path.join(tree, "fleet_jobs", "text", os.path.basename(lib))
         if not os.path.exists(target):
             shutil.copy2(lib, target)

@@ -15,7 +15,7 @@ children (``bench_convert.run_process``), least of ``--rounds``:
 
 The code runs from copies in a temporary folder (this checkout's files as they are now and,
 with ``--before REV``, REV's from ``git archive``; each with this checkout's built
-``_wordpiece`` library, which loads only beside the same ``wordpiece.c``), with this venv, in
+``_ccore`` library, which loads only beside the same ``wordpiece.c``), with this venv, in
 the same rounds, so both sides pay the same for bytecode. Two columns:
 
 - ``compiled``: as this machine runs fleet (``PYTHONDONTWRITEBYTECODE=1``, no ``__pycache__``
@@ -59,9 +59,9 @@ def copy_checkout(folder: str) -> str:
 
 
 def with_native(tree: str) -> str:
-    """The built C tokenizer beside the tree's own wordpiece.c (fleet_jobs.text.native loads it only
+    """The built C tokenizer beside the tree's own wordpiece.c (fleet_jobs.text.tokenizers.native loads it only
     if that source is the one it was built from; otherwise both sides tokenize in Python)."""
-    for lib in glob.glob(os.path.join(ROOT, "fleet_jobs", "text", "_wordpiece*")):
+    for lib in glob.glob(os.path.join(ROOT, "fleet_jobs", "text", "tokenizers", "_ccore*")):
         shutil.copy2(lib, os.path.join(tree, "fleet_jobs", "text"))
     return tree
 

@@ -57,7 +57,7 @@ def main() -> None:
     import sentencepiece as spm
 
     from fleet_jobs.causal_lm.unigram import UnigramEncoder, model_proto, why_not
-    from fleet_jobs.text import native
+    from fleet_jobs.text.tokenizers import native
 
     parts = short_sample()
     docs = {lang: [b.strip("\n") for b in parts[lang].decode().split("\n\n") if b.strip()] for lang in ("en", "zh")}

@@ -97,7 +97,7 @@ def programs() -> list[tuple[str, str, object]]:
     """The command lines a user types, each as (prog, its heading's name, app): `fleet`, and the
     text tools, `fleet_jobs.text` (headings without `python -m`, so GitHub and mkdocs make one anchor)."""
     from fleet.cli.commands import app as fleet_app
-    from fleet_jobs.text.tools import app as tools_app
+    from fleet_jobs.text.tools.cli import app as tools_app
 
     return [("fleet", "fleet", fleet_app), ("python -m fleet_jobs.text", "fleet_jobs.text", tools_app)]
 

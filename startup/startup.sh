@@ -440,9 +440,9 @@ install_deps() { # LOCK: Python and exactly the locked dependencies (versions an
   echo "$want" >"$STAMP"
 }
 
-check_native() { # which path the tokenizer takes: the C core in the snapshot (fleet_jobs/text/native.py), or Python
+check_native() { # which path the tokenizer takes: the C core in the snapshot (fleet_jobs/text/tokenizers/native.py), or Python
   local out
-  if out=$("$PY" -m fleet_jobs.text.native 2>&1); then
+  if out=$("$PY" -m fleet_jobs.text.tokenizers.native 2>&1); then
     log "tokenizer C core: $out"
     return
   fi

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from fleet.job import ItemContext, Sink
 from fleet.core.discovery import load_configured
 from fleet.formats import tfrecord
-from fleet_jobs.text.tools import app
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tools.cli import app
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "corpus")
@@ -204,7 +204,7 @@ def test_report_reads_only_the_records_it_shows(tmp_path, vocabs, documents):
     is no longer decompressed whole (hundreds of MB for a big item) to show a few thousand."""
     import gzip
 
-    from fleet_jobs.text.report import read_report
+    from fleet_jobs.text.tools.report import read_report
 
     out = tmp_path / "run"
     write_run(out, vocabs["good"], documents, compression="GZIP")

@@ -24,8 +24,8 @@ from fleet_jobs.bert.builder import DocBatcher, PairOptions, assemble, build_spa
 from fleet_jobs.bert import records as bert_records
 from fleet_jobs.bert.records import BertLayout, BertRecordEncoder, feature_names
 from fleet_jobs.bert.masking import Masked, mask_batch
-from fleet_jobs.text.tokenization import CJK_RANGES, WORD_CONTINUES, BertTokenizer
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.tokenization import CJK_RANGES, WORD_CONTINUES, BertTokenizer
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 

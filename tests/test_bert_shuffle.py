@@ -22,7 +22,7 @@ from fleet_jobs.bert import examples as bert_examples, job as bert_job, shuffle
 from fleet_jobs.bert.masking import Masked
 from fleet.formats import tfrecord
 from fleet.formats.parquet import read_rows
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

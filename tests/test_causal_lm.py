@@ -155,7 +155,7 @@ def test_examples_depend_on_the_documents_only_unless_packed(bpe_path, documents
 
 
 def test_a_bert_vocab_ends_documents_with_sep_and_pads_with_pad(vocab_path, documents):
-    from fleet_jobs.text.tokenization import BertTokenizer
+    from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
 
     bert = BertTokenizer.from_file(vocab_path)
     stats, rows = convert(CausalLMConfig(vocab_file=vocab_path, max_seq_length=40), documents[:5])

@@ -10,8 +10,8 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from fleet_jobs.text.tools import app
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tools.cli import app
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 from tests.helpers.cli import one_line_job_error as one_line_error
 
 DOCS = [

@@ -145,7 +145,7 @@ def test_startup_sh_installs_and_works_on_a_bare_debian_12(fake_gcs, gcs_bucket,
         assert "installing the locked dependencies" in log and f"code {version}: " in log
         # No compiler on a bare Debian, and none installed: the tokenizer's C core came with the code
         # (built by this checkout's pip install -e .) and loads there.
-        assert "gcc" not in log and f"tokenizer C core: /var/lib/fleet/code/{version}/fleet_jobs/text/_wordpiece." in log
+        assert "gcc" not in log and f"tokenizer C core: /var/lib/fleet/code/{version}/fleet_jobs/text/tokenizers/_ccore." in log
         users = (rootfs / "etc/passwd").read_text()
         fleet_user = next(line.split(":") for line in users.splitlines() if line.startswith("fleet:"))
         assert 0 < int(fleet_user[2]) < 1000 and f"workers run as fleet (uid {fleet_user[2]})" in log

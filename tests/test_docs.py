@@ -132,7 +132,7 @@ def command_lines(block: str) -> list[list[str]]:
 
 def _apps():
     from fleet.cli.commands import app as fleet_app
-    from fleet_jobs.text.tools import app as tools_app
+    from fleet_jobs.text.tools.cli import app as tools_app
 
     return {"fleet": typer.main.get_command(fleet_app), "fleet_jobs.text": typer.main.get_command(tools_app)}
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from fleet_jobs.text.tools import app
-from fleet_jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer
+from fleet_jobs.text.tools.cli import app
+from fleet_jobs.text.tokenizers.tokenization import SPECIAL_TOKENS, BertTokenizer
 from tests.helpers.cli import one_line_job_error as one_line_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,7 +16,7 @@ from rich.console import Console
 from fleet.cli.local import run_local
 from fleet.formats import tfrecord
 from fleet_jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]

@@ -13,8 +13,8 @@ from fleet.job import ConfigError, ItemContext, load_job
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
 from fleet.formats import tfrecord
 from fleet_jobs.electra_zh_en.builder import DocumentRandom, ExampleBuilder
-from fleet_jobs.text.tokenization import BertTokenizer
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 

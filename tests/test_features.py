@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from fleet.job import ItemContext, load_job
 from fleet.formats import tfrecord
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 from tests.helpers.sinks import MemorySink
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -87,7 +87,7 @@ def expected_sequences(documents, tokenizer_option: str, path: str) -> list[list
         eod = tok.token_to_id("<|endoftext|>")
         seqs = [tok.encode("\n".join(d), add_special_tokens=False).ids for d in documents]
     else:
-        from fleet_jobs.text.tokenization import BertTokenizer
+        from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
 
         bert = BertTokenizer.from_file(path)
         eod = bert.vocab["[SEP]"]

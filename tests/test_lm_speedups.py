@@ -27,7 +27,7 @@ from fleet_jobs.causal_lm.word_cache import WordCache, word_cache
 from fleet.formats import tfrecord
 from fleet.formats.tfrecord.writer import encode_rows
 from fleet.formats.writer import Column
-from fleet_jobs.text import native
+from fleet_jobs.text.tokenizers import native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW_LETTERS = "".join(chr(c) for c in range(0x10940, 0x10946))  # Garay letters (Unicode 16)

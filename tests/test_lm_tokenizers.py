@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from fleet.job import ConfigError
 from fleet_jobs.causal_lm import JOB, CausalLMConfig
-from fleet_jobs.text.tiktoken_file import KNOWN, parse_ranks
-from fleet_jobs.text.tokenizer_cache import tokenizer_kind
+from fleet_jobs.text.tokenizers.tiktoken_file import KNOWN, parse_ranks
+from fleet_jobs.text.tokenizers.tokenizer_cache import tokenizer_kind
 from tests.helpers.records import folder_examples
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,7 +120,7 @@ def test_sentencepiece_ids_are_sp_encode_of_each_document_then_its_eos(tmp_path,
 def test_tiktoken_ids_are_encode_of_each_document_then_the_eod_token(tmp_path, ranks_path, corpus):
     import tiktoken
 
-    from fleet_jobs.text.tiktoken_file import CL100K_PATTERN
+    from fleet_jobs.text.tokenizers.tiktoken_file import CL100K_PATTERN
 
     with open(ranks_path, "rb") as f:
         ranks = parse_ranks(f.read(), ranks_path)

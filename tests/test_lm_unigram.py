@@ -1,4 +1,4 @@
-"""The C unigram encoder (fleet_jobs/causal_lm/unigram.py, fleet_jobs/text/unigram.c) gives
+"""The C unigram encoder (fleet_jobs/causal_lm/unigram.py, fleet_jobs/text/tokenizers/unigram.c) gives
 ``SentencePieceProcessor.encode``'s ids on any text and any model it accepts:
 
 - on models made piece by piece, whose scores tie exactly or nearly (a near tie is decided by
@@ -25,7 +25,7 @@ from fleet.job import ItemContext
 from fleet_jobs.causal_lm import JOB, CausalLMConverter
 from fleet_jobs.causal_lm import unigram as module
 from fleet_jobs.causal_lm.unigram import UnigramEncoder, model_proto, unigram_encoder, why_not
-from fleet_jobs.text import native
+from fleet_jobs.text.tokenizers import native
 
 from tests.test_lm_speedups import SPECIAL, MemorySink, read_documents
 

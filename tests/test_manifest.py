@@ -32,7 +32,7 @@ from fleet.core.status import build_manifest
 from fleet.core.store import open_store
 from fleet.formats.tfrecord import parse_example, records
 from fleet.job import StageOptions
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 from tests.helpers.procs import write_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet_jobs.bert.masking import MaskingOptions, _divmod, mask_batch, predictions_per_row
-from fleet_jobs.text.tokenization import WORD_CONTINUES
+from fleet_jobs.text.tokenizers.tokenization import WORD_CONTINUES
 
 CLS, SEP, MASK = 2, 3, 4
 RANDOM_IDS = np.arange(100, 1100, dtype=np.int32)  # what a random replacement may be

@@ -173,8 +173,8 @@ def test_causal_lm_tokenizes_a_long_document_into_arrays(tmp_path):
     26 MiB for this document of 500,000 tokens; now: 6 MiB)."""
     from fleet_jobs.causal_lm import tokenizer as module
     from fleet_jobs.causal_lm.tokenizer import from_bert
-    from fleet_jobs.text import native
-    from fleet_jobs.text.tokenization import BertTokenizer
+    from fleet_jobs.text.tokenizers import native
+    from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
 
     if native.available() is None:
         pytest.skip("the C tokenizer core is not built here (in Python, tokenizing holds its tokens as strings)")

@@ -1,4 +1,4 @@
-"""The C tokenizer core (fleet_jobs/text/wordpiece.c through fleet_jobs/text/native.py) gives exactly the
+"""The C tokenizer core (fleet_jobs/text/tokenizers/wordpiece.c through fleet_jobs/text/tokenizers/native.py) gives exactly the
 ids of the Python path, in every mode, on the sample corpus and on arbitrary Unicode; the library
 the install built (setup.py) is found beside native.py and shared safely; and without it (no
 compiler at install time), or with one built from another wordpiece.c, everything still works in
@@ -25,9 +25,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fleet_jobs.text import native
-from fleet_jobs.text.tokenization import SPECIAL_TOKENS, WORD_CONTINUES, BertTokenizer
-from fleet_jobs.text.vocab import train_vocab
+from fleet_jobs.text.tokenizers import native
+from fleet_jobs.text.tokenizers.tokenization import SPECIAL_TOKENS, WORD_CONTINUES, BertTokenizer
+from fleet_jobs.text.tokenizers.vocab import train_vocab
 from tests.helpers.sinks import MemorySink
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +159,7 @@ def test_any_text_gives_the_same_ids(monkeypatch, odd, lines):
 
 def _regex_ids(tok: BertTokenizer, text: str, words: bool) -> list[int]:
     """The Python path's ids of already normalized (and marked) text, -1 at each newline."""
-    from fleet_jobs.text.tokenization import _patterns
+    from fleet_jobs.text.tokenizers.tokenization import _patterns
 
     pats = _patterns(0x110000)
     found = (pats.marked_tokens_nl if words else pats.tokens_nl).findall(text)
@@ -189,7 +189,7 @@ def test_the_scanner_on_any_text_with_marks_anywhere(monkeypatch, odd, text):
 @given(st.text(st.one_of(chars, st.sampled_from("中文\U0002b820\uf900 a\n，")), max_size=60), st.randoms())
 def test_marks_given_as_positions_equal_marks_in_the_text(monkeypatch, odd, text, rnd):
     """The words modes pass the C core the positions of the marks (run_marked), not the marked text."""
-    from fleet_jobs.text.tokenization import _MARK, _class_table
+    from fleet_jobs.text.tokenizers.tokenization import _MARK, _class_table
 
     text = text.replace(_MARK, "")
     if any("\ud800" <= c <= "\udfff" for c in text):
@@ -223,7 +223,7 @@ def test_any_text_with_any_word_limit_cased_or_not(monkeypatch, vocabs, lines, l
 def test_the_class_table_is_the_regexes_on_every_code_point():
     """One source for both paths: each code point alone is a token of the regex exactly as
     its class in the C table says (BMP and all-Unicode patterns, marked and not)."""
-    from fleet_jobs.text.tokenization import _MARK, _class_table, _patterns
+    from fleet_jobs.text.tokenizers.tokenization import _MARK, _class_table, _patterns
 
     table = _class_table()
     everything = np.arange(0x110000, dtype="<u4")
@@ -273,12 +273,12 @@ def test_the_installed_library_is_beside_native_py_and_built_from_its_source():
     """setup.py built it (pip install -e . in place): plain C, loaded under this Python whatever
     Python built it (abi3), carrying the sha256 of the wordpiece.c it was built from."""
     path = native.library_path()
-    assert path.parent == native.SOURCE.parent and path.name.startswith("_wordpiece.")
+    assert path.parent == native.SOURCE.parent and path.name.startswith("_ccore.")
     lib = ctypes.CDLL(str(path))
     assert lib.wp_abi_version() == native.ABI_VERSION
     lib.wp_source_sha256.restype = ctypes.c_char_p
     assert [p.relative_to(ROOT).as_posix() for p in native.source_paths()] == [
-        "fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet/formats/tfrecord/records.c"]  # setup.py's order
+        "fleet_jobs/text/tokenizers/wordpiece.c", "fleet_jobs/text/tokenizers/unigram.c", "fleet/formats/tfrecord/records.c"]  # setup.py's order
     sources = b"".join(p.read_bytes() for p in native.source_paths())
     assert lib.wp_source_sha256().decode() == hashlib.sha256(sources).hexdigest()
     assert native.load().path == path
@@ -287,7 +287,7 @@ def test_the_installed_library_is_beside_native_py_and_built_from_its_source():
 def test_without_the_library_python_does_the_work_after_one_warning(fresh, monkeypatch, capsys, odd):
     expected = odd.tokenize_lines(["Hello 中文 world", "x"])
     fresh_tok = BertTokenizer(odd.vocab)
-    reason = f"no _wordpiece.abi3.so in {fresh} (no C compiler when fleet was installed): {native.REINSTALL}"
+    reason = f"no _ccore.abi3.so in {fresh} (no C compiler when fleet was installed): {native.REINSTALL}"
     for _ in range(3):
         assert fresh_tok.tokenize_lines(["Hello 中文 world", "x"]) == expected
         assert BertTokenizer(odd.vocab).tokenize_flat(["Hello 中文 world"])[0].tolist() == expected[0]
@@ -316,7 +316,7 @@ def test_a_library_built_from_another_source_is_not_loaded(fresh, source):
 
 
 def test_a_file_that_is_no_library_for_this_machine_is_one_line(fresh, capsys):
-    (fresh / "_wordpiece.abi3.so").write_bytes(b"\x7fELF but not really")
+    (fresh / "_ccore.abi3.so").write_bytes(b"\x7fELF but not really")
     assert native.main([]) == 1
     out = capsys.readouterr()
     assert out.out == "" and out.err.startswith("fleet: cannot load the C tokenizer: ") and out.err.count("\n") == 1
@@ -337,12 +337,12 @@ def test_fleet_native_0_switches_an_existing_tokenizer_to_python(monkeypatch, od
 def test_cli_says_which_path_runs():
     """What a VM's startup.sh logs: the library's path (exit 0), or why Python (exit 1, one line)."""
     environ = {k: v for k, v in os.environ.items() if k != "FLEET_NATIVE"}
-    done = subprocess.run([sys.executable, "-m", "fleet_jobs.text.native"], env={**environ, "PYTHONPATH": str(ROOT)},
+    done = subprocess.run([sys.executable, "-m", "fleet_jobs.text.tokenizers.native"], env={**environ, "PYTHONPATH": str(ROOT)},
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and Path(done.stdout.strip()) == native.library_path(), done.stderr
-    wrong = subprocess.run([sys.executable, "-m", "fleet_jobs.text.native", "build"], env={**environ, "PYTHONPATH": str(ROOT)},
+    wrong = subprocess.run([sys.executable, "-m", "fleet_jobs.text.tokenizers.native", "build"], env={**environ, "PYTHONPATH": str(ROOT)},
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert wrong.returncode == 2 and wrong.stderr == "usage: python -m fleet_jobs.text.native\n"
+    assert wrong.returncode == 2 and wrong.stderr == "usage: python -m fleet_jobs.text.tokenizers.native\n"
 
 
 def test_threads_share_one_table(monkeypatch, odd, sample):

@@ -31,8 +31,8 @@ from fleet.core.store.local import LocalStore
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
 from fleet_jobs.text.inputs import iter_documents, plan_ranges, read_all
 from fleet_jobs.electra_zh_en.builder import ExampleBuilder
-from fleet_jobs.text.tokenization import BertTokenizer, VocabError, load_vocab
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.tokenization import BertTokenizer, VocabError, load_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]

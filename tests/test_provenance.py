@@ -357,7 +357,7 @@ def test_places_of_a_parquet_item_count_rows_from_the_file_start(tmp_path):
 
 @pytest.fixture(scope="module")
 def vocab_path(tmp_path_factory, documents) -> str:
-    from fleet_jobs.text.vocab import train_vocab, write_vocab
+    from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 
     path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
     write_vocab(train_vocab((line for d in documents for line in d), 2000), path)
@@ -367,7 +367,7 @@ def vocab_path(tmp_path_factory, documents) -> str:
 @pytest.mark.parametrize("sentences", [False, True])
 def test_each_electra_example_is_traced_to_its_document(tmp_path, corpus, vocab_path, sentences):
     from fleet_jobs.text.sentences import split_lines
-    from fleet_jobs.text.tokenization import BertTokenizer
+    from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
 
     settings_ = {"vocab_file": vocab_path, "max_seq_length": "32", "split_sentences": str(sentences).lower()}
     for name, extra in (("on", {"provenance": "true"}), ("off", {})):

@@ -13,7 +13,7 @@ import pytest
 from fleet.core.follow import FollowError, RunReader, follow_examples
 from fleet.core.store import locate, open_store
 from fleet.formats import tfrecord
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 from tests.helpers.cli import FLEET, fleet
 from tests.helpers.procs import ROOT, write_corpus
 

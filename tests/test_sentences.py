@@ -99,7 +99,7 @@ def test_nothing_lost_nothing_empty_and_idempotent(line):
 @pytest.mark.parametrize("name", ["electra_zh_en", "bert"])
 def test_the_option_cuts_the_lines_where_documents_enter_the_job(tmp_path, name):
     from fleet.job import ItemContext, load_job
-    from fleet_jobs.text.vocab import train_vocab, write_vocab
+    from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
     from tests.helpers.sinks import MemorySink
 
     paragraphs = [["今天天气很好。我们去公园吧！你来吗？" * 3, "Mr. Smith met Dr. Jones. They talked about 3.14 things. " * 4],

@@ -31,7 +31,7 @@ from fleet.core.shuffle import CombineRule
 from fleet.core.store import open_store
 from fleet.job import StageOptions, load_job, shuffle_key
 from fleet.formats import tfrecord
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("en", "zh")]

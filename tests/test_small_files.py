@@ -34,7 +34,7 @@ from fleet.core.verify import check_outputs
 from fleet.job import Converter, InputError, Job, Piece, Source, StageOptions
 from fleet.formats import tfrecord
 from fleet_jobs.text.job import TextJob
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 from tests.helpers.procs import LINEJOB, committed, plan_lines, start_worker, wait_exit
 
 WORDS = ["alpha", "beta", "gamma", "delta", "épsilon", "数据", "模型", "训练", "zeta", "eta", "theta", "iota"]

@@ -112,7 +112,7 @@ def test_a_worker_refuses_a_run_pinned_to_other_code_and_a_second_boot_reuses_th
     assert f"this code is version {version}" in first.log and "the run pins 0123456789abcdef; refusing" in first.log
     assert "fleet-x-abcd: fleet-x is already deleted, and this VM with it" in first.log  # no such MIG in the stand-in
     # The tokenizer's C core came with the code (built by this checkout's pip install -e .): no compiler at boot.
-    assert f"tokenizer C core: {first.disk / 'code' / version}/fleet_jobs/text/_wordpiece." in first.log
+    assert f"tokenizer C core: {first.disk / 'code' / version}/fleet_jobs/text/tokenizers/_ccore." in first.log
     again = boot("other", disk=first.disk)  # a reboot: same disk
     assert again.returncode == 1
     assert f"code {version}: already here and verified" in again.log
@@ -128,14 +128,14 @@ def test_code_without_the_c_core_is_no_reason_to_stop(vm, tmp_path):
     for top in DEFAULT_CODE_PATHS:
         src = ROOT / top
         if src.is_dir():
-            shutil.copytree(src, tree / top, ignore=shutil.ignore_patterns("__pycache__", "_wordpiece*"))
+            shutil.copytree(src, tree / top, ignore=shutil.ignore_patterns("__pycache__", "_ccore*"))
         else:
             shutil.copy2(src, tree / top)
     bare = sync(bucket, str(tree), paths=DEFAULT_CODE_PATHS).version
     assert bare != version
     plan_pinned_to(bucket, "nocc", "0123456789abcdef")
     result = boot("nocc", code_version=bare)
-    assert f"tokenizer C core: no _wordpiece.abi3.so in {result.disk / 'code' / bare}/fleet_jobs/text" in result.log
+    assert f"tokenizer C core: no _ccore.abi3.so in {result.disk / 'code' / bare}/fleet_jobs/text" in result.log
     assert "the tokenizer's C core is unavailable: workers tokenize in Python" in result.log
     assert "the run pins 0123456789abcdef; refusing" in result.log  # the workers did start
     assert "this boot failed: fleet work exited 2: " in result.log  # (for that reason, not the C core)

@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from fleet.job import (ConfigError, ItemContext, ItemInput, KeyedSink, Sink, Source, Stage, StageOptions,
                        item_seed, load_job, parse_example, shuffle_key)
 from fleet.formats import tfrecord
-from fleet_jobs.text.dedup import (DedupCounts, decode_value, document_digest, document_record, normalize,
+from fleet_jobs.text.stages.dedup import (DedupCounts, decode_value, document_digest, document_record, normalize,
                              unique_documents)
 from fleet_jobs.text.job import DocumentConverter, TextJob
 from fleet_jobs.text.output import example_sink
 from fleet_jobs.text.stages import DedupReducer
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 from tests.helpers.records import canonical, examples
 from tests.helpers.sinks import MemorySink
 

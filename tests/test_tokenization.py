@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fleet_jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(autouse=True, params=["native", "python"])
 def tokenizer_path(request, monkeypatch):
     """Every test here runs twice: as users run it (FLEET_NATIVE unset: the C core of
-    fleet_jobs/text/native.py when it builds) and on the Python path (FLEET_NATIVE=0).
+    fleet_jobs/text/tokenizers/native.py when it builds) and on the Python path (FLEET_NATIVE=0).
     A tokenizer reads FLEET_NATIVE at each call, so the session-wide ones switch too."""
     if request.param == "python":
         monkeypatch.setenv("FLEET_NATIVE", "0")
@@ -324,10 +324,10 @@ def test_tokenize_flat_after_the_cache_was_cleared(tiny):
 
 def test_unicode_table_of_this_python_is_the_scan():
     """Start-up reads the character classes from a table; it must be what a scan of Unicode gives."""
-    from fleet_jobs.text import unicode_classes
+    from fleet_jobs.text.tokenizers import unicode_classes
 
     version = unicodedata.unidata_version
-    assert version in unicode_classes.TABLES, f"add Unicode {version}: python -m fleet_jobs.text.unicode_classes"
+    assert version in unicode_classes.TABLES, f"add Unicode {version}: python -m fleet_jobs.text.tokenizers.unicode_classes"
     assert unicode_classes.TABLES[version] == tuple(map(unicode_classes.to_ranges, unicode_classes.scan()))
 
 
@@ -336,7 +336,7 @@ def _marked_by_regex(text: str, cut) -> str:
     words, a marker before every character that continues a word."""
     import re
 
-    from fleet_jobs.text.tokenization import _MARK, CJK_RANGES
+    from fleet_jobs.text.tokenizers.tokenization import _MARK, CJK_RANGES
 
     cjk = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in CJK_RANGES)
     pieces = re.split(f"([{cjk}]{{2,}})", text)

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from fleet.job import ConfigError
 from fleet_jobs.electra_zh_en import JOB, ElectraConfig
-from fleet_jobs.text.tools import app
-from fleet_jobs.text.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
+from fleet_jobs.text.tools.cli import app
+from fleet_jobs.text.tokenizers.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
 from tests.helpers.cli import one_line_job_error as one_line_error
 
 DOCS = ["Hello world, this is English text.\nIt has two lines.", "第二个文档。中文和 English 混合。",
@@ -133,7 +133,7 @@ def test_without_a_min_frequency_the_trainer_stops_only_when_every_word_is_a_tok
     every word whole (words_in_pieces is 0); with 2, every word left in pieces occurs once."""
     from collections import Counter
 
-    from fleet_jobs.text.vocab import train_vocab, words_in_pieces
+    from fleet_jobs.text.tokenizers.vocab import train_vocab, words_in_pieces
 
     texts = [" ".join(words[i:i + 5]) for i in range(0, len(words), 5)]
     tokens = train_vocab(texts, 5000, min_frequency=1)

@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "corpus"
-LIBRARY = "fleet_jobs/text/_wordpiece.abi3.so"
+LIBRARY = "fleet_jobs/text/tokenizers/_ccore.abi3.so"
 
 pytestmark = pytest.mark.skipif(not (ROOT / ".git").exists() or not shutil.which("git"),
                                 reason="builds from `git ls-files` of a checkout")
@@ -75,7 +75,7 @@ def without_cc(tmp_path_factory) -> Installed:
 
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory) -> Path:
-    from fleet_jobs.text.vocab import train_vocab
+    from fleet_jobs.text.tokenizers.vocab import train_vocab
 
     lines = [line for f in ("sample_zh.txt", "sample_en.txt") for line in (CORPUS / f).read_text("utf-8").splitlines()]
     path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
@@ -113,8 +113,8 @@ def c_records(with_cc, vocab, tmp_path_factory) -> dict:
 def test_the_wheel_carries_the_c_core_and_what_a_vm_boots_from(with_cc):
     names = set(zipfile.ZipFile(with_cc.wheel).namelist())
     assert with_cc.wheel.name.endswith("-cp310-abi3-linux_x86_64.whl")  # plain C: one wheel for every Python 3
-    assert {LIBRARY, "fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet/formats/tfrecord/records.c",
-            "fleet_jobs/text/native.py"} <= names
+    assert {LIBRARY, "fleet_jobs/text/tokenizers/wordpiece.c", "fleet_jobs/text/tokenizers/unigram.c", "fleet/formats/tfrecord/records.c",
+            "fleet_jobs/text/tokenizers/native.py"} <= names
     data = {"startup/startup.sh", "startup/shutdown.sh", "images/packer/fleet-worker.pkr.hcl", "requirements.lock",
             "pyproject.toml"}
     with zipfile.ZipFile(with_cc.wheel) as z:
@@ -125,11 +125,11 @@ def test_the_wheel_carries_the_c_core_and_what_a_vm_boots_from(with_cc):
 
 
 def test_installed_outside_the_checkout_the_c_core_runs(with_cc, c_records, tmp_path):
-    where = _run(with_cc, tmp_path, "-c", "import fleet, fleet_jobs.text.native as n; print(fleet.__file__); print(n.load().path)")
+    where = _run(with_cc, tmp_path, "-c", "import fleet, fleet_jobs.text.tokenizers.native as n; print(fleet.__file__); print(n.load().path)")
     assert where.returncode == 0, where.stderr
     fleet_file, library = where.stdout.split()
     assert Path(fleet_file).is_relative_to(with_cc.site) and Path(library) == with_cc.site / LIBRARY
-    said = _run(with_cc, tmp_path, "-m", "fleet_jobs.text.native")  # what a VM's startup.sh logs
+    said = _run(with_cc, tmp_path, "-m", "fleet_jobs.text.tokenizers.native")  # what a VM's startup.sh logs
     assert said.returncode == 0 and said.stdout.strip() == str(with_cc.site / LIBRARY), said.stderr
 
 
@@ -144,7 +144,7 @@ def test_fleet_sync_from_the_installed_package_uploads_what_a_vm_needs(with_cc, 
     files = {path: sha for sha, path in parse_manifest((bucket / manifest_name(version)).read_bytes())}
     # The paths startup.sh and the workers look for, as a checkout's sync names them; no fleet/_data twice.
     assert {"startup/startup.sh", "startup/shutdown.sh", "requirements.lock", "pyproject.toml", LIBRARY,
-            "fleet_jobs/text/wordpiece.c", "fleet_jobs/text/unigram.c", "fleet/formats/tfrecord/records.c",
+            "fleet_jobs/text/tokenizers/wordpiece.c", "fleet_jobs/text/tokenizers/unigram.c", "fleet/formats/tfrecord/records.c",
             "fleet/cli/__init__.py"} <= set(files)
     assert not [p for p in files if p.startswith("fleet/_data/") or ".dist-info" in p or p.endswith(".pyc")]
     for rel in ("startup/startup.sh", "requirements.lock"):
@@ -160,8 +160,8 @@ def test_without_a_compiler_the_install_works_and_converts_in_python_to_the_same
     assert "WARNING: the tokenizer's C core was not built" in without_cc.build_log
     names = zipfile.ZipFile(without_cc.wheel).namelist()
     assert LIBRARY not in names and "fleet/_data/startup/startup.sh" in names
-    said = _run(without_cc, tmp_path, "-m", "fleet_jobs.text.native")
-    assert said.returncode == 1 and said.stderr.startswith(f"fleet: no _wordpiece.abi3.so in {without_cc.site}/fleet_jobs/text")
+    said = _run(without_cc, tmp_path, "-m", "fleet_jobs.text.tokenizers.native")
+    assert said.returncode == 1 and said.stderr.startswith(f"fleet: no _ccore.abi3.so in {without_cc.site}/fleet_jobs/text")
     done, records = _convert(without_cc, tmp_path, vocab)
     assert "tokenizing in Python, about 3x slower" in done.stderr
     assert records == c_records

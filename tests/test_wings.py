@@ -89,7 +89,7 @@ def test_the_rule_catches_a_crossing(tmp_path, monkeypatch):
                                  "fleet/core/x.py:6 imports fleet_jobs"]
     formats = fake / "formats" / "x.py"
     formats.parent.mkdir()
-    formats.write_text("from fleet.core.store import Store\nimport fleet.formats.tfrecord\nfrom fleet_jobs.text import native\n")
+    formats.write_text("from fleet.core.store import Store\nimport fleet.formats.tfrecord\nfrom fleet_jobs.text.tokenizers import native\n")
     assert crossings(formats) == ["fleet/formats/x.py:1 imports fleet.core.store", "fleet/formats/x.py:3 imports fleet_jobs.text"]
     discovery = fake / "core" / "discovery.py"
     discovery.write_text("import fleet_jobs\nimport fleet_jobs.bert\n")

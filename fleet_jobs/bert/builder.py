@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from fleet_jobs.text.tokenization import WORD_CONTINUES
+from fleet_jobs.text.tokenizers.tokenization import WORD_CONTINUES
 
 ID_BITS = WORD_CONTINUES - 1  # ids & ID_BITS drops the word-continues flag
 

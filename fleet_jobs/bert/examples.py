@@ -28,7 +28,7 @@ from .masking import MaskingOptions, mask_batch
 from .shuffle import Chunk, ShuffledExamples
 from fleet_jobs.text.groups import line_groups
 from fleet_jobs.text.output import mask_and_segments
-from fleet_jobs.text.tokenization import BertTokenizer
+from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
 
 ROWS_PER_CHUNK = 1024  # examples assembled, masked and encoded together
 LINE_CHARS_PER_CALL = 1 << 20  # a huge document is tokenized in parts this big (bounded Python lists)

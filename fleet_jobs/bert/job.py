@@ -21,7 +21,7 @@ from fleet_jobs.text.job import DocumentConverter, TextJob
 
 from fleet_jobs.text.options import TextOptions, check_text_options, masking_tokenizer, with_sentences
 from fleet_jobs.text.output import Column, ExampleSink, open_writer
-from fleet_jobs.text.tokenization import BertTokenizer
+from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
 
 from .examples import BertCounters, BertExamples, BertOptions
 from .records import FEATURES, feature_names
@@ -120,6 +120,6 @@ class BertJob(TextJob):
 
     def report(self, output_url: str, config: BertConfig) -> str | None:
         """The records' summary (``python -m fleet_jobs.text report``) for a local output folder."""
-        from fleet_jobs.text.report import local_report
+        from fleet_jobs.text.tools.report import local_report
 
         return local_report(output_url, config.vocab_file, REPORT_RECORDS)

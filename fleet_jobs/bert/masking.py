@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleet_jobs.text.tokenization import WORD_CONTINUES
+from fleet_jobs.text.tokenizers.tokenization import WORD_CONTINUES
 
 ID_BITS = WORD_CONTINUES - 1
 _FEW_ROWS = 16  # rows left below this many after a rank: a Python loop over their words beats a numpy pass

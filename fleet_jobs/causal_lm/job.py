@@ -31,7 +31,7 @@ from fleet_jobs.text.groups import document_groups
 from fleet_jobs.text.output import OUTPUTS, Column, ShuffledExamples, check_output, open_sequence_writer, open_writer
 from fleet_jobs.text.provenance import check_provenance
 from fleet_jobs.text.stages import SHARD_BATCH, SHARDS, checkpointed, text_stages
-from fleet_jobs.text.tokenizer_cache import TOKENIZER_KINDS, bert_tokenizer, file_tokenizer
+from fleet_jobs.text.tokenizers.tokenizer_cache import TOKENIZER_KINDS, bert_tokenizer, file_tokenizer
 
 from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions, with_ends
 from .provenance import Trace
@@ -270,7 +270,7 @@ class CausalLMJob(TextJob):
 
     def report(self, output_url: str, config: CausalLMConfig) -> str | None:
         """Block lengths and fill of a local run (``fleet local`` prints it)."""
-        from fleet_jobs.text.report import local_report
+        from fleet_jobs.text.tools.report import local_report
 
         if config.output in SEQUENCE_OUTPUTS:
             path = output_url[len("file://"):] if output_url.startswith("file://") else output_url

@@ -1,14 +1,14 @@
 """causal_lm's block records: ``fleet.formats.tfrecord.blocks`` (the format's Python reference
 and its C counterpart, ``records.c``) with the C core of the text jobs' library when it loads.
 
-The library (``fleet_jobs.text.native``: the tokenizers' and the records' C, built as one) is
+The library (``fleet_jobs.text.tokenizers.native``: the tokenizers' and the records' C, built as one) is
 the jobs' to build and load; the format takes its ``rec_blocks`` function, or works in Python.
 """
 
 from __future__ import annotations
 
 from fleet.formats.tfrecord import blocks
-from fleet_jobs.text import native
+from fleet_jobs.text.tokenizers import native
 
 
 class BlockRecords(blocks.BlockRecords):

@@ -62,7 +62,7 @@ def _special(vocab: dict[str, int], name: str, option: str, wanted: str, candida
 
 
 def from_bert(tokenizer, source: str, eod_token: str, pad_token: str) -> DocumentTokenizer:
-    """BERT's WordPiece (``fleet_jobs.text.tokenization.BertTokenizer``): [SEP] ends a document by default."""
+    """BERT's WordPiece (``fleet_jobs.text.tokenizers.tokenization.BertTokenizer``): [SEP] ends a document by default."""
     vocab = tokenizer.vocab
     eod = _special(vocab, "eod", "eod_token", eod_token, ("[SEP]",), source)
     assert eod is not None  # [SEP] is in every BERT vocab (tokenization.REQUIRED_TOKENS)

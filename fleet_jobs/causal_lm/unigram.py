@@ -1,4 +1,4 @@
-"""A SentencePiece unigram model's exact ids, most words from a cache (``fleet_jobs/text/unigram.c``).
+"""A SentencePiece unigram model's exact ids, most words from a cache (``fleet_jobs/text/tokenizers/unigram.c``).
 
 The library (``SentencePieceProcessor.encode``) normalizes a document with the model's
 precompiled character map, then runs one Viterbi over all of it. The C core does both the
@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from fleet_jobs.text import native
+from fleet_jobs.text.tokenizers import native
 
 from .blocks import flatten
 

@@ -35,7 +35,7 @@ from fleet_jobs.text.options import TextOptions, check_text_options, masking_tok
 from fleet_jobs.text.output import Column, ExampleSink, open_writer
 from fleet_jobs.text.provenance import Sidecar
 from fleet_jobs.text.token_records import TokenRecordEncoder
-from fleet_jobs.text.tokenization import BertTokenizer
+from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
 
 from .builder import CLS_RUN, SEP_RUN, DocumentRandom, ExampleBuilder, FlatExamples, seeded_document_runs
 from .provenance import example_documents
@@ -173,6 +173,6 @@ class ElectraJob(TextJob):
 
     def report(self, output_url: str, config: ElectraConfig) -> str | None:
         """The records' summary (``python -m fleet_jobs.text report``) for a local output folder."""
-        from fleet_jobs.text.report import local_report
+        from fleet_jobs.text.tools.report import local_report
 
         return local_report(output_url, config.vocab_file, REPORT_RECORDS)

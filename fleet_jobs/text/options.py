@@ -16,8 +16,8 @@ from fleet.job import ConfigError, ItemContext, Opener
 from .job import DocumentConverter
 from .output import ExampleSink, check_output
 from .provenance import PlacedDocuments
-from .tokenization import BertTokenizer
-from .tokenizer_cache import bert_tokenizer
+from .tokenizers.tokenization import BertTokenizer
+from .tokenizers.tokenizer_cache import bert_tokenizer
 
 MAX_SEQ_LENGTHS = (5, 1 << 16)  # [CLS] a [SEP] b [SEP] at least; positions in 16 bits
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from fleet_jobs.text.vocab import train_vocab, write_vocab
+from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 
 
 def bpe_json(documents, folder: str, vocab_size: int) -> str:

@@ -11,7 +11,7 @@ block, the most of causal_lm's own time after the tokenizer).
 
 With the C core a whole batch is framed in one call of ``records.c``'s ``rec_blocks``, which
 does everything (varints, heads, frames, crc32c over each whole example: no cache needed). The
-C core is built and loaded by the text jobs (``fleet_jobs.text.native``, one library with the
+C core is built and loaded by the text jobs (``fleet_jobs.text.tokenizers.native``, one library with the
 tokenizers), which hand ``rec_blocks`` in; the Python path below stays as the fallback and the
 reference (tests/test_lm_speedups.py: the same bytes).
 """

@@ -1,6 +1,6 @@
 /* causal_lm's block records, a whole batch in one call: the bytes of blocks.py's Python path
  * beside it (the reference; tests/test_lm_speedups.py compares both). Built by setup.py into the
- * text jobs' C library and loaded with ctypes there (fleet_jobs/text/native.py), which hands
+ * text jobs' C library and loaded with ctypes there (fleet_jobs/text/tokenizers/native.py), which hands
  * rec_blocks to blocks.py (through fleet_jobs/causal_lm/records.py).
  *
  * Each row of ids becomes one TFRecord frame of a tf.train.Example: the example's length (uint64

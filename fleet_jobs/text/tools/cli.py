@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover (older typer: click itself)
 
 from fleet.job import InputError
 
-from fleet_jobs.text.tokenization import BertTokenizer, VocabError
+from fleet_jobs.text.tokenizers.tokenization import BertTokenizer, VocabError
 
 
 def _fail(message: str) -> NoReturn:
@@ -107,10 +107,10 @@ def vocab(
     from fleet.job import StoreError
     from fleet_jobs.text.inputs import ReadOptions
 
-    from fleet_jobs.text.tokenization import SPECIAL_TOKENS
-    from fleet_jobs.text.vocab import VocabTooSmall, check_options, train_vocab, words_in_pieces, write_vocab
+    from fleet_jobs.text.tokenizers.tokenization import SPECIAL_TOKENS
+    from fleet_jobs.text.tokenizers.vocab import VocabTooSmall, check_options, train_vocab, words_in_pieces, write_vocab
 
-    from fleet_jobs.text.sample import Sampled, sample_documents
+    from fleet_jobs.text.tools.sample import Sampled, sample_documents
 
     problem = check_options(size, limit_alphabet, min_frequency)
     if problem:  # ("limit_alphabet -1: ...": the option as this command spells it)
@@ -140,7 +140,7 @@ def vocab(
     if len(tokens) >= size:
         typer.echo(f"wrote {len(tokens)} tokens to {out}", err=True)
         return
-    # Fewer than asked: say which of the trainer's two stops it met (fleet_jobs.text.vocab). The
+    # Fewer than asked: say which of the trainer's two stops it met (fleet_jobs.text.tokenizers.vocab). The
     # corpus is read again, but only a small one gives fewer tokens than a vocab's size.
     again = sample_documents(inputs, math.inf, math.inf, ReadOptions(), Sampled())
     split = words_in_pieces(tokens, (line for document in again for line in document), lowercase)
@@ -186,7 +186,7 @@ def report(
     max_records: int = typer.Option(100_000, help="Read at most this many records (from the first files)."),
 ) -> None:
     """Summarise a run's records: lengths, fill ratio, segments, masking, [UNK] share."""
-    from fleet_jobs.text.report import ReportError, VocabIds, read_report, record_files, vocab_ids, vocab_of_run
+    from fleet_jobs.text.tools.report import ReportError, VocabIds, read_report, record_files, vocab_ids, vocab_of_run
 
     if not os.path.isdir(out_dir):
         _fail(f"{out_dir}: not a folder")
@@ -234,8 +234,8 @@ def check(
     from fleet.job import StoreError
     from fleet_jobs.text.inputs import ReadOptions
 
-    from fleet_jobs.text.sample import Sampled, sample_documents
-    from fleet_jobs.text.survey import Survey
+    from fleet_jobs.text.tools.sample import Sampled, sample_documents
+    from fleet_jobs.text.tools.survey import Survey
 
     # The one figure of a job's own: the tokens ELECTRA's packing would truncate (Survey.kept). The
     # text layer imports no job at load; this tool imports the first job's builder when it runs.

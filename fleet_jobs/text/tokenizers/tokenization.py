@@ -244,7 +244,7 @@ def _code_cache(ids: _IdCache) -> _CodeCache:
     return cache
 
 
-_native_module = None  # fleet_jobs.text.native, imported on first use (ctypes and the rest cost start-up)
+_native_module = None  # fleet_jobs.text.tokenizers.native, imported on first use (ctypes and the rest cost start-up)
 _WP_LINES, _WP_WORDS = 1, 2  # native.WP_LINES, native.WP_WORDS
 
 

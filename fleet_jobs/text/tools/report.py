@@ -22,8 +22,8 @@ import numpy as np
 
 from fleet.formats import tfrecord
 
-from .output import PARQUET_SUFFIX, SUFFIXES
-from .tokenization import VocabError, load_vocab
+from ..output import PARQUET_SUFFIX, SUFFIXES
+from ..tokenizers.tokenization import VocabError, load_vocab
 
 MAX_RECORDS = 100_000  # enough for the shares; a big run is sampled from its first files
 

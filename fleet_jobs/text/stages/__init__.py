@@ -11,6 +11,9 @@ on how the corpus was cut into items.
 
 The records between stages are always serialized ``tf.train.Example``s, whatever the run's
 output; the shard writes them in the run's format (``.tfrecord``, ``.tfrecord.gz``, ``.parquet``).
+
+A package, so the two ideas sit together: this module wires the stages (what ``job`` and
+causal_lm's job import), ``dedup`` holds the pure functions of ``--dedup exact`` beside it.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence, TypeVar
 from fleet.job import ConfigError, Feature, ItemContext, KeyedSink, Reducer, Sink, Stage, StageOptions
 
 from .dedup import DedupCounts, document_record, document_text, unique_documents
-from .converter import CHECK_EVERY, DocumentConverter
-from .output import Column, example_sink, open_writer
+from ..converter import CHECK_EVERY, DocumentConverter
+from ..output import Column, example_sink, open_writer
 
 DEDUP, SHARDS = "dedup", "shards"  # the stages' names (ItemContext.stage, .feeds)
 DEDUP_MODES = ("exact",)

@@ -14,8 +14,8 @@ from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
-from .sentences import split_lines
-from .tokenization import BertTokenizer
+from ..sentences import split_lines
+from ..tokenizers.tokenization import BertTokenizer
 
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
 _LATIN = re.compile(r"[A-Za-z\u00c0-\u024f]")

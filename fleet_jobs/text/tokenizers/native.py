@@ -10,7 +10,7 @@ Python code stays as the fallback and as the reference: both give the same ids
 (tests/test_native.py), so records never depend on which ran.
 
 The library is built by the build backend (setup.py: an optional setuptools extension, plain C
-without Python.h) into this folder as ``_wordpiece.abi3.so``: by ``pip install`` / ``pip wheel``,
+without Python.h) into this folder as ``_ccore.abi3.so``: by ``pip install`` / ``pip wheel``,
 and in place by ``pip install -e .``. Where no compiler worked at install time there is none,
 and Python does the work. A library built from other sources than those (a
 checkout edited since its last ``pip install -e .``) is not loaded: it carries their sha256. `fleet sync` uploads the library with the code, so VMs load the one built here.
@@ -18,7 +18,7 @@ checkout edited since its last ``pip install -e .``) is not loaded: it carries t
 ``FLEET_NATIVE``: ``0`` always Python; ``1`` native or an error; unset: native when there is a
 library that loads, else Python after one warning line on stderr per process.
 
-    python -m fleet_jobs.text.native    # which path runs here: the library's path, or why Python (exit 1)
+    python -m fleet_jobs.text.tokenizers.native    # which path runs here: the library's path, or why Python (exit 1)
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ SOURCE = Path(__file__).with_name("wordpiece.c")
 OTHER_SOURCES = ("unigram.c",)  # beside SOURCE
 RECORDS_SOURCE = Path(tfrecord.__file__).with_name("records.c")  # the TFRecord format's C, beside its Python
 # setup.py builds SOURCE, OTHER_SOURCES and RECORDS_SOURCE into one library, in this order.
-NAME = "_wordpiece"  # setup.py's Extension("fleet_jobs.text._wordpiece"): NAME + an extension suffix, beside this file
+NAME = "_ccore"  # setup.py's Extension("fleet_jobs.text.tokenizers._ccore"): NAME + an extension suffix, beside this file
 ABI_VERSION = 4
 
 # The class bits of wordpiece.c.
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     """Say which path tokenizes here (VM start-up logs it): 0 and the library, or 1 and why not."""
     args = sys.argv[1:] if argv is None else argv
     if args:
-        print("usage: python -m fleet_jobs.text.native", file=sys.stderr)
+        print("usage: python -m fleet_jobs.text.tokenizers.native", file=sys.stderr)
         return 2
     try:
         print(load().path)

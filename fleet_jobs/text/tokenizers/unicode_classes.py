@@ -4,7 +4,7 @@ Scanning all 1.1 million code points with ``unicodedata.category`` takes 0.3-0.4
 worker process and by ``fleet plan`` at start-up; the ranges below are that scan's result for the
 Unicode versions of the Pythons we run (3.11: 14.0.0), so start-up only compiles the regexes.
 Another version falls back to the scan (``tokenization._patterns``), and a test checks the table
-of the running version against it. Add a version: ``python -m fleet_jobs.text.unicode_classes``
+of the running version against it. Add a version: ``python -m fleet_jobs.text.tokenizers.unicode_classes``
 prints the entry to paste below.
 """
 

@@ -1,5 +1,5 @@
 /* BERT's basic tokens and WordPiece over normalized text: the per-token part of
- * fleet_jobs/text/tokenization.py (BertTokenizer) in C, loaded with ctypes by fleet_jobs/text/native.py.
+ * fleet_jobs/text/tokenizers/tokenization.py (BertTokenizer) in C, loaded with ctypes by fleet_jobs/text/tokenizers/native.py.
  *
  * Input: the NORMALIZED text (what BertTokenizer._normalize_pats returns, with _mark_words'
  * marks where they apply) as code points, one byte each (ASCII text) or four (UTF-32).
@@ -18,7 +18,7 @@
  * without making the marked text.
  *
  * No Python.h: plain C with a tiny ABI, built by setup.py (an optional setuptools extension,
- * fleet_jobs/text/_wordpiece.abi3.so) without python3-dev, and loaded under any Python 3.
+ * fleet_jobs/text/tokenizers/_ccore.abi3.so) without python3-dev, and loaded under any Python 3.
  */
 
 #include <stdint.h>
@@ -219,7 +219,7 @@ DEFINE_TOKENIZER(u8, uint8_t)
  * newlines itself (it needs it before the call to size line_lengths). */
 int wp_abi_version(void) { return 4; }
 
-/* The sha256 of this file as setup.py compiled it: fleet_jobs/text/native.py loads no library built
+/* The sha256 of this file as setup.py compiled it: fleet_jobs/text/tokenizers/native.py loads no library built
  * from another wordpiece.c (a checkout edited since its last `pip install -e .`). */
 #ifndef WP_SOURCE_SHA256
 #define WP_SOURCE_SHA256 ""
