@@ -12,5 +12,6 @@
   two of its three sources are tokenizers' and its loader is asked first by ``tokenization``.
 
 Nothing here imports the rest of ``fleet_jobs.text``: the layer above (options, tools, jobs)
-imports the tokenizers, never the other way round.
+imports the tokenizers, never the other way round. (``from tokenizers import ...`` inside it is
+Hugging Face's package, an absolute import: this one is always ``fleet_jobs.text.tokenizers``.)
 """
