@@ -90,7 +90,7 @@ def test_the_rule_catches_a_crossing(tmp_path, monkeypatch):
     formats = fake / "formats" / "x.py"
     formats.parent.mkdir()
     formats.write_text("from fleet.core.store import Store\nimport fleet.formats.tfrecord\nfrom fleet_jobs.text.tokenizers import native\n")
-    assert crossings(formats) == ["fleet/formats/x.py:1 imports fleet.core.store", "fleet/formats/x.py:3 imports fleet_jobs.text"]
+    assert crossings(formats) == ["fleet/formats/x.py:1 imports fleet.core.store", "fleet/formats/x.py:3 imports fleet_jobs.text.tokenizers"]
     discovery = fake / "core" / "discovery.py"
     discovery.write_text("import fleet_jobs\nimport fleet_jobs.bert\n")
     assert crossings(discovery) == ["fleet/core/discovery.py:2 imports fleet_jobs.bert"]
