@@ -28,7 +28,7 @@ from fleet.core.job import Converter
 from fleet.core.sink import Sink
 from fleet.core.stage import Reducer
 from fleet.core.lease import DONE, FAILED, Held, Leases, Lost
-from fleet.core.run import Item, RunSpec, Stage, StepPlan, output_place
+from fleet.core.run import Item, RunSpec, StepPlan, output_place
 from fleet.core.layout import counts_name, index_name, output_name, released_prefix, shuffle_name
 from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, combine, index_totals, load_index, \
     partitions_for, reduce_records
@@ -364,7 +364,8 @@ class ItemRunner:
 
     def _records(self, item: Item, workdir: str, checkpoint: Callable[[], None]):
         """A stage item's records, sorted by (key, value), from the index its barrier wrote."""
-        stage = self._stage(item.step)
+        assert self.steps is not None  # (a stage's item: the run has stages)
+        stage = self.steps.stage_of(item.step)
         name = index_name(self.run, self._barrier_of(item.step).id)
         blob = self.store.stat(name)
         if blob is None:
@@ -373,13 +374,6 @@ class ItemRunner:
             self._index = (name, blob.version, load_index(self.store, name, blob.version or None))
         return reduce_records(self.store, self._index[2], item.meta["part"], stage.items, stage.balanced, workdir,
                               checkpoint)
-
-    def _stage(self, step: int) -> Stage:
-        """The stage whose items ``step`` is: only a run planned with stages has such steps."""
-        stage = self.steps.stage(step) if self.steps else None
-        if stage is None:
-            raise StageError(f"step {step} is no stage's items (the run's plan and its items disagree)")
-        return stage
 
     def _pieces(self, item: Item, before: list[Item]) -> list[ShufflePiece]:
         """The record files of ``before`` (items of the step before), each pinned to the version its
@@ -424,7 +418,8 @@ class ItemRunner:
         """Every item of the step before is done: index their records for this stage's items (one
         read of each), or fail for good naming what failed, so the stage never runs on less."""
         pieces = self._pieces(item, [i for i in self.items if i.step == item.step - 1])
-        stage = self._stage(item.step + 1)
+        assert self.steps is not None  # (a barrier: the run has stages)
+        stage = self.steps.stage_of(item.step + 1)
         data = build_index(self.store, pieces, partitions_for(stage.items, stage.balanced))
         path = os.path.join(workdir, "index")
         with open(path, "wb") as f:

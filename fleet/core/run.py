@@ -242,12 +242,12 @@ class StepPlan:
         run's outputs (and for a barrier, which writes an index)."""
         s = self.steps[step]
         if s.kind == COMBINE:
-            return self._stage_of(step).name
+            return self.stage_of(step).name
         if s.kind == BARRIER or step == self.last:
             return ""
-        return self._stage_of(step + 1).name
+        return self.stage_of(step + 1).name
 
-    def _stage_of(self, step: int) -> Stage:
+    def stage_of(self, step: int) -> Stage:
         """The stage a step after the map belongs to (only the map's step has none)."""
         stage = self.steps[step].stage
         if stage is None:
@@ -262,7 +262,7 @@ class StepPlan:
 
     def partitions(self, step: int) -> int:
         """How many key ranges the records of a step feeding a stage are cut into."""
-        nxt = self._stage_of(step if self.steps[step].kind == COMBINE else step + 1)
+        nxt = self.stage_of(step if self.steps[step].kind == COMBINE else step + 1)
         return partitions_for(nxt.items, nxt.balanced)
 
 
