@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from fleet.core.codesync import parse_manifest, sync
 from fleet.core.layout import code_manifest_name as manifest_name, code_object_name
@@ -226,6 +227,59 @@ def test_a_bucket_outage_while_the_vm_fetches_its_code_is_waited_out(vm, fake_gc
     assert "the run pins 0123456789abcdef; refusing" in result.log  # the workers started, after the outage
     records = boot_records(open_store(bucket), "outage")
     assert len(records) == 1 and "fleet work exited 2" in records[0].reason
+
+
+TRANSIENT = ["000", "408", "429", "500", "502", "503", "504"]  # no answer, or what an outage answers
+FINAL = ["200", "204", "400", "401", "403", "404", "412"]
+
+
+def _gs_with_answers(tmp_path: Path, answers: list[str], outage_s: int = 1800) -> tuple[int, int]:
+    """startup.sh's gs() alone, with curl answering ``answers`` in turn and sleep taking no time:
+    (its exit status, how many requests it made)."""
+    body = STARTUP.read_text()
+    function = body[body.index("\ngs() {") + 1:]
+    function = function[:function.index("\n}\n") + 3]
+    (tmp_path / "answers").write_text("\n".join(answers) + "\n")
+    script = f"""
+set -euo pipefail
+log() {{ :; }}
+sleep() {{ :; }}
+curl() {{  # the next answer: its HTTP code on stdout; no answer (000) is curl's exit status 7
+  local n code
+  n=$(cat {tmp_path}/n 2>/dev/null || echo 0)
+  echo $((n + 1)) >{tmp_path}/n
+  code=$(sed -n "$((n + 1))p" {tmp_path}/answers)
+  printf '%s' "$code"
+  [[ $code != 000 ]] || return 7
+}}
+OUTAGE_S={outage_s}
+{function}
+rc=0
+gs /dev/null https://bucket.example/o || rc=$?
+echo "$rc $(cat {tmp_path}/n)"
+"""
+    (tmp_path / "n").unlink(missing_ok=True)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    rc, calls = out.stdout.split()
+    return int(rc), int(calls)
+
+
+@settings(max_examples=60)
+@given(outage=st.lists(st.sampled_from(TRANSIENT), max_size=12), final=st.sampled_from(FINAL))
+def test_a_bucket_request_waits_out_any_outage_and_stops_at_the_first_real_answer(tmp_path_factory, outage, final):
+    """The invariant the boot's failure in an outage broke: whatever mix of no answers, 408, 429 and
+    5xx comes first, and however long (within FLEET_OUTAGE_MINUTES), a bucket request of startup.sh
+    ends with the first real answer: success on a 2xx, failure at once on any other (a 404, a 403),
+    never sooner and never a request more."""
+    rc, calls = _gs_with_answers(tmp_path_factory.mktemp("gs"), [*outage, final])
+    assert calls == len(outage) + 1
+    assert (rc == 0) == final.startswith("2")
+
+
+def test_a_bucket_request_gives_up_an_outage_at_its_limit(tmp_path):
+    rc, calls = _gs_with_answers(tmp_path, ["503"] * 5 + ["200"], outage_s=0)
+    assert (rc, calls) == (1, 1)  # (FLEET_OUTAGE_MINUTES=0: the first outage answer is the last)
 
 
 def test_a_bucket_that_stays_unreachable_fails_the_boot_after_the_outage_limit_saying_so(vm, fake_gcs):
