@@ -49,6 +49,32 @@ def test_option_help_is_the_comment_of_the_fields_line_in_the_class_that_declare
     assert (got["name"].default, got["name"].help) == ("y", "what it is called") and got["bare"].help == ""
 
 
+def test_option_help_survives_the_formatter_wrapping_the_fields_line():
+    """`ruff format` wraps a long field over lines and leaves its comment after the closing
+    bracket; a comment inside the brackets is not the help unless the first line ends with it."""
+
+    @dataclasses.dataclass
+    class Config:
+        wrapped: tuple[str, ...] = dataclasses.field(
+            default=("a", "b"), repr=False
+        )  # the help, on the statement's last line
+        first: int = dataclasses.field(  # the help, on the statement's first line
+            default=1,  # not the help: the first line has one
+        )
+        inner: int = dataclasses.field(
+            default=2,  # a note on the default, not the help
+        )
+        after: int = 4  # the next field's own help
+
+    got = {o.name: o.help for o in describe_options(Config)}
+    assert got == {
+        "wrapped": "the help, on the statement's last line",
+        "first": "the help, on the statement's first line",
+        "inner": "",
+        "after": "the next field's own help",
+    }
+
+
 def test_the_options_range_is_in_its_help():
     @dataclasses.dataclass
     class Config:

@@ -114,7 +114,9 @@ def describe_options(config_type: type) -> list[OptionHelp]:
 
 
 def _field_comments(cls: type) -> dict[str, str]:
-    """{field: the comment that ends its line} in ``cls``'s own source ({} where there is none)."""
+    """{field: its help} in ``cls``'s own source ({} where there is none). The help is the comment
+    that ends the field's first line or, where the formatter wrapped the field over lines, the one
+    after its closing bracket on the last line."""
     import inspect
     import io
     import textwrap
@@ -123,14 +125,19 @@ def _field_comments(cls: type) -> dict[str, str]:
     comments: dict[str, str] = {}
     try:
         source = textwrap.dedent(inspect.getsource(cls))
-        pending = None
+        field: tuple[str, int] | None = None  # (name, first line) of the statement being read
+        ends: dict[int, str] = {}  # line -> the comment ending it, within that statement
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type == tokenize.NAME and tok.start[1] == 4 and pending is None:
-                pending = (tok.string, tok.start[0])
-            elif tok.type == tokenize.COMMENT and pending and tok.start[0] == pending[1]:
-                comments[pending[0]] = tok.string[1:].strip()
-            if tok.type == tokenize.NEWLINE:
-                pending = None
+            if tok.type == tokenize.NAME and tok.start[1] == 4 and field is None:
+                field, ends = (tok.string, tok.start[0]), {}
+            elif tok.type == tokenize.COMMENT and field:
+                ends[tok.start[0]] = tok.string[1:].strip()
+            elif tok.type == tokenize.NEWLINE:
+                if field:
+                    text = ends.get(field[1]) or ends.get(tok.start[0])
+                    if text:
+                        comments[field[0]] = text
+                field = None
     except (OSError, TypeError, tokenize.TokenError, IndentationError):
         pass
     return comments
