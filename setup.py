@@ -21,7 +21,11 @@ from setuptools.command.build_py import build_py
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["fleet_jobs/text/tokenizers/wordpiece.c", "fleet_jobs/text/tokenizers/unigram.c", "fleet/formats/tfrecord/records.c"]
+SOURCES = [
+    "fleet_jobs/text/tokenizers/wordpiece.c",
+    "fleet_jobs/text/tokenizers/unigram.c",
+    "fleet/formats/tfrecord/records.c",
+]
 # Copied into the wheel as fleet/_data/<path> (fleet.core.codesync finds them there when there
 # is no checkout): what `fleet sync` uploads besides the packages, and the worker image's template.
 DATA = ("startup", "images/packer", "requirements.lock", "pyproject.toml")
@@ -53,8 +57,11 @@ class optional_build_ext(build_ext):
 
     @staticmethod
     def _skipped(error: Exception) -> None:
-        print(f"WARNING: the tokenizer's C core was not built ({error}); fleet will tokenize in Python, "
-              f"about 3x slower (install a C compiler and reinstall for the C core)", file=sys.stderr)
+        print(
+            f"WARNING: the tokenizer's C core was not built ({error}); fleet will tokenize in Python, "
+            f"about 3x slower (install a C compiler and reinstall for the C core)",
+            file=sys.stderr,
+        )
 
 
 class build_py_with_data(build_py):
@@ -68,19 +75,24 @@ class build_py_with_data(build_py):
         for rel in DATA:
             src, dst = os.path.join(HERE, rel), os.path.join(self.build_lib, "fleet", "_data", rel)
             if os.path.isdir(src):
-                shutil.copytree(src, dst, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+                shutil.copytree(
+                    src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
+                )
             else:
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 shutil.copy2(src, dst)
 
 
 setup(
-    ext_modules=[Extension(
-        "fleet_jobs.text.tokenizers._ccore", SOURCES, py_limited_api=True,
-        define_macros=[("WP_SOURCE_SHA256", f'"{source_sha256()}"')],
-        extra_compile_args=["-O2", "-std=c99"],
-    )],
+    ext_modules=[
+        Extension(
+            "fleet_jobs.text.tokenizers._ccore",
+            SOURCES,
+            py_limited_api=True,
+            define_macros=[("WP_SOURCE_SHA256", f'"{source_sha256()}"')],
+            extra_compile_args=["-O2", "-std=c99"],
+        )
+    ],
     cmdclass={"build_ext": optional_build_ext, "build_py": build_py_with_data},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

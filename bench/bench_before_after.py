@@ -67,8 +67,9 @@ def text_mb(path: str) -> float:
 def run(tree: str, args: list[str]) -> float:
     """CPU seconds of ``python -m fleet.cli ARGS`` run from ``tree`` (its code first on sys.path)."""
     env = dict(os.environ, PYTHONPATH=tree)
-    proc = subprocess.Popen([sys.executable, "-m", "fleet.cli", *args], cwd=tree, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet.cli", *args], cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     err = proc.stderr.read().decode(errors="replace")
     proc.stderr.close()
@@ -92,8 +93,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=27, help="each corpus this many times (27: about 32 MB)")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each row, the least CPU is kept")
     ap.add_argument("--vocab", help="vocab.txt (default: train one of 21128 on the sample)")
-    ap.add_argument("--formats", default="electra,bert,bert-job,causal_lm",
-                    help="rows, comma-separated: electra, bert, bert-job, causal_lm, causal_lm_parquet")
+    ap.add_argument(
+        "--formats",
+        default="electra,bert,bert-job,causal_lm",
+        help="rows, comma-separated: electra, bert, bert-job, causal_lm, causal_lm_parquet",
+    )
     args = ap.parse_args()
     unknown = [f for f in args.formats.split(",") if f not in ROWS]
     if unknown:
@@ -113,8 +117,12 @@ def main() -> None:
         vocab = args.vocab
         if not vocab:
             vocab = os.path.join(tmp, "vocab.txt")
-            subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128",
-                            "--out", vocab], cwd=ROOT, check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128", "--out", vocab],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+            )
         trees = {args.rev: before, "this checkout": ROOT}
         cpu: dict[tuple, float] = {}
         same: dict[tuple, bool] = {}
@@ -125,21 +133,36 @@ def main() -> None:
                     for label, tree in trees.items():
                         out = os.path.join(tmp, "out")
                         shutil.rmtree(out, ignore_errors=True)
-                        c = run(tree, ["local", path, out, "--workers", "1", "--set", f"vocab_file={vocab}",
-                                       *job_args(fmt, tree is ROOT)])
+                        c = run(
+                            tree,
+                            [
+                                "local",
+                                path,
+                                out,
+                                "--workers",
+                                "1",
+                                "--set",
+                                f"vocab_file={vocab}",
+                                *job_args(fmt, tree is ROOT),
+                            ],
+                        )
                         digests.add(digest(out))
                         key = (fmt, name, label)
                         cpu[key] = min(cpu.get(key, float("inf")), c)
                     same[fmt, name] = len(digests) == 1
-        print(f"fleet local --workers 1, whole process, least CPU of {args.rounds}; each corpus {args.repeat}x; "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+        print(
+            f"fleet local --workers 1, whole process, least CPU of {args.rounds}; each corpus {args.repeat}x; "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
+        )
         for fmt in args.formats.split(","):
             for name, path in files.items():
                 mb = text_mb(path)
                 b, a = cpu[fmt, name, args.rev], cpu[fmt, name, "this checkout"]
-                print(f"  {fmt:18} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
-                      f"this checkout {a:6.2f} s ({mb / a:5.2f} MB/s): {b / a:.2f}x; records "
-                      f"{'the same bytes' if same[fmt, name] else 'DIFFER'}")
+                print(
+                    f"  {fmt:18} {name:5} {mb:5.1f} MB: {args.rev} {b:6.2f} s ({mb / b:5.2f} MB/s), "
+                    f"this checkout {a:6.2f} s ({mb / a:5.2f} MB/s): {b / a:.2f}x; records "
+                    f"{'the same bytes' if same[fmt, name] else 'DIFFER'}"
+                )
 
 
 if __name__ == "__main__":

@@ -125,10 +125,19 @@ def rss_child(path: str, vocab_path: str, options: dict) -> None:
             hwm = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
     except (OSError, StopIteration):
         pass
-    print(json.dumps({"text_mb": stats["text_bytes"] / 1e6, "cpu": cpu, "wall": wall, "examples": stats["examples"],
-                      "out_mb": out_bytes / 1e6,
-                      "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "hwm_mib": hwm}))
+    print(
+        json.dumps(
+            {
+                "text_mb": stats["text_bytes"] / 1e6,
+                "cpu": cpu,
+                "wall": wall,
+                "examples": stats["examples"],
+                "out_mb": out_bytes / 1e6,
+                "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "hwm_mib": hwm,
+            }
+        )
+    )
 
 
 TOKENIZERS_BASELINE = """
@@ -158,10 +167,20 @@ def run_process(cmd: list[str], cwd: str = ROOT, env: dict | None = None) -> dic
     return {"cpu": usage.ru_utime + usage.ru_stime, "wall": wall, "rss_mib": usage.ru_maxrss / 1024}
 
 
-def fleet_local(inputs: list[str], out: str, vocab: str, workers: int, options: dict, item_mb: float | None = None
-                ) -> dict:
-    cmd = [os.path.join(os.path.dirname(sys.executable), "fleet"), "local", *inputs, out, "--workers", str(workers),
-           "--set", f"vocab_file={vocab}", *[a for k, v in options.items() for a in ("--set", f"{k}={v}")]]
+def fleet_local(
+    inputs: list[str], out: str, vocab: str, workers: int, options: dict, item_mb: float | None = None
+) -> dict:
+    cmd = [
+        os.path.join(os.path.dirname(sys.executable), "fleet"),
+        "local",
+        *inputs,
+        out,
+        "--workers",
+        str(workers),
+        "--set",
+        f"vocab_file={vocab}",
+        *[a for k, v in options.items() for a in ("--set", f"{k}={v}")],
+    ]
     if item_mb:
         cmd += ["--item-mb", str(item_mb)]
     r = run_process(cmd)
@@ -172,8 +191,10 @@ def fleet_local(inputs: list[str], out: str, vocab: str, workers: int, options: 
 
 def whole_process(files: dict[str, str], vocab: str, max_seq_length: int, folder: str, rounds: int) -> list[str]:
     """fleet local --workers 1 per format and the tokenizers baseline, on each corpus file."""
-    lines = ["whole process, one worker (fleet local --workers 1: plan, worker, report), CPU of the process tree; "
-             f"least CPU of {rounds}:"]
+    lines = [
+        "whole process, one worker (fleet local --workers 1: plan, worker, report), CPU of the process tree; "
+        f"least CPU of {rounds}:"
+    ]
     head = f"  {'':44}" + "".join(f"{k:>34}" for k in files)
     lines.append(head)
     results: dict[tuple[str, str], dict] = {}
@@ -193,8 +214,9 @@ def whole_process(files: dict[str, str], vocab: str, max_seq_length: int, folder
                     results[key] = r
     sizes = {name: text_mb(path) for name, path in files.items()}
     for label, _ in rows:
-        cells = [f"{sizes[n] / results[label, n]['cpu']:6.2f} MB/s ({results[label, n]['rss_mib']:4.0f} MiB)"
-                 for n in files]
+        cells = [
+            f"{sizes[n] / results[label, n]['cpu']:6.2f} MB/s ({results[label, n]['rss_mib']:4.0f} MiB)" for n in files
+        ]
         lines.append(f"  {label:44}" + "".join(f"{c:>34}" for c in cells))
     base = rows[0][0]
     for label, _ in rows[1:]:
@@ -221,8 +243,10 @@ def startup_and_scaling(short_file: str, vocab: str, folder: str, item_mb: float
         shutil.rmtree(out, ignore_errors=True)
         r = fleet_local([tiny], out, vocab, 1, {})
         best = r if best is None or r["wall"] < best["wall"] else best
-    lines = [f"fixed start-up of fleet local --workers 1 (a one-line input, best of {max(3, rounds)}): "
-             f"{best['wall']:.2f} s wall, {best['cpu']:.2f} s CPU, peak RSS {best['rss_mib']:.0f} MiB"]
+    lines = [
+        f"fixed start-up of fleet local --workers 1 (a one-line input, best of {max(3, rounds)}): "
+        f"{best['wall']:.2f} s wall, {best['cpu']:.2f} s CPU, peak RSS {best['rss_mib']:.0f} MiB"
+    ]
     walls = {}
     for workers in (1, 2, 1, 2)[: 2 * max(1, min(2, rounds))]:
         out = os.path.join(folder, f"scaling-{workers}")
@@ -232,9 +256,11 @@ def startup_and_scaling(short_file: str, vocab: str, folder: str, item_mb: float
         shutil.rmtree(out, ignore_errors=True)
         walls[workers] = min(walls.get(workers, float("inf")), r["wall"])
     load = os.getloadavg()[0]
-    lines.append(f"local scaling, short corpus in {items} items of {item_mb} MB, format=electra, whole command wall: "
-                 f"--workers 1 {walls[1]:.2f} s, --workers 2 {walls[2]:.2f} s: {walls[1] / walls[2]:.2f}x "
-                 f"({os.cpu_count()} CPUs, load average {load:.2f}: other work shares these cores)")
+    lines.append(
+        f"local scaling, short corpus in {items} items of {item_mb} MB, format=electra, whole command wall: "
+        f"--workers 1 {walls[1]:.2f} s, --workers 2 {walls[2]:.2f} s: {walls[1] / walls[2]:.2f}x "
+        f"({os.cpu_count()} CPUs, load average {load:.2f}: other work shares these cores)"
+    )
     return lines
 
 
@@ -249,18 +275,32 @@ def peak_rss(raw: dict[str, bytes], vocab_path: str, mb: float, max_seq_length: 
     with open(big, "wb") as f:
         for _ in range(copies):
             f.write(one)
-    lines = [f"peak RSS of a fresh process converting one item of {os.path.getsize(big) / 1e6:.1f} MB "
-             f"(the sample {copies}x), streamed from a file to a file (this process: "
-             f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB when they started):"]
+    lines = [
+        f"peak RSS of a fresh process converting one item of {os.path.getsize(big) / 1e6:.1f} MB "
+        f"(the sample {copies}x), streamed from a file to a file (this process: "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB when they started):"
+    ]
     for label, options in RSS_ROWS:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--rss-child", big, vocab_path,
-                               json.dumps({"max_seq_length": max_seq_length, **options})],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--rss-child",
+                big,
+                vocab_path,
+                json.dumps({"max_seq_length": max_seq_length, **options}),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         r = json.loads(proc.stdout)
         hwm = f", VmHWM {r['hwm_mib']:.0f}" if r["hwm_mib"] else ""
-        lines.append(f"  {label:28} ru_maxrss {r['maxrss_mib']:4.0f} MiB{hwm}; {r['text_mb'] / r['cpu']:5.2f} MB/s "
-                     f"per core ({r['text_mb'] / r['wall']:.2f} wall), {r['examples']:,} examples, "
-                     f"{r['out_mb']:.0f} MB out")
+        lines.append(
+            f"  {label:28} ru_maxrss {r['maxrss_mib']:4.0f} MiB{hwm}; {r['text_mb'] / r['cpu']:5.2f} MB/s "
+            f"per core ({r['text_mb'] / r['wall']:.2f} wall), {r['examples']:,} examples, "
+            f"{r['out_mb']:.0f} MB out"
+        )
     os.unlink(big)
     return lines
 
@@ -269,8 +309,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1, help="in-process rows: each corpus N times")
     ap.add_argument("--rounds", type=int, default=3, help="time each row this many times, keep the best")
-    ap.add_argument("--whole-repeat", type=int, default=27,
-                    help="whole-process rows: each corpus M times (0: skip; 27: about 32 MB, the issue's size)")
+    ap.add_argument(
+        "--whole-repeat",
+        type=int,
+        default=27,
+        help="whole-process rows: each corpus M times (0: skip; 27: about 32 MB, the issue's size)",
+    )
     ap.add_argument("--scaling-item-mb", type=float, default=1.0, help="item size of the local scaling runs")
     ap.add_argument("--vocab", help="vocab.txt (default: train one of 21128 on the sample)")
     ap.add_argument("--max-seq-length", type=int, default=128)
@@ -291,8 +335,12 @@ def main() -> None:
     vocab_path = args.vocab
     if not vocab_path:  # in another process, so this one stays small until the peak RSS rows ran
         vocab_path = os.path.join(tmp.name, "vocab.txt")
-        subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128",
-                        "--out", vocab_path], cwd=ROOT, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128", "--out", vocab_path],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
     rss_lines = peak_rss(raw, vocab_path, args.rss_mb, args.max_seq_length, tmp.name) if args.rss_mb > 0 else []
     whole_lines: list[str] = []
     if args.whole_repeat > 0:  # also before this process grows (its children's RSS)
@@ -327,12 +375,14 @@ def main() -> None:
 
         def cold(label):  # a new tokenizer: its token -> ids cache starts empty
             def run():
-                _, config = configured({"vocab_file": vocab_path, "max_seq_length": args.max_seq_length,
-                                        **FORMATS[label]})
+                _, config = configured(
+                    {"vocab_file": vocab_path, "max_seq_length": args.max_seq_length, **FORMATS[label]}
+                )
                 converter = type(converters[label][1])(config, BertTokenizer.from_file(vocab_path))
                 c0, w0 = time.process_time(), time.perf_counter()
                 converter.convert(docs, ctx, MemorySink())
                 return time.process_time() - c0, time.perf_counter() - w0
+
             return run
 
         table = {
@@ -341,23 +391,28 @@ def main() -> None:
             "fleet: tokenize + rjieba words (whole-word masking)": lambda: tok.tokenize_flat(lines, True, rjieba.cut),
         }
         for label, (_, converter) in converters.items():
-            table[f"fleet: {label}, full conversion (text -> TFRecord bytes)"] = (
-                lambda c=converter: c.convert(docs, ctx, MemorySink()))
+            table[f"fleet: {label}, full conversion (text -> TFRecord bytes)"] = lambda c=converter: c.convert(
+                docs, ctx, MemorySink()
+            )
             table[f"fleet: {label}, full conversion, cold cache, one pass"] = cold(label)
         table["tokenizers: encode, one call per line"] = lambda: [
-            ref.encode(x, add_special_tokens=False) for x in lines]
-        table[BASELINE] = lambda: [ref.encode_batch(lines[i:i + 10000], add_special_tokens=False)
-                                   for i in range(0, len(lines), 10000)]
+            ref.encode(x, add_special_tokens=False) for x in lines
+        ]
+        table[BASELINE] = lambda: [
+            ref.encode_batch(lines[i : i + 10000], add_special_tokens=False) for i in range(0, len(lines), 10000)
+        ]
         return table
 
     sizes = {k: sum(len(line.encode()) for doc in docs for line in doc) for k, docs in corpora.items()}
     n_docs = {k: len(docs) for k, docs in corpora.items()}
-    print(f"input: long = corpus/sample_zh.txt + corpus/sample_en.txt ({n_docs['long']:,} documents), short = the same "
-          f"lines in documents of 1-3 lines ({n_docs['short']:,} documents), each repeated {args.repeat}x "
-          f"({sizes['long'] / 1e6:.2f} MB and {sizes['short'] / 1e6:.2f} MB of UTF-8 text); "
-          f"max_seq_length {args.max_seq_length}; best of {args.rounds} (warm caches) unless said; "
-          f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
-          f"tokenizer core: {tokenizer_core()}")
+    print(
+        f"input: long = corpus/sample_zh.txt + corpus/sample_en.txt ({n_docs['long']:,} documents), short = the same "
+        f"lines in documents of 1-3 lines ({n_docs['short']:,} documents), each repeated {args.repeat}x "
+        f"({sizes['long'] / 1e6:.2f} MB and {sizes['short'] / 1e6:.2f} MB of UTF-8 text); "
+        f"max_seq_length {args.max_seq_length}; best of {args.rounds} (warm caches) unless said; "
+        f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
+        f"tokenizer core: {tokenizer_core()}"
+    )
     print("MB/s per core = text MB / CPU seconds of this process (wall-clock MB/s in brackets)\n")
     names = list(rows([]))
     width = max(map(len, names))
@@ -380,8 +435,10 @@ def main() -> None:
         print(f"\n{k} (zh+en), this run, relative to tokenizers (encode_batch, 10,000 lines a batch):")
         for label in FORMATS:
             s = speed[f"fleet: {label}, full conversion (text -> TFRecord bytes)", k]
-            print(f"  {label}: {s:.2f} MB/s per core, {s / ref_speed:.2f}x the {ref_speed:.2f} MB/s of tokenizers "
-                  f"(which only tokenizes)")
+            print(
+                f"  {label}: {s:.2f} MB/s per core, {s / ref_speed:.2f}x the {ref_speed:.2f} MB/s of tokenizers "
+                f"(which only tokenizes)"
+            )
         for label, (job, converter) in converters.items():
             sink = MemorySink()
             stats = converter.convert(corpora[k], ItemContext("bench", 1, "bench"), sink)

@@ -110,8 +110,9 @@ def make_tokenizers(texts: list[str], folder: str) -> dict[str, str]:
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(texts, vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False)
-    paths = {kind: os.path.join(folder, name) for kind, name in
-             zip(KINDS, ("tokenizer.json", "spm.model", "bpe.tiktoken"))}
+    paths = {
+        kind: os.path.join(folder, name) for kind, name in zip(KINDS, ("tokenizer.json", "spm.model", "bpe.tiktoken"))
+    }
     bpe.save(paths["json"])
     char_byte = gpt2_byte_of_char()
     ranks = {bytes([b]): b for b in range(256)}
@@ -121,9 +122,13 @@ def make_tokenizers(texts: list[str], folder: str) -> dict[str, str]:
     with open(paths["tiktoken"], "wb") as f:
         f.write(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks.items()))
     model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter([line for t in texts for line in t.split("\n")]),
-                                             model_writer=model, vocab_size=VOCAB, minloglevel=2,
-                                             character_coverage=0.9995)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter([line for t in texts for line in t.split("\n")]),
+        model_writer=model,
+        vocab_size=VOCAB,
+        minloglevel=2,
+        character_coverage=0.9995,
+    )
     with open(paths["sentencepiece"], "wb") as f:
         f.write(model.getvalue())
     return paths
@@ -150,8 +155,11 @@ def run_process(cmd: list[str], cwd: str = ROOT) -> dict:
 
 def outputs_digest(folder: str) -> dict[str, str]:
     """sha256 of each output file of a run's folder."""
-    return {name: hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest()
-            for name in sorted(os.listdir(folder)) if name.startswith("part-")}
+    return {
+        name: hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest()
+        for name in sorted(os.listdir(folder))
+        if name.startswith("part-")
+    }
 
 
 def export(rev: str, folder: str) -> str:
@@ -162,13 +170,15 @@ def export(rev: str, folder: str) -> str:
         os.makedirs(tree)
         archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
-        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, check=True, capture_output=True
+        )
     return tree
 
 
-def same_as(rev: str, kinds: list[str], corpus: str, paths: dict[str, str], eod: int, max_seq_length: int,
-            folder: str) -> list[str]:
+def same_as(
+    rev: str, kinds: list[str], corpus: str, paths: dict[str, str], eod: int, max_seq_length: int, folder: str
+) -> list[str]:
     """Whether REV's fleet local writes the same bytes as this checkout's, per kind."""
     tree = export(rev, folder)
     lines = []
@@ -177,13 +187,30 @@ def same_as(rev: str, kinds: list[str], corpus: str, paths: dict[str, str], eod:
         digests = []
         for name, cwd in (("rev", tree), ("this", ROOT)):
             out = os.path.join(folder, f"same-{kind}-{name}")
-            subprocess.run([sys.executable, "-m", "fleet.cli", "local", corpus, out, "--job", "causal_lm",
-                            "--workers", "1", *opts], cwd=cwd, check=True, capture_output=True,
-                           env={**os.environ, "PYTHONPATH": cwd})
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "fleet.cli",
+                    "local",
+                    corpus,
+                    out,
+                    "--job",
+                    "causal_lm",
+                    "--workers",
+                    "1",
+                    *opts,
+                ],
+                cwd=cwd,
+                check=True,
+                capture_output=True,
+                env={**os.environ, "PYTHONPATH": cwd},
+            )
             digests.append(outputs_digest(out))
         same = digests[0] == digests[1] and digests[0]
-        lines.append(f"  {kind}: {len(digests[1])} output files, "
-                     f"{'the same bytes as' if same else 'DIFFERENT from'} {rev}'s")
+        lines.append(
+            f"  {kind}: {len(digests[1])} output files, {'the same bytes as' if same else 'DIFFERENT from'} {rev}'s"
+        )
     return lines
 
 
@@ -221,15 +248,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="run each row this many times, keep the least CPU")
     ap.add_argument("--max-seq-length", type=int, default=128)
     ap.add_argument("--kinds", default=",".join(KINDS), help="which tokenizers, comma-separated")
-    ap.add_argument("--bytecode", choices=("cached", "compiled"), default="cached",
-                    help="cached: every process finds its modules' bytecode, as after pip install (each command "
-                    "runs once untimed first); compiled: as this machine runs a checkout (PYTHONDONTWRITEBYTECODE), "
-                    "fleet's own modules compiled in every process")
+    ap.add_argument(
+        "--bytecode",
+        choices=("cached", "compiled"),
+        default="cached",
+        help="cached: every process finds its modules' bytecode, as after pip install (each command "
+        "runs once untimed first); compiled: as this machine runs a checkout (PYTHONDONTWRITEBYTECODE), "
+        "fleet's own modules compiled in every process",
+    )
     ap.add_argument("--profile", action="store_true", help="also profile the converter per kind")
     ap.add_argument("--top", type=int, default=14, help="profile rows per kind")
     ap.add_argument("--same-as", metavar="REV", help="also compare every output file with REV's")
-    ap.add_argument("--before", metavar="REV", help="also time REV's fleet local (git archive, this venv) in "
-                    "the same rounds: before and after in one run")
+    ap.add_argument(
+        "--before",
+        metavar="REV",
+        help="also time REV's fleet local (git archive, this venv) in the same rounds: before and after in one run",
+    )
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
 
@@ -279,27 +313,37 @@ def main() -> None:
                     results[kind, row] = r
             shutil.rmtree(out, ignore_errors=True)
 
-    print(f"short corpus x{args.repeat}: {mb:.2f} MB of text, {len(texts) * args.repeat:,} documents; "
-          f"max_seq_length {args.max_seq_length}; least CPU of {args.rounds}; bytecode {args.bytecode}; "
-          f"python {sys.version.split()[0]}; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-    print(f"{'tokenizer':16}{'fleet local (whole process)':>32}{'library alone, batch, 1 thread':>34}{'ratio':>8}"
-          f"{'start-up: fleet, library':>28}{'ratio less start-up':>22}")
+    print(
+        f"short corpus x{args.repeat}: {mb:.2f} MB of text, {len(texts) * args.repeat:,} documents; "
+        f"max_seq_length {args.max_seq_length}; least CPU of {args.rounds}; bytecode {args.bytecode}; "
+        f"python {sys.version.split()[0]}; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"{'tokenizer':16}{'fleet local (whole process)':>32}{'library alone, batch, 1 thread':>34}{'ratio':>8}"
+        f"{'start-up: fleet, library':>28}{'ratio less start-up':>22}"
+    )
     for kind in kinds:
         f, lib = results[kind, "fleet"], results[kind, "library"]
         f0, lib0 = results[kind, "fleet start-up"]["cpu"], results[kind, "library start-up"]["cpu"]
         cells = [f"{mb / r['cpu']:6.2f} MB/s ({r['cpu']:5.2f} s)" for r in (f, lib)]
-        print(f"{kind:16}{cells[0]:>32}{cells[1]:>34}{lib['cpu'] / f['cpu']:7.2f}x"
-              f"{f'{f0:.2f} s, {lib0:.2f} s':>28}{(lib['cpu'] - lib0) / (f['cpu'] - f0):21.2f}x")
-    print("(MB/s = text MB / CPU s of the process tree; ratio = library CPU / fleet CPU, goal >= 1.0x; start-up: "
-          "the same commands on a one-line file)")
+        print(
+            f"{kind:16}{cells[0]:>32}{cells[1]:>34}{lib['cpu'] / f['cpu']:7.2f}x"
+            f"{f'{f0:.2f} s, {lib0:.2f} s':>28}{(lib['cpu'] - lib0) / (f['cpu'] - f0):21.2f}x"
+        )
+    print(
+        "(MB/s = text MB / CPU s of the process tree; ratio = library CPU / fleet CPU, goal >= 1.0x; start-up: "
+        "the same commands on a one-line file)"
+    )
     if args.before:
         print(f"\nfleet local before ({args.before}) and now, same rounds:")
         for kind in kinds:
             b, f, lib = results[kind, "before"], results[kind, "fleet"], results[kind, "library"]
-            print(f"{kind:16}before {mb / b['cpu']:6.2f} MB/s ({b['cpu']:5.2f} s, ratio {lib['cpu'] / b['cpu']:.2f}x), "
-                  f"now {mb / f['cpu']:6.2f} MB/s ({f['cpu']:5.2f} s, ratio {lib['cpu'] / f['cpu']:.2f}x): "
-                  f"{b['cpu'] / f['cpu']:.2f}x faster")
+            print(
+                f"{kind:16}before {mb / b['cpu']:6.2f} MB/s ({b['cpu']:5.2f} s, ratio {lib['cpu'] / b['cpu']:.2f}x), "
+                f"now {mb / f['cpu']:6.2f} MB/s ({f['cpu']:5.2f} s, ratio {lib['cpu'] / f['cpu']:.2f}x): "
+                f"{b['cpu'] / f['cpu']:.2f}x faster"
+            )
     if args.same_as:
         print(f"\noutputs of this checkout against {args.same_as} (short corpus x{args.repeat}, fleet local):")
         print("\n".join(same_as(args.same_as, kinds, corpus, paths, eod, args.max_seq_length, tmp.name)))

@@ -57,7 +57,7 @@ MAX_DOCUMENT_CHARS = 4 << 20  # fleet_jobs.text.inputs.MAX_DOCUMENT_CHARS (not i
 
 # Imported first by every Python process of the tree (PYTHONPATH): at exit each writes its own
 # peak RSS, and whether it is a worker process, into FLEET_BENCH_HWM_DIR.
-_SITECUSTOMIZE = '''
+_SITECUSTOMIZE = """
 import atexit, os
 
 def _fleet_bench_hwm():
@@ -74,7 +74,7 @@ def _fleet_bench_hwm():
 
 if os.environ.get("FLEET_BENCH_HWM_DIR"):
     atexit.register(_fleet_bench_hwm)
-'''
+"""
 
 
 def corpus_lines() -> list[str]:
@@ -108,9 +108,16 @@ def make_inputs(folder: str, mb: float, kinds: tuple[str, ...], have: tuple[str,
     """The document as each input kind, written streaming (but those in ``have``); {kind: path}."""
     import zstandard
 
-    paths = {kind: os.path.join(folder, name) for kind, name in
-             (("txt", "doc.txt"), ("zst", "doc.txt.zst"), ("jsonl", "doc.jsonl"), ("parquet", "doc.parquet"),
-              ("parts", "parts.txt"))}
+    paths = {
+        kind: os.path.join(folder, name)
+        for kind, name in (
+            ("txt", "doc.txt"),
+            ("zst", "doc.txt.zst"),
+            ("jsonl", "doc.jsonl"),
+            ("parquet", "doc.parquet"),
+            ("parts", "parts.txt"),
+        )
+    }
     txt = paths["txt"]
     if "txt" not in have:
         with open(txt, "w", encoding="utf-8") as f:
@@ -136,8 +143,7 @@ def make_inputs(folder: str, mb: float, kinds: tuple[str, ...], have: tuple[str,
                 dst.write(line)
                 size += len(line) - 1
     if "parquet" in kinds:
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--make-parquet", txt, paths["parquet"]],
-                       check=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--make-parquet", txt, paths["parquet"]], check=True)
     return paths
 
 
@@ -163,13 +169,18 @@ def train_vocab(folder: str) -> str:
     if os.path.exists(path):
         return path
     samples = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]
-    subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "8000", "--out", path],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "8000", "--out", path],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     return path
 
 
-def run_row(tree: str, path: str, fmt: str, vocab: str, folder: str, item_mb: float = 64,
-            options: tuple[str, ...] = ()) -> dict:
+def run_row(
+    tree: str, path: str, fmt: str, vocab: str, folder: str, item_mb: float = 64, options: tuple[str, ...] = ()
+) -> dict:
     """``fleet local`` on one input with one format: peaks (MiB), exit code, wall seconds, summary."""
     out = os.path.join(folder, "out")
     shutil.rmtree(out, ignore_errors=True)
@@ -178,8 +189,22 @@ def run_row(tree: str, path: str, fmt: str, vocab: str, folder: str, item_mb: fl
         f.write(_SITECUSTOMIZE)
     hwm_dir = tempfile.mkdtemp(prefix="hwm-", dir=folder)
     job = ["--job", "causal_lm"] if fmt == "causal_lm" else ["--set", f"format={fmt}"]
-    cmd = [sys.executable, "-m", "fleet.cli", "local", path, out, "--workers", "1", "--item-mb", str(item_mb),
-           "--set", f"vocab_file={vocab}", *job, *(a for option in options for a in ("--set", option))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fleet.cli",
+        "local",
+        path,
+        out,
+        "--workers",
+        "1",
+        "--item-mb",
+        str(item_mb),
+        "--set",
+        f"vocab_file={vocab}",
+        *job,
+        *(a for option in options for a in ("--set", option)),
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([hooks, tree]), FLEET_BENCH_HWM_DIR=hwm_dir)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -203,16 +228,23 @@ def run_row(tree: str, path: str, fmt: str, vocab: str, folder: str, item_mb: fl
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(hooks, ignore_errors=True)
     shutil.rmtree(hwm_dir, ignore_errors=True)
-    return {"worker_mib": max(workers) if workers else None, "tree_mib": usage.ru_maxrss / 1024,
-            "exit": os.waitstatus_to_exitcode(status), "wall": wall, "summary": summary,
-            "error": err.strip().splitlines()[-1] if err.strip() else "", "out": digest.hexdigest()[:10]}
+    return {
+        "worker_mib": max(workers) if workers else None,
+        "tree_mib": usage.ru_maxrss / 1024,
+        "exit": os.waitstatus_to_exitcode(status),
+        "wall": wall,
+        "summary": summary,
+        "error": err.strip().splitlines()[-1] if err.strip() else "",
+        "out": digest.hexdigest()[:10],
+    }
 
 
 def describe(r: dict) -> str:
     totals = r["summary"].get("totals", r["summary"])
     worker = f"{r['worker_mib']:6.0f}" if r["worker_mib"] is not None else "     ?"
-    mark = "" if r["worker_mib"] is None else " !  " if r["exit"] else (
-        " ok " if r["worker_mib"] <= GOAL_MIB else " >  ")  # !: the run failed, the figure says nothing
+    mark = (
+        "" if r["worker_mib"] is None else " !  " if r["exit"] else (" ok " if r["worker_mib"] <= GOAL_MIB else " >  ")
+    )  # !: the run failed, the figure says nothing
     facts = [f"exit {r['exit']}", f"{totals.get('examples', 0):,} examples", f"out {r['out']}"]
     for key in ("bad_records", "documents_cut"):
         if totals.get(key):
@@ -259,12 +291,16 @@ def main() -> None:
         json.dump({"mb": args.mb, "have": sorted({"txt", *have, *kinds})}, f)
     vocab = args.vocab or train_vocab(folder)
     tree = os.path.abspath(args.tree)
-    revision = subprocess.run(["git", "-C", tree, "log", "-1", "--format=%h %s"], capture_output=True,
-                              text=True).stdout.strip()[:80]
-    print(f"one document of {args.mb:g} MB ({os.path.getsize(os.path.join(folder, 'doc.txt')) / 1e6:.0f} MB as "
-          f"text), no blank line inside; tree {tree} ({revision or 'not a git checkout'}); "
-          f"fleet local --workers 1 --item-mb {args.item_mb:g}{''.join(' --set ' + o for o in args.set)}; goal: worker <= {GOAL_MIB:.0f} MiB (300 MB); "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
+    revision = subprocess.run(
+        ["git", "-C", tree, "log", "-1", "--format=%h %s"], capture_output=True, text=True
+    ).stdout.strip()[:80]
+    print(
+        f"one document of {args.mb:g} MB ({os.path.getsize(os.path.join(folder, 'doc.txt')) / 1e6:.0f} MB as "
+        f"text), no blank line inside; tree {tree} ({revision or 'not a git checkout'}); "
+        f"fleet local --workers 1 --item-mb {args.item_mb:g}{''.join(' --set ' + o for o in args.set)}; goal: worker <= {GOAL_MIB:.0f} MiB (300 MB); "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     for fmt in formats:
         for kind in kinds:
             r = run_row(tree, paths[kind], fmt, vocab, folder, args.item_mb, tuple(args.set))

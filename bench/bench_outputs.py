@@ -57,8 +57,9 @@ def main() -> None:
     from tokenizers import ByteLevelBPETokenizer
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(("\n".join(d) for d in docs), vocab_size=32000, special_tokens=["<|endoftext|>"],
-                            show_progress=False)
+    bpe.train_from_iterator(
+        ("\n".join(d) for d in docs), vocab_size=32000, special_tokens=["<|endoftext|>"], show_progress=False
+    )
     bpe_path = os.path.join(tmp, "tokenizer.json")
     bpe.save(bpe_path)
 
@@ -68,8 +69,10 @@ def main() -> None:
         "causal_lm vocab.txt, 512": ("causal_lm", {"vocab_file": vocab, "max_seq_length": 512}),
         "causal_lm byte-level BPE, 512": ("causal_lm", {"tokenizer_file": bpe_path, "max_seq_length": 512}),
     }
-    print(f"input: corpus/sample_zh.txt + corpus/sample_en.txt x{args.repeat} ({size / 1e6:.2f} MB of text, "
-          f"one item); best of {args.rounds}; MB/s of text per CPU second; python {sys.version.split()[0]}\n")
+    print(
+        f"input: corpus/sample_zh.txt + corpus/sample_en.txt x{args.repeat} ({size / 1e6:.2f} MB of text, "
+        f"one item); best of {args.rounds}; MB/s of text per CPU second; python {sys.version.split()[0]}\n"
+    )
     width = max(map(len, rows)) + 2
     print(f"{'':{width}}{'tfrecord':>24}{'parquet':>24}")
     for label, (name, options) in rows.items():

@@ -32,10 +32,17 @@ def plan_one(folder: str, n: int) -> None:
         for i in range(n):
             f.write(DOC.format(i))
     t0 = time.perf_counter()
-    _, items, _ = plan(os.path.join(folder, "bucket"), PlanRequest(run="big", job="tests.helpers.sleepjob:JOB",
-                                                                   inputs=[corpus], output=os.path.join(folder, "out"),
-                                                                   code_version="bench",
-                                                                   item_bytes=len(DOC.format(0)) - 1))
+    _, items, _ = plan(
+        os.path.join(folder, "bucket"),
+        PlanRequest(
+            run="big",
+            job="tests.helpers.sleepjob:JOB",
+            inputs=[corpus],
+            output=os.path.join(folder, "out"),
+            code_version="bench",
+            item_bytes=len(DOC.format(0)) - 1,
+        ),
+    )
     assert len(items) == n, len(items)
     print(f"{time.perf_counter() - t0:.1f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}")
 
@@ -47,16 +54,20 @@ def worker_start(folder: str, n: int) -> None:
 
     t0 = time.perf_counter()
     items = load_items(open_store(os.path.join(folder, "bucket")), "big")
-    ClaimPolicy([i.id for i in items], "bench-w0", 300.0,
-                steps={i.id: i.step for i in items if i.step}, barriers=[])
+    ClaimPolicy([i.id for i in items], "bench-w0", 300.0, steps={i.id: i.step for i in items if i.step}, barriers=[])
     by_id = {i.id: i for i in items}
     assert len(by_id) == n
     print(f"{time.perf_counter() - t0:.1f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}")
 
 
 def child(what: str, folder: str, n: int) -> tuple[float, int]:
-    out = subprocess.run([sys.executable, __file__, "--child", what, folder, str(n)], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", what, folder, str(n)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     return float(out[0]), int(out[1])
 
 

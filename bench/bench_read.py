@@ -62,8 +62,13 @@ def write_inputs(folder: str, repeat: int) -> None:
 
 
 def measure(tree: str, fmt: str, path: str, rounds: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, tree, fmt, path, str(rounds)], cwd=tree,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, tree, fmt, path, str(rounds)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -82,15 +87,22 @@ def main() -> None:
             archive = subprocess.run(["git", "-C", ROOT, "archive", args.rev], capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", old], input=archive.stdout, check=True)
             trees.insert(0, (args.rev, old))
-        print(f"iter_documents over the short corpus x{args.repeat}, least CPU of {args.rounds}; "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+        print(
+            f"iter_documents over the short corpus x{args.repeat}, least CPU of {args.rounds}; "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
+        )
         for fmt, name in FORMATS.items():
             path = os.path.join(tmp, name)
             mb = os.path.getsize(path) / 1e6
             rows = [(label, measure(tree, fmt, path, args.rounds)) for label, tree in trees]
             figures = ", ".join(f"{label} {mb / r['seconds']:6.1f} MB/s" for label, r in rows)
-            same = "" if len(rows) == 1 else "; same documents" if len({r["digest"] for _, r in rows}) == 1 \
+            same = (
+                ""
+                if len(rows) == 1
+                else "; same documents"
+                if len({r["digest"] for _, r in rows}) == 1
                 else "; DIFFERENT documents"
+            )
             ratio = f": {rows[0][1]['seconds'] / rows[-1][1]['seconds']:.2f}x" if len(rows) > 1 else ""
             print(f"  {fmt:14} {mb:6.1f} MB, {rows[-1][1]['documents']:,} documents: {figures}{ratio}{same}")
 

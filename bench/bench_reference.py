@@ -81,8 +81,10 @@ TF1_LAUNCHER = (
 
 MAX_SEQ_LENGTH = 128
 CORPORA = ("long", "short")
-CORPUS_TEXT = {"long": "the sample corpus (131 man pages: long documents)",
-               "short": "the same lines in documents of 1-3 lines (bench/short_corpus.py)"}
+CORPUS_TEXT = {
+    "long": "the sample corpus (131 man pages: long documents)",
+    "short": "the same lines in documents of 1-3 lines (bench/short_corpus.py)",
+}
 MAX_PREDICTIONS = 20
 MASKED_LM_PROB = 0.15
 
@@ -123,27 +125,51 @@ def run(cmd: list[str], log: str, cwd: str | None = None) -> dict:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{tail}")
     with open(log + ".out", "rb") as f:
         stdout = f.read().decode(errors="replace")
-    return {"cpu": usage.ru_utime + usage.ru_stime, "wall": wall, "rss_mib": usage.ru_maxrss / 1024,
-            "stdout": stdout}
+    return {"cpu": usage.ru_utime + usage.ru_stime, "wall": wall, "rss_mib": usage.ru_maxrss / 1024, "stdout": stdout}
 
 
 def commands(args, vocab: str, text_file: str, corpus_dir: str, out: str) -> dict[str, list[str]]:
     """Row label -> command converting text_file (electra: the folder corpus_dir holding it) into out."""
     py = sys.executable
     cmds = {
-        BERT_ROW: [py, "-c", TF1_LAUNCHER, os.path.join(args.bert_dir, "create_pretraining_data.py"),
-                   f"--input_file={text_file}", f"--output_file={os.path.join(out, 'bert.tfrecord')}",
-                   f"--vocab_file={vocab}", "--do_lower_case=True", f"--max_seq_length={MAX_SEQ_LENGTH}",
-                   f"--max_predictions_per_seq={MAX_PREDICTIONS}", f"--masked_lm_prob={MASKED_LM_PROB}",
-                   "--dupe_factor=1"],
-        ELECTRA_ROW: [py, os.path.join(args.electra_dir, "build_pretraining_dataset.py"),
-                      "--corpus-dir", corpus_dir, "--vocab-file", vocab,
-                      "--output-dir", os.path.join(out, "electra"), "--max-seq-length", str(MAX_SEQ_LENGTH),
-                      "--num-processes", "1", "--blanks-separate-docs", "True", "--do-lower-case"],
+        BERT_ROW: [
+            py,
+            "-c",
+            TF1_LAUNCHER,
+            os.path.join(args.bert_dir, "create_pretraining_data.py"),
+            f"--input_file={text_file}",
+            f"--output_file={os.path.join(out, 'bert.tfrecord')}",
+            f"--vocab_file={vocab}",
+            "--do_lower_case=True",
+            f"--max_seq_length={MAX_SEQ_LENGTH}",
+            f"--max_predictions_per_seq={MAX_PREDICTIONS}",
+            f"--masked_lm_prob={MASKED_LM_PROB}",
+            "--dupe_factor=1",
+        ],
+        ELECTRA_ROW: [
+            py,
+            os.path.join(args.electra_dir, "build_pretraining_dataset.py"),
+            "--corpus-dir",
+            corpus_dir,
+            "--vocab-file",
+            vocab,
+            "--output-dir",
+            os.path.join(out, "electra"),
+            "--max-seq-length",
+            str(MAX_SEQ_LENGTH),
+            "--num-processes",
+            "1",
+            "--blanks-separate-docs",
+            "True",
+            "--do-lower-case",
+        ],
     }
     for label, options in FLEET_OPTIONS.items():
-        options = {"max_seq_length": MAX_SEQ_LENGTH, **options,
-                   **(BERT_SPECIFIC if options["format"] == "bert" else {})}
+        options = {
+            "max_seq_length": MAX_SEQ_LENGTH,
+            **options,
+            **(BERT_SPECIFIC if options["format"] == "bert" else {}),
+        }
         cmds[label] = [py, os.path.abspath(__file__), "--fleet-child", text_file, vocab, json.dumps(options)]
     return cmds
 
@@ -165,13 +191,20 @@ def count_and_check(outputs: dict[str, list[str]], text_file: str, vocab: str, n
 
     # The parsers the records are for: run_pretraining.py's input_fn and ELECTRA's pretrain_data.py.
     specs = {
-        "bert": {"input_ids": int_spec(MAX_SEQ_LENGTH), "input_mask": int_spec(MAX_SEQ_LENGTH),
-                 "segment_ids": int_spec(MAX_SEQ_LENGTH), "masked_lm_positions": int_spec(MAX_PREDICTIONS),
-                 "masked_lm_ids": int_spec(MAX_PREDICTIONS),
-                 "masked_lm_weights": tf.io.FixedLenFeature([MAX_PREDICTIONS], tf.float32),
-                 "next_sentence_labels": int_spec(1)},
-        "electra": {"input_ids": int_spec(MAX_SEQ_LENGTH), "input_mask": int_spec(MAX_SEQ_LENGTH),
-                    "segment_ids": int_spec(MAX_SEQ_LENGTH)},
+        "bert": {
+            "input_ids": int_spec(MAX_SEQ_LENGTH),
+            "input_mask": int_spec(MAX_SEQ_LENGTH),
+            "segment_ids": int_spec(MAX_SEQ_LENGTH),
+            "masked_lm_positions": int_spec(MAX_PREDICTIONS),
+            "masked_lm_ids": int_spec(MAX_PREDICTIONS),
+            "masked_lm_weights": tf.io.FixedLenFeature([MAX_PREDICTIONS], tf.float32),
+            "next_sentence_labels": int_spec(1),
+        },
+        "electra": {
+            "input_ids": int_spec(MAX_SEQ_LENGTH),
+            "input_mask": int_spec(MAX_SEQ_LENGTH),
+            "segment_ids": int_spec(MAX_SEQ_LENGTH),
+        },
     }
 
     def signature(records):
@@ -194,11 +227,18 @@ def count_and_check(outputs: dict[str, list[str]], text_file: str, vocab: str, n
         docs = bench_convert.read_all(f.read(), "input.txt")[:40]
     fleet_records = {}
     for label, options in FLEET_OPTIONS.items():
-        job, config = bench_convert.configured({"vocab_file": vocab, "max_seq_length": MAX_SEQ_LENGTH, **options,
-                                                **(BERT_SPECIFIC if options["format"] == "bert" else {})})
+        job, config = bench_convert.configured(
+            {
+                "vocab_file": vocab,
+                "max_seq_length": MAX_SEQ_LENGTH,
+                **options,
+                **(BERT_SPECIFIC if options["format"] == "bert" else {}),
+            }
+        )
         sink = bench_convert.MemorySink()
         job.document_converter(config, bench_convert.read_file).convert(
-            docs, bench_convert.ItemContext("check", 1, "check"), sink)
+            docs, bench_convert.ItemContext("check", 1, "check"), sink
+        )
         data = b"".join(f.getvalue() for f in sink.files.values())
         path = os.path.join(os.path.dirname(text_file), f"fleet-{options['format']}-check.tfrecord")
         with open(path, "wb") as f:
@@ -214,9 +254,11 @@ def count_and_check(outputs: dict[str, list[str]], text_file: str, vocab: str, n
         ok_fleet = parses(fleet_records[fleet_label], specs[fmt])
         same = "the same" if a == b else "DIFFERENT"
         parser = "run_pretraining.py" if fmt == "bert" else "pretrain_data.py"
-        lines.append(f"  {ref} vs {fleet_label}: features {same} "
-                     f"(first {len(ref_records)} and {len(fleet_records[fleet_label])} records); "
-                     f"tf.io.parse_single_example with {parser}'s spec: {ok_ref} + {ok_fleet} parsed")
+        lines.append(
+            f"  {ref} vs {fleet_label}: features {same} "
+            f"(first {len(ref_records)} and {len(fleet_records[fleet_label])} records); "
+            f"tf.io.parse_single_example with {parser}'s spec: {ok_ref} + {ok_fleet} parsed"
+        )
         for name in sorted(set(a) | set(b)):
             lines.append(f"    {name:22} {a.get(name, '-'):22} {b.get(name, '-')}")
     return lines
@@ -257,21 +299,26 @@ def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, 
 
     def commit(d):
         try:
-            r = subprocess.run(["git", "-C", d, "log", "-1", "--format=%h %cs"], check=False, capture_output=True,
-                               text=True)
+            r = subprocess.run(
+                ["git", "-C", d, "log", "-1", "--format=%h %cs"], check=False, capture_output=True, text=True
+            )
         except OSError:
             return "commit unknown"
         return r.stdout.strip() if r.returncode == 0 else "not a git checkout"
 
     load0 = os.getloadavg()
-    print(f"input: corpus/sample_zh.txt {args.repeat}x + corpus/sample_en.txt {args.repeat}x in one file"
-          f"{', cut into documents of 1-3 lines' if corpus == 'short' else ''} "
-          f"({os.path.getsize(text_file) / 1e6:.2f} MB file); "
-          f"vocab {vocab_size} tokens ({'given' if args.vocab else 'trained on the sample, --size 21128'}); "
-          f"max_seq_length {MAX_SEQ_LENGTH}, do_lower_case, dupe_factor 1")
-    print(f"bert {commit(args.bert_dir)} (under the TF1 launcher), electra {commit(args.electra_dir)} (as is); "
-          f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs; load average {load0[0]:.2f} at start; "
-          f"{'least CPU of ' + str(args.rounds) + ' rounds' if args.rounds > 1 else 'one round'}")
+    print(
+        f"input: corpus/sample_zh.txt {args.repeat}x + corpus/sample_en.txt {args.repeat}x in one file"
+        f"{', cut into documents of 1-3 lines' if corpus == 'short' else ''} "
+        f"({os.path.getsize(text_file) / 1e6:.2f} MB file); "
+        f"vocab {vocab_size} tokens ({'given' if args.vocab else 'trained on the sample, --size 21128'}); "
+        f"max_seq_length {MAX_SEQ_LENGTH}, do_lower_case, dupe_factor 1"
+    )
+    print(
+        f"bert {commit(args.bert_dir)} (under the TF1 launcher), electra {commit(args.electra_dir)} (as is); "
+        f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs; load average {load0[0]:.2f} at start; "
+        f"{'least CPU of ' + str(args.rounds) + ' rounds' if args.rounds > 1 else 'one round'}"
+    )
 
     best: dict[str, dict] = {}
     startup: dict[str, dict] = {}
@@ -287,9 +334,10 @@ def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, 
     elapsed = time.perf_counter() - t0
     load1 = os.getloadavg()
 
-    outputs = {BERT_ROW: [os.path.join(out_dir, "bert.tfrecord")],
-               ELECTRA_ROW: sorted(os.path.join(out_dir, "electra", f)
-                                   for f in os.listdir(os.path.join(out_dir, "electra")))}
+    outputs = {
+        BERT_ROW: [os.path.join(out_dir, "bert.tfrecord")],
+        ELECTRA_ROW: sorted(os.path.join(out_dir, "electra", f) for f in os.listdir(os.path.join(out_dir, "electra"))),
+    }
     examples = {label: count_records(files) for label, files in outputs.items()}
     text_mbs, inproc = set(), {}
     for label in FLEET_OPTIONS:
@@ -300,11 +348,15 @@ def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, 
     assert len(text_mbs) == 1, text_mbs
     text_mb = text_mbs.pop()  # fleet's text_bytes, the same figure for every row
 
-    print(f"\nMB = {text_mb:.3f} MB of UTF-8 text in the input's lines; MB/s per core = MB / CPU seconds of the "
-          f"child process (user + system); wall MB/s beside it\n")
+    print(
+        f"\nMB = {text_mb:.3f} MB of UTF-8 text in the input's lines; MB/s per core = MB / CPU seconds of the "
+        f"child process (user + system); wall MB/s beside it\n"
+    )
     width = max(map(len, cmds))
-    head = (f"{'':{width}}  {'MB/s/core':>9} {'wall MB/s':>9} {'CPU s':>7} {'wall s':>7}  {'start-up CPU s':>14} "
-            f"{'MB/s/core excl. start-up':>24} {'(in-process)':>12}  {'peak RSS':>9}  {'examples':>8} {'MB out':>7}")
+    head = (
+        f"{'':{width}}  {'MB/s/core':>9} {'wall MB/s':>9} {'CPU s':>7} {'wall s':>7}  {'start-up CPU s':>14} "
+        f"{'MB/s/core excl. start-up':>24} {'(in-process)':>12}  {'peak RSS':>9}  {'examples':>8} {'MB out':>7}"
+    )
     print(head)
     speed, speed_net, speed_wall = {}, {}, {}
     for label in cmds:
@@ -313,14 +365,18 @@ def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, 
         speed[label], speed_wall[label] = text_mb / r["cpu"], text_mb / r["wall"]
         speed_net[label] = text_mb / net if net > 0 else float("inf")
         n, mb = examples[label]
-        print(f"{label:{width}}  {speed[label]:9.3f} {speed_wall[label]:9.3f} {r['cpu']:7.2f} {r['wall']:7.2f}  "
-              f"{s['cpu']:14.2f} {speed_net[label]:24.3f} {f'({inproc[label]:.3f})' if label in inproc else '':>12}  "
-              f"{r['rss_mib']:5.0f} MiB  {n:8,} {mb:7.2f}")
+        print(
+            f"{label:{width}}  {speed[label]:9.3f} {speed_wall[label]:9.3f} {r['cpu']:7.2f} {r['wall']:7.2f}  "
+            f"{s['cpu']:14.2f} {speed_net[label]:24.3f} {f'({inproc[label]:.3f})' if label in inproc else '':>12}  "
+            f"{r['rss_mib']:5.0f} MiB  {n:8,} {mb:7.2f}"
+        )
     print(f"\n(all rows ran in {elapsed:.0f} s wall; load average {load1[0]:.2f} at the end)")
     print("\nspeed-up of fleet over the references, this run (per core; excl. start-up; wall):")
     for fleet_label, ref in SPEEDUPS:
-        print(f"  {fleet_label:{width}} vs {ref}: {speed[fleet_label] / speed[ref]:5.1f}x; "
-              f"{speed_net[fleet_label] / speed_net[ref]:5.1f}x; {speed_wall[fleet_label] / speed_wall[ref]:5.1f}x")
+        print(
+            f"  {fleet_label:{width}} vs {ref}: {speed[fleet_label] / speed[ref]:5.1f}x; "
+            f"{speed_net[fleet_label] / speed_net[ref]:5.1f}x; {speed_wall[fleet_label] / speed_wall[ref]:5.1f}x"
+        )
     ratios = {(f, r): (speed[f] / speed[r], speed_net[f] / speed_net[r]) for f, r in SPEEDUPS}
     return ratios, (outputs, text_file, out_dir)
 
@@ -330,8 +386,12 @@ def main() -> None:
     ap.add_argument("--bert-dir", help="a checkout of https://github.com/google-research/bert")
     ap.add_argument("--electra-dir", help="a checkout of https://github.com/google-research/electra")
     ap.add_argument("--repeat", type=int, default=5, help="each sample file this many times (default 5)")
-    ap.add_argument("--corpus", choices=("long", "short", "both"), default="both",
-                    help="long: the sample; short: its lines in documents of 1-3 lines; both (default)")
+    ap.add_argument(
+        "--corpus",
+        choices=("long", "short", "both"),
+        default="both",
+        help="long: the sample; short: its lines in documents of 1-3 lines; both (default)",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="run every row this many times, keep the least CPU")
     ap.add_argument("--vocab", help="vocab.txt (default: train one of 21128 on the sample)")
     ap.add_argument("--check-records", type=int, default=200, help="records of each output to parse and compare")
@@ -355,8 +415,12 @@ def main() -> None:
     samples = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]
     vocab = os.path.abspath(args.vocab) if args.vocab else os.path.join(tmp.name, "vocab.txt")
     if not args.vocab:
-        subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128",
-                        "--out", vocab], cwd=ROOT, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128", "--out", vocab],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
     with open(vocab, encoding="utf-8") as f:
         vocab_size = sum(1 for _ in f)
 
@@ -369,14 +433,26 @@ def main() -> None:
     if len(speedups) > 1:
         print("\nspeed-up of fleet over the references on both corpora, this run (per core; excl. start-up):")
         for fleet_label, ref in SPEEDUPS:
-            cells = "; ".join(f"{c} {speedups[c][fleet_label, ref][0]:.1f}x, {speedups[c][fleet_label, ref][1]:.1f}x"
-                              for c in speedups)
+            cells = "; ".join(
+                f"{c} {speedups[c][fleet_label, ref][0]:.1f}x, {speedups[c][fleet_label, ref][1]:.1f}x"
+                for c in speedups
+            )
             print(f"  {fleet_label} vs {ref}: {cells}")
 
     outputs, text_file, out_dir = checked
     print("\nrecords (feature: reference's kind[length] | fleet's):")
-    check = run([sys.executable, os.path.abspath(__file__), "--check-child", json.dumps(outputs), text_file, vocab,
-                 str(args.check_records)], os.path.join(tmp.name, "log-check"))
+    check = run(
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--check-child",
+            json.dumps(outputs),
+            text_file,
+            vocab,
+            str(args.check_records),
+        ],
+        os.path.join(tmp.name, "log-check"),
+    )
     print(check["stdout"], end="")
     shutil.rmtree(out_dir, ignore_errors=True)
 

@@ -50,13 +50,44 @@ def run(items: int, workers: int, standby: int | None, folder: str) -> tuple[int
     per_doc = os.path.getsize(probe) / 1000
     write_corpus(os.path.join(corpus, "a.txt"), docs=round(items * ITEM_BYTES / per_doc))
     bucket = os.path.join(folder, f"bucket-{items}")
-    for command in (["plan", "--bucket", bucket, "--run", RUN, "--job", LINEJOB, "--input", corpus, "--output",
-                     os.path.join(folder, f"out-{items}"), "--item-mb", str(ITEM_BYTES / 1e6), "--lease-ttl", "60"],
-                    ["work", "--bucket", bucket, "--run", RUN, "--procs", str(workers),
-                     "--log-dir", os.path.join(folder, f"logs-{items}")]
-                    + (["--standby", str(standby)] if standby is not None else [])):
-        proc = subprocess.run([sys.executable, "-m", "fleet.cli", *command], cwd=ROOT, capture_output=True, text=True,
-                              env=dict(os.environ, TMPDIR=folder))
+    for command in (
+        [
+            "plan",
+            "--bucket",
+            bucket,
+            "--run",
+            RUN,
+            "--job",
+            LINEJOB,
+            "--input",
+            corpus,
+            "--output",
+            os.path.join(folder, f"out-{items}"),
+            "--item-mb",
+            str(ITEM_BYTES / 1e6),
+            "--lease-ttl",
+            "60",
+        ],
+        [
+            "work",
+            "--bucket",
+            bucket,
+            "--run",
+            RUN,
+            "--procs",
+            str(workers),
+            "--log-dir",
+            os.path.join(folder, f"logs-{items}"),
+        ]
+        + (["--standby", str(standby)] if standby is not None else []),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "fleet.cli", *command],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, TMPDIR=folder),
+        )
         if proc.returncode != 0:
             sys.exit(f"fleet {command[0]} failed: {proc.stderr.strip()[-2000:]}")
     store = open_store(bucket)
@@ -87,15 +118,21 @@ def projection() -> None:
             extra = [1] * (math.ceil(maps / c.group) * c.blocks) if c else []
             steps = [0] * maps + extra + [2 if c else 1] + [3 if c else 2] * 1024
             stage = Boundary(maps, 1024, c) if c else Boundary(maps, 1024)
-            runs.append((f"{gb:,} GB, --shards 1024, {label}", [64_000_000] * maps + [0] * (len(steps) - maps),
-                         steps, [stage]))
+            runs.append(
+                (f"{gb:,} GB, --shards 1024, {label}", [64_000_000] * maps + [0] * (len(steps) - maps), steps, [stage])
+            )
     for label, sizes, steps, stages in runs:
         e = estimate(sizes, 200, 4, 0, True, rates, None, item_steps=steps, stages=stages)
         b = e.bucket
-        print(f"{label:>34} {len(sizes):>8,} {b.list_pages:>11,.0f} {b.writes:>10,.0f} {b.class_b:>10,.0f} "
-              f"{usd(b.usd):>8} {usd(e.expected_usd):>9}"
-              + (f"   (the shuffle: {b.shuffle.reads:,} reads, {usd(PRICES.usd(0, b.shuffle.reads))})"
-                 if b.shuffle else ""))
+        print(
+            f"{label:>34} {len(sizes):>8,} {b.list_pages:>11,.0f} {b.writes:>10,.0f} {b.class_b:>10,.0f} "
+            f"{usd(b.usd):>8} {usd(e.expected_usd):>9}"
+            + (
+                f"   (the shuffle: {b.shuffle.reads:,} reads, {usd(PRICES.usd(0, b.shuffle.reads))})"
+                if b.shuffle
+                else ""
+            )
+        )
 
 
 def main() -> None:
@@ -103,31 +140,53 @@ def main() -> None:
     parser.add_argument("--items", type=int, nargs="+", default=[400, 1600])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--standby", type=int, default=None, help="fleet work --standby (a VM's is 2)")
-    parser.add_argument("--projection", action="store_true",
-                        help="Print the dry run's estimate at 100 GB, 1 TB and 10 TB instead (no runs)")
+    parser.add_argument(
+        "--projection",
+        action="store_true",
+        help="Print the dry run's estimate at 100 GB, 1 TB and 10 TB instead (no runs)",
+    )
     args = parser.parse_args()
     if args.projection:
         projection()
         return
-    print(f"fleet work --procs {args.workers}, the line-copying job on ~1 kB items; requests per item "
-          f"(the workers' heartbeats), and $ per million items at ${PRICES.class_a_per_1000:g} (Class A) and "
-          f"${PRICES.class_b_per_1000:g} (Class B) per 1,000")
-    header = f"{'items':>7} {'':9}" + "".join(f"{k:>11}" for k in KINDS) + f"{'Class A':>9}{'Class B':>9}{'$/M items':>11}"
+    print(
+        f"fleet work --procs {args.workers}, the line-copying job on ~1 kB items; requests per item "
+        f"(the workers' heartbeats), and $ per million items at ${PRICES.class_a_per_1000:g} (Class A) and "
+        f"${PRICES.class_b_per_1000:g} (Class B) per 1,000"
+    )
+    header = (
+        f"{'items':>7} {'':9}" + "".join(f"{k:>11}" for k in KINDS) + f"{'Class A':>9}{'Class B':>9}{'$/M items':>11}"
+    )
     print(header)
     with tempfile.TemporaryDirectory(prefix="bench-requests-") as folder:
         for n in args.items:
             items, counts = run(n, args.workers, args.standby, folder)
             model = bucket_estimate([0] * items, items * 1000, processes=args.workers)
-            rows = [("measured", [getattr(counts, k) / items for k in KINDS], counts.class_a / items,
-                     counts.class_b / items),
-                    ("model", [model.list_pages / items, model.writes / items, model.reads / items, 0.0, 0.0],
-                     model.class_a / items, model.class_b / items)]
+            rows = [
+                (
+                    "measured",
+                    [getattr(counts, k) / items for k in KINDS],
+                    counts.class_a / items,
+                    counts.class_b / items,
+                ),
+                (
+                    "model",
+                    [model.list_pages / items, model.writes / items, model.reads / items, 0.0, 0.0],
+                    model.class_a / items,
+                    model.class_b / items,
+                ),
+            ]
             for label, per, a, b in rows:
                 cost = PRICES.usd(a, b) * 1e6
-                print(f"{items if label == 'measured' else '':>7} {label:9}" + "".join(f"{v:11.2f}" for v in per)
-                      + f"{a:9.2f}{b:9.2f}{cost:11.2f}")
-    print("(the model counts stats among reads, and a map item's input reads, 2.0, which the workers do not count:\n"
-          " the job reads its input through a store of its own; deletes are free)")
+                print(
+                    f"{items if label == 'measured' else '':>7} {label:9}"
+                    + "".join(f"{v:11.2f}" for v in per)
+                    + f"{a:9.2f}{b:9.2f}{cost:11.2f}"
+                )
+    print(
+        "(the model counts stats among reads, and a map item's input reads, 2.0, which the workers do not count:\n"
+        " the job reads its input through a store of its own; deletes are free)"
+    )
 
 
 if __name__ == "__main__":

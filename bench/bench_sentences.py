@@ -54,13 +54,15 @@ def paragraphs(docs: list[list[str]], group: int) -> list[list[str]]:
     """Each document's lines joined in runs of ``group`` (0: the whole document in one line)."""
     if group == 0:
         return [[join(d)] for d in docs]
-    return [[join(d[i:i + group]) for i in range(0, len(d), group)] for d in docs]
+    return [[join(d[i : i + group]) for i in range(0, len(d), group)] for d in docs]
 
 
 def row(name: str, side: Side, max_seq_length: int) -> str:
     p = side.percentiles()
-    return (f"| {name} | {side.lines:,} | {p['p50']:.0f} / {p['p90']:.0f} / {p['mean']:.1f} | "
-            f"{side.long_lines / side.lines:.1%} | {side.dropped / side.tokens:.1%} |")
+    return (
+        f"| {name} | {side.lines:,} | {p['p50']:.0f} / {p['p90']:.0f} / {p['mean']:.1f} | "
+        f"{side.long_lines / side.lines:.1%} | {side.dropped / side.tokens:.1%} |"
+    )
 
 
 def main() -> None:
@@ -76,16 +78,23 @@ def main() -> None:
         write_vocab(train_vocab((line for d in docs for line in d), 21128), vocab)
     tokenizer = BertTokenizer.from_file(vocab)
     seq = args.max_seq_length
-    print(f"sample corpus: {len(docs)} documents, {sum(map(len, docs)):,} lines; max_seq_length {seq}; "
-          f"ELECTRA builder; lines that do not fit: over {seq - 2} tokens")
+    print(
+        f"sample corpus: {len(docs)} documents, {sum(map(len, docs)):,} lines; max_seq_length {seq}; "
+        f"ELECTRA builder; lines that do not fit: over {seq - 2} tokens"
+    )
     print()
     print("| corpus | lines | tokens per line p50 / p90 / mean | lines that do not fit | tokens truncated |")
     print("| --- | --- | --- | --- | --- |")
-    for label, corpus in (("sample as it ships (a line per sentence or short paragraph)", docs),
-                          (f"paragraphs of {args.group} lines", paragraphs(docs, args.group)),
-                          ("a document per line", paragraphs(docs, 0))):
-        survey = Survey(tokenizer, lambda: ExampleBuilder(seq, tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"],
-                                                          random.Random(0)), seq)
+    for label, corpus in (
+        ("sample as it ships (a line per sentence or short paragraph)", docs),
+        (f"paragraphs of {args.group} lines", paragraphs(docs, args.group)),
+        ("a document per line", paragraphs(docs, 0)),
+    ):
+        survey = Survey(
+            tokenizer,
+            lambda: ExampleBuilder(seq, tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"], random.Random(0)),
+            seq,
+        )
         for d in corpus:
             survey.add(d)
         print(row(label, survey.as_read, seq))
@@ -99,8 +108,10 @@ def main() -> None:
             split_sentences(line)
         best = min(best, time.perf_counter() - t)
     print()
-    print(f"split_sentences speed: {size / best / 1e6:.1f} MB/s of text on one core "
-          f"(paragraphs of {args.group} lines, best of 3)")
+    print(
+        f"split_sentences speed: {size / best / 1e6:.1f} MB/s of text on one core "
+        f"(paragraphs of {args.group} lines, best of 3)"
+    )
 
 
 if __name__ == "__main__":

@@ -90,17 +90,39 @@ def stage_seconds(state: str) -> tuple[dict[str, float], dict[str, int]]:
     return dict(seconds), dict(counts)
 
 
-def fleet_local(label: str, corpus: str, out: str, vocab: str, workers: int, extra: list[str],
-                combine: tuple[int, int] | None = None) -> RunFigures:
+def fleet_local(
+    label: str,
+    corpus: str,
+    out: str,
+    vocab: str,
+    workers: int,
+    extra: list[str],
+    combine: tuple[int, int] | None = None,
+) -> RunFigures:
     """``combine``: (group, blocks) of a combine step forced on the run's stages."""
     shutil.rmtree(out, ignore_errors=True)
     fleet = [os.path.join(os.path.dirname(sys.executable), "fleet")]
     if combine:  # the planner is the command's own process: set its rule, then run the CLI as it is
-        fleet = [sys.executable, "-c", "from fleet.core import shuffle; "
-                 f"shuffle.COMBINE_RULE = shuffle.CombineRule(group={combine[0]}, blocks={combine[1]}); "
-                 "from fleet.cli import main; main()"]
-    cmd = [*fleet, "local", corpus, out, "--job", JOB, "--workers", str(workers), "--set", f"vocab_file={vocab}",
-           *extra]
+        fleet = [
+            sys.executable,
+            "-c",
+            "from fleet.core import shuffle; "
+            f"shuffle.COMBINE_RULE = shuffle.CombineRule(group={combine[0]}, blocks={combine[1]}); "
+            "from fleet.cli import main; main()",
+        ]
+    cmd = [
+        *fleet,
+        "local",
+        corpus,
+        out,
+        "--job",
+        JOB,
+        "--workers",
+        str(workers),
+        "--set",
+        f"vocab_file={vocab}",
+        *extra,
+    ]
     r = run_process(cmd)
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
@@ -132,17 +154,21 @@ def stage_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
                 shares[label].append(stage / (r.item_seconds - stage))
     plain, shards, dedup, both = (best[m] for m in list(modes)[:4])
     docs = plain.summary.get("documents", 0)
-    lines = [f"input: the short-document corpus x{args.repeat} ({os.path.getsize(corpus) / 1e6:.1f} MB, "
-             f"{docs:,} documents), job {JOB}, fleet local --workers {args.workers}; per mode the round with the "
-             f"least CPU of {args.rounds}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
-             "item seconds: the sum over a stage's items of the seconds their leases record (claim to upload)",
-             "",
-             f"  {'run':34}{'items':>7}{'cmd wall':>10}{'run wall':>10}{'CPU s':>8}   item seconds by stage"]
+    lines = [
+        f"input: the short-document corpus x{args.repeat} ({os.path.getsize(corpus) / 1e6:.1f} MB, "
+        f"{docs:,} documents), job {JOB}, fleet local --workers {args.workers}; per mode the round with the "
+        f"least CPU of {args.rounds}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
+        "item seconds: the sum over a stage's items of the seconds their leases record (claim to upload)",
+        "",
+        f"  {'run':34}{'items':>7}{'cmd wall':>10}{'run wall':>10}{'CPU s':>8}   item seconds by stage",
+    ]
     for r in best.values():
         stages = ", ".join(f"{name} {s:.2f} ({r.counts[name]})" for name, s in r.seconds.items())
         lines.append(f"  {r.label:34}{r.items:>7}{r.wall:>10.2f}{r.run_wall:>10.2f}{r.cpu:>8.2f}   {stages}")
-    lines.append("  (cmd wall: the whole `fleet local` command; run wall: its own figure, workers started to finished; "
-                 "in brackets: items)")
+    lines.append(
+        "  (cmd wall: the whole `fleet local` command; run wall: its own figure, workers started to finished; "
+        "in brackets: items)"
+    )
 
     def shuffle_share(r: RunFigures) -> tuple[float, float]:
         stage = sum(s for name, s in r.seconds.items() if name.startswith("shards"))  # its combine step too
@@ -162,7 +188,10 @@ def stage_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
         f"CPU {shards.cpu / plain.cpu:.2f}x",
     ]
     dropped = dedup.summary.get("dedup_documents_dropped", 0)
-    dmap, dstage = dedup.seconds.get("map", 0.0), dedup.seconds.get("dedup", 0.0) + dedup.seconds.get("dedup barrier", 0.0)
+    dmap, dstage = (
+        dedup.seconds.get("map", 0.0),
+        dedup.seconds.get("dedup", 0.0) + dedup.seconds.get("dedup barrier", 0.0),
+    )
     lines += [
         f"--dedup exact: the map (documents keyed by their text's digest, no conversion) {dmap:.2f} s + the dedup stage "
         f"(barrier + {dedup.counts.get('dedup', 0)} items that convert the kept documents) {dstage:.2f} s = "
@@ -173,10 +202,12 @@ def stage_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
         f"converts {docs - dropped:,}, the plain run {docs:,}",
     ]
     stage, before = shuffle_share(both)
-    lines.append(f"--dedup exact --shards {args.shards}: item seconds {both.item_seconds:.2f} "
-                 f"({', '.join(f'{n} {s:.2f}' for n, s in both.seconds.items())}); the shuffle stage "
-                 f"= {100 * stage / before:.0f}% of the stages before it ({spread(shares[both.label])}); run wall {both.run_wall / plain.run_wall:.2f}x "
-                 f"the plain run's")
+    lines.append(
+        f"--dedup exact --shards {args.shards}: item seconds {both.item_seconds:.2f} "
+        f"({', '.join(f'{n} {s:.2f}' for n, s in both.seconds.items())}); the shuffle stage "
+        f"= {100 * stage / before:.0f}% of the stages before it ({spread(shares[both.label])}); run wall {both.run_wall / plain.run_wall:.2f}x "
+        f"the plain run's"
+    )
     if args.combine:
         combined = best[combined_label]
         stage, before = shuffle_share(combined)
@@ -198,8 +229,10 @@ def spread(values: list[float]) -> str:
     """The share in every round, as the median and range: item seconds are wall time, so a busy
     machine moves them; the share within one run moves less."""
     values = sorted(values)
-    return (f"over the {len(values)} rounds: median {100 * values[len(values) // 2]:.0f}%, "
-            f"{100 * values[0]:.0f}-{100 * values[-1]:.0f}%")
+    return (
+        f"over the {len(values)} rounds: median {100 * values[len(values) // 2]:.0f}%, "
+        f"{100 * values[0]:.0f}-{100 * values[-1]:.0f}%"
+    )
 
 
 def worker_child(bucket: str, name: str, log_file: str) -> None:
@@ -214,8 +247,12 @@ def worker_child(bucket: str, name: str, log_file: str) -> None:
 
 def run_worker(bucket: str, name: str, folder: str) -> float:
     log_file = os.path.join(folder, f"{name}.log")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker-child", bucket, name, log_file],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--worker-child", bucket, name, log_file],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     if proc.returncode:
         raise SystemExit(f"worker {name} failed:\n{proc.stderr[-2000:]}")
     r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -237,10 +274,21 @@ def rss_rows(args, corpus: str, vocab: str, folder: str) -> list[str]:
     shutil.rmtree(out, ignore_errors=True)
     bucket = os.path.join(out, ".fleet")
     budget = int(args.rss_shuffle_mb * 1e6)
-    _, items, _ = plan(bucket, PlanRequest(run=RUN, job=JOB, inputs=[corpus], output=out, code_version="bench",
-                                           settings={"vocab_file": vocab}, lease_ttl=60,
-                                           item_bytes=int(args.rss_item_mb * 1e6), stage_options=StageOptions(1, ""),
-                                           shuffle_budget=budget))
+    _, items, _ = plan(
+        bucket,
+        PlanRequest(
+            run=RUN,
+            job=JOB,
+            inputs=[corpus],
+            output=out,
+            code_version="bench",
+            settings={"vocab_file": vocab},
+            lease_ttl=60,
+            item_bytes=int(args.rss_item_mb * 1e6),
+            stage_options=StageOptions(1, ""),
+            shuffle_budget=budget,
+        ),
+    )
     whole = run_worker(bucket, "whole", folder)
     store = open_store(bucket)
     leases = StatusReader(store, RUN).leases()
@@ -286,8 +334,12 @@ def main() -> None:
     ap.add_argument("--rss-shuffle-mb", type=float, default=8.0, help="the budget of the peak RSS run (0: skip it)")
     ap.add_argument("--rss-repeat", type=int, default=10, help="the short corpus this many times for the RSS run")
     ap.add_argument("--rss-item-mb", type=float, default=6.0, help="map item size of the RSS run")
-    ap.add_argument("--combine", type=int, default=0,
-                    help="also a --shards run with a combine step of groups of this many map files (0: none)")
+    ap.add_argument(
+        "--combine",
+        type=int,
+        default=0,
+        help="also a --shards run with a combine step of groups of this many map files (0: none)",
+    )
     ap.add_argument("--combine-blocks", type=int, default=1, help="key blocks of that combine step")
     ap.add_argument("--worker-child", nargs=3, metavar=("BUCKET", "NAME", "LOG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -301,8 +353,12 @@ def main() -> None:
         if not vocab:
             vocab = os.path.join(folder, "vocab.txt")
             samples = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("zh", "en")]
-            subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128",
-                            "--out", vocab], cwd=ROOT, check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "fleet_jobs.text", "vocab", *samples, "--size", "21128", "--out", vocab],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+            )
         corpus = os.path.join(folder, "short.txt")
         write_corpus(corpus, args.repeat)
         print("\n".join(stage_rows(args, corpus, vocab, folder)), flush=True)

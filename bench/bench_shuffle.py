@@ -17,8 +17,7 @@ import resource
 import tempfile
 import time
 
-from fleet.core.shuffle import (PartitionWriter, ShufflePiece, build_index, load_index, partitions_for,
-                                reduce_records)
+from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, load_index, partitions_for, reduce_records
 from fleet.core.store import open_store
 
 
@@ -46,7 +45,7 @@ def main() -> None:
         for p in range(args.pieces):
             work = os.path.join(tmp, f"map{p}")
             os.makedirs(work)
-            values = [blob[(o := rng.randrange(len(blob) - args.record)):o + args.record] for _ in range(per_piece)]
+            values = [blob[(o := rng.randrange(len(blob) - args.record)) : o + args.record] for _ in range(per_piece)]
             keys = [rng.getrandbits(64) for _ in range(per_piece)]
             writer = PartitionWriter(work, partitions, budget=(args.budget_mb << 20) // args.pieces)
             t0 = time.perf_counter()
@@ -74,15 +73,20 @@ def main() -> None:
         t_reduce = time.perf_counter() - t0
         assert got == per_piece * args.pieces, (got, per_piece * args.pieces)
     write = t_emit + t_finish
-    print(f"{data_mb:.0f} MB in {per_piece * args.pieces} records of {args.record} B, {args.pieces} pieces, "
-          f"P={partitions}, budget {args.budget_mb} MB over the pieces ({spills} spills)")
-    print(f"write:  {data_mb / write:6.1f} MB/s  (emit {data_mb / t_emit:.1f} MB/s, "
-          f"finish {data_mb / t_finish:.1f} MB/s)")
+    print(
+        f"{data_mb:.0f} MB in {per_piece * args.pieces} records of {args.record} B, {args.pieces} pieces, "
+        f"P={partitions}, budget {args.budget_mb} MB over the pieces ({spills} spills)"
+    )
+    print(
+        f"write:  {data_mb / write:6.1f} MB/s  (emit {data_mb / t_emit:.1f} MB/s, finish {data_mb / t_finish:.1f} MB/s)"
+    )
     print(f"index:  {t_index * 1000:.0f} ms")
     print(f"reduce: {data_mb / t_reduce:6.1f} MB/s  ({args.items} items{', balanced' if args.balanced else ''})")
-    print(f"write + reduce: {data_mb / (write + t_reduce):6.1f} MB/s; peak RSS "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB (with one piece's records "
-          "generated up front: see tests/test_shuffle.py for memory)")
+    print(
+        f"write + reduce: {data_mb / (write + t_reduce):6.1f} MB/s; peak RSS "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB (with one piece's records "
+        "generated up front: see tests/test_shuffle.py for memory)"
+    )
 
 
 if __name__ == "__main__":

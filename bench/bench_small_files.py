@@ -76,17 +76,30 @@ def main() -> None:
         size = make_files(corpus, args.files)
         vocab = make_vocab(os.path.join(tmp, "vocab.txt"))
         env = {**os.environ, "PYTHONPATH": tree, "TMPDIR": tmp}
-        cmd = [sys.executable, "-m", "fleet.cli", "local", corpus, out, "--job", args.job, "--workers",
-               str(args.workers), "--set", f"vocab_file={vocab}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fleet.cli",
+            "local",
+            corpus,
+            out,
+            "--job",
+            args.job,
+            "--workers",
+            str(args.workers),
+            "--set",
+            f"vocab_file={vocab}",
+        ]
         r = run_process(cmd, cwd=tree, env=env)
         written = sorted(name for name in os.listdir(out) if name != ".fleet")
         with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
             summary = json.load(f)
-    print(f"{args.files:,} one-line files ({size / 1e6:.2f} MB), {args.job}, --workers {args.workers}, "
-          f"code of {tree}:")
-    print(f"  {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU (process tree), peak RSS {r['rss_mib']:.0f} MiB; "
-          f"{summary['items']:,} items, {len(written):,} files written ({summary['done']:,} done, "
-          f"{summary['failed']} failed, {int(summary.get('documents', 0)):,} documents)")
+    print(f"{args.files:,} one-line files ({size / 1e6:.2f} MB), {args.job}, --workers {args.workers}, code of {tree}:")
+    print(
+        f"  {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU (process tree), peak RSS {r['rss_mib']:.0f} MiB; "
+        f"{summary['items']:,} items, {len(written):,} files written ({summary['done']:,} done, "
+        f"{summary['failed']} failed, {int(summary.get('documents', 0)):,} documents)"
+    )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,13 @@ MODES = ("compiled", "cached")
 def copy_checkout(folder: str) -> str:
     """This checkout's files as they are now (tracked, and new ones git does not ignore)."""
     tree = os.path.join(folder, "now")
-    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                           capture_output=True).stdout.decode().split("\0")
+    names = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, names):
         src = os.path.join(ROOT, name)
         if os.path.isfile(src):
@@ -80,8 +85,9 @@ def environment(tree: str, mode: str, prefix: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="run each row this many times, keep the least CPU")
-    ap.add_argument("--before", metavar="REV", help="also time REV's fleet local (git archive, this venv) in "
-                    "the same rounds")
+    ap.add_argument(
+        "--before", metavar="REV", help="also time REV's fleet local (git archive, this venv) in the same rounds"
+    )
     args = ap.parse_args()
 
     tmp = tempfile.TemporaryDirectory(prefix="bench-startup-")
@@ -90,8 +96,22 @@ def main() -> None:
     texts = [block for block in (parts["zh"] + parts["en"]).decode().split("\n\n") if block.strip()]
     tokenizers = make_tokenizers(texts, folder)
     vocab = os.path.join(folder, "vocab.txt")
-    subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", os.path.join(ROOT, "corpus"),
-                    "--size", "21128", "--out", vocab], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleet_jobs.text",
+            "vocab",
+            os.path.join(ROOT, "corpus"),
+            "--size",
+            "21128",
+            "--out",
+            vocab,
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     line = os.path.join(folder, "line.txt")
     with open(line, "w") as f:
         f.write("hello world, 你好世界\n")
@@ -104,7 +124,8 @@ def main() -> None:
     local = [fleet, "local", line, out, "--workers", "1"]
     rows = {
         "electra_zh_en (vocab.txt)": local + ["--set", f"vocab_file={vocab}"],
-        "causal_lm (SentencePiece)": local + ["--job", "causal_lm", "--set", f"tokenizer_file={tokenizers['sentencepiece']}"],
+        "causal_lm (SentencePiece)": local
+        + ["--job", "causal_lm", "--set", f"tokenizer_file={tokenizers['sentencepiece']}"],
         "causal_lm (tokenizer.json)": local + ["--job", "causal_lm", "--set", f"tokenizer_file={tokenizers['json']}"],
     }
     floor = {
@@ -131,9 +152,11 @@ def main() -> None:
                     best[key] = min(best.get(key, cpu), cpu)
     shutil.rmtree(out, ignore_errors=True)
 
-    print(f"fleet local --workers 1 on a one-line file: CPU s of the process tree (user + system), least of "
-          f"{args.rounds}; python {sys.version.split()[0]}; {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.2f}")
+    print(
+        f"fleet local --workers 1 on a one-line file: CPU s of the process tree (user + system), least of "
+        f"{args.rounds}; python {sys.version.split()[0]}; {os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.2f}"
+    )
     names = list(trees)
     head = f"{'':34}" + "".join(f"{f'{mode}: ' + ', '.join(names):>28}" for mode in MODES)
     print(head)

@@ -62,8 +62,13 @@ def main() -> None:
     parts = short_sample()
     docs = {lang: [b.strip("\n") for b in parts[lang].decode().split("\n\n") if b.strip()] for lang in ("en", "zh")}
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter([line for d in docs["en"] + docs["zh"] for line in d.split("\n")]),
-                                   model_writer=model, vocab_size=args.vocab, minloglevel=2, character_coverage=0.9995)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([line for d in docs["en"] + docs["zh"] for line in d.split("\n")]),
+        model_writer=model,
+        vocab_size=args.vocab,
+        minloglevel=2,
+        character_coverage=0.9995,
+    )
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
     proto, lib = model_proto(sp), native.load()
     assert why_not(proto, spm.__version__) is None
@@ -71,32 +76,43 @@ def main() -> None:
     def library(texts):
         out = []
         for at in range(0, len(texts), BATCH):
-            out += sp.encode(texts[at:at + BATCH], out_type=int, num_threads=1)
+            out += sp.encode(texts[at : at + BATCH], out_type=int, num_threads=1)
         return out
 
     def fleet(enc, texts):
-        parts = [enc.encode(texts[at:at + BATCH]) for at in range(0, len(texts), BATCH)]
+        parts = [enc.encode(texts[at : at + BATCH]) for at in range(0, len(texts), BATCH)]
         return np.concatenate([p[0] for p in parts]), enc.stats()
 
     start = time.process_time()
     UnigramEncoder(sp, proto, lib)
     made_in = time.process_time() - start
 
-    rows = {"English, once": docs["en"], "Chinese, once": docs["zh"], "both, once": docs["en"] + docs["zh"],
-            "both, x10": (docs["en"] + docs["zh"]) * 10}
-    print(f"unigram .model of {args.vocab} pieces; sentencepiece {spm.__version__}; least CPU of {args.rounds}; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    rows = {
+        "English, once": docs["en"],
+        "Chinese, once": docs["zh"],
+        "both, once": docs["en"] + docs["zh"],
+        "both, x10": (docs["en"] + docs["zh"]) * 10,
+    }
+    print(
+        f"unigram .model of {args.vocab} pieces; sentencepiece {spm.__version__}; least CPU of {args.rounds}; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'documents':16}{'MB':>7}{'library':>10}{'fleet':>10}{'ratio':>8}   words: cached, added, computed")
     for name, texts in rows.items():
         mb = sum(len(t.encode()) for t in texts) / 1e6
         lib_s, expected = cpu(lambda _, texts=texts: library(texts), args.rounds)
-        ours_s, (ids, stats) = cpu(lambda enc, texts=texts: fleet(enc, texts), args.rounds,
-                                   lambda: UnigramEncoder(sp, proto, lib))  # (a cold cache every round)
+        ours_s, (ids, stats) = cpu(
+            lambda enc, texts=texts: fleet(enc, texts), args.rounds, lambda: UnigramEncoder(sp, proto, lib)
+        )  # (a cold cache every round)
         assert ids.tolist() == [i for doc in expected for i in doc], name
-        print(f"{name:16}{mb:7.2f}{lib_s:9.3f}s{ours_s:9.3f}s{lib_s / ours_s:7.2f}x   "
-              f"{stats['hits']:,}, {stats['added']:,}, {stats['computed']:,}")
-    print(f"(CPU seconds of this process; ratio = library / fleet; every row's ids are the library's; making "
-          f"the encoder's C tables, once per worker, not in the rows: {made_in * 1000:.1f} ms)")
+        print(
+            f"{name:16}{mb:7.2f}{lib_s:9.3f}s{ours_s:9.3f}s{lib_s / ours_s:7.2f}x   "
+            f"{stats['hits']:,}, {stats['added']:,}, {stats['computed']:,}"
+        )
+    print(
+        f"(CPU seconds of this process; ratio = library / fleet; every row's ids are the library's; making "
+        f"the encoder's C tables, once per worker, not in the rows: {made_in * 1000:.1f} ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -73,15 +73,37 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 SLEEPJOB = "tests.helpers.sleepjob:JOB"
-COORDINATION = ("lease write", "lease renew", "lease read", "lease list", "final marker", "final list", "heartbeat",
-                "idle marker", "run spec", "done list", "done marker", "released list", "released marker")
+COORDINATION = (
+    "lease write",
+    "lease renew",
+    "lease read",
+    "lease list",
+    "final marker",
+    "final list",
+    "heartbeat",
+    "idle marker",
+    "run spec",
+    "done list",
+    "done marker",
+    "released list",
+    "released marker",
+)
 # Renewals run in a thread beside the conversion: requests, but no worker time.
 COORDINATION_TIME = tuple(k for k in COORDINATION if k != "lease renew")
 WRITES = ("write", "upload_file", "delete")  # the store calls that mutate an object (or try to)
 # What Cloud Storage bills each store call's requests as (cloud.google.com/storage/pricing): writes and
 # list pages are Class A, reads and metadata Class B, deletes free.
-BILLING = {"write": "class A", "upload_file": "class A", "list": "class A", "read": "class B",
-           "read_generation": "class B", "download_file": "class B", "stat": "class B", "delete": "free"}
+BILLING = {
+    "write": "class A",
+    "upload_file": "class A",
+    "list": "class A",
+    "read": "class B",
+    "read_generation": "class B",
+    "download_file": "class B",
+    "stat": "class B",
+    "delete": "free",
+}
+
 
 def _prices() -> dict[str, float]:
     """USD a request, by class: fleet.gce.estimate's list prices (one place for them)."""
@@ -229,15 +251,22 @@ class _Meter:
         if "/shuffle/" in name:  # records between stages (fleet.core.layout.shuffle_name, index_name)
             if name.endswith(".index"):
                 return {"upload_file": "index write", "read": "index read", "stat": "index stat"}.get(
-                    method, f"index {method}")
-            return {"upload_file": "shuffle write", "read": "shuffle header", "download_file": "shuffle download",
-                    "stat": "shuffle stat"}.get(method, f"shuffle {method}")
+                    method, f"index {method}"
+                )
+            return {
+                "upload_file": "shuffle write",
+                "read": "shuffle header",
+                "download_file": "shuffle download",
+                "stat": "shuffle stat",
+            }.get(method, f"shuffle {method}")
         if method in ("download_file",):
             return "input"
         if method == "upload_file" or "/part-" in name or name.endswith("/manifest.json"):
             return "output" if method in WRITES else f"output {method}"
         if "/leases/" in name:
-            return {"write": "lease write", "read_generation": "lease read", "list": "lease list"}.get(method, "lease other")
+            return {"write": "lease write", "read_generation": "lease read", "list": "lease list"}.get(
+                method, "lease other"
+            )
         if "/final/" in name:
             return {"write": "final marker", "list": "final list"}.get(method, "final other")
         if "/done/" in name:
@@ -290,20 +319,31 @@ class _Meter:
                             elif kind == "shuffle header":
                                 meter.headers[getattr(meter.local, "item", None)] += 1
                         meter.local.kind, meter.local.method = outer, outer_method
+
                 return wrapper
+
             return make
 
         from tests.standins.memstore import MemoryStore
 
         for cls in (GCSStore, MemoryStore):
-            for method in ("read", "read_generation", "write", "upload_file", "download_file", "stat", "list",
-                           "delete"):
+            for method in (
+                "read",
+                "read_generation",
+                "write",
+                "upload_file",
+                "download_file",
+                "stat",
+                "list",
+                "delete",
+            ):
                 self.patch(cls, method, timed(method))
 
         def count_send(original):
             def send(adapter, request, *args, **kwargs):
                 meter.count_request()
                 return original(adapter, request, *args, **kwargs)
+
             return send
 
         self.patch(requests.adapters.HTTPAdapter, "send", count_send)
@@ -322,6 +362,7 @@ class _Meter:
                     with meter.lock:
                         meter.first_claim.setdefault(item, time.time())
                 return got
+
             return wrapper
 
         self.patch(Leases, "claim", claim)
@@ -332,6 +373,7 @@ class _Meter:
                 with meter.lock:
                     meter.commits[held.item] += 1
                     meter.commit_time[held.item] = time.time()
+
             return wrapper
 
         self.patch(Leases, "commit", commit)
@@ -349,6 +391,7 @@ class _Meter:
                     local.free_since = local.last_work_end = time.time()
                     with meter.lock:
                         meter.processed += 1
+
             return wrapper
 
         self.patch(ItemRunner, "process", process)
@@ -365,7 +408,9 @@ class _Meter:
                         return fn(*a, **k)
                     finally:
                         meter.local.step = meter.local.item = None
+
                 return original(pool, run, *args, **kwargs)
+
             return wrapper
 
         self.patch(concurrent.futures.ThreadPoolExecutor, "submit", submit)
@@ -380,6 +425,7 @@ class _Meter:
                 finally:
                     with meter.lock:
                         meter.convert_seconds += time.perf_counter() - t0
+
             return wrapper
 
         self.patch(SleepConverter, "convert", convert)
@@ -394,10 +440,24 @@ def make_corpus(n_items: int) -> tuple[bytes, int]:
     return b"".join(docs), size
 
 
-def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, jitter: float = 0.2,
-             standby: int | None = 2, run: str | None = None, pool: int = 256, progress: bool = False,
-             worker_class=None, shards: int = 0, records: int = 4, reduce_seconds: float = 0.2,
-             latency: float = 0.0, combine: tuple[int, int] = (0, 0)) -> Figures:
+def simulate(
+    bucket: str,
+    workers: int,
+    items: int,
+    seconds: float,
+    ttl: float,
+    jitter: float = 0.2,
+    standby: int | None = 2,
+    run: str | None = None,
+    pool: int = 256,
+    progress: bool = False,
+    worker_class=None,
+    shards: int = 0,
+    records: int = 4,
+    reduce_seconds: float = 0.2,
+    latency: float = 0.0,
+    combine: tuple[int, int] = (0, 0),
+) -> Figures:
     """One run of `items` items by `workers` Worker threads on `bucket`: a bucket name on
     fake-gcs-server (STORAGE_EMULATOR_HOST set), or ``mem://NAME``, a bucket in this process
     (tests/standins/memstore.py) whose every request waits `latency` seconds (±50%).
@@ -428,8 +488,11 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
         from tests.standins.memstore import MemoryStore
 
         jittered = random.Random(0)
-        memory = MemoryStore(bucket, latency=lambda: latency * jittered.uniform(0.5, 1.5),
-                             on_request=lambda method, name: meter.count_request())
+        memory = MemoryStore(
+            bucket,
+            latency=lambda: latency * jittered.uniform(0.5, 1.5),
+            on_request=lambda method, name: meter.count_request(),
+        )
         root = bucket
         original = core_store.open_store
 
@@ -461,11 +524,22 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     settings = {"seconds": str(seconds), "jitter": str(jitter)}
     if shards:
         settings.update(records=str(records), reduce_seconds=str(reduce_seconds))
-    _, planned, _ = plan(root, PlanRequest(
-        run=run, job=SLEEPJOB, inputs=[corpus], output=f"{root}/out/{run}", code_version="sim", settings=settings,
-        lease_ttl=ttl, max_attempts=5, item_bytes=size - 1,  # one document each
-        stage_options=StageOptions(shards),
-        combine=CombineRule(group=combine[0], blocks=combine[1]) if combine[0] else CombineRule(min_reads=1 << 62)))
+    _, planned, _ = plan(
+        root,
+        PlanRequest(
+            run=run,
+            job=SLEEPJOB,
+            inputs=[corpus],
+            output=f"{root}/out/{run}",
+            code_version="sim",
+            settings=settings,
+            lease_ttl=ttl,
+            max_attempts=5,
+            item_bytes=size - 1,  # one document each
+            stage_options=StageOptions(shards),
+            combine=CombineRule(group=combine[0], blocks=combine[1]) if combine[0] else CombineRule(min_reads=1 << 62),
+        ),
+    )
     assert sum(1 for i in planned if i.step == 0) == items, (len(planned), items)
     # The item list is the same for every worker: one copy in this process (a VM's workers each read theirs).
     shared = load_items(store, run)
@@ -509,8 +583,13 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
             time.sleep(1)
             if progress:
                 done = sum(meter.commits.values())
-                print(f"\r  {time.time() - start:6.1f} s: {done}/{len(planned)} committed, "
-                      f"{sum(meter.requests.values())} requests", end="", file=sys.stderr, flush=True)
+                print(
+                    f"\r  {time.time() - start:6.1f} s: {done}/{len(planned)} committed, "
+                    f"{sum(meter.requests.values())} requests",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if progress:
             print(file=sys.stderr)
     finally:
@@ -522,7 +601,7 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     leases = {}
     prefix = lease_prefix(run)
     for blob in store.list(prefix):
-        leases[blob.name[len(prefix):]] = Lease.from_json(store.read(blob.name))
+        leases[blob.name[len(prefix) :]] = Lease.from_json(store.read(blob.name))
     fig.classes = dict(meter.classes)
     fig.hot_object = hottest(meter.writes)
     fig.wall = end - start
@@ -543,8 +622,16 @@ def simulate(bucket: str, workers: int, items: int, seconds: float, ttl: float, 
     return fig
 
 
-def stage_figures(meter: "_Meter", planned: list, leases: dict, start: float, shards: int, records: int,
-                  reduce_seconds: float, combine: tuple[int, int] = (0, 0)) -> StageFigures:
+def stage_figures(
+    meter: "_Meter",
+    planned: list,
+    leases: dict,
+    start: float,
+    shards: int,
+    records: int,
+    reduce_seconds: float,
+    combine: tuple[int, int] = (0, 0),
+) -> StageFigures:
     """The per-step figures of a run with a shards stage, from what the meter saw."""
     sf = StageFigures(shards, records, reduce_seconds)
     if combine[0]:
@@ -594,8 +681,9 @@ def stage_figures(meter: "_Meter", planned: list, leases: dict, start: float, sh
             sf.shard_seconds.append(float(lease.stats.get("seconds", 0.0)))
     sf.shard_downloads = sorted(meter.downloads.get(i.id, 0) for i in planned if i.step == of["shards"])
     if combine[0]:
-        sf.combine_reads = sorted(meter.downloads.get(i.id, 0) + meter.headers.get(i.id, 0)
-                                  for i in planned if i.step == of["combine"])
+        sf.combine_reads = sorted(
+            meter.downloads.get(i.id, 0) + meter.headers.get(i.id, 0) for i in planned if i.step == of["combine"]
+        )
     return sf
 
 
@@ -630,20 +718,23 @@ def report(fig: Figures, realistic_seconds: float = 180.0, gcs_latency: float = 
         f"{per_item(fig.coordination_requests):.1f} for coordination",
     ]
     for kind, n in sorted(fig.requests.items(), key=lambda kv: -kv[1]):
-        lines.append(f"    {kind:<14} {per_item(n):8.2f} per item   {n:8d} requests   "
-                     f"{fig.store_seconds.get(kind, 0.0):8.1f} s in calls")
+        lines.append(
+            f"    {kind:<14} {per_item(n):8.2f} per item   {n:8d} requests   "
+            f"{fig.store_seconds.get(kind, 0.0):8.1f} s in calls"
+        )
     lines += [
         "claim latency, one Leases.claim call (ms): "
-        + ", ".join(f"p{q} {1000 * pct(fig.claim_calls, q):.0f}" for q in (50, 90, 99)) +
-        f", max {1000 * max(fig.claim_calls, default=float('nan')):.0f}  ({len(fig.claim_calls)} calls)",
+        + ", ".join(f"p{q} {1000 * pct(fig.claim_calls, q):.0f}" for q in (50, 90, 99))
+        + f", max {1000 * max(fig.claim_calls, default=float('nan')):.0f}  ({len(fig.claim_calls)} calls)",
         "wait from one item's end to the next lease held (ms): "
-        + ", ".join(f"p{q} {1000 * pct(fig.claim_waits, q):.0f}" for q in (50, 90, 99)) +
-        f", max {1000 * max(fig.claim_waits, default=float('nan')):.0f}",
+        + ", ".join(f"p{q} {1000 * pct(fig.claim_waits, q):.0f}" for q in (50, 90, 99))
+        + f", max {1000 * max(fig.claim_waits, default=float('nan')):.0f}",
     ]
     pages = {k: v for k, v in fig.requests.items() if k.endswith(" list")}
     lines += [
         f"list requests (pages of at most 1,000 objects) per item: {per_item(fig.list_pages()):.2f} ("
-        + ", ".join(f"{k} {per_item(v):.2f}" for k, v in sorted(pages.items(), key=lambda kv: -kv[1])) + ")",
+        + ", ".join(f"{k} {per_item(v):.2f}" for k, v in sorted(pages.items(), key=lambda kv: -kv[1]))
+        + ")",
         "requests per item by Cloud Storage billing class: "
         + ", ".join(f"{k} {per_item(v):.2f}" for k, v in sorted(fig.classes.items())),
         f"the object written most often in one second: {fig.hot_object[1]} write(s), "
@@ -682,9 +773,11 @@ def cost_per_tb(fig: Figures, item_mb: float = 64.0) -> str:
     measured_b = per.get("class B", 0.0)
     data_b = 0.0 if fig.requests.get("input") else 1.0
     coordination = items * (per.get("class A", 0.0) * PRICE["class A"] + (measured_b + data_b) * PRICE["class B"])
-    return (f"bucket operations per TB of input ({item_mb:g} MB items: {items:,.0f} items): ${coordination:.2f} "
-            f"(class A {per.get('class A', 0.0):.2f} and class B {measured_b + data_b:.2f} a item, at "
-            f"${PRICE['class A'] * 1e6:g} and ${PRICE['class B'] * 1e6:g} a million)")
+    return (
+        f"bucket operations per TB of input ({item_mb:g} MB items: {items:,.0f} items): ${coordination:.2f} "
+        f"(class A {per.get('class A', 0.0):.2f} and class B {measured_b + data_b:.2f} a item, at "
+        f"${PRICE['class A'] * 1e6:g} and ${PRICE['class B'] * 1e6:g} a million)"
+    )
 
 
 def tail_bound(fig: Figures) -> float:
@@ -701,17 +794,23 @@ def notes(fig: Figures, realistic_seconds: float = 180.0) -> str:
     """What the figures mean, from the figures."""
     per = lambda kind: fig.requests.get(kind, 0) / fig.items  # noqa: E731
     lost_races = max(0.0, per("lease write") - 2)  # beyond a claim and a commit
-    lease_requests = sum(per(k) for k in ("lease write", "lease renew", "lease read", "lease list", "final list",
-                                          "final marker"))
+    lease_requests = sum(
+        per(k) for k in ("lease write", "lease renew", "lease read", "lease list", "final list", "final marker")
+    )
     writes = per("lease write") + per("lease renew") + per("final marker") + per("heartbeat") + per("output")
     renewals = 3 * fig.seconds / fig.ttl  # per item of any length, the ttl scaled with it
     real_writes = writes - per("lease renew") + renewals
     read_rate = fig.workers * per("lease read") / realistic_seconds
     share = lease_requests * 0.03 / realistic_seconds
     bound = tail_bound(fig)
-    staged = "" if fig.stages is None else (
-        "\n  (With stages this counts a worker's wait for the barrier after its last map item as idle"
-        "\n  too, and workers that ran no shard item idle until they leave: the bound is for one stage.)")
+    staged = (
+        ""
+        if fig.stages is None
+        else (
+            "\n  (With stages this counts a worker's wait for the barrier after its last map item as idle"
+            "\n  too, and workers that ran no shard item idle until they leave: the bound is for one stage.)"
+        )
+    )
     return f"""
 notes
 - Lease writes: {per("lease write"):.1f} per item besides renewals: a claim and a commit make 2, and
@@ -750,10 +849,15 @@ def stage_report(fig: Figures) -> str:
     sf = fig.stages
     m, s = sf.items.get("map", 0), sf.items.get("shards", 0)
     group, blocks = sf.combine
-    via = f" -> {sf.items.get('combine', 0)} combine items (groups of {group} map files, {blocks} key block(s))" \
-        if group else ""
-    lines = [f"stages, measured: {m} map items{via} -> 1 barrier -> {s} shard items (--shards {sf.shards}); "
-             f"{sf.records} keyed records per map item; a shard item sleeps {sf.reduce_seconds:g} s (±20%)"]
+    via = (
+        f" -> {sf.items.get('combine', 0)} combine items (groups of {group} map files, {blocks} key block(s))"
+        if group
+        else ""
+    )
+    lines = [
+        f"stages, measured: {m} map items{via} -> 1 barrier -> {s} shard items (--shards {sf.shards}); "
+        f"{sf.records} keyed records per map item; a shard item sleeps {sf.reduce_seconds:g} s (±20%)"
+    ]
     for step in sf.steps:
         n = sf.items.get(step, 0) or 1
         mine = sf.in_items.get(step, {})
@@ -764,34 +868,47 @@ def stage_report(fig: Figures) -> str:
         lines.append(f"  {'':8} claim loop during its phase, per item: {sum(loop.values()) / n:.1f} ({kinds})")
         hot, tried = sf.hot_writes.get(step), sf.hot_attempts.get(step)
         if hot or tried:
-            lines.append(f"  {'':8} busiest object for writes: {hot[1] if hot else 0} write(s) in one second "
-                         f"({hot[0].split('/', 2)[-1] if hot else '-'}); with failed creates (412): {tried[1]} "
-                         f"({tried[0].split('/', 2)[-1]})")
-    lines.append(f"  the barrier's lease object: {sf.barrier_lease_tries} write(s) tried in its busiest second "
-                 "(when the step before drains, every worker whose listing shows it unleased tries to create it; "
-                 "one wins)")
+            lines.append(
+                f"  {'':8} busiest object for writes: {hot[1] if hot else 0} write(s) in one second "
+                f"({hot[0].split('/', 2)[-1] if hot else '-'}); with failed creates (412): {tried[1]} "
+                f"({tried[0].split('/', 2)[-1]})"
+            )
+    lines.append(
+        f"  the barrier's lease object: {sf.barrier_lease_tries} write(s) tried in its busiest second "
+        "(when the step before drains, every worker whose listing shows it unleased tries to create it; "
+        "one wins)"
+    )
     if sf.combine_reads:
         per = 1 if blocks == 1 else 2
-        lines.append(f"  reads of partition files per combine item: median {statistics.median(sf.combine_reads):g}, "
-                     f"max {max(sf.combine_reads)} (the protocol: {per} per map file of its group, at most "
-                     f"{per * group}; {sum(sf.combine_reads)} in all for {m} map files)")
+        lines.append(
+            f"  reads of partition files per combine item: median {statistics.median(sf.combine_reads):g}, "
+            f"max {max(sf.combine_reads)} (the protocol: {per} per map file of its group, at most "
+            f"{per * group}; {sum(sf.combine_reads)} in all for {m} map files)"
+        )
     dl = sf.shard_downloads
     if dl:
         if group:
             files = math.ceil(m / group)  # a shard reads the combined files of its key block
             expect = files * (1 - (1 - 1.25 * blocks / sf.shards) ** (sf.records * group / blocks))
-            what = (f"one per combined file of its key block with records in its range: {files} files of ~"
-                    f"{sf.records * group / blocks:g} records")
+            what = (
+                f"one per combined file of its key block with records in its range: {files} files of ~"
+                f"{sf.records * group / blocks:g} records"
+            )
         else:
             expect = m * (1 - (1 - 1.25 / sf.shards) ** sf.records)
             what = f"one per map item with records in the shard's range; {sf.records} random keys per map item"
-        lines.append(f"  partition files downloaded per shard item: median {statistics.median(dl):g}, max {max(dl)}, "
-                     f"{sum(dl)} in all (the protocol: {what}, and a shard reading ~1.25/{sf.shards} of the key "
-                     f"space: ~{expect:.1f} expected)")
+        lines.append(
+            f"  partition files downloaded per shard item: median {statistics.median(dl):g}, max {max(dl)}, "
+            f"{sum(dl)} in all (the protocol: {what}, and a shard reading ~1.25/{sf.shards} of the key "
+            f"space: ~{expect:.1f} expected)"
+        )
     shuffle = sf.last_shard - sf.map_drained
     before_barrier = sf.combine_done if group else sf.map_drained
-    combined = (f"combine step {sf.combine_done - sf.map_drained:.1f} s (committed at {sf.combine_done:.1f} s), "
-                if group else "")
+    combined = (
+        f"combine step {sf.combine_done - sf.map_drained:.1f} s (committed at {sf.combine_done:.1f} s), "
+        if group
+        else ""
+    )
     lines += [
         f"  map drained (last map commit) at {sf.map_drained:.1f} s; barrier committed at {sf.barrier_done:.1f} s; "
         f"last shard committed at {sf.last_shard:.1f} s",
@@ -872,8 +989,13 @@ def shuffle_model(sc: Scale, combine: tuple[int, int], shard_fixed: float = 0.0)
         m.combine_reads = maps * blocks * per_file
         m.combine_lease_reads = maps * blocks
         m.combine_mb = records_mb / pieces
-        m.combine_item_s = (lat(group) + lat(group * per_file) + m.combine_mb / sc.download_mb_s
-                            + m.combine_mb / sc.merge_mb_s + m.combine_mb / sc.download_mb_s)
+        m.combine_item_s = (
+            lat(group)
+            + lat(group * per_file)
+            + m.combine_mb / sc.download_mb_s
+            + m.combine_mb / sc.merge_mb_s
+            + m.combine_mb / sc.download_mb_s
+        )
         m.combine_s = max(waves(pieces) * m.combine_item_s, m.combine_reads / sc.bucket_reads)
         m.files = groups  # of its key block (a shard straddling two blocks reads two files of a group)
     else:
@@ -910,7 +1032,8 @@ def stage_projection(fig: Figures, sc: Scale, realistic_seconds: float) -> str:
     direct = shuffle_model(sc, (0, 0), shard_fixed)
     after = shuffle_model(sc, (planned.group, planned.blocks), shard_fixed) if planned else None
     map_time = math.ceil(maps / sc.workers) * realistic_seconds
-    out = [f"""
+    out = [
+        f"""
 stages at {sc.workers:,} workers, {sc.gb:g} GB, --shards {sc.shards:,}: PROJECTED from the measured per-item requests
 (assumptions: {maps:,} map items of {sc.item_mb:g} MB; GCS ~{1000 * sc.latency:.0f} ms a request; reads {sc.threads} at a time
 per item; {sc.record_ratio:g} bytes of keyed records per byte of text and a merge of {sc.merge_mb_s:g} MB/s (bench_shards.py,
@@ -919,18 +1042,23 @@ stage {math.ceil(maps / sc.workers)} wave(s) = {map_time:.0f} s; an idle worker'
 ~{sc.bucket_reads:,.0f} reads/s). The plan's rule (fleet.core.shuffle.plan_combine, from {sc.item_mb:g} MB of input per
 map item): {f"groups of {planned.group} map files in {planned.blocks} key block(s)" if planned else "no combine step"}.
 - map item: {per("map"):.1f} requests while working on it (measured; a claim, renewals, one partition file, a commit)
-- shard item: {shard_fixed:.1f} fixed requests (measured: claim, renewals, upload, commit) + the index + its ranges"""]
+- shard item: {shard_fixed:.1f} fixed requests (measured: claim, renewals, upload, commit) + the index + its ranges"""
+    ]
     header = f"  {'':44}{'read from the map files':>26}"
     if after:
         header += f"{'through ' + after.label:>28}"
     out.append(header)
     rows = [
         ("combine step: items", lambda m: f"{m.combine_items:,}" if m.combine_items else "none"),
-        ("  partition-file reads (+ lease reads)",
-         lambda m: f"{m.combine_reads:,} (+{m.combine_lease_reads:,})" if m.combine_items else "-"),
+        (
+            "  partition-file reads (+ lease reads)",
+            lambda m: f"{m.combine_reads:,} (+{m.combine_lease_reads:,})" if m.combine_items else "-",
+        ),
         ("  MB each item reads and writes", lambda m: f"{m.combine_mb:,.0f}" if m.combine_items else "-"),
-        ("  s: one item / the step",
-         lambda m: f"{m.combine_item_s:,.0f} / {m.combine_s:,.0f}" if m.combine_items else "-"),
+        (
+            "  s: one item / the step",
+            lambda m: f"{m.combine_item_s:,.0f} / {m.combine_s:,.0f}" if m.combine_items else "-",
+        ),
         ("barrier: reads (a lease and a header a file)", lambda m: f"{m.barrier_reads:,}"),
         ("  index MB / s", lambda m: f"{m.index_mb:,.0f} / {m.barrier_s:,.0f}"),
         ("stage: files a shard item reads a range of", lambda m: f"{m.files:,}"),
@@ -949,8 +1077,10 @@ map item): {f"groups of {planned.group} map files in {planned.blocks} key block(
         if after:
             line += f"{cell(after):>28}"
         out.append(line)
-    out.append(f"  (time added: a pass to see each step drained, {sc.poll:g} s, + each step; a step takes its waves of "
-               f"items or, if longer, its reads at the bucket's rate)")
+    out.append(
+        f"  (time added: a pass to see each step drained, {sc.poll:g} s, + each step; a step takes its waves of "
+        f"items or, if longer, its reads at the bucket's rate)"
+    )
     shard_s = (after or direct).shard_s
     pages = 2 * math.ceil((maps + (after.combine_items if after else 0) + 1 + sc.shards) / 1000) + 1
     out.append(f"""- while a barrier (or the few last items of a step) runs, the other workers wait idle, each listing {pages} page(s)
@@ -978,9 +1108,25 @@ def start_fake_gcs() -> tuple[subprocess.Popen, str]:
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([str(_get_binary_path()), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1",
-                             "-port", str(port), "-external-url", url, "-log-level", "error"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            str(_get_binary_path()),
+            "-backend",
+            "memory",
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-external-url",
+            url,
+            "-log-level",
+            "error",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 15
     while True:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
@@ -1007,17 +1153,29 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=None, help="lease TTL (default: seconds x 300/180)")
     parser.add_argument("--realistic-seconds", type=float, default=180.0, help="item time to project to")
     parser.add_argument("--standby", type=int, default=2, help="as `fleet work --standby` (-1: stay until drained)")
-    parser.add_argument("--store", choices=("memory", "fake-gcs"), default="fake-gcs",
-                        help="memory: a bucket in this process whose requests each wait --latency (for 20,000 items "
-                             "and more); fake-gcs: fake-gcs-server (~100 requests/s)")
+    parser.add_argument(
+        "--store",
+        choices=("memory", "fake-gcs"),
+        default="fake-gcs",
+        help="memory: a bucket in this process whose requests each wait --latency (for 20,000 items "
+        "and more); fake-gcs: fake-gcs-server (~100 requests/s)",
+    )
     parser.add_argument("--latency", type=float, default=0.03, help="with --store memory: seconds a request (±50%%)")
     parser.add_argument("--shards", type=int, default=0, help="plan with --shards N: a map, a barrier, N shard items")
     parser.add_argument("--records", type=int, default=4, help="with --shards: keyed records per map item")
-    parser.add_argument("--combine", type=int, default=0,
-                        help="with --shards: a combine step of groups of this many map files (0: none)")
+    parser.add_argument(
+        "--combine",
+        type=int,
+        default=0,
+        help="with --shards: a combine step of groups of this many map files (0: none)",
+    )
     parser.add_argument("--combine-blocks", type=int, default=1, help="with --combine: key blocks")
-    parser.add_argument("--reduce-seconds", type=float, default=None,
-                        help="with --shards: sleep per shard item (default: seconds x 10/realistic-seconds)")
+    parser.add_argument(
+        "--reduce-seconds",
+        type=float,
+        default=None,
+        help="with --shards: sleep per shard item (default: seconds x 10/realistic-seconds)",
+    )
     args = parser.parse_args()
     ttl = args.ttl or round(args.seconds * 300 / 180, 2)
     for var in ("NO_PROXY", "no_proxy"):
@@ -1027,12 +1185,25 @@ def main() -> None:
     if reduce_seconds is None:
         reduce_seconds = round(args.seconds * 10 / args.realistic_seconds, 3)
     if args.store == "memory":
-        print(f"simulating {args.workers} workers x {args.items} items on a bucket in memory "
-              f"({1000 * args.latency:g} ms a request) ...", file=sys.stderr)
-        fig = simulate("mem://sim", args.workers, args.items, args.seconds, ttl,
-                       standby=None if args.standby < 0 else args.standby, progress=True, shards=args.shards,
-                       records=args.records, reduce_seconds=reduce_seconds, latency=args.latency,
-                       combine=(args.combine, args.combine_blocks))
+        print(
+            f"simulating {args.workers} workers x {args.items} items on a bucket in memory "
+            f"({1000 * args.latency:g} ms a request) ...",
+            file=sys.stderr,
+        )
+        fig = simulate(
+            "mem://sim",
+            args.workers,
+            args.items,
+            args.seconds,
+            ttl,
+            standby=None if args.standby < 0 else args.standby,
+            progress=True,
+            shards=args.shards,
+            records=args.records,
+            reduce_seconds=reduce_seconds,
+            latency=args.latency,
+            combine=(args.combine, args.combine_blocks),
+        )
         return show(fig, args)
     proc, url = start_fake_gcs()
     os.environ["STORAGE_EMULATOR_HOST"] = url
@@ -1041,12 +1212,20 @@ def main() -> None:
 
         bucket = f"sim-{uuid.uuid4().hex[:12]}"
         make_client().create_bucket(bucket)
-        print(f"simulating {args.workers} workers x {args.items} items on fake-gcs-server ({url}) ...",
-              file=sys.stderr)
-        fig = simulate(bucket, args.workers, args.items, args.seconds, ttl,
-                       standby=None if args.standby < 0 else args.standby, progress=True, shards=args.shards,
-                       records=args.records, reduce_seconds=reduce_seconds,
-                       combine=(args.combine, args.combine_blocks))
+        print(f"simulating {args.workers} workers x {args.items} items on fake-gcs-server ({url}) ...", file=sys.stderr)
+        fig = simulate(
+            bucket,
+            args.workers,
+            args.items,
+            args.seconds,
+            ttl,
+            standby=None if args.standby < 0 else args.standby,
+            progress=True,
+            shards=args.shards,
+            records=args.records,
+            reduce_seconds=reduce_seconds,
+            combine=(args.combine, args.combine_blocks),
+        )
     finally:
         proc.terminate()
         proc.wait()

@@ -24,7 +24,7 @@ def short_documents(text: bytes, seed: int = 0) -> bytes:
     rng, out, i = random.Random(seed), [], 0
     while i < len(lines):
         n = rng.randint(1, 3)
-        out.append(b"\n".join(lines[i:i + n]) + b"\n\n")
+        out.append(b"\n".join(lines[i : i + n]) + b"\n\n")
         i += n
     return b"".join(out)
 

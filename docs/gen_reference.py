@@ -52,12 +52,15 @@ def in_tree_jobs() -> list[str]:
 def jobs_page() -> str:
     from fleet.job import describe_options, load_job
 
-    out = [HEAD, "# Jobs and their options\n\n",
-           "Every job of this checkout and its options, given as `--set key=value` to `fleet local` and "
-           "`fleet plan`, from each job's config dataclass (its fields are the options; the comment at the "
-           "end of a field's line is its help). `fleet jobs` prints the same; `fleet jobs NAME` one job. "
-           "The [text jobs](../text-jobs.md) and the [`command` job](../command-job.md) say more about "
-           "each option.\n"]
+    out = [
+        HEAD,
+        "# Jobs and their options\n\n",
+        "Every job of this checkout and its options, given as `--set key=value` to `fleet local` and "
+        "`fleet plan`, from each job's config dataclass (its fields are the options; the comment at the "
+        "end of a field's line is its help). `fleet jobs` prints the same; `fleet jobs NAME` one job. "
+        "The [text jobs](../text-jobs.md) and the [`command` job](../command-job.md) say more about "
+        "each option.\n",
+    ]
     for name in in_tree_jobs():
         job = load_job(name)
         doc = inspect.cleandoc(type(job).__doc__ or "")
@@ -106,8 +109,9 @@ def _command_section(prog: str, title: str, name: str, command, hints: dict) -> 
     out = [f"\n## {title} {name}\n\n"]
     arguments = [p for p in command.params if p.param_type_name == "argument"]
     shown = {p.name: (p.metavar or p.name.upper()) + ("..." if p.nargs == -1 else "") for p in arguments}
-    usage = " ".join([f"{prog} {name}"] + list(shown.values())
-                     + (["[OPTIONS]"] if len(arguments) < len(command.params) else []))
+    usage = " ".join(
+        [f"{prog} {name}"] + list(shown.values()) + (["[OPTIONS]"] if len(arguments) < len(command.params) else [])
+    )
     out.append(f"```\n{usage}\n```\n\n")
     help_text = inspect.cleandoc(command.help or "")
     out.append(help_text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") + "\n\n")
@@ -126,16 +130,21 @@ def _command_section(prog: str, title: str, name: str, command, hints: dict) -> 
 def cli_page() -> str:
     import typer.main
 
-    out = [HEAD, "# The commands\n\n",
-           "Every command of `fleet` (also `python -m fleet.cli`) and of the text tools "
-           "(`python -m fleet_jobs.text`), from the command lines' own definitions: `COMMAND --help` "
-           "prints the same. A user error is one line and exit 2.\n\n",
-           "| command | what it does |\n| --- | --- |\n"]
+    out = [
+        HEAD,
+        "# The commands\n\n",
+        "Every command of `fleet` (also `python -m fleet.cli`) and of the text tools "
+        "(`python -m fleet_jobs.text`), from the command lines' own definitions: `COMMAND --help` "
+        "prints the same. A user error is one line and exit 2.\n\n",
+        "| command | what it does |\n| --- | --- |\n",
+    ]
     sections = []
     for prog, title, app in programs():
         group = typer.main.get_command(app)
-        hints = {info.name or info.callback.__name__: typing.get_type_hints(info.callback)
-                 for info in app.registered_commands}
+        hints = {
+            info.name or info.callback.__name__: typing.get_type_hints(info.callback)
+            for info in app.registered_commands
+        }
         for name, command in group.commands.items():
             first = inspect.cleandoc(command.help or "").split("\n\n")[0]
             anchor = f"{title}-{name}".replace(".", "")
@@ -150,12 +159,14 @@ def pages() -> dict[Path, str]:
 
 def main(argv: list[str]) -> int:
     docs = ROOT / "docs"
-    stale = [path for path, text in pages().items()
-             if not (docs / path).is_file() or (docs / path).read_text(encoding="utf-8") != text]
+    stale = [
+        path
+        for path, text in pages().items()
+        if not (docs / path).is_file() or (docs / path).read_text(encoding="utf-8") != text
+    ]
     if "--check" in argv:
         for path in stale:
-            print(f"docs/{path} is not what the code says: run .venv/bin/python docs/gen_reference.py",
-                  file=sys.stderr)
+            print(f"docs/{path} is not what the code says: run .venv/bin/python docs/gen_reference.py", file=sys.stderr)
         return 1 if stale else 0
     for path, text in pages().items():
         (docs / path).parent.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,7 @@ from typing import BinaryIO, Callable, Sequence
 
 from fleet.core.discovery import available_jobs, load_job
 from fleet.core.errors import Cancelled, ConfigError, InputError, ItemFailed, JobNotFound
-from fleet.core.item import (ItemContext, ItemInput, Opener, Piece, Source, cut_at_newlines, item_seed,
-                             printable)
+from fleet.core.item import ItemContext, ItemInput, Opener, Piece, Source, cut_at_newlines, item_seed, printable
 from fleet.core.job import Converter, Job
 from fleet.core.options import SEED_RANGE, OptionHelp, describe_options, option_range, parse_dataclass
 from fleet.core.sink import Feature, KeyedSink, RunManifest, Sink, shuffle_key
@@ -35,28 +34,63 @@ from fleet.core.store import Changed, NotFound, Store, StoreError, StoreFile, op
 
 __all__ = [
     # errors
-    "InputError", "ConfigError", "JobNotFound", "ItemFailed", "Cancelled",
+    "InputError",
+    "ConfigError",
+    "JobNotFound",
+    "ItemFailed",
+    "Cancelled",
     # an item, its input and context
-    "Source", "Piece", "ItemInput", "ItemContext", "Opener", "printable", "cut_at_newlines", "item_seed",
+    "Source",
+    "Piece",
+    "ItemInput",
+    "ItemContext",
+    "Opener",
+    "printable",
+    "cut_at_newlines",
+    "item_seed",
     # where its work goes
-    "Sink", "KeyedSink", "shuffle_key", "Feature", "RunManifest",
+    "Sink",
+    "KeyedSink",
+    "shuffle_key",
+    "Feature",
+    "RunManifest",
     # stages after the map
-    "Stage", "StageOptions", "Reducer",
+    "Stage",
+    "StageOptions",
+    "Reducer",
     # the job
-    "Job", "Converter",
+    "Job",
+    "Converter",
     # options
-    "parse_dataclass", "SEED_RANGE", "option_range", "OptionHelp", "describe_options",
+    "parse_dataclass",
+    "SEED_RANGE",
+    "option_range",
+    "OptionHelp",
+    "describe_options",
     # discovery
-    "available_jobs", "load_job",
+    "available_jobs",
+    "load_job",
     # a job's tools: inputs as the planner finds them, TFRecords read back
-    "find_sources", "tfrecord_records", "parse_example",
+    "find_sources",
+    "tfrecord_records",
+    "parse_example",
     # the store
-    "Changed", "NotFound", "Store", "StoreError", "StoreFile", "open_store", "read_url",
+    "Changed",
+    "NotFound",
+    "Store",
+    "StoreError",
+    "StoreFile",
+    "open_store",
+    "read_url",
 ]
 
 
-def find_sources(paths: list[str], exclude: Sequence[str] = (), accept: Callable[[str], bool] | None = None,
-                 skip: Callable[[str], str | None] | None = None) -> list[Source]:
+def find_sources(
+    paths: list[str],
+    exclude: Sequence[str] = (),
+    accept: Callable[[str], bool] | None = None,
+    skip: Callable[[str], str | None] | None = None,
+) -> list[Source]:
     """The input objects under some files, folders or ``gs://`` prefixes, as ``fleet plan`` finds
     them (for a job's own tools: a vocab trained over a corpus, a pre-flight look). Inside a
     folder, ``skip(name)`` says why a file is not input (``Job.skip_reason``), or ``accept(name)``

@@ -71,8 +71,21 @@ def fake_gcs():
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [str(_get_binary_path()), "-backend", "memory", "-scheme", "http",
-         "-host", "127.0.0.1", "-port", str(port), "-external-url", url, "-log-level", "error"],
+        [
+            str(_get_binary_path()),
+            "-backend",
+            "memory",
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-external-url",
+            url,
+            "-log-level",
+            "error",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

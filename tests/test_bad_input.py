@@ -24,7 +24,9 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 @pytest.fixture
 def vocab(tmp_path):
     path = tmp_path / "vocab.txt"
-    tokens = SPECIALS + list("abcdefghijklmnopqrstuvwxyz0123456789.,:") + ["##" + c for c in "abcdefghijklmnopqrstuvwxyz"]
+    tokens = (
+        SPECIALS + list("abcdefghijklmnopqrstuvwxyz0123456789.,:") + ["##" + c for c in "abcdefghijklmnopqrstuvwxyz"]
+    )
     path.write_text("\n".join(tokens + ["hello", "world", "line", "doc", "数", "据"]) + "\n", encoding="utf-8")
     return str(path)
 
@@ -51,7 +53,7 @@ def make_bad_inputs(folder) -> dict[str, str]:
     big = bytearray()
     while len(big) < 60_000:
         big += line * 5 + b"\n"
-    big[SLICED_BAD_AT:SLICED_BAD_AT + 1] = b"\xc3"  # a lead byte followed by ASCII: invalid
+    big[SLICED_BAD_AT : SLICED_BAD_AT + 1] = b"\xc3"  # a lead byte followed by ASCII: invalid
     files["sliced.txt"] = bytes(big)
     for name, data in files.items():
         with open(os.path.join(folder, name), "wb") as f:
@@ -83,10 +85,22 @@ def test_a_run_over_bad_files_fails_just_those_items_and_says_why(tmp_path, voca
     expect = make_bad_inputs(inputs)
     out = str(tmp_path / "out")
     names = sorted(os.listdir(inputs))
-    proc = fleet("local", *[os.path.join(inputs, n) for n in names], out, "--workers", "2",
-                 "--item-mb", "0.02", "--set", f"vocab_file={vocab}", timeout=240)
+    proc = fleet(
+        "local",
+        *[os.path.join(inputs, n) for n in names],
+        out,
+        "--workers",
+        "2",
+        "--item-mb",
+        "0.02",
+        "--set",
+        f"vocab_file={vocab}",
+        timeout=240,
+    )
     assert proc.returncode == 1, proc.stderr  # some items failed
-    assert re.search(r"^warning: \S*empty\.txt: empty file, nothing to convert; skipped$", proc.stderr, re.M), proc.stderr
+    assert re.search(r"^warning: \S*empty\.txt: empty file, nothing to convert; skipped$", proc.stderr, re.M), (
+        proc.stderr
+    )
 
     status = json.loads(fleet("status", out, "--json").stdout)
     failures = {os.path.basename(f["source"].split(" (from byte")[0]): f["error"] for f in status["failures"]}
@@ -129,15 +143,29 @@ def test_a_run_over_bad_files_fails_just_those_items_and_says_why(tmp_path, voca
             assert "Traceback" not in f.read()
 
 
-@pytest.mark.parametrize("case", ["unknown_job", "no_vocab_option", "missing_vocab", "vocab_not_utf8",
-                                  "vocab_not_bert", "vocab_empty", "missing_input", "only_empty_input",
-                                  "bad_option"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown_job",
+        "no_vocab_option",
+        "missing_vocab",
+        "vocab_not_utf8",
+        "vocab_not_bert",
+        "vocab_empty",
+        "missing_input",
+        "only_empty_input",
+        "bad_option",
+    ],
+)
 def test_plan_time_problems_are_one_line_errors(tmp_path, vocab, case):
     good = tmp_path / "good.txt"
     good.write_text(GOOD, encoding="utf-8")
     bad_vocab = tmp_path / "bad_vocab.txt"
     args, needles = {
-        "unknown_job": (["--job", "no_such_job", "--set", f"vocab_file={vocab}"], ["unknown job 'no_such_job'", "electra_zh_en"]),
+        "unknown_job": (
+            ["--job", "no_such_job", "--set", f"vocab_file={vocab}"],
+            ["unknown job 'no_such_job'", "electra_zh_en"],
+        ),
         "no_vocab_option": ([], ["option vocab_file is required"]),
         "missing_vocab": (["--set", f"vocab_file={tmp_path}/nowhere/vocab.txt"], [f"{tmp_path}/nowhere/vocab.txt"]),
         "vocab_not_utf8": (["--set", f"vocab_file={bad_vocab}"], [str(bad_vocab), "not UTF-8", "at byte 6"]),
@@ -147,8 +175,9 @@ def test_plan_time_problems_are_one_line_errors(tmp_path, vocab, case):
         "only_empty_input": (["--set", f"vocab_file={vocab}"], ["the inputs hold no data"]),
         "bad_option": (["--set", f"vocab_file={vocab}", "--set", "max_seq_length=many"], ["max_seq_length", "many"]),
     }[case]
-    bad_vocab.write_bytes({"vocab_not_utf8": b"[PAD]\n\xff\xfe\n", "vocab_not_bert": b"just\nwords\n",
-                           "vocab_empty": b""}.get(case, b""))
+    bad_vocab.write_bytes(
+        {"vocab_not_utf8": b"[PAD]\n\xff\xfe\n", "vocab_not_bert": b"just\nwords\n", "vocab_empty": b""}.get(case, b"")
+    )
     inputs = [str(good)]
     if case == "missing_input":
         inputs = [str(tmp_path / "absent.txt")]
@@ -163,8 +192,22 @@ def test_plan_time_problems_are_one_line_errors(tmp_path, vocab, case):
         return
     one_line_error(proc, "fleet: error:", *needles)
     if case == "unknown_job":
-        one_line_error(fleet("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", "no_such_job",
-                             "--input", good, "--output", tmp_path / "o"), "unknown job 'no_such_job'")
+        one_line_error(
+            fleet(
+                "plan",
+                "--bucket",
+                tmp_path / "b",
+                "--run",
+                "r",
+                "--job",
+                "no_such_job",
+                "--input",
+                good,
+                "--output",
+                tmp_path / "o",
+            ),
+            "unknown job 'no_such_job'",
+        )
 
 
 def test_a_run_whose_job_is_gone_stops_workers_with_one_line(tmp_path, vocab):
@@ -172,8 +215,21 @@ def test_a_run_whose_job_is_gone_stops_workers_with_one_line(tmp_path, vocab):
     bucket = tmp_path / "bucket"
     good = tmp_path / "good.txt"
     good.write_text(GOOD, encoding="utf-8")
-    fleet("plan", "--bucket", bucket, "--run", "r", "--job", "electra_zh_en", "--input", good,
-          "--output", tmp_path / "o", "--set", f"vocab_file={vocab}")
+    fleet(
+        "plan",
+        "--bucket",
+        bucket,
+        "--run",
+        "r",
+        "--job",
+        "electra_zh_en",
+        "--input",
+        good,
+        "--output",
+        tmp_path / "o",
+        "--set",
+        f"vocab_file={vocab}",
+    )
     spec_path = bucket / "runs" / "r" / "run.json"
     spec = json.loads(spec_path.read_text())
     spec["job"] = "retired_job"
@@ -182,7 +238,9 @@ def test_a_run_whose_job_is_gone_stops_workers_with_one_line(tmp_path, vocab):
         proc = fleet("work", "--bucket", bucket, "--run", "r", "--procs", procs)
         assert proc.returncode == 2  # the user's problem, as with one process
         lines = proc.stderr.strip().splitlines()
-        assert len(lines) == int(procs) and all("cannot start: unknown job 'retired_job'" in line for line in lines), lines
+        assert len(lines) == int(procs) and all("cannot start: unknown job 'retired_job'" in line for line in lines), (
+            lines
+        )
     os.remove(vocab)  # a vocab gone by the time workers start
     spec["job"] = "electra_zh_en"
     spec_path.write_text(json.dumps(spec))
@@ -194,15 +252,55 @@ def test_a_bucket_that_does_not_exist(fake_gcs, gcs_bucket, tmp_path, vocab):
     good = tmp_path / "good.txt"
     good.write_text(GOOD, encoding="utf-8")
     common = ["--job", "electra_zh_en", "--set", f"vocab_file={vocab}"]
-    one_line_error(fleet("plan", "--bucket", "gs://no-such-bucket-here", "--run", "r", "--input", good,
-                         "--output", f"gs://{gcs_bucket}/out", *common), "gs://no-such-bucket-here: no such bucket")
-    one_line_error(fleet("plan", "--bucket", f"gs://{gcs_bucket}", "--run", "r", "--input", good,
-                         "--output", "gs://no-such-bucket-here/out", *common), "gs://no-such-bucket-here: no such bucket")
-    one_line_error(fleet("plan", "--bucket", f"gs://{gcs_bucket}", "--run", "r", "--input",
-                         "gs://no-such-bucket-here/corpus/", "--output", f"gs://{gcs_bucket}/out", *common),
-                   "gs://no-such-bucket-here: no such bucket")
-    one_line_error(fleet("status", "--bucket", "gs://no-such-bucket-here", "--run", "r"),
-                   "gs://no-such-bucket-here: no such bucket")
+    one_line_error(
+        fleet(
+            "plan",
+            "--bucket",
+            "gs://no-such-bucket-here",
+            "--run",
+            "r",
+            "--input",
+            good,
+            "--output",
+            f"gs://{gcs_bucket}/out",
+            *common,
+        ),
+        "gs://no-such-bucket-here: no such bucket",
+    )
+    one_line_error(
+        fleet(
+            "plan",
+            "--bucket",
+            f"gs://{gcs_bucket}",
+            "--run",
+            "r",
+            "--input",
+            good,
+            "--output",
+            "gs://no-such-bucket-here/out",
+            *common,
+        ),
+        "gs://no-such-bucket-here: no such bucket",
+    )
+    one_line_error(
+        fleet(
+            "plan",
+            "--bucket",
+            f"gs://{gcs_bucket}",
+            "--run",
+            "r",
+            "--input",
+            "gs://no-such-bucket-here/corpus/",
+            "--output",
+            f"gs://{gcs_bucket}/out",
+            *common,
+        ),
+        "gs://no-such-bucket-here: no such bucket",
+    )
+    one_line_error(
+        fleet("status", "--bucket", "gs://no-such-bucket-here", "--run", "r"),
+        "gs://no-such-bucket-here: no such bucket",
+    )
     one_line_error(fleet("status", "gs://no-such-bucket-here"), "gs://no-such-bucket-here: no such bucket")
     proc = fleet("work", "--bucket", "gs://no-such-bucket-here", "--run", "r", "--procs", "1")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
@@ -230,14 +328,45 @@ def test_a_403_from_the_store_is_one_line(gcs_bucket, tmp_path, vocab, forbiddin
     good = tmp_path / "good.txt"
     good.write_text(GOOD, encoding="utf-8")
     bucket = f"gs://{gcs_bucket}"
-    fleet("plan", "--bucket", bucket, "--run", "r", "--input", good, "--output", f"{bucket}/out",
-          "--job", "electra_zh_en", "--set", f"vocab_file={vocab}")
+    fleet(
+        "plan",
+        "--bucket",
+        bucket,
+        "--run",
+        "r",
+        "--input",
+        good,
+        "--output",
+        f"{bucket}/out",
+        "--job",
+        "electra_zh_en",
+        "--set",
+        f"vocab_file={vocab}",
+    )
     env = forbidding(lambda method, path: True)
-    one_line_error(fleet("plan", "--bucket", bucket, "--run", "r2", "--input", good, "--output", f"{bucket}/out",
-                         "--job", "electra_zh_en", "--set", f"vocab_file={vocab}", env=env),
-                   "access denied (403)", gcs_bucket)
-    one_line_error(fleet("status", "--bucket", bucket, "--run", "r", env=env),
-                   f"{bucket}/runs/r/run.json: access denied (403)")
+    one_line_error(
+        fleet(
+            "plan",
+            "--bucket",
+            bucket,
+            "--run",
+            "r2",
+            "--input",
+            good,
+            "--output",
+            f"{bucket}/out",
+            "--job",
+            "electra_zh_en",
+            "--set",
+            f"vocab_file={vocab}",
+            env=env,
+        ),
+        "access denied (403)",
+        gcs_bucket,
+    )
+    one_line_error(
+        fleet("status", "--bucket", bucket, "--run", "r", env=env), f"{bucket}/runs/r/run.json: access denied (403)"
+    )
     proc = fleet("work", "--bucket", bucket, "--run", "r", "--procs", "1", env=env)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "cannot start:" in proc.stderr and "access denied (403)" in proc.stderr
@@ -250,8 +379,23 @@ def test_a_403_on_one_input_fails_that_item_after_its_attempts(gcs_bucket, tmp_p
     store = open_store(bucket)
     for name in ("a.txt", "locked.txt", "z.txt"):
         store.write(f"corpus/{name}", GOOD.encode())
-    proc = fleet("plan", "--bucket", bucket, "--run", "r", "--input", f"{bucket}/corpus", "--output",
-                 f"{bucket}/out", "--job", "electra_zh_en", "--set", f"vocab_file={vocab}", "--max-attempts", "2")
+    proc = fleet(
+        "plan",
+        "--bucket",
+        bucket,
+        "--run",
+        "r",
+        "--input",
+        f"{bucket}/corpus",
+        "--output",
+        f"{bucket}/out",
+        "--job",
+        "electra_zh_en",
+        "--set",
+        f"vocab_file={vocab}",
+        "--max-attempts",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
     env = forbidding(lambda method, path: method == "GET" and "locked.txt" in path and "alt=media" in path)
     logs = str(tmp_path / "logs")
@@ -271,10 +415,13 @@ def test_a_403_on_one_input_fails_that_item_after_its_attempts(gcs_bucket, tmp_p
     assert lease["attempt"] == 2  # retried: a 403 may be an IAM change still spreading
 
 
-@pytest.mark.parametrize("name,data", [
-    ("a.jsonl", b'{"id": 1, "content": "hello world"}\n{"id": 2, "content": "doc two"}\n'),
-    ("a.jsonl.gz", gzip.compress(b'{"id": 1, "content": "hello world"}\n' * 50, mtime=0)),
-])
+@pytest.mark.parametrize(
+    "name,data",
+    [
+        ("a.jsonl", b'{"id": 1, "content": "hello world"}\n{"id": 2, "content": "doc two"}\n'),
+        ("a.jsonl.gz", gzip.compress(b'{"id": 1, "content": "hello world"}\n' * 50, mtime=0)),
+    ],
+)
 def test_a_json_corpus_without_its_text_field_is_refused_at_plan_time(tmp_path, vocab, name, data):
     """Issue 30: a JSON Lines corpus none of whose records has the text field failed every item
     at run time, and said --retry-failed, which cannot help. The plan looks at the first records
@@ -284,12 +431,32 @@ def test_a_json_corpus_without_its_text_field_is_refused_at_plan_time(tmp_path, 
     inputs.mkdir()
     (inputs / name).write_bytes(data)
     out = tmp_path / "out"
-    one_line_error(fleet("local", inputs, out, "--workers", "1", "--set", f"vocab_file={vocab}"),
-                   f"{inputs / name}: no record of the first", "the field 'text'",
-                   "(fields seen: 'content', 'id')", "give --text-column content")
+    one_line_error(
+        fleet("local", inputs, out, "--workers", "1", "--set", f"vocab_file={vocab}"),
+        f"{inputs / name}: no record of the first",
+        "the field 'text'",
+        "(fields seen: 'content', 'id')",
+        "give --text-column content",
+    )
     assert not out.exists()
-    one_line_error(fleet("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", "electra_zh_en", "--input", inputs,
-                         "--output", tmp_path / "o", "--set", f"vocab_file={vocab}"), "the field 'text'")
+    one_line_error(
+        fleet(
+            "plan",
+            "--bucket",
+            tmp_path / "b",
+            "--run",
+            "r",
+            "--job",
+            "electra_zh_en",
+            "--input",
+            inputs,
+            "--output",
+            tmp_path / "o",
+            "--set",
+            f"vocab_file={vocab}",
+        ),
+        "the field 'text'",
+    )
     proc = fleet("local", inputs, out, "--workers", "1", "--set", f"vocab_file={vocab}", "--text-column", "content")
     assert proc.returncode == 0, proc.stderr
 
@@ -299,6 +466,7 @@ def test_a_json_file_where_only_some_records_lack_the_field_is_read(tmp_path, vo
     inputs.mkdir()
     (inputs / "a.jsonl").write_bytes(b'{"body": "x"}\n' * 50 + b'{"text": "hello world"}\n' + b'{"body": "x"}\n' * 100)
     (inputs / "b.jsonl").write_bytes(b'{"body": "x"}\n{"text": "doc line"}\n')
-    proc = fleet("local", inputs, tmp_path / "out", "--workers", "1", "--set", f"vocab_file={vocab}",
-                 "--max-bad-share", "1")
+    proc = fleet(
+        "local", inputs, tmp_path / "out", "--workers", "1", "--set", f"vocab_file={vocab}", "--max-bad-share", "1"
+    )
     assert proc.returncode == 0, proc.stderr

@@ -86,8 +86,9 @@ def test_pairs_follow_bert_rules(lengths, max_seq_length, pack, seed):
     doc_of_token = np.repeat(np.arange(batch.n_docs), np.diff(batch.sentence_starts[batch.doc_starts]))
     boundaries = set(ss)
     own = np.zeros(batch.n_tokens, int)  # how often each token is in an A, or in a B that continues its A
-    for a0, a1, b0, b1, label in zip(*(x.tolist() for x in (spans.a_start, spans.a_end, spans.b_start, spans.b_end,
-                                                              spans.random_next))):
+    for a0, a1, b0, b1, label in zip(
+        *(x.tolist() for x in (spans.a_start, spans.a_end, spans.b_start, spans.b_end, spans.random_next))
+    ):
         assert a1 > a0 and a0 in boundaries and label in (0, 1)
         own[a0:a1] += 1
         if b1 == b0:
@@ -118,7 +119,11 @@ def test_random_next_about_half_on_long_documents():
 
 
 def test_one_document_alone_gets_actual_next_or_a_cut_sentence():
-    batch = batch_of([[50], ])
+    batch = batch_of(
+        [
+            [50],
+        ]
+    )
     spans = build_spans(batch, 0, PairOptions(128), random.Random(2))
     assert len(spans) == 1 and spans.random_next[0] == 0
     assert spans.a_start[0] == 0 and spans.a_end[0] == spans.b_start[0] and spans.b_end[0] == 50
@@ -159,8 +164,8 @@ def test_assemble_is_cls_a_sep_b_sep_on_random_spans(seed, seq):
     a0, b0 = rng.integers(0, 300 - seq, n_rows), rng.integers(0, 300 - seq, n_rows)
     pairs = assemble(ids, Spans(a0, a0 + la, b0, b0 + lb, np.zeros(n_rows, np.int64)), seq, CLS, SEP)
     for i in range(n_rows):
-        b = ids[b0[i]:b0[i] + lb[i]].tolist()
-        row = [CLS, *ids[a0[i]:a0[i] + la[i]].tolist(), SEP, *(b + [SEP] if b else [])]
+        b = ids[b0[i] : b0[i] + lb[i]].tolist()
+        row = [CLS, *ids[a0[i] : a0[i] + la[i]].tolist(), SEP, *(b + [SEP] if b else [])]
         assert pairs.tokens[i].tolist() == row + [0] * (seq - len(row))
         assert pairs.lengths[i] == len(row) and pairs.first_lengths[i] == la[i] + 2
     assert pairs.tokens.dtype == np.int32
@@ -207,8 +212,9 @@ def test_same_seed_same_pairs():
 def test_packing_fills_sequences_of_short_documents(pack):
     rng = random.Random(9)
     batch = batch_of([[rng.randint(3, 15) for _ in range(rng.randint(1, 3))] for _ in range(400)])
-    spans = truncate_pairs(build_spans(batch, 0, PairOptions(128, pack_documents=pack), random.Random(1)), 125,
-                           np.random.default_rng(1))
+    spans = truncate_pairs(
+        build_spans(batch, 0, PairOptions(128, pack_documents=pack), random.Random(1)), 125, np.random.default_rng(1)
+    )
     fill = ((spans.a_end - spans.a_start) + (spans.b_end - spans.b_start) + 3).mean() / 128
     assert (fill > 0.85) if pack else (fill < 0.5)
     if pack:  # an actual next pair is split inside a document when it can be: labels stay balanced
@@ -216,8 +222,11 @@ def test_packing_fills_sequences_of_short_documents(pack):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 40), max_size=5), max_size=30), st.integers(1, 120),
-       st.lists(st.integers(1, 7), min_size=1, max_size=6))
+@given(
+    st.lists(st.lists(st.integers(0, 40), max_size=5), max_size=30),
+    st.integers(1, 120),
+    st.lists(st.integers(1, 7), min_size=1, max_size=6),
+)
 def test_add_many_cuts_batches_where_adding_one_by_one_does(docs, batch_tokens, group_sizes):
     """Documents (lists of sentence lengths; a number repeated makes parts of one document)."""
     numbers = [d // 2 if d % 5 == 0 else d for d in range(len(docs))]
@@ -240,18 +249,18 @@ def test_add_many_cuts_batches_where_adding_one_by_one_does(docs, batch_tokens, 
     while start < len(docs):
         size = group_sizes[k % len(group_sizes)]
         k += 1
-        group = docs_ids[start:start + size]
+        group = docs_ids[start : start + size]
         flat = np.array([i for doc in group for line in doc for i in line], np.int32)
         lengths = np.array([len(line) for doc in group for line in doc], np.int64)
         doc_lines = np.array([len(doc) for doc in group], np.int64)
-        g_numbers = np.array(numbers[start:start + size], np.int64)
+        g_numbers = np.array(numbers[start : start + size], np.int64)
         start += size
         while len(doc_lines):
             n = many.add_many(g_numbers, flat, lengths, doc_lines)
             if many.full:
                 got.append(many.take())
             used = int(doc_lines[:n].sum())
-            flat, lengths = flat[int(lengths[:used].sum()):], lengths[used:]
+            flat, lengths = flat[int(lengths[:used].sum()) :], lengths[used:]
             g_numbers, doc_lines = g_numbers[n:], doc_lines[n:]
     got.append(many.take())
     assert len(got) == len(expected)

@@ -57,8 +57,9 @@ def write_run(folder, vocab, documents, **options) -> dict:
     converter = job.document_converter(config, lambda p: open(p, "rb").read())
     totals: dict = {}
     for part in range(2):
-        stats = converter.convert(documents[part::2], ItemContext(f"{part}", part, "t"),
-                                  FolderSink(str(folder), f"part-{part:05d}"))
+        stats = converter.convert(
+            documents[part::2], ItemContext(f"{part}", part, "t"), FolderSink(str(folder), f"part-{part:05d}")
+        )
         for k, v in stats.items():
             totals[k] = totals.get(k, 0) + v
     return totals
@@ -127,7 +128,8 @@ def test_report_on_causal_lm_blocks(tmp_path, vocabs, documents):
     out.mkdir()
     config = LM.parse_config({"vocab_file": vocabs["good"], "max_seq_length": "64", "output": "parquet"})
     stats = LM.document_converter(config, lambda p: open(p, "rb").read()).convert(
-        documents, ItemContext("0", 0, "t"), FolderSink(str(out), "part-00000"))
+        documents, ItemContext("0", 0, "t"), FolderSink(str(out), "part-00000")
+    )
     text = LM.report(str(out), config)
     assert f"records: {stats['examples']:,} in 1 files (causal_lm, max_seq_length 64)" in text
     assert f"fill ratio {stats['real_tokens'] / stats['positions']:.3f}" in text
@@ -166,9 +168,28 @@ def test_fleet_local_with_the_bert_job(tmp_path, vocabs, job):
     tf = pytest.importorskip("tensorflow")
     out = str(tmp_path / "out")
     proc = subprocess.run(
-        [sys.executable, "-m", "fleet.cli", "local", CORPUS, out, "--workers", "2", "--item-mb", "0.3",
-         "--set", f"vocab_file={vocabs['good']}", *job, "--set", "v2_feature_names=true"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "fleet.cli",
+            "local",
+            CORPUS,
+            out,
+            "--workers",
+            "2",
+            "--item-mb",
+            "0.3",
+            "--set",
+            f"vocab_file={vocabs['good']}",
+            *job,
+            "--set",
+            "v2_feature_names=true",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
@@ -179,18 +200,23 @@ def test_fleet_local_with_the_bert_job(tmp_path, vocabs, job):
     from fleet_jobs.bert.job import REPORT_RECORDS
 
     n = min(summary["examples"], REPORT_RECORDS)
-    where = (re.escape(f"in {summary['items']} files (") if n == summary["examples"]
-             else rf"from the first \d+ of {summary['items']} files \(max_records reached; ")
+    where = (
+        re.escape(f"in {summary['items']} files (")
+        if n == summary["examples"]
+        else rf"from the first \d+ of {summary['items']} files \(max_records reached; "
+    )
     assert re.search(rf"records: {n:,} {where}bert \(v2 feature names\)", proc.stderr), proc.stderr
     assert "masked per example" in proc.stderr and "[UNK]: " in proc.stderr and "unknown" not in proc.stderr
     files = sorted(glob.glob(os.path.join(out, "*.tfrecord")))
-    spec = {"input_word_ids": tf.io.FixedLenFeature([128], tf.int64),
-            "input_type_ids": tf.io.FixedLenFeature([128], tf.int64),
-            "input_mask": tf.io.FixedLenFeature([128], tf.int64),
-            "masked_lm_positions": tf.io.FixedLenFeature([20], tf.int64),
-            "masked_lm_ids": tf.io.FixedLenFeature([20], tf.int64),
-            "masked_lm_weights": tf.io.FixedLenFeature([20], tf.float32),
-            "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64)}
+    spec = {
+        "input_word_ids": tf.io.FixedLenFeature([128], tf.int64),
+        "input_type_ids": tf.io.FixedLenFeature([128], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([128], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([20], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([20], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([20], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
     n = tokens = 0
     for batch in tf.data.TFRecordDataset(files).batch(1024):
         parsed = tf.io.parse_example(batch, spec)
@@ -213,5 +239,5 @@ def test_report_reads_only_the_records_it_shows(tmp_path, vocabs, documents):
     data = gzip.decompress(path.read_bytes())
     assert len(list(tfrecord.iter_records(data))) > 5
     cut = gzip.compress(data, mtime=0)
-    path.write_bytes(cut[:len(cut) * 2 // 3])  # a stream that breaks off after the records shown
+    path.write_bytes(cut[: len(cut) * 2 // 3])  # a stream that breaks off after the records shown
     assert read_report(str(out), max_records=5).text() == whole.text()

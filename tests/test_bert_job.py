@@ -63,10 +63,12 @@ def read_file(path: str) -> bytes:
 
 def convert(vocab_path, docs, seed=7, **options) -> tuple[dict, str, bytes]:
     # the bert job, or electra_zh_en with format=electra, or format=bert (the bert job under its former name)
-    job, config = load_configured("electra_zh_en" if "format" in options else "bert", {"vocab_file": vocab_path, **options})
+    job, config = load_configured(
+        "electra_zh_en" if "format" in options else "bert", {"vocab_file": vocab_path, **options}
+    )
     sink = MemorySink()
     stats = job.document_converter(config, read_file).convert(iter(docs), ItemContext("item", seed, "test"), sink)
-    (suffix, data), = sink.files.items()
+    ((suffix, data),) = sink.files.items()
     return stats, suffix, data
 
 
@@ -125,14 +127,24 @@ def test_records_are_exactly_what_the_generic_encoder_writes(sample_run):
     records = list(tfrecord.iter_records(data))
     for raw in records[:: max(1, len(records) // 200)]:
         ex = tfrecord.parse_example(raw)
-        features = {name: (tfrecord.float_feature(v.tolist()) if v.dtype == np.float32 else
-                           tfrecord.int64_feature(v.tolist())) for name, v in ex.items()}
+        features = {
+            name: (tfrecord.float_feature(v.tolist()) if v.dtype == np.float32 else tfrecord.int64_feature(v.tolist()))
+            for name, v in ex.items()
+        }
         assert tfrecord.example(features) == raw
         assert sorted(ex) == sorted(feature_names(False).values())
 
 
-@pytest.mark.parametrize("seq,preds,v2,top", [(128, 20, False, 30000), (16, 3, True, 1 << 16), (9, 5, False, 1 << 30),
-                                               (64, 1, True, 500), (12, 3000, False, 3000)])
+@pytest.mark.parametrize(
+    "seq,preds,v2,top",
+    [
+        (128, 20, False, 30000),
+        (16, 3, True, 1 << 16),
+        (9, 5, False, 1 << 30),
+        (64, 1, True, 500),
+        (12, 3000, False, 3000),
+    ],
+)
 def test_encoder_writes_what_the_generic_encoder_writes(seq, preds, v2, top, monkeypatch):
     """The encoder lays out all rows' bytes at once (numpy): each record must be exactly
     ``tfrecord.example`` of its features, framed, for every varint width (ids of one to five
@@ -290,8 +302,19 @@ def test_same_seed_same_bytes(vocab_path, documents):
     assert a != convert(vocab_path, docs, seed=4)[2]
 
 
-@pytest.mark.parametrize("options", [{}, {"v2_feature_names": "true", "whole_word_masking": "false", "dupe_factor": "2",
-                                      "max_seq_length": "40", "max_predictions_per_seq": "7"}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {
+            "v2_feature_names": "true",
+            "whole_word_masking": "false",
+            "dupe_factor": "2",
+            "max_seq_length": "40",
+            "max_predictions_per_seq": "7",
+        },
+    ],
+)
 def test_parquet_rows_make_the_file_parsed_records_made(vocab_path, documents, monkeypatch, options):
     """format=bert hands Parquet its rows (``BertExamples.rows``), not records for the writer to
     parse back; the file is the one the records made, row groups included (here of 7 rows)."""
@@ -334,13 +357,15 @@ def test_v2_feature_names(vocab_path, documents):
     names = feature_names(True)
     assert names["input_ids"] == "input_word_ids" and names["segment_ids"] == "input_type_ids"
     # tf-models' BertPretrainDataLoader with use_v2_feature_names
-    spec = {"input_word_ids": tf.io.FixedLenFeature([SEQ], tf.int64),
-            "input_type_ids": tf.io.FixedLenFeature([SEQ], tf.int64),
-            "input_mask": tf.io.FixedLenFeature([SEQ], tf.int64),
-            "masked_lm_positions": tf.io.FixedLenFeature([PREDS], tf.int64),
-            "masked_lm_ids": tf.io.FixedLenFeature([PREDS], tf.int64),
-            "masked_lm_weights": tf.io.FixedLenFeature([PREDS], tf.float32),
-            "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64)}
+    spec = {
+        "input_word_ids": tf.io.FixedLenFeature([SEQ], tf.int64),
+        "input_type_ids": tf.io.FixedLenFeature([SEQ], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([SEQ], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([PREDS], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([PREDS], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([PREDS], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
     first1, first2 = parse_all(v1), parse_all(v2)
     assert len(first1) == len(first2) > 10
     for a, b in zip(first1, first2):
@@ -393,7 +418,7 @@ def test_pack_documents_fills_sequences_of_short_documents(vocab_path, documents
     short, i = [], 0
     while i < len(lines):  # documents of one to three lines
         n = rng.randint(1, 3)
-        short.append(lines[i:i + n])
+        short.append(lines[i : i + n])
         i += n
     fill = {}
     for fmt, job in (("electra", JOB), ("bert", BERT)):
@@ -425,14 +450,15 @@ def short_documents(documents, n_lines=2000) -> list[list[str]]:
     rng, out, i = random.Random(0), [], 0
     while i < len(lines):
         n = rng.randint(1, 3)
-        out.append(lines[i:i + n])
+        out.append(lines[i : i + n])
         i += n
     return out
 
 
 @pytest.mark.parametrize("options", [{}, {"whole_word_masking": "false"}, {"pack_documents": "true"}])
-def test_short_documents_tokenized_together_give_the_records_of_one_at_a_time(vocab_path, documents, monkeypatch,
-                                                                               options):
+def test_short_documents_tokenized_together_give_the_records_of_one_at_a_time(
+    vocab_path, documents, monkeypatch, options
+):
     import functools
 
     from fleet_jobs.bert import examples as bert_examples
@@ -445,8 +471,9 @@ def test_short_documents_tokenized_together_give_the_records_of_one_at_a_time(vo
 
 
 @pytest.mark.parametrize("pack", ["false", "true"])
-def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_path, documents, tokenizer, monkeypatch,
-                                                                       pack):
+def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(
+    vocab_path, documents, tokenizer, monkeypatch, pack
+):
     import random as random_module
 
     from fleet_jobs.electra_zh_en import job
@@ -479,13 +506,18 @@ def test_electra_groups_of_documents_give_the_records_of_one_at_a_time(vocab_pat
 def test_config_errors(vocab_path, tmp_path):
     bad = {
         "unknown option(s) masked_lm_prob": {"masked_lm_prob": "0.2"},  # the bert job's: --job bert
-        "option masked_lm_prob: not with format=electra (job electra_zh_en has no option masked_lm_prob)":
-            {"format": "electra", "masked_lm_prob": "0.2"},
-        "option provenance: not with format=bert (job bert has no option provenance)":
-            {"format": "bert", "provenance": "true"},
+        "option masked_lm_prob: not with format=electra (job electra_zh_en has no option masked_lm_prob)": {
+            "format": "electra",
+            "masked_lm_prob": "0.2",
+        },
+        "option provenance: not with format=bert (job bert has no option provenance)": {
+            "format": "bert",
+            "provenance": "true",
+        },
         "option compression: 'zip' is not supported": {"compression": "zip"},
-        "option format: 'gpt' is not supported (known: electra, bert; format=bert is the job bert: --job bert)":
-            {"format": "gpt"},
+        "option format: 'gpt' is not supported (known: electra, bert; format=bert is the job bert: --job bert)": {
+            "format": "gpt"
+        },
     }
     for_bert = {
         "option compression: 'zip' is not supported": {"compression": "zip"},
@@ -499,8 +531,11 @@ def test_config_errors(vocab_path, tmp_path):
     }
     cases = [("electra_zh_en", message, options) for message, options in bad.items()]
     cases += [("bert", message, options) for message, options in for_bert.items()]
-    cases += [("electra_zh_en", message, {"format": "bert", **options})  # the alias checks as the bert job does
-              for message, options in for_bert.items() if "format" not in options]
+    cases += [
+        ("electra_zh_en", message, {"format": "bert", **options})  # the alias checks as the bert job does
+        for message, options in for_bert.items()
+        if "format" not in options
+    ]
     for name, message, options in cases:
         with pytest.raises(ConfigError) as e:
             job, config = load_configured(name, {"vocab_file": vocab_path, **options})
@@ -513,19 +548,40 @@ def test_config_errors(vocab_path, tmp_path):
     with pytest.raises(ConfigError, match="no_mask.txt: the electra_zh_en job needs a \\[MASK\\] token"):
         JOB.check(ElectraConfig(vocab_file=str(no_mask)), read_file)  # ELECTRA's trainer masks too (issue 17)
     for job in (JOB, BERT):
-        job.check(job.parse_config({"vocab_file": vocab_path, "compression": "GZIP", "pack_documents": "true"}),
-                  read_file)
+        job.check(
+            job.parse_config({"vocab_file": vocab_path, "compression": "GZIP", "pack_documents": "true"}), read_file
+        )
 
 
 # The options of electra_zh_en as a run's run.json holds them before the bert job left it (issue 31):
 # a run planned with them must still parse, resume and read (discovery's rule: FORMER_NAMES).
-OLD_ELECTRA_CONFIG = {"vocab_file": "", "max_seq_length": 128, "do_lower_case": True, "seed": 12345,
-                      "format": "electra", "compression": "none", "output": "tfrecord", "pack_documents": False,
-                      "split_sentences": False, "masked_lm_prob": 0.15, "max_predictions_per_seq": 20,
-                      "short_seq_prob": 0.1, "dupe_factor": 1, "whole_word_masking": True,
-                      "v2_feature_names": False, "provenance": False}
-ELECTRA_OPTIONS = set(OLD_ELECTRA_CONFIG) - {"format", "masked_lm_prob", "max_predictions_per_seq", "short_seq_prob",
-                                             "dupe_factor", "whole_word_masking", "v2_feature_names"}
+OLD_ELECTRA_CONFIG = {
+    "vocab_file": "",
+    "max_seq_length": 128,
+    "do_lower_case": True,
+    "seed": 12345,
+    "format": "electra",
+    "compression": "none",
+    "output": "tfrecord",
+    "pack_documents": False,
+    "split_sentences": False,
+    "masked_lm_prob": 0.15,
+    "max_predictions_per_seq": 20,
+    "short_seq_prob": 0.1,
+    "dupe_factor": 1,
+    "whole_word_masking": True,
+    "v2_feature_names": False,
+    "provenance": False,
+}
+ELECTRA_OPTIONS = set(OLD_ELECTRA_CONFIG) - {
+    "format",
+    "masked_lm_prob",
+    "max_predictions_per_seq",
+    "short_seq_prob",
+    "dupe_factor",
+    "whole_word_masking",
+    "v2_feature_names",
+}
 
 
 def test_the_electra_options_and_the_old_run_json_they_read():
@@ -547,9 +603,15 @@ def test_the_electra_options_and_the_old_run_json_they_read():
     assert resolve_job("electra_zh_en", old_bert) == JobChoice("bert", {**bert, "dupe_factor": 3})
 
 
-@pytest.mark.parametrize("options", [{}, {"dupe_factor": "2", "v2_feature_names": "true", "pack_documents": "true"},
-                                     {"split_sentences": "true", "whole_word_masking": "false", "output": "parquet"},
-                                     {"compression": "GZIP", "max_seq_length": "64", "seed": "3"}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"dupe_factor": "2", "v2_feature_names": "true", "pack_documents": "true"},
+        {"split_sentences": "true", "whole_word_masking": "false", "output": "parquet"},
+        {"compression": "GZIP", "max_seq_length": "64", "seed": "3"},
+    ],
+)
 def test_format_bert_is_the_bert_job(vocab_path, documents, options):
     """``--job electra_zh_en --set format=bert`` and an old run.json's config (every option written
     out, provenance too) load the bert job: its files, counters and summary, byte for byte."""
@@ -567,7 +629,8 @@ def test_format_bert_is_the_bert_job(vocab_path, documents, options):
         return stats, sink.files
 
     direct = BERT.document_converter(BERT.parse_config(settings), read_file).convert(
-        iter(docs), ItemContext("i", 7, "t"), sink := MemorySink())
+        iter(docs), ItemContext("i", 7, "t"), sink := MemorySink()
+    )
     assert run({**settings, "format": "bert"}) == run(old_run_json) == (direct, sink.files)
     assert direct["examples"] > 20
 

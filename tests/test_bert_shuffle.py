@@ -101,8 +101,16 @@ def test_an_items_examples_are_written_shuffled_not_in_document_order(vocab, doc
     assert shuffle.permutation(1000, 7).tolist() != shuffle.permutation(1000, 8).tolist()  # ... and order
 
 
-@pytest.mark.parametrize("options", [{}, {"output": "parquet"}, {"compression": "GZIP"}, {"dupe_factor": "3"},
-                                     {"pack_documents": "true", "max_seq_length": "64"}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"output": "parquet"},
+        {"compression": "GZIP"},
+        {"dupe_factor": "3"},
+        {"pack_documents": "true", "max_seq_length": "64"},
+    ],
+)
 def test_the_bytes_do_not_depend_on_the_memory_budget(vocab, documents, small_batches, monkeypatch, options):
     _, in_memory = convert(vocab, documents, **options)
     spilled = []
@@ -126,7 +134,7 @@ def test_dupe_factor_passes_are_shuffled_together(vocab, documents, small_batche
     assert len(shuffled) == stats["examples"]
     assert_shuffled(shuffled, built, 7)
     first_pass = built_positions(shuffled, built) < len(built) // 2
-    assert 0.4 < first_pass[:len(first_pass) // 2].mean() < 0.6  # the passes mixed, not one after the other
+    assert 0.4 < first_pass[: len(first_pass) // 2].mean() < 0.6  # the passes mixed, not one after the other
 
 
 def test_parquet_rows_are_in_the_order_of_the_tfrecords(vocab, documents, small_batches):
@@ -148,14 +156,20 @@ def test_fleet_local_writes_each_item_as_the_pure_core_shuffles_it(vocab, tmp_pa
 
     both = tmp_path / "in" / "both.txt"
     both.parent.mkdir()
-    both.write_text("\n\n".join(open(p, encoding="utf-8").read().strip("\n") for p in SAMPLES) + "\n",
-                    encoding="utf-8")
+    both.write_text("\n\n".join(open(p, encoding="utf-8").read().strip("\n") for p in SAMPLES) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    result = run_local([str(both)], str(out), "bert", 1, {"vocab_file": vocab}, item_bytes=10 << 20,
-                       console=Console(file=io.StringIO()))
+    result = run_local(
+        [str(both)],
+        str(out),
+        "bert",
+        1,
+        {"vocab_file": vocab},
+        item_bytes=10 << 20,
+        console=Console(file=io.StringIO()),
+    )
     assert result.exit_code == 0 and result.status.done == result.status.items == 1
     (path,) = glob.glob(str(out / "part-*.tfrecord"))
-    item_id = os.path.basename(path)[len("part-"):-len(".tfrecord")]
+    item_id = os.path.basename(path)[len("part-") : -len(".tfrecord")]
     config = JOB.parse_config({"vocab_file": vocab})
     seed = item_seed(JOB.seed(config), item_id)
 
@@ -180,14 +194,25 @@ def test_fleet_local_writes_each_item_as_the_pure_core_shuffles_it(vocab, tmp_pa
 def chunk_of(values: np.ndarray, seq: int = 3, preds: int = 2) -> shuffle.Chunk:
     """A chunk whose every field of row i is made from values[i] (so rows can be told apart)."""
     v = values.astype(np.int64)
-    return shuffle.Chunk(Masked((v[:, None] + np.arange(seq)).astype(np.int32),
-                                (v[:, None] * 2 + np.arange(preds)).astype(np.int32),
-                                (v[:, None] * 3).repeat(preds, 1).astype(np.int32), v + 1),
-                         v + 2, v + 3, v % 2)
+    return shuffle.Chunk(
+        Masked(
+            (v[:, None] + np.arange(seq)).astype(np.int32),
+            (v[:, None] * 2 + np.arange(preds)).astype(np.int32),
+            (v[:, None] * 3).repeat(preds, 1).astype(np.int32),
+            v + 1,
+        ),
+        v + 2,
+        v + 3,
+        v % 2,
+    )
 
 
-@given(sizes=st.lists(st.integers(0, 1500), max_size=6), limit=st.integers(0, 1 << 20), seed=st.integers(0, 2**64),
-       id_bound=st.sampled_from([1 << 15, 1 << 16, 1 << 31]))
+@given(
+    sizes=st.lists(st.integers(0, 1500), max_size=6),
+    limit=st.integers(0, 1 << 20),
+    seed=st.integers(0, 2**64),
+    id_bound=st.sampled_from([1 << 15, 1 << 16, 1 << 31]),
+)
 def test_shuffled_examples_give_every_row_in_the_seeded_order(tmp_path_factory, sizes, limit, seed, id_bound):
     start = np.cumsum([0] + sizes)
     chunks = [chunk_of(np.arange(a, b)) for a, b in zip(start[:-1], start[1:])]  # ids up to 27,000

@@ -28,7 +28,7 @@ def _status(out: Path, *args: str):
 def _beats(out: Path) -> dict[str, dict]:
     store = open_store(str(out / STATE_DIR))
     prefix = worker_prefix("local")
-    return {b.name[len(prefix):]: json.loads(store.read(b.name)) for b in store.list(prefix)}
+    return {b.name[len(prefix) :]: json.loads(store.read(b.name)) for b in store.list(prefix)}
 
 
 def _rewrite_beat(out: Path, name: str, beat: dict) -> None:
@@ -56,9 +56,11 @@ def test_status_of_a_finished_local_run_prints_its_requests_and_their_cost(tmp_p
     assert total.writes >= 4 * items and total.stats >= items and total.list_pages >= 2
     line = next(line for line in _status(out).stdout.splitlines() if "store requests" in line)
     cost = estimate.PRICES.usd(total.class_a, total.class_b)
-    assert (f"{total.class_a:,} Class A ({total.list_pages:,} list pages, {total.writes:,} writes), "
-            f"{total.class_b:,} Class B ({total.reads:,} reads, {total.stats:,} stats), {total.deletes:,} free "
-            f"(deletes): ≈ {estimate.usd(cost)} at Cloud Storage list price") in line
+    assert (
+        f"{total.class_a:,} Class A ({total.list_pages:,} list pages, {total.writes:,} writes), "
+        f"{total.class_b:,} Class B ({total.reads:,} reads, {total.stats:,} stats), {total.deletes:,} free "
+        f"(deletes): ≈ {estimate.usd(cost)} at Cloud Storage list price"
+    ) in line
     assert "so far" not in line
 
     # A worker that died before its final heartbeat, one whose heartbeat carries no counts: said so.
@@ -69,8 +71,7 @@ def test_status_of_a_finished_local_run_prints_its_requests_and_their_cost(tmp_p
     caveats = [line for line in text.splitlines() if line.startswith("requests:")]
     assert len(caveats) == 2, text
     assert f"1 worker(s) stopped before their final heartbeat (a VM killed, a kill -9: {name})" in caveats[0]
-    assert "1 worker(s) left heartbeats without request counts (code from before they were counted: old)" \
-        in caveats[1]
+    assert "1 worker(s) left heartbeats without request counts (code from before they were counted: old)" in caveats[1]
     assert f"{total.class_a:,} Class A" in next(line for line in text.splitlines() if "store requests" in line)
     st = json.loads(_status(out, "--json").stdout)["requests"]
     assert (st["complete"], st["cut"], st["missing"]) == (len(beats) - 1, [name], ["old"])
@@ -90,7 +91,9 @@ def test_bucket_operations_grow_linearly_with_the_items():
     # not grow with its items, and the drain's 3 listings of leases/ and final/ (100 pages each).
     m = estimate.MODEL
     assert big.list_pages == pytest.approx(100_000 * 1.1 + 800 * 34 + 3 * 2 * 100)
-    assert big.writes == pytest.approx(100_000 * (2.3 + 1.25 + 1.2 + 2 / 64 + 2.3 + 1.0))  # (done/: created, then its counts)
+    assert big.writes == pytest.approx(
+        100_000 * (2.3 + 1.25 + 1.2 + 2 / 64 + 2.3 + 1.0)
+    )  # (done/: created, then its counts)
     assert (m.list_calls, m.process_calls, m.drains) == (1.1, 34, 3)
     assert big.reads == pytest.approx(100_000 * (0.3 + 1.0 + 1.0 + 1 / 64 + 2.0) + 800 * 2)  # (+ a done/ read a window)
     assert big.usd == pytest.approx((big.list_pages + big.writes) * 0.005 / 1000 + big.reads * 0.0004 / 1000)
@@ -107,26 +110,45 @@ def test_the_shuffles_reads_are_one_formula_over_map_items_shards_and_bytes():
     with_stage = estimate.bucket_estimate(steps, 100 * 10**9, processes=1600, stages=stages)
     without = estimate.bucket_estimate(steps[:1563], 100 * 10**9, processes=1600)
     assert with_stage.shuffle == reads and with_stage.reads > reads.reads > without.reads
-    lines = estimate.estimate([64_000_000] * 1563 + [0] * 1025, 200, 8, 0, True,
-                              estimate.Rates(5.0, 3.0, 0.0335, 0.01), None, item_steps=steps,
-                              stages=stages).lines()
+    lines = estimate.estimate(
+        [64_000_000] * 1563 + [0] * 1025,
+        200,
+        8,
+        0,
+        True,
+        estimate.Rates(5.0, 3.0, 0.0335, 0.01),
+        None,
+        item_steps=steps,
+        stages=stages,
+    ).lines()
     shuffle = next(line for line in lines if "shuffle" in line)
     assert f"{reads.reads:,} ranged reads" in shuffle and f"≈ {estimate.usd(reads.reads * 0.0004 / 1000)}" in shuffle
 
 
 def test_the_dry_run_lines_state_the_bucket_operations_beside_the_machines():
-    e = estimate.estimate([64_000_000] * 100, workers=5, vcpus=4, workers_per_vm=0, spot=True,
-                          rates=estimate.Rates(5.0, 3.0, 0.0335, 0.01), max_run_hours=None)
+    e = estimate.estimate(
+        [64_000_000] * 100,
+        workers=5,
+        vcpus=4,
+        workers_per_vm=0,
+        spot=True,
+        rates=estimate.Rates(5.0, 3.0, 0.0335, 0.01),
+        max_run_hours=None,
+    )
     text = "\n".join(e.lines())
     b = e.bucket
     assert b.items == 100 and e.bucket_usd == b.usd
-    assert (f"bucket operations: ≈ {b.class_a:,.0f} Class A ({b.list_pages:,.0f} list pages, {b.writes:,.0f} writes) "
-            f"and {b.class_b:,.0f} Class B (reads), ≈ {estimate.usd(b.usd)} at $0.005 and $0.0004 per 1,000") in text
+    assert (
+        f"bucket operations: ≈ {b.class_a:,.0f} Class A ({b.list_pages:,.0f} list pages, {b.writes:,.0f} writes) "
+        f"and {b.class_b:,.0f} Class B (reads), ≈ {estimate.usd(b.usd)} at $0.005 and $0.0004 per 1,000"
+    ) in text
     assert f"price range: ≈ $0.01 to $0.20 for the machines, + ≈ {estimate.usd(b.usd)} of bucket operations" in text
 
 
-@pytest.mark.parametrize("amount, shown", [(0, "$0.00"), (0.0123, "$0.01"), (1234.5, "$1,234.50"),
-                                           (0.0043, "$0.0043"), (0.00004321, "$0.000043")])
+@pytest.mark.parametrize(
+    "amount, shown",
+    [(0, "$0.00"), (0.0123, "$0.01"), (1234.5, "$1,234.50"), (0.0043, "$0.0043"), (0.00004321, "$0.000043")],
+)
 def test_small_amounts_keep_two_significant_digits(amount, shown):
     assert estimate.usd(amount) == shown
 
@@ -151,7 +173,14 @@ def test_a_combine_step_makes_the_shuffles_reads_grow_with_the_bytes_not_with_ma
     assert direct.reads > 16_000_000 and 450_000 < combined.reads < 520_000
     double = estimate.shuffle_reads(2 * 15_625, 1024, 2 * 10**12, Combine(64, 5))
     assert 1.9 < double.reads / combined.reads < 2.1  # twice the data, twice the reads
-    spec = RunSpec("r", "j", {}, "gs://b/o", "v", stages=[{"name": "shards", "items": 1024, "balanced": True}],
-                   combine=[{"group": 64, "blocks": 5}])
+    spec = RunSpec(
+        "r",
+        "j",
+        {},
+        "gs://b/o",
+        "v",
+        stages=[{"name": "shards", "items": 1024, "balanced": True}],
+        combine=[{"group": 64, "blocks": 5}],
+    )
     steps = [0] * 15_625 + [1] * 245 * 5 + [2] + [3] * 1024
     assert estimate.boundaries(StepPlan(spec), steps) == [estimate.Boundary(15_625, 1024, Combine(64, 5))]

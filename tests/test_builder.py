@@ -190,7 +190,8 @@ def per_document(max_length, sentences, ends, texts, key):
     from fleet_jobs.electra_zh_en.builder import DocumentRandom
 
     return ExampleBuilder(max_length, CLS, SEP, random.Random(0), pad=False).add_documents(
-        sentences, ends, [DocumentRandom(key, t) for t in texts])
+        sentences, ends, [DocumentRandom(key, t) for t in texts]
+    )
 
 
 def gathered(runs, flat: list[int]) -> list[list[int]]:
@@ -199,10 +200,10 @@ def gathered(runs, flat: list[int]) -> list[list[int]]:
 
     ids = []
     for start, n in zip(runs.run_starts, runs.run_lengths):
-        ids += [CLS] if start == CLS_RUN else [SEP] if start == SEP_RUN else flat[start:start + n]
+        ids += [CLS] if start == CLS_RUN else [SEP] if start == SEP_RUN else flat[start : start + n]
     out, at = [], 0
     for n in runs.lengths:
-        out.append(ids[at:at + n])
+        out.append(ids[at : at + n])
         at += n
     assert at == len(ids)
     return out

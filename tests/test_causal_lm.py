@@ -91,7 +91,7 @@ def test_dropping_partial_blocks_keeps_only_full_blocks_of_the_stream(docs, size
     got = [i for p in parts for i in real_ids(p)]
     assert all((p.lengths == size).all() for p in parts)
     streams = [[i for d in docs if d for i in (*d, EOD)]] if pack else [[*d, EOD] for d in docs if d]
-    expected = [i for s in streams for i in s[:len(s) // size * size]]
+    expected = [i for s in streams for i in s[: len(s) // size * size]]
     assert got == expected and cutter.dropped == sum(map(len, streams)) - len(expected)
 
 
@@ -126,18 +126,20 @@ def test_byte_level_bpe_blocks_hold_every_document_and_its_end_token(bpe_path, d
     assert got == expected and stats["tokens"] == stats["real_tokens"] == len(expected)
     assert stats["examples"] == len(rows) and stats["positions"] == 64 * len(rows)
     assert stats["documents"] == len(documents) and 0.5 < JOB.summarize(stats)["fill_ratio"] <= 1
-    assert tokenizer.decode(got[:got.index(eod)]) == "\n".join(documents[0])
+    assert tokenizer.decode(got[: got.index(eod)]) == "\n".join(documents[0])
 
-    _, shifted = convert(CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=64, shifted_labels=True,
-                                        last_block="drop"), documents)
+    _, shifted = convert(
+        CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=64, shifted_labels=True, last_block="drop"), documents
+    )
     assert {len(r["input_ids"]) for r in shifted} == {65} and all(set(r) == {"input_ids"} for r in shifted)
 
 
 def test_parquet_rows_equal_the_tfrecords_of_the_same_documents(bpe_path, documents):
     for extra in ({}, {"last_block": "drop", "pack_documents": True}):
         _, tf_rows = convert(CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=48, **extra), documents)
-        _, pq_rows = convert(CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=48, output="parquet", **extra),
-                             documents)
+        _, pq_rows = convert(
+            CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=48, output="parquet", **extra), documents
+        )
         assert len(tf_rows) > 50 and pq_rows == tf_rows
 
 
@@ -160,8 +162,9 @@ def test_a_bert_vocab_ends_documents_with_sep_and_pads_with_pad(vocab_path, docu
     bert = BertTokenizer.from_file(vocab_path)
     stats, rows = convert(CausalLMConfig(vocab_file=vocab_path, max_seq_length=40), documents[:5])
     got = [i for r in rows for i, m in zip(r["input_ids"], r["attention_mask"]) if m]
-    expected = [i for d in documents[:5] for i in (*(j for line in bert.tokenize_lines(d) for j in line),
-                                                   bert.vocab["[SEP]"])]
+    expected = [
+        i for d in documents[:5] for i in (*(j for line in bert.tokenize_lines(d) for j in line), bert.vocab["[SEP]"])
+    ]
     assert got == expected
     pads = [i for r in rows for i, m in zip(r["input_ids"], r["attention_mask"]) if not m]
     assert pads and set(pads) == {bert.vocab["[PAD]"]}
@@ -177,8 +180,9 @@ def test_bad_options_are_one_clear_line(tmp_path, bpe_path, vocab_path):
         "option eod_token: '<eot>' is not in": CausalLMConfig(tokenizer_file=bpe_path, eod_token="<eot>"),
         "option last_block: 'keep'": CausalLMConfig(tokenizer_file=bpe_path, last_block="keep"),
         "option max_seq_length": CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=1),
-        "compression applies to output=tfrecord": CausalLMConfig(tokenizer_file=bpe_path, output="parquet",
-                                                                  compression="gzip"),
+        "compression applies to output=tfrecord": CausalLMConfig(
+            tokenizer_file=bpe_path, output="parquet", compression="gzip"
+        ),
     }
     for message, config in cases.items():
         with pytest.raises(ConfigError, match=message) as e:
@@ -190,8 +194,13 @@ def test_bad_options_are_one_clear_line(tmp_path, bpe_path, vocab_path):
 
 
 def fleet_local(inputs, out, *args):
-    proc = subprocess.run([sys.executable, "-m", "fleet.cli", "local", *inputs, str(out), "--job", "causal_lm",
-                           "--workers", "2", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet.cli", "local", *inputs, str(out), "--job", "causal_lm", "--workers", "2", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     return proc
 

@@ -24,8 +24,7 @@ from fleet.core.lease import DONE, LEASED, Lease
 from fleet.core.layout import lease_prefix, worker_prefix
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
-from tests.helpers.procs import (clean_run, committed, listed_outputs, plan_lines, start_worker, wait_exit,
-                                 write_corpus)
+from tests.helpers.procs import clean_run, committed, listed_outputs, plan_lines, start_worker, wait_exit, write_corpus
 
 TTL = 1.5
 PAUSES = {"FLEET_TEST_PAUSE": "claimed=0.5,converting=0,uploaded=0.8"}
@@ -77,8 +76,9 @@ def test_random_sigkills_lose_nothing_and_commit_nothing_twice(store_url, corpus
                 else:
                     # Only a worker that will still be inside the pause when the signal lands:
                     # one found late (a loaded machine) may already have moved on.
-                    ready = [(w, at) for w, at in ready
-                             if at and at[0] == point and at[2] + wait < WINDOW[point] - MARGIN]
+                    ready = [
+                        (w, at) for w, at in ready if at and at[0] == point and at[2] + wait < WINDOW[point] - MARGIN
+                    ]
                 if ready:
                     victim, at = rng.choice(ready)
                     item = at[1] if at else ""

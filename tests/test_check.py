@@ -47,15 +47,26 @@ def write_formats(folder) -> dict[str, str]:
     paths["text"] = folder / "docs.txt"
     paths["text"].write_text("\n\n".join("\n".join(d) for d in DOCS) + "\n", encoding="utf-8")
     paths["jsonl"] = folder / "docs.jsonl"
-    paths["jsonl"].write_text("".join(json.dumps({"text": "\n".join(d)}, ensure_ascii=False) + "\n" for d in DOCS),
-                              encoding="utf-8")
+    paths["jsonl"].write_text(
+        "".join(json.dumps({"text": "\n".join(d)}, ensure_ascii=False) + "\n" for d in DOCS), encoding="utf-8"
+    )
     paths["wikiextractor"] = folder / "wiki_00.bz2"
-    paths["wikiextractor"].write_bytes(bz2.compress("".join(
-        f'<doc id="{i}" url="u" title="T{i}">\nT{i}\n\n' + "\n\n".join(d) + "\n</doc>\n"
-        for i, d in enumerate(DOCS)).encode()))
+    paths["wikiextractor"].write_bytes(
+        bz2.compress(
+            "".join(
+                f'<doc id="{i}" url="u" title="T{i}">\nT{i}\n\n' + "\n\n".join(d) + "\n</doc>\n"
+                for i, d in enumerate(DOCS)
+            ).encode()
+        )
+    )
     paths["cirrus"] = folder / "cirrussearch-content.json"
-    paths["cirrus"].write_text("".join(json.dumps({"index": {"_id": i}}) + "\n" + json.dumps(
-        {"text": "\n".join(d)}, ensure_ascii=False) + "\n" for i, d in enumerate(DOCS)), encoding="utf-8")
+    paths["cirrus"].write_text(
+        "".join(
+            json.dumps({"index": {"_id": i}}) + "\n" + json.dumps({"text": "\n".join(d)}, ensure_ascii=False) + "\n"
+            for i, d in enumerate(DOCS)
+        ),
+        encoding="utf-8",
+    )
     paths["parquet"] = folder / "train.parquet"
     pq.write_table(pa.table({"text": ["\n".join(d) for d in DOCS]}), str(paths["parquet"]))
     return {k: str(v) for k, v in paths.items()}

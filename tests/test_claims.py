@@ -93,8 +93,12 @@ def test_windows_are_ranges_of_one_step_whose_listing_holds_only_their_ids_and_i
     steps = {"00000-of-00002": 2, "00001-of-00002": 2, "shards-index": 1}
     windows = cut_windows([(i, 0) for i in MANY] + [(i, s) for i, s in steps.items()], size=4)
     assert [(w.step, w.items) for w in windows] == [
-        (0, ("00000", "00001", "00002", "00003")), (0, ("00004", "00005", "00006", "00007")), (0, ("00008", "00009")),
-        (1, ("shards-index",)), (2, ("00000-of-00002", "00001-of-00002"))]
+        (0, ("00000", "00001", "00002", "00003")),
+        (0, ("00004", "00005", "00006", "00007")),
+        (0, ("00008", "00009")),
+        (1, ("shards-index",)),
+        (2, ("00000-of-00002", "00001-of-00002")),
+    ]
     names = sorted(MANY + list(steps))
     for w in windows:
         start, end = w.bounds("p/")

@@ -72,8 +72,23 @@ def test_an_empty_input_is_refused_not_read_as_the_current_folder(inp, tmp_path,
     monkeypatch.chdir(tmp_path)
     (tmp_path / "stray.txt").write_text("not meant as input\n")
     one_line_error(invoke("local", inp, tmp_path / "out", "--job", LINEJOB), "INPUT", "empty")
-    one_line_error(invoke("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", inp,
-                          "--output", tmp_path / "o"), "--input", "empty")
+    one_line_error(
+        invoke(
+            "plan",
+            "--bucket",
+            tmp_path / "b",
+            "--run",
+            "r",
+            "--job",
+            LINEJOB,
+            "--input",
+            inp,
+            "--output",
+            tmp_path / "o",
+        ),
+        "--input",
+        "empty",
+    )
     assert not (tmp_path / "out").exists() and not (tmp_path / "b").exists()
 
 
@@ -90,40 +105,110 @@ def test_any_message_containing_a_closing_tag_is_one_line(tmp_path):
     assert "[/red]x[/]" in line and "in[bold].txt" in line
 
 
-@pytest.mark.parametrize("option,value", [
-    ("--item-mb", "inf"), ("--item-mb", "nan"), ("--item-mb", "-inf"), ("--item-mb", "1e300"), ("--item-mb", "-1"),
-    ("--item-mb", "1e-12"), ("--lease-ttl", "inf"), ("--lease-ttl", "nan"), ("--lease-ttl", "1e12"),
-    ("--lease-ttl", "0"), ("--max-attempts", "-1"), ("--max-attempts", "100000000000000000000"),
-    ("--max-bad-share", "nan"), ("--max-bad-share", "-0.5"), ("--max-bad-share", "inf"),
-    ("--workers", "1" + "0" * 400), ("--max-attempts", "-" + "9" * 400),
-])
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("--item-mb", "inf"),
+        ("--item-mb", "nan"),
+        ("--item-mb", "-inf"),
+        ("--item-mb", "1e300"),
+        ("--item-mb", "-1"),
+        ("--item-mb", "1e-12"),
+        ("--lease-ttl", "inf"),
+        ("--lease-ttl", "nan"),
+        ("--lease-ttl", "1e12"),
+        ("--lease-ttl", "0"),
+        ("--max-attempts", "-1"),
+        ("--max-attempts", "100000000000000000000"),
+        ("--max-bad-share", "nan"),
+        ("--max-bad-share", "-0.5"),
+        ("--max-bad-share", "inf"),
+        ("--workers", "1" + "0" * 400),
+        ("--max-attempts", "-" + "9" * 400),
+    ],
+)
 def test_local_refuses_a_number_out_of_range_naming_the_option_and_the_range(option, value, corpus, tmp_path):
     line = one_line_error(invoke("local", corpus, tmp_path / "out", "--job", LINEJOB, option, value), option)
     assert " to " in line or "or more" in line  # the accepted range
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("option,value", [("--item-mb", "inf"), ("--lease-ttl", "inf"), ("--item-mb", "nan"),
-                                          ("--lease-ttl", "1e12")])
+@pytest.mark.parametrize(
+    "option,value", [("--item-mb", "inf"), ("--lease-ttl", "inf"), ("--item-mb", "nan"), ("--lease-ttl", "1e12")]
+)
 def test_plan_refuses_a_number_out_of_range(option, value, corpus, tmp_path):
-    one_line_error(invoke("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", corpus,
-                          "--output", tmp_path / "out", option, value), option)
+    one_line_error(
+        invoke(
+            "plan",
+            "--bucket",
+            tmp_path / "b",
+            "--run",
+            "r",
+            "--job",
+            LINEJOB,
+            "--input",
+            corpus,
+            "--output",
+            tmp_path / "out",
+            option,
+            value,
+        ),
+        option,
+    )
 
 
 @pytest.mark.parametrize("seed", ["-1", str(1 << 63), "-" + "9" * 30])
 def test_a_seed_out_of_range_is_refused_at_plan_time(seed, corpus, tmp_path):
     """Issue 30: ``--set seed=-1`` was planned and run. Now one line names the option and its
     range, exit 2, and nothing is written."""
-    line = one_line_error(invoke("local", corpus, tmp_path / "out", "--job", LINEJOB, "--set", f"seed={seed}"),
-                          "option seed", "out of range", "give 0 to ")
+    line = one_line_error(
+        invoke("local", corpus, tmp_path / "out", "--job", LINEJOB, "--set", f"seed={seed}"),
+        "option seed",
+        "out of range",
+        "give 0 to ",
+    )
     assert seed in line
     assert not (tmp_path / "out").exists()
-    one_line_error(invoke("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", corpus,
-                          "--output", tmp_path / "out", "--set", f"seed={seed}"), "option seed", "give 0 to ")
+    one_line_error(
+        invoke(
+            "plan",
+            "--bucket",
+            tmp_path / "b",
+            "--run",
+            "r",
+            "--job",
+            LINEJOB,
+            "--input",
+            corpus,
+            "--output",
+            tmp_path / "out",
+            "--set",
+            f"seed={seed}",
+        ),
+        "option seed",
+        "give 0 to ",
+    )
 
 
-@pytest.mark.parametrize("job", [":", "a:", ":b", "..x:y", ".:JOB", "a..b:c", "tests.helpers.linejob:", "x y:z",
-                                 "-:-", "\x00:x", "fleet_jobs/electra", "", "..", "a\udcffb"])
+@pytest.mark.parametrize(
+    "job",
+    [
+        ":",
+        "a:",
+        ":b",
+        "..x:y",
+        ".:JOB",
+        "a..b:c",
+        "tests.helpers.linejob:",
+        "x y:z",
+        "-:-",
+        "\x00:x",
+        "fleet_jobs/electra",
+        "",
+        "..",
+        "a\udcffb",
+    ],
+)
 def test_a_malformed_job_name_is_one_line(job, corpus, tmp_path):
     one_line_error(invoke("local", corpus, tmp_path / "out", "--job", job), "job")
 
@@ -185,8 +270,11 @@ def test_a_launch_without_credentials_is_one_line_and_creates_nothing(cloud, no_
     from tests.test_launch_checks import _planned
 
     _planned(cloud)
-    one_line_error(invoke("launch", "--run", "chk", "--workers", "2"), "no Google credentials",
-                   "gcloud auth application-default login")
+    one_line_error(
+        invoke("launch", "--run", "chk", "--workers", "2"),
+        "no Google credentials",
+        "gcloud auth application-default login",
+    )
     assert not cloud.standin.calls and not cloud.standin.templates
 
 
@@ -202,32 +290,92 @@ def test_down_without_credentials_is_one_line(cloud, no_credentials):
 # -- (e): a sweep of malformed arguments over every command -------------------------------------
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-BAD = ["", " ", "inf", "-inf", "nan", "-1", "0", "1e308", "1e-300", "99999999999999999999", "1.5", "abc", ":", "a:",
-       ":b", "..", "/", "[/]", "[/PATH]", "[red]x[/red]", "[bold", "gs://", "s3://bucket/key", "hdfs://x/y",
-       "ftp://x/y", "file://", "file:///nonexistent/[/x]", "/nonexistent/x", "x\udcffy", "\udcff", "é", "a\nb", "-",
-       "=", "k=v", "vocab_file=s3://x/v.txt", "--", "-x"]
+BAD = [
+    "",
+    " ",
+    "inf",
+    "-inf",
+    "nan",
+    "-1",
+    "0",
+    "1e308",
+    "1e-300",
+    "99999999999999999999",
+    "1.5",
+    "abc",
+    ":",
+    "a:",
+    ":b",
+    "..",
+    "/",
+    "[/]",
+    "[/PATH]",
+    "[red]x[/red]",
+    "[bold",
+    "gs://",
+    "s3://bucket/key",
+    "hdfs://x/y",
+    "ftp://x/y",
+    "file://",
+    "file:///nonexistent/[/x]",
+    "/nonexistent/x",
+    "x\udcffy",
+    "\udcff",
+    "é",
+    "a\nb",
+    "-",
+    "=",
+    "k=v",
+    "vocab_file=s3://x/v.txt",
+    "--",
+    "-x",
+]
 # What argv can hold: any text but NUL, and undecodable bytes as surrogate escapes (no other surrogates).
 ARGV_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
-BAD_VALUE = st.one_of(st.sampled_from(BAD), ARGV_TEXT, st.integers(-10**600, 10**600).map(str),
-                      st.floats().map(repr))
+BAD_VALUE = st.one_of(st.sampled_from(BAD), ARGV_TEXT, st.integers(-(10**600), 10**600).map(str), st.floats().map(repr))
 
 
 def _commands(corpus: Path, done: Path) -> dict[str, list[tuple[str, str]]]:
     """Each command's arguments as (option, good value) slots; "" as option: a positional argument."""
     bucket = str(done / ".fleet")
     return {
-        "local": [("", str(corpus)), ("", "out"), ("--job", LINEJOB), ("--workers", "1"), ("--item-mb", "1"),
-                  ("--lease-ttl", "60"), ("--max-attempts", "3"), ("--max-bad-share", "0.5"), ("--set", "seed=3"),
-                  ("--text-column", "text")],
-        "plan": [("--bucket", "b"), ("--run", "r"), ("--job", LINEJOB), ("--input", str(corpus)), ("--output", "o"),
-                 ("--item-mb", "1"), ("--lease-ttl", "60"), ("--max-attempts", "3"), ("--set", "seed=3")],
+        "local": [
+            ("", str(corpus)),
+            ("", "out"),
+            ("--job", LINEJOB),
+            ("--workers", "1"),
+            ("--item-mb", "1"),
+            ("--lease-ttl", "60"),
+            ("--max-attempts", "3"),
+            ("--max-bad-share", "0.5"),
+            ("--set", "seed=3"),
+            ("--text-column", "text"),
+        ],
+        "plan": [
+            ("--bucket", "b"),
+            ("--run", "r"),
+            ("--job", LINEJOB),
+            ("--input", str(corpus)),
+            ("--output", "o"),
+            ("--item-mb", "1"),
+            ("--lease-ttl", "60"),
+            ("--max-attempts", "3"),
+            ("--set", "seed=3"),
+        ],
         "work": [("--bucket", bucket), ("--run", "nosuchrun"), ("--procs", "1"), ("--standby", "0")],
         "status": [("", str(done)), ("--run", "local")],
         "follow": [("--bucket", str(done)), ("--run", "local"), ("--poll", "0.1")],
         "jobs": [("", LINEJOB)],
-        "init": [("--project", "proj-123"), ("--bucket", "gs://b-1"), ("--zone", "us-central1-a"),
-                 ("--disk-gb", "20"), ("--workers-per-vm", "0"), ("--standby", "2"), ("--max-run-hours", "1"),
-                 ("--service-account", "w@proj-123.iam.gserviceaccount.com")],
+        "init": [
+            ("--project", "proj-123"),
+            ("--bucket", "gs://b-1"),
+            ("--zone", "us-central1-a"),
+            ("--disk-gb", "20"),
+            ("--workers-per-vm", "0"),
+            ("--standby", "2"),
+            ("--max-run-hours", "1"),
+            ("--service-account", "w@proj-123.iam.gserviceaccount.com"),
+        ],
         "sync": [("--bucket", "nosuchfolder/b"), ("--root", "/nonexistent")],
         "launch": [("--run", "r"), ("--workers", "1"), ("--max-run-hours", "1"), ("--template", "fleet-t")],
         "iam": [("--role", "fleetWorkerStorage")],
@@ -276,19 +424,27 @@ def _run_sweep(command: str, slots: list[tuple[str, str]], data, tmp: Path, extr
         assert len(lines) == 1 and lines[0].startswith("fleet: error: "), shown
 
 
-@pytest.mark.parametrize("command", ["local", "plan", "work", "status", "follow", "jobs", "init", "sync", "launch",
-                                     "iam", "logs", "down"])
-@settings(max_examples=int(os.environ.get("FLEET_SWEEP_EXAMPLES", "25")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@pytest.mark.parametrize(
+    "command", ["local", "plan", "work", "status", "follow", "jobs", "init", "sync", "launch", "iam", "logs", "down"]
+)
+@settings(
+    max_examples=int(os.environ.get("FLEET_SWEEP_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data())
-def test_every_command_answers_malformed_arguments_in_one_line(command, data, sweep_dirs, tmp_path_factory,
-                                                               no_credentials):
+def test_every_command_answers_malformed_arguments_in_one_line(
+    command, data, sweep_dirs, tmp_path_factory, no_credentials
+):
     corpus, done = sweep_dirs
     _run_sweep(command, _commands(corpus, done)[command], data, tmp_path_factory.mktemp(command))
 
 
-@settings(max_examples=int(os.environ.get("FLEET_SWEEP_EXAMPLES", "25")), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("FLEET_SWEEP_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data())
 def test_launch_answers_malformed_arguments_in_one_line(cloud, data, tmp_path_factory):
     """Past fleet.toml, against a planned run (the bucket and Compute stand-ins); always --dry-run."""
@@ -323,8 +479,11 @@ def test_launch_refuses_more_worker_processes_per_vm_than_its_work_command_takes
     _planned(cloud)
     cfg_path = cloud.tmp / "fleet.toml"
     cfg_path.write_text(cfg_path.read_text().replace("workers_per_vm = 1\n", "workers_per_vm = 17\n"))
-    one_line_error(invoke("launch", "--run", "chk", "--workers", "1", "--dry-run"), "workers_per_vm = 17",
-                   "give 0 (one per vCPU) to 16")
+    one_line_error(
+        invoke("launch", "--run", "chk", "--workers", "1", "--dry-run"),
+        "workers_per_vm = 17",
+        "give 0 (one per vCPU) to 16",
+    )
     assert not cloud.standin.templates
     cfg_path.write_text(cfg_path.read_text().replace("workers_per_vm = 17\n", "workers_per_vm = 16\n"))
     assert invoke("launch", "--run", "chk", "--workers", "1", "--dry-run").exit_code == 0

@@ -11,8 +11,19 @@ from pathlib import Path
 import pytest
 
 from fleet.core.layout import code_manifest_name as manifest_name, code_object_name
-from fleet.core.codesync import (MANIFEST, CodeError, check_pinned, code_files, code_version, manifest_bytes,
-                            parse_manifest, snapshot, sync, verify, version_of)
+from fleet.core.codesync import (
+    MANIFEST,
+    CodeError,
+    check_pinned,
+    code_files,
+    code_version,
+    manifest_bytes,
+    parse_manifest,
+    snapshot,
+    sync,
+    verify,
+    version_of,
+)
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.store import open_store
 
@@ -49,8 +60,14 @@ def tree(tmp_path) -> Path:
 
 def test_snapshot_holds_code_only(tree):
     assert code_files(str(tree), paths=PATHS) == [
-        "fleet/__init__.py", "fleet/a.py", "fleet/sub/b.py", "fleet/sub/data.json",
-        "fleet_jobs/__init__.py", "pyproject.toml", "startup/startup.sh"]
+        "fleet/__init__.py",
+        "fleet/a.py",
+        "fleet/sub/b.py",
+        "fleet/sub/data.json",
+        "fleet_jobs/__init__.py",
+        "pyproject.toml",
+        "startup/startup.sh",
+    ]
 
 
 def test_version_is_the_hash_of_a_sha256sum_manifest(tree):
@@ -64,7 +81,9 @@ def test_version_is_the_hash_of_a_sha256sum_manifest(tree):
     assert code_version(str(tree), paths=PATHS) != version_of(manifest)
 
 
-@pytest.mark.parametrize("line", ["abc  x.py", "f" * 64 + "  /etc/passwd", "f" * 64 + "  a/../../x", "f" * 64 + " x.py"])
+@pytest.mark.parametrize(
+    "line", ["abc  x.py", "f" * 64 + "  /etc/passwd", "f" * 64 + "  a/../../x", "f" * 64 + " x.py"]
+)
 def test_a_bad_manifest_line_is_refused(line):
     with pytest.raises(CodeError, match="manifest line 1"):
         parse_manifest(line.encode() + b"\n")

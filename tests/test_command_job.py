@@ -69,15 +69,19 @@ def corpus(tmp_path: Path, files: int = 3, lines: int = 40, seed: int = 1) -> Pa
     folder.mkdir()
     for f in range(files):
         (folder / f"shard-{f}.txt").write_text(
-            "".join(f"file {f} line {i}: {' '.join(rng.choice('abc xyz qrs') for _ in range(rng.randint(1, 9)))}\n"
-                    for i in range(lines)))
+            "".join(
+                f"file {f} line {i}: {' '.join(rng.choice('abc xyz qrs') for _ in range(rng.randint(1, 9)))}\n"
+                for i in range(lines)
+            )
+        )
     return folder
 
 
 def local(inputs, out, settings: dict, workers: int = 2, **kw):
     console = io.StringIO()
-    result = run_local([str(i) for i in inputs], str(out), "command", workers, settings,
-                       console=Console(file=console, width=200), **kw)
+    result = run_local(
+        [str(i) for i in inputs], str(out), "command", workers, settings, console=Console(file=console, width=200), **kw
+    )
     return result, console.getvalue()
 
 
@@ -97,9 +101,12 @@ def test_each_file_is_an_item_and_the_files_of_output_are_its_outputs(tmp_path):
     assert result.exit_code == 0, shown
     out = tmp_path / "out"
     items = sorted(p.name for p in src.iterdir())
-    names = sorted(n for n in (p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-                   if n.startswith("part-"))
-    assert names == sorted([f"part-{i:05d}-upper.txt" for i in range(3)] + [f"part-{i:05d}-sub/lines.txt" for i in range(3)])
+    names = sorted(
+        n for n in (p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) if n.startswith("part-")
+    )
+    assert names == sorted(
+        [f"part-{i:05d}-upper.txt" for i in range(3)] + [f"part-{i:05d}-sub/lines.txt" for i in range(3)]
+    )
     for i, name in enumerate(items):  # items are the files, in order, and the bytes are the program's
         assert (out / f"part-{i:05d}-upper.txt").read_bytes() == (src / name).read_bytes().upper()
         assert (out / f"part-{i:05d}-sub" / "lines.txt").read_text() == "40"
@@ -113,8 +120,7 @@ def test_split_lines_cuts_byte_ranges_at_newlines_and_the_outputs_give_back_the_
     src = corpus(tmp_path, files=1, lines=400)
     text = (src / "shard-0.txt").read_bytes()
     cat = "cat {input} > {output}/piece.txt; echo {item} {seed} > {output}/who.txt"
-    result, shown = local([src], tmp_path / "out", {"command": cat, "split": "lines", "seed": "5"},
-                          item_bytes=1000)
+    result, shown = local([src], tmp_path / "out", {"command": cat, "split": "lines", "seed": "5"}, item_bytes=1000)
     assert result.exit_code == 0, shown
     out = tmp_path / "out"
     items = load_items(open_store(str(out / ".fleet")), "local")
@@ -135,8 +141,9 @@ def test_stdin_streams_the_item_instead_of_a_file(tmp_path):
 
 def test_stdin_streams_only_the_items_byte_range(tmp_path):
     src = corpus(tmp_path, files=1, lines=300)
-    result, shown = local([src], tmp_path / "out", {"command": "cat > {output}/piece", "stdin": "true",
-                                                   "split": "lines"}, item_bytes=2000)
+    result, shown = local(
+        [src], tmp_path / "out", {"command": "cat > {output}/piece", "stdin": "true", "split": "lines"}, item_bytes=2000
+    )
     assert result.exit_code == 0, shown
     items = load_items(open_store(str(tmp_path / "out" / ".fleet")), "local")
     assert len(items) >= 4
@@ -157,8 +164,11 @@ def test_a_rerun_writes_the_same_bytes(tmp_path):
 
 def test_a_command_that_writes_nothing_is_done_with_zero_outputs_and_counted(tmp_path):
     src = corpus(tmp_path, files=2)
-    quiet = script(tmp_path, "quiet.py", "import sys, os\nif 'shard-1' in sys.argv[1]:\n"
-                                         "    open(os.path.join(sys.argv[2], 'x.txt'), 'w').write('x')\n")
+    quiet = script(
+        tmp_path,
+        "quiet.py",
+        "import sys, os\nif 'shard-1' in sys.argv[1]:\n    open(os.path.join(sys.argv[2], 'x.txt'), 'w').write('x')\n",
+    )
     result, shown = local([src], tmp_path / "out", {"command": f"{PY} {quiet} {{input}} {{output}}"})
     assert result.exit_code == 0, shown
     assert result.status.done == 2 and result.status.totals["items_without_outputs"] == 1
@@ -172,8 +182,10 @@ def test_a_command_that_writes_nothing_is_done_with_zero_outputs_and_counted(tmp
 def test_files_written_outside_output_and_hidden_files_are_not_committed(tmp_path):
     src = corpus(tmp_path, files=1)
     elsewhere = tmp_path / "elsewhere.txt"
-    cmd = (f"echo a > {{output}}/../beside.txt; echo b > {elsewhere}; echo c > {{output}}/.hidden; "
-           f"mkdir {{output}}/.cache; echo d > {{output}}/.cache/x; echo e > {{output}}/kept.txt # {{input}}")
+    cmd = (
+        f"echo a > {{output}}/../beside.txt; echo b > {elsewhere}; echo c > {{output}}/.hidden; "
+        f"mkdir {{output}}/.cache; echo d > {{output}}/.cache/x; echo e > {{output}}/kept.txt # {{input}}"
+    )
     result, shown = local([src], tmp_path / "out", {"command": cmd})
     assert result.exit_code == 0, shown
     lease = leases(str(tmp_path / "out" / ".fleet"), "local")["00000"]
@@ -212,14 +224,18 @@ def test_a_failing_command_is_retried_and_its_exit_code_and_stderr_tail_are_show
 
 def test_an_attempt_that_fails_once_succeeds_on_the_retry(tmp_path):
     src = corpus(tmp_path, files=1)
-    flaky = script(tmp_path, "flaky.py", f"""\
+    flaky = script(
+        tmp_path,
+        "flaky.py",
+        f"""\
 import os, sys
-mark = {str(tmp_path / 'tried')!r}
+mark = {str(tmp_path / "tried")!r}
 if not os.path.exists(mark):
     open(mark, "w").close()
     sys.exit("first attempt fails")
 open(os.path.join(sys.argv[2], "ok.txt"), "w").write("ok")
-""")
+""",
+    )
     result, shown = local([src], tmp_path / "out", {"command": f"{PY} {flaky} {{input}} {{output}}"}, workers=1)
     assert result.exit_code == 0, shown
     lease = leases(str(tmp_path / "out" / ".fleet"), "local")["00000"]
@@ -230,8 +246,9 @@ def test_a_command_that_runs_too_long_is_stopped_with_its_children(tmp_path):
     src = corpus(tmp_path, files=1)
     pids = tmp_path / "pids"
     cmd = f"sleep 300 & echo $! > {pids}; echo started >&2; wait"
-    result, shown = local([src], tmp_path / "out", {"command": cmd + " # {input} {output}", "timeout": "1",
-                                                   "grace": "1"}, max_attempts=1)
+    result, shown = local(
+        [src], tmp_path / "out", {"command": cmd + " # {input} {output}", "timeout": "1", "grace": "1"}, max_attempts=1
+    )
     assert result.exit_code == 1
     lease = leases(str(tmp_path / "out" / ".fleet"), "local")["00000"]
     assert lease.state == "failed" and "longer than timeout=1 s" in lease.error
@@ -279,10 +296,20 @@ def test_sigterm_gives_the_item_back_and_stops_the_whole_process_group(sig, stor
     store.upload_file("in/shard-0.txt", str(src / "shard-0.txt"))
     pids = tmp_path / "pids"
     # The shell, a background grandchild, and a partial output: none may survive or be committed.
-    cmd = (f"echo partial > {{output}}/part.txt; sleep 300 & echo $$ $! > {pids}; wait # {{input}}")
-    plan(store_url, PlanRequest(run="give", job="command", inputs=[f"{store_url}/in/"], output=f"{store_url}/out-give",
-                                code_version="test", settings={"command": cmd, "grace": "2"}, lease_ttl=60,
-                                max_attempts=3))
+    cmd = f"echo partial > {{output}}/part.txt; sleep 300 & echo $$ $! > {pids}; wait # {{input}}"
+    plan(
+        store_url,
+        PlanRequest(
+            run="give",
+            job="command",
+            inputs=[f"{store_url}/in/"],
+            output=f"{store_url}/out-give",
+            code_version="test",
+            settings={"command": cmd, "grace": "2"},
+            lease_ttl=60,
+            max_attempts=3,
+        ),
+    )
     w = start_worker(store_url, "give", "w", str(tmp_path / "logs"))
     _wait_for(pids, w)
     shell, child = map(int, pids.read_text().split())
@@ -305,8 +332,9 @@ def test_a_lost_lease_stops_the_command_and_discards_its_output(tmp_path):
     src = corpus(tmp_path, files=1)
     pids = tmp_path / "pids"
     job = load_job("command")
-    config = job.parse_config({"command": f"echo x > {{output}}/x; sleep 300 & echo $! > {pids}; wait # {{input}}",
-                               "grace": "1"})
+    config = job.parse_config(
+        {"command": f"echo x > {{output}}/x; sleep 300 & echo $! > {pids}; wait # {{input}}", "grace": "1"}
+    )
     converter = job.converter(config, lambda url: b"")
 
     def checkpoint():
@@ -316,6 +344,7 @@ def test_a_lost_lease_stops_the_command_and_discards_its_output(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     from fleet.job import ItemInput
+
     item = ItemInput(str(src), "shard-0.txt", 0, (src / "shard-0.txt").stat().st_size)
     sink = MemorySink()
     with pytest.raises(Lost):
@@ -328,10 +357,23 @@ def test_the_next_worker_stops_what_a_sigkilled_worker_left_running(tmp_path):
     src = corpus(tmp_path, files=1)
     bucket = str(tmp_path / "bucket")
     pids, again = tmp_path / "pids", tmp_path / "again"
-    cmd = (f"if [ -e {again} ]; then echo ok > {{output}}/ok.txt; "
-           f"else touch {again}; sleep 300 & echo $! > {pids}; wait; fi # {{input}}")
-    plan(bucket, PlanRequest(run="orphan", job="command", inputs=[str(src)], output=str(tmp_path / "out"),
-                             code_version="test", settings={"command": cmd}, lease_ttl=2, max_attempts=3))
+    cmd = (
+        f"if [ -e {again} ]; then echo ok > {{output}}/ok.txt; "
+        f"else touch {again}; sleep 300 & echo $! > {pids}; wait; fi # {{input}}"
+    )
+    plan(
+        bucket,
+        PlanRequest(
+            run="orphan",
+            job="command",
+            inputs=[str(src)],
+            output=str(tmp_path / "out"),
+            code_version="test",
+            settings={"command": cmd},
+            lease_ttl=2,
+            max_attempts=3,
+        ),
+    )
     first = start_worker(bucket, "orphan", "first", str(tmp_path / "logs"))
     _wait_for(pids, first)
     first.popen.send_signal(signal.SIGKILL)
@@ -352,17 +394,32 @@ def test_sigkilled_workers_commit_each_item_once_with_the_bytes_of_a_clean_run(s
     src = corpus(tmp_path, files=1, lines=600, seed=3)
     store = open_store(store_url)
     store.upload_file("in/c.txt", str(src / "shard-0.txt"))
-    slow = script(tmp_path, "slow.py", "import hashlib, os, sys, time\ntime.sleep(0.3)\n"
-                                       "data = open(sys.argv[1], 'rb').read()\n"
-                                       "open(os.path.join(sys.argv[2], 'h.txt'), 'w').write("
-                                       "hashlib.sha256(data).hexdigest() + sys.argv[3])\n")
+    slow = script(
+        tmp_path,
+        "slow.py",
+        "import hashlib, os, sys, time\ntime.sleep(0.3)\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "open(os.path.join(sys.argv[2], 'h.txt'), 'w').write("
+        "hashlib.sha256(data).hexdigest() + sys.argv[3])\n",
+    )
     options = {"command": f"{PY} {slow} {{input}} {{output}} {{seed}}", "split": "lines", "grace": "1"}
     logs = str(tmp_path / "logs")
 
     def plan_run(run: str, ttl: float) -> int:
-        _, items, _ = plan(store_url, PlanRequest(run=run, job="command", inputs=[f"{store_url}/in/"],
-                                                  output=f"{store_url}/out-{run}", code_version="test",
-                                                  settings=options, lease_ttl=ttl, max_attempts=20, item_bytes=1000))
+        _, items, _ = plan(
+            store_url,
+            PlanRequest(
+                run=run,
+                job="command",
+                inputs=[f"{store_url}/in/"],
+                output=f"{store_url}/out-{run}",
+                code_version="test",
+                settings=options,
+                lease_ttl=ttl,
+                max_attempts=20,
+                item_bytes=1000,
+            ),
+        )
         return len(items)
 
     n = plan_run("clean", 60)
@@ -412,16 +469,19 @@ def test_sigkilled_workers_commit_each_item_once_with_the_bytes_of_a_clean_run(s
 
 
 # -- bad input: one line each --------------------------------------------------------------------------
-@pytest.mark.parametrize("command, needle", [
-    ("python3 conv.py {input}", "{output} is missing"),
-    ("python3 conv.py {output}", "{input} is missing"),
-    ("", "give the program to run per item"),
-    ("no-such-program-here {input} {output}", "no-such-program-here: no such program on PATH"),
-    ("python3 missing.py {input} {output}", "missing.py: no such file"),
-    ("./notexec.sh {input} {output}", "./notexec.sh is not executable"),
-    ("./absent.sh {input} {output}", "./absent.sh: no such program"),
-    ("python3 'conv.py {input} {output}", "the shell cannot parse it"),
-])
+@pytest.mark.parametrize(
+    "command, needle",
+    [
+        ("python3 conv.py {input}", "{output} is missing"),
+        ("python3 conv.py {output}", "{input} is missing"),
+        ("", "give the program to run per item"),
+        ("no-such-program-here {input} {output}", "no-such-program-here: no such program on PATH"),
+        ("python3 missing.py {input} {output}", "missing.py: no such file"),
+        ("./notexec.sh {input} {output}", "./notexec.sh is not executable"),
+        ("./absent.sh {input} {output}", "./absent.sh: no such program"),
+        ("python3 'conv.py {input} {output}", "the shell cannot parse it"),
+    ],
+)
 def test_fleet_local_refuses_a_bad_command_in_one_line(command, needle, tmp_path, monkeypatch):
     src = corpus(tmp_path, files=1)
     monkeypatch.chdir(tmp_path)
@@ -434,22 +494,42 @@ def test_fleet_local_refuses_a_bad_command_in_one_line(command, needle, tmp_path
     assert not (tmp_path / "out" / ".fleet" / "runs").exists()  # refused before planning
 
 
-@pytest.mark.parametrize("extra, needle", [
-    (["stdin=true"], "{input} with stdin=true"),
-    (["split=words"], "option split"),
-    (["timeout=-1"], "option timeout"),
-])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["stdin=true"], "{input} with stdin=true"),
+        (["split=words"], "option split"),
+        (["timeout=-1"], "option timeout"),
+    ],
+)
 def test_bad_options_are_refused_in_one_line(extra, needle, tmp_path):
     src = corpus(tmp_path, files=1)
-    result = invoke("local", src, tmp_path / "out", "--job", "command", "--set", "command=cat {input} > {output}/x",
-                    *[a for e in extra for a in ("--set", e)])
+    result = invoke(
+        "local",
+        src,
+        tmp_path / "out",
+        "--job",
+        "command",
+        "--set",
+        "command=cat {input} > {output}/x",
+        *[a for e in extra for a in ("--set", e)],
+    )
     assert result.exit_code == 2 and needle in result.stderr.strip().splitlines()[-1], result.output
 
 
 def test_split_lines_refuses_a_compressed_file(tmp_path):
     (tmp_path / "in.txt.gz").write_bytes(b"\x1f\x8b" + b"x" * 50)
-    result = invoke("local", tmp_path / "in.txt.gz", tmp_path / "out", "--job", "command",
-                    "--set", "command=cat {input} > {output}/x", "--set", "split=lines")
+    result = invoke(
+        "local",
+        tmp_path / "in.txt.gz",
+        tmp_path / "out",
+        "--job",
+        "command",
+        "--set",
+        "command=cat {input} > {output}/x",
+        "--set",
+        "split=lines",
+    )
     assert result.exit_code == 2 and "cannot be cut at newlines" in result.stderr, result.output
 
 
@@ -466,8 +546,9 @@ def test_fleet_plan_checks_the_placeholders_not_the_program(tmp_path):
     w = start_worker(str(bucket), "b", "w", str(tmp_path / "logs"))
     wait_exit([w], 60)
     assert w.popen.returncode == 2
-    assert any("cannot start: option command: tool-on-the-vm-image: no such program on PATH" in line
-               for line in w.log_lines()), w.log_lines()
+    assert any(
+        "cannot start: option command: tool-on-the-vm-image: no such program on PATH" in line for line in w.log_lines()
+    ), w.log_lines()
 
 
 # -- requirements_file -----------------------------------------------------------------------------------
@@ -476,8 +557,8 @@ def _wheel(folder: Path) -> Path:
     name, version = "fleetcmdprobe", "1.0"
     files = {
         f"{name}/__init__.py": b"import os, sys\n"
-                               b"def main(src, out):\n"
-                               b"    open(os.path.join(out, 'probe.txt'), 'w').write('probe ' + str(os.path.getsize(src)))\n",
+        b"def main(src, out):\n"
+        b"    open(os.path.join(out, 'probe.txt'), 'w').write('probe ' + str(os.path.getsize(src)))\n",
         f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
         f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -529,8 +610,9 @@ def test_placeholders_reach_the_program_as_one_word_each(value, other):
     command = "prog {input} {output} {item} {seed} '{other}'"
     values = {"input": value, "output": value[::-1], "item": "00001", "seed": "7"}
     assert shlex.split(substitute(command, values)) == ["prog", value, value[::-1], "00001", "7", "{other}"]
-    assert substitute(other, values) == re.sub(r"\{(input|output|item|seed)\}",
-                                               lambda m: shlex.quote(values[m.group(1)]), other)
+    assert substitute(other, values) == re.sub(
+        r"\{(input|output|item|seed)\}", lambda m: shlex.quote(values[m.group(1)]), other
+    )
 
 
 @given(st.text(min_size=1, max_size=60))
@@ -545,11 +627,13 @@ def test_a_program_failure_is_item_failed_not_a_crash(tmp_path):
     converter = job.converter(job.parse_config({"command": "echo oops >&2; exit 7 # {input} {output}"}), lambda u: b"")
     src = corpus(tmp_path, files=1)
     from fleet.job import ItemInput
+
     work = tmp_path / "w"
     work.mkdir()
     with pytest.raises(ItemFailed) as e:
-        converter.convert(ItemInput(str(src), "shard-0.txt", 0, 10), ItemContext("00000", 1, "x", str(work)),
-                          MemorySink())
+        converter.convert(
+            ItemInput(str(src), "shard-0.txt", 0, 10), ItemContext("00000", 1, "x", str(work)), MemorySink()
+        )
     assert e.value.detail == {"exit_code": 7, "stderr_tail": ["oops"]}
     with pytest.raises(ConfigError):
         job.check(job.parse_config({"command": "x {input}"}), lambda u: b"")
@@ -595,8 +679,9 @@ def test_every_file_left_in_output_is_committed_once_under_its_path(tree):
         written = {}
         for parts, data in tree.items():
             path = os.path.join(out_dir, *parts)
-            if any(os.path.isfile(os.path.join(out_dir, *parts[:i])) for i in range(1, len(parts))) \
-                    or os.path.isdir(path):
+            if any(os.path.isfile(os.path.join(out_dir, *parts[:i])) for i in range(1, len(parts))) or os.path.isdir(
+                path
+            ):
                 continue  # a file where a folder would be, or the reverse: not a tree
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:

@@ -178,8 +178,7 @@ def test_no_mix_of_forks_and_sessions_outlives_its_item(chains, then, tmp_path_f
     itself in, however deep it forked, whether the program exited or hung."""
     tmp_path = tmp_path_factory.mktemp("tree")
     pidfile = tmp_path / "pids"
-    options = {"command": _spawn_command(tmp_path, pidfile, chains, then),
-               "grace": "1", "timeout": "3"}
+    options = {"command": _spawn_command(tmp_path, pidfile, chains, then), "grace": "1", "timeout": "3"}
     try:
         _convert(tmp_path, options)
     except ItemFailed:
@@ -196,10 +195,19 @@ def test_sigterm_to_a_worker_ends_the_setsid_grandchildren_of_its_item(store_url
     store = open_store(store_url)
     store.upload_file("in/x.txt", str(src))
     pidfile = tmp_path / "pids"
-    plan(store_url, PlanRequest(run="tree", job="command", inputs=[f"{store_url}/in/"], output=f"{store_url}/out-tree",
-                                code_version="test",
-                                settings={"command": _spawn_command(tmp_path, pidfile, ["s", "fsf"], "hang"), "grace": "1"},
-                                lease_ttl=60, max_attempts=3))
+    plan(
+        store_url,
+        PlanRequest(
+            run="tree",
+            job="command",
+            inputs=[f"{store_url}/in/"],
+            output=f"{store_url}/out-tree",
+            code_version="test",
+            settings={"command": _spawn_command(tmp_path, pidfile, ["s", "fsf"], "hang"), "grace": "1"},
+            lease_ttl=60,
+            max_attempts=3,
+        ),
+    )
     w = start_worker(store_url, "tree", "w", str(tmp_path / "logs"))
     deadline = time.time() + 120
     while len(_pids(pidfile)) < 2:
@@ -239,8 +247,10 @@ def test_a_chatty_program_costs_no_scratch_disk(fails, tmp_path):
     scratch disk, during its item and after; its outputs are committed, and a failure still
     shows stderr's last lines."""
     mb = CHATTY_MB * 1_000_000
-    cmd = (f"yes out-line | head -c {mb}; yes err-line | head -c {mb} >&2; "
-           f"echo >&2; echo last words >&2; cp {{input}} {{output}}/copy.txt" + ("; exit 5" if fails else ""))
+    cmd = (
+        f"yes out-line | head -c {mb}; yes err-line | head -c {mb} >&2; "
+        f"echo >&2; echo last words >&2; cp {{input}} {{output}}/copy.txt" + ("; exit 5" if fails else "")
+    )
     seen = []
     work = tmp_path / "work"
 
@@ -264,10 +274,25 @@ def test_without_proc_or_prctl_the_keeper_still_stops_the_programs_process_group
     """Elsewhere than Linux (no /proc, no subreaper), the keeper falls back to the program's
     process group, as the command job did before it: a background child in it ends with it."""
     pidfile = tmp_path / "pids"
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import reaper; "
-            "reaper.descendants = lambda root: None; reaper._prctl = lambda: None; sys.exit(reaper.main(sys.argv[2:]))")
-    keeper = subprocess.Popen([PY, "-I", "-S", "-c", code, os.path.dirname(process.KEEPER), "1", "/bin/sh", "-c",
-                               f"sleep 1000 & echo $! > {pidfile}; wait"], stdout=subprocess.PIPE)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import reaper; "
+        "reaper.descendants = lambda root: None; reaper._prctl = lambda: None; sys.exit(reaper.main(sys.argv[2:]))"
+    )
+    keeper = subprocess.Popen(
+        [
+            PY,
+            "-I",
+            "-S",
+            "-c",
+            code,
+            os.path.dirname(process.KEEPER),
+            "1",
+            "/bin/sh",
+            "-c",
+            f"sleep 1000 & echo $! > {pidfile}; wait",
+        ],
+        stdout=subprocess.PIPE,
+    )
     deadline = time.time() + 60
     while not _pids(pidfile):
         assert time.time() < deadline and keeper.poll() is None

@@ -29,7 +29,10 @@ from tests.standins.faultproxy import FaultProxy
 from tests.standins.iam import IamStandin
 
 ROOT = Path(__file__).resolve().parent.parent
-ZONAL, REGIONAL = compute_requests.Place(PROJECT, zone="us-central1-a"), compute_requests.Place(PROJECT, region="us-central1")
+ZONAL, REGIONAL = (
+    compute_requests.Place(PROJECT, zone="us-central1-a"),
+    compute_requests.Place(PROJECT, region="us-central1"),
+)
 
 
 @pytest.fixture
@@ -47,15 +50,35 @@ def standin(monkeypatch):
 def test_template_request_has_only_the_scopes_workers_need_and_a_safety_net():
     body = compute_requests.to_dict(compute_requests.template_resource(spec(max_run_hours=6)))
     props = body["properties"]
-    assert props["serviceAccounts"] == [{"email": f"w@{PROJECT}.iam.gserviceaccount.com", "scopes": [
-        "https://www.googleapis.com/auth/devstorage.read_write", "https://www.googleapis.com/auth/compute"]}]
-    assert props["scheduling"] == {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
-                                   "automaticRestart": False, "onHostMaintenance": "TERMINATE",
-                                   "maxRunDuration": {"seconds": "21600"}}  # int64 as a JSON string
+    assert props["serviceAccounts"] == [
+        {
+            "email": f"w@{PROJECT}.iam.gserviceaccount.com",
+            "scopes": [
+                "https://www.googleapis.com/auth/devstorage.read_write",
+                "https://www.googleapis.com/auth/compute",
+            ],
+        }
+    ]
+    assert props["scheduling"] == {
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "DELETE",
+        "automaticRestart": False,
+        "onHostMaintenance": "TERMINATE",
+        "maxRunDuration": {"seconds": "21600"},
+    }  # int64 as a JSON string
     items = {i["key"]: i["value"] for i in props["metadata"]["items"]}
-    assert set(items) == {"startup-script", "fleet-bucket", "fleet-run", "fleet-code-version",
-                          "fleet-workers-per-vm", "fleet-standby", "fleet-paths"}  # nothing secret
-    standard = compute_requests.to_dict(compute_requests.template_resource(spec(spot=False, max_run_hours=0)))["properties"]
+    assert set(items) == {
+        "startup-script",
+        "fleet-bucket",
+        "fleet-run",
+        "fleet-code-version",
+        "fleet-workers-per-vm",
+        "fleet-standby",
+        "fleet-paths",
+    }  # nothing secret
+    standard = compute_requests.to_dict(compute_requests.template_resource(spec(spot=False, max_run_hours=0)))[
+        "properties"
+    ]
     assert standard["scheduling"] == {"provisioningModel": "STANDARD"}
 
 
@@ -105,16 +128,32 @@ def test_template_and_mig_lifecycle(standin, place):
     assert comp.delete_mig("fleet-r1") is False and comp.delete_template("t-r1") is False
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda t: setattr(t.properties.scheduling, "automatic_restart", True), "Spot VMs cannot restart"),
-    (lambda t: setattr(t.properties.scheduling, "on_host_maintenance", "MIGRATE"), "must TERMINATE"),
-    (lambda t: setattr(t.properties, "scheduling", compute_v1.Scheduling(
-        provisioning_model="STANDARD", max_run_duration=compute_v1.Duration(seconds=3600))),
-     "must be set when maxRunDuration"),
-    (lambda t: setattr(t.properties, "machine_type", "zones/us-central1-a/machineTypes/e2-small"), "machine type name"),
-    (lambda t: t.properties.metadata.items.append(compute_v1.Items(key="fleet-run", value="x")), "Duplicate keys"),
-    (lambda t: setattr(t, "name", "a" * 64), r"instanceTemplate.*Must be a match of regex"),  # the get, before the insert
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda t: setattr(t.properties.scheduling, "automatic_restart", True), "Spot VMs cannot restart"),
+        (lambda t: setattr(t.properties.scheduling, "on_host_maintenance", "MIGRATE"), "must TERMINATE"),
+        (
+            lambda t: setattr(
+                t.properties,
+                "scheduling",
+                compute_v1.Scheduling(
+                    provisioning_model="STANDARD", max_run_duration=compute_v1.Duration(seconds=3600)
+                ),
+            ),
+            "must be set when maxRunDuration",
+        ),
+        (
+            lambda t: setattr(t.properties, "machine_type", "zones/us-central1-a/machineTypes/e2-small"),
+            "machine type name",
+        ),
+        (lambda t: t.properties.metadata.items.append(compute_v1.Items(key="fleet-run", value="x")), "Duplicate keys"),
+        (
+            lambda t: setattr(t, "name", "a" * 64),
+            r"instanceTemplate.*Must be a match of regex",
+        ),  # the get, before the insert
+    ],
+)
 def test_the_standin_validates_templates_as_gce_does(standin, mutate, message):
     tpl = compute_requests.template_resource(spec())
     mutate(tpl)
@@ -142,12 +181,22 @@ def launched(fake_gcs, gcs_bucket, standin, tmp_path, monkeypatch):
     monkeypatch.setenv("FLEET_CONFIG", str(tmp_path / "fleet.toml"))
     (tmp_path / "fleet.toml").write_text(
         f'project = "{PROJECT}"\nbucket = "{bucket}"\nzone = "us-central1-a"\n'
-        f'service_account = "w@{PROJECT}.iam.gserviceaccount.com"\n')
+        f'service_account = "w@{PROJECT}.iam.gserviceaccount.com"\n'
+    )
     store = open_store(bucket)
     store.upload_file("corpus/sample_en.txt", str(ROOT / "corpus" / "sample_en.txt"))
     version = sync(bucket, paths=DEFAULT_CODE_PATHS).version
-    plan(bucket, PlanRequest(run="r1", job="tests.helpers.linejob:JOB", inputs=[f"{bucket}/corpus/"],
-                             output=f"{bucket}/out/", code_version=version, item_bytes=200_000))
+    plan(
+        bucket,
+        PlanRequest(
+            run="r1",
+            job="tests.helpers.linejob:JOB",
+            inputs=[f"{bucket}/corpus/"],
+            output=f"{bucket}/out/",
+            code_version=version,
+            item_bytes=200_000,
+        ),
+    )
     return bucket, standin
 
 
@@ -167,7 +216,9 @@ def test_status_shows_the_migs_instances_and_its_stock_out_errors(launched):
         time.sleep(0.05)
     view = json.loads(fleet("status", "--run", "r1", "--json"))["fleet"]
     assert view["launch"]["mig"] == "fleet-r1" and view["mig"]["target_size"] == 2
-    assert len(view["mig"]["errors"]) == 2 and {e["code"] for e in view["mig"]["errors"]} == {"ZONE_RESOURCE_POOL_EXHAUSTED"}
+    assert len(view["mig"]["errors"]) == 2 and {e["code"] for e in view["mig"]["errors"]} == {
+        "ZONE_RESOURCE_POOL_EXHAUSTED"
+    }
     text = fleet("status", "--run", "r1")
     assert "ZONE_RESOURCE_POOL_EXHAUSTED" in text and "fleet-r1" in text and "VM-hours" in text
     fleet("down", "--run", "r1")
@@ -178,19 +229,42 @@ def test_status_shows_the_migs_instances_and_its_stock_out_errors(launched):
 
 def test_launch_refuses_what_vms_cannot_run(launched, tmp_path):
     bucket, standin = launched
-    plan(bucket, PlanRequest(run="localout", job="tests.helpers.linejob:JOB", inputs=[f"{bucket}/corpus/"],
-                             output=str(tmp_path / "out"), code_version="0123456789abcdef"))
+    plan(
+        bucket,
+        PlanRequest(
+            run="localout",
+            job="tests.helpers.linejob:JOB",
+            inputs=[f"{bucket}/corpus/"],
+            output=str(tmp_path / "out"),
+            code_version="0123456789abcdef",
+        ),
+    )
     out = fleet("launch", "--run", "localout", "--workers", "2", code=2)
     assert "is a local path; VMs can read and write only gs:// URLs" in out
-    plan(bucket, PlanRequest(run="unsynced", job="tests.helpers.linejob:JOB", inputs=[f"{bucket}/corpus/"],
-                             output=f"{bucket}/o2/", code_version="0123456789abcdef"))
-    assert "code version 0123456789abcdef (pinned by run 'unsynced') is not in" in \
-        fleet("launch", "--run", "unsynced", "--workers", "2", code=2)
-    assert "--workers 0: give 1 to 1000 (the limit of a zonal" in fleet("launch", "--run", "r1", "--workers", "0", code=2)
+    plan(
+        bucket,
+        PlanRequest(
+            run="unsynced",
+            job="tests.helpers.linejob:JOB",
+            inputs=[f"{bucket}/corpus/"],
+            output=f"{bucket}/o2/",
+            code_version="0123456789abcdef",
+        ),
+    )
+    assert "code version 0123456789abcdef (pinned by run 'unsynced') is not in" in fleet(
+        "launch", "--run", "unsynced", "--workers", "2", code=2
+    )
+    assert "--workers 0: give 1 to 1000 (the limit of a zonal" in fleet(
+        "launch", "--run", "r1", "--workers", "0", code=2
+    )
     # GCE's documented limit: 1000 VMs in a zonal MIG (2000 in a regional one); refused before any call.
     out = fleet("launch", "--run", "r1", "--workers", "1500", code=2)
-    assert out.count("\n") == 1 and "--workers 1500: a zonal managed instance group holds at most 1000 VMs; " \
-        'set region = "us-central1" in fleet.toml instead of zone (a regional one holds 2000)' in out
+    assert (
+        out.count("\n") == 1
+        and "--workers 1500: a zonal managed instance group holds at most 1000 VMs; "
+        'set region = "us-central1" in fleet.toml instead of zone (a regional one holds 2000)'
+        in out
+    )
     assert "no run 'nope'" in fleet("launch", "--run", "nope", "--workers", "1", code=2)
     assert not standin.calls
 
@@ -203,8 +277,10 @@ def test_dry_run_prints_the_requests_and_only_reads(launched):
     assert f"POST {standin.url}/compute/v1/projects/{PROJECT}/zones/us-central1-a/instanceGroupManagers\n" in out
     assert '"provisioningModel": "STANDARD"' in out and f'"terminationTime": "{deadline}"' in out
     assert '"instanceTerminationAction": "DELETE"' in out and '"targetSize": 5' in out and "maxRunDuration" not in out
-    assert f"deadline: {deadline}, 2.0 h after launch (set by --deadline); every VM, recreated ones included, " \
-           "is gone by then" in out
+    assert (
+        f"deadline: {deadline}, 2.0 h after launch (set by --deadline); every VM, recreated ones included, "
+        "is gone by then" in out
+    )
     assert {c.method for c in standin.calls} == {"GET"} and open_store(bucket).stat("runs/r1/launch.json") is None
 
 
@@ -254,8 +330,11 @@ def through(standin, monkeypatch):
 
 
 def _mutations(standin) -> list:
-    return [c for c in standin.calls if c.method in ("POST", "DELETE")
-            and not c.path.endswith(("/wait", "/listManagedInstances"))]
+    return [
+        c
+        for c in standin.calls
+        if c.method in ("POST", "DELETE") and not c.path.endswith(("/wait", "/listManagedInstances"))
+    ]
 
 
 def test_a_connection_reset_on_a_compute_call_is_retried(standin, through):
@@ -302,7 +381,12 @@ def test_every_mutation_carries_a_fresh_request_id(standin):
     comp.delete_template("t-r1")
     calls = _mutations(standin)
     assert [c.path.rsplit("/", 1)[-1] if c.method == "POST" else "DELETE" for c in calls] == [
-        "instanceTemplates", "instanceGroupManagers", "deleteInstances", "DELETE", "DELETE"]
+        "instanceTemplates",
+        "instanceGroupManagers",
+        "deleteInstances",
+        "DELETE",
+        "DELETE",
+    ]
     ids = [c.query.get("requestId", [""])[0] for c in calls]
     assert all(uuid.UUID(i).int for i in ids) and len(set(ids)) == len(ids)
 
@@ -319,8 +403,11 @@ def test_the_standin_refuses_a_request_id_google_refuses(standin, bad):
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(plan=strategies.lists(strategies.sampled_from([None, None, None, "drop", "lost", "503"]), max_size=14).filter(
-    lambda p: not any(p[i] and p[i + 1] and p[i + 2] for i in range(len(p) - 2))))  # retries: a few at a time
+@given(
+    plan=strategies.lists(strategies.sampled_from([None, None, None, "drop", "lost", "503"]), max_size=14).filter(
+        lambda p: not any(p[i] and p[i + 1] and p[i + 2] for i in range(len(p) - 2))
+    )
+)  # retries: a few at a time
 def test_any_faults_on_the_way_leave_one_template_and_one_mig_then_none(standin, through, plan):
     """Whatever requests of a launch and a teardown are reset, refused or lose their answers, each
     resource is created once and deleted once, and each call says what really happened."""
@@ -340,15 +427,23 @@ def test_launch_refuses_a_run_without_a_sound_deadline_in_one_line(launched, tmp
     bucket, standin = launched
     soon = compute_requests.rfc3339(time.time() + 60)  # within one boot (boot_minutes = 3)
     cases = [
-        (["--max-run-hours", "0"], "--max-run-hours 0: a run without a time limit is refused (a hung worker would "
-                                   "bill until `fleet down`); give the hours the run may last with --max-run-hours, "
-                                   "a time with --deadline, or neither to derive one from the plan"),
+        (
+            ["--max-run-hours", "0"],
+            "--max-run-hours 0: a run without a time limit is refused (a hung worker would "
+            "bill until `fleet down`); give the hours the run may last with --max-run-hours, "
+            "a time with --deadline, or neither to derive one from the plan",
+        ),
         (["--deadline", "2020-01-01T00:00:00Z"], "--deadline 2020-01-01T00:00:00Z: that time has passed (it is "),
         (["--deadline", soon], f"--deadline {soon}: "),
-        (["--max-run-hours", "0.01"], "--max-run-hours 0.01: 36 s from now is shorter than one VM boot (3 min, "
-                                      "boot_minutes in fleet.toml); give a later deadline"),
-        (["--deadline", "2030-01-01T00:00:00"], "--deadline 2030-01-01T00:00:00: give its time zone, e.g. "
-                                                "2030-01-01T00:00:00Z for UTC"),
+        (
+            ["--max-run-hours", "0.01"],
+            "--max-run-hours 0.01: 36 s from now is shorter than one VM boot (3 min, "
+            "boot_minutes in fleet.toml); give a later deadline",
+        ),
+        (
+            ["--deadline", "2030-01-01T00:00:00"],
+            "--deadline 2030-01-01T00:00:00: give its time zone, e.g. 2030-01-01T00:00:00Z for UTC",
+        ),
         (["--deadline", "friday"], "--deadline friday: not a time; give one like 2025-06-01T18:00:00Z (RFC 3339)"),
         (["--deadline", "2030-01-01T00:00:00Z", "--max-run-hours", "2"], "give one of the two"),
     ]

@@ -83,11 +83,21 @@ def test_tokenize_errors(tmp_path, vocab):
 def test_module_entry_point(tmp_path, vocab):
     (tmp_path / "in.txt").write_text("hello\n", encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    ok = subprocess.run([sys.executable, "-m", "fleet_jobs.text", "tokenize", "--vocab", str(vocab),
-                         str(tmp_path / "in.txt")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    ok = subprocess.run(
+        [sys.executable, "-m", "fleet_jobs.text", "tokenize", "--vocab", str(vocab), str(tmp_path / "in.txt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert ok.returncode == 0 and json.loads(ok.stdout) == BertTokenizer.from_file(str(vocab)).tokenize_ids("hello")
-    bad = subprocess.run([sys.executable, "-m", "fleet_jobs.text", "tokenize", "--vocab", "nope.txt",
-                          str(tmp_path / "in.txt")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    bad = subprocess.run(
+        [sys.executable, "-m", "fleet_jobs.text", "tokenize", "--vocab", "nope.txt", str(tmp_path / "in.txt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: nope.txt: cannot read vocab (No such file or directory)"
     ]
@@ -98,6 +108,11 @@ def test_the_tools_former_place_forwards(tmp_path, vocab):
     scripts written then: the same ids as ``python -m fleet_jobs.text``."""
     (tmp_path / "in.txt").write_text("hello\n", encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    old = subprocess.run([sys.executable, "-m", "fleet_jobs.electra_zh_en", "tokenize", "--vocab", str(vocab),
-                          str(tmp_path / "in.txt")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    old = subprocess.run(
+        [sys.executable, "-m", "fleet_jobs.electra_zh_en", "tokenize", "--vocab", str(vocab), str(tmp_path / "in.txt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert old.returncode == 0 and json.loads(old.stdout) == BertTokenizer.from_file(str(vocab)).tokenize_ids("hello")

@@ -32,11 +32,21 @@ def vocab(tmp_path_factory) -> str:
 
 def sorted_records(inputs: list[str], out: str, vocab: str, item_mb: float | None, **options) -> list[bytes]:
     settings = {"vocab_file": vocab, **{k: str(v) for k, v in options.items()}}
-    result = run_local(inputs, out, "electra_zh_en", 1, settings,
-                       item_bytes=int(item_mb * 1e6) if item_mb else None, console=Console(file=io.StringIO()))
+    result = run_local(
+        inputs,
+        out,
+        "electra_zh_en",
+        1,
+        settings,
+        item_bytes=int(item_mb * 1e6) if item_mb else None,
+        console=Console(file=io.StringIO()),
+    )
     assert result.exit_code == 0 and result.status.done == result.status.items
-    records = [r for path in sorted(glob.glob(os.path.join(out, "*.tfrecord")))
-               for r in tfrecord.iter_records(open(path, "rb").read())]
+    records = [
+        r
+        for path in sorted(glob.glob(os.path.join(out, "*.tfrecord")))
+        for r in tfrecord.iter_records(open(path, "rb").read())
+    ]
     return sorted(records)
 
 
@@ -72,7 +82,7 @@ def test_a_documents_examples_do_not_depend_on_the_documents_before_it():
             ends.append(n)
         out = builder.add_documents([s for d in docs for s in d], ends, rngs)
         alone = ExampleBuilder(64, 2, 3, random.Random(0)).add_documents(doc, [len(doc)], [DocumentRandom(key, text)])
-        return out[len(out) - len(alone):], alone
+        return out[len(out) - len(alone) :], alone
 
     for before in ([], [[[5] * 30]], [[[5] * 100], [[6] * 7, [7] * 9]]):
         tail, alone = examples_of_last(before)
@@ -97,27 +107,42 @@ def test_the_same_documents_in_every_input_format_give_the_same_electra_examples
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    docs = [[line for line in doc.split("\n") if line.strip()]
-            for path in SAMPLES for doc in open(path, encoding="utf-8").read().split("\n\n")]
+    docs = [
+        [line for line in doc.split("\n") if line.strip()]
+        for path in SAMPLES
+        for doc in open(path, encoding="utf-8").read().split("\n\n")
+    ]
     docs = [doc for doc in docs if doc]
     texts = ["\n".join(doc) for doc in docs]
     forms = tmp_path / "forms"
     forms.mkdir()
     (forms / "docs.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
-    pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), str(forms / "docs.parquet"),
-                   row_group_size=40)
-    (forms / "wiki_00").write_text("".join(
-        f'<doc id="{i}" url="https://zh.wikipedia.org/wiki?curid={i}" title="T{i}">\nT{i}\n\n{text}\n</doc>\n'
-        for i, text in enumerate(texts)), encoding="utf-8")
-    (forms / "wiki_01").write_text("".join(
-        json.dumps({"id": str(i), "revid": "1", "url": f"u{i}", "title": f"T{i}", "text": text}, ensure_ascii=False)
-        + "\n" for i, text in enumerate(texts)), encoding="utf-8")
+    pq.write_table(
+        pa.table({"id": list(range(len(texts))), "text": texts}), str(forms / "docs.parquet"), row_group_size=40
+    )
+    (forms / "wiki_00").write_text(
+        "".join(
+            f'<doc id="{i}" url="https://zh.wikipedia.org/wiki?curid={i}" title="T{i}">\nT{i}\n\n{text}\n</doc>\n'
+            for i, text in enumerate(texts)
+        ),
+        encoding="utf-8",
+    )
+    (forms / "wiki_01").write_text(
+        "".join(
+            json.dumps({"id": str(i), "revid": "1", "url": f"u{i}", "title": f"T{i}", "text": text}, ensure_ascii=False)
+            + "\n"
+            for i, text in enumerate(texts)
+        ),
+        encoding="utf-8",
+    )
     with gzip.open(forms / "zhwiki-cirrussearch-content.json.gz", "wt", encoding="utf-8") as f:
         for i, text in enumerate(texts):
             f.write(json.dumps({"index": {"_type": "page", "_id": str(i)}}) + "\n")
             f.write(json.dumps({"namespace": 0, "title": f"T{i}", "text": text}, ensure_ascii=False) + "\n")
-    got = {name: sorted_records([str(forms / name)], str(tmp_path / name.replace(".", "-")), vocab, 0.2)
-           for name in sorted(os.listdir(forms))}
+    got = {
+        name: sorted_records([str(forms / name)], str(tmp_path / name.replace(".", "-")), vocab, 0.2)
+        for name in sorted(os.listdir(forms))
+    }
     reference = got.pop("docs.txt")
     assert len(reference) > 500
     for name, records in got.items():

@@ -45,7 +45,9 @@ def read_file(path: str) -> bytes:
 
 def convert(config, documents, seed=99):
     sink = MemorySink()
-    stats = JOB.document_converter(config, read_file).convert(iter(documents), ItemContext("item-1", seed, "test"), sink)
+    stats = JOB.document_converter(config, read_file).convert(
+        iter(documents), ItemContext("item-1", seed, "test"), sink
+    )
     assert list(sink.files) == [".tfrecord"]
     return stats, sink.files[".tfrecord"]
 
@@ -170,13 +172,16 @@ def test_parquet_output_holds_the_same_examples_as_the_tfrecords(vocab_path, doc
 
 
 def test_parquet_output_option_checks(vocab_path):
-    for bad, message in (({"output": "csv"}, "option output: 'csv' is not supported"),
-                         ({"output": "parquet", "compression": "GZIP"}, "compression applies to output=tfrecord")):
+    for bad, message in (
+        ({"output": "csv"}, "option output: 'csv' is not supported"),
+        ({"output": "parquet", "compression": "GZIP"}, "compression applies to output=tfrecord"),
+    ):
         with pytest.raises(ConfigError, match=message):
             JOB.check(ElectraConfig(vocab_file=vocab_path, **bad), read_file)
     sink = MemorySink()
     JOB.document_converter(ElectraConfig(vocab_file=vocab_path, output="parquet"), read_file).convert(
-        iter([]), ItemContext("i", 1, "t"), sink)
+        iter([]), ItemContext("i", 1, "t"), sink
+    )
     import pyarrow.parquet as pq
 
     assert pq.read_table(io.BytesIO(sink.files[".parquet"])).num_rows == 0  # an empty item: a valid empty file
@@ -196,8 +201,11 @@ def test_records_are_record_of_each_example(vocab_path, big_ids):
     for _ in range(300):
         n = rng.randint(2, 40)
         first = rng.randint(2, n) if n < 4 or rng.random() < 0.3 else rng.randint(2, n - 2)
-        examples.append(Example([rng.choice((0, 5, 127, 128, 16383, 16384, top - 1, rng.randrange(top)))
-                                 for _ in range(n)], n, first))
+        examples.append(
+            Example(
+                [rng.choice((0, 5, 127, 128, 16383, 16384, top - 1, rng.randrange(top))) for _ in range(n)], n, first
+            )
+        )
     padded = [Example(ex.input_ids + [0] * (40 - ex.length), ex.length, ex.first_length) for ex in examples]
     encoder = converter.encoder
     assert encoder.records(examples) == b"".join(encoder.record(ex) for ex in padded)
@@ -217,12 +225,17 @@ def test_electra_parquet_rows_make_the_file_parsed_records_made(vocab_path, docu
 
     def run():
         sink = MemorySink()
-        stats = JOB.document_converter(config, read_file).convert(iter(documents), ItemContext("item-1", 3, "test"), sink)
+        stats = JOB.document_converter(config, read_file).convert(
+            iter(documents), ItemContext("item-1", 3, "test"), sink
+        )
         return stats, sink.files[".parquet"]
 
     stats, rows_made = run()
-    monkeypatch.setattr(parquet.ParquetExampleWriter, "write_examples",  # the former way: records, parsed
-                        lambda self, values: self.write(b"".join(encode_rows(self.columns, values))))
+    monkeypatch.setattr(
+        parquet.ParquetExampleWriter,
+        "write_examples",  # the former way: records, parsed
+        lambda self, values: self.write(b"".join(encode_rows(self.columns, values))),
+    )
     again, parsed = run()
     assert stats == again and stats["examples"] > 20 and rows_made == parsed
 
@@ -242,7 +255,7 @@ def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents,
     short, at = [], 0
     while at < len(lines):
         n = rng.randint(1, 3)
-        short.append(lines[at:at + n])
+        short.append(lines[at : at + n])
         at += n
     docs = documents + [[], ["", "!"], ["", ""], ["one line only"]] + short
     config = ElectraConfig(vocab_file=vocab_path, max_seq_length=max_length)
@@ -253,8 +266,11 @@ def test_electra_packs_from_line_lengths_as_from_id_lists(vocab_path, documents,
     for group in job._groups(iter(docs)):
         builder = ExampleBuilder(max_length, converter.cls_id, converter.sep_id, random.Random(1), pad=False)
         group_lines = [line for doc in group for line in doc]
-        examples = builder.add_documents(converter.tokenizer.tokenize_lines(group_lines), accumulate(map(len, group)),
-                                         [DocumentRandom(key, "\n".join(d).encode()) for d in group])
+        examples = builder.add_documents(
+            converter.tokenizer.tokenize_lines(group_lines),
+            accumulate(map(len, group)),
+            [DocumentRandom(key, "\n".join(d).encode()) for d in group],
+        )
         expected.append(converter.encoder.records(examples))
     assert len(expected) > 2 and stats["examples"] > 100
     assert data == b"".join(expected)
@@ -265,15 +281,17 @@ def test_an_electra_worker_does_not_import_the_bert_modules(vocab_path, document
     import subprocess
     import sys
 
-    code = ("import sys, io\n"
-            "from fleet.job import ItemContext, load_job\n"
-            "from tests.helpers.sinks import MemorySink\n"
-            "job = load_job('electra_zh_en')\n"
-            f"config = job.parse_config({{'vocab_file': {vocab_path!r}}})\n"
-            "job.document_converter(config, lambda p: open(p, 'rb').read()).convert(iter([['a b', 'c'], ['d']]),"
-            " ItemContext('i', 1, 't'), MemorySink())\n"
-            "print(sorted(m for m in sys.modules if m.startswith('fleet_jobs.bert') or m.split('.')[-1] in "
-            "('sentences', 'rjieba', 'pyarrow')))\n")
+    code = (
+        "import sys, io\n"
+        "from fleet.job import ItemContext, load_job\n"
+        "from tests.helpers.sinks import MemorySink\n"
+        "job = load_job('electra_zh_en')\n"
+        f"config = job.parse_config({{'vocab_file': {vocab_path!r}}})\n"
+        "job.document_converter(config, lambda p: open(p, 'rb').read()).convert(iter([['a b', 'c'], ['d']]),"
+        " ItemContext('i', 1, 't'), MemorySink())\n"
+        "print(sorted(m for m in sys.modules if m.startswith('fleet_jobs.bert') or m.split('.')[-1] in "
+        "('sentences', 'rjieba', 'pyarrow')))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[]"]

@@ -14,8 +14,7 @@ from fleet.core.lease import DONE, Held, Leases
 from fleet.core.status import StatusReader
 from fleet.core.store import PreconditionFailed, StoreError, Unavailable
 from fleet.core.store.gcs import GCSStore
-from tests.helpers.procs import (clean_run, committed, listed_outputs, plan_lines, start_worker, wait_exit,
-                                 write_corpus)
+from tests.helpers.procs import clean_run, committed, listed_outputs, plan_lines, start_worker, wait_exit, write_corpus
 from tests.standins.faultproxy import FaultProxy, is_conditional_create
 
 
@@ -39,8 +38,9 @@ def direct(gcs_bucket, fake_gcs):
     from google.cloud import storage
     from google.api_core.client_options import ClientOptions
 
-    client = storage.Client(project="local", credentials=AnonymousCredentials(),
-                            client_options=ClientOptions(api_endpoint=fake_gcs.url))
+    client = storage.Client(
+        project="local", credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=fake_gcs.url)
+    )
     return GCSStore(gcs_bucket, client=client)
 
 
@@ -150,11 +150,13 @@ def test_runs_through_faults_end_with_a_clean_runs_bytes(fake_gcs, gcs_bucket, c
     assert len(expected) >= 10
     items = plan_lines(bucket, "faulty", corpus_url, 2400, ttl=30, attempts=3)
     # Random faults on every kind of request, and certainly a few lost claims.
-    proxy = FaultProxy(fake_gcs.url, rate=rate, seed=int(rate * 100),
-                       script=[(is_conditional_create, "lost", 3)]).start()
+    proxy = FaultProxy(
+        fake_gcs.url, rate=rate, seed=int(rate * 100), script=[(is_conditional_create, "lost", 3)]
+    ).start()
     try:
-        workers = [start_worker(bucket, "faulty", f"w{i}", logs, {"STORAGE_EMULATOR_HOST": proxy.url})
-                   for i in range(3)]
+        workers = [
+            start_worker(bucket, "faulty", f"w{i}", logs, {"STORAGE_EMULATOR_HOST": proxy.url}) for i in range(3)
+        ]
         wait_exit(workers, 150)
     finally:
         proxy.stop()
@@ -174,8 +176,9 @@ def test_runs_through_faults_end_with_a_clean_runs_bytes(fake_gcs, gcs_bucket, c
     assert len(leases) == len(items)
     # Attempt 1 everywhere: no worker mistook its own claim (lost answer, then 412) for
     # someone else's and left the item to expire; no lease was lost to a slow retry.
-    assert all(lease.state == DONE and lease.attempt == 1 for lease in leases.values()), \
-        {k: (v.state, v.attempt, v.worker) for k, v in leases.items() if v.attempt != 1}
+    assert all(lease.state == DONE and lease.attempt == 1 for lease in leases.values()), {
+        k: (v.state, v.attempt, v.worker) for k, v in leases.items() if v.attempt != 1
+    }
 
 
 # -- an outage: the bucket answers nothing for longer than the client retries -----------------------
@@ -230,5 +233,7 @@ def test_workers_ride_out_an_outage_past_the_clients_retries(fake_gcs, gcs_bucke
     assert committed(bucket, "out") == expected
     assert listed_outputs(f"{bucket}/out-out") == expected
     with capsys.disabled():
-        print(f"\noutage of 20 s (client retries 2 s): {met} requests refused; both workers rode it out, "
-              f"the run finished {back:.0f} s after the outage began")
+        print(
+            f"\noutage of 20 s (client retries 2 s): {met} requests refused; both workers rode it out, "
+            f"the run finished {back:.0f} s after the outage began"
+        )

@@ -44,16 +44,31 @@ def read_file(path: str) -> bytes:
         return f.read()
 
 
-outputs = st.sampled_from([{"output": "tfrecord"}, {"output": "tfrecord", "compression": "GZIP"},
-                           {"output": "parquet"}])
+outputs = st.sampled_from(
+    [{"output": "tfrecord"}, {"output": "tfrecord", "compression": "GZIP"}, {"output": "parquet"}]
+)
 electra = st.fixed_dictionaries({"max_seq_length": st.integers(8, 96), "pack_documents": st.booleans()})
-bert = st.fixed_dictionaries({"max_seq_length": st.integers(16, 96),
-                              "max_predictions_per_seq": st.integers(1, 12), "v2_feature_names": st.booleans(),
-                              "pack_documents": st.booleans()})
-causal = st.fixed_dictionaries({"max_seq_length": st.integers(2, 96), "shifted_labels": st.booleans(),
-                                "last_block": st.sampled_from(["pad", "drop"]), "pack_documents": st.booleans()})
-configs = st.one_of(st.tuples(st.just("electra_zh_en"), electra, outputs),
-                    st.tuples(st.just("bert"), bert, outputs), st.tuples(st.just("causal_lm"), causal, outputs))
+bert = st.fixed_dictionaries(
+    {
+        "max_seq_length": st.integers(16, 96),
+        "max_predictions_per_seq": st.integers(1, 12),
+        "v2_feature_names": st.booleans(),
+        "pack_documents": st.booleans(),
+    }
+)
+causal = st.fixed_dictionaries(
+    {
+        "max_seq_length": st.integers(2, 96),
+        "shifted_labels": st.booleans(),
+        "last_block": st.sampled_from(["pad", "drop"]),
+        "pack_documents": st.booleans(),
+    }
+)
+configs = st.one_of(
+    st.tuples(st.just("electra_zh_en"), electra, outputs),
+    st.tuples(st.just("bert"), bert, outputs),
+    st.tuples(st.just("causal_lm"), causal, outputs),
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -94,7 +109,8 @@ def test_every_example_written_holds_exactly_the_declared_features(vocab, case):
 
     parsed = tf.io.parse_example(records, feature_spec(layout))  # TensorFlow's parser: fails on any other length
     assert {fname: (tuple(v.shape), v.dtype.as_numpy_dtype) for fname, v in parsed.items()} == {
-        fname: ((len(records), length), dtype.type) for fname, (length, dtype) in expected.items()}
+        fname: ((len(records), length), dtype.type) for fname, (length, dtype) in expected.items()
+    }
 
 
 def test_a_job_declares_no_features_by_default():

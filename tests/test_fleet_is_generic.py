@@ -40,7 +40,7 @@ def imports(path: Path) -> list[str]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             out += [base] + [f"{base}.{alias.name}" for alias in node.names]
     return out
 
@@ -99,29 +99,57 @@ def test_the_run_keeps_what_the_job_made_of_its_read_options(tmp_path):
     (inputs / "data.bin").write_bytes(bytes(range(256)))
     (inputs / ".hidden").write_bytes(b"never input")
     bucket = str(tmp_path / "b")
-    spec, items, _ = plan(bucket, PlanRequest(run="r", job="tests.test_fleet_is_generic:WHOLE", inputs=[str(inputs)],
-                                              output=str(tmp_path / "o"), code_version="v",
-                                              read={"text_column": "body"}))
+    spec, items, _ = plan(
+        bucket,
+        PlanRequest(
+            run="r",
+            job="tests.test_fleet_is_generic:WHOLE",
+            inputs=[str(inputs)],
+            output=str(tmp_path / "o"),
+            code_version="v",
+            read={"text_column": "body"},
+        ),
+    )
     assert spec.read == {"mine": 1}
     assert sorted(i.name for i in items) == ["README", "data.bin"] and all(i.start == 0 for i in items)
     assert [i.id for i in load_items(open_store(bucket), "r")] == [i.id for i in items]
     with pytest.raises(ConfigError, match="^--keep-titles: this job reads no titles$"):
-        plan(bucket, PlanRequest(run="r2", job="tests.test_fleet_is_generic:WHOLE", inputs=[str(inputs)],
-                                 output=str(tmp_path / "o2"), code_version="v", read={"keep_titles": True}))
+        plan(
+            bucket,
+            PlanRequest(
+                run="r2",
+                job="tests.test_fleet_is_generic:WHOLE",
+                inputs=[str(inputs)],
+                output=str(tmp_path / "o2"),
+                code_version="v",
+                read={"keep_titles": True},
+            ),
+        )
 
 
-@pytest.mark.parametrize("read,message", [
-    ({"max_bad_share": 2.0}, "--max-bad-share 2: give 0 to 1 (a share of the records)"),
-    ({"max_bad_share": float("nan")}, "--max-bad-share nan: give 0 to 1 (a share of the records)"),
-    ({"text_column": ""}, "--text-column '': give the name of a JSON field or Parquet column"),
-    ({"colour": "red"}, "read option 'colour': a text job knows keep_titles, max_bad_share, text_column"),
-])
+@pytest.mark.parametrize(
+    "read,message",
+    [
+        ({"max_bad_share": 2.0}, "--max-bad-share 2: give 0 to 1 (a share of the records)"),
+        ({"max_bad_share": float("nan")}, "--max-bad-share nan: give 0 to 1 (a share of the records)"),
+        ({"text_column": ""}, "--text-column '': give the name of a JSON field or Parquet column"),
+        ({"colour": "red"}, "read option 'colour': a text job knows keep_titles, max_bad_share, text_column"),
+    ],
+)
 def test_a_text_job_checks_its_read_options_at_plan_time_in_one_line(tmp_path, read, message):
     (tmp_path / "a.txt").write_text("a\n")
     with pytest.raises(ConfigError) as e:
-        plan(str(tmp_path / "b"), PlanRequest(run="r", job="tests.helpers.linejob:JOB",
-                                              inputs=[str(tmp_path / "a.txt")], output=str(tmp_path / "o"),
-                                              code_version="v", read=read))
+        plan(
+            str(tmp_path / "b"),
+            PlanRequest(
+                run="r",
+                job="tests.helpers.linejob:JOB",
+                inputs=[str(tmp_path / "a.txt")],
+                output=str(tmp_path / "o"),
+                code_version="v",
+                read=read,
+            ),
+        )
     assert str(e.value) == message
     assert not (tmp_path / "b").exists()  # refused before anything is written
 
@@ -130,9 +158,17 @@ def test_a_text_job_stores_its_read_options_complete_as_runs_before_did(tmp_path
     # A run planned by the commit before (RunSpec.read = asdict(ReadOptions)) must compare equal,
     # so that `fleet local` resumes it.
     (tmp_path / "a.txt").write_text("a\n\nb\n")
-    spec, _, _ = plan(str(tmp_path / "b"), PlanRequest(run="r", job="tests.helpers.linejob:JOB",
-                                                       inputs=[str(tmp_path / "a.txt")], output=str(tmp_path / "o"),
-                                                       code_version="v", read={"keep_titles": True}))
+    spec, _, _ = plan(
+        str(tmp_path / "b"),
+        PlanRequest(
+            run="r",
+            job="tests.helpers.linejob:JOB",
+            inputs=[str(tmp_path / "a.txt")],
+            output=str(tmp_path / "o"),
+            code_version="v",
+            read={"keep_titles": True},
+        ),
+    )
     assert spec.read == {"text_column": "text", "keep_titles": True, "max_bad_share": 0.5}
     assert load_spec(open_store(str(tmp_path / "b")), "r").read == spec.read
 
@@ -176,9 +212,16 @@ def test_a_plan_names_the_piece_sizes_the_job_gives(tmp_path):
     me.HALVES = Halves()
     try:
         (tmp_path / "f").write_bytes(b"0123456789")
-        _, items, _ = plan(str(tmp_path / "b"), PlanRequest(run="r", job="tests.test_fleet_is_generic:HALVES",
-                                                            inputs=[str(tmp_path / "f")], output=str(tmp_path / "o"),
-                                                            code_version="v"))
+        _, items, _ = plan(
+            str(tmp_path / "b"),
+            PlanRequest(
+                run="r",
+                job="tests.test_fleet_is_generic:HALVES",
+                inputs=[str(tmp_path / "f")],
+                output=str(tmp_path / "o"),
+                code_version="v",
+            ),
+        )
     finally:
         del me.HALVES
     assert [(i.start, i.end, i.size, i.meta) for i in items] == [(0, 5, 5, {"half": 1}), (5, 10, 7, {"half": 2})]

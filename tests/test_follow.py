@@ -18,14 +18,28 @@ from tests.helpers.procs import LINEJOB, ROOT, write_corpus
 def plan(tmp_path, bucket: str, output: str, docs: int = 120, **options) -> None:
     corpus = write_corpus(str(tmp_path / "c.txt"), docs)
     sets = [a for k, v in options.items() for a in ("--set", f"{k}={v}")]
-    proc = fleet("plan", "--bucket", bucket, "--run", "r", "--job", LINEJOB, "--input", corpus, "--output", output,
-                 "--item-mb", "0.004", *sets)
+    proc = fleet(
+        "plan",
+        "--bucket",
+        bucket,
+        "--run",
+        "r",
+        "--job",
+        LINEJOB,
+        "--input",
+        corpus,
+        "--output",
+        output,
+        "--item-mb",
+        "0.004",
+        *sets,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 def read_url(url: str) -> bytes:
     if url.startswith("gs://"):
-        bucket, _, name = url[len("gs://"):].partition("/")
+        bucket, _, name = url[len("gs://") :].partition("/")
         return open_store(f"gs://{bucket}").read(name)
     with open(url, "rb") as f:
         return f.read()
@@ -36,12 +50,21 @@ def test_a_consumer_started_before_the_workers_reads_every_record_once_and_ends(
     bucket = str(tmp_path / "bucket") if kind == "local" else f"gs://{request.getfixturevalue('gcs_bucket')}"
     output = str(tmp_path / "out") if kind == "local" else f"{bucket}/out"
     plan(tmp_path, bucket, output, delay=0.02)  # about 12 items of 0.2 s
-    consumer = subprocess.Popen(FLEET + ["follow", "--bucket", bucket, "--run", "r", "--poll", "0.2"], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    consumer = subprocess.Popen(
+        FLEET + ["follow", "--bucket", bucket, "--run", "r", "--poll", "0.2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(1.0)  # the consumer is waiting before any worker starts
-    workers = subprocess.Popen(FLEET + ["work", "--bucket", bucket, "--run", "r", "--procs", "2"], cwd=ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env=dict(os.environ, TMPDIR=str(tmp_path)))
+    workers = subprocess.Popen(
+        FLEET + ["work", "--bucket", bucket, "--run", "r", "--procs", "2"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )
     records = []
     urls = []
     try:
@@ -63,9 +86,13 @@ def test_a_consumer_started_before_the_workers_reads_every_record_once_and_ends(
 def test_a_consumer_started_mid_run_catches_up_with_from_start(tmp_path, gcs_bucket):
     bucket = f"gs://{gcs_bucket}"
     plan(tmp_path, bucket, f"{bucket}/out", delay=0.02)
-    workers = subprocess.Popen(FLEET + ["work", "--bucket", bucket, "--run", "r", "--procs", "1"], cwd=ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env=dict(os.environ, TMPDIR=str(tmp_path)))
+    workers = subprocess.Popen(
+        FLEET + ["work", "--bucket", bucket, "--run", "r", "--procs", "1"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )
     try:
         store = open_store(bucket)
         deadline = time.time() + 90
@@ -94,6 +121,7 @@ def test_only_new_outputs_without_from_start_and_failures_listed(tmp_path):
 
 
 # -- issue 30: a run whose workers are all dead ------------------------------------------------
+
 
 class FakeTime:
     """The follower's clock and sleep: a sleep moves the clock on, and ``at`` runs what a
@@ -141,8 +169,11 @@ def test_a_run_no_worker_ever_started_is_reported_stopped_after_dead_after(tmp_p
 
     bucket = stopped_run(tmp_path)
     t = FakeTime(until=10_000)
-    with pytest.raises(RunStopped, match=r"^run r: no worker has been alive for \d+ s and \d+ item\(s\) are "
-                                         r"unfinished: the run is stopped; start its workers again"):
+    with pytest.raises(
+        RunStopped,
+        match=r"^run r: no worker has been alive for \d+ s and \d+ item\(s\) are "
+        r"unfinished: the run is stopped; start its workers again",
+    ):
         list(Follower(bucket, "r", poll=2.0, dead_after=60.0, clock=t.clock, sleep=t.sleep))
     assert 60 <= t.elapsed <= 60 + 20
 
@@ -208,13 +239,20 @@ def test_fleet_follow_on_a_fleet_local_killed_with_sigkill_says_it_is_stopped(tm
 
     corpus = write_corpus(str(tmp_path / "c.txt"), 120)
     out = tmp_path / "out"
-    local = subprocess.Popen(FLEET + ["local", corpus, str(out), "--job", LINEJOB, "--workers", "2", "--item-mb",
-                                      "0.004", "--set", "delay=0.2"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    local = subprocess.Popen(
+        FLEET
+        + ["local", corpus, str(out), "--job", LINEJOB, "--workers", "2", "--item-mb", "0.004", "--set", "delay=0.2"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )
     try:
         deadline = time.time() + 120
-        while not (out / ".fleet" / "runs" / "local" / "workers").is_dir() or \
-                not any((out / ".fleet" / "runs" / "local" / "workers").iterdir()):
+        while not (out / ".fleet" / "runs" / "local" / "workers").is_dir() or not any(
+            (out / ".fleet" / "runs" / "local" / "workers").iterdir()
+        ):
             assert time.time() < deadline and local.poll() is None, "no worker started"
             time.sleep(0.1)
     finally:

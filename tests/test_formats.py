@@ -19,8 +19,17 @@ from fleet_jobs.text.inputs import ReadOptions, Tally, file_format, plan_ranges,
 from tests.helpers.cli import fleet, one_line_error
 
 ARTICLES = [
-    ("12", "Anarchism", ["Anarchism is a political philosophy.", "", "It is sceptical of authority.", "Etymology",
-                         "The word comes from Greek."]),
+    (
+        "12",
+        "Anarchism",
+        [
+            "Anarchism is a political philosophy.",
+            "",
+            "It is sceptical of authority.",
+            "Etymology",
+            "The word comes from Greek.",
+        ],
+    ),
     ("25", "自闭症", ["自闭症是一种神经发育障碍。", "", "其特征为社交障碍。"]),
     ("39", "Albedo", ["Albedo is the fraction of sunlight that is reflected."]),
 ]
@@ -38,8 +47,10 @@ def wikiextractor(articles=ARTICLES) -> bytes:
 
 def wikiextractor_json(articles=ARTICLES) -> bytes:
     """WikiExtractor --json: one object per line; its text keeps paragraphs as lines."""
-    return "".join(json.dumps({"id": d, "revid": "1", "url": f"u{d}", "title": t, "text": "\n".join(b)},
-                              ensure_ascii=False) + "\n" for d, t, b in articles).encode()
+    return "".join(
+        json.dumps({"id": d, "revid": "1", "url": f"u{d}", "title": t, "text": "\n".join(b)}, ensure_ascii=False) + "\n"
+        for d, t, b in articles
+    ).encode()
 
 
 def cirrus(articles=ARTICLES) -> bytes:
@@ -47,8 +58,18 @@ def cirrus(articles=ARTICLES) -> bytes:
     out = []
     for doc_id, title, body in articles:
         out.append(json.dumps({"index": {"_type": "page", "_id": doc_id}}))
-        out.append(json.dumps({"namespace": 0, "title": title, "text": "\n".join(line for line in body if line),
-                               "timestamp": "2024-01-01T00:00:00Z", "wiki": "enwiki"}, ensure_ascii=False))
+        out.append(
+            json.dumps(
+                {
+                    "namespace": 0,
+                    "title": title,
+                    "text": "\n".join(line for line in body if line),
+                    "timestamp": "2024-01-01T00:00:00Z",
+                    "wiki": "enwiki",
+                },
+                ensure_ascii=False,
+            )
+        )
     return ("\n".join(out) + "\n").encode()
 
 
@@ -68,13 +89,20 @@ def test_cirrussearch_dump_documents_are_the_content_lines():
     assert read_all(gzip.compress(cirrus()), "enwiki-20240101-cirrussearch-content.json.gz") == EXPECTED
 
 
-@pytest.mark.parametrize("name,data,fmt", [
-    ("wiki_00", wikiextractor(), "wikiextractor"), ("wiki_01", wikiextractor_json(), "jsonl"),
-    ("x-cirrussearch-content.json.gz", gzip.compress(cirrus(), mtime=0), "cirrus"), ("wiki_02.bz2", bz2.compress(wikiextractor()), "wikiextractor"),
-    ("a.txt", b"plain\ntext\n", "text"), ("shard_7", b"plain\ntext\n", "text"), ("b.jsonl", b'{"text": "x"}\n', "jsonl"),
-    ("notes.txt", b'{"text": "looks like JSON"}\n', "text"),  # a name that says text is text...
-    ("c.txt", wikiextractor(), "wikiextractor"),  # ...unless it is WikiExtractor's
-])
+@pytest.mark.parametrize(
+    "name,data,fmt",
+    [
+        ("wiki_00", wikiextractor(), "wikiextractor"),
+        ("wiki_01", wikiextractor_json(), "jsonl"),
+        ("x-cirrussearch-content.json.gz", gzip.compress(cirrus(), mtime=0), "cirrus"),
+        ("wiki_02.bz2", bz2.compress(wikiextractor()), "wikiextractor"),
+        ("a.txt", b"plain\ntext\n", "text"),
+        ("shard_7", b"plain\ntext\n", "text"),
+        ("b.jsonl", b'{"text": "x"}\n', "jsonl"),
+        ("notes.txt", b'{"text": "looks like JSON"}\n', "text"),  # a name that says text is text...
+        ("c.txt", wikiextractor(), "wikiextractor"),  # ...unless it is WikiExtractor's
+    ],
+)
 def test_the_format_is_told_by_content_where_the_name_does_not_say(tmp_path, name, data, fmt):
     (tmp_path / name).write_bytes(data)
     assert file_format(LocalStore(str(tmp_path)), name, len(data)) == fmt
@@ -82,8 +110,13 @@ def test_the_format_is_told_by_content_where_the_name_does_not_say(tmp_path, nam
 
 def test_the_same_articles_in_every_format_give_the_same_documents():
     plain = "\n\n".join("\n".join(doc) for doc in EXPECTED).encode() + b"\n"
-    forms = {"a.txt": plain, "wiki_00": wikiextractor(), "wiki_01": wikiextractor_json(),
-             "x-cirrussearch-content.json.gz": gzip.compress(cirrus()), "a.jsonl.gz": gzip.compress(wikiextractor_json())}
+    forms = {
+        "a.txt": plain,
+        "wiki_00": wikiextractor(),
+        "wiki_01": wikiextractor_json(),
+        "x-cirrussearch-content.json.gz": gzip.compress(cirrus()),
+        "a.jsonl.gz": gzip.compress(wikiextractor_json()),
+    }
     for name, data in forms.items():
         assert read_all(data, name) == EXPECTED, name
 
@@ -124,8 +157,9 @@ def test_a_truncated_wikiextractor_shard_keeps_its_whole_docs():
 
 def test_text_outside_docs_is_bad_and_a_file_of_it_fails():
     tally = Tally()
-    docs = read_all(wikiextractor() + b"stray line\n" + wikiextractor(ARTICLES[:1]), "wiki_00", fmt="wikiextractor",
-                    tally=tally)
+    docs = read_all(
+        wikiextractor() + b"stray line\n" + wikiextractor(ARTICLES[:1]), "wiki_00", fmt="wikiextractor", tally=tally
+    )
     assert docs == EXPECTED + EXPECTED[:1] and tally.bad == 1 and "outside any <doc>" in tally.examples[0]
     with pytest.raises(InputError, match=r"wiki_00: 3 of 3 records are bad.*outside any <doc>"):
         read_all(b"a\nb\nc\n", "wiki_00", fmt="wikiextractor")
@@ -146,7 +180,7 @@ def test_the_bad_share_option_sets_when_an_item_fails():
 
 def test_a_binary_file_fails_fast_without_reading_it_all():
     tally = Tally()
-    junk = (b"\x80\x81 binary \xff\xfe\n\n" * 200_000)  # 2.8 MB of bad "documents" (FF FE first: UTF-16's mark)
+    junk = b"\x80\x81 binary \xff\xfe\n\n" * 200_000  # 2.8 MB of bad "documents" (FF FE first: UTF-16's mark)
     with pytest.raises(InputError, match=r"100 of 100 records are bad"):
         read_all(junk, "x.txt", tally=tally)
 
@@ -158,15 +192,20 @@ def test_formats_run_end_to_end_with_their_options(tmp_path):
     (folder / "wiki_01").write_bytes(wikiextractor_json())
     (folder / "enwiki-cirrussearch-content.json.gz").write_bytes(gzip.compress(cirrus()))
     out = tmp_path / "out"
-    proc = fleet("local", folder, out, "--job", "tests.helpers.linejob:JOB", "--workers", "1", "--keep-titles",
-                 tmp=tmp_path)
+    proc = fleet(
+        "local", folder, out, "--job", "tests.helpers.linejob:JOB", "--workers", "1", "--keep-titles", tmp=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["documents"] == 9 and summary["lines"] == 3 * 7 + 3  # titles kept in the WikiExtractor shard
-    one_line_error(fleet("local", folder, out, "--job", "tests.helpers.linejob:JOB", tmp=tmp_path),
-                   "keep titles is False, was True")
-    one_line_error(fleet("local", folder, tmp_path / "o2", "--job", "tests.helpers.linejob:JOB",
-                         "--max-bad-share", "2"), "--max-bad-share 2: give 0 to 1 (a share of the records)")
+    one_line_error(
+        fleet("local", folder, out, "--job", "tests.helpers.linejob:JOB", tmp=tmp_path),
+        "keep titles is False, was True",
+    )
+    one_line_error(
+        fleet("local", folder, tmp_path / "o2", "--job", "tests.helpers.linejob:JOB", "--max-bad-share", "2"),
+        "--max-bad-share 2: give 0 to 1 (a share of the records)",
+    )
 
 
 # -- Parquet ---------------------------------------------------------------------------------------
@@ -244,13 +283,41 @@ def test_broken_parquet_files_are_one_line_errors_naming_them(tmp_path):
         folder = tmp_path / name.replace(".", "_")
         folder.mkdir()
         (folder / name).write_bytes(content)
-        proc = fleet("plan", "--bucket", tmp_path / f"b-{name}", "--run", "r", "--job", "tests.helpers.linejob:JOB",
-                     "--input", folder / name, "--output", tmp_path / "o", "--text-column", "body")
+        proc = fleet(
+            "plan",
+            "--bucket",
+            tmp_path / f"b-{name}",
+            "--run",
+            "r",
+            "--job",
+            "tests.helpers.linejob:JOB",
+            "--input",
+            folder / name,
+            "--output",
+            tmp_path / "o",
+            "--text-column",
+            "body",
+        )
         one_line_error(proc, f"{folder / name}: {message}")
     write_parquet(tmp_path / "ints.parquet", ROWS[:10], extra_col=list(range(10)))
-    one_line_error(fleet("plan", "--bucket", tmp_path / "b3", "--run", "r", "--job", "tests.helpers.linejob:JOB",
-                         "--input", tmp_path / "ints.parquet", "--output", tmp_path / "o", "--text-column", "id"),
-                   "column 'id' holds int64, not text")
+    one_line_error(
+        fleet(
+            "plan",
+            "--bucket",
+            tmp_path / "b3",
+            "--run",
+            "r",
+            "--job",
+            "tests.helpers.linejob:JOB",
+            "--input",
+            tmp_path / "ints.parquet",
+            "--output",
+            tmp_path / "o",
+            "--text-column",
+            "id",
+        ),
+        "column 'id' holds int64, not text",
+    )
 
 
 def test_the_same_articles_as_parquet_give_the_same_documents(tmp_path):
@@ -264,8 +331,9 @@ def test_parquet_end_to_end(tmp_path):
     write_parquet(folder / "train-00000-of-00002.parquet", ROWS)
     write_parquet(folder / "train-00001-of-00002.parquet", ROWS[:100])
     out = tmp_path / "out"
-    proc = fleet("local", folder, out, "--job", "tests.helpers.linejob:JOB", "--workers", "2", "--item-mb", "0.003",
-                 tmp=tmp_path)
+    proc = fleet(
+        "local", folder, out, "--job", "tests.helpers.linejob:JOB", "--workers", "2", "--item-mb", "0.003", tmp=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["documents"] == 500 and summary["items"] > 4

@@ -21,8 +21,14 @@ from tests.helpers.cli import fleet, one_line_error
 from tests.helpers.trained import wordpiece_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BERT_OPTIONS = {"masked_lm_prob": 0.15, "max_predictions_per_seq": 20, "short_seq_prob": 0.1, "dupe_factor": 1,
-                "whole_word_masking": True, "v2_feature_names": False}
+BERT_OPTIONS = {
+    "masked_lm_prob": 0.15,
+    "max_predictions_per_seq": 20,
+    "short_seq_prob": 0.1,
+    "dupe_factor": 1,
+    "whole_word_masking": True,
+    "v2_feature_names": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +46,29 @@ def corpus(tmp_path_factory):
 
 def local(corpus, out, *args):
     path, vocab = corpus
-    proc = fleet("local", path, out, "--workers", "2", "--item-mb", "0.02", "--set", f"vocab_file={vocab}", *args,
-                 tmp=os.path.dirname(out))
+    proc = fleet(
+        "local",
+        path,
+        out,
+        "--workers",
+        "2",
+        "--item-mb",
+        "0.02",
+        "--set",
+        f"vocab_file={vocab}",
+        *args,
+        tmp=os.path.dirname(out),
+    )
     assert proc.returncode == 0, proc.stderr
     return proc
 
 
 def parts(out) -> dict[str, str]:
-    return {name: hashlib.sha256(open(os.path.join(out, name), "rb").read()).hexdigest()
-            for name in sorted(os.listdir(out)) if name.startswith("part-")}
+    return {
+        name: hashlib.sha256(open(os.path.join(out, name), "rb").read()).hexdigest()
+        for name in sorted(os.listdir(out))
+        if name.startswith("part-")
+    }
 
 
 def spec_path(out) -> str:
@@ -71,19 +91,27 @@ def as_planned_before(out, job: str, config: dict) -> None:
 
 def test_the_rule_is_a_table_of_data():
     assert {(row.job, row.setting, row.value, row.becomes) for row in FORMER_NAMES} == {
-        ("electra_zh_en", "format", "electra", "electra_zh_en"), ("electra_zh_en", "format", "bert", "bert")}
+        ("electra_zh_en", "format", "electra", "electra_zh_en"),
+        ("electra_zh_en", "format", "bert", "bert"),
+    }
     assert resolve_job("electra_zh_en", {"vocab_file": "v"}) == JobChoice("electra_zh_en", {"vocab_file": "v"})
-    assert resolve_job("electra_zh_en", {"format": "electra", "seed": "3", "dupe_factor": "1"}) == \
-        JobChoice("electra_zh_en", {"seed": "3"})
-    assert resolve_job("electra_zh_en", {"format": "bert", "dupe_factor": "2", "provenance": "false"}) == \
-        JobChoice("bert", {"dupe_factor": "2"})
+    assert resolve_job("electra_zh_en", {"format": "electra", "seed": "3", "dupe_factor": "1"}) == JobChoice(
+        "electra_zh_en", {"seed": "3"}
+    )
+    assert resolve_job("electra_zh_en", {"format": "bert", "dupe_factor": "2", "provenance": "false"}) == JobChoice(
+        "bert", {"dupe_factor": "2"}
+    )
     assert resolve_job("bert", {"format": "bert"}) == JobChoice("bert", {"format": "bert"})  # the rule's name only
     job, config = load_configured("electra_zh_en", {"format": "bert", "vocab_file": "v", "v2_feature_names": "true"})
     assert job is load_job("bert") and config.v2_feature_names is True
-    for settings, message in (({"format": "xyz"}, "option format: 'xyz' is not supported (known: electra, bert; "
-                                                  "format=bert is the job bert: --job bert)"),
-                              ({"format": "bert", "provenance": "true"}, "option provenance: not with format=bert"),
-                              ({"format": "electra", "dupe_factor": "2"}, "option dupe_factor: not with format=electra")):
+    for settings, message in (
+        (
+            {"format": "xyz"},
+            "option format: 'xyz' is not supported (known: electra, bert; format=bert is the job bert: --job bert)",
+        ),
+        ({"format": "bert", "provenance": "true"}, "option provenance: not with format=bert"),
+        ({"format": "electra", "dupe_factor": "2"}, "option dupe_factor: not with format=electra"),
+    ):
         with pytest.raises(ConfigError) as e:
             resolve_job("electra_zh_en", settings)
         assert str(e.value).startswith(message) and "\n" not in str(e.value)
@@ -142,9 +170,11 @@ def test_an_old_electra_run_json_resumes(corpus, tmp_path):
 def test_a_former_option_that_does_not_fit_is_one_line(corpus, tmp_path):
     path, vocab = corpus
     out = str(tmp_path / "bad")
-    for args, message in ((("--set", "format=xyz"), "option format: 'xyz' is not supported"),
-                          (("--set", "format=bert", "--set", "provenance=true"), "option provenance: not with format=bert"),
-                          (("--job", "bert", "--set", "format=bert"), "unknown option(s) format")):
+    for args, message in (
+        (("--set", "format=xyz"), "option format: 'xyz' is not supported"),
+        (("--set", "format=bert", "--set", "provenance=true"), "option provenance: not with format=bert"),
+        (("--job", "bert", "--set", "format=bert"), "unknown option(s) format"),
+    ):
         one_line_error(fleet("local", path, out, "--set", f"vocab_file={vocab}", *args), message)
 
 

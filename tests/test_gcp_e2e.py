@@ -53,7 +53,9 @@ class Cloud:
 
     def fleet(self, *args: str) -> str:
         result = CliRunner().invoke(app, list(args))
-        assert result.exit_code == 0, f"fleet {' '.join(args)} -> {result.exit_code}\n{result.output}\n{result.exception!r}"
+        assert result.exit_code == 0, (
+            f"fleet {' '.join(args)} -> {result.exit_code}\n{result.output}\n{result.exception!r}"
+        )
         return result.output
 
     def wait_until_gone(self, run_mig: str, template: str, timeout: float = 150) -> None:
@@ -61,13 +63,14 @@ class Cloud:
         deadline = time.time() + timeout
         while time.time() < deadline:
             with self.standin.lock:
-                done = (not self.standin.migs and template not in self.standin.templates
-                        and not self.standin.orphans)
+                done = not self.standin.migs and template not in self.standin.templates and not self.standin.orphans
             if done:
                 return
             time.sleep(0.2)
-        raise AssertionError(f"fleet {run_mig} did not finish within {timeout}s; events "
-                             f"{[(k, w) for _, k, w, _ in self.standin.events]}\n{self.vms.console()}")
+        raise AssertionError(
+            f"fleet {run_mig} did not finish within {timeout}s; events "
+            f"{[(k, w) for _, k, w, _ in self.standin.events]}\n{self.vms.console()}"
+        )
 
 
 @pytest.fixture(name="cloud")
@@ -108,9 +111,24 @@ def cloud_fixture(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
 
 
 def init(cloud: Cloud, *extra: str) -> None:
-    cloud.fleet("init", "--project", PROJECT, "--zone", ZONE, "--bucket", cloud.bucket,
-                "--service-account", ACCOUNT,
-                "--workers-per-vm", "1", "--standby", "1", "--max-run-hours", "1", *extra)
+    cloud.fleet(
+        "init",
+        "--project",
+        PROJECT,
+        "--zone",
+        ZONE,
+        "--bucket",
+        cloud.bucket,
+        "--service-account",
+        ACCOUNT,
+        "--workers-per-vm",
+        "1",
+        "--standby",
+        "1",
+        "--max-run-hours",
+        "1",
+        *extra,
+    )
 
 
 def ship_test_jobs() -> None:
@@ -118,13 +136,16 @@ def ship_test_jobs() -> None:
     config = Path(os.environ["FLEET_CONFIG"])
     default_paths = 'code_paths = ["fleet", "fleet_jobs", "startup", "pyproject.toml", "requirements.lock"]'
     assert default_paths in config.read_text()
-    config.write_text(config.read_text().replace(default_paths, default_paths[:-1] + ', "tests/__init__.py", "tests/helpers"]'))
+    config.write_text(
+        config.read_text().replace(default_paths, default_paths[:-1] + ', "tests/__init__.py", "tests/helpers"]')
+    )
 
 
 def output_digests(url: str) -> dict[str, str]:
     store = open_store(url)
-    return {b.name: hashlib.sha256(store.read(b.name)).hexdigest() for b in store.list("")
-            if b.name.startswith("part-")}
+    return {
+        b.name: hashlib.sha256(store.read(b.name)).hexdigest() for b in store.list("") if b.name.startswith("part-")
+    }
 
 
 def local_digests(out: Path) -> dict[str, str]:
@@ -150,8 +171,12 @@ def check_clean_exit(cloud: Cloud, run: str) -> None:
 
 def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     vocab = tmp_path / "vocab.txt"
-    subprocess.run([sys.executable, "-m", "fleet_jobs.text", "vocab", str(CORPUS), "--size", "8000",
-                    "--out", str(vocab)], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "fleet_jobs.text", "vocab", str(CORPUS), "--size", "8000", "--out", str(vocab)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     open_store(cloud.bucket).upload_file("vocab.txt", str(vocab))
     init(cloud)
     synced = cloud.fleet("sync")
@@ -159,24 +184,45 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     assert "files" in synced and len(version) == 16
     again = cloud.fleet("sync")
     assert " 0 new" in again and "already synced" in again  # content-addressed: nothing re-uploaded
-    cloud.fleet("plan", "--run", "e2e", "--job", "electra_zh_en", "--input", f"{cloud.bucket}/corpus/",
-                "--output", f"{cloud.bucket}/out/", "--set", f"vocab_file={cloud.bucket}/vocab.txt",
-                "--item-mb", "0.15", "--lease-ttl", "20")
+    cloud.fleet(
+        "plan",
+        "--run",
+        "e2e",
+        "--job",
+        "electra_zh_en",
+        "--input",
+        f"{cloud.bucket}/corpus/",
+        "--output",
+        f"{cloud.bucket}/out/",
+        "--set",
+        f"vocab_file={cloud.bucket}/vocab.txt",
+        "--item-mb",
+        "0.15",
+        "--lease-ttl",
+        "20",
+    )
     # The deadline fixed once (a whole minute, an hour away), so that the dry run shows exactly what the launch sends.
     deadline = compute_requests.rfc3339((time.time() // 60 + 60) * 60)
-    dry = cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--dry-run",
-                      "--deadline", deadline)
+    dry = cloud.fleet(
+        "launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--dry-run", "--deadline", deadline
+    )
     assert f"POST {os.environ['FLEET_COMPUTE_ENDPOINT']}/compute/v1/projects/{PROJECT}/global/instanceTemplates" in dry
     assert {c.method for c in cloud.standin.calls} == {"GET"}  # a dry run only reads (quotas, machine type)
     # GCE may report "template in use" as the error of the delete's operation: the last VM out must retry that too.
     cloud.standin.in_use_error = "operation"
     # Certainly once: the MIG's insert is applied, its answer lost; the retry, same requestId, gets its operation.
-    cloud.network.script = [[lambda method, path: method == "POST" and path.split("?")[0].endswith("/instanceGroupManagers"), "lost", 1]]
+    cloud.network.script = [
+        [lambda method, path: method == "POST" and path.split("?")[0].endswith("/instanceGroupManagers"), "lost", 1]
+    ]
     cloud.fleet("launch", "--run", "e2e", "--workers", "3", "--template", "fleet-t-e2e", "--deadline", deadline)
     assert cloud.network.counts["lost"] >= 1 and len(cloud.standin.events_of("request-id-seen")) >= 1
     assert cloud.standin.events_of("mig-created") == ["fleet-e2e"]
     # What the dry run printed is exactly what was sent (a retry after a reset sends it again, with the same requestId).
-    sent = [c for c in cloud.standin.calls if c.method == "POST" and c.path.endswith(("instanceTemplates", "instanceGroupManagers"))]
+    sent = [
+        c
+        for c in cloud.standin.calls
+        if c.method == "POST" and c.path.endswith(("instanceTemplates", "instanceGroupManagers"))
+    ]
     assert [c.body for c in {c.query["requestId"][0]: c for c in sent}.values()] == _bodies(dry)
 
     cloud.wait_until_gone("fleet-e2e", "fleet-t-e2e")
@@ -189,8 +235,15 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     from fleet.cli.local import run_local
 
     out = tmp_path / "local-out"
-    result = run_local([str(CORPUS)], str(out), "electra_zh_en", 2, {"vocab_file": str(vocab)},
-                       item_bytes=int(0.15e6), console=Console(file=io.StringIO()))
+    result = run_local(
+        [str(CORPUS)],
+        str(out),
+        "electra_zh_en",
+        2,
+        {"vocab_file": str(vocab)},
+        item_bytes=int(0.15e6),
+        console=Console(file=io.StringIO()),
+    )
     assert result.exit_code == 0
     assert output_digests(f"{cloud.bucket}/out") == local_digests(out) and len(local_digests(out)) == st.items
 
@@ -202,8 +255,10 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     assert f"code {version}: " in text and "downloaded and verified" in text
     # It left through deleteInstances: its own, or that of a VM which found the run finished first and
     # deleted the fleet (each VM that drains together may; check_clean_exit counts every VM's removal).
-    assert (f"{vm}: removed from fleet-e2e through deleteInstances" in text
-            or f"{vm}: fleet-e2e is already deleted, and this VM with it" in text), text
+    assert (
+        f"{vm}: removed from fleet-e2e through deleteInstances" in text
+        or f"{vm}: fleet-e2e is already deleted, and this VM with it" in text
+    ), text
     records = boot_records(open_store(cloud.bucket), "e2e")
     assert sorted(r.instance for r in records) == sorted(cloud.standin.events_of("create"))
     assert {r.outcome for r in records} == {"done"} and all(r.code_version == version for r in records)
@@ -229,17 +284,36 @@ def test_launch_runs_the_job_on_vms_and_they_delete_themselves(cloud, tmp_path):
     bpe.save(str(tmp_path / "tokenizer.json"))
     store.upload_file("tokenizer.json", str(tmp_path / "tokenizer.json"))
     lm_options = {"tokenizer_file": f"{cloud.bucket}/tokenizer.json", "max_seq_length": "256", "output": "parquet"}
-    cloud.fleet("plan", "--run", "lm", "--job", "causal_lm", "--input", f"{cloud.bucket}/corpus/sample_en.txt",
-                "--output", f"{cloud.bucket}/lm/", *(a for k, v in lm_options.items() for a in ("--set", f"{k}={v}")),
-                "--item-mb", "0.2", "--lease-ttl", "20")
+    cloud.fleet(
+        "plan",
+        "--run",
+        "lm",
+        "--job",
+        "causal_lm",
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/lm/",
+        *(a for k, v in lm_options.items() for a in ("--set", f"{k}={v}")),
+        "--item-mb",
+        "0.2",
+        "--lease-ttl",
+        "20",
+    )
     cloud.fleet("launch", "--run", "lm", "--workers", "2", "--template", "fleet-t-lm")
     cloud.wait_until_gone("fleet-lm", "fleet-t-lm")
     st = StatusReader(open_store(cloud.bucket), "lm").collect()
     assert st.done == st.items >= 2 and not st.failed
     lm_local = tmp_path / "lm-local"
-    result = run_local([str(CORPUS / "sample_en.txt")], str(lm_local), "causal_lm", 2,
-                       {**lm_options, "tokenizer_file": str(tmp_path / "tokenizer.json")},
-                       item_bytes=int(0.2e6), console=Console(file=io.StringIO()))
+    result = run_local(
+        [str(CORPUS / "sample_en.txt")],
+        str(lm_local),
+        "causal_lm",
+        2,
+        {**lm_options, "tokenizer_file": str(tmp_path / "tokenizer.json")},
+        item_bytes=int(0.2e6),
+        console=Console(file=io.StringIO()),
+    )
     assert result.exit_code == 0
     lm_outputs = output_digests(f"{cloud.bucket}/lm")
     assert lm_outputs == local_digests(lm_local) and all(name.endswith(".parquet") for name in lm_outputs)
@@ -263,7 +337,7 @@ def _victim(store, run: str, vm_names: set[str]) -> tuple[str, str] | None:
         vm = lease.worker.rsplit("-w", 1)[0]
         # Claimed under a second ago, so seconds of work remain: the kill cannot land after its commit.
         if lease.state == "leased" and vm in vm_names and time.time() - lease.started < 1.0:
-            return blob.name[len(prefix):], vm
+            return blob.name[len(prefix) :], vm
     return None
 
 
@@ -278,9 +352,23 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
     cloud.fleet("sync")
     job = "tests.helpers.linejob:JOB"
     ttl = 90.0
-    cloud.fleet("plan", "--run", "pre", "--job", job, "--input", f"{cloud.bucket}/corpus/sample_en.txt",
-                "--output", f"{cloud.bucket}/out-pre/", "--set", "delay=0.4", "--item-mb", "0.3",
-                "--lease-ttl", str(ttl))  # 2 items of about 24 documents: 10 s of work each; 3 VMs, one idle
+    cloud.fleet(
+        "plan",
+        "--run",
+        "pre",
+        "--job",
+        job,
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/out-pre/",
+        "--set",
+        "delay=0.4",
+        "--item-mb",
+        "0.3",
+        "--lease-ttl",
+        str(ttl),
+    )  # 2 items of about 24 documents: 10 s of work each; 3 VMs, one idle
     cloud.fleet("launch", "--run", "pre", "--workers", "3", "--template", "fleet-t-pre")
     store = open_store(cloud.bucket)
     found, deadline = None, time.time() + 90
@@ -301,8 +389,10 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
             taken = time.time() - t0
         time.sleep(0.1)
     with capsys.disabled():
-        print(f"\npreempted {vm} holding item {item}: given back after {released and round(released, 1)}s, "
-              f"taken again after {taken and round(taken, 1)}s (lease TTL {ttl:.0f}s)")
+        print(
+            f"\npreempted {vm} holding item {item}: given back after {released and round(released, 1)}s, "
+            f"taken again after {taken and round(taken, 1)}s (lease TTL {ttl:.0f}s)"
+        )
     assert released is not None and released < 10, f"the item was not given back\n{cloud.vms.console()}"
     assert taken is not None and taken < 30, f"taken after {taken}s\n{cloud.vms.console()}"
 
@@ -317,8 +407,15 @@ def test_a_preempted_vm_gives_its_item_back_at_once_and_is_recreated(cloud, tmp_
     from fleet.cli.local import run_local
 
     out = tmp_path / "local-pre"
-    result = run_local([str(CORPUS / "sample_en.txt")], str(out), job, 2, {"delay": "0"},
-                       item_bytes=int(0.3e6), console=Console(file=io.StringIO()))
+    result = run_local(
+        [str(CORPUS / "sample_en.txt")],
+        str(out),
+        job,
+        2,
+        {"delay": "0"},
+        item_bytes=int(0.3e6),
+        console=Console(file=io.StringIO()),
+    )
     assert result.exit_code == 0
     assert output_digests(f"{cloud.bucket}/out-pre") == local_digests(out)
 
@@ -327,8 +424,23 @@ def test_fleet_down_mid_run_stops_the_vms_and_they_give_their_items_back(cloud):
     init(cloud)
     ship_test_jobs()
     cloud.fleet("sync")
-    cloud.fleet("plan", "--run", "dn", "--job", "tests.helpers.linejob:JOB", "--input", f"{cloud.bucket}/corpus/",
-                "--output", f"{cloud.bucket}/out-dn/", "--set", "delay=0.2", "--item-mb", "0.1", "--lease-ttl", "300")
+    cloud.fleet(
+        "plan",
+        "--run",
+        "dn",
+        "--job",
+        "tests.helpers.linejob:JOB",
+        "--input",
+        f"{cloud.bucket}/corpus/",
+        "--output",
+        f"{cloud.bucket}/out-dn/",
+        "--set",
+        "delay=0.2",
+        "--item-mb",
+        "0.1",
+        "--lease-ttl",
+        "300",
+    )
     cloud.fleet("launch", "--run", "dn", "--workers", "2", "--template", "fleet-t-dn")
     store = open_store(cloud.bucket)
     deadline = time.time() + 90
@@ -342,8 +454,12 @@ def test_fleet_down_mid_run_stops_the_vms_and_they_give_their_items_back(cloud):
     assert st.events_of("deleteInstances") == []  # stopped by the platform: they do not leave on their own
     assert {d for _, k, _, d in st.events if k == "gone"} == {"mig-delete"}
     status = StatusReader(store, "dn").collect()
-    assert status.leased == 0 and status.done < status.items  # in-flight items were given back at once, not left for 300 s
+    assert (
+        status.leased == 0 and status.done < status.items
+    )  # in-flight items were given back at once, not left for 300 s
     logs = cloud.fleet("logs", "--run", "dn")
     assert len(logs.strip().splitlines()) == 2
     text = cloud.fleet("logs", "--run", "dn", logs.split()[0])
-    assert "shutdown: the VM is stopping" in text and "SIGTERM: the VM is stopping" in text and "left to the MIG" in text
+    assert (
+        "shutdown: the VM is stopping" in text and "SIGTERM: the VM is stopping" in text and "left to the MIG" in text
+    )

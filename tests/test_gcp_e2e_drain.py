@@ -25,21 +25,38 @@ JOB = "tests.helpers.linejob:JOB"
 
 
 def start(bucket: str, run: str, name: str, standby: int) -> subprocess.Popen:
-    code = (f"from fleet.core.processes import work_one; "
-            f"raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}, standby={standby}))")
-    return subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    code = (
+        f"from fleet.core.processes import work_one; "
+        f"raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}, standby={standby}))"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def beats(store, run: str) -> dict[str, dict]:
     prefix = worker_prefix(run)
-    return {b.name[len(prefix):]: json.loads(store.read(b.name)) for b in store.list(prefix)}
+    return {b.name[len(prefix) :]: json.loads(store.read(b.name)) for b in store.list(prefix)}
 
 
 def test_idle_workers_leave_except_the_standbys(store_url):
-    _, items, _ = plan(store_url, PlanRequest(run="tail", job=JOB, inputs=[CORPUS_EN], output=f"{store_url}/out-tail",
-                                              code_version="test", settings={"delay": "0.2"}, lease_ttl=3,
-                                              item_bytes=200_000))
+    _, items, _ = plan(
+        store_url,
+        PlanRequest(
+            run="tail",
+            job=JOB,
+            inputs=[CORPUS_EN],
+            output=f"{store_url}/out-tail",
+            code_version="test",
+            settings={"delay": "0.2"},
+            lease_ttl=3,
+            item_bytes=200_000,
+        ),
+    )
     assert len(items) == 3  # of 12 to 21 documents: 2.4 s or more each
     procs = [start(store_url, "tail", f"w{i}", standby=1) for i in range(5)]
     for p in procs:
@@ -59,9 +76,20 @@ def test_idle_workers_leave_except_the_standbys(store_url):
 
 
 def test_a_standby_takes_over_when_the_last_busy_worker_dies(store_url):
-    plan(store_url, PlanRequest(run="strand", job=JOB, inputs=[CORPUS_EN], output=f"{store_url}/out-strand",
-                                code_version="test", settings={"delay": "0.06"}, lease_ttl=2.0, max_attempts=3,
-                                item_bytes=10_000_000))
+    plan(
+        store_url,
+        PlanRequest(
+            run="strand",
+            job=JOB,
+            inputs=[CORPUS_EN],
+            output=f"{store_url}/out-strand",
+            code_version="test",
+            settings={"delay": "0.06"},
+            lease_ttl=2.0,
+            max_attempts=3,
+            item_bytes=10_000_000,
+        ),
+    )
     store = open_store(store_url)
     procs = {name: start(store_url, "strand", name, standby=1) for name in ("a", "b")}
     holder, deadline = None, time.time() + 60
@@ -84,11 +112,25 @@ def test_a_standby_takes_over_when_the_last_busy_worker_dies(store_url):
 
 def test_sigterm_right_after_a_claim_still_gives_the_item_back(store_url):
     """A VM stopped between a claim and the conversion's start must not keep the item for a whole TTL."""
-    plan(store_url, PlanRequest(run="justclaimed", job=JOB, inputs=[CORPUS_EN], output=f"{store_url}/out-jc",
-                                code_version="test", lease_ttl=300, item_bytes=10_000_000))
+    plan(
+        store_url,
+        PlanRequest(
+            run="justclaimed",
+            job=JOB,
+            inputs=[CORPUS_EN],
+            output=f"{store_url}/out-jc",
+            code_version="test",
+            lease_ttl=300,
+            item_bytes=10_000_000,
+        ),
+    )
     code = f"from fleet.core.processes import work_one; raise SystemExit(work_one({store_url!r}, 'justclaimed', 'w', standby=1))"
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE,
-                            env=dict(os.environ, PYTHONPATH=ROOT, FLEET_TEST_PAUSE="claimed=30"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=ROOT, FLEET_TEST_PAUSE="claimed=30"),
+    )
     store = open_store(store_url)
     deadline = time.time() + 60
     while not list(store.list(lease_prefix("justclaimed"))):

@@ -28,8 +28,19 @@ LIMIT = 240.0  # seconds to zero VMs; each takes well under a minute here
 
 
 def launch(cloud: Cloud, run: str, job: str = "tests.helpers.linejob:JOB") -> float:
-    cloud.fleet("plan", "--run", run, "--job", job, "--input", f"{cloud.bucket}/corpus/sample_en.txt",
-                "--output", f"{cloud.bucket}/out-{run}/", "--item-mb", "0.3")
+    cloud.fleet(
+        "plan",
+        "--run",
+        run,
+        "--job",
+        job,
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/out-{run}/",
+        "--item-mb",
+        "0.3",
+    )
     started = time.time()
     cloud.fleet("launch", "--run", run, "--workers", "3", "--template", f"fleet-t-{run}")
     return started
@@ -44,8 +55,10 @@ def until_nothing_left(cloud: Cloud, run: str, started: float, what: str, capsys
             left = bool(vms or st.migs or st.templates)
         if not left:
             break
-        assert time.time() - started < LIMIT, (f"{what}: still {len(vms)} VM(s), MIGs {list(st.migs)}, templates "
-                                               f"{list(st.templates)} after {LIMIT:.0f}s\n{cloud.vms.console()}")
+        assert time.time() - started < LIMIT, (
+            f"{what}: still {len(vms)} VM(s), MIGs {list(st.migs)}, templates "
+            f"{list(st.templates)} after {LIMIT:.0f}s\n{cloud.vms.console()}"
+        )
         time.sleep(0.2)
     boots = len(st.events_of("create")) + len(st.events_of("recreate"))
     with capsys.disabled():  # in the test log, passed or not
@@ -93,8 +106,13 @@ def test_a_dependency_that_cannot_install(cloud, tmp_path, capsys):
     empty.mkdir()
     # A real install into a fresh venv on each VM's own disk (one venv shared by VMs booting at
     # once raced), from an index that has nothing (as when PyPI is unreachable).
-    cloud.vms.env.update(FLEET_SKIP_INSTALL="0", FLEET_PYTHON="{disk}/venv/bin/python",
-                         PIP_NO_INDEX="1", PIP_FIND_LINKS=str(empty), PIP_RETRIES="0")
+    cloud.vms.env.update(
+        FLEET_SKIP_INSTALL="0",
+        FLEET_PYTHON="{disk}/venv/bin/python",
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(empty),
+        PIP_RETRIES="0",
+    )
     started = launch(cloud, "deps")
     until_nothing_left(cloud, "deps", started, "a dependency that cannot install", capsys)
     check_stopped(cloud, "deps", "pip could not install")
@@ -107,18 +125,30 @@ def test_a_worker_that_crashes_at_start(cloud, capsys):
     started = launch(cloud, "crash", job="tests.helpers.crashjob:JOB")
     until_nothing_left(cloud, "crash", started, "a worker that crashes at start", capsys)
     check_stopped(cloud, "crash", "fleet work exited 1")
-    assert "simulated crash as the worker starts" in cloud.fleet("logs", "--run", "crash",
-                                                                 boot_records(open_store(cloud.bucket), "crash")[0].instance)
+    assert "simulated crash as the worker starts" in cloud.fleet(
+        "logs", "--run", "crash", boot_records(open_store(cloud.bucket), "crash")[0].instance
+    )
 
 
 def test_a_corrupt_run_spec(cloud, capsys):
     init(cloud)
     cloud.fleet("sync")
-    cloud.fleet("plan", "--run", "spec", "--job", "tests.helpers.linejob:JOB", "--input",
-                f"{cloud.bucket}/corpus/sample_en.txt", "--output", f"{cloud.bucket}/out-spec/")
+    cloud.fleet(
+        "plan",
+        "--run",
+        "spec",
+        "--job",
+        "tests.helpers.linejob:JOB",
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/out-spec/",
+    )
     cfg = load()
     plan = gcp.plan_launch(cfg, "spec", 3, "fleet-t-spec")  # checked while run.json was sound...
-    open_store(cloud.bucket).write("runs/spec/run.json", b'{"job": "tests.helpers.linejob:JOB", "conf')  # ...then damaged
+    open_store(cloud.bucket).write(
+        "runs/spec/run.json", b'{"job": "tests.helpers.linejob:JOB", "conf'
+    )  # ...then damaged
     started = time.time()
     gcp.launch(cfg, plan, echo=lambda m: None)
     until_nothing_left(cloud, "spec", started, "a corrupt run spec", capsys)
@@ -137,14 +167,15 @@ def test_a_bucket_that_refuses_the_vms(cloud, capsys):
     assert len(cloud.vms.boots) == 3
     for folder in cloud.vms.boots:
         log = (folder / "disk" / "logs" / "startup.log").read_text().splitlines()
-        console = [line for line in (folder / "console.log").read_text().splitlines()
-                   if line.startswith("startup-script: ")]
+        console = [
+            line for line in (folder / "console.log").read_text().splitlines() if line.startswith("startup-script: ")
+        ]
         journal = (folder / "journal").read_text().splitlines()
         # Every line of startup.sh, in order, until the VM's stop (its deleteInstances) kills the runner, as
         # on GCE; the rest reaches the file and the bucket only, and shutdown.sh's lines, added to the
         # file then, go through the shutdown script's own runner.
         ours = [f"startup-script: {line}" for line in log if " shutdown: " not in line]
-        assert console == ours[:len(console)] and len(console) >= 10
+        assert console == ours[: len(console)] and len(console) >= 10
         assert journal == [f"google_metadata_script_runner: {line}" for line in console]
         text = "\n".join(console)
         assert "bucket request failed: HTTP 403" in text and "this boot failed: code " in text

@@ -42,10 +42,18 @@ def fleet_of(tmp_path, monkeypatch):
         standin = ComputeStandin(PROJECT, launcher=vms, on_gone=vms.gone, run_duration_scale=scale).start()
         standins.append(standin)
         monkeypatch.setenv(compute_requests.ENDPOINT_ENV, standin.url)
-        spec = compute_requests.FleetSpec(run="g", bucket="gs://b", code_version="0" * 16, template="t-g",
-                                 machine_type="e2-standard-2", image="projects/debian-cloud/global/images/family/debian-12",
-                                 service_account=f"w@{PROJECT}.iam.gserviceaccount.com", startup_script=STARTUP,
-                                 shutdown_script=SHUTDOWN, max_run_hours=max_run_seconds / 3600)
+        spec = compute_requests.FleetSpec(
+            run="g",
+            bucket="gs://b",
+            code_version="0" * 16,
+            template="t-g",
+            machine_type="e2-standard-2",
+            image="projects/debian-cloud/global/images/family/debian-12",
+            service_account=f"w@{PROJECT}.iam.gserviceaccount.com",
+            startup_script=STARTUP,
+            shutdown_script=SHUTDOWN,
+            max_run_hours=max_run_seconds / 3600,
+        )
         place = compute_requests.Place(PROJECT, zone=ZONE)
         comp = compute.Compute(place)
         comp.ensure_template(compute_requests.template_resource(spec))
@@ -100,5 +108,7 @@ def test_guest_is_a_plain_script(tmp_path):
     """The guest runs with no PYTHONPATH: standard library only."""
     text = (Path(__file__).parent / "standins" / "guest.py").read_text()
     imports = [line for line in text.splitlines() if line.startswith(("import ", "from "))]
-    assert all(line.split()[1].split(".")[0] in {"__future__", "ctypes", "os", "signal", "sys", "time", "pathlib"}
-               for line in imports), imports
+    assert all(
+        line.split()[1].split(".")[0] in {"__future__", "ctypes", "os", "signal", "sys", "time", "pathlib"}
+        for line in imports
+    ), imports

@@ -14,8 +14,8 @@ from fleet.gce import compute_requests
 from fleet.gce.boots import boot_records, load_stop
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
-from tests.test_gcp_e2e import (ACCOUNT, PROJECT, Cloud, check_clean_exit, cloud_fixture, init,  # noqa: F401
-                                ship_test_jobs)
+from tests.test_gcp_e2e import cloud_fixture  # noqa: F401 (the `cloud` fixture)
+from tests.test_gcp_e2e import ACCOUNT, PROJECT, Cloud, check_clean_exit, init, ship_test_jobs
 
 
 def _set(cloud: Cloud, key: str, value: str) -> None:
@@ -33,12 +33,35 @@ def test_a_hung_worker_cannot_keep_the_run_past_its_deadline(cloud, capsys):
     _set(cloud, "boot_minutes", "0.1")  # a deadline must leave room for a boot: 6 s here
     ship_test_jobs()
     cloud.fleet("sync")
-    cloud.fleet("plan", "--run", "hung", "--job", "tests.helpers.linejob:JOB", "--input",
-                f"{cloud.bucket}/corpus/sample_en.txt", "--output", f"{cloud.bucket}/out-hung/",
-                "--set", "delay=3600", "--item-mb", "0.3", "--lease-ttl", "20")  # 2 items, an hour a document
+    cloud.fleet(
+        "plan",
+        "--run",
+        "hung",
+        "--job",
+        "tests.helpers.linejob:JOB",
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/out-hung/",
+        "--set",
+        "delay=3600",
+        "--item-mb",
+        "0.3",
+        "--lease-ttl",
+        "20",
+    )  # 2 items, an hour a document
     deadline = int(time.time()) + 40
-    out = cloud.fleet("launch", "--run", "hung", "--workers", "2", "--template", "fleet-t-hung",
-                      "--deadline", compute_requests.rfc3339(deadline))
+    out = cloud.fleet(
+        "launch",
+        "--run",
+        "hung",
+        "--workers",
+        "2",
+        "--template",
+        "fleet-t-hung",
+        "--deadline",
+        compute_requests.rfc3339(deadline),
+    )
     assert f"deadline: {compute_requests.rfc3339(deadline)}, " in out
     status = cloud.fleet("status", "--run", "hung")
     assert "deadline " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(deadline)) + " (in " in status
@@ -78,9 +101,21 @@ def test_a_late_delete_instances_still_leaves_no_fleet_behind(cloud):
     init(cloud)
     ship_test_jobs()
     cloud.fleet("sync")
-    cloud.fleet("plan", "--run", "late", "--job", "tests.helpers.linejob:JOB", "--input",
-                f"{cloud.bucket}/corpus/sample_en.txt", "--output", f"{cloud.bucket}/out-late/",
-                "--item-mb", "0.2", "--lease-ttl", "20")
+    cloud.fleet(
+        "plan",
+        "--run",
+        "late",
+        "--job",
+        "tests.helpers.linejob:JOB",
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/out-late/",
+        "--item-mb",
+        "0.2",
+        "--lease-ttl",
+        "20",
+    )
     cloud.fleet("launch", "--run", "late", "--workers", "3", "--template", "fleet-t-late")
     cloud.wait_until_gone("fleet-late", "fleet-t-late", timeout=120)
     st = StatusReader(open_store(cloud.bucket), "late").collect()
@@ -96,15 +131,44 @@ def test_a_zone_out_of_capacity_holds_up_neither_the_run_nor_the_fleets_end(clou
     other two, `fleet status` says which zones are short, and the VM that finds the run finished
     deletes the MIG (the waiting VM with it) and the template. Before, the last VM out read the
     target size, which counts the waiting VM, and left the MIG and the template behind."""
-    cloud.fleet("init", "--project", PROJECT, "--region", "us-central1", "--bucket", cloud.bucket,
-                "--service-account", ACCOUNT, "--workers-per-vm", "1", "--standby", "1", "--max-run-hours", "1")
+    cloud.fleet(
+        "init",
+        "--project",
+        PROJECT,
+        "--region",
+        "us-central1",
+        "--bucket",
+        cloud.bucket,
+        "--service-account",
+        ACCOUNT,
+        "--workers-per-vm",
+        "1",
+        "--standby",
+        "1",
+        "--max-run-hours",
+        "1",
+    )
     for zone, room in (("us-central1-a", 0), ("us-central1-b", 0), ("us-central1-c", 1), ("us-central1-f", 1)):
         cloud.standin.set_capacity(zone, room)
     ship_test_jobs()
     cloud.fleet("sync")
-    cloud.fleet("plan", "--run", "zones", "--job", "tests.helpers.linejob:JOB", "--input",
-                f"{cloud.bucket}/corpus/sample_en.txt", "--output", f"{cloud.bucket}/out-zones/",
-                "--set", "delay=0.3", "--item-mb", "0.2", "--lease-ttl", "20")
+    cloud.fleet(
+        "plan",
+        "--run",
+        "zones",
+        "--job",
+        "tests.helpers.linejob:JOB",
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/out-zones/",
+        "--set",
+        "delay=0.3",
+        "--item-mb",
+        "0.2",
+        "--lease-ttl",
+        "20",
+    )
     cloud.fleet("launch", "--run", "zones", "--workers", "3", "--template", "fleet-t-zones")
     st = cloud.standin
     mig = st.migs[("regions/us-central1", "fleet-zones")]

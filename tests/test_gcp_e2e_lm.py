@@ -15,8 +15,8 @@ from fleet.cli.local import run_local
 from fleet.core.run import load_spec
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
-from tests.test_gcp_e2e import (CORPUS, cloud_fixture, check_clean_exit, init, local_digests,  # noqa: F401
-                                output_digests)
+from tests.test_gcp_e2e import cloud_fixture  # noqa: F401 (the `cloud` fixture)
+from tests.test_gcp_e2e import CORPUS, check_clean_exit, init, local_digests, output_digests
 
 
 def test_vms_write_megatron_datasets_with_a_sentencepiece_model_from_the_bucket(cloud, tmp_path):
@@ -24,16 +24,30 @@ def test_vms_write_megatron_datasets_with_a_sentencepiece_model_from_the_bucket(
 
     prefix = str(tmp_path / "sp")
     lines = [line for line in (CORPUS / "sample_en.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=prefix, vocab_size=1200,
-                                   model_type="unigram", minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=prefix, vocab_size=1200, model_type="unigram", minloglevel=2
+    )
     store = open_store(cloud.bucket)
     store.upload_file("sp.model", prefix + ".model")
     init(cloud)
     cloud.fleet("sync")
     options = {"tokenizer_file": f"{cloud.bucket}/sp.model", "output": "megatron"}
-    cloud.fleet("plan", "--run", "mg", "--job", "causal_lm", "--input", f"{cloud.bucket}/corpus/sample_en.txt",
-                "--output", f"{cloud.bucket}/out-mg/", *(a for k, v in options.items() for a in ("--set", f"{k}={v}")),
-                "--item-mb", "0.15", "--lease-ttl", "20")
+    cloud.fleet(
+        "plan",
+        "--run",
+        "mg",
+        "--job",
+        "causal_lm",
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/out-mg/",
+        *(a for k, v in options.items() for a in ("--set", f"{k}={v}")),
+        "--item-mb",
+        "0.15",
+        "--lease-ttl",
+        "20",
+    )
     assert load_spec(store, "mg").files["tokenizer_file"].startswith("sha256:")  # the model is pinned
     cloud.fleet("launch", "--run", "mg", "--workers", "3", "--template", "fleet-t-mg")
     cloud.wait_until_gone("fleet-mg", "fleet-t-mg")
@@ -49,9 +63,15 @@ def test_vms_write_megatron_datasets_with_a_sentencepiece_model_from_the_bucket(
     assert sum(weights.values()) == manifest["totals"]["outputs"]["tokens"] == st.totals["tokens"]
 
     local = tmp_path / "local"
-    result = run_local([str(CORPUS / "sample_en.txt")], str(local), "causal_lm", 2,
-                       {**options, "tokenizer_file": prefix + ".model"}, item_bytes=int(0.15e6),
-                       console=Console(file=io.StringIO()))
+    result = run_local(
+        [str(CORPUS / "sample_en.txt")],
+        str(local),
+        "causal_lm",
+        2,
+        {**options, "tokenizer_file": prefix + ".model"},
+        item_bytes=int(0.15e6),
+        console=Console(file=io.StringIO()),
+    )
     assert result.exit_code == 0
     on_vms = output_digests(f"{cloud.bucket}/out-mg")
     assert on_vms == local_digests(local) and len(on_vms) == 2 * st.items

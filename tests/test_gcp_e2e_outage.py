@@ -17,8 +17,8 @@ from rich.console import Console
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
 from fleet.gce.boots import boot_records
-from tests.test_gcp_e2e import CORPUS, check_clean_exit, cloud_fixture, init, local_digests, output_digests, \
-    ship_test_jobs  # noqa: F401 (the `cloud` fixture)
+from tests.test_gcp_e2e import cloud_fixture  # noqa: F401 (the `cloud` fixture)
+from tests.test_gcp_e2e import CORPUS, check_clean_exit, init, local_digests, output_digests, ship_test_jobs
 
 OUTAGE = 30.0
 
@@ -29,8 +29,23 @@ def test_a_bucket_outage_mid_run_takes_no_vm_away(cloud, tmp_path, capsys):
     cloud.fleet("sync")
     cloud.vms.env.update(FLEET_STORE_RETRY_SECONDS="3")
     job = "tests.helpers.linejob:JOB"
-    cloud.fleet("plan", "--run", "out", "--job", job, "--input", f"{cloud.bucket}/corpus/", "--output",
-                f"{cloud.bucket}/out-out/", "--set", "delay=0.1", "--item-mb", "0.1", "--lease-ttl", "20")
+    cloud.fleet(
+        "plan",
+        "--run",
+        "out",
+        "--job",
+        job,
+        "--input",
+        f"{cloud.bucket}/corpus/",
+        "--output",
+        f"{cloud.bucket}/out-out/",
+        "--set",
+        "delay=0.1",
+        "--item-mb",
+        "0.1",
+        "--lease-ttl",
+        "20",
+    )
     cloud.fleet("launch", "--run", "out", "--workers", "3", "--template", "fleet-t-out")
     reader = StatusReader(open_store(cloud.bucket), "out")
     deadline = time.time() + 120
@@ -54,8 +69,11 @@ def test_a_bucket_outage_mid_run_takes_no_vm_away(cloud, tmp_path, capsys):
     # No boot failed. The first VM to find the run finished deletes every VM: one whose worker was still idle,
     # waiting for the drain, is stopped by that deletion (and its boot counts for nothing), never failed.
     outcomes = [r.outcome for r in records]
-    assert len(records) == 3 and "done" in outcomes and set(outcomes) <= {"done", "stopped"}, \
-        ([(r.instance, r.outcome, r.reason) for r in records], cloud.standin.events, cloud.vms.console())
+    assert len(records) == 3 and "done" in outcomes and set(outcomes) <= {"done", "stopped"}, (
+        [(r.instance, r.outcome, r.reason) for r in records],
+        cloud.standin.events,
+        cloud.vms.console(),
+    )
     status = reader.collect()
     assert status.done == status.items and not status.failed
     check_clean_exit(cloud, "out")
@@ -65,10 +83,13 @@ def test_a_bucket_outage_mid_run_takes_no_vm_away(cloud, tmp_path, capsys):
     from fleet.cli.local import run_local
 
     out = tmp_path / "local-out"
-    result = run_local([str(CORPUS)], str(out), job, 2, {"delay": "0"}, item_bytes=int(0.1e6),
-                       console=Console(file=io.StringIO()))
+    result = run_local(
+        [str(CORPUS)], str(out), job, 2, {"delay": "0"}, item_bytes=int(0.1e6), console=Console(file=io.StringIO())
+    )
     assert result.exit_code == 0
     assert output_digests(f"{cloud.bucket}/out-out") == local_digests(out)
     with capsys.disabled():
-        print(f"\nbucket outage of {OUTAGE:.0f} s (client retries 3 s) mid-run: {refused} VM requests refused, no VM "
-              f"left; the run ended {max(left) - began:.0f} s after the outage began, {status.items} items")
+        print(
+            f"\nbucket outage of {OUTAGE:.0f} s (client retries 3 s) mid-run: {refused} VM requests refused, no VM "
+            f"left; the run ended {max(left) - began:.0f} s after the outage began, {status.items} items"
+        )

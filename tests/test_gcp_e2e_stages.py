@@ -14,8 +14,8 @@ from fleet.core.run import load_items
 from fleet.core.status import StatusReader
 from fleet.core.store import open_store
 from fleet.job import StageOptions
-from tests.test_gcp_e2e import (CORPUS, cloud_fixture, check_clean_exit, init, local_digests,  # noqa: F401
-                                output_digests, ship_test_jobs)
+from tests.test_gcp_e2e import cloud_fixture  # noqa: F401 (the `cloud` fixture)
+from tests.test_gcp_e2e import CORPUS, check_clean_exit, init, local_digests, output_digests, ship_test_jobs
 
 JOB = "tests.helpers.stagejob:JOB"
 
@@ -24,9 +24,25 @@ def test_vms_move_from_the_map_to_the_shards_stage_and_leave_after_the_last(clou
     init(cloud)
     ship_test_jobs()
     cloud.fleet("sync")
-    cloud.fleet("plan", "--run", "st", "--job", JOB, "--input", f"{cloud.bucket}/corpus/sample_en.txt",
-                "--output", f"{cloud.bucket}/out-st/", "--set", "delay=0.02", "--item-mb", "0.1",
-                "--lease-ttl", "20", "--shards", "3")
+    cloud.fleet(
+        "plan",
+        "--run",
+        "st",
+        "--job",
+        JOB,
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/out-st/",
+        "--set",
+        "delay=0.02",
+        "--item-mb",
+        "0.1",
+        "--lease-ttl",
+        "20",
+        "--shards",
+        "3",
+    )
     cloud.fleet("launch", "--run", "st", "--workers", "3", "--template", "fleet-t-st")
     cloud.wait_until_gone("fleet-st", "fleet-t-st")
     store = open_store(cloud.bucket)
@@ -43,8 +59,16 @@ def test_vms_move_from_the_map_to_the_shards_stage_and_leave_after_the_last(clou
     assert map_workers & shard_workers, (map_workers, shard_workers)
 
     out = tmp_path / "local"
-    result = run_local([str(CORPUS / "sample_en.txt")], str(out), JOB, 2, {"delay": "0.02"},
-                       item_bytes=int(0.1e6), console=Console(file=io.StringIO()), stage_options=StageOptions(3))
+    result = run_local(
+        [str(CORPUS / "sample_en.txt")],
+        str(out),
+        JOB,
+        2,
+        {"delay": "0.02"},
+        item_bytes=int(0.1e6),
+        console=Console(file=io.StringIO()),
+        stage_options=StageOptions(3),
+    )
     assert result.exit_code == 0
     on_vms = output_digests(f"{cloud.bucket}/out-st")
     assert on_vms == local_digests(out)

@@ -31,9 +31,21 @@ def test_the_vms_use_exactly_the_workers_roles(cloud, capsys):
     init(cloud)
     ship_test_jobs()
     cloud.fleet("sync")
-    cloud.fleet("plan", "--run", "iam", "--job", "tests.helpers.linejob:JOB", "--input",
-                f"{cloud.bucket}/corpus/sample_en.txt", "--output", f"{cloud.bucket}/out-iam/", "--item-mb", "0.2",
-                "--lease-ttl", "6")  # renewals every 2 s: leases are rewritten, which needs storage.objects.delete
+    cloud.fleet(
+        "plan",
+        "--run",
+        "iam",
+        "--job",
+        "tests.helpers.linejob:JOB",
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/out-iam/",
+        "--item-mb",
+        "0.2",
+        "--lease-ttl",
+        "6",
+    )  # renewals every 2 s: leases are rewritten, which needs storage.objects.delete
     cloud.fleet("launch", "--run", "iam", "--workers", "2")
     cloud.wait_until_gone("fleet-iam", "fleet-iam")
     policy = cloud.policy
@@ -49,13 +61,17 @@ def test_the_vms_use_exactly_the_workers_roles(cloud, capsys):
         for method, perms in sorted({(c.method, c.permissions) for c in policy.calls if c.principal == "operator"}):
             print(f"  {method:50} {', '.join(perms)}")
     used = policy.vm_permissions()
-    assert used == iam.worker_permissions(), (f"missing from the roles: {sorted(used - iam.worker_permissions())}; "
-                                              f"never used: {sorted(iam.worker_permissions() - used)}")
+    assert used == iam.worker_permissions(), (
+        f"missing from the roles: {sorted(used - iam.worker_permissions())}; "
+        f"never used: {sorted(iam.worker_permissions() - used)}"
+    )
     compute_used = {p for p in used if p.startswith("compute.")}
     assert compute_used == set(iam.COMPUTE_ROLE.names) and used - compute_used == set(iam.STORAGE_ROLE.names)
     # The VMs authenticated every call with their own token; `fleet launch` never used one.
     assert {c.principal for c in policy.calls} == {"vm", "operator"}
-    assert all(c.principal == "operator" for c in policy.calls if c.method.endswith(".insert") and "compute" in c.method)
+    assert all(
+        c.principal == "operator" for c in policy.calls if c.method.endswith(".insert") and "compute" in c.method
+    )
 
 
 @pytest.fixture
@@ -71,8 +87,12 @@ def guarded():
 
 
 def _call(url: str, method: str, path: str, token: str | None, body: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
-                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    request = urllib.request.Request(
+        url + path,
+        method=method,
+        data=json.dumps(body).encode() if body else None,
+        headers={"Authorization": f"Bearer {token}"} if token else {},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -86,7 +106,10 @@ def test_a_vm_call_outside_the_role_is_a_403_in_googles_shape(guarded):
     status, body = _call(standin.url, "POST", f"{base}/global/instanceTemplates", "ya29.vm", {"name": "fleet-x"})
     assert status == 403
     assert body["error"]["code"] == 403 and body["error"]["errors"][0]["reason"] == "forbidden"
-    assert body["error"]["message"] == f"Required 'compute.instanceTemplates.create' permission for 'projects/{PROJECT}/global'"
+    assert (
+        body["error"]["message"]
+        == f"Required 'compute.instanceTemplates.create' permission for 'projects/{PROJECT}/global'"
+    )
     # In the role, but the condition allows only the templates fleet creates: one named otherwise is refused...
     status, body = _call(standin.url, "DELETE", f"{base}/global/instanceTemplates/web-prod", "ya29.vm")
     assert status == 403 and "compute.instanceTemplates.delete" in body["error"]["message"]
@@ -102,7 +125,13 @@ def test_a_vm_call_outside_the_role_is_a_403_in_googles_shape(guarded):
     status, _ = _call(standin.url, "GET", f"{base}/global/instanceTemplates/web-prod", None)
     assert status == 404
     assert [(c.principal, c.allowed) for c in policy.calls] == [
-        ("vm", False), ("vm", False), ("vm", True), ("vm", True), ("vm", True), ("operator", True)]
+        ("vm", False),
+        ("vm", False),
+        ("vm", True),
+        ("vm", True),
+        ("vm", True),
+        ("operator", True),
+    ]
     assert policy.undetermined == []
 
 
@@ -112,9 +141,16 @@ def test_storage_calls_outside_the_role_or_the_bucket_are_refused(fake_gcs, gcs_
     from google.auth.credentials import AnonymousCredentials
     from google.oauth2.credentials import Credentials
 
-    policy = Policy(PROJECT, gcs_bucket, {"ya29.vm"}, set(), {"storage.objects.get", "storage.objects.create"},
-                    upstream=fake_gcs.url)
+    policy = Policy(
+        PROJECT,
+        gcs_bucket,
+        {"ya29.vm"},
+        set(),
+        {"storage.objects.get", "storage.objects.create"},
+        upstream=fake_gcs.url,
+    )
     with FaultProxy(fake_gcs.url, guard=policy.storage_guard) as proxy:
+
         def client(token):
             creds = Credentials(token) if token else AnonymousCredentials()
             return storage.Client(project="p", credentials=creds, client_options={"api_endpoint": proxy.url})
@@ -129,41 +165,57 @@ def test_storage_calls_outside_the_role_or_the_bucket_are_refused(fake_gcs, gcs_
         status, body = _call(proxy.url, "GET", f"/storage/v1/b/{gcs_bucket}/o/a?alt=media", None)
         assert status == 401 and "Anonymous caller does not have storage.objects.get" in body["error"]["message"]
     assert [(c.method, c.allowed) for c in policy.calls] == [
-        ("storage.objects.insert", True), ("storage.objects.get", True), ("storage.objects.insert", False),
-        ("storage.objects.list", False), ("storage.objects.get", False)]
+        ("storage.objects.insert", True),
+        ("storage.objects.get", True),
+        ("storage.objects.insert", False),
+        ("storage.objects.list", False),
+        ("storage.objects.get", False),
+    ]
 
 
 def test_methods_map_to_googles_documented_permissions():
     p = f"/compute/v1/projects/{PROJECT}"
     assert compute_method("POST", f"{p}/zones/{ZONE}/instanceGroupManagers/m/deleteInstances") == (
-        "compute.instanceGroupManagers.deleteInstances", "compute.instanceGroupManagers.update",
-        f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/m")
+        "compute.instanceGroupManagers.deleteInstances",
+        "compute.instanceGroupManagers.update",
+        f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/m",
+    )
     assert compute_method("POST", f"{p}/regions/us-central1/instanceGroupManagers/m/listManagedInstances")[:2] == (
-        "compute.regionInstanceGroupManagers.listManagedInstances", "compute.instanceGroupManagers.get")
+        "compute.regionInstanceGroupManagers.listManagedInstances",
+        "compute.instanceGroupManagers.get",
+    )
     assert compute_method("GET", f"{p}/global/operations/operation-1")[1] == "compute.globalOperations.get"
     assert compute_method("GET", f"{p}/regions/us-central1")[1] == "compute.regions.get"
     never = lambda b, o: False  # noqa: E731
-    assert storage_method("POST", "/upload/storage/v1/b/b/o?uploadType=multipart&ifGenerationMatch=7", b"", never
-                          ).permissions == ("storage.objects.create", "storage.objects.delete")
+    assert storage_method(
+        "POST", "/upload/storage/v1/b/b/o?uploadType=multipart&ifGenerationMatch=7", b"", never
+    ).permissions == ("storage.objects.create", "storage.objects.delete")
     assert storage_method("GET", "/download/storage/v1/b/b/o/x%2Fy?alt=media", b"", never).object == "x/y"
 
 
 def test_the_condition_confines_templates_to_fleets_names():
     cel = iam.condition_expression()
-    allowed = [f"projects/{PROJECT}/global/instanceTemplates/fleet-run",
-               f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/fleet-run",
-               f"projects/{PROJECT}/regions/us-central1/instanceGroupManagers/web",  # every MIG: see below
-               f"projects/{PROJECT}/global/operations/operation-123"]
-    refused = [f"projects/{PROJECT}/global/instanceTemplates/web",
-               f"projects/{PROJECT}/global/instanceTemplates/web-fleet-x"]
+    allowed = [
+        f"projects/{PROJECT}/global/instanceTemplates/fleet-run",
+        f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/fleet-run",
+        f"projects/{PROJECT}/regions/us-central1/instanceGroupManagers/web",  # every MIG: see below
+        f"projects/{PROJECT}/global/operations/operation-123",
+    ]
+    refused = [
+        f"projects/{PROJECT}/global/instanceTemplates/web",
+        f"projects/{PROJECT}/global/instanceTemplates/web-fleet-x",
+    ]
     assert all(decide(cel, compute_attributes(name)) is True for name in allowed)
     assert all(decide(cel, compute_attributes(name)) is False for name in refused)
 
 
 # What a worker's VMs touch in Compute (tests/standins/iam.py's COMPUTE_METHODS for the role's permissions).
-TOUCHED = [f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/{{}}",
-           f"projects/{PROJECT}/regions/us-central1/instanceGroupManagers/{{}}",
-           f"projects/{PROJECT}/global/instanceTemplates/{{}}", f"projects/{PROJECT}/global/operations/{{}}"]
+TOUCHED = [
+    f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/{{}}",
+    f"projects/{PROJECT}/regions/us-central1/instanceGroupManagers/{{}}",
+    f"projects/{PROJECT}/global/instanceTemplates/{{}}",
+    f"projects/{PROJECT}/global/operations/{{}}",
+]
 
 
 @pytest.mark.parametrize("name", ["fleet-run", "web", "fleet", ""])

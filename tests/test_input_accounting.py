@@ -40,14 +40,27 @@ def found(folder) -> tuple[int, int]:
     return files, size
 
 
-@pytest.mark.parametrize("name,reason", [
-    ("a.txt", None), ("wiki_00", None), ("0001", None), ("b.jsonl.gz", None), ("c.txt.xz", None),
-    ("d.parquet", None), ("e.txt.zst", None),
-    ("b.lz4", "an unsupported compression (.lz4)"), ("b.txt.lz4", "an unsupported compression (.lz4)"),
-    ("c.csv", "not a corpus extension (.csv)"), ("c.csv.gz", "not a corpus extension (.csv)"),
-    ("shard.0001", "a numbered extension (.0001)"), ("wiki.tar", "an archive (.tar)"),
-    ("README", "a README-like name"), ("LICENSE.txt", "a README-like name"), ("sub/.keep", "a hidden name"),
-])
+@pytest.mark.parametrize(
+    "name,reason",
+    [
+        ("a.txt", None),
+        ("wiki_00", None),
+        ("0001", None),
+        ("b.jsonl.gz", None),
+        ("c.txt.xz", None),
+        ("d.parquet", None),
+        ("e.txt.zst", None),
+        ("b.lz4", "an unsupported compression (.lz4)"),
+        ("b.txt.lz4", "an unsupported compression (.lz4)"),
+        ("c.csv", "not a corpus extension (.csv)"),
+        ("c.csv.gz", "not a corpus extension (.csv)"),
+        ("shard.0001", "a numbered extension (.0001)"),
+        ("wiki.tar", "an archive (.tar)"),
+        ("README", "a README-like name"),
+        ("LICENSE.txt", "a README-like name"),
+        ("sub/.keep", "a hidden name"),
+    ],
+)
 def test_a_text_job_says_why_it_skips_a_file(name, reason):
     got = skip_reason(name)
     assert got is None if reason is None else got.startswith(reason), got
@@ -55,24 +68,38 @@ def test_a_text_job_says_why_it_skips_a_file(name, reason):
 
 def test_a_run_names_each_skipped_file_with_its_reason_and_the_bytes_add_up(tmp_path):
     inputs = tmp_path / "in"
-    files = {"a.txt": b"hello world\n\nsecond doc\n", "b.lz4": b"\x04\x22\x4d\x18not read", "c.csv": b"a,b\n1,2\n",
-             "README": b"about this corpus\n", "0001": b"a numbered shard\n", ".hidden": b"h\n",
-             "sub/part.0002": b"a piece\n", "sub/empty.txt": b""}
+    files = {
+        "a.txt": b"hello world\n\nsecond doc\n",
+        "b.lz4": b"\x04\x22\x4d\x18not read",
+        "c.csv": b"a,b\n1,2\n",
+        "README": b"about this corpus\n",
+        "0001": b"a numbered shard\n",
+        ".hidden": b"h\n",
+        "sub/part.0002": b"a piece\n",
+        "sub/empty.txt": b"",
+    }
     for name, data in files.items():
         write(inputs / name, data)
     out = tmp_path / "out"
     proc = fleet("local", inputs, out, "--job", LINEJOB, "--workers", "1", tmp=tmp_path)
     assert proc.returncode == 0, proc.stderr
     # On the terminal, at plan time and in the summary after: each reason in one line, its files named.
-    for name, reason in [("b.lz4", "an unsupported compression (.lz4)"), ("c.csv", "not a corpus extension (.csv)"),
-                         ("README", "a README-like name"), (".hidden", "a hidden name"),
-                         ("sub/part.0002", "a numbered extension (.0002)"), ("sub/empty.txt", "an empty file")]:
+    for name, reason in [
+        ("b.lz4", "an unsupported compression (.lz4)"),
+        ("c.csv", "not a corpus extension (.csv)"),
+        ("README", "a README-like name"),
+        (".hidden", "a hidden name"),
+        ("sub/part.0002", "a numbered extension (.0002)"),
+        ("sub/empty.txt", "an empty file"),
+    ]:
         lines = [line for line in proc.stderr.splitlines() if f"{inputs / name}: {reason}" in line]
         assert len(lines) == 2 and lines[0].startswith("warning: skipped 1 file ("), (name, proc.stderr)
     total_files, total_bytes = found(inputs)
     read = len(files["a.txt"]) + len(files["0001"])
-    assert (f"input files: 2 read ({read} bytes), 6 skipped ({total_bytes - read} bytes) of 8 files found "
-            f"({total_bytes} bytes)") in proc.stderr
+    assert (
+        f"input files: 2 read ({read} bytes), 6 skipped ({total_bytes - read} bytes) of 8 files found "
+        f"({total_bytes} bytes)"
+    ) in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     manifest = json.loads((out / "manifest.json").read_text())
     status = json.loads(fleet("status", out, "--json").stdout)
@@ -86,19 +113,27 @@ def test_a_run_names_each_skipped_file_with_its_reason_and_the_bytes_add_up(tmp_
     # What was read became documents: the per-file rows hold the bytes the account says were read.
     assert sum(row["input_bytes"] for row in summary["sources"].values()) == summary["input_files"]["read"]["bytes"]
     shown = fleet("status", out).stdout
-    assert f"6 skipped ({total_bytes - read} bytes)" in shown and f"{inputs / 'b.lz4'}: an unsupported compression" in shown
+    assert (
+        f"6 skipped ({total_bytes - read} bytes)" in shown
+        and f"{inputs / 'b.lz4'}: an unsupported compression" in shown
+    )
 
 
 def test_a_folder_with_nothing_to_read_is_one_line_naming_what_was_skipped(tmp_path):
     write(tmp_path / "in" / "a.lz4", b"x" * 10)
     write(tmp_path / "in" / "notes.csv", b"y")
     proc = fleet("local", tmp_path / "in", tmp_path / "out", "--job", LINEJOB)
-    one_line_error(proc, "no input files there", f"{tmp_path / 'in' / 'a.lz4'}: an unsupported compression (.lz4)",
-                   "notes.csv: not a corpus extension (.csv)")
+    one_line_error(
+        proc,
+        "no input files there",
+        f"{tmp_path / 'in' / 'a.lz4'}: an unsupported compression (.lz4)",
+        "notes.csv: not a corpus extension (.csv)",
+    )
 
 
 names = st.text(string.ascii_lowercase + string.digits + "._-", min_size=1, max_size=8).filter(
-    lambda n: n not in (".", ".."))
+    lambda n: n not in (".", "..")
+)
 extensions = st.sampled_from(["", ".txt", ".jsonl", ".json", ".csv", ".md", ".001", ".parquet", ".py"])
 compressions = st.sampled_from(["", ".gz", ".xz", ".zst", ".lz4", ".zip", ".br"])
 entry = st.tuples(st.lists(names, max_size=2), names, extensions, compressions, st.integers(0, 40))
@@ -107,12 +142,13 @@ entry = st.tuples(st.lists(names, max_size=2), names, extensions, compressions, 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(entries=st.lists(entry, min_size=1, max_size=25))
 def test_every_file_found_is_read_or_skipped_once_and_the_bytes_add_up(tmp_path_factory, monkeypatch, entries):
-    monkeypatch.setattr(accounting, "NAMES", 10 ** 6)  # every name kept, to check each file is in one class
+    monkeypatch.setattr(accounting, "NAMES", 10**6)  # every name kept, to check each file is in one class
     root = tmp_path_factory.mktemp("in")
     for folders, name, ext, comp, size in entries:
         path = os.path.join(root, *folders, name + ext + comp)
-        if any(os.path.isfile(os.path.join(root, *folders[:i + 1])) for i in range(len(folders))) \
-                or os.path.isdir(path):
+        if any(os.path.isfile(os.path.join(root, *folders[: i + 1])) for i in range(len(folders))) or os.path.isdir(
+            path
+        ):
             continue  # a file where a folder would be, or the reverse
         write(path, b"x" * size)
     total_files, total_bytes = found(root)
@@ -189,38 +225,63 @@ def test_another_runs_outputs_and_this_runs_output_folder_are_counted_whole(tmp_
 
 def test_a_gs_folder_accounts_for_every_object(gcs_bucket):
     store = open_store(f"gs://{gcs_bucket}")
-    for name, data in {"data/a.txt": b"a\n", "data/_SUCCESS": b"", "data/.keep": b"k", "data/b.lz4": b"lz4",
-                       "data/e.txt": b"", "data/sub/": b"", "data/sub/c.txt": b"cc\n"}.items():
+    for name, data in {
+        "data/a.txt": b"a\n",
+        "data/_SUCCESS": b"",
+        "data/.keep": b"k",
+        "data/b.lz4": b"lz4",
+        "data/e.txt": b"",
+        "data/sub/": b"",
+        "data/sub/c.txt": b"cc\n",
+    }.items():
         store.write(name, data)
     account = survey([f"gs://{gcs_bucket}/data"], skip=skip_reason).account
     assert (account.files_read, account.bytes_read) == (2, 5)
     rows = {why.split(" (")[0]: (row.files, row.bytes) for why, row in account.skipped.items()}
-    assert rows == {"a hidden name": (2, 1), "an unsupported compression": (1, 3), "an empty file, nothing to convert":
-                    (1, 0)}
+    assert rows == {
+        "a hidden name": (2, 1),
+        "an unsupported compression": (1, 3),
+        "an empty file, nothing to convert": (1, 0),
+    }
 
 
 def test_a_run_planned_before_accounts_were_kept_resumes_and_shows_none(tmp_path):
     write(tmp_path / "in" / "a.txt", b"a\n\nb\n")
     write(tmp_path / "in" / "README", b"r\n")
     bucket = str(tmp_path / "b")
-    spec, _, created = plan(bucket, PlanRequest(run="r", job=LINEJOB, inputs=[str(tmp_path / "in")],
-                                                output=str(tmp_path / "o"), code_version="v"))
+    spec, _, created = plan(
+        bucket,
+        PlanRequest(run="r", job=LINEJOB, inputs=[str(tmp_path / "in")], output=str(tmp_path / "o"), code_version="v"),
+    )
     assert created and spec.input_files["skipped"]["files"] == 1
     path = tmp_path / "b" / "runs" / "r" / "run.json"
     old = json.loads(path.read_text())
     del old["input_files"]
     path.write_text(json.dumps(old))
     write(tmp_path / "in" / "NOTICE", b"n\n")  # a file skipped now that was not there: no other outputs
-    spec, _, created = plan(bucket, PlanRequest(run="r", job=LINEJOB, inputs=[str(tmp_path / "in")],
-                                                output=str(tmp_path / "o"), code_version="v"))
+    spec, _, created = plan(
+        bucket,
+        PlanRequest(run="r", job=LINEJOB, inputs=[str(tmp_path / "in")], output=str(tmp_path / "o"), code_version="v"),
+    )
     assert not created and spec.input_files == {}
 
 
 def test_fleet_plan_says_what_it_read_and_skipped_after_the_plan_is_accepted(tmp_path):
     write(tmp_path / "in" / "a.txt", b"a\n\nb\n")
     write(tmp_path / "in" / "b.lz4", b"lz4")
-    args = ["plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", tmp_path / "in",
-            "--output", tmp_path / "o"]
+    args = [
+        "plan",
+        "--bucket",
+        tmp_path / "b",
+        "--run",
+        "r",
+        "--job",
+        LINEJOB,
+        "--input",
+        tmp_path / "in",
+        "--output",
+        tmp_path / "o",
+    ]
     proc = fleet(*args)
     assert proc.returncode == 0, proc.stderr
     warning, planned = proc.stderr.strip().splitlines()

@@ -47,9 +47,26 @@ def test_a_hard_link_named_beside_its_folder_is_planned_once(tmp_path, caplog):
 
 
 # -- 8. what is not corpus ------------------------------------------------------------------------------
-NOT_CORPUS = ["README", "LICENSE", "Makefile", "COPYING", "NOTICE", "AUTHORS", "CHANGELOG", "Dockerfile",
-              "readme.txt", "License.txt", "COPYING.txt", "notice.md", "changelog.jsonl", "LICENCE", "CONTRIBUTING",
-              "sha256sums.txt", "AA/README", "Makefile.gz"]
+NOT_CORPUS = [
+    "README",
+    "LICENSE",
+    "Makefile",
+    "COPYING",
+    "NOTICE",
+    "AUTHORS",
+    "CHANGELOG",
+    "Dockerfile",
+    "readme.txt",
+    "License.txt",
+    "COPYING.txt",
+    "notice.md",
+    "changelog.jsonl",
+    "LICENCE",
+    "CONTRIBUTING",
+    "sha256sums.txt",
+    "AA/README",
+    "Makefile.gz",
+]
 CORPUS = ["wiki_00", "AA/wiki_01", "a.txt", "readme_corpus.txt", "licenses_dataset.jsonl", "b.jsonl.gz"]
 
 
@@ -107,9 +124,19 @@ def test_on_gcs_readmes_and_another_runs_outputs_and_state_are_skipped(gcs_bucke
     from fleet.core.store import open_store
 
     store = open_store(f"gs://{gcs_bucket}")
-    for name in ["data/wiki_00", "data/AA/wiki_01", "data/a.txt", "data/README", "data/LICENSE.txt",
-                 "data/Makefile", "data/out/summary.json", "data/out/part-00000.txt",
-                 "data/runs/wiki/run.json", "data/runs/wiki/items.jsonl", "data/runs/wiki/leases/00000"]:
+    for name in [
+        "data/wiki_00",
+        "data/AA/wiki_01",
+        "data/a.txt",
+        "data/README",
+        "data/LICENSE.txt",
+        "data/Makefile",
+        "data/out/summary.json",
+        "data/out/part-00000.txt",
+        "data/runs/wiki/run.json",
+        "data/runs/wiki/items.jsonl",
+        "data/runs/wiki/leases/00000",
+    ]:
         store.write(name, b"text\n")
     found = find_corpus([f"gs://{gcs_bucket}/data"])
     assert sorted(f.name for f in found) == ["data/AA/wiki_01", "data/a.txt", "data/wiki_00"]
@@ -118,8 +145,15 @@ def test_on_gcs_readmes_and_another_runs_outputs_and_state_are_skipped(gcs_bucke
 
 
 # -- the invariant: every file (inode) under the inputs is planned exactly once --------------------------
-TREES = st.lists(st.tuples(st.sampled_from(["file", "hard", "sym", "dirlink"]),
-                           st.sampled_from(["", "x/", "x/y/", "z/"]), st.integers(0, 30)), min_size=1, max_size=12)
+TREES = st.lists(
+    st.tuples(
+        st.sampled_from(["file", "hard", "sym", "dirlink"]),
+        st.sampled_from(["", "x/", "x/y/", "z/"]),
+        st.integers(0, 30),
+    ),
+    min_size=1,
+    max_size=12,
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -138,18 +172,22 @@ def test_every_inode_under_the_inputs_is_planned_once(tmp_path_factory, tree, na
         elif kind == "sym":
             path.symlink_to(files[pick % len(files)])
         else:
-            (root / folder / f"d{i}").symlink_to(root / ["x", "z", "x/y"][pick % 3], target_is_directory=True) \
-                if (root / ["x", "z", "x/y"][pick % 3]).is_dir() else None
+            (root / folder / f"d{i}").symlink_to(root / ["x", "z", "x/y"][pick % 3], target_is_directory=True) if (
+                root / ["x", "z", "x/y"][pick % 3]
+            ).is_dir() else None
     named = [str(root), str(root)] if name_twice else [str(root)]
     found = find_corpus(named)
     inodes = [os.stat(os.path.join(f.url, f.name)).st_ino for f in found]
     assert sorted(inodes) == sorted({p.stat().st_ino for p in files})
 
 
-@given(stem=st.sampled_from(sorted(NOT_CORPUS)),
-       case=st.lists(st.booleans(), min_size=20, max_size=20),
-       ext=st.sampled_from(["", ".txt", ".md", ".jsonl", ".json", ".gz", ".txt.zst", ".in"]),
-       folder=st.sampled_from(["", "AA/", "x/y/"]), shard=st.integers(0, 99))
+@given(
+    stem=st.sampled_from(sorted(NOT_CORPUS)),
+    case=st.lists(st.booleans(), min_size=20, max_size=20),
+    ext=st.sampled_from(["", ".txt", ".md", ".jsonl", ".json", ".gz", ".txt.zst", ".in"]),
+    folder=st.sampled_from(["", "AA/", "x/y/"]),
+    shard=st.integers(0, 99),
+)
 def test_known_non_corpus_names_are_never_taken_and_wiki_shards_always_are(stem, case, ext, folder, shard):
     cased = "".join(c.upper() if up else c for c, up in zip(stem, case))
     assert not corpus_file(f"{folder}{cased}{ext}")

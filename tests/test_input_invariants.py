@@ -57,7 +57,7 @@ def test_a_lone_surrogate_escape_is_a_bad_record_with_its_offset(fmt, name):
     tally = Tally()
     docs = read_all(data, name, fmt=fmt, tally=tally)
     assert docs == [["good one"], ["good two"]] and encodable(docs)
-    at = data.index(b"\\ud800") - data[:data.index(b"\\ud800")][::-1].index(b"\n")
+    at = data.index(b"\\ud800") - data[: data.index(b"\\ud800")][::-1].index(b"\n")
     assert tally.bad == 1 and tally.examples[0].startswith(f"{name}: byte {at}: record ")
     assert "lone surrogate" in tally.examples[0]
 
@@ -73,7 +73,7 @@ def test_one_invalid_byte_in_a_document_without_blank_lines_costs_one_line():
     lines = [f"line {i} of one long document" for i in range(3000)]
     data = bytearray("\n".join(lines).encode() + b"\n")
     at = data.index(b"line 1500 ")
-    data[at + 2:at + 3] = b"\xff"
+    data[at + 2 : at + 3] = b"\xff"
     tally = Tally()
     docs = read_all(bytes(data), "one.txt", tally=tally)
     assert docs == [lines[:1500] + lines[1501:]]
@@ -83,18 +83,23 @@ def test_one_invalid_byte_in_a_document_without_blank_lines_costs_one_line():
 def test_the_bad_share_is_judged_over_lines_not_documents():
     good = b"".join(b"good line %d\n" % i for i in range(10))
     with pytest.raises(InputError, match=r"11 of 21 records are bad"):  # mostly bad: still not this format
-        read_all(good[:len(good) // 2] + b"\xff\n" * 11 + good[len(good) // 2:], "x.txt")
+        read_all(good[: len(good) // 2] + b"\xff\n" * 11 + good[len(good) // 2 :], "x.txt")
     assert len(read_all(good + b"\xff\n" * 9, "x.txt")[0]) == 10
 
 
 # -- 3. the cutter and the reader agree on where a <doc> starts ----------------------------------------
 def wiki(articles) -> bytes:
-    return "".join(f'<doc id="{i}" url="u{i}" title="T{i}">\nT{i}\n\n' + "\n".join(body) + "\n</doc>\n"
-                   for i, body in enumerate(articles)).encode()
+    return "".join(
+        f'<doc id="{i}" url="u{i}" title="T{i}">\nT{i}\n\n' + "\n".join(body) + "\n</doc>\n"
+        for i, body in enumerate(articles)
+    ).encode()
 
 
-ARTICLES = [[f"article {i} line {j} " + "w" * (i % 37) for j in range(i % 6 + 1)] +
-            (["<document>", "<doc>", "<doc of the week>"] if i % 7 == 3 else []) for i in range(400)]
+ARTICLES = [
+    [f"article {i} line {j} " + "w" * (i % 37) for j in range(i % 6 + 1)]
+    + (["<document>", "<doc>", "<doc of the week>"] if i % 7 == 3 else [])
+    for i in range(400)
+]
 
 
 @pytest.mark.parametrize("target", [300, 1000, 4096, 20_000])
@@ -108,9 +113,11 @@ def test_a_line_starting_with_doc_does_not_cut_a_wikiextractor_file(tmp_path, ta
 
 # -- 4. an unclosed or nested <doc> never merges two articles -----------------------------------------
 def test_an_unclosed_doc_is_counted_and_not_merged_into_the_next():
-    data = (b'<doc id="1" url="u" title="A">\nA\nfirst article\n'
-            b'<doc id="2" url="u" title="B">\nB\nsecond article\n</doc>\n'
-            b'<doc id="3" url="u" title="C">\nC\nthird article\n</doc>\n')
+    data = (
+        b'<doc id="1" url="u" title="A">\nA\nfirst article\n'
+        b'<doc id="2" url="u" title="B">\nB\nsecond article\n</doc>\n'
+        b'<doc id="3" url="u" title="C">\nC\nthird article\n</doc>\n'
+    )
     tally = Tally()
     docs = read_all(data, "wiki_00", tally=tally)
     assert docs == [["second article"], ["third article"]]
@@ -118,9 +125,11 @@ def test_an_unclosed_doc_is_counted_and_not_merged_into_the_next():
 
 
 def test_a_nested_doc_costs_the_outer_article_and_no_markup_becomes_text():
-    data = (b'<doc id="1" url="u" title="A">\nA\nouter start\n'
-            b'<doc id="2" url="u" title="B">\nB\ninner\n</doc>\nouter end\n</doc>\n'
-            b'<doc id="3" url="u" title="C">\nC\nnext\nand more\nlines\n</doc>\n')
+    data = (
+        b'<doc id="1" url="u" title="A">\nA\nouter start\n'
+        b'<doc id="2" url="u" title="B">\nB\ninner\n</doc>\nouter end\n</doc>\n'
+        b'<doc id="3" url="u" title="C">\nC\nnext\nand more\nlines\n</doc>\n'
+    )
     tally = Tally()
     docs = read_all(data, "wiki_00", tally=tally)
     assert docs == [["inner"], ["next", "and more", "lines"]]
@@ -153,7 +162,7 @@ def decompressed_bytes(monkeypatch):
 
         def readinto(self, buffer):
             data = self.stream.read(len(buffer))
-            buffer[:len(data)] = data
+            buffer[: len(data)] = data
             taken[0] += len(data)
             return len(data)
 
@@ -162,8 +171,7 @@ def decompressed_bytes(monkeypatch):
 
 
 @pytest.mark.parametrize("compression", ["none", "zst"])
-def test_a_long_document_is_handed_on_in_parts_before_it_is_read_whole(small_limits, decompressed_bytes,
-                                                                       compression):
+def test_a_long_document_is_handed_on_in_parts_before_it_is_read_whole(small_limits, decompressed_bytes, compression):
     lines = [f"line {i} " + "x" * 90 for i in range(20_000)]  # 2 MB, no blank line
     data = "\n".join(lines).encode() + b"\n"
     if compression == "zst":
@@ -194,10 +202,11 @@ def test_a_highly_compressed_zst_is_decoded_a_bounded_step_at_a_time():
 
 
 def test_a_json_record_longer_than_a_line_is_read_as_a_stream(small_limits):
-    paragraphs = [f"paragraph {i} \u6570\u636e \U0001f600 \"q\" \\ \t" + "y" * (i % 300) for i in range(3000)]
+    paragraphs = [f'paragraph {i} \u6570\u636e \U0001f600 "q" \\ \t' + "y" * (i % 300) for i in range(3000)]
     text = "\n".join(paragraphs)
-    record = json.dumps({"id": 1, "meta": {"a": ["x", {"text": "not this one"}]}, "text": text, "n": 2.5e3,
-                         "tail": "after \\ \""})
+    record = json.dumps(
+        {"id": 1, "meta": {"a": ["x", {"text": "not this one"}]}, "text": text, "n": 2.5e3, "tail": 'after \\ "'}
+    )
     other = json.dumps({"text": "short one"})
     for ensure_ascii in (True, False):
         record = json.dumps(json.loads(record), ensure_ascii=ensure_ascii)
@@ -210,13 +219,16 @@ def test_a_json_record_longer_than_a_line_is_read_as_a_stream(small_limits):
         assert all(sum(map(len, part)) <= 10_000 for part in docs)
 
 
-@pytest.mark.parametrize("damage,why", [
-    (lambda r: r.replace(b'"n": 2', b'"n": 2,,'), "not JSON"),
-    (lambda r: r.replace(b"paragraph 2000 ", b"paragraph 2000 \\ud800"), "lone surrogate"),
-    (lambda r: r.replace(b"paragraph 2000 ", b"paragraph 2000 \xff"), "invalid UTF-8"),
-    (lambda r: r.replace(b'"text"', b'"body"'), "no string field 'text'"),
-    (lambda r: r[:-10], "ends early"),
-])
+@pytest.mark.parametrize(
+    "damage,why",
+    [
+        (lambda r: r.replace(b'"n": 2', b'"n": 2,,'), "not JSON"),
+        (lambda r: r.replace(b"paragraph 2000 ", b"paragraph 2000 \\ud800"), "lone surrogate"),
+        (lambda r: r.replace(b"paragraph 2000 ", b"paragraph 2000 \xff"), "invalid UTF-8"),
+        (lambda r: r.replace(b'"text"', b'"body"'), "no string field 'text'"),
+        (lambda r: r[:-10], "ends early"),
+    ],
+)
 def test_a_damaged_long_json_record_is_one_bad_record(small_limits, damage, why):
     text = "\n".join(f"paragraph {i} " + "y" * 50 for i in range(3000))
     record = damage(json.dumps({"text": text, "n": 2}).encode())
@@ -225,7 +237,7 @@ def test_a_damaged_long_json_record_is_one_bad_record(small_limits, damage, why)
     docs = read_all(data, "big.jsonl", tally=tally)
     assert docs[0] == ["before"] and docs[-1] == ["after"]
     kept = [line for part in docs[1:-1] for line in part]
-    assert kept == text.split("\n")[:len(kept)]  # what was handed on before the damage, no more
+    assert kept == text.split("\n")[: len(kept)]  # what was handed on before the damage, no more
     assert tally.bad == 1 and tally.examples[0].startswith("big.jsonl: byte 19: record 2") and why in tally.examples[0]
 
 
@@ -256,12 +268,14 @@ def test_a_record_the_json_decoder_cannot_take_is_one_bad_record(what, compressi
         assert docs == [["before"], ["x"], ["after"]] and tally.bad == 0
         return
     assert docs == [["before"], ["after"]]
-    assert tally.bad == 1 and tally.examples[0].startswith(f"{name}: {'decompressed ' * (compression != 'none')}"
-                                                           "byte 19: record 2 is not JSON (")
+    assert tally.bad == 1 and tally.examples[0].startswith(
+        f"{name}: {'decompressed ' * (compression != 'none')}byte 19: record 2 is not JSON ("
+    )
 
 
-@pytest.mark.parametrize("error", [RecursionError("deep"), OverflowError("big"), ValueError("odd"),
-                                   MemoryError(), KeyError("x")])
+@pytest.mark.parametrize(
+    "error", [RecursionError("deep"), OverflowError("big"), ValueError("odd"), MemoryError(), KeyError("x")]
+)
 def test_any_exception_of_the_json_decoder_costs_its_record_only(monkeypatch, error):
     """The reader and the provenance reading (places.py) both pass over a record whatever the
     decoder raises on it, and agree on every other record."""
@@ -295,15 +309,26 @@ def _xz(data: bytes) -> bytes:
     return lzma.compress(data)
 
 
-MEMBER = {"gz": lambda d: gzip.compress(d, mtime=0), "bz2": bz2.compress, "xz": _xz,
-          "zst": lambda d: zstandard.ZstdCompressor().compress(d)}
+MEMBER = {
+    "gz": lambda d: gzip.compress(d, mtime=0),
+    "bz2": bz2.compress,
+    "xz": _xz,
+    "zst": lambda d: zstandard.ZstdCompressor().compress(d),
+}
 MAGIC = {"gz": b"\x1f\x8b", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zst": b"\x28\xb5\x2f\xfd"}  # how a member starts
 
 
-@pytest.mark.parametrize("fmt,name,data", [
-    ("text", "t.txt", b"".join(b"doc %d line one\ndoc %d line two\n\n" % (i, i) for i in range(150)) + b"last doc\n"),
-    ("jsonl", "t.jsonl", b"".join(b'{"text": "doc %d"}\n' % i for i in range(150)) + b'{"text": "last doc"}'),
-])
+@pytest.mark.parametrize(
+    "fmt,name,data",
+    [
+        (
+            "text",
+            "t.txt",
+            b"".join(b"doc %d line one\ndoc %d line two\n\n" % (i, i) for i in range(150)) + b"last doc\n",
+        ),
+        ("jsonl", "t.jsonl", b"".join(b'{"text": "doc %d"}\n' % i for i in range(150)) + b'{"text": "last doc"}'),
+    ],
+)
 @pytest.mark.parametrize("compression", list(MEMBER))
 def test_junk_after_a_complete_stream_keeps_its_last_document_and_is_counted_in_bytes(fmt, name, data, compression):
     """Bytes after a complete member that start no member are trailing garbage: every document of
@@ -316,19 +341,33 @@ def test_junk_after_a_complete_stream_keeps_its_last_document_and_is_counted_in_
     docs = read_all(packed + junk, f"{name}.{compression}", tally=tally)
     assert docs == read_all(data, name) and docs[-1] == ["last doc"]
     assert tally.bad == 0 and tally.trailing == len(junk)
-    assert tally.examples == [f"{name}.{compression}: byte {len(packed)}: {len(junk)} bytes of trailing garbage "
-                              f"after a complete {formats.Trailing(0, 1, compression).why.split(' after a complete ')[1]}"]
+    assert tally.examples == [
+        f"{name}.{compression}: byte {len(packed)}: {len(junk)} bytes of trailing garbage "
+        f"after a complete {formats.Trailing(0, 1, compression).why.split(' after a complete ')[1]}"
+    ]
     assert tally.stats()["trailing_garbage_bytes"] == len(junk)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(docs=st.lists(st.lists(st.text(alphabet="ab \u4e2d\U0001f600.\x00", min_size=1, max_size=20)
-                                .filter(lambda s: s.strip()), min_size=1, max_size=4), max_size=30),
-       compression=st.sampled_from(list(MEMBER)), cuts=st.lists(st.integers(0, 1 << 16), max_size=3),
-       junk=st.binary(max_size=64), begun=st.booleans(), end_blank=st.booleans(),
-       block=st.sampled_from([7, 64, 4 << 20]))
-def test_any_members_then_any_junk_give_every_document_and_count_the_junk(docs, compression, cuts, junk, begun,
-                                                                         end_blank, block):
+@given(
+    docs=st.lists(
+        st.lists(
+            st.text(alphabet="ab \u4e2d\U0001f600.\x00", min_size=1, max_size=20).filter(lambda s: s.strip()),
+            min_size=1,
+            max_size=4,
+        ),
+        max_size=30,
+    ),
+    compression=st.sampled_from(list(MEMBER)),
+    cuts=st.lists(st.integers(0, 1 << 16), max_size=3),
+    junk=st.binary(max_size=64),
+    begun=st.booleans(),
+    end_blank=st.booleans(),
+    block=st.sampled_from([7, 64, 4 << 20]),
+)
+def test_any_members_then_any_junk_give_every_document_and_count_the_junk(
+    docs, compression, cuts, junk, begun, end_blank, block
+):
     """Any text in one or more members of any compression, followed by any bytes that start no
     member, reads as the same documents as the text itself, and the junk is counted to the byte.
     Junk that starts like a member is a damaged member: one bad record, the documents before it kept."""
@@ -347,7 +386,7 @@ def test_any_members_then_any_junk_give_every_document_and_count_the_junk(docs, 
     finally:
         formats._BLOCK = old
     if junk.startswith(magic):  # a member begun: damaged or cut short
-        assert got == expected[:len(got)] and tally.trailing == 0
+        assert got == expected[: len(got)] and tally.trailing == 0
         assert tally.bad == 1 and "corrupt or truncated" in tally.examples[0], tally.examples
         assert got == expected or not end_blank  # (the document in progress, when the break ends none)
         return
@@ -363,8 +402,10 @@ def test_xz_is_read_and_taken_from_a_folder(tmp_path):
     (tmp_path / "b.jsonl.xz").write_bytes(lzma.compress(b'{"text": "three"}\n'))
     assert sorted(s.name for s in find_corpus([str(tmp_path)])) == ["a.txt.xz", "b.jsonl.xz"]
     slices = plan_slices([str(tmp_path)], 1 << 20)
-    assert [(s.name, s.format, s.compression) for s in slices] == [("a.txt.xz", "text", "xz"),
-                                                                   ("b.jsonl.xz", "jsonl", "xz")]
+    assert [(s.name, s.format, s.compression) for s in slices] == [
+        ("a.txt.xz", "text", "xz"),
+        ("b.jsonl.xz", "jsonl", "xz"),
+    ]
     assert read_all(lzma.compress(data), "a.txt.xz") == [["one"], ["two", "lines"]]
 
 
@@ -378,11 +419,14 @@ def test_places_and_documents_agree_after_trailing_garbage():
 
 
 # -- 8. text in UTF-16 or UTF-32 with a byte-order mark reads as the same documents as UTF-8 (issue 30) --
-ENCODINGS = {"utf-8": lambda t: t.encode("utf-8"), "utf-8-bom": lambda t: codecs.BOM_UTF8 + t.encode("utf-8"),
-             "utf-16-le": lambda t: codecs.BOM_UTF16_LE + t.encode("utf-16-le"),
-             "utf-16-be": lambda t: codecs.BOM_UTF16_BE + t.encode("utf-16-be"),
-             "utf-32-le": lambda t: codecs.BOM_UTF32_LE + t.encode("utf-32-le"),
-             "utf-32-be": lambda t: codecs.BOM_UTF32_BE + t.encode("utf-32-be")}
+ENCODINGS = {
+    "utf-8": lambda t: t.encode("utf-8"),
+    "utf-8-bom": lambda t: codecs.BOM_UTF8 + t.encode("utf-8"),
+    "utf-16-le": lambda t: codecs.BOM_UTF16_LE + t.encode("utf-16-le"),
+    "utf-16-be": lambda t: codecs.BOM_UTF16_BE + t.encode("utf-16-be"),
+    "utf-32-le": lambda t: codecs.BOM_UTF32_LE + t.encode("utf-32-le"),
+    "utf-32-be": lambda t: codecs.BOM_UTF32_BE + t.encode("utf-32-be"),
+}
 MANY = "".join(f"document {i} \u6570\u636e\nits second line \U0001f600\n\n" for i in range(151))
 
 
@@ -409,11 +453,20 @@ def test_a_utf16_file_larger_than_an_item_is_one_item_that_gives_every_document(
     assert docs == read_all(MANY.encode(), "many.txt") and tally.bad == 0
 
 
-@pytest.mark.parametrize("damage,where", [
-    (lambda b: b.replace("second line \U0001f600\n\nd".encode("utf-16-le"), "second line \ud800\n\nd".encode(
-        "utf-16-le", "surrogatepass"), 1), "a lone surrogate"),
-    (lambda b: b + b"x", "an odd last byte"),
-])
+@pytest.mark.parametrize(
+    "damage,where",
+    [
+        (
+            lambda b: b.replace(
+                "second line \U0001f600\n\nd".encode("utf-16-le"),
+                "second line \ud800\n\nd".encode("utf-16-le", "surrogatepass"),
+                1,
+            ),
+            "a lone surrogate",
+        ),
+        (lambda b: b + b"x", "an odd last byte"),
+    ],
+)
 def test_what_is_not_text_in_utf16_costs_its_line(damage, where):
     """A code unit that is not text costs its line (counted, "invalid UTF-16"); its document goes on."""
     data = damage(codecs.BOM_UTF16_LE + MANY.encode("utf-16-le"))
@@ -427,26 +480,42 @@ def test_what_is_not_text_in_utf16_costs_its_line(damage, where):
         assert docs == good
 
 
-@pytest.mark.parametrize("name,data,fmt", [
-    ("data", '{"text": "one"}\n{"text": "two"}\n', "jsonl"),
-    ("wiki_00", '<doc id="1" url="u" title="T">\nT\nbody\n</doc>\n', "wikiextractor"),
-])
+@pytest.mark.parametrize(
+    "name,data,fmt",
+    [
+        ("data", '{"text": "one"}\n{"text": "two"}\n', "jsonl"),
+        ("wiki_00", '<doc id="1" url="u" title="T">\nT\nbody\n</doc>\n', "wikiextractor"),
+    ],
+)
 def test_the_format_of_a_utf16_file_is_told_from_its_text(name, data, fmt):
     raw = ENCODINGS["utf-16-le"](data)
     assert formats.decide("text", name, raw) == fmt
     assert read_all(raw, name) == read_all(data.encode(), name)
 
 
-text_docs = st.lists(st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12)
-                              .map(lambda s: s.replace("\n", " ").replace("\r", " ")).filter(lambda s: s.strip()),
-                              min_size=1, max_size=4), max_size=12)
+text_docs = st.lists(
+    st.lists(
+        st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12)
+        .map(lambda s: s.replace("\n", " ").replace("\r", " "))
+        .filter(lambda s: s.strip()),
+        min_size=1,
+        max_size=4,
+    ),
+    max_size=12,
+)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(docs=text_docs, encoding=st.sampled_from(list(ENCODINGS)), fmt=st.sampled_from(["text", "jsonl", "wikiextractor"]),
-       compression=st.sampled_from(["none", "gz", "zst"]), block=st.sampled_from([7, 16, 64, 4 << 20]))
-def test_any_text_in_any_unicode_encoding_with_its_mark_gives_the_same_documents(docs, encoding, fmt, compression,
-                                                                                block):
+@given(
+    docs=text_docs,
+    encoding=st.sampled_from(list(ENCODINGS)),
+    fmt=st.sampled_from(["text", "jsonl", "wikiextractor"]),
+    compression=st.sampled_from(["none", "gz", "zst"]),
+    block=st.sampled_from([7, 16, 64, 4 << 20]),
+)
+def test_any_text_in_any_unicode_encoding_with_its_mark_gives_the_same_documents(
+    docs, encoding, fmt, compression, block
+):
     """Any documents written as text, JSON Lines or WikiExtractor, encoded as UTF-8 (with or
     without its mark), UTF-16 or UTF-32 (LE or BE, with their mark), compressed or not, read as
     the same documents as their UTF-8, with nothing counted bad, however the blocks fall; and
@@ -458,8 +527,9 @@ def test_any_text_in_any_unicode_encoding_with_its_mark_gives_the_same_documents
     elif fmt == "jsonl":
         text = "".join(json.dumps({"text": "\n".join(doc)}, ensure_ascii=False) + "\n" for doc in docs)
     else:
-        text = "".join(f'<doc id="{i}" url="u" title="t">\nt\n' + "\n".join(doc) + "\n</doc>\n"
-                       for i, doc in enumerate(docs))
+        text = "".join(
+            f'<doc id="{i}" url="u" title="t">\nt\n' + "\n".join(doc) + "\n</doc>\n" for i, doc in enumerate(docs)
+        )
     name = {"text": "x.txt", "jsonl": "x.jsonl", "wikiextractor": "wiki_00"}[fmt]
     expected = read_all(text.encode(), name, fmt=fmt)
     data = ENCODINGS[encoding](text)
@@ -485,15 +555,48 @@ def test_any_text_in_any_unicode_encoding_with_its_mark_gives_the_same_documents
 # (bytes flipped, inserted, deleted, or cut off), maybe compressed (and maybe the compressed
 # stream cut off), planned into items with the real planner at a random item size, and read.
 TAG, MARK, HEAD, END = "\ue124", "\ue123", "\ue125", "\ue126"
-ODD = ("aZ9 .,!?'#[]{}<>/\"\\:\t\r\x00\x01\x0b\x0c\x1c\x7f\x85\xa0\xad\u200b\u2028\u2029\u3000\ufffd\ufeff"
-       "\u0301éß中文数据\U00020000\U0001f600")
-SPECIAL = ["<doc", "</doc>", "</doc> \r", '<doc id="9" url="u" title="x">', '<doc id=1>', "<document>", "<doc>",
-           '{"index": {"_id": "1"}}', '{"text": "x"}', "\u3000", "\r", " \t", "\x1c", "\x00", "\ufeff", "", "\x85",
-           "\u2028", "a\rb", "\\", '"', "\\u", "\\ud800"]
+ODD = (
+    "aZ9 .,!?'#[]{}<>/\"\\:\t\r\x00\x01\x0b\x0c\x1c\x7f\x85\xa0\xad\u200b\u2028\u2029\u3000\ufffd\ufeff"
+    "\u0301éß中文数据\U00020000\U0001f600"
+)
+SPECIAL = [
+    "<doc",
+    "</doc>",
+    "</doc> \r",
+    '<doc id="9" url="u" title="x">',
+    "<doc id=1>",
+    "<document>",
+    "<doc>",
+    '{"index": {"_id": "1"}}',
+    '{"text": "x"}',
+    "\u3000",
+    "\r",
+    " \t",
+    "\x1c",
+    "\x00",
+    "\ufeff",
+    "",
+    "\x85",
+    "\u2028",
+    "a\rb",
+    "\\",
+    '"',
+    "\\u",
+    "\\ud800",
+]
 plain = st.one_of(st.text(alphabet=ODD, max_size=12), st.text(max_size=8)).map(
-    lambda s: s.replace("\n", " ").replace(TAG, "").replace(MARK, "").replace(HEAD, "").replace(END, "").replace(POISON_MARK, ""))
-lines = st.lists(st.tuples(st.one_of(plain, st.sampled_from(SPECIAL)),
-                           st.sampled_from(["ok"] * 12 + ["bad", "long"])), max_size=5)
+    lambda s: (
+        s.replace("\n", " ")
+        .replace(TAG, "")
+        .replace(MARK, "")
+        .replace(HEAD, "")
+        .replace(END, "")
+        .replace(POISON_MARK, "")
+    )
+)
+lines = st.lists(
+    st.tuples(st.one_of(plain, st.sampled_from(SPECIAL)), st.sampled_from(["ok"] * 12 + ["bad", "long"])), max_size=5
+)
 # Records no JSON reader takes, read whole (json.loads) or as a stream (longjson), whatever the
 # limits; none holds a text field, so each is one bad record on either path. POISON_MARK: a short
 # record that the fuzzer's stand-in decoder (check_case) fails with a drawn exception.
@@ -526,7 +629,7 @@ def _line(text: str, kind: str, k: int, fmt: str, max_line: int) -> tuple[str, b
         if fmt in ("jsonl", "cirrus"):
             return text + "\ud800" + _tag(k), None
         raw = (text + _tag(k)).encode()
-        return "", raw[:len(raw) // 2] + b"\xff" + raw[len(raw) // 2:]
+        return "", raw[: len(raw) // 2] + b"\xff" + raw[len(raw) // 2 :]
     if kind == "tag":
         return text, None
     return (text + _tag(k) if text.strip() and text not in SPECIAL else text), None
@@ -557,8 +660,9 @@ def render(fmt: str, docs, draw, max_line: int, titles: bool) -> Rendered:
                 title = f"T{_tag(k)}" if titles else f"{MARK}{_tag(k)}"  # text only if kept
                 put(f"{title}\n".encode(), k)
                 good = [title] * titles + good
-                if any(kind == "ok" and (re.match(r"<doc\s+id=.*>\s*$", t) or _CLOSE.match(t))
-                       for t, _, kind in rendered):
+                if any(
+                    kind == "ok" and (re.match(r"<doc\s+id=.*>\s*$", t) or _CLOSE.match(t)) for t, _, kind in rendered
+                ):
                     broken.add(k)
             for text, raw, _kind in rendered:
                 put((raw if raw is not None else text.encode()) + b"\n", k)
@@ -573,8 +677,11 @@ def render(fmt: str, docs, draw, max_line: int, titles: bool) -> Rendered:
         good = [t for t, _, _ in rendered if t.strip()]  # a long line is text in JSON
         fields = {"id": MARK + _tag(k), "text": text}
         if draw(st.booleans()):
-            fields = {"meta": {"text": MARK + _tag(k), "a": [1, -2.5e3, None, True, "x\\\"{"]}, "text": text,
-                      "tail": MARK + _tag(k)}
+            fields = {
+                "meta": {"text": MARK + _tag(k), "a": [1, -2.5e3, None, True, 'x\\"{']},
+                "text": text,
+                "tail": MARK + _tag(k),
+            }
         record = json.dumps(fields, ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
         n_bad = 0
         if any(kind == "bad" for _, _, kind in rendered):
@@ -608,11 +715,11 @@ def damage(r: Rendered, draw) -> tuple[bytes, set[int]]:
     spans = [s for n, s in enumerate(spans) if not n or s[1] + s[3] + 2 < spans[n - 1][1]]  # apart
     for kind, p, new, n in spans:
         if kind == "flip":
-            data[p:p + 1] = new[:1]
+            data[p : p + 1] = new[:1]
         elif kind == "insert":
             data[p:p] = new
         elif kind == "delete":
-            del data[p:p + n]
+            del data[p : p + n]
         else:
             del data[p:]
     hit = [(p - 1, {"flip": p + 2, "insert": p + 1, "delete": p + n + 1}.get(kind, 1 << 60)) for kind, p, _, n in spans]
@@ -623,8 +730,12 @@ def touched(r: Rendered, hit) -> set[int]:
     return {k for s, e, who in r.owners for lo, hi in hit if s < hi and lo < e for k in who}
 
 
-COMPRESS = {"gz": lambda d: gzip.compress(d, mtime=0), "bz2": bz2.compress, "xz": lzma.compress,
-            "zst": lambda d: zstandard.ZstdCompressor().compress(d)}
+COMPRESS = {
+    "gz": lambda d: gzip.compress(d, mtime=0),
+    "bz2": bz2.compress,
+    "xz": lzma.compress,
+    "zst": lambda d: zstandard.ZstdCompressor().compress(d),
+}
 _STORE = tempfile.mkdtemp(prefix="fuzz-inputs-")
 
 
@@ -652,8 +763,11 @@ def _head(k: int) -> str:
 
 
 def _tags(line: str) -> set[int]:
-    return {int(k) for k, check in re.findall(f"{TAG}(\\d+){END}([0-9a-f]{{6}}){TAG}", line)
-            if _tag(int(k)).endswith(f"{END}{check}{TAG}")}
+    return {
+        int(k)
+        for k, check in re.findall(f"{TAG}(\\d+){END}([0-9a-f]{{6}}){TAG}", line)
+        if _tag(int(k)).endswith(f"{END}{check}{TAG}")
+    }
 
 
 def check_case(draw, fmt: str) -> None:
@@ -661,8 +775,13 @@ def check_case(draw, fmt: str) -> None:
     max_line = draw(st.sampled_from([64, 100, 300]))
     block = draw(st.sampled_from([7, 16, 64]))
     scan = draw(st.sampled_from([5, 64, 64 << 10]))
-    patches = [(formats, "MAX_DOCUMENT_CHARS", max_doc), (formats, "MAX_LINE_BYTES", max_line),
-               (formats, "_BLOCK", block), (ranges, "_SCAN", scan), (ranges, "_SHORT", draw(st.sampled_from([40, 64 << 10])))]
+    patches = [
+        (formats, "MAX_DOCUMENT_CHARS", max_doc),
+        (formats, "MAX_LINE_BYTES", max_line),
+        (formats, "_BLOCK", block),
+        (ranges, "_SCAN", scan),
+        (ranges, "_SHORT", draw(st.sampled_from([40, 64 << 10]))),
+    ]
     error = draw(st.sampled_from([RecursionError, OverflowError, ValueError, MemoryError, KeyError]))
     real_loads = json.loads
 
@@ -702,7 +821,7 @@ def _check(draw, fmt: str, max_doc: int, max_line: int) -> None:
         if data and draw(st.booleans()):
             cut = draw(st.integers(0, len(data) - 1))
             if draw(st.booleans()):
-                data = data[:cut] + bytes([data[cut] ^ draw(st.integers(1, 255))]) + data[cut + 1:]
+                data = data[:cut] + bytes([data[cut] ^ draw(st.integers(1, 255))]) + data[cut + 1 :]
                 chaos = True
             else:
                 data = data[:cut]
@@ -725,13 +844,26 @@ def _check(draw, fmt: str, max_doc: int, max_line: int) -> None:
     except AssertionError:
         if os.environ.get("FLEET_FUZZ_DUMP"):  # the failing case, to replay by hand
             with open(os.environ["FLEET_FUZZ_DUMP"], "a") as f:
-                f.write(json.dumps([fmt, compression, target, data.decode("latin-1"), max_doc, max_line,
-                                    formats._BLOCK, ranges._SCAN, ranges._SHORT]) + "\n")
+                f.write(
+                    json.dumps(
+                        [
+                            fmt,
+                            compression,
+                            target,
+                            data.decode("latin-1"),
+                            max_doc,
+                            max_line,
+                            formats._BLOCK,
+                            ranges._SCAN,
+                            ranges._SHORT,
+                        ]
+                    )
+                    + "\n"
+                )
         raise
 
 
-def _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs, titles,
-                trailing=0) -> None:
+def _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, chaos, docs, titles, trailing=0) -> None:
     whole, whole_tally = read_items(data, fmt, compression, name, None, titles)
     parts, tally = read_items(data, fmt, compression, name, target, titles)
     if not chaos:
@@ -786,7 +918,7 @@ def _check_read(fmt, name, data, compression, target, max_doc, r, hurt, clean, c
         while have < len(doc) - t:
             end += 1
             have += len(parts[end])
-        assert need == 0 and have == len(doc) - t and [x for p in parts[first:end + 1] for x in p] == doc, k
+        assert need == 0 and have == len(doc) - t and [x for p in parts[first : end + 1] for x in p] == doc, k
         assert first > last
         last = end
 

@@ -13,8 +13,15 @@ import zstandard
 from fleet.job import InputError
 from fleet.core.run import make_items
 from fleet.core.store.local import LocalStore
-from fleet_jobs.text.inputs import (describe, find_corpus, iter_documents, iter_path_documents, plan_ranges, plan_slices,
-                              read_all)
+from fleet_jobs.text.inputs import (
+    describe,
+    find_corpus,
+    iter_documents,
+    iter_path_documents,
+    plan_ranges,
+    plan_slices,
+    read_all,
+)
 from tests.helpers.linejob import JOB as LINEJOB, LineConfig
 from tests.test_properties import assert_pieces_are_the_documents
 
@@ -44,8 +51,9 @@ def test_empty_file_has_no_documents():
     assert read_all(b"\n\n\n", "x.txt") == []
 
 
-@pytest.mark.parametrize("suffix,compress", [
-    (".gz", gzip.compress), (".bz2", bz2.compress), (".zst", zstandard.ZstdCompressor().compress)])
+@pytest.mark.parametrize(
+    "suffix,compress", [(".gz", gzip.compress), (".bz2", bz2.compress), (".zst", zstandard.ZstdCompressor().compress)]
+)
 def test_compressed_inputs_read_like_plain(suffix, compress):
     data = "第一行\nline two\n\ndoc two\n".encode()
     assert read_all(compress(data), "c.txt" + suffix) == [["第一行", "line two"], ["doc two"]]
@@ -75,7 +83,10 @@ def test_invalid_utf8_skips_its_line_naming_the_byte_offset():
 
     tally = Tally()
     assert read_all(b"good\n\nhello\n\xff\xfe\nmore\n\nfine\nend\n", "bad.txt", tally=tally) == [
-        ["good"], ["hello", "more"], ["fine", "end"]]
+        ["good"],
+        ["hello", "more"],
+        ["fine", "end"],
+    ]
     assert tally.examples == ["bad.txt: byte 12: invalid UTF-8"]
     with pytest.raises(InputError, match=r"bad.txt: 2 of 3 records are bad.*\(first: bad.txt: byte 6: invalid UTF-8\)"):
         read_all(b"hello\n\xff\xfe\n\xff\n", "bad.txt")
@@ -93,7 +104,9 @@ def test_a_truncated_gzip_keeps_the_documents_before_the_damage():
     docs = read_all(data[: len(data) // 2], "t.txt.gz", tally=tally)
     assert 100 < len(docs) < 3000 and docs == [[f"doc {i} line", "second line"] for i in range(len(docs))]
     assert tally.bad == 1 and "t.txt.gz: decompressed byte" in tally.examples[0]
-    assert "corrupt or truncated gz data" in tally.examples[0] and "the documents before it are kept" in tally.examples[0]
+    assert (
+        "corrupt or truncated gz data" in tally.examples[0] and "the documents before it are kept" in tally.examples[0]
+    )
     with pytest.raises(InputError, match=r"t.txt.gz: 1 of 1 records are bad.*corrupt or truncated gz"):
         read_all(gzip.compress(b"some text\n" * 1000)[:-20], "t.txt.gz")
 
@@ -161,8 +174,10 @@ def test_the_end_of_the_file_is_a_boundary_when_no_blank_line_comes_first(tmp_pa
     # Found by test_properties' search in a fresh clone: the planner looked for a blank line past
     # an item's end, reached the end of the file instead, and cut the last (short) document at its
     # first line end, although the end of the file ends it: its examples then hung on --item-mb.
-    data = (b"\n0\xc2\x80\xc2\x80\xf0\x90\x80\x80\xf0\x90\x80\x80\n0000\xc2\x80\xc2\x80\xc2\x80\xc2\x80"
-            b"\xf0\x90\x80\x80\n\n\n\n0\n0000000")
+    data = (
+        b"\n0\xc2\x80\xc2\x80\xf0\x90\x80\x80\xf0\x90\x80\x80\n0000\xc2\x80\xc2\x80\xc2\x80\xc2\x80"
+        b"\xf0\x90\x80\x80\n\n\n\n0\n0000000"
+    )
     (tmp_path / "c.txt").write_bytes(data)
     ranges = plan_ranges(LocalStore(str(tmp_path)), "c.txt", len(data), "text", 35)
     assert ranges == [(0, len(data), False)]
@@ -179,8 +194,9 @@ def test_items_cover_every_input(tmp_path):
     # A run's items are the text job's slices, numbered in order, each pinned to its file's version.
     items = make_items(LINEJOB, LineConfig(), found, 100_000)
     assert [i.id for i in items] == [f"{n:05d}" for n in range(len(items))]
-    assert [(i.name, i.start, i.end, i.size, i.version) for i in items] == \
-        [(s.name, s.start, s.end, s.size, s.version) for s in slices]
+    assert [(i.name, i.start, i.end, i.size, i.version) for i in items] == [
+        (s.name, s.start, s.end, s.size, s.version) for s in slices
+    ]
     assert [i.meta["compression"] for i in items] == [s.compression for s in slices]
 
 
@@ -197,8 +213,17 @@ def test_an_item_planned_before_the_item_api_reads_as_the_slice_it_was(tmp_path)
 
     (tmp_path / "c.txt").write_bytes(b"a\n\nb\nc\n\nd\n")
     for s in plan_slices([str(tmp_path)], 4):
-        old = {"url": s.url, "name": s.name, "start": s.start, "end": s.end, "format": s.format,
-               "compression": s.compression, "version": s.version, "cuts_document": s.cuts_document,
-               "text_bytes": 0, "id": "00000"}
+        old = {
+            "url": s.url,
+            "name": s.name,
+            "start": s.start,
+            "end": s.end,
+            "format": s.format,
+            "compression": s.compression,
+            "version": s.version,
+            "cuts_document": s.cuts_document,
+            "text_bytes": 0,
+            "id": "00000",
+        }
         item = Item.from_dict(old)
         assert item.size == s.size and item_slice(item.input()) == s

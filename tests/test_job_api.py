@@ -104,8 +104,9 @@ def test_a_seed_out_of_range_is_refused_naming_the_option_and_the_range(seed):
     fleet's own jobs and a plug-in's that declares no range (Job.seed reads its ``seed``)."""
     for job in (load_job("electra_zh_en"), LINEJOB, load_job("command")):
         with pytest.raises(ConfigError) as e:
-            job.parse_config({"vocab_file": "v.txt", "seed": str(seed)} if job.name == "electra_zh_en"
-                             else {"seed": str(seed)})
+            job.parse_config(
+                {"vocab_file": "v.txt", "seed": str(seed)} if job.name == "electra_zh_en" else {"seed": str(seed)}
+            )
         assert str(e.value) == f"option seed: {seed!r} is out of range: give {SEED_LOW} to {SEED_HIGH}"
 
 
@@ -137,8 +138,12 @@ def test_the_shared_text_layer_is_a_library_not_a_job(tmp_path, monkeypatch):
 
     assert "text" not in available_jobs() and "causal_lm" in available_jobs()
     # Only a top-level binding of JOB makes a job: a word in a docstring does not.
-    for name, body in {"mentions": '"""Has no JOB object."""\n', "assigns": "JOB = object()\n",
-                       "imports": "from .job import JOB\n", "broken": "JOB = (\n"}.items():
+    for name, body in {
+        "mentions": '"""Has no JOB object."""\n',
+        "assigns": "JOB = object()\n",
+        "imports": "from .job import JOB\n",
+        "broken": "JOB = (\n",
+    }.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(body)
     monkeypatch.setattr(fleet_jobs, "__path__", [str(tmp_path)])

@@ -42,8 +42,9 @@ def fleet_imports(path: str) -> list[str]:
 
 def job_modules() -> list[str]:
     root = os.path.join(ROOT, "fleet_jobs")
-    return sorted(os.path.join(folder, name) for folder, _, names in os.walk(root)
-                  for name in names if name.endswith(".py"))
+    return sorted(
+        os.path.join(folder, name) for folder, _, names in os.walk(root) for name in names if name.endswith(".py")
+    )
 
 
 def test_job_modules_import_only_the_job_api_of_the_fleet():
@@ -51,15 +52,24 @@ def test_job_modules_import_only_the_job_api_of_the_fleet():
     assert len(modules) > 20 and any(m.endswith(os.path.join("causal_lm", "job.py")) for m in modules)
     breaking = {os.path.relpath(m, ROOT): found for m in modules if (found := fleet_imports(m))}
     listed = "; ".join(f"{module} ({', '.join(found)})" for module, found in sorted(breaking.items()))
-    assert not breaking, (f"{len(breaking)} module(s) under fleet_jobs/ import fleet internals; a job may import only "
-                          f"{', '.join(sorted(ALLOWED))} from the fleet: {listed}")
+    assert not breaking, (
+        f"{len(breaking)} module(s) under fleet_jobs/ import fleet internals; a job may import only "
+        f"{', '.join(sorted(ALLOWED))} from the fleet: {listed}"
+    )
 
 
 def test_the_check_sees_every_form_of_import(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("import fleet.core.store\nfrom fleet import job, run\nfrom fleet.job import Job\n"
-                      "def f():\n    from fleet.inputs.parquet import StoreFile\n    import fleet\n"
-                      "from . import fleet\nfrom fleet_jobs.text import output\nfrom fleet.formats import tfrecord\n"
-                      "import fleet.formats.tfrecord.wire\nfrom fleet import formats\nimport fleet.formatsx\n")
-    assert fleet_imports(str(source)) == ["1: fleet.core.store", "2: fleet.run", "12: fleet.formatsx",  # (top level first)
-                                           "5: fleet.inputs.parquet", "6: fleet"]
+    source.write_text(
+        "import fleet.core.store\nfrom fleet import job, run\nfrom fleet.job import Job\n"
+        "def f():\n    from fleet.inputs.parquet import StoreFile\n    import fleet\n"
+        "from . import fleet\nfrom fleet_jobs.text import output\nfrom fleet.formats import tfrecord\n"
+        "import fleet.formats.tfrecord.wire\nfrom fleet import formats\nimport fleet.formatsx\n"
+    )
+    assert fleet_imports(str(source)) == [
+        "1: fleet.core.store",
+        "2: fleet.run",
+        "12: fleet.formatsx",  # (top level first)
+        "5: fleet.inputs.parquet",
+        "6: fleet",
+    ]

@@ -20,8 +20,9 @@ RATES = estimate.Rates(mb_per_vcpu_s=5.0, boot_minutes=3.0, vcpu_hour_usd=0.0335
 
 
 def test_the_estimate_follows_the_plan_size():
-    e = estimate.estimate([64_000_000] * 100, workers=5, vcpus=4, workers_per_vm=0, spot=True, rates=RATES,
-                          max_run_hours=None)
+    e = estimate.estimate(
+        [64_000_000] * 100, workers=5, vcpus=4, workers_per_vm=0, spot=True, rates=RATES, max_run_hours=None
+    )
     # 6,400 MB over 20 processes at 5 MB/s and 0.8 efficiency: 80 s of work after a 180 s boot.
     assert e.work_s == pytest.approx(80.0) and e.wall_s == pytest.approx(260.0)
     assert e.vm_hours == pytest.approx(5 * 260 / 3600) and e.vcpu_hours == pytest.approx(4 * 5 * 260 / 3600)
@@ -46,8 +47,13 @@ def test_the_bound_is_three_times_the_expected_time_in_whole_hours_within_gces_r
 
 
 def _cfg(**kw) -> FleetConfig:
-    return FleetConfig(project="proj-123", bucket="gs://b-1", region="us-central1",
-                       service_account="w@proj-123.iam.gserviceaccount.com", **kw)
+    return FleetConfig(
+        project="proj-123",
+        bucket="gs://b-1",
+        region="us-central1",
+        service_account="w@proj-123.iam.gserviceaccount.com",
+        **kw,
+    )
 
 
 def test_quota_metrics_follow_gces_rules():
@@ -57,19 +63,24 @@ def test_quota_metrics_follow_gces_rules():
     assert prelaunch.cpu_metric("e2-standard-4", True, none) == "CPUS"  # Spot without preemptible quota
     assert prelaunch.cpu_metric("n2d-standard-8", True, none) == "N2D_CPUS"
     assert prelaunch.cpu_metric("n2d-standard-8", False, granted) == "N2D_CPUS"
-    assert prelaunch.disk_metric("pd-balanced") == "SSD_TOTAL_GB" and prelaunch.disk_metric("pd-standard") == "DISKS_TOTAL_GB"
+    assert (
+        prelaunch.disk_metric("pd-balanced") == "SSD_TOTAL_GB"
+        and prelaunch.disk_metric("pd-standard") == "DISKS_TOTAL_GB"
+    )
     assert prelaunch.vcpus_from_name("n2d-standard-8") == 8 and prelaunch.vcpus_from_name("e2-micro") == 2
 
 
 def test_a_shortfall_is_one_line_with_the_fix():
-    facts = prelaunch.Facts(["us-central1-a"], {"CPUS": (24.0, 8.0), "IN_USE_ADDRESSES": (8.0, 0.0),
-                                                "SSD_TOTAL_GB": (500.0, 0.0)}, vcpus=4)
+    facts = prelaunch.Facts(
+        ["us-central1-a"], {"CPUS": (24.0, 8.0), "IN_USE_ADDRESSES": (8.0, 0.0), "SSD_TOTAL_GB": (500.0, 0.0)}, vcpus=4
+    )
     lines = prelaunch.shortfalls(_cfg(), 10, True, "pd-balanced", 20, facts, None)
     assert lines == [
         "quota CPUS in us-central1: 10 VMs need 40 (4 vCPUs (e2-standard-4) each) but 16 of 24 are free; request "
         "more (console: IAM & Admin > Quotas, metric CPUS) or launch --workers 4",
         "quota IN_USE_ADDRESSES in us-central1: 10 VMs need 10 (1 external IP each) but 8 of 8 are free; request "
-        "more (console: IAM & Admin > Quotas, metric IN_USE_ADDRESSES) or launch --workers 8"]
+        "more (console: IAM & Admin > Quotas, metric IN_USE_ADDRESSES) or launch --workers 8",
+    ]
     assert prelaunch.shortfalls(_cfg(external_ip=False), 4, True, "pd-balanced", 20, facts, None) == []
 
 
@@ -77,8 +88,19 @@ def _planned(cloud) -> None:
     init(cloud)
     ship_test_jobs()
     cloud.fleet("sync")
-    cloud.fleet("plan", "--run", "chk", "--job", "tests.helpers.linejob:JOB", "--input",
-                f"{cloud.bucket}/corpus/sample_en.txt", "--output", f"{cloud.bucket}/out-chk/", "--item-mb", "0.2")
+    cloud.fleet(
+        "plan",
+        "--run",
+        "chk",
+        "--job",
+        "tests.helpers.linejob:JOB",
+        "--input",
+        f"{cloud.bucket}/corpus/sample_en.txt",
+        "--output",
+        f"{cloud.bucket}/out-chk/",
+        "--item-mb",
+        "0.2",
+    )
 
 
 def test_launch_refuses_before_creating_anything_and_dry_run_states_the_cost(cloud):
@@ -90,8 +112,9 @@ def test_launch_refuses_before_creating_anything_and_dry_run_states_the_cost(clo
     result = CliRunner().invoke(app, ["launch", "--run", "chk", "--workers", "3"])
     assert result.exit_code == 2
     error = result.output.strip().splitlines()[-1]
-    assert error.startswith("fleet: error: quota CPUS in us-central1: 3 VMs need 12 (4 vCPUs (e2-standard-4) each) "
-                            "but 4 of 24 are free") and error.endswith("or launch --workers 1; or --force to launch anyway")
+    assert error.startswith(
+        "fleet: error: quota CPUS in us-central1: 3 VMs need 12 (4 vCPUs (e2-standard-4) each) but 4 of 24 are free"
+    ) and error.endswith("or launch --workers 1; or --force to launch anyway")
     assert {c.method for c in cloud.standin.calls} == {"GET"} and not cloud.standin.templates  # nothing created
     dry = CliRunner().invoke(app, ["launch", "--run", "chk", "--workers", "3", "--dry-run", "--force"])
     assert dry.exit_code == 0, dry.output
@@ -101,8 +124,12 @@ def test_launch_refuses_before_creating_anything_and_dry_run_states_the_cost(clo
     body = _bodies(dry.output)[0]
     # The run's deadline, an hour (the floor) from now in whole minutes: every VM's terminationTime.
     end = datetime.fromisoformat(body["properties"]["scheduling"]["terminationTime"].replace("Z", "+00:00")).timestamp()
-    assert 3600 <= end - time.time() <= 3660 and end % 60 == 0 and "maxRunDuration" not in body["properties"]["scheduling"]
-    override = CliRunner().invoke(app, ["launch", "--run", "chk", "--workers", "1", "--dry-run", "--max-run-hours", "5"])
+    assert (
+        3600 <= end - time.time() <= 3660 and end % 60 == 0 and "maxRunDuration" not in body["properties"]["scheduling"]
+    )
+    override = CliRunner().invoke(
+        app, ["launch", "--run", "chk", "--workers", "1", "--dry-run", "--max-run-hours", "5"]
+    )
     assert override.exit_code == 0 and "5.0 h after launch (set by --max-run-hours)" in override.output
 
 
@@ -114,7 +141,8 @@ def test_launch_refuses_when_the_service_account_does_not_exist(cloud):
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == (
         "fleet: error: service account nobody@fleet-test-1.iam.gserviceaccount.com does not exist: create it "
-        "(`fleet iam` prints the commands) or fix service_account in fleet.toml; or --force to launch anyway")
+        "(`fleet iam` prints the commands) or fix service_account in fleet.toml; or --force to launch anyway"
+    )
     assert not cloud.standin.templates and not cloud.standin.migs
 
 
@@ -152,22 +180,28 @@ def test_no_credentials_is_a_check_that_cannot_tell_not_a_traceback(monkeypatch,
 def _text(t: float, zone: str) -> str:
     """``t`` as --deadline takes it, with fractions of a second and in ``zone`` ("Z", "+02:00", or none)."""
     from datetime import timedelta, timezone
+
     tz = timezone.utc if zone in ("Z", "") else timezone(timedelta(hours=int(zone[:3]), minutes=int(zone[4:])))
     text = datetime.fromtimestamp(t, tz).isoformat()
     return text.replace("+00:00", "Z") if zone == "Z" else text[:-6] if zone == "" else text
 
 
 @settings(max_examples=400, deadline=None)
-@given(now=st.floats(1.6e9, 2.2e9), boot_minutes=st.floats(0.01, 600),
-       toml_hours=st.one_of(st.none(), st.just(0.0), st.floats(1 / 120, 24 * 120)),
-       flag_hours=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
-       offset=st.one_of(st.none(), st.floats(-1e6, 2e7)), zone=st.sampled_from(["Z", "+02:00", "-05:30", ""]),
-       junk=st.one_of(st.none(), st.text(max_size=30)))
+@given(
+    now=st.floats(1.6e9, 2.2e9),
+    boot_minutes=st.floats(0.01, 600),
+    toml_hours=st.one_of(st.none(), st.just(0.0), st.floats(1 / 120, 24 * 120)),
+    flag_hours=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
+    offset=st.one_of(st.none(), st.floats(-1e6, 2e7)),
+    zone=st.sampled_from(["Z", "+02:00", "-05:30", ""]),
+    junk=st.one_of(st.none(), st.text(max_size=30)),
+)
 # A deadline half a second more than a boot away, given with a fraction of a second: the whole second GCE
 # gets (terminationTime) is within the boot.
 @example(now=1.7e9 + 0.5, boot_minutes=1.0, toml_hours=None, flag_hours=None, offset=60.2, zone="Z", junk=None)
-def test_no_launch_gets_a_deadline_that_is_none_past_or_within_a_boot(now, boot_minutes, toml_hours, flag_hours,
-                                                                      offset, zone, junk):
+def test_no_launch_gets_a_deadline_that_is_none_past_or_within_a_boot(
+    now, boot_minutes, toml_hours, flag_hours, offset, zone, junk
+):
     """The invariant behind the refusals (issue 29, part 1): whatever --deadline, --max-run-hours and
     fleet.toml say (any text for --deadline), a launch either gets a deadline at least one boot away (or one derived from the
     plan, which is never shorter than the boot it counts in: fleet.gce.estimate), or is refused in
@@ -189,5 +223,8 @@ def test_no_launch_gets_a_deadline_that_is_none_past_or_within_a_boot(now, boot_
         assert estimate.derived_bound_hours(boot_minutes * 60) * 3600 >= boot_minutes * 60
         return
     assert d.at >= now + boot_minutes * 60, (d, now)  # never past, never within one boot
-    assert d.at - now <= estimate.MAX_BOUND_S + 60 and d.how in ("--deadline", "--max-run-hours",
-                                                                  "max_run_hours in fleet.toml")
+    assert d.at - now <= estimate.MAX_BOUND_S + 60 and d.how in (
+        "--deadline",
+        "--max-run-hours",
+        "max_run_hours in fleet.toml",
+    )

@@ -38,10 +38,13 @@ def _functions(*names: str) -> str:
     return "\n".join(out)
 
 
-def _resolve(run: str, instance: str, boot: str, finished: int, version: str = "0123456789abcdef",
-             sha: str = "ab" * 32) -> dict[str, str]:
+def _resolve(
+    run: str, instance: str, boot: str, finished: int, version: str = "0123456789abcdef", sha: str = "ab" * 32
+) -> dict[str, str]:
     """What startup.sh's own code makes of the run's fleet-paths metadata."""
-    script = _functions("load_paths", "at") + """
+    script = (
+        _functions("load_paths", "at")
+        + """
 set -euo pipefail
 load_paths "$1"
 INSTANCE=$2 BOOT=$3 VERSION=$5
@@ -49,8 +52,13 @@ for key in boot log final failed failed-now stop; do printf '%s\\t%s\\n' "$key" 
 printf 'code-manifest\\t%s\\n' "$(at code-manifest)"
 printf 'code-object\\t%s\\n' "$(at code-object "$6")"
 """
-    out = subprocess.run(["bash", "-c", script, "startup", layout.vm_paths_text(run), instance, boot, str(finished),
-                          version, sha], capture_output=True, text=True, check=True).stdout
+    )
+    out = subprocess.run(
+        ["bash", "-c", script, "startup", layout.vm_paths_text(run), instance, boot, str(finished), version, sha],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return dict(line.split("\t") for line in out.splitlines())
 
 
@@ -72,24 +80,43 @@ def test_startup_sh_writes_exactly_the_names_fleet_layout_gives(run, instance, b
 
 def test_startup_sh_spells_no_object_name_and_uses_only_keys_the_launch_gives():
     code = [line.split(" #")[0] for line in STARTUP.read_text().splitlines() if not line.lstrip().startswith("#")]
-    assert not [line for line in code if "runs/" in line or "stopped.json" in line or "final/" in line
-                or "code/objects" in line or "manifest.sha256" in line]  # (its local $WORK_DIR/code/ is its own)
+    assert not [
+        line
+        for line in code
+        if "runs/" in line
+        or "stopped.json" in line
+        or "final/" in line
+        or "code/objects" in line
+        or "manifest.sha256" in line
+    ]  # (its local $WORK_DIR/code/ is its own)
     used = set(re.findall(r"\$\(at ([a-z-]+)", "\n".join(code)))
     required = set(re.search(r"for key in ([a-z -]+); do \[\[ -n \$\{PATHS", "\n".join(code)).group(1).split())
     assert used == required == set(layout.vm_paths("r"))
 
 
 def test_the_template_hands_startup_sh_the_run_s_names():
-    spec = compute_requests.FleetSpec(run="r1", bucket="gs://b", code_version="0" * 16, template="fleet-r1",
-                             machine_type="e2-standard-4", image="img", service_account="", startup_script="#!")
+    spec = compute_requests.FleetSpec(
+        run="r1",
+        bucket="gs://b",
+        code_version="0" * 16,
+        template="fleet-r1",
+        machine_type="e2-standard-4",
+        image="img",
+        service_account="",
+        startup_script="#!",
+    )
     items = {i.key: i.value for i in compute_requests.template_resource(spec).properties.metadata.items}
     assert items[compute_requests.MD_PATHS] == layout.vm_paths_text("r1")
 
 
 def test_a_damaged_paths_metadata_is_refused():
     script = _functions("load_paths") + '\nload_paths "$1"'
-    for bad in ("", "boot=runs/r/boots/{instance}-{boot}\n", layout.vm_paths_text("r").replace("log=", "log=a b"),
-                layout.vm_paths_text("r") + "x=$(reboot)\n"):
+    for bad in (
+        "",
+        "boot=runs/r/boots/{instance}-{boot}\n",
+        layout.vm_paths_text("r").replace("log=", "log=a b"),
+        layout.vm_paths_text("r") + "x=$(reboot)\n",
+    ):
         assert subprocess.run(["bash", "-c", script, "startup", bad]).returncode != 0, bad
 
 
@@ -98,10 +125,20 @@ def test_a_damaged_paths_metadata_is_refused():
 def test_every_name_is_the_run_s_own(run):
     """Under runs/<run>/, distinct, and no run's names lie under another run's prefix (runs r and r1)."""
     check_run_name(run)
-    names = [layout.spec_name(run), layout.items_name(run), layout.lease_prefix(run), layout.final_prefix(run),
-             layout.released_prefix(run), layout.worker_prefix(run), layout.idle_prefix(run),
-             layout.launch_name(run), layout.log_prefix(run), layout.boots_prefix(run), layout.failed_prefix(run),
-             layout.stop_name(run)]
+    names = [
+        layout.spec_name(run),
+        layout.items_name(run),
+        layout.lease_prefix(run),
+        layout.final_prefix(run),
+        layout.released_prefix(run),
+        layout.worker_prefix(run),
+        layout.idle_prefix(run),
+        layout.launch_name(run),
+        layout.log_prefix(run),
+        layout.boots_prefix(run),
+        layout.failed_prefix(run),
+        layout.stop_name(run),
+    ]
     assert len(set(names)) == len(names)
     assert all(n.startswith(layout.run_prefix(run)) for n in names)
     assert not any(n.startswith(layout.run_prefix(run + "x")) for n in names)
@@ -111,30 +148,56 @@ def test_every_name_is_the_run_s_own(run):
 
 def test_list_runs_finds_the_runs_by_their_specs(tmp_path):
     store = open_store(str(tmp_path))
-    for name in (layout.spec_name("a"), layout.spec_name("b.2"), layout.lease_prefix("c") + "00001",
-                 layout.run_prefix("d") + "x/run.json"):
+    for name in (
+        layout.spec_name("a"),
+        layout.spec_name("b.2"),
+        layout.lease_prefix("c") + "00001",
+        layout.run_prefix("d") + "x/run.json",
+    ):
         store.write(name, b"{}")
     assert list_runs(store) == ["a", "b.2"]
 
 
 def _strings(tree: ast.AST) -> list[str]:
     """The string literals of a module (f-strings' literal parts too), docstrings left out."""
-    docs = {id(node.body[0].value) for node in ast.walk(tree)
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
-            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-            and id(n) not in docs]
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
 
 
 def test_no_other_fleet_module_spells_a_run_s_object_name():
     """(It finds the old run_prefix family, and the launch record's and logs' names in gcp.py.)"""
-    names = ("runs/", "run.json", "items.jsonl", "leases/", "final/", "released/", "workers/", "idle/",
-             "launch.json", "logs/", "boots/", "failed-boots", "stopped.json")
+    names = (
+        "runs/",
+        "run.json",
+        "items.jsonl",
+        "leases/",
+        "final/",
+        "released/",
+        "workers/",
+        "idle/",
+        "launch.json",
+        "logs/",
+        "boots/",
+        "failed-boots",
+        "stopped.json",
+    )
     spelled = {}
     for path in sorted((STARTUP.parent.parent / "fleet").glob("*.py")):
         if path.name != "layout.py":
-            found = [s for s in _strings(ast.parse(path.read_text()))
-                     if any(n in s for n in names) and " " not in s]  # a name, not a message about one
+            found = [
+                s for s in _strings(ast.parse(path.read_text())) if any(n in s for n in names) and " " not in s
+            ]  # a name, not a message about one
             if found:
                 spelled[path.name] = found
     assert spelled == {}

@@ -55,8 +55,11 @@ def documents() -> list[list[str]]:
     docs = []
     for lang in ("en", "zh"):
         with open(os.path.join(ROOT, "corpus", f"sample_{lang}.txt"), encoding="utf-8") as f:
-            docs += [[line for line in block.split("\n") if line.strip()][:6]
-                     for block in f.read().split("\n\n") if block.strip()]
+            docs += [
+                [line for line in block.split("\n") if line.strip()][:6]
+                for block in f.read().split("\n\n")
+                if block.strip()
+            ]
     return docs[:70]
 
 
@@ -110,7 +113,7 @@ def readme_tokens(prefix: str, vocab_size: int) -> list[list[int]]:
     starts = np.load(prefix + ".npy")
     ids = np.memmap(prefix + ".bin", dtype=np.uint16 if vocab_size <= 65536 else np.uint32, mode="r")
     assert len(ids) == starts[-1]
-    return [ids[starts[i]:starts[i + 1]].tolist() for i in range(len(starts) - 1)]
+    return [ids[starts[i] : starts[i + 1]].tolist() for i in range(len(starts) - 1)]
 
 
 def megatron_sequences(megatron, prefix: str) -> list[list[int]]:
@@ -119,11 +122,19 @@ def megatron_sequences(megatron, prefix: str) -> list[list[int]]:
     return [dataset[i].tolist() for i in range(len(dataset))]
 
 
-def local(inputs: list[str], out, settings_: dict[str, str], shards: int = 0, item_bytes: int = 6_000,
-          dedup: str = ""):
+def local(inputs: list[str], out, settings_: dict[str, str], shards: int = 0, item_bytes: int = 6_000, dedup: str = ""):
     console = Console(file=io.StringIO(), width=200)
-    result = run_local(inputs, str(out), "causal_lm", 2, settings_, item_bytes=item_bytes, console=console,
-                       stage_options=StageOptions(shards, dedup), lease_ttl=20)
+    result = run_local(
+        inputs,
+        str(out),
+        "causal_lm",
+        2,
+        settings_,
+        item_bytes=item_bytes,
+        console=console,
+        stage_options=StageOptions(shards, dedup),
+        lease_ttl=20,
+    )
     assert result.exit_code == 0, console.file.getvalue()
     return result
 
@@ -157,8 +168,9 @@ def test_written_sequences_read_back_equal_whatever_the_vocab(megatron, data, vo
         # The same bytes as megatron-core's own builder writes for these documents.
         import torch
 
-        builder = megatron.IndexedDatasetBuilder(os.path.join(tmp, "ref.bin"),
-                                                 dtype=megatron.DType.optimal_dtype(vocab))
+        builder = megatron.IndexedDatasetBuilder(
+            os.path.join(tmp, "ref.bin"), dtype=megatron.DType.optimal_dtype(vocab)
+        )
         for doc in docs:
             builder.add_document(torch.tensor(doc, dtype=torch.int64), [len(doc)])
         builder.finalize(os.path.join(tmp, "ref.idx"))
@@ -195,7 +207,8 @@ def test_the_vocab_size_decides_the_dtype_so_no_id_can_wrap(output):
 
 @pytest.mark.parametrize("tokenizer", ["tokenizer_file", "vocab_file"])
 def test_fleet_local_megatron_and_tokens_give_back_every_token_in_order(
-        megatron, tmp_path, corpus, documents, bpe_path, vocab_path, tokenizer):
+    megatron, tmp_path, corpus, documents, bpe_path, vocab_path, tokenizer
+):
     path = bpe_path if tokenizer == "tokenizer_file" else vocab_path
     want = expected_sequences(documents, tokenizer, path)
     vocab_size = JOB.document_converter(JOB.parse_config({tokenizer: path}), read_file).tokenizer.vocab_size
@@ -205,14 +218,19 @@ def test_fleet_local_megatron_and_tokens_give_back_every_token_in_order(
         prefixes = datasets(out, output)
         assert len(prefixes) == result.status.items > 2  # one dataset per item
         run_files = ["manifest.json"] + (["megatron-data-path.txt"] if output == "megatron" else [])
-        assert sorted(os.listdir(out)) == sorted([".fleet", "summary.json", *run_files] + [
-            os.path.basename(p) + s for p in prefixes for s in (".bin", INDEX_SUFFIXES[output])])
+        assert sorted(os.listdir(out)) == sorted(
+            [".fleet", "summary.json", *run_files]
+            + [os.path.basename(p) + s for p in prefixes for s in (".bin", INDEX_SUFFIXES[output])]
+        )
         if output == "megatron":  # the --data-path list names every dataset, weighted by its tokens
             listed = read_file(str(out / "megatron-data-path.txt")).decode().split()
             assert listed[1::2] == [os.path.basename(p) for p in prefixes]
             assert list(map(int, listed[0::2])) == [len(sum(megatron_sequences(megatron, p), [])) for p in prefixes]
-        ours = [s.tolist() for p in prefixes
-                for s in read_sequences(p + ".bin", read_file(p + INDEX_SUFFIXES[output]), output, vocab_size)]
+        ours = [
+            s.tolist()
+            for p in prefixes
+            for s in read_sequences(p + ".bin", read_file(p + INDEX_SUFFIXES[output]), output, vocab_size)
+        ]
         assert ours == want
         if output == "tokens":
             assert [s for p in prefixes for s in readme_tokens(p, vocab_size)] == want
@@ -231,8 +249,9 @@ def test_each_output_counts_exactly_what_its_readers_find(bpe_path, documents):
     assert JOB.features(config) == {} and JOB.summarize(stats) == {}
 
 
-def test_shards_are_balanced_datasets_holding_every_sequence_of_the_run(megatron, tmp_path, corpus, documents,
-                                                                        bpe_path):
+def test_shards_are_balanced_datasets_holding_every_sequence_of_the_run(
+    megatron, tmp_path, corpus, documents, bpe_path
+):
     want = sorted(map(tuple, expected_sequences(documents, "tokenizer_file", bpe_path)))
     for output in ("megatron", "tokens"):
         out = tmp_path / output
@@ -240,23 +259,37 @@ def test_shards_are_balanced_datasets_holding_every_sequence_of_the_run(megatron
         prefixes = datasets(out, output)
         assert [os.path.basename(p) for p in prefixes] == [f"part-{i:05d}-of-00003" for i in range(3)]
         vocab = 1500
-        shards = [[tuple(s.tolist()) for s in read_sequences(p + ".bin", read_file(p + INDEX_SUFFIXES[output]),
-                                                             output, vocab)] for p in prefixes]
+        shards = [
+            [
+                tuple(s.tolist())
+                for s in read_sequences(p + ".bin", read_file(p + INDEX_SUFFIXES[output]), output, vocab)
+            ]
+            for p in prefixes
+        ]
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
         assert sorted(s for shard in shards for s in shard) == want
         if output == "megatron":
-            assert [tuple(s) for p in prefixes for s in megatron_sequences(megatron, p)] == \
-                [s for shard in shards for s in shard]
+            assert [tuple(s) for p in prefixes for s in megatron_sequences(megatron, p)] == [
+                s for shard in shards for s in shard
+            ]
 
 
 def test_dedup_then_shards_keeps_one_copy_of_each_document(tmp_path, corpus, documents, bpe_path):
     copy = tmp_path / "copy" / "again.txt"
     copy.parent.mkdir()
     copy.write_bytes(read_file(corpus))
-    local([corpus, str(copy)], tmp_path / "out", {"tokenizer_file": bpe_path, "output": "megatron"}, shards=2,
-          dedup="exact")
-    got = [tuple(s.tolist()) for p in datasets(tmp_path / "out", "megatron")
-           for s in read_sequences(p + ".bin", read_file(p + ".idx"), "megatron", 1500)]
+    local(
+        [corpus, str(copy)],
+        tmp_path / "out",
+        {"tokenizer_file": bpe_path, "output": "megatron"},
+        shards=2,
+        dedup="exact",
+    )
+    got = [
+        tuple(s.tolist())
+        for p in datasets(tmp_path / "out", "megatron")
+        for s in read_sequences(p + ".bin", read_file(p + ".idx"), "megatron", 1500)
+    ]
     assert sorted(got) == sorted(set(map(tuple, expected_sequences(documents, "tokenizer_file", bpe_path))))
 
 
@@ -264,10 +297,17 @@ def test_dedup_then_shards_keeps_one_copy_of_each_document(tmp_path, corpus, doc
 
 
 def test_run_files_list_every_megatron_dataset_weighted_by_its_tokens():
-    manifest = RunManifest(sources={"in.txt": {"documents": 5}}, outputs={
-        "part-00001.bin": {"tokens": 700, "documents": 3}, "part-00001.idx": {},
-        "part-00000.bin": {"tokens": 1200, "documents": 2}, "part-00000.idx": {},
-        "part-00002.bin": {"tokens": 0, "documents": 0}, "part-00002.idx": {}})
+    manifest = RunManifest(
+        sources={"in.txt": {"documents": 5}},
+        outputs={
+            "part-00001.bin": {"tokens": 700, "documents": 3},
+            "part-00001.idx": {},
+            "part-00000.bin": {"tokens": 1200, "documents": 2},
+            "part-00000.idx": {},
+            "part-00002.bin": {"tokens": 0, "documents": 0},
+            "part-00002.idx": {},
+        },
+    )
     files = JOB.run_files(CausalLMConfig(tokenizer_file="t.json", output="megatron"), manifest)
     assert files == {"megatron-data-path.txt": b"1200 part-00000\n700 part-00001\n"}  # the empty one left out
     assert JOB.run_files(CausalLMConfig(tokenizer_file="t.json", output="tokens"), manifest) == {}
@@ -299,9 +339,28 @@ def test_options_that_make_no_sense_with_whole_sequences_are_one_line(bpe_path):
 
 
 def test_fleet_local_refuses_a_conflict_in_one_line_with_exit_2(tmp_path, corpus, bpe_path):
-    proc = subprocess.run([sys.executable, "-m", "fleet.cli", "local", corpus, str(tmp_path / "out"), "--job",
-                           "causal_lm", "--set", f"tokenizer_file={bpe_path}", "--set", "output=tokens",
-                           "--set", "pack_documents=true"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleet.cli",
+            "local",
+            corpus,
+            str(tmp_path / "out"),
+            "--job",
+            "causal_lm",
+            "--set",
+            f"tokenizer_file={bpe_path}",
+            "--set",
+            "output=tokens",
+            "--set",
+            "pack_documents=true",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "pack_documents" in line]
     assert len(lines) == 1 and "output=tokens writes each document whole" in lines[0]

@@ -52,8 +52,9 @@ def bpe_json(documents) -> str:
 
     bpe = ByteLevelBPETokenizer()
     odd = [f"!{NEW_LETTERS} ?{NEW_LETTERS[:2]}"] * 200  # (Oniguruma: punctuation runs, merged)
-    bpe.train_from_iterator(["\n".join(d) for d in documents] + odd, vocab_size=1500,
-                            special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.train_from_iterator(
+        ["\n".join(d) for d in documents] + odd, vocab_size=1500, special_tokens=["<|endoftext|>"], show_progress=False
+    )
     return bpe.to_str()
 
 
@@ -76,14 +77,69 @@ def cached_ids(cache: WordCache, texts: list[str]) -> list[list[int]]:
 
 # Pieces the GPT-2 regex treats each its own way, and any code point at all (new letters the
 # regex module knows and Oniguruma does not, controls, private use, astral planes).
-SPECIAL = [" ", "  ", "\t", "\n", "\r\n", "\u3000", "\x0b", "\x0c", "\x1c", "\x85", "\xa0", "\u2028", "\u180e",
-           "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "ſ", "'", "0", "42", "٣", "１２", "½", "Ⅷ",
-           "!", "?!", "...", "—", "«", "€", "😀", "👩‍👩‍👧", "\u200d", "\ufe0f", "中文", "日本語です", "한국어",
-           "\u0301", "e\u0301", "<|endoftext|>", "<|end", "\U000107bb", "\U00010940", "\u0558", "\U000e0001"]
+SPECIAL = [
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\u3000",
+    "\x0b",
+    "\x0c",
+    "\x1c",
+    "\x85",
+    "\xa0",
+    "\u2028",
+    "\u180e",
+    "'s",
+    "'t",
+    "'re",
+    "'ve",
+    "'m",
+    "'ll",
+    "'d",
+    "'S",
+    "ſ",
+    "'",
+    "0",
+    "42",
+    "٣",
+    "１２",
+    "½",
+    "Ⅷ",
+    "!",
+    "?!",
+    "...",
+    "—",
+    "«",
+    "€",
+    "😀",
+    "👩‍👩‍👧",
+    "\u200d",
+    "\ufe0f",
+    "中文",
+    "日本語です",
+    "한국어",
+    "\u0301",
+    "e\u0301",
+    "<|endoftext|>",
+    "<|end",
+    "\U000107bb",
+    "\U00010940",
+    "\u0558",
+    "\U000e0001",
+]
 texts_strategy = st.lists(
-    st.lists(st.one_of(st.sampled_from(SPECIAL), st.text(max_size=6),
-                       st.text(st.characters(blacklist_categories=("Cs",)), max_size=4)), max_size=12)
-    .map("".join), max_size=8)
+    st.lists(
+        st.one_of(
+            st.sampled_from(SPECIAL),
+            st.text(max_size=6),
+            st.text(st.characters(blacklist_categories=("Cs",)), max_size=4),
+        ),
+        max_size=12,
+    ).map("".join),
+    max_size=8,
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -102,8 +158,8 @@ def test_a_full_cache_starts_over_and_gives_the_same_ids(tokenizer, documents, m
     cache = word_cache(tokenizer)
     texts = ["\n".join(d) for d in documents[:30]]
     for at in range(0, len(texts), 10):
-        assert cached_ids(cache, texts[at:at + 10]) == library_ids(tokenizer, texts[at:at + 10])
-        assert len(cache.index) <= 50 + sum(len(cache.pattern.findall(t)) for t in texts[at:at + 10])
+        assert cached_ids(cache, texts[at : at + 10]) == library_ids(tokenizer, texts[at : at + 10])
+        assert len(cache.index) <= 50 + sum(len(cache.pattern.findall(t)) for t in texts[at : at + 10])
 
 
 def test_a_character_the_engines_class_differently_sends_its_text_to_the_library(tokenizer):
@@ -136,8 +192,10 @@ def test_only_configurations_it_reproduces_get_a_cache(bpe_json):
     assert word_cache(variant(pre_tokenizer__add_prefix_space=True)) is None
     assert word_cache(variant(pre_tokenizer__use_regex=False)) is None
     assert word_cache(variant(model__dropout=0.1)) is None
-    assert word_cache(variant(truncation={"direction": "Right", "max_length": 8, "strategy": "LongestFirst",
-                                          "stride": 0})) is None
+    assert (
+        word_cache(variant(truncation={"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}))
+        is None
+    )
     assert word_cache(variant(pre_tokenizer={"type": "Whitespace"})) is None
 
 
@@ -155,10 +213,17 @@ class MemorySink:
         self.counts[suffix] = counts
 
 
-@pytest.mark.parametrize("options", [{"max_seq_length": "32"}, {"output": "megatron"},
-                                     {"max_seq_length": "16", "pack_documents": "true", "last_block": "drop"}])
-def test_the_converter_writes_the_same_bytes_and_counts_with_the_cache_as_without(tmp_path, bpe_json, documents,
-                                                                                  options):
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_seq_length": "32"},
+        {"output": "megatron"},
+        {"max_seq_length": "16", "pack_documents": "true", "last_block": "drop"},
+    ],
+)
+def test_the_converter_writes_the_same_bytes_and_counts_with_the_cache_as_without(
+    tmp_path, bpe_json, documents, options
+):
     path = tmp_path / "tokenizer.json"
     path.write_text(bpe_json, encoding="utf-8")
     config = JOB.parse_config({"tokenizer_file": str(path), **options})
@@ -177,8 +242,12 @@ def test_the_converter_writes_the_same_bytes_and_counts_with_the_cache_as_withou
 
 
 @settings(max_examples=60, deadline=None)
-@given(docs=st.lists(st.lists(st.integers(0, 99), max_size=40), max_size=12), size=st.integers(2, 9),
-       pack=st.booleans(), last=st.sampled_from(["pad", "drop"]))
+@given(
+    docs=st.lists(st.lists(st.integers(0, 99), max_size=40), max_size=12),
+    size=st.integers(2, 9),
+    pack=st.booleans(),
+    last=st.sampled_from(["pad", "drop"]),
+)
 def test_blocks_from_ids_end_to_end_are_the_blocks_from_lists(docs, size, pack, last):
     opts = BlockOptions(size, 100, 101, last, pack)
     lists, flat = BlockCutter(opts), BlockCutter(opts)
@@ -192,10 +261,17 @@ def test_blocks_from_ids_end_to_end_are_the_blocks_from_lists(docs, size, pack, 
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.lists(st.tuples(st.integers(0, 9), st.lists(st.sampled_from([0, 1, 127, 128, 16383, 16384, 65535, 65536,
-                                                                          1 << 31]), min_size=9, max_size=9)),
-                     min_size=1, max_size=8),
-       padded=st.booleans())
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 9),
+            st.lists(st.sampled_from([0, 1, 127, 128, 16383, 16384, 65535, 65536, 1 << 31]), min_size=9, max_size=9),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    padded=st.booleans(),
+)
 def test_block_records_are_the_writers_records_of_the_same_columns(rows, padded):
     width = 9
     ids = np.array([r for _, r in rows], np.int64).reshape(-1, width)
@@ -210,6 +286,7 @@ def test_block_records_are_the_writers_records_of_the_same_columns(rows, padded)
 
 
 # -- the C core's block records (records.c) ----------------------------------------------------
+
 
 def _loads() -> bool:
     try:
@@ -232,15 +309,25 @@ def c_and_python(width: int, padded: bool, ids: np.ndarray, lengths: np.ndarray)
 
 @needs_native
 @settings(max_examples=80, deadline=None)
-@given(data=st.data(), width=st.integers(2, 40), rows=st.integers(1, 8), padded=st.booleans(),
-       top=st.sampled_from([127, 16383, 65535, MAX_ID]))
+@given(
+    data=st.data(),
+    width=st.integers(2, 40),
+    rows=st.integers(1, 8),
+    padded=st.booleans(),
+    top=st.sampled_from([127, 16383, 65535, MAX_ID]),
+)
 def test_c_block_records_are_the_python_paths_bytes(data, width, rows, padded, top):
     """Ids of one, two, three bytes and up to five (a row with an id of 2^14 or more goes C's
     general way), full blocks and padded ones (their lengths any in [0, width])."""
-    ids = np.array(data.draw(st.lists(st.lists(st.integers(0, top), min_size=width, max_size=width),
-                                      min_size=rows, max_size=rows)), np.int64)
-    lengths = np.array(data.draw(st.lists(st.one_of(st.just(width), st.integers(0, width)),
-                                          min_size=rows, max_size=rows)), np.int32)
+    ids = np.array(
+        data.draw(
+            st.lists(st.lists(st.integers(0, top), min_size=width, max_size=width), min_size=rows, max_size=rows)
+        ),
+        np.int64,
+    )
+    lengths = np.array(
+        data.draw(st.lists(st.one_of(st.just(width), st.integers(0, width)), min_size=rows, max_size=rows)), np.int32
+    )
     c, python = c_and_python(width, padded, ids, lengths)
     assert c == python
     assert len(list(tfrecord.iter_records(c))) == rows  # (both checksums of every frame checked)
@@ -253,8 +340,13 @@ def test_c_block_records_of_long_blocks_and_many_rows(width, padded):
     """Many rows of real widths: the C path's varints, written where the previous row's head
     ended, are moved when a row's head has another size (lengths crossing 128 and 16384 bytes)."""
     rng = np.random.default_rng(width)
-    ids = np.concatenate([rng.integers(0, 128, (40, width)), rng.integers(0, 8_000, (40, width)),
-                          rng.integers(0, MAX_ID, (20, width), endpoint=True)])
+    ids = np.concatenate(
+        [
+            rng.integers(0, 128, (40, width)),
+            rng.integers(0, 8_000, (40, width)),
+            rng.integers(0, MAX_ID, (20, width), endpoint=True),
+        ]
+    )
     ids[rng.permutation(len(ids))[:30], 0] = rng.integers(16_384, MAX_ID, 30)  # one wide id in a row
     ids = ids[rng.permutation(len(ids))]
     lengths = np.where(rng.random(len(ids)) < 0.5, width, rng.integers(1, width, len(ids))).astype(np.int32)
@@ -269,8 +361,10 @@ def test_tensorflow_reads_the_c_records_back():
     ids = rng.integers(0, MAX_ID, (50, width), endpoint=True).astype(np.int32)
     ids[::3] = rng.integers(0, 300, (17, width))
     lengths = rng.integers(1, width + 1, 50).astype(np.int32)
-    spec = {"input_ids": tf.io.FixedLenFeature([width], tf.int64),
-            "attention_mask": tf.io.FixedLenFeature([width], tf.int64)}
+    spec = {
+        "input_ids": tf.io.FixedLenFeature([width], tf.int64),
+        "attention_mask": tf.io.FixedLenFeature([width], tf.int64),
+    }
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "part.tfrecord")
         with open(path, "wb") as f:
@@ -322,15 +416,15 @@ def test_a_block_length_past_its_width_is_refused():
 
 
 @needs_native
-def test_the_converter_writes_the_same_bytes_with_the_c_records_as_without(tmp_path, bpe_json, documents,
-                                                                          monkeypatch):
+def test_the_converter_writes_the_same_bytes_with_the_c_records_as_without(tmp_path, bpe_json, documents, monkeypatch):
     path = tmp_path / "tokenizer.json"
     path.write_text(bpe_json, encoding="utf-8")
     results = []
     for available in (native.available, lambda: None):
         monkeypatch.setattr(native, "available", available)
-        converter = JOB.document_converter(JOB.parse_config({"tokenizer_file": str(path), "max_seq_length": "48"}),
-                                           lambda p: open(p, "rb").read())
+        converter = JOB.document_converter(
+            JOB.parse_config({"tokenizer_file": str(path), "max_seq_length": "48"}), lambda p: open(p, "rb").read()
+        )
         sink = MemorySink()
         stats = converter.convert(iter(documents), ItemContext("i", 1, "r"), sink)
         results.append((stats, {k: v.getvalue() for k, v in sink.files.items()}, sink.counts))

@@ -35,7 +35,7 @@ def read_documents(name: str) -> list[list[str]]:
 def corpus() -> dict[str, list[list[str]]]:
     """Training documents, and held-out ones (cut into short documents, so many boundaries)."""
     en, zh = read_documents("sample_en.txt"), read_documents("sample_zh.txt")
-    held = [lines[i:i + 2] for d in en[60:66] + zh[60:66] for lines in [d] for i in range(0, min(len(lines), 40), 2)]
+    held = [lines[i : i + 2] for d in en[60:66] + zh[60:66] for lines in [d] for i in range(0, min(len(lines), 40), 2)]
     return {"train": en[:40] + zh[:40], "held_out": held}
 
 
@@ -45,8 +45,13 @@ def sp_model(tmp_path_factory, corpus) -> str:
     import sentencepiece as spm
 
     out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter([line for d in corpus["train"] for line in d]),
-                                   model_writer=out, vocab_size=2000, minloglevel=2, num_threads=1)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([line for d in corpus["train"] for line in d]),
+        model_writer=out,
+        vocab_size=2000,
+        minloglevel=2,
+        num_threads=1,
+    )
     path = tmp_path_factory.mktemp("sp") / "spm.model"
     path.write_bytes(out.getvalue())
     return str(path)
@@ -86,8 +91,13 @@ def ranks_path(tmp_path_factory, corpus) -> str:
 
 
 def fleet_local(inputs, out, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fleet.cli", "local", *inputs, str(out), "--job", "causal_lm",
-                           "--workers", "1", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fleet.cli", "local", *inputs, str(out), "--job", "causal_lm", "--workers", "1", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def documents_file(tmp_path, documents) -> str:
@@ -106,8 +116,14 @@ def test_sentencepiece_ids_are_sp_encode_of_each_document_then_its_eos(tmp_path,
 
     sp = spm.SentencePieceProcessor(model_file=sp_model)
     held = corpus["held_out"]
-    proc = fleet_local([documents_file(tmp_path, held)], tmp_path / "out", "--set", f"tokenizer_file={sp_model}",
-                       "--set", "max_seq_length=48")
+    proc = fleet_local(
+        [documents_file(tmp_path, held)],
+        tmp_path / "out",
+        "--set",
+        f"tokenizer_file={sp_model}",
+        "--set",
+        "max_seq_length=48",
+    )
     assert proc.returncode == 0, proc.stderr
     expected = [i for d in held for i in (*sp.encode("\n".join(d)), sp.eos_id())]
     assert real_ids(folder_examples(str(tmp_path / "out"))) == expected
@@ -127,15 +143,24 @@ def test_tiktoken_ids_are_encode_of_each_document_then_the_eod_token(tmp_path, r
     eod = len(ranks)
     enc = tiktoken.Encoding("t", pat_str=CL100K_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": eod})
     held = corpus["held_out"] + [["a page that quotes <|endoftext|> as text"]]
-    proc = fleet_local([documents_file(tmp_path, held)], tmp_path / "out", "--set", f"tokenizer_file={ranks_path}",
-                       "--set", f"tiktoken_special_tokens=<|endoftext|>={eod}", "--set", "max_seq_length=48",
-                       "--set", "output=parquet")
+    proc = fleet_local(
+        [documents_file(tmp_path, held)],
+        tmp_path / "out",
+        "--set",
+        f"tokenizer_file={ranks_path}",
+        "--set",
+        f"tiktoken_special_tokens=<|endoftext|>={eod}",
+        "--set",
+        "max_seq_length=48",
+        "--set",
+        "output=parquet",
+    )
     assert proc.returncode == 0, proc.stderr
     got = real_ids(folder_examples(str(tmp_path / "out")))
     # The text's own "<|endoftext|>" is text: the only end-of-document ids are those the job put.
     expected = [i for d in held for i in (*enc.encode("\n".join(d), disallowed_special=()), eod)]
     assert got == expected and got.count(eod) == len(held)
-    assert enc.decode(got[:got.index(eod)]) == "\n".join(held[0])
+    assert enc.decode(got[: got.index(eod)]) == "\n".join(held[0])
 
 
 def test_the_kind_comes_from_the_name_then_the_content_then_the_option(tmp_path, sp_model, ranks_path):
@@ -151,7 +176,9 @@ def test_the_kind_comes_from_the_name_then_the_content_then_the_option(tmp_path,
 
     # Read through the job's opener: a gs:// URL works as a path does.
     objects = {"gs://b/llama/tokenizer.model": ranks, "gs://b/spm.model": model}
-    config = CausalLMConfig(tokenizer_file="gs://b/llama/tokenizer.model", tiktoken_special_tokens="<|end_of_text|>=9999")
+    config = CausalLMConfig(
+        tokenizer_file="gs://b/llama/tokenizer.model", tiktoken_special_tokens="<|end_of_text|>=9999"
+    )
     assert JOB.document_converter(config, objects.__getitem__).tokenizer.eod_id == 9999
     assert JOB.document_converter(CausalLMConfig(tokenizer_file="gs://b/spm.model"), objects.__getitem__)
 
@@ -165,24 +192,34 @@ def test_bad_tokenizer_files_are_one_line_naming_the_file_or_option(tmp_path, sp
     (tmp_path / "dup.tiktoken").write_bytes(b"".join(lines) + lines[3])
     no_eos = tmp_path / "no_eos.model"
     out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(["some words here", "and more words there"] * 50),
-                                   model_writer=out, vocab_size=15, eos_id=-1, minloglevel=2, num_threads=1)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["some words here", "and more words there"] * 50),
+        model_writer=out,
+        vocab_size=15,
+        eos_id=-1,
+        minloglevel=2,
+        num_threads=1,
+    )
     no_eos.write_bytes(out.getvalue())
     tk = str(tmp_path / "ok.tiktoken")
     with open(tk, "wb") as f:
         f.write(b"".join(lines))
     cases = {
         "bad.model: not a SentencePiece model": CausalLMConfig(tokenizer_file=str(tmp_path / "bad.model")),
-        "bad.tiktoken: line 8 is not 'base64-token rank'": CausalLMConfig(tokenizer_file=str(tmp_path / "bad.tiktoken")),
+        "bad.tiktoken: line 8 is not 'base64-token rank'": CausalLMConfig(
+            tokenizer_file=str(tmp_path / "bad.tiktoken")
+        ),
         "dup.tiktoken: line": CausalLMConfig(tokenizer_file=str(tmp_path / "dup.tiktoken")),
         "ok.tiktoken: no end-of-document token": CausalLMConfig(tokenizer_file=tk),
         "no_eos.model: no end-of-document token": CausalLMConfig(tokenizer_file=str(no_eos)),
         "option eod_token: '<eot>' is not in": CausalLMConfig(tokenizer_file=sp_model, eod_token="<eot>"),
-        "option tiktoken_special_tokens: 'eot' is not TOKEN=ID": CausalLMConfig(tokenizer_file=tk,
-                                                                              tiktoken_special_tokens="eot"),
+        "option tiktoken_special_tokens: 'eot' is not TOKEN=ID": CausalLMConfig(
+            tokenizer_file=tk, tiktoken_special_tokens="eot"
+        ),
         "has the id of a token of": CausalLMConfig(tokenizer_file=tk, tiktoken_special_tokens="<|endoftext|>=5"),
-        "option tiktoken_pattern: tiktoken refuses": CausalLMConfig(tokenizer_file=tk, tiktoken_pattern="(",
-                                                                    tiktoken_special_tokens="<|endoftext|>=99999"),
+        "option tiktoken_pattern: tiktoken refuses": CausalLMConfig(
+            tokenizer_file=tk, tiktoken_pattern="(", tiktoken_special_tokens="<|endoftext|>=99999"
+        ),
         "apply to a .tiktoken file": CausalLMConfig(tokenizer_file=sp_model, tiktoken_pattern=r"\w+"),
         "option tokenizer_type: 'bpe'": CausalLMConfig(tokenizer_file=sp_model, tokenizer_type="bpe"),
     }
@@ -213,8 +250,9 @@ def test_the_known_encodings_are_tiktokens_own(monkeypatch):
 
 
 @settings(max_examples=40, deadline=None)
-@given(tokens=st.lists(st.binary(min_size=1, max_size=12), min_size=1, max_size=30, unique=True),
-       bad=st.integers(0, 29))
+@given(
+    tokens=st.lists(st.binary(min_size=1, max_size=12), min_size=1, max_size=30, unique=True), bad=st.integers(0, 29)
+)
 def test_a_ranks_file_parses_back_to_its_ranks_and_a_bad_line_is_named(tokens, bad):
     ranks = {t: i for i, t in enumerate(tokens)}
     lines = [base64.b64encode(t) + b" %d" % r for t, r in ranks.items()]

@@ -74,20 +74,28 @@ WORDS = ["a", "b", "aa", "ab", "ba", "bb", "aab", "aba", "abb", "baa", "bab", "b
 # Scores with exact ties between segmentations (integers), and near ties at every scale float
 # rounding reaches: deep into a document (|score| ~ 1e5) a float's step is 2^-7.
 EPSILONS = [0.0, 1e-7, 3e-7, 1e-6, 4e-6, 1e-5, 1e-4, 0.0078125, 0.01, 0.3]
-scores = st.builds(lambda k, e, sign: -(k + sign * e), st.integers(1, 6), st.sampled_from(EPSILONS),
-                   st.sampled_from([1, -1]))
-models = st.fixed_dictionaries({
-    "pieces": st.dictionaries(st.sampled_from(WORDS + ["▁" + w for w in WORDS]), scores, min_size=3),
-    "space": scores,
-    "byte_fallback": st.booleans(),
-})
-texts = st.lists(st.lists(st.sampled_from(WORDS + ["c", "é", "aac", " ", "  "]), max_size=8).map(" ".join),
-                 min_size=1, max_size=4)
+scores = st.builds(
+    lambda k, e, sign: -(k + sign * e), st.integers(1, 6), st.sampled_from(EPSILONS), st.sampled_from([1, -1])
+)
+models = st.fixed_dictionaries(
+    {
+        "pieces": st.dictionaries(st.sampled_from(WORDS + ["▁" + w for w in WORDS]), scores, min_size=3),
+        "space": scores,
+        "byte_fallback": st.booleans(),
+    }
+)
+texts = st.lists(
+    st.lists(st.sampled_from(WORDS + ["c", "é", "aac", " ", "  "]), max_size=8).map(" ".join), min_size=1, max_size=4
+)
 
 
 @settings(max_examples=120, deadline=None)
-@given(model=models, texts=texts, depth=st.sampled_from([0, 1, 300, 9_000, 14_000, 40_000]),
-       filler=st.sampled_from(["ab", "a b", "bba ab a"]))
+@given(
+    model=models,
+    texts=texts,
+    depth=st.sampled_from([0, 1, 300, 9_000, 14_000, 40_000]),
+    filler=st.sampled_from(["ab", "a b", "bba ab a"]),
+)
 def test_ties_and_near_ties_anywhere_in_a_document_give_the_librarys_ids(model, texts, depth, filler):
     """Each text also comes after ``depth`` words of filler: the score the document reached then
     runs from 0 past the library's reset (1e5), so every near tie meets every rounding."""
@@ -99,7 +107,7 @@ def test_ties_and_near_ties_anywhere_in_a_document_give_the_librarys_ids(model, 
 
 
 def test_a_tie_keeps_the_first_candidate_as_the_library_does():
-    """"aaa": a+aa and aa+a score the same; the library keeps the path found first."""
+    """ "aaa": a+aa and aa+a score the same; the library keeps the path found first."""
     sp = crafted([("▁", -1.0), ("a", -2.0), ("aa", -3.0)])
     enc = encoder(sp)
     for text in ["aaa", "b aaa aaa", "aaa " * 50]:
@@ -107,7 +115,7 @@ def test_a_tie_keeps_the_first_candidate_as_the_library_does():
 
 
 def test_a_near_tie_the_library_decides_otherwise_deep_in_a_document_is_not_taken_from_the_cache():
-    """"ab" alone is ▁ + ab; after 1,650 words (the document's score near -4,100, where a
+    """ "ab" alone is ▁ + ab; after 1,650 words (the document's score near -4,100, where a
     float's step is 2^-11) the library's rounding makes it ▁ + a + b, its two paths 1e-4 apart
     (the smallest depth for such a margin among 400 random models). The word cached from the
     first document must not answer the second: a bound on rounding some 70x too lax would."""
@@ -150,12 +158,51 @@ def test_a_full_cache_starts_over_and_gives_the_same_ids(monkeypatch):
 
 # -- models trained with each normalizer option, random Unicode ----------------------------------
 
-NFKC = ["ﬁ", "ﬀ", "㍿", "①", "Ⅷ", "ｶ", "ｶﾞ", "Ａ", "１２", "™", "…", "ǆ", "ẞ", "İ", "Σ", "ς", "\u00a0", "\u3000", "\u200b",
-        "\ufeff", "\u2028", "\x85", "\x7f", "\x01", "\t", "\r", "\u0301", "e\u0301", "\u1100\u1161", "가", "ㄱ", "\ufffd"]
+NFKC = [
+    "ﬁ",
+    "ﬀ",
+    "㍿",
+    "①",
+    "Ⅷ",
+    "ｶ",
+    "ｶﾞ",
+    "Ａ",
+    "１２",
+    "™",
+    "…",
+    "ǆ",
+    "ẞ",
+    "İ",
+    "Σ",
+    "ς",
+    "\u00a0",
+    "\u3000",
+    "\u200b",
+    "\ufeff",
+    "\u2028",
+    "\x85",
+    "\x7f",
+    "\x01",
+    "\t",
+    "\r",
+    "\u0301",
+    "e\u0301",
+    "\u1100\u1161",
+    "가",
+    "ㄱ",
+    "\ufffd",
+]
 unicode_texts = st.lists(
-    st.lists(st.one_of(st.sampled_from(SPECIAL + NFKC), st.text(max_size=6),
-                       st.text(st.characters(blacklist_categories=("Cs",)), max_size=4)), max_size=14)
-    .map("".join), max_size=6)
+    st.lists(
+        st.one_of(
+            st.sampled_from(SPECIAL + NFKC),
+            st.text(max_size=6),
+            st.text(st.characters(blacklist_categories=("Cs",)), max_size=4),
+        ),
+        max_size=14,
+    ).map("".join),
+    max_size=6,
+)
 
 TRAINED = {
     "nmt_nfkc": {},
@@ -174,8 +221,14 @@ def trained() -> dict[str, spm.SentencePieceProcessor]:
     models = {}
     for name, options in TRAINED.items():
         out = io.BytesIO()
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out, vocab_size=900, minloglevel=2,
-                                       character_coverage=0.995, **options)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines),
+            model_writer=out,
+            vocab_size=900,
+            minloglevel=2,
+            character_coverage=0.995,
+            **options,
+        )
         models[name] = spm.SentencePieceProcessor(model_proto=out.getvalue())
     return models
 
@@ -200,14 +253,17 @@ def test_trained_models_give_the_librarys_ids_on_the_sample(trained):
 
 # -- what it refuses -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("change, reason", [
-    (lambda: crafted([("▁", -1.0), ("a", -2.0)], escape_whitespaces=False), "whitespace not escaped"),
-    (lambda: crafted([("▁", -1.0), ("a", -2.0)], treat_whitespace_as_suffix=True), "whitespace as a suffix"),
-    (lambda: crafted([("a", -2.0), ("▁a", -2.0)]), "'▁' is not a piece"),
-    (lambda: crafted([("▁", -1.0), ("a▁b", -2.0)]), "a piece holds '▁' past its first character"),
-    (lambda: crafted([("▁", -1.0), ("a", -2.0)], kind=USER_DEFINED),
-     "user-defined pieces"),
-])
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda: crafted([("▁", -1.0), ("a", -2.0)], escape_whitespaces=False), "whitespace not escaped"),
+        (lambda: crafted([("▁", -1.0), ("a", -2.0)], treat_whitespace_as_suffix=True), "whitespace as a suffix"),
+        (lambda: crafted([("a", -2.0), ("▁a", -2.0)]), "'▁' is not a piece"),
+        (lambda: crafted([("▁", -1.0), ("a▁b", -2.0)]), "a piece holds '▁' past its first character"),
+        (lambda: crafted([("▁", -1.0), ("a", -2.0)], kind=USER_DEFINED), "user-defined pieces"),
+    ],
+)
 def test_models_it_does_not_follow_are_left_to_the_library(change, reason):
     sp = change()
     assert why_not(model_proto(sp), spm.__version__) == reason
@@ -216,8 +272,13 @@ def test_models_it_does_not_follow_are_left_to_the_library(change, reason):
 
 def test_a_bpe_model_another_library_version_or_no_c_core_leave_it_to_the_library(trained, monkeypatch):
     out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(["some words here", "and more words there"] * 50),
-                                   model_writer=out, vocab_size=30, model_type="bpe", minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["some words here", "and more words there"] * 50),
+        model_writer=out,
+        vocab_size=30,
+        model_type="bpe",
+        minloglevel=2,
+    )
     bpe = spm.SentencePieceProcessor(model_proto=out.getvalue())
     assert why_not(model_proto(bpe), spm.__version__) == "not a unigram model" and unigram_encoder(bpe) is None
     sp = trained["nmt_nfkc"]
@@ -244,8 +305,9 @@ def test_text_python_cannot_spell_in_utf8_goes_to_the_library(trained):
 
 
 @pytest.mark.parametrize("options", [{"max_seq_length": "32"}, {"output": "megatron"}])
-def test_the_converter_writes_the_same_bytes_and_counts_with_the_c_encoder_as_without(tmp_path, trained, options,
-                                                                                      monkeypatch):
+def test_the_converter_writes_the_same_bytes_and_counts_with_the_c_encoder_as_without(
+    tmp_path, trained, options, monkeypatch
+):
     from fleet_jobs.causal_lm import tokenizer as tokenizer_module
 
     made = []

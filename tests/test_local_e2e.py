@@ -42,8 +42,10 @@ def digests(out):
         summary = json.load(f)
     import hashlib
 
-    return summary, {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()
-                     for p in sorted(glob.glob(os.path.join(out, "*.tfrecord")))}
+    return summary, {
+        os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()
+        for p in sorted(glob.glob(os.path.join(out, "*.tfrecord")))
+    }
 
 
 def test_fleet_local_writes_records_tensorflow_reads_with_the_electra_spec(demo):
@@ -135,8 +137,10 @@ def test_a_worker_started_by_the_fleet_command_does_not_import_the_cli(tmp_path,
     corpus.write_text("one line\n\nanother\n")
     out = tmp_path / "out"
     cmd = FLEET if command == "module" else [sys.executable, script]
-    proc = run(cmd + ["local", str(corpus), str(out), "--workers", "1", "--job", "tests.helpers.modulesjob:JOB"],
-               env=dict(os.environ, PYTHONPATH=ROOT))
+    proc = run(
+        cmd + ["local", str(corpus), str(out), "--workers", "1", "--job", "tests.helpers.modulesjob:JOB"],
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert proc.returncode == 0, proc.stderr
     (part,) = glob.glob(str(out / "part-*.txt"))
     assert open(part).read() == "-"

@@ -26,9 +26,17 @@ PYPROJECT = ROOT / "pyproject.toml"
 TOP = "fleet (pyproject.toml)"
 # What the lock is made for (its header's --python-version / --python-platform): a requirement whose
 # marker excludes this environment (tomli on Python < 3.11) is rightly absent from it.
-VM = {"python_version": "3.11", "python_full_version": "3.11.2", "sys_platform": "linux",
-      "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-      "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+VM = {
+    "python_version": "3.11",
+    "python_full_version": "3.11.2",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
 
 
@@ -40,7 +48,9 @@ def parse_lock(text: str) -> dict[str, dict]:
     for line in text.splitlines():
         m = PIN.match(line)
         if m:
-            current = entries.setdefault(canonicalize_name(m.group(1)), {"version": m.group(2), "hashes": [], "via": set()})
+            current = entries.setdefault(
+                canonicalize_name(m.group(1)), {"version": m.group(2), "hashes": [], "via": set()}
+            )
             in_via = False
             continue
         stripped = line.strip()
@@ -102,7 +112,8 @@ def test_a_lock_that_disagrees_is_caught():
     assert problems(added, lock) == ["requests-toolbelt>=1: in pyproject.toml, not in the lock"]
     raised = pyproject.replace('"numpy>=1.24"', '"numpy>=99"')
     assert [p for p in problems(raised, lock) if p.startswith("numpy")] == [
-        f"numpy>=99: the lock pins {parse_lock(lock)['numpy']['version']}"]
+        f"numpy>=99: the lock pins {parse_lock(lock)['numpy']['version']}"
+    ]
     dropped = pyproject.replace('    "zstandard>=0.22",\n', "")
     assert problems(dropped, lock) == ["zstandard: the lock has it from pyproject.toml, which no longer lists it"]
     unhashed = re.sub(r"(?m)^(zstandard==\S+) \\\n(    --hash=\S+ \\\n)*    --hash=\S+\n", r"\1\n", lock)

@@ -24,8 +24,16 @@ from rich.console import Console
 from fleet.cli.local import run_local
 from fleet.core.attempt import DirSink
 from fleet.core.lease import DONE, FAILED, Lease
-from fleet.core.manifest import MANIFEST, claim_finish, counters, finishing_name, manifest_json, \
-    manifest_of, totals, write_run_files
+from fleet.core.manifest import (
+    MANIFEST,
+    claim_finish,
+    counters,
+    finishing_name,
+    manifest_json,
+    manifest_of,
+    totals,
+    write_run_files,
+)
 from fleet.core.run import Item, PlanRequest, RunSpec, plan
 from fleet.core.spawner import Worker
 from fleet.core.status import build_manifest
@@ -48,8 +56,11 @@ def documents() -> list[list[str]]:
     docs = []
     for path in SAMPLES:
         with open(path, encoding="utf-8") as f:
-            docs += [[line for line in block.split("\n") if line.strip()][:6]
-                     for block in f.read().split("\n\n") if block.strip()]
+            docs += [
+                [line for line in block.split("\n") if line.strip()][:6]
+                for block in f.read().split("\n\n")
+                if block.strip()
+            ]
     return docs
 
 
@@ -73,11 +84,31 @@ def vocab(tmp_path_factory, documents) -> str:
     return path
 
 
-def local(inputs, out, job: str, settings: dict, workers: int = 1, shards: int = 0, dedup: str = "",
-          expect: int = 0, item_bytes: int = 15_000, **kw):
+def local(
+    inputs,
+    out,
+    job: str,
+    settings: dict,
+    workers: int = 1,
+    shards: int = 0,
+    dedup: str = "",
+    expect: int = 0,
+    item_bytes: int = 15_000,
+    **kw,
+):
     console = Console(file=io.StringIO(), width=200)
-    result = run_local(inputs, str(out), job, workers, settings, item_bytes=item_bytes, console=console,
-                       stage_options=StageOptions(shards, dedup), lease_ttl=20, **kw)
+    result = run_local(
+        inputs,
+        str(out),
+        job,
+        workers,
+        settings,
+        item_bytes=item_bytes,
+        console=console,
+        stage_options=StageOptions(shards, dedup),
+        lease_ttl=20,
+        **kw,
+    )
     assert result.exit_code == expect, console.file.getvalue()
     return result, console.file.getvalue()
 
@@ -188,13 +219,23 @@ def test_run_files_are_written_when_the_run_is_done_and_status_shows_the_counts(
     assert listed == [f"{c['documents']} {name}" for name, c in manifest["outputs"].items()]
     for name, counts in manifest["outputs"].items():  # linejob writes one line per document
         assert counts["documents"] == len((tmp_path / "out" / name).read_text().splitlines())
-    proc = subprocess.run([sys.executable, "-m", "fleet.cli", "status", str(tmp_path / "out"), "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet.cli", "status", str(tmp_path / "out"), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     shown = json.loads(proc.stdout)
     assert shown["sources"] == manifest["sources"] and shown["output_counts"] == manifest["outputs"]
-    proc = subprocess.run([sys.executable, "-m", "fleet.cli", "status", str(tmp_path / "out")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet.cli", "status", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "a.txt" in proc.stdout and "42 documents" in proc.stdout, proc.stdout
 
 
@@ -220,8 +261,18 @@ def test_a_worker_that_finds_the_run_drained_writes_the_run_files(tmp_path):
     folder.mkdir()
     write_corpus(str(folder / "a.txt"), 25)
     bucket, output = str(tmp_path / "bucket"), str(tmp_path / "out")
-    plan(bucket, PlanRequest(run="r", job=RUNFILEJOB, inputs=[str(folder)], output=output, code_version="test",
-                             lease_ttl=30, item_bytes=600))
+    plan(
+        bucket,
+        PlanRequest(
+            run="r",
+            job=RUNFILEJOB,
+            inputs=[str(folder)],
+            output=output,
+            code_version="test",
+            lease_ttl=30,
+            item_bytes=600,
+        ),
+    )
     worker = Worker(bucket, "r", name="w", poll=0.01)
     try:
         worker.run_until_drained()
@@ -259,8 +310,9 @@ def test_counters_are_exact_integers_only():
 
 
 SPEC = RunSpec(run="r", job="j", config={}, output="/out", code_version="v")
-STATS = st.dictionaries(st.sampled_from(["tokens", "documents", "seconds", "ratio"]),
-                        st.integers(0, 10**12) | st.floats(0, 1), max_size=4)
+STATS = st.dictionaries(
+    st.sampled_from(["tokens", "documents", "seconds", "ratio"]), st.integers(0, 10**12) | st.floats(0, 1), max_size=4
+)
 
 
 @st.composite
@@ -353,10 +405,19 @@ def test_the_summary_line_counts_the_files_that_hold_the_counts():
     from fleet.cli.render import print_counts
 
     out = Console(file=io.StringIO(), width=300)
-    print_counts(out, {}, {"part-00000.bin": {"documents": 2, "tokens": 10}, "part-00000.idx": {},
-                           "part-00001.bin": {"documents": 1, "tokens": 4}, "part-00001.idx": {}})
-    assert out.file.getvalue().strip() == ("counted: 2 output files hold 3 documents, 14 tokens "
-                                           "(2 more beside them: indexes, sidecars)")
+    print_counts(
+        out,
+        {},
+        {
+            "part-00000.bin": {"documents": 2, "tokens": 10},
+            "part-00000.idx": {},
+            "part-00001.bin": {"documents": 1, "tokens": 4},
+            "part-00001.idx": {},
+        },
+    )
+    assert out.file.getvalue().strip() == (
+        "counted: 2 output files hold 3 documents, 14 tokens (2 more beside them: indexes, sidecars)"
+    )
     out = Console(file=io.StringIO(), width=300)
     print_counts(out, {}, {"part-00000.tfrecord": {"examples": 5}})
     assert out.file.getvalue().strip() == "counted: 1 output files hold 5 examples"

@@ -68,8 +68,14 @@ def check(tokens, lengths, first, masked, opts):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32), st.integers(5, 80), st.floats(0.0, 0.9), st.sampled_from([0.05, 0.15, 0.5, 1.0]),
-       st.integers(1, 30), st.booleans())
+@given(
+    st.integers(0, 2**32),
+    st.integers(5, 80),
+    st.floats(0.0, 0.9),
+    st.sampled_from([0.05, 0.15, 0.5, 1.0]),
+    st.integers(1, 30),
+    st.booleans(),
+)
 def test_rules_hold_on_random_rows(seed, width, p_continue, prob, max_predictions, whole_words):
     tokens, lengths, first = make_rows(seed, 40, width, p_continue)
     opts = MaskingOptions(MASK, RANDOM_IDS, prob, max_predictions, whole_words)

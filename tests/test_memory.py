@@ -29,8 +29,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def write_rows(path, rows: list[bytes | None], row_group_size: int = 1 << 20) -> None:
     """A Parquet file of one string column; rows may be invalid UTF-8 (written as is)."""
     array = pa.array(rows, pa.binary()).view(pa.string())
-    pq.write_table(pa.table({"text": array}), str(path), row_group_size=row_group_size, compression="zstd",
-                   use_dictionary=False)
+    pq.write_table(
+        pa.table({"text": array}), str(path), row_group_size=row_group_size, compression="zstd", use_dictionary=False
+    )
 
 
 def read_rows(path, tally: Tally | None = None) -> list[list[str]]:
@@ -41,13 +42,15 @@ def stream_rows(path, tally: Tally | None = None):
     store = open_store(str(path.parent))
     size = path.stat().st_size
     groups = parquet.row_groups(store, path.name, size, None, "text", str(path))
-    return parquet.parquet_documents(store, path.name, size, None, 0, len(groups), str(path),
-                                     tally if tally is not None else Tally(), ReadOptions())
+    return parquet.parquet_documents(
+        store, path.name, size, None, 0, len(groups), str(path), tally if tally is not None else Tally(), ReadOptions()
+    )
 
 
 def expected(rows: list[bytes | None], tally: Tally) -> list[list[str]]:
     """What reading each row whole gives: its non-blank lines, cut by ``checked``; a row that is
     null, not UTF-8 or holds a line over MAX_LINE_BYTES is one bad record."""
+
     def docs():
         for number, row in enumerate(rows, 1):
             if row is None:
@@ -64,6 +67,7 @@ def expected(rows: list[bytes | None], tally: Tally) -> list[list[str]]:
             lines = [line for line in text.split("\n") if line.strip()]
             if lines:
                 yield lines
+
     return list(checked(docs(), "x", tally, ReadOptions(max_bad_share=1.0), ""))
 
 
@@ -109,14 +113,25 @@ def test_a_long_parquet_row_is_never_one_python_string(tmp_path, monkeypatch):
 def test_a_bad_parquet_row_costs_that_row_only(tmp_path, small_limits):
     """A null row, a row that is not UTF-8 (short, or long and streamed) and a long row with an
     over-long line are each one bad record named by its row; the rows around them are read."""
-    rows = [b"one", None, b"two \xff bad", b"three", ("x" * 60 + "\n") .encode() * 3 + b"\xe4\xb8",
-            b"y" * 300, "四 five".encode()]
+    rows = [
+        b"one",
+        None,
+        b"two \xff bad",
+        b"three",
+        ("x" * 60 + "\n").encode() * 3 + b"\xe4\xb8",
+        b"y" * 300,
+        "四 five".encode(),
+    ]
     tally = Tally()
     docs = read_rows_all(tmp_path, rows, tally)
     assert docs == [["one"], ["three"], ["四 five"]]
     assert tally.bad == 4 and tally.documents == 3
-    assert [e.split(": ", 1)[1].split(" ")[:2] for e in tally.examples] == [["row", "2"], ["row", "3:"],
-                                                                          ["row", "5:"], ["row", "6:"]]
+    assert [e.split(": ", 1)[1].split(" ")[:2] for e in tally.examples] == [
+        ["row", "2"],
+        ["row", "3:"],
+        ["row", "5:"],
+        ["row", "6:"],
+    ]
 
 
 def read_rows_all(tmp_path, rows, tally, row_group_size=1 << 20):
@@ -125,8 +140,11 @@ def read_rows_all(tmp_path, rows, tally, row_group_size=1 << 20):
     store = open_store(str(tmp_path))
     size = path.stat().st_size
     groups = parquet.row_groups(store, path.name, size, None, "text", str(path))
-    return list(parquet.parquet_documents(store, path.name, size, None, 0, len(groups), str(path), tally,
-                                          ReadOptions(max_bad_share=1.0)))
+    return list(
+        parquet.parquet_documents(
+            store, path.name, size, None, 0, len(groups), str(path), tally, ReadOptions(max_bad_share=1.0)
+        )
+    )
 
 
 _LINE = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40) | st.sampled_from(["", " ", "\t", "\u3000"])
@@ -162,8 +180,11 @@ def test_streamed_parquet_rows_are_the_documents_whole_rows_give(tmp_path, small
     got = read_rows_all(tmp_path, rows, got_tally, row_group_size)
     assert got == want
     assert all(sum(map(len, doc)) <= 50 or len(doc) == 1 for doc in got)
-    assert (got_tally.documents, got_tally.documents_cut, got_tally.bad) == \
-        (want_tally.documents, want_tally.documents_cut, want_tally.bad)
+    assert (got_tally.documents, got_tally.documents_cut, got_tally.bad) == (
+        want_tally.documents,
+        want_tally.documents_cut,
+        want_tally.bad,
+    )
 
 
 # -- causal_lm: a document's ids are arrays, not lists of Python ints -------------------------------
@@ -181,8 +202,10 @@ def test_causal_lm_tokenizes_a_long_document_into_arrays(tmp_path):
 
     chars = [chr(c) for c in range(0x4E00, 0x4E00 + 500)]
     vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-                               + [f"[unused{i}]" for i in range(300)] + chars) + "\n", encoding="utf-8")
+    vocab.write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"[unused{i}]" for i in range(300)] + chars) + "\n",
+        encoding="utf-8",
+    )
     tokenizer = from_bert(BertTokenizer.from_file(str(vocab)), str(vocab), "", "")
     rng = np.random.default_rng(1)
     document = ["".join(rng.choice(chars, 100)) for _ in range(5000)]  # 500,000 tokens, ids 305..804

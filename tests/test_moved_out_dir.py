@@ -103,9 +103,18 @@ def finished(tmp_path_factory):
     for n in range(5):
         write_corpus(str(folder / f"{n}.txt"), 12, seed=n)
     planned = base / "planned"
-    _, items, _ = plan(str(planned / STATE_DIR), PlanRequest(run=LOCAL_RUN, job=LINEJOB, inputs=[str(folder)],
-                                                             output=str(planned), code_version="test", lease_ttl=30,
-                                                             item_bytes=600))
+    _, items, _ = plan(
+        str(planned / STATE_DIR),
+        PlanRequest(
+            run=LOCAL_RUN,
+            job=LINEJOB,
+            inputs=[str(folder)],
+            output=str(planned),
+            code_version="test",
+            lease_ttl=30,
+            item_bytes=600,
+        ),
+    )
     worker = Worker(str(planned / STATE_DIR), LOCAL_RUN, name="w", poll=0.01)
     try:
         worker.run_until_drained()
@@ -175,8 +184,18 @@ def test_a_reopened_item_takes_the_manifest_with_it_and_the_run_writes_it_again(
     write_corpus(str(folder / "a.txt"), 30)
     out = tmp_path / "out"
     bucket = str(out / STATE_DIR)
-    _, items, _ = plan(bucket, PlanRequest(run=LOCAL_RUN, job=LINEJOB, inputs=[str(folder)], output=str(out),
-                                           code_version="test", lease_ttl=30, item_bytes=600))
+    _, items, _ = plan(
+        bucket,
+        PlanRequest(
+            run=LOCAL_RUN,
+            job=LINEJOB,
+            inputs=[str(folder)],
+            output=str(out),
+            code_version="test",
+            lease_ttl=30,
+            item_bytes=600,
+        ),
+    )
 
     def drain():
         worker = Worker(bucket, LOCAL_RUN, name="w", poll=0.01)

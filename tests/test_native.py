@@ -38,10 +38,44 @@ ROOT = Path(__file__).resolve().parent.parent
 # a lone "\x00" (the mark of whole-word masking), tokens longer than any word may be, pieces
 # longer than the heads, a duplicate (the later id wins, as in load_vocab's dict), and the
 # pieces of a word of exactly the word limit.
-ODD = ["##", "", "#", "###", "Hello", "HELLO", "a b", "\U0002b820", "##\U0002b820", "\U00020000", "\uf900",
-       "\u0301", "##\u0301", "\x00", "ς", "##ς", "σ", "x" * 250, "##" + "y" * 40, "zz", "##zz", "##z", "z",
-       "中文", "##文", "ab", "##ab", "abab", "qq", "##qq", "\u3000", "##\u3000", "\ue000", "##\ue000", "\U0010ffff",
-       "ab"]
+ODD = [
+    "##",
+    "",
+    "#",
+    "###",
+    "Hello",
+    "HELLO",
+    "a b",
+    "\U0002b820",
+    "##\U0002b820",
+    "\U00020000",
+    "\uf900",
+    "\u0301",
+    "##\u0301",
+    "\x00",
+    "ς",
+    "##ς",
+    "σ",
+    "x" * 250,
+    "##" + "y" * 40,
+    "zz",
+    "##zz",
+    "##z",
+    "z",
+    "中文",
+    "##文",
+    "ab",
+    "##ab",
+    "abab",
+    "qq",
+    "##qq",
+    "\u3000",
+    "##\u3000",
+    "\ue000",
+    "##\ue000",
+    "\U0010ffff",
+    "ab",
+]
 
 
 def _lines(name: str) -> list[str]:
@@ -58,8 +92,11 @@ def sample() -> dict[str, list[str]]:
 def vocabs(sample) -> dict[str, list[str]]:
     lines = sample["zh"] + sample["en"]
     small = train_vocab(lines, 1500, limit_alphabet=300)
-    return {"full": train_vocab(lines, 21128), "small": small,
-            "odd": list(SPECIAL_TOKENS) + [t for t in small if t not in SPECIAL_TOKENS] + ODD}
+    return {
+        "full": train_vocab(lines, 21128),
+        "small": small,
+        "odd": list(SPECIAL_TOKENS) + [t for t in small if t not in SPECIAL_TOKENS] + ODD,
+    }
 
 
 def _tokenizer(tokens: list[str], **kwargs) -> BertTokenizer:
@@ -78,8 +115,11 @@ def _native_on(monkeypatch, tok: BertTokenizer) -> None:
 
 def all_modes(tok: BertTokenizer, lines: list[str], cut=None) -> dict:
     """Every public result the native path serves, as plain lists."""
-    out = {"lines": tok.tokenize_lines(lines), "ids": [tok.tokenize_ids(line) for line in lines],
-           "words": tok.tokenize_lines_words(lines)}
+    out = {
+        "lines": tok.tokenize_lines(lines),
+        "ids": [tok.tokenize_ids(line) for line in lines],
+        "words": tok.tokenize_lines_words(lines),
+    }
     for words in (False, True):
         ids, lengths = tok.tokenize_flat(lines, words)
         assert ids.dtype == np.int32 and lengths.dtype == np.int64
@@ -137,9 +177,11 @@ TRICKY = (
     "ぁカ한\ue000\U000f0000\U0010fffd\u0378\U0010ffff"
 )
 chars = st.one_of(st.characters(), st.sampled_from(TRICKY))
-words = st.one_of(st.text(chars, max_size=12), st.text(st.sampled_from("abqz中文\u0301#"), max_size=30),
-                  st.builds(lambda c, n: c * n, st.sampled_from(["a", "ab", "zz", "y", "中", "é"]),
-                            st.integers(95, 260)))  # around the 200-character word limit
+words = st.one_of(
+    st.text(chars, max_size=12),
+    st.text(st.sampled_from("abqz中文\u0301#"), max_size=30),
+    st.builds(lambda c, n: c * n, st.sampled_from(["a", "ab", "zz", "y", "中", "é"]), st.integers(95, 260)),
+)  # around the 200-character word limit
 texts = st.lists(words, max_size=8).map(" ".join) | st.text(chars, max_size=40)
 line_lists = st.lists(st.one_of(texts, st.sampled_from(["", " ", "\u3000\t", "\x85", "中文"])), max_size=10)
 
@@ -148,7 +190,7 @@ line_lists = st.lists(st.one_of(texts, st.sampled_from(["", " ", "\u3000\t", "\x
 @given(line_lists)
 @example(["", "   ", "\u3000\u2028\x85"])
 @example(["x" * 200 + " " + "x" * 201, "ab" * 100, "ab" * 100 + "a", "y" * 42])
-@example(["ΣΑΣ Σ.Σ ΑΣ中Σ", "\U0002b820\U0002b81f\U0002ceb0", "\uFA6C\u0301x", "zzz qqq ##", "a\x00b 中\x00文"])
+@example(["ΣΑΣ Σ.Σ ΑΣ中Σ", "\U0002b820\U0002b81f\U0002ceb0", "\ufa6c\u0301x", "zzz qqq ##", "a\x00b 中\x00文"])
 @example(["hello\nworld", "x"])  # a line holding its own newline: the line-by-line fallback
 @example(["\ud800 a", "b"])  # a lone surrogate: UTF-32 cannot hold it, that call goes the Python way
 def test_any_text_gives_the_same_ids(monkeypatch, odd, lines):
@@ -236,7 +278,9 @@ def test_the_class_table_is_the_regexes_on_every_code_point():
         kinds = np.zeros(n, bool)
         kinds[found] = True  # every code point is its own token but whitespace
         kinds[0xD800:0xE000] = True  # (surrogates: "a" stood in for them; no class, as "a")
-        assert np.array_equal(kinds, (table[:n] & native.CLS_WS == 0) | (table[:n] & (native.CLS_CJK | native.CLS_PUNCT) != 0))
+        assert np.array_equal(
+            kinds, (table[:n] & native.CLS_WS == 0) | (table[:n] & (native.CLS_CJK | native.CLS_PUNCT) != 0)
+        )
         # and the single-character branches: CJK and punctuation, never a run
         single = pats.tokens.findall(" ".join(f"{c}{c}" for c in part[::2]))
         alone = np.zeros(n, bool)
@@ -278,7 +322,10 @@ def test_the_installed_library_is_beside_native_py_and_built_from_its_source():
     assert lib.wp_abi_version() == native.ABI_VERSION
     lib.wp_source_sha256.restype = ctypes.c_char_p
     assert [p.relative_to(ROOT).as_posix() for p in native.source_paths()] == [
-        "fleet_jobs/text/tokenizers/wordpiece.c", "fleet_jobs/text/tokenizers/unigram.c", "fleet/formats/tfrecord/records.c"]  # setup.py's order
+        "fleet_jobs/text/tokenizers/wordpiece.c",
+        "fleet_jobs/text/tokenizers/unigram.c",
+        "fleet/formats/tfrecord/records.c",
+    ]  # setup.py's order
     sources = b"".join(p.read_bytes() for p in native.source_paths())
     assert lib.wp_source_sha256().decode() == hashlib.sha256(sources).hexdigest()
     assert native.load().path == path
@@ -295,7 +342,9 @@ def test_without_the_library_python_does_the_work_after_one_warning(fresh, monke
     assert err == [f"fleet: {reason}: tokenizing in Python, about 3x slower"]
     assert fresh_tok._table is None
     monkeypatch.setenv("FLEET_NATIVE", "1")
-    with pytest.raises(native.NativeError, match=re.escape(f"FLEET_NATIVE=1 but the C tokenizer is unavailable: {reason}")):
+    with pytest.raises(
+        native.NativeError, match=re.escape(f"FLEET_NATIVE=1 but the C tokenizer is unavailable: {reason}")
+    ):
         BertTokenizer(odd.vocab).tokenize_lines(["x"])
     monkeypatch.setenv("FLEET_NATIVE", "0")
     assert BertTokenizer(odd.vocab).tokenize_lines(["Hello 中文 world", "x"]) == expected
@@ -337,11 +386,23 @@ def test_fleet_native_0_switches_an_existing_tokenizer_to_python(monkeypatch, od
 def test_cli_says_which_path_runs():
     """What a VM's startup.sh logs: the library's path (exit 0), or why Python (exit 1, one line)."""
     environ = {k: v for k, v in os.environ.items() if k != "FLEET_NATIVE"}
-    done = subprocess.run([sys.executable, "-m", "fleet_jobs.text.tokenizers.native"], env={**environ, "PYTHONPATH": str(ROOT)},
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "fleet_jobs.text.tokenizers.native"],
+        env={**environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and Path(done.stdout.strip()) == native.library_path(), done.stderr
-    wrong = subprocess.run([sys.executable, "-m", "fleet_jobs.text.tokenizers.native", "build"], env={**environ, "PYTHONPATH": str(ROOT)},
-                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    wrong = subprocess.run(
+        [sys.executable, "-m", "fleet_jobs.text.tokenizers.native", "build"],
+        env={**environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert wrong.returncode == 2 and wrong.stderr == "usage: python -m fleet_jobs.text.tokenizers.native\n"
 
 
@@ -350,7 +411,7 @@ def test_threads_share_one_table(monkeypatch, odd, sample):
     from concurrent.futures import ThreadPoolExecutor
 
     _native_on(monkeypatch, odd)
-    docs = [sample["en"][i:i + 3] for i in range(0, 3000, 3)] + [sample["zh"][i:i + 3] for i in range(0, 3000, 3)]
+    docs = [sample["en"][i : i + 3] for i in range(0, 3000, 3)] + [sample["zh"][i : i + 3] for i in range(0, 3000, 3)]
     expected = [odd.tokenize_lines(d) for d in docs]
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(odd.tokenize_lines, docs)) == expected
@@ -374,8 +435,14 @@ def test_big_calls_do_not_keep_big_buffers(monkeypatch, odd):
     assert len(odd._table._local.buffers[0]) <= native.Table._KEEP
 
 
-@pytest.mark.parametrize("options", [{"format": "electra"}, {"format": "bert", "whole_word_masking": True},
-                                     {"format": "electra", "pack_documents": True}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"format": "electra"},
+        {"format": "bert", "whole_word_masking": True},
+        {"format": "electra", "pack_documents": True},
+    ],
+)
 def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocabs, sample, options):
     """End to end in one process (the docs' job on short documents of the sample): the same
     bytes with FLEET_NATIVE=0 and =1. bench proves it with ``fleet local`` on whole corpora."""
@@ -385,8 +452,9 @@ def test_the_job_writes_the_same_records_either_way(monkeypatch, tmp_path, vocab
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(vocabs["small"]) + "\n", encoding="utf-8")
-    text = "".join("\n".join(sample[lang][i:i + 1 + i % 3]) + "\n\n" for lang in ("zh", "en")
-                   for i in range(0, 3000, 4))  # documents of 1-3 lines
+    text = "".join(
+        "\n".join(sample[lang][i : i + 1 + i % 3]) + "\n\n" for lang in ("zh", "en") for i in range(0, 3000, 4)
+    )  # documents of 1-3 lines
     docs = read_all(text.encode(), "short.txt")
     out = {}
     for mode in ("0", "1"):

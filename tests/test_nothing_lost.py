@@ -61,7 +61,9 @@ def corpus(tmp_path) -> Path:
 @pytest.fixture
 def vocab(tmp_path) -> Path:
     path = tmp_path / "vocab.txt"
-    tokens = SPECIALS + list("abcdefghijklmnopqrstuvwxyz0123456789.,:") + ["##" + c for c in "abcdefghijklmnopqrstuvwxyz"]
+    tokens = (
+        SPECIALS + list("abcdefghijklmnopqrstuvwxyz0123456789.,:") + ["##" + c for c in "abcdefghijklmnopqrstuvwxyz"]
+    )
     path.write_text("\n".join(tokens + ["doc", "line", "alpha", "beta", "数", "据"]) + "\n", encoding="utf-8")
     return path
 
@@ -74,19 +76,20 @@ def test_a_truncated_zst_says_so_wherever_it_is_cut(keep):
     from fleet_jobs.text.inputs import Tally
 
     rng = random.Random(5)
-    text = "".join(" ".join(rng.choice(["alpha", "beta", "数据", "模型", str(i)]) for _ in range(9)) + "\n\n"
-                   for i in range(6000))  # 300 kB a frame: zstd blocks of 128 kB decode one by one
+    text = "".join(
+        " ".join(rng.choice(["alpha", "beta", "数据", "模型", str(i)]) for _ in range(9)) + "\n\n" for i in range(6000)
+    )  # 300 kB a frame: zstd blocks of 128 kB decode one by one
     data = b"".join(zstandard.ZstdCompressor().compress(text.encode()) for _ in range(2))
     whole = read_all(data, "x.txt.zst")
     assert len(whole) == 12000  # two frames, both read
     tally = Tally()
     try:
-        docs = read_all(data[:int(len(data) * keep)], "x.txt.zst", tally=tally)
+        docs = read_all(data[: int(len(data) * keep)], "x.txt.zst", tally=tally)
     except InputError as e:  # nothing good before the break: the item fails, saying why
         assert keep < 0.1 and "the zstd stream ends inside a frame (truncated)" in str(e)
         return
     # The documents before the break are kept, and the break is reported with its place.
-    assert 0 < len(docs) < 12000 and docs == whole[:len(docs)]
+    assert 0 < len(docs) < 12000 and docs == whole[: len(docs)]
     assert tally.bad == 1 and "x.txt.zst: decompressed byte" in tally.examples[0]
     assert "the zstd stream ends inside a frame (truncated)" in tally.examples[0]
 
@@ -118,8 +121,24 @@ def test_a_vocab_replaced_between_runs_is_refused(tmp_path, corpus, vocab):
 
 def test_a_worker_refuses_a_vocab_changed_since_the_plan(tmp_path, corpus, vocab):
     bucket = tmp_path / "bucket"
-    assert fleet("plan", "--bucket", bucket, "--run", "r", "--job", "electra_zh_en", "--input", corpus,
-                 "--output", tmp_path / "out", "--set", f"vocab_file={vocab}").returncode == 0
+    assert (
+        fleet(
+            "plan",
+            "--bucket",
+            bucket,
+            "--run",
+            "r",
+            "--job",
+            "electra_zh_en",
+            "--input",
+            corpus,
+            "--output",
+            tmp_path / "out",
+            "--set",
+            f"vocab_file={vocab}",
+        ).returncode
+        == 0
+    )
     vocab.write_text(vocab.read_text() + "gamma\n", encoding="utf-8")
     proc = fleet("work", "--bucket", bucket, "--run", "r", "--procs", "1", tmp=tmp_path)
     assert proc.returncode == 2, proc.stderr
@@ -150,8 +169,24 @@ def test_an_input_truncated_after_planning_fails_its_items_with_the_reason(tmp_p
     else:
         bucket = str(tmp_path / "bucket")
     out = f"{bucket}/out" if kind == "gcs" else str(tmp_path / "out")
-    assert fleet("plan", "--bucket", bucket, "--run", "r", "--job", LINEJOB, "--input", source, "--output", out,
-                 "--item-mb", "0.01").returncode == 0
+    assert (
+        fleet(
+            "plan",
+            "--bucket",
+            bucket,
+            "--run",
+            "r",
+            "--job",
+            LINEJOB,
+            "--input",
+            source,
+            "--output",
+            out,
+            "--item-mb",
+            "0.01",
+        ).returncode
+        == 0
+    )
     if kind == "gcs":
         open_store(bucket).write("in/big.txt", data[: len(data) // 2])
     else:
@@ -188,8 +223,12 @@ def test_status_verify_checks_outputs_on_gcs_and_sends_lost_ones_back(tmp_path, 
 
     bucket = f"gs://{gcs_bucket}"
     run = ["--bucket", bucket, "--run", "r"]
-    assert fleet("plan", *run, "--job", LINEJOB, "--input", corpus, "--output", f"{bucket}/out",
-                 "--item-mb", "0.004").returncode == 0
+    assert (
+        fleet(
+            "plan", *run, "--job", LINEJOB, "--input", corpus, "--output", f"{bucket}/out", "--item-mb", "0.004"
+        ).returncode
+        == 0
+    )
     assert fleet("work", *run, "--procs", "1", tmp=tmp_path).returncode == 0
     store = open_store(f"{bucket}/out")
     clean = {b.name: store.read(b.name) for b in store.list("part-")}
@@ -265,10 +304,20 @@ def test_an_unreadable_input_is_one_clear_error(tmp_path, corpus, monkeypatch):
 
 def test_a_gs_input_without_credentials_says_how_to_log_in(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS")}
-    env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"), NO_GCE_CHECK="true",
-               GCE_METADATA_HOST="127.0.0.1:9")
-    proc = subprocess.run(FLEET + ["local", "gs://some-bucket/corpus", str(tmp_path / "out"), "--job", LINEJOB],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    env.update(
+        HOME=str(tmp_path),
+        CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
+        NO_GCE_CHECK="true",
+        GCE_METADATA_HOST="127.0.0.1:9",
+    )
+    proc = subprocess.run(
+        FLEET + ["local", "gs://some-bucket/corpus", str(tmp_path / "out"), "--job", LINEJOB],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert "Traceback" not in proc.stderr
     one_line_error(proc, "gs://some-bucket: no Google credentials", "gcloud auth application-default login")
 
@@ -282,15 +331,35 @@ def test_an_unknown_url_scheme_is_an_error_not_a_folder(tmp_path):
 
 
 # -- 7. numbers ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("command,option,value", [
-    ("plan", "--item-mb", "-1"), ("local", "--item-mb", "-1"), ("local", "--item-mb", "0"),
-    ("plan", "--lease-ttl", "0"), ("local", "--lease-ttl", "-5"), ("plan", "--max-attempts", "0"),
-    ("local", "--max-attempts", "-1"), ("local", "--workers", "-1"), ("work", "--procs", "-2"),
-])
+@pytest.mark.parametrize(
+    "command,option,value",
+    [
+        ("plan", "--item-mb", "-1"),
+        ("local", "--item-mb", "-1"),
+        ("local", "--item-mb", "0"),
+        ("plan", "--lease-ttl", "0"),
+        ("local", "--lease-ttl", "-5"),
+        ("plan", "--max-attempts", "0"),
+        ("local", "--max-attempts", "-1"),
+        ("local", "--workers", "-1"),
+        ("work", "--procs", "-2"),
+    ],
+)
 def test_numeric_options_are_checked_before_anything_runs(tmp_path, corpus, command, option, value):
     if command == "plan":
-        args = ["plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", corpus,
-                "--output", tmp_path / "o"]
+        args = [
+            "plan",
+            "--bucket",
+            tmp_path / "b",
+            "--run",
+            "r",
+            "--job",
+            LINEJOB,
+            "--input",
+            corpus,
+            "--output",
+            tmp_path / "o",
+        ]
     elif command == "work":
         args = ["work", "--bucket", tmp_path / "b", "--run", "r"]
     else:
@@ -307,20 +376,53 @@ def test_a_file_with_no_blank_line_is_cut_and_a_worker_stays_small(tmp_path, voc
         for _ in range(24_000_000 // len(line.encode())):
             f.write(line)
     out = tmp_path / "out"
-    probe = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
-             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)")
-    proc = subprocess.run([sys.executable, "-c", probe, *FLEET, "local", str(big), str(out), "--workers", "1",
-                           "--item-mb", "64", "--set", f"vocab_file={vocab}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, TMPDIR=str(tmp_path)))
+    probe = (
+        "import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            probe,
+            *FLEET,
+            "local",
+            str(big),
+            str(out),
+            "--workers",
+            "1",
+            "--item-mb",
+            "64",
+            "--set",
+            f"vocab_file={vocab}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )
     assert proc.returncode == 0, proc.stderr
     peak_mib = int(proc.stdout.strip().splitlines()[-1]) / 1024
     s = summary(out)
     assert s["documents_cut"] == 1 and s["lines"] == 24_000_000 // len(line.encode())
     assert peak_mib < 300, f"peak RSS of a worker {peak_mib:.0f} MiB for a 24 MB document"
     # Cut between items too when the item size is smaller than the document.
-    proc = fleet("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", big,
-                 "--output", tmp_path / "o", "--item-mb", "4")
+    proc = fleet(
+        "plan",
+        "--bucket",
+        tmp_path / "b",
+        "--run",
+        "r",
+        "--job",
+        LINEJOB,
+        "--input",
+        big,
+        "--output",
+        tmp_path / "o",
+        "--item-mb",
+        "4",
+    )
     assert proc.returncode == 0 and "cut between items" in proc.stderr, proc.stderr
     items = [json.loads(x) for x in (tmp_path / "b" / "runs" / "r" / "items.jsonl").read_text().splitlines()]
     # 24 MB in items of about 4 MB, each cut at a line end; the look for a blank line past the
@@ -347,10 +449,28 @@ def _held(bucket) -> list[str]:
 
 def test_ctrl_c_gives_the_items_back_and_exits_130_with_one_line(tmp_path, corpus):
     out = tmp_path / "out"
-    proc = subprocess.Popen(FLEET + ["local", str(corpus), str(out), "--job", LINEJOB, "--workers", "2",
-                                     "--item-mb", "0.004", "--set", "delay=0.2"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    proc = subprocess.Popen(
+        FLEET
+        + [
+            "local",
+            str(corpus),
+            str(out),
+            "--job",
+            LINEJOB,
+            "--workers",
+            "2",
+            "--item-mb",
+            "0.004",
+            "--set",
+            "delay=0.2",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )
     try:
         _wait(lambda: len(_held(out / ".fleet")) == 2, 90, "two items in hand")
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -367,8 +487,7 @@ def test_ctrl_c_gives_the_items_back_and_exits_130_with_one_line(tmp_path, corpu
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the swallowing, on purpose)
-def test_a_ctrl_c_that_python_swallows_in_a_finalizer_still_ends_the_run_as_interrupted(tmp_path, corpus,
-                                                                                         monkeypatch):
+def test_a_ctrl_c_that_python_swallows_in_a_finalizer_still_ends_the_run_as_interrupted(tmp_path, corpus, monkeypatch):
     """Seen once in ten loaded xdist runs of the test above: `fleet local` exited 1 ("workers
     stopped with items unfinished") after a Ctrl-C. A KeyboardInterrupt raised while the collector
     runs a finalizer is printed as "Exception ignored" and lost; the Ctrl-C must still count."""
@@ -395,8 +514,9 @@ def test_a_ctrl_c_that_python_swallows_in_a_finalizer_still_ends_the_run_as_inte
 
     monkeypatch.setattr(local, "wait_for_exit", wait)
     with pytest.raises(Interrupted):
-        run_local([str(corpus)], str(tmp_path / "out"), LINEJOB, 1, {}, console=Console(file=io.StringIO()),
-                  item_bytes=4000)
+        run_local(
+            [str(corpus)], str(tmp_path / "out"), LINEJOB, 1, {}, console=Console(file=io.StringIO()), item_bytes=4000
+        )
     assert fired
 
 
@@ -406,12 +526,20 @@ def test_a_killed_run_shows_no_live_worker_and_its_scratch_is_swept(tmp_path, co
     scratch.mkdir()
     env = dict(os.environ, TMPDIR=str(scratch), FLEET_TEST_PAUSE="converting=60")
     one_each = ["--item-mb", "0.015"]  # a.txt and b.txt are an item each (not grouped): two workers hold one
-    proc = subprocess.Popen(FLEET + ["local", str(corpus), str(out), "--job", LINEJOB, "--workers", "2", *one_each],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        FLEET + ["local", str(corpus), str(out), "--job", LINEJOB, "--workers", "2", *one_each],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
     try:
-        _wait(lambda: len(_held(out / ".fleet")) == 2 and len(list(scratch.glob("fleet-*/item-*"))) == 2,
-              90, "two workers inside their items")
+        _wait(
+            lambda: len(_held(out / ".fleet")) == 2 and len(list(scratch.glob("fleet-*/item-*"))) == 2,
+            90,
+            "two workers inside their items",
+        )
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -422,8 +550,9 @@ def test_a_killed_run_shows_no_live_worker_and_its_scratch_is_swept(tmp_path, co
     table = fleet("status", out).stdout
     assert "no live worker" in table
     proc = fleet("local", corpus, out, "--job", LINEJOB, "--workers", "1", *one_each, tmp=scratch, timeout=120)
-    assert proc.returncode == 0 and "2 item(s) held by workers of an earlier run that died are given back" \
-        in proc.stderr, proc.stderr
+    assert (
+        proc.returncode == 0 and "2 item(s) held by workers of an earlier run that died are given back" in proc.stderr
+    ), proc.stderr
     assert summary(out)["done"] == 2
     assert list(scratch.iterdir()) == [], "scratch of killed workers left in TMPDIR"
 
@@ -472,8 +601,12 @@ def test_a_disk_full_at_plan_time_is_one_line(tmp_path, small_disk, corpus):
 
 def test_a_read_only_bucket_stops_workers_in_one_line_and_fails_nothing(tmp_path, small_disk, corpus):
     bucket = small_disk / "bucket"
-    assert fleet("plan", "--bucket", bucket, "--run", "r", "--job", LINEJOB, "--input", corpus,
-                 "--output", tmp_path / "out").returncode == 0
+    assert (
+        fleet(
+            "plan", "--bucket", bucket, "--run", "r", "--job", LINEJOB, "--input", corpus, "--output", tmp_path / "out"
+        ).returncode
+        == 0
+    )
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     proc = fleet("work", "--bucket", bucket, "--run", "r", "--procs", "1", tmp=tmp_path)
     assert proc.returncode == 2 and "Read-only file system" in proc.stderr, proc.stderr
@@ -497,8 +630,23 @@ def test_a_403_on_the_outputs_gives_items_back_and_retry_failed_retries(tmp_path
 
     for name in ("a.txt", "b.txt"):
         open_store(bucket).write(f"in/{name}", (corpus / name).read_bytes())
-    assert fleet("plan", *run, "--job", LINEJOB, "--input", f"{bucket}/in", "--output", f"gs://{other}/out",
-                 "--max-attempts", "1", "--item-mb", "0.015").returncode == 0  # an item each, not grouped
+    assert (
+        fleet(
+            "plan",
+            *run,
+            "--job",
+            LINEJOB,
+            "--input",
+            f"{bucket}/in",
+            "--output",
+            f"gs://{other}/out",
+            "--max-attempts",
+            "1",
+            "--item-mb",
+            "0.015",
+        ).returncode
+        == 0
+    )  # an item each, not grouped
     outputs_forbidden = FaultProxy(fake_gcs.url, forbid=lambda m, p: m == "POST" and f"/b/{other}/" in p).start()
     input_forbidden = FaultProxy(fake_gcs.url, forbid=lambda m, p: m == "GET" and "b.txt" in p).start()
     try:
@@ -588,10 +736,15 @@ def _stopped_at(tmp_path, corpus, pause: str) -> dict:
     """The leases after SIGTERM reached `fleet local --workers 1` while its worker was paused at
     ``pause`` (FLEET_TEST_PAUSE) with a lease written."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(FLEET + ["local", str(corpus), str(out), "--job", LINEJOB, "--workers", "1",
-                                     "--lease-ttl", "300"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=dict(os.environ, TMPDIR=str(tmp_path), FLEET_TEST_PAUSE=pause))
+    proc = subprocess.Popen(
+        FLEET + ["local", str(corpus), str(out), "--job", LINEJOB, "--workers", "1", "--lease-ttl", "300"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, TMPDIR=str(tmp_path), FLEET_TEST_PAUSE=pause),
+    )
     try:
         _wait(lambda: _held(out / ".fleet"), 90, "a lease written")
         os.killpg(proc.pid, signal.SIGTERM)
@@ -603,8 +756,9 @@ def _stopped_at(tmp_path, corpus, pause: str) -> dict:
 
 
 def given_back(state: dict) -> bool:
-    return bool(state) and all(lease.state == LEASED and lease.expires == 0 and lease.attempt == 0
-                               for lease in state.values())
+    return bool(state) and all(
+        lease.state == LEASED and lease.expires == 0 and lease.attempt == 0 for lease in state.values()
+    )
 
 
 def test_a_lease_whose_claim_was_in_flight_when_the_signal_came_is_given_back(tmp_path, corpus):

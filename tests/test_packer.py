@@ -86,7 +86,9 @@ def test_template_states_the_packer_version_it_needs(packer):
     assert packer["packer"][0]["required_version"] == ">= 1.7.0"
 
 
-@pytest.mark.skipif(not shutil.which("packer"), reason="no packer binary (Debian's `packer` package; .ci/run installs it)")
+@pytest.mark.skipif(
+    not shutil.which("packer"), reason="no packer binary (Debian's `packer` package; .ci/run installs it)"
+)
 def test_packer_fmt_check_passes():
     proc = subprocess.run(["packer", "fmt", "-check", "-diff", str(TEMPLATE.parent)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

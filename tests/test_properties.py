@@ -40,10 +40,15 @@ FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 # Controls, format characters, odd whitespace and line separators, combining marks,
 # CJK (BMP, astral, compatibility), punctuation of several scripts, case oddities,
 # private use, unassigned, the replacement character, a BOM.
-ODD = ("aZ9 .,!?'#[]\t\r\x00\x01\x0b\x0c\x1c\x7f\x85\xa0\xad\u200b\u2028\u2029\u3000\ufffd\ufeff\u0301\u0345"
-       "éÉßİıΣς中文数据\u3400\U00020000\uf900\ufa6c，。！？…《》ＡＢ１\U0001f600ぁカ한\ue000\u0378")
-text = st.one_of(st.text(max_size=30), st.text(alphabet=ODD, max_size=30),
-                 st.text(alphabet="hello world 数据 模型 the of and", max_size=60))
+ODD = (
+    "aZ9 .,!?'#[]\t\r\x00\x01\x0b\x0c\x1c\x7f\x85\xa0\xad\u200b\u2028\u2029\u3000\ufffd\ufeff\u0301\u0345"
+    "éÉßİıΣς中文数据\u3400\U00020000\uf900\ufa6c，。！？…《》ＡＢ１\U0001f600ぁカ한\ue000\u0378"
+)
+text = st.one_of(
+    st.text(max_size=30),
+    st.text(alphabet=ODD, max_size=30),
+    st.text(alphabet="hello world 数据 模型 the of and", max_size=60),
+)
 documents = st.lists(st.lists(text, min_size=1, max_size=8), max_size=6)
 
 
@@ -91,8 +96,9 @@ def read_records_with_tensorflow(data: bytes) -> list[dict[str, list[int]]]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=FIXTURES)
-@given(docs=documents, max_length=st.sampled_from([5, 6, 9, 16, 33, 128]), seed=st.integers(0, 2**63),
-       lower=st.booleans())
+@given(
+    docs=documents, max_length=st.sampled_from([5, 6, 9, 16, 33, 128]), seed=st.integers(0, 2**63), lower=st.booleans()
+)
 @example(docs=[["\x00\ufffd\u200b", " \t"], ["中" * 300]], max_length=5, seed=1, lower=True)
 @example(docs=[["a" * 101 + " b"]], max_length=6, seed=2, lower=False)
 @example(docs=[["01", "0"]], max_length=5, seed=0, lower=False)  # the second segment cut away entirely
@@ -124,7 +130,7 @@ def test_any_unicode_becomes_well_formed_records(vocab_path, tokenizers, docs, m
         assert seg[:n] == [0] * n0 + [1] * (n - n0)
         assert ids[n0 - 1] == sep and n0 >= 3  # [CLS] a [SEP], a never empty
         assert n == n0 or n >= n0 + 2  # b, when present, is never empty and ends with [SEP]
-        inner = ids[1:n0 - 1] + ids[n0:n - 1]
+        inner = ids[1 : n0 - 1] + ids[n0 : n - 1]
         assert all(0 <= i < size for i in ids)
         assert not specials & set(inner)  # [CLS]/[SEP]/[PAD]/[MASK] only where the layout puts them
         content.update(inner)
@@ -155,8 +161,11 @@ def test_token_ids_stay_inside_the_vocab_and_never_forge_special_tokens(tokenize
 
 
 @settings(max_examples=200, deadline=None)
-@given(sentences=st.lists(st.lists(st.integers(5, 999), max_size=40), max_size=30),
-       max_length=st.integers(5, 70), seed=st.integers(0, 2**32))
+@given(
+    sentences=st.lists(st.lists(st.integers(5, 999), max_size=40), max_size=30),
+    max_length=st.integers(5, 70),
+    seed=st.integers(0, 2**32),
+)
 def test_builder_examples_have_the_layout_whatever_the_sentences(sentences, max_length, seed):
     builder = ExampleBuilder(max_length, 2, 3, random.Random(seed))
     examples = builder.add_document(sentences)
@@ -176,9 +185,14 @@ def test_builder_examples_have_the_layout_whatever_the_sentences(sentences, max_
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.binary(max_size=200),
-                 st.lists(st.sampled_from(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "##b", "", " ", "中"]),
-                          max_size=12).map(lambda t: "\n".join(t).encode())))
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.lists(
+            st.sampled_from(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "##b", "", " ", "中"]), max_size=12
+        ).map(lambda t: "\n".join(t).encode()),
+    )
+)
 def test_any_bytes_as_a_vocab_load_or_give_a_one_line_error(data):
     try:
         vocab = load_vocab(data, "gs://b/vocab.txt")
@@ -215,8 +229,12 @@ line_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blackli
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=FIXTURES)
-@given(lines=st.lists(st.one_of(line_text, st.just(""), st.just("  ")), max_size=60),
-       target=st.integers(1, 400), jsonl=st.booleans(), final_newline=st.booleans())
+@given(
+    lines=st.lists(st.one_of(line_text, st.just(""), st.just("  ")), max_size=60),
+    target=st.integers(1, 400),
+    jsonl=st.booleans(),
+    final_newline=st.booleans(),
+)
 def test_items_cover_every_document_exactly_once(tmp_path_factory, lines, target, jsonl, final_newline):
     """Whatever the text and item size, the items' documents, in order, are the file's."""
     import json
@@ -257,8 +275,9 @@ def assert_pieces_are_the_documents(data: bytes, name: str, ranges, target: int)
 
 # -- the local store's names -----------------------------------------------------------------------
 
-name_parts = st.one_of(st.sampled_from(["..", ".", "", "a", "b.txt", ".fleet-tmp-x", "~", "...", "\\", "%2e%2e"]),
-                       st.text(max_size=6))
+name_parts = st.one_of(
+    st.sampled_from(["..", ".", "", "a", "b.txt", ".fleet-tmp-x", "~", "...", "\\", "%2e%2e"]), st.text(max_size=6)
+)
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=FIXTURES)
@@ -286,9 +305,12 @@ def test_every_local_store_call_refuses_an_escaping_name(tmp_path, name):
     src = tmp_path / "src.bin"
     src.write_bytes(b"data")
     store.write("ok/obj", b"inside")
-    for call in (lambda: store.read_generation(name), lambda: store.upload_file(name, str(src)),
-                 lambda: store.download_file(name, str(tmp_path / "dst.bin")),
-                 lambda: store.write(name, b"x", if_generation_match=0)):
+    for call in (
+        lambda: store.read_generation(name),
+        lambda: store.upload_file(name, str(src)),
+        lambda: store.download_file(name, str(tmp_path / "dst.bin")),
+        lambda: store.write(name, b"x", if_generation_match=0),
+    ):
         with pytest.raises(StoreError):
             call()
     for prefix in (name, name + "/"):

@@ -74,7 +74,7 @@ def record_at(stream: bytes, offset: int, fmt: str, options: ReadOptions) -> lis
         return out
     if fmt == "wikiextractor":
         assert _DOC_OPEN.match(rest[0].decode("utf-8")), rest[0]
-        body = rest[1 if options.keep_titles else 2:]
+        body = rest[1 if options.keep_titles else 2 :]
         out = []
         for raw in body:
             line = good(raw)
@@ -112,8 +112,12 @@ def placed_items(data: bytes, fmt: str, compression: str, name: str, target: int
 
 def check_places(draw, fmt: str) -> None:
     max_doc = draw(st.sampled_from([4, 30, 4 << 20]))
-    patches = [(formats, "MAX_DOCUMENT_CHARS", max_doc), (formats, "MAX_LINE_BYTES", draw(st.sampled_from([64, 300]))),
-               (formats, "_BLOCK", draw(st.sampled_from([7, 64]))), (ranges, "_SCAN", draw(st.sampled_from([5, 64 << 10])))]
+    patches = [
+        (formats, "MAX_DOCUMENT_CHARS", max_doc),
+        (formats, "MAX_LINE_BYTES", draw(st.sampled_from([64, 300]))),
+        (formats, "_BLOCK", draw(st.sampled_from([7, 64]))),
+        (ranges, "_SCAN", draw(st.sampled_from([5, 64 << 10]))),
+    ]
     saved = [(m, a, getattr(m, a)) for m, a, _ in patches]
     for m, a, v in patches:
         setattr(m, a, v)
@@ -127,7 +131,7 @@ def check_places(draw, fmt: str) -> None:
             name += "." + compression
             data = COMPRESS[compression](data)
             if data and draw(st.booleans()):
-                data = data[:draw(st.integers(0, len(data) - 1))]  # a stream that breaks off
+                data = data[: draw(st.integers(0, len(data) - 1))]  # a stream that breaks off
         options = ReadOptions(keep_titles=titles, max_bad_share=1.0)
         got = placed_items(data, fmt, compression, name, draw(st.integers(1, max(1, len(data)))), options)
         stream = stream_of(data, compression)
@@ -142,8 +146,8 @@ def check_places(draw, fmt: str) -> None:
                 used = 0
                 if fmt == "text" and compression == "none" and place.offset not in (0, 3):
                     # a plain-text item may start inside a document longer than an item: its lines
-                    assert stream[place.offset - 1:place.offset] == b"\n"
-            assert record[used:used + len(doc)] == doc, (record, used, doc)
+                    assert stream[place.offset - 1 : place.offset] == b"\n"
+            assert record[used : used + len(doc)] == doc, (record, used, doc)
             previous = (place.offset, used + len(doc))
     finally:
         for m, a, v in saved:
@@ -161,8 +165,13 @@ def test_every_document_is_placed_at_its_record(fmt, data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(lengths=st.lists(st.integers(0, 12), max_size=12), size=st.integers(2, 7), pad=st.booleans(),
-       pack=st.booleans(), batches=st.integers(1, 3))
+@given(
+    lengths=st.lists(st.integers(0, 12), max_size=12),
+    size=st.integers(2, 7),
+    pad=st.booleans(),
+    pack=st.booleans(),
+    batches=st.integers(1, 3),
+)
 def test_block_sources_name_the_documents_each_block_holds(lengths, size, pad, pack, batches):
     opts = BlockOptions(size, eod_id=0, pad_id=-1, last_block="pad" if pad else "drop", pack_documents=pack)
     cutter, sources = BlockCutter(opts), BlockSources(opts)
@@ -190,8 +199,8 @@ def test_block_sources_name_the_documents_each_block_holds(lengths, size, pad, p
     at = 0
     for block, names in zip(blocks, named):
         real = [t for t in block.tolist() if t != -1]
-        at = next(s for s in starts if s >= at and stream[s:s + len(real)] == real)
-        assert names == list(dict.fromkeys(owners[at:at + len(real)])), (names, block)
+        at = next(s for s in starts if s >= at and stream[s : s + len(real)] == real)
+        assert names == list(dict.fromkeys(owners[at : at + len(real)])), (names, block)
         at += len(real)
 
 
@@ -203,8 +212,11 @@ def documents() -> list[list[str]]:
     docs = []
     for lang in ("en", "zh"):
         with open(os.path.join(ROOT, "corpus", f"sample_{lang}.txt"), encoding="utf-8") as f:
-            docs += [[line for line in block.split("\n") if line.strip()][:5]
-                     for block in f.read().split("\n\n") if block.strip()]
+            docs += [
+                [line for line in block.split("\n") if line.strip()][:5]
+                for block in f.read().split("\n\n")
+                if block.strip()
+            ]
     return docs[:60]
 
 
@@ -227,8 +239,9 @@ def bpe_path(tmp_path_factory, documents) -> str:
     from tokenizers import ByteLevelBPETokenizer
 
     tokenizer = ByteLevelBPETokenizer()
-    tokenizer.train_from_iterator(("\n".join(d) for d in documents), vocab_size=1200,
-                                  special_tokens=["<|endoftext|>"], show_progress=False)
+    tokenizer.train_from_iterator(
+        ("\n".join(d) for d in documents), vocab_size=1200, special_tokens=["<|endoftext|>"], show_progress=False
+    )
     path = str(tmp_path_factory.mktemp("bpe") / "tokenizer.json")
     tokenizer.save(path)
     return path
@@ -252,9 +265,9 @@ def document_at(line: dict) -> list[str]:
         data = f.read()
     if path.endswith(".gz"):
         data = gzip.decompress(data)
-    rest = data[line["offset"]:]
+    rest = data[line["offset"] :]
     if path.endswith(".txt"):
-        assert line["offset"] == 0 or data[line["offset"] - 1:line["offset"]] == b"\n"
+        assert line["offset"] == 0 or data[line["offset"] - 1 : line["offset"]] == b"\n"
         return rest.split(b"\n\n")[0].decode("utf-8").split("\n")
     return [x for x in json.loads(rest.split(b"\n")[0])["text"].split("\n") if x.strip()]
 
@@ -302,8 +315,12 @@ def test_each_sequence_of_output_megatron_is_traced_to_its_document(tmp_path, co
 
 @pytest.mark.parametrize("output,pack", [("tfrecord", False), ("parquet", True)])
 def test_each_block_is_traced_to_the_documents_it_holds(tmp_path, corpus, bpe_path, encode, output, pack):
-    settings_ = {"tokenizer_file": bpe_path, "output": output, "max_seq_length": "24",
-                 "pack_documents": str(pack).lower()}
+    settings_ = {
+        "tokenizer_file": bpe_path,
+        "output": output,
+        "max_seq_length": "24",
+        "pack_documents": str(pack).lower(),
+    }
     local(corpus, tmp_path / "on", {**settings_, "provenance": "true"})
     local(corpus, tmp_path / "off", settings_)
     assert output_files(tmp_path / "on") == output_files(tmp_path / "off")
@@ -312,16 +329,19 @@ def test_each_block_is_traced_to_the_documents_it_holds(tmp_path, corpus, bpe_pa
     for path in sorted(glob.glob(str(tmp_path / "on" / ("part-*" + suffix)))):
         with open(path, "rb") as f:
             rows = examples(f.read(), suffix)
-        lines = sidecar(path[:-len(suffix)] + PROVENANCE_SUFFIX)
+        lines = sidecar(path[: -len(suffix)] + PROVENANCE_SUFFIX)
         assert len(lines) == len(rows) > 0
         for line, row in zip(lines, rows):
-            ids = [i for i, m in zip(row["input_ids"], row["attention_mask"]) if m] if "attention_mask" in row \
+            ids = (
+                [i for i, m in zip(row["input_ids"], row["attention_mask"]) if m]
+                if "attention_mask" in row
                 else row["input_ids"]
+            )
             spans = line.get("spans", [line])
             assert spans[0] == {k: v for k, v in line.items() if k != "spans"}
             spanning += len(spans) > 1
             stream = [t for span in spans for t in encode(document_at(span))]
-            assert any(stream[i:i + len(ids)] == ids for i in range(len(stream) - len(ids) + 1)), line
+            assert any(stream[i : i + len(ids)] == ids for i in range(len(stream) - len(ids) + 1)), line
             if not pack:
                 assert len(spans) == 1
     assert spanning or not pack
@@ -372,15 +392,26 @@ def test_each_electra_example_is_traced_to_its_document(tmp_path, corpus, vocab_
     settings_ = {"vocab_file": vocab_path, "max_seq_length": "32", "split_sentences": str(sentences).lower()}
     for name, extra in (("on", {"provenance": "true"}), ("off", {})):
         console = Console(file=io.StringIO(), width=200)
-        result = run_local(corpus, str(tmp_path / name), "electra_zh_en", 2, {**settings_, **extra}, item_bytes=3_000,
-                           console=console, lease_ttl=20)
+        result = run_local(
+            corpus,
+            str(tmp_path / name),
+            "electra_zh_en",
+            2,
+            {**settings_, **extra},
+            item_bytes=3_000,
+            console=console,
+            lease_ttl=20,
+        )
         assert result.exit_code == 0, console.file.getvalue()
     assert output_files(tmp_path / "on") == output_files(tmp_path / "off")
     # The run's readers read the examples and pass the sidecars by.
     from fleet.core.follow import follow_examples
 
-    assert sum(1 for _ in follow_examples(str(tmp_path / "on"))) == \
-        sum(1 for _ in follow_examples(str(tmp_path / "off"))) > 0
+    assert (
+        sum(1 for _ in follow_examples(str(tmp_path / "on")))
+        == sum(1 for _ in follow_examples(str(tmp_path / "off")))
+        > 0
+    )
     bert = BertTokenizer.from_file(vocab_path)
     cls, sep = bert.vocab["[CLS]"], bert.vocab["[SEP]"]
     paths = sorted(glob.glob(str(tmp_path / "on" / "part-*.tfrecord")))
@@ -388,7 +419,7 @@ def test_each_electra_example_is_traced_to_its_document(tmp_path, corpus, vocab_
     for path in paths:
         with open(path, "rb") as f:
             rows = examples(f.read(), ".tfrecord")
-        lines = sidecar(path[:-len(".tfrecord")] + PROVENANCE_SUFFIX)
+        lines = sidecar(path[: -len(".tfrecord")] + PROVENANCE_SUFFIX)
         assert len(lines) == len(rows) > 0
         for line, row in zip(lines, rows):
             doc = document_at(line)
@@ -411,8 +442,10 @@ def of_lines(segment: list[int], lines: list[list[int]], at: int = 0, line: int 
     if at == len(segment):
         return True
     rest = segment[at:]
-    return any(rest == ids[:len(rest)] or rest[:len(ids)] == ids and of_lines(segment, lines, at + len(ids), j + 1)
-               for j, ids in enumerate(lines[line:], line))
+    return any(
+        rest == ids[: len(rest)] or rest[: len(ids)] == ids and of_lines(segment, lines, at + len(ids), j + 1)
+        for j, ids in enumerate(lines[line:], line)
+    )
 
 
 def test_electra_provenance_refuses_what_mixes_documents(vocab_path):

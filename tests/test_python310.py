@@ -14,10 +14,21 @@ from fleet.gce.config import tomllib
 ROOT = Path(__file__).resolve().parent.parent
 # Standard-library modules and names that first appeared in Python 3.11.
 NEW_MODULES = {"tomllib", "wsgiref.types"}
-NEW_NAMES = {("datetime", "UTC"), ("enum", "StrEnum"), ("typing", "Self"), ("typing", "LiteralString"),
-             ("typing", "Never"), ("typing", "assert_never"), ("typing", "reveal_type"),
-             ("hashlib", "file_digest"), ("contextlib", "chdir"), ("asyncio", "TaskGroup"),
-             ("asyncio", "timeout"), ("builtins", "ExceptionGroup"), ("builtins", "BaseExceptionGroup")}
+NEW_NAMES = {
+    ("datetime", "UTC"),
+    ("enum", "StrEnum"),
+    ("typing", "Self"),
+    ("typing", "LiteralString"),
+    ("typing", "Never"),
+    ("typing", "assert_never"),
+    ("typing", "reveal_type"),
+    ("hashlib", "file_digest"),
+    ("contextlib", "chdir"),
+    ("asyncio", "TaskGroup"),
+    ("asyncio", "timeout"),
+    ("builtins", "ExceptionGroup"),
+    ("builtins", "BaseExceptionGroup"),
+}
 
 
 def guarded(node: ast.AST, parents: dict) -> bool:
@@ -25,8 +36,8 @@ def guarded(node: ast.AST, parents: dict) -> bool:
     while node in parents:
         node = parents[node]
         if isinstance(node, ast.Try) and any(
-                isinstance(h.type, ast.Name) and h.type.id in ("ModuleNotFoundError", "ImportError")
-                for h in node.handlers):
+            isinstance(h.type, ast.Name) and h.type.id in ("ModuleNotFoundError", "ImportError") for h in node.handlers
+        ):
             return True
     return False
 
@@ -43,8 +54,11 @@ def problems(path: Path, root: Path = ROOT) -> list[str]:
         if isinstance(node, ast.Import):
             new = [a.name for a in node.names if a.name in NEW_MODULES]
         elif isinstance(node, ast.ImportFrom):
-            new = [node.module] if node.module in NEW_MODULES else [
-                f"{node.module}.{a.name}" for a in node.names if (node.module, a.name) in NEW_NAMES]
+            new = (
+                [node.module]
+                if node.module in NEW_MODULES
+                else [f"{node.module}.{a.name}" for a in node.names if (node.module, a.name) in NEW_NAMES]
+            )
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             new = [f"{node.value.id}.{node.attr}"] if (node.value.id, node.attr) in NEW_NAMES else []
         elif isinstance(node, ast.Name):
@@ -68,9 +82,13 @@ def test_nothing_the_product_runs_needs_python_3_11():
 
 def test_the_check_catches_an_unguarded_3_11_import(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("import tomllib\nfrom datetime import UTC\nx = datetime.UTC\n"
-                     "try:\n    import tomllib\nexcept ModuleNotFoundError:\n    import tomli as tomllib\n")
-    assert problems(probe, tmp_path) == [f"probe.py:{n}: {what} needs Python 3.11"
-                                         for n, what in ((1, "tomllib"), (2, "datetime.UTC"), (3, "datetime.UTC"))]
+    probe.write_text(
+        "import tomllib\nfrom datetime import UTC\nx = datetime.UTC\n"
+        "try:\n    import tomllib\nexcept ModuleNotFoundError:\n    import tomli as tomllib\n"
+    )
+    assert problems(probe, tmp_path) == [
+        f"probe.py:{n}: {what} needs Python 3.11"
+        for n, what in ((1, "tomllib"), (2, "datetime.UTC"), (3, "datetime.UTC"))
+    ]
     probe.write_text("try:\n    pass\nexcept* ValueError:\n    pass\n")
     assert "syntax newer than 3.10" in problems(probe, tmp_path)[0]

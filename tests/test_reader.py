@@ -32,15 +32,32 @@ def corpus(tmp_path_factory) -> tuple[str, str]:
 
 def plan(bucket: str, out_dir: str, inputs: list[str], vocab: str, **options) -> None:
     sets = [a for k, v in {"vocab_file": vocab, "max_seq_length": 32, **options}.items() for a in ("--set", f"{k}={v}")]
-    proc = fleet("plan", "--bucket", bucket, "--run", "r", "--job", "electra_zh_en", "--output", out_dir,
-                 "--item-mb", "0.004", *[a for i in inputs for a in ("--input", i)], *sets)
+    proc = fleet(
+        "plan",
+        "--bucket",
+        bucket,
+        "--run",
+        "r",
+        "--job",
+        "electra_zh_en",
+        "--output",
+        out_dir,
+        "--item-mb",
+        "0.004",
+        *[a for i in inputs for a in ("--input", i)],
+        *sets,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 def start_workers(bucket: str, tmp_path, procs: int = 1) -> subprocess.Popen:
-    return subprocess.Popen(FLEET + ["work", "--bucket", bucket, "--run", "r", "--procs", str(procs)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, TMPDIR=str(tmp_path), **SLOW_ITEMS))
+    return subprocess.Popen(
+        FLEET + ["work", "--bucket", bucket, "--run", "r", "--procs", str(procs)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TMPDIR=str(tmp_path), **SLOW_ITEMS),
+    )
 
 
 def committed_records(bucket: str) -> tuple[list[bytes], float]:
@@ -106,7 +123,8 @@ def test_a_reader_started_before_the_workers_reads_every_example_once_and_ends(t
     assert consumer.first_at < last_commit  # it read while the run went on, not only at the end
     first = consumer.items[0]
     assert {n: (v.dtype, v.shape) for n, v in first.items()} == {
-        n: (np.dtype(np.int64), (32,)) for n in ("input_ids", "input_mask", "segment_ids")}
+        n: (np.dtype(np.int64), (32,)) for n in ("input_ids", "input_mask", "segment_ids")
+    }
     names = [b.name for b in open_store(bucket).list("runs/r/final/")]
     assert len(names) > 5  # several items
 
@@ -173,7 +191,9 @@ def _all_records(folder) -> list[bytes]:
 def test_a_damaged_output_is_named(tmp_path, corpus):
     path, vocab = corpus
     out = tmp_path / "out"
-    proc = fleet("local", path, out, "--workers", "1", "--item-mb", "0.004", "--set", f"vocab_file={vocab}", tmp=tmp_path)
+    proc = fleet(
+        "local", path, out, "--workers", "1", "--item-mb", "0.004", "--set", f"vocab_file={vocab}", tmp=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     bucket = str(out)  # the output folder of fleet local names its run
     assert len(list(follow_examples(bucket))) == len(_all_records(out)) > 20
@@ -203,13 +223,26 @@ def test_nothing_to_follow_is_one_clear_error(tmp_path):
 def test_the_layout_follows_the_config():
     from fleet.core.discovery import load_configured
 
-    job, config = load_configured("electra_zh_en", {"vocab_file": "v", "format": "bert", "max_seq_length": 64,
-                                                    "max_predictions_per_seq": 10, "v2_feature_names": "true"})
+    job, config = load_configured(
+        "electra_zh_en",
+        {
+            "vocab_file": "v",
+            "format": "bert",
+            "max_seq_length": 64,
+            "max_predictions_per_seq": 10,
+            "v2_feature_names": "true",
+        },
+    )
     bert = job.features(config)  # format=bert: the bert job's layout
     assert {n: (f.length, f.dtype) for n, f in bert.items()} == {
-        "input_word_ids": (64, "int64"), "input_mask": (64, "int64"), "input_type_ids": (64, "int64"),
-        "masked_lm_positions": (10, "int64"), "masked_lm_ids": (10, "int64"), "masked_lm_weights": (10, "float32"),
-        "next_sentence_labels": (1, "int64")}
+        "input_word_ids": (64, "int64"),
+        "input_mask": (64, "int64"),
+        "input_type_ids": (64, "int64"),
+        "masked_lm_positions": (10, "int64"),
+        "masked_lm_ids": (10, "int64"),
+        "masked_lm_weights": (10, "float32"),
+        "next_sentence_labels": (1, "int64"),
+    }
 
 
 def test_tf_dataset_follows_a_bert_run_and_fails_naming_the_failed_item(tmp_path, corpus):
@@ -274,8 +307,9 @@ def test_a_parquet_run_reads_as_the_same_examples_as_its_tfrecord_twin(tmp_path,
 # -- causal_lm: the same readers, with the layout its Job.features gives ---------------------
 
 
-@pytest.mark.parametrize("options", [{"compression": "GZIP"}, {"output": "parquet"},
-                                     {"shifted_labels": "true", "last_block": "drop"}])
+@pytest.mark.parametrize(
+    "options", [{"compression": "GZIP"}, {"output": "parquet"}, {"shifted_labels": "true", "last_block": "drop"}]
+)
 def test_a_causal_lm_run_reads_as_tensorflow_and_pyarrow_read_its_files(tmp_path, corpus, options):
     """follow_examples and follow_dataset read any job that declares its features (before: electra_zh_en
     only): they give exactly what TensorFlow's parser (with the job's spec) or pyarrow read from the files."""
@@ -288,8 +322,19 @@ def test_a_causal_lm_run_reads_as_tensorflow_and_pyarrow_read_its_files(tmp_path
     path, vocab = corpus
     out = tmp_path / "out"
     sets = {"vocab_file": vocab, "max_seq_length": 24, **options}
-    proc = fleet("local", path, out, "--job", "causal_lm", "--workers", "1", "--item-mb", "0.004",
-                 *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")], tmp=tmp_path)
+    proc = fleet(
+        "local",
+        path,
+        out,
+        "--job",
+        "causal_lm",
+        "--workers",
+        "1",
+        "--item-mb",
+        "0.004",
+        *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+        tmp=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     layout = JOB.features(JOB.parse_config(sets))
     files = sorted(str(p) for p in out.glob("part-*"))
@@ -298,12 +343,14 @@ def test_a_causal_lm_run_reads_as_tensorflow_and_pyarrow_read_its_files(tmp_path
         table = pq.read_table(files)
         assert sorted(table.column_names) == sorted(layout)  # no column the layout leaves out
         columns = {name: table.column(name).to_pylist() for name in layout}
-        direct = [{name: np.array(columns[name][i], layout[name].dtype) for name in layout}
-                  for i in range(table.num_rows)]
+        direct = [
+            {name: np.array(columns[name][i], layout[name].dtype) for name in layout} for i in range(table.num_rows)
+        ]
     else:
         records = tf.data.TFRecordDataset(files, compression_type="GZIP" if "compression" in sets else "")
-        direct = [{k: v.numpy() for k, v in tf.io.parse_single_example(r, feature_spec(layout)).items()}
-                  for r in records]
+        direct = [
+            {k: v.numpy() for k, v in tf.io.parse_single_example(r, feature_spec(layout)).items()} for r in records
+        ]
     width = 25 if "shifted_labels" in sets else 24
     assert set(layout) == ({"input_ids"} if "last_block" in sets else {"input_ids", "attention_mask"})
     assert {n: (v.dtype, v.shape) for n, v in direct[0].items()} == {n: (np.dtype(np.int64), (width,)) for n in layout}
@@ -319,10 +366,13 @@ def test_a_run_of_a_job_without_features_is_one_clear_error(tmp_path):
 
     bucket = str(tmp_path / "bucket")
     corpus = write_corpus(str(tmp_path / "c.txt"), 10)
-    proc = fleet("plan", "--bucket", bucket, "--run", "r", "--job", LINEJOB, "--input", corpus,
-                 "--output", str(tmp_path / "out"))
+    proc = fleet(
+        "plan", "--bucket", bucket, "--run", "r", "--job", LINEJOB, "--input", corpus, "--output", str(tmp_path / "out")
+    )
     assert proc.returncode == 0, proc.stderr
-    with pytest.raises(FollowError, match=r"run r in .*declares no features \(Job.features\).*fleet.core.follow.follow"):
+    with pytest.raises(
+        FollowError, match=r"run r in .*declares no features \(Job.features\).*fleet.core.follow.follow"
+    ):
         RunReader(bucket)
 
 
@@ -332,8 +382,22 @@ def test_examples_that_are_not_the_layout_the_job_declares_are_named(tmp_path, c
     and a Parquet output changed since its commit is named as a TFRecord one is."""
     path, vocab = corpus
     out = tmp_path / "out"
-    proc = fleet("local", path, out, "--workers", "1", "--item-mb", "0.004", "--set", f"vocab_file={vocab}",
-                 "--set", "max_seq_length=32", "--set", f"output={output}", tmp=tmp_path)
+    proc = fleet(
+        "local",
+        path,
+        out,
+        "--workers",
+        "1",
+        "--item-mb",
+        "0.004",
+        "--set",
+        f"vocab_file={vocab}",
+        "--set",
+        "max_seq_length=32",
+        "--set",
+        f"output={output}",
+        tmp=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     from fleet.job import Feature
 

@@ -74,8 +74,19 @@ def _plan(tmp_path: Path, docs: int = 30, bucket: str | None = None, lease_ttl: 
     write_corpus(str(folder / "a.txt"), docs)
     bucket = bucket or str(tmp_path / "bucket")
     output = f"{bucket}/out" if bucket.startswith("gs://") else str(tmp_path / "out")
-    _, items, _ = plan(bucket, PlanRequest(run=RUN, job=LINEJOB, inputs=[str(folder)], output=output,
-                                           code_version="test", lease_ttl=lease_ttl, max_attempts=3, item_bytes=600))
+    _, items, _ = plan(
+        bucket,
+        PlanRequest(
+            run=RUN,
+            job=LINEJOB,
+            inputs=[str(folder)],
+            output=output,
+            code_version="test",
+            lease_ttl=lease_ttl,
+            max_attempts=3,
+            item_bytes=600,
+        ),
+    )
     return bucket, items
 
 
@@ -90,7 +101,7 @@ def _drain(bucket: str) -> None:
 def _state(bucket: str) -> tuple[dict[str, Lease], set[str]]:
     store = open_store(bucket)
     reader = StatusReader(store, RUN)
-    return reader.leases(), {b.name[len(final_prefix(RUN)):] for b in store.list(final_prefix(RUN))}
+    return reader.leases(), {b.name[len(final_prefix(RUN)) :] for b in store.list(final_prefix(RUN))}
 
 
 def _drained(bucket: str):
@@ -205,8 +216,9 @@ def test_fleet_local_converts_again_an_output_rewritten_with_its_mtime_restored(
 
 
 # -- the invariant: whatever is deleted or rewritten, a rerun ends with every item done and matching -----
-ACTIONS = st.lists(st.tuples(st.sampled_from(["lease", "marker", "output", "rewrite", "reopen", "run"]),
-                             st.integers(0, 5)), max_size=8)
+ACTIONS = st.lists(
+    st.tuples(st.sampled_from(["lease", "marker", "output", "rewrite", "reopen", "run"]), st.integers(0, 5)), max_size=8
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -293,17 +305,28 @@ def test_a_run_planned_before_an_option_existed_resumes_with_its_default(tmp_pat
     old = json.loads(spec_path.read_text())
     del old["config"]["poison"]  # as written by a version of the job without that option
     spec_path.write_text(json.dumps(old))
-    spec, _, created = plan(bucket, PlanRequest(run="r", job=job, inputs=[str(corpus)], output=str(tmp_path / "out"),
-                                                code_version="v"))
+    spec, _, created = plan(
+        bucket, PlanRequest(run="r", job=job, inputs=[str(corpus)], output=str(tmp_path / "out"), code_version="v")
+    )
     assert not created and spec.config["poison"] == ""
     with pytest.raises(PlanError, match="option poison is 'x', was ''"):
-        plan(bucket, PlanRequest(run="r", job=job, inputs=[str(corpus)], output=str(tmp_path / "out"), code_version="v",
-                                 settings={"poison": "x"}))
+        plan(
+            bucket,
+            PlanRequest(
+                run="r",
+                job=job,
+                inputs=[str(corpus)],
+                output=str(tmp_path / "out"),
+                code_version="v",
+                settings={"poison": "x"},
+            ),
+        )
 
 
 # -- the resume repair, one function for `fleet local` and `fleet status --verify` (issue 31) -----------
-DAMAGES = st.sampled_from(["none", "none", "lease deleted", "lease damaged", "output deleted", "output changed",
-                           "failed"])
+DAMAGES = st.sampled_from(
+    ["none", "none", "lease deleted", "lease damaged", "output deleted", "output changed", "failed"]
+)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

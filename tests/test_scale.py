@@ -58,8 +58,18 @@ def test_stages_twenty_workers_no_double_commit_none_stranded_every_shard_commit
     """A run with a shards stage (the sleep job's): both steps and the barrier between them drain
     under a crowd, nothing committed twice, and every shard holds its share of every map record."""
     sim = load_scale_sim()
-    fig = sim.simulate(gcs_bucket, workers=20, items=60, seconds=0.2, ttl=20, standby=2, run="stages", shards=8,
-                       records=3, reduce_seconds=0.05)
+    fig = sim.simulate(
+        gcs_bucket,
+        workers=20,
+        items=60,
+        seconds=0.2,
+        ttl=20,
+        standby=2,
+        run="stages",
+        shards=8,
+        records=3,
+        reduce_seconds=0.05,
+    )
     assert fig.errors == []
     assert fig.double_commits == 0
     assert fig.stranded == 0 and fig.not_done == 0
@@ -93,11 +103,19 @@ def _crowd_run(bucket: str, items: int, workers: int, monkeypatch) -> tuple[dict
 
     store = open_store(bucket)
     store.write("in/corpus.txt", "".join(f"doc {i:07d}\n\n" for i in range(items)).encode())
-    _, planned, _ = plan(bucket, PlanRequest(run="crowd", job="tests.helpers.sleepjob:JOB",
-                                             inputs=[f"{bucket.rstrip('/')}/in/corpus.txt"],
-                                             output=f"{bucket.rstrip('/')}/out", code_version="test",
-                                             settings={"seconds": "0", "jitter": "0"}, lease_ttl=30,
-                                             item_bytes=len("doc 0000000\n\n") - 1))  # one document each
+    _, planned, _ = plan(
+        bucket,
+        PlanRequest(
+            run="crowd",
+            job="tests.helpers.sleepjob:JOB",
+            inputs=[f"{bucket.rstrip('/')}/in/corpus.txt"],
+            output=f"{bucket.rstrip('/')}/out",
+            code_version="test",
+            settings={"seconds": "0", "jitter": "0"},
+            lease_ttl=30,
+            item_bytes=len("doc 0000000\n\n") - 1,
+        ),
+    )  # one document each
     assert len(planned) == items
     objects: collections.Counter = collections.Counter()
     calls = [0]
@@ -113,8 +131,10 @@ def _crowd_run(bucket: str, items: int, workers: int, monkeypatch) -> tuple[dict
         return iter(got)
 
     monkeypatch.setattr(cls, "list", counting)
-    threads = [threading.Thread(target=lambda i=i: Worker(bucket, "crowd", f"w{i}", poll=0.2).run_until_drained())
-               for i in range(workers)]
+    threads = [
+        threading.Thread(target=lambda i=i: Worker(bucket, "crowd", f"w{i}", poll=0.2).run_until_drained())
+        for i in range(workers)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -136,12 +156,13 @@ def test_objects_listed_per_item_do_not_grow_with_the_number_of_items(kind, size
         bucket = f"gs://{request.getfixturevalue('gcs_bucket')}"
     per_item = []
     for n in sizes:
-        objects, calls = _crowd_run(bucket.rstrip("/") + f"/n{n}" if kind == "gcs" else f"{bucket}{n}", n, 8,
-                                    monkeypatch)
+        objects, calls = _crowd_run(
+            bucket.rstrip("/") + f"/n{n}" if kind == "gcs" else f"{bucket}{n}", n, 8, monkeypatch
+        )
         per_item.append((sum(objects.values()) / n, calls / n, objects))
     (small, small_calls, a), (big, big_calls, b) = per_item
-    assert big <= 1.3 * small, (per_item)
-    assert big_calls <= 1.3 * small_calls, (per_item)
+    assert big <= 1.3 * small, per_item
+    assert big_calls <= 1.3 * small_calls, per_item
 
 
 def test_lease_reads_do_not_grow_with_the_idle_workers_that_watch_the_last_items():
@@ -156,15 +177,24 @@ def test_lease_reads_do_not_grow_with_the_idle_workers_that_watch_the_last_items
     sim = load_scale_sim()
     reads: list[int] = []
     for workers in (4, 16):
-        fig = sim.simulate(f"mem://tail{workers}", workers=workers, items=8, seconds=4.0, ttl=6.0, jitter=0.9,
-                           standby=None, latency=0.002)  # item times 0.4 to 7.6 s; every worker stays to the end
+        fig = sim.simulate(
+            f"mem://tail{workers}",
+            workers=workers,
+            items=8,
+            seconds=4.0,
+            ttl=6.0,
+            jitter=0.9,
+            standby=None,
+            latency=0.002,
+        )  # item times 0.4 to 7.6 s; every worker stays to the end
         assert fig.errors == [] and fig.double_commits == 0 and fig.stranded == 0
         reads.append(fig.requests.get("lease read", 0))
         assert reads[-1] <= 8 + 2 * workers + 8, reads  # (a renewal late by half a TTL on a loaded machine: a read)
 
 
-def _draining_crowd(tmp_path, workers: int, monkeypatch, finish_delay: float = 0.0, ttl: float = 30,
-                    ghost: bool = False) -> tuple[int, int, list[tuple[bool, bool]]]:
+def _draining_crowd(
+    tmp_path, workers: int, monkeypatch, finish_delay: float = 0.0, ttl: float = 30, ghost: bool = False
+) -> tuple[int, int, list[tuple[bool, bool]]]:
     """`workers` Worker threads on a run of 60 instant items: (the sweeps that confirmed the drain by
     a listing of every lease and marker after a listing of the done/ markers said so, the workers
     that ended the run, and for each worker: whether it left drained, and whether the run's
@@ -180,9 +210,19 @@ def _draining_crowd(tmp_path, workers: int, monkeypatch, finish_delay: float = 0
     bucket = str(tmp_path / f"bucket{workers}")
     store = open_store(bucket)
     store.write("in/corpus.txt", "".join(f"doc {i:07d}\n\n" for i in range(60)).encode())
-    plan(bucket, PlanRequest(run="crowd", job="tests.helpers.sleepjob:JOB", inputs=[f"{bucket}/in/corpus.txt"],
-                             output=f"{bucket}/out", code_version="test", settings={"seconds": "0", "jitter": "0"},
-                             lease_ttl=ttl, item_bytes=len("doc 0000000\n\n") - 1))
+    plan(
+        bucket,
+        PlanRequest(
+            run="crowd",
+            job="tests.helpers.sleepjob:JOB",
+            inputs=[f"{bucket}/in/corpus.txt"],
+            output=f"{bucket}/out",
+            code_version="test",
+            settings={"seconds": "0", "jitter": "0"},
+            lease_ttl=ttl,
+            item_bytes=len("doc 0000000\n\n") - 1,
+        ),
+    )
     if ghost:
         assert manifest.claim_finish(store, "crowd", "ghost", ttl, started=0.0)
     confirms = [0]
@@ -273,8 +313,19 @@ def test_stages_through_a_combine_step_twenty_workers(fake_gcs, gcs_bucket):
     header and a range of each file of its group, the barrier one header per combined file, and a
     shard only the combined files of its key block."""
     sim = load_scale_sim()
-    fig = sim.simulate(gcs_bucket, workers=20, items=60, seconds=0.2, ttl=20, standby=2, run="combined", shards=8,
-                       records=30, reduce_seconds=0.05, combine=(4, 2))
+    fig = sim.simulate(
+        gcs_bucket,
+        workers=20,
+        items=60,
+        seconds=0.2,
+        ttl=20,
+        standby=2,
+        run="combined",
+        shards=8,
+        records=30,
+        reduce_seconds=0.05,
+        combine=(4, 2),
+    )
     assert fig.errors == []
     assert fig.double_commits == 0
     assert fig.stranded == 0 and fig.not_done == 0

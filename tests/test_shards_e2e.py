@@ -49,8 +49,11 @@ def documents() -> list[list[str]]:
     docs = []
     for path in SAMPLES:
         with open(path, encoding="utf-8") as f:
-            docs += [[line for line in block.split("\n") if line.strip()][:8]
-                     for block in f.read().split("\n\n") if block.strip()]
+            docs += [
+                [line for line in block.split("\n") if line.strip()][:8]
+                for block in f.read().split("\n\n")
+                if block.strip()
+            ]
     return docs
 
 
@@ -78,16 +81,34 @@ def settings_of(vocab: str, **more) -> dict[str, str]:
     return {"vocab_file": vocab, "max_seq_length": MAX_SEQ, **{k: str(v) for k, v in more.items()}}
 
 
-def run(inputs: list[str], out, vocab: str, job: str = "electra_zh_en", workers: int = 1,
-        item_bytes: int = ITEM_BYTES, shards: int = 0, dedup: str = "", combine: CombineRule | None = None,
-        **more) -> LocalResult:
+def run(
+    inputs: list[str],
+    out,
+    vocab: str,
+    job: str = "electra_zh_en",
+    workers: int = 1,
+    item_bytes: int = ITEM_BYTES,
+    shards: int = 0,
+    dedup: str = "",
+    combine: CombineRule | None = None,
+    **more,
+) -> LocalResult:
     """``combine``: the rule that plans the stages' combine steps (the run is small: by default none)."""
     console = Console(file=io.StringIO(), width=200)
     saved = shuffle.COMBINE_RULE
     shuffle.COMBINE_RULE = combine or saved
     try:
-        result = run_local(inputs, str(out), job, workers, settings_of(vocab, **more), item_bytes=item_bytes,
-                           console=console, stage_options=StageOptions(shards, dedup), lease_ttl=20)
+        result = run_local(
+            inputs,
+            str(out),
+            job,
+            workers,
+            settings_of(vocab, **more),
+            item_bytes=item_bytes,
+            console=console,
+            stage_options=StageOptions(shards, dedup),
+            lease_ttl=20,
+        )
     finally:
         shuffle.COMBINE_RULE = saved
     assert result.exit_code == 0, console.file.getvalue()
@@ -122,8 +143,10 @@ def tf_examples(path: str, layout, compression: str = "") -> list[dict[str, tupl
     import tensorflow as tf
 
     spec = feature_spec(layout)
-    return [{name: tuple(t.numpy().tolist()) for name, t in tf.io.parse_single_example(r, spec).items()}
-            for r in tf.data.TFRecordDataset(path, compression_type=compression)]
+    return [
+        {name: tuple(t.numpy().tolist()) for name, t in tf.io.parse_single_example(r, spec).items()}
+        for r in tf.data.TFRecordDataset(path, compression_type=compression)
+    ]
 
 
 def as_row(example: dict) -> dict[str, tuple]:
@@ -149,9 +172,14 @@ def electra(tmp_path_factory, corpus, vocab) -> dict[str, str]:
     """electra_zh_en runs over the corpus: without shards, and with 3 shards at two worker counts,
     two item sizes and two seeds."""
     base = tmp_path_factory.mktemp("electra")
-    runs = {"plain": {}, "w1": {"shards": 3}, "w2": {"shards": 3, "workers": 2},
-            "items": {"shards": 3, "item_bytes": 47_000}, "seed": {"shards": 3, "seed": 8},
-            "combine": {"shards": 3, "workers": 2, "combine": CombineRule(group=2, blocks=3)}}
+    runs = {
+        "plain": {},
+        "w1": {"shards": 3},
+        "w2": {"shards": 3, "workers": 2},
+        "items": {"shards": 3, "item_bytes": 47_000},
+        "seed": {"shards": 3, "seed": 8},
+        "combine": {"shards": 3, "workers": 2, "combine": CombineRule(group=2, blocks=3)},
+    }
     for name, args in runs.items():
         run(corpus, base / name, vocab, **args)
     return {name: str(base / name) for name in runs}
@@ -168,8 +196,11 @@ def test_electra_shards_are_three_balanced_files_tensorflow_parses(electra, voca
     parsed = [tf_examples(p, layout) for p in outputs(electra["w1"])]
     counts = list(map(len, parsed))
     assert max(counts) - min(counts) <= 1 and sum(counts) > 200
-    assert all(set(ex) == set(layout) and all(len(ex[n]) == f.length for n, f in layout.items())
-               for shard in parsed for ex in shard)
+    assert all(
+        set(ex) == set(layout) and all(len(ex[n]) == f.length for n, f in layout.items())
+        for shard in parsed
+        for ex in shard
+    )
     summary = json.load(open(os.path.join(electra["w1"], "summary.json")))
     assert summary["examples"] == sum(counts)
     assert summary["outputs"] == names  # the records between stages are no outputs
@@ -194,8 +225,10 @@ def test_electra_shards_are_the_same_bytes_whatever_the_workers_or_item_size(ele
     assert one == file_bytes(electra["combine"])  # through a combine step (fleet.core.shuffle.combine)
     steps = [i.step for i in load_items(open_store(os.path.join(electra["combine"], ".fleet")), "local")]
     assert max(steps) == 3  # map, combine, barrier, shards
-    assert json.load(open(os.path.join(electra["items"], "summary.json")))["items"] < \
-        json.load(open(os.path.join(electra["w1"], "summary.json")))["items"]  # another cut indeed
+    assert (
+        json.load(open(os.path.join(electra["items"], "summary.json")))["items"]
+        < json.load(open(os.path.join(electra["w1"], "summary.json")))["items"]
+    )  # another cut indeed
 
 
 def test_another_seed_gives_another_order(electra, vocab):
@@ -214,16 +247,22 @@ def test_another_seed_gives_another_order(electra, vocab):
 @pytest.fixture(scope="module")
 def causal(tmp_path_factory, corpus, vocab) -> dict[str, str]:
     base = tmp_path_factory.mktemp("causal")
-    runs = {"plain": {}, "tfrecord": {"shards": 2}, "parquet": {"shards": 2, "output": "parquet"},
-            "gzip": {"shards": 2, "compression": "GZIP"}}
+    runs = {
+        "plain": {},
+        "tfrecord": {"shards": 2},
+        "parquet": {"shards": 2, "output": "parquet"},
+        "gzip": {"shards": 2, "compression": "GZIP"},
+    }
     for name, args in runs.items():
         run(corpus, base / name, vocab, job="causal_lm", **args)
     return {name: str(base / name) for name in runs}
 
 
 def test_causal_lm_shards_hold_the_records_of_the_run_without_them(causal):
-    assert [os.path.basename(p) for p in outputs(causal["tfrecord"])] == \
-        ["part-00000-of-00002.tfrecord", "part-00001-of-00002.tfrecord"]
+    assert [os.path.basename(p) for p in outputs(causal["tfrecord"])] == [
+        "part-00000-of-00002.tfrecord",
+        "part-00001-of-00002.tfrecord",
+    ]
     shards = [tf_records(p) for p in outputs(causal["tfrecord"])]
     assert abs(len(shards[0]) - len(shards[1])) <= 1
     assert sorted(shards[0] + shards[1]) == sorted(records_of(causal["plain"]))
@@ -243,8 +282,9 @@ def test_causal_lm_parquet_shards_hold_the_tfrecord_shards_examples_in_order(cau
 def test_causal_lm_parquet_shards_load_in_hugging_face_datasets(causal, vocab, tmp_path):
     datasets = pytest.importorskip("datasets")
     layout = load_job("causal_lm").features(config_of("causal_lm", vocab))
-    loaded = datasets.load_dataset("parquet", data_files=outputs(causal["parquet"]), split="train",
-                                   cache_dir=str(tmp_path / "hf"))
+    loaded = datasets.load_dataset(
+        "parquet", data_files=outputs(causal["parquet"]), split="train", cache_dir=str(tmp_path / "hf")
+    )
     want = [ex for path in outputs(causal["tfrecord"]) for ex in tf_examples(path, layout)]
     assert [{name: tuple(row[name]) for name in layout} for row in loaded] == want
 
@@ -274,13 +314,17 @@ def test_bert_shards_hold_the_records_of_the_run_without_them(corpus, vocab, tmp
 # -- 4. the readers of a sharded run -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("runs, name, job", [
-    ("electra", "w1", "electra_zh_en"),
-    ("causal", "parquet", "causal_lm"),
-    ("causal", "gzip", "causal_lm"),
-])
+@pytest.mark.parametrize(
+    "runs, name, job",
+    [
+        ("electra", "w1", "electra_zh_en"),
+        ("causal", "parquet", "causal_lm"),
+        ("causal", "gzip", "causal_lm"),
+    ],
+)
 def test_follow_examples_and_dataset_read_every_shard_example_once_and_no_record_between_stages(
-        request, vocab, runs, name, job):
+    request, vocab, runs, name, job
+):
     out = request.getfixturevalue(runs)[name]
     shuffle = glob.glob(os.path.join(out, ".fleet", "runs", "local", "shuffle", "*"))
     assert shuffle  # the records between stages are there, and are no outputs
@@ -362,9 +406,12 @@ def offsets(docs: list[list[str]]) -> list[int]:
 def dedup_runs(tmp_path_factory, planted, vocab) -> dict[str, tuple[str, LocalResult]]:
     files, unique, _dropped, _a = planted
     base = tmp_path_factory.mktemp("dedup")
-    runs = {"unique": ([unique], {}), "dedup": (files, {"workers": 2, "dedup": "exact"}),
-            "both": (files, {"workers": 2, "dedup": "exact", "shards": 2}),
-            "combined": (files, {"workers": 2, "dedup": "exact", "shards": 2, "combine": CombineRule(group=3)})}
+    runs = {
+        "unique": ([unique], {}),
+        "dedup": (files, {"workers": 2, "dedup": "exact"}),
+        "both": (files, {"workers": 2, "dedup": "exact", "shards": 2}),
+        "combined": (files, {"workers": 2, "dedup": "exact", "shards": 2, "combine": CombineRule(group=3)}),
+    }
     return {name: (str(base / name), run(inputs, base / name, vocab, **args)) for name, (inputs, args) in runs.items()}
 
 
@@ -398,8 +445,7 @@ def test_dedup_writes_the_records_of_a_run_over_the_first_copies(planted, dedup_
 
 def _texts(files: list[str]) -> list[list[str]]:
     """Each file's documents as their lines joined by newlines (what the map counts)."""
-    return [[block for block in open(path, encoding="utf-8").read().split("\n\n") if block.strip()]
-            for path in files]
+    return [[block for block in open(path, encoding="utf-8").read().split("\n\n") if block.strip()] for path in files]
 
 
 def test_fleet_status_shows_what_dedup_dropped(planted, dedup_runs):
@@ -415,8 +461,10 @@ def test_fleet_status_shows_what_dedup_dropped(planted, dedup_runs):
 
 def test_dedup_and_shards_together_shard_the_dedup_runs_records(dedup_runs, vocab):
     out, result = dedup_runs["both"]
-    assert [os.path.basename(p) for p in outputs(out)] == ["part-00000-of-00002.tfrecord",
-                                                           "part-00001-of-00002.tfrecord"]
+    assert [os.path.basename(p) for p in outputs(out)] == [
+        "part-00000-of-00002.tfrecord",
+        "part-00001-of-00002.tfrecord",
+    ]
     shards = [tf_records(p) for p in outputs(out)]
     assert abs(len(shards[0]) - len(shards[1])) <= 1
     assert sorted(shards[0] + shards[1]) == sorted(records_of(dedup_runs["dedup"][0]))
@@ -428,8 +476,9 @@ def test_dedup_and_shards_together_shard_the_dedup_runs_records(dedup_runs, voca
     assert combined.summary["dedup_documents_dropped"] == result.summary["dedup_documents_dropped"]
     assert result.summary["dedup_documents_dropped"] == dedup_runs["dedup"][1].summary["dedup_documents_dropped"]
     layout = load_job("electra_zh_en").features(config_of("electra_zh_en", vocab))
-    assert multiset([as_row(ex) for ex in follow_examples(out, poll=0.1)]) == \
-        multiset([ex for path in outputs(out) for ex in tf_examples(path, layout)])
+    assert multiset([as_row(ex) for ex in follow_examples(out, poll=0.1)]) == multiset(
+        [ex for path in outputs(out) for ex in tf_examples(path, layout)]
+    )
 
 
 # -- 6. resume ----------------------------------------------------------------------------------------
@@ -438,8 +487,10 @@ def test_dedup_and_shards_together_shard_the_dedup_runs_records(dedup_runs, voca
 def state(out) -> dict[str, bytes]:
     """The run's leases and outputs, and when each output was written."""
     leases = glob.glob(os.path.join(str(out), ".fleet", "runs", "local", "leases", "*"))
-    return {**{p: open(p, "rb").read() for p in leases},
-            **{p: open(p, "rb").read() + str(os.stat(p).st_mtime_ns).encode() for p in outputs(out)}}
+    return {
+        **{p: open(p, "rb").read() for p in leases},
+        **{p: open(p, "rb").read() + str(os.stat(p).st_mtime_ns).encode() for p in outputs(out)},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -458,16 +509,32 @@ def test_a_sharded_run_resumes_with_nothing_redone(sharded, corpus, vocab):
     assert again.summary["outputs"] == first.summary["outputs"] and again.summary["done"] == first.status.items
 
 
-@pytest.mark.parametrize("args, named", [
-    (["--shards", "4"], "shards is 4, was 3"),
-    ([], "shards is 0, was 3"),
-    (["--shards", "3", "--dedup", "exact"], "dedup is 'exact', was ''"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--shards", "4"], "shards is 4, was 3"),
+        ([], "shards is 0, was 3"),
+        (["--shards", "3", "--dedup", "exact"], "dedup is 'exact', was ''"),
+    ],
+)
 def test_resuming_a_sharded_run_with_other_stages_is_refused_in_one_line(sharded, corpus, vocab, args, named):
     out, _first, before = sharded
     sets = [arg for k, v in settings_of(vocab).items() for arg in ("--set", f"{k}={v}")]
-    proc = cli("local", *corpus, str(out), "--job", "electra_zh_en", "--workers", "1",
-               "--item-mb", str(ITEM_BYTES / 1e6), "--lease-ttl", "20", *args, *sets)
+    proc = cli(
+        "local",
+        *corpus,
+        str(out),
+        "--job",
+        "electra_zh_en",
+        "--workers",
+        "1",
+        "--item-mb",
+        str(ITEM_BYTES / 1e6),
+        "--lease-ttl",
+        "20",
+        *args,
+        *sets,
+    )
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and named in proc.stderr, proc.stderr
     # The inputs are the same: the line says what changed, not that an input did.

@@ -17,14 +17,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet.core import shuffle
-from fleet.core.shuffle import (Combine, CombineRule, Index, PartitionWriter, ShuffleError, ShufflePiece,
-                                balanced_range, build_index, combine, combine_groups, header_size, load_index,
-                                parse_header, partitions_for, plan_combine, reduce_records)
+from fleet.core.shuffle import (
+    Combine,
+    CombineRule,
+    Index,
+    PartitionWriter,
+    ShuffleError,
+    ShufflePiece,
+    balanced_range,
+    build_index,
+    combine,
+    combine_groups,
+    header_size,
+    load_index,
+    parse_header,
+    partitions_for,
+    plan_combine,
+    reduce_records,
+)
 from fleet.core.store import open_store
 
 # Keys at the edges of the partitions' key ranges (P up to 28: 7 balanced items) too.
-EDGES = sorted({e for n in range(1, 29) for p in range(n + 1) for d in (-1, 0, 1)
-                if 0 <= (e := -(-(p << 64) // n) + d) < 2**64})
+EDGES = sorted(
+    {e for n in range(1, 29) for p in range(n + 1) for d in (-1, 0, 1) if 0 <= (e := -(-(p << 64) // n) + d) < 2**64}
+)
 KEYS = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from(EDGES))
 RECORDS = st.lists(st.tuples(KEYS, st.binary(max_size=24)), max_size=120)
 BUDGETS = st.one_of(st.integers(0, 400), st.just(1 << 30))
@@ -50,7 +66,7 @@ def decode(data: bytes) -> list[list[tuple[int, bytes]]]:
         pos, end, records = header.offsets[k], header.offsets[k + 1], []
         while pos < end:
             key, n = struct.unpack_from(">QI", data, pos)
-            records.append((key, data[pos + 12:pos + 12 + n]))
+            records.append((key, data[pos + 12 : pos + 12 + n]))
             pos += 12 + n
         assert pos == end and len(records) == header.counts[k]
         parts.append(records)
@@ -85,19 +101,22 @@ def test_keys_at_the_edges_of_the_ranges_go_to_their_partition(tmp_path, monkeyp
     (also where a partition starts at the first or last record of a batch written at once)."""
     monkeypatch.setattr(shuffle, "_BATCH", batch)
     for partitions in range(1, 30):
-        keys = {e for p in range(partitions + 1) for d in (-1, 0, 1)
-                if 0 <= (e := -(-(p << 64) // partitions) + d) < 2**64}
+        keys = {
+            e for p in range(partitions + 1) for d in (-1, 0, 1) if 0 <= (e := -(-(p << 64) // partitions) + d) < 2**64
+        }
         data, _ = write(str(tmp_path), [(k, b"") for k in keys], partitions, 1 << 30)
-        assert decode(data) == [[(k, b"") for k in sorted(keys) if partition(k, partitions) == p]
-                                for p in range(partitions)]
+        assert decode(data) == [
+            [(k, b"") for k in sorted(keys) if partition(k, partitions) == p] for p in range(partitions)
+        ]
 
 
 def test_spilling_writes_the_same_file_and_bounds_open_files(tmp_path):
     """A budget far below the data spills a run every couple of records (more runs than one
     merge opens at once, so merge passes run), and still writes the bytes of an in-memory sort."""
     rng = random.Random(7)
-    records = [(rng.getrandbits(64) >> rng.choice([0, 60]), rng.randbytes(rng.randrange(40)))
-               for _ in range(3 * shuffle.FANIN)]
+    records = [
+        (rng.getrandbits(64) >> rng.choice([0, 60]), rng.randbytes(rng.randrange(40))) for _ in range(3 * shuffle.FANIN)
+    ]
     records += records[:50]  # equal records are all kept
     tiny = PartitionWriter(str(tmp_path), 5, budget=200)
     for key, value in records:
@@ -121,8 +140,9 @@ def test_bad_keys_are_refused(tmp_path):
             writer.emit(key, b"x")
 
 
-def publish(store, folder: str, records, writers: int, partitions: int, budgets, rnd, first: int = 0
-            ) -> list[ShufflePiece]:
+def publish(
+    store, folder: str, records, writers: int, partitions: int, budgets, rnd, first: int = 0
+) -> list[ShufflePiece]:
     """Records dealt at random to ``writers`` map items, whose files go into the store."""
     dealt = [[] for _ in range(writers)]
     for record in records:
@@ -146,11 +166,20 @@ def index_of(store, pieces, partitions) -> Index:
 
 
 @SLOW
-@given(RECORDS, st.integers(1, 5), st.integers(1, 7), st.booleans(), st.lists(BUDGETS, min_size=5, max_size=5),
-       st.randoms(use_true_random=False), st.sampled_from([2, 3, shuffle.FANIN]), st.sampled_from([1, 13, 0]),
-       st.sampled_from([1, 5, shuffle._BATCH]))
-def test_reduce_items_get_every_record_once_in_order(records, writers, items, balanced, budgets, rnd, fanin, chunk,
-                                                      batch):
+@given(
+    RECORDS,
+    st.integers(1, 5),
+    st.integers(1, 7),
+    st.booleans(),
+    st.lists(BUDGETS, min_size=5, max_size=5),
+    st.randoms(use_true_random=False),
+    st.sampled_from([2, 3, shuffle.FANIN]),
+    st.sampled_from([1, 13, 0]),
+    st.sampled_from([1, 5, shuffle._BATCH]),
+)
+def test_reduce_items_get_every_record_once_in_order(
+    records, writers, items, balanced, budgets, rnd, fanin, chunk, batch
+):
     """Whatever the budgets or how the records were dealt to map items: not balanced, item k
     gets exactly partition k's records, sorted; balanced, the items' counts differ by at most
     one and their concatenation in item order is all the records, sorted. (A small ``fanin``
@@ -224,8 +253,10 @@ def test_requests_and_checkpoints(tmp_path):
     # Piece 0 holds keys of partition 0 only, pieces 1 and 2 of every partition.
     low = [(rng.randrange(2**62), rng.randbytes(8)) for _ in range(100)]
     spread = [(rng.getrandbits(64), rng.randbytes(8)) for _ in range(20000)]
-    pieces = [publish(store, str(tmp_path / "work"), recs, 1, 4, [1 << 30], rng, i)[0]
-              for i, recs in enumerate((low, spread[:10000], spread[10000:]))]
+    pieces = [
+        publish(store, str(tmp_path / "work"), recs, 1, 4, [1 << 30], rng, i)[0]
+        for i, recs in enumerate((low, spread[:10000], spread[10000:]))
+    ]
     counting = CountingStore(store)
     data = build_index(counting, pieces, 4)
     assert counting.reads == 3
@@ -262,15 +293,18 @@ def test_bad_headers_name_the_piece(tmp_path):
     good = store.read(piece.name)
     with pytest.raises(ShuffleError, match="^stage/map-0.kv \\(item map-0\\): has 3 partitions, the stage expects 4$"):
         build_index(store, [piece], 4)
-    for bad, why in ((b"NOTAFILE" + good[8:], "not a partition file"), (good[:20], "cut short"),
-                     (good[:16] + b"\xff" * 8 + good[24:], "damaged")):
+    for bad, why in (
+        (b"NOTAFILE" + good[8:], "not a partition file"),
+        (good[:20], "cut short"),
+        (good[:16] + b"\xff" * 8 + good[24:], "damaged"),
+    ):
         store.write(piece.name, bad)
         piece = ShufflePiece(piece.item, piece.name, store.stat(piece.name).version)
         with pytest.raises(ShuffleError, match=f"^stage/map-0.kv \\(item map-0\\): .*{why}") as e:
             build_index(store, [piece], 3)
         assert "\n" not in str(e.value)
     with pytest.raises(ShuffleError, match="^here: .*cut short"):
-        parse_header(good[:header_size(3) - 1], "here")
+        parse_header(good[: header_size(3) - 1], "here")
 
 
 def test_a_piece_changed_or_gone_after_indexing_names_it(tmp_path):
@@ -291,7 +325,7 @@ def test_a_damaged_record_names_the_piece(tmp_path):
     the reduce item in one line, without reading (or allocating) what the length claims."""
     store, [piece] = one_piece(tmp_path)
     data = bytearray(store.read(piece.name))
-    data[header_size(3) + 8:header_size(3) + 12] = b"\xff" * 4
+    data[header_size(3) + 8 : header_size(3) + 12] = b"\xff" * 4
     store.write(piece.name, bytes(data))
     piece = ShufflePiece(piece.item, piece.name, store.stat(piece.name).version)
     index = index_of(store, [piece], 3)
@@ -390,8 +424,9 @@ MEMORY = textwrap.dedent("""
 def test_memory_stays_near_the_budget(tmp_path, step):
     """~200 MB of records through a writer with a 32 MB budget, then (through a combine item) reduced:
     peak memory is the budget plus buffers, not the data."""
-    out = subprocess.run([sys.executable, "-c", MEMORY, str(tmp_path), "200", step or "-"], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY, str(tmp_path), "200", step or "-"], capture_output=True, text=True, check=True
+    )
     peak_mb = int(out.stdout.split()[-1])
     assert peak_mb < 32 + 80, peak_mb  # here ~60 MB, of which ~20 MB is Python and the fleet
 
@@ -412,11 +447,20 @@ def combine_all(store, work, pieces, partitions, combine_plan) -> list[ShufflePi
 
 
 @SLOW
-@given(RECORDS, st.integers(1, 6), st.integers(1, 6), st.booleans(), st.integers(2, 7), st.integers(1, 5),
-       st.lists(BUDGETS, min_size=6, max_size=6), st.randoms(use_true_random=False),
-       st.sampled_from([2, 3, shuffle.FANIN]))
+@given(
+    RECORDS,
+    st.integers(1, 6),
+    st.integers(1, 6),
+    st.booleans(),
+    st.integers(2, 7),
+    st.integers(1, 5),
+    st.lists(BUDGETS, min_size=6, max_size=6),
+    st.randoms(use_true_random=False),
+    st.sampled_from([2, 3, shuffle.FANIN]),
+)
 def test_combined_files_are_the_files_of_their_records_and_the_stage_reads_the_same(
-        records, writers, items, balanced, group, blocks, budgets, rnd, fanin):
+    records, writers, items, balanced, group, blocks, budgets, rnd, fanin
+):
     """A combined file is byte for byte the partition file a PartitionWriter writes of the records
     of its group in its key block (so nothing of the global (key, value) order can change), and
     the stage's items get exactly the records they get from the map's own files, whatever the
@@ -443,8 +487,9 @@ def test_combined_files_are_the_files_of_their_records_and_the_stage_reads_the_s
             direct, through = index_of(store, pieces, partitions), index_of(store, combined, partitions)
             assert through.totals == direct.totals
             for i in range(items):
-                assert list(reduce_records(store, through, i, items, balanced, work)) == \
-                    list(reduce_records(store, direct, i, items, balanced, work))
+                assert list(reduce_records(store, through, i, items, balanced, work)) == list(
+                    reduce_records(store, direct, i, items, balanced, work)
+                )
     finally:
         shuffle.FANIN = saved
 
@@ -458,8 +503,10 @@ def test_a_combine_reads_each_file_once_or_its_block_and_header(tmp_path):
     rng = random.Random(5)
     low = [(rng.randrange(2**62), rng.randbytes(8)) for _ in range(50)]  # partition 0 of 4 only
     spread = [(rng.getrandbits(64), rng.randbytes(8)) for _ in range(400)]
-    pieces = [publish(store, work, recs, 1, 4, [1 << 30], rng, i)[0]
-              for i, recs in enumerate((low, spread[:200], spread[200:]))]
+    pieces = [
+        publish(store, work, recs, 1, 4, [1 << 30], rng, i)[0]
+        for i, recs in enumerate((low, spread[:200], spread[200:]))
+    ]
     counting = CountingStore(store)
     made = combine(counting, pieces, 4, (0, 4), work)
     assert (counting.reads, counting.downloads, made.reads) == (0, 3, 3)
@@ -479,8 +526,10 @@ def test_a_bad_file_fails_its_combine_in_one_line_naming_it(tmp_path):
     with pytest.raises(ShuffleError, match="^stage/map-0.kv \\(item map-0\\): has 3 partitions, the stage expects 4$"):
         combine(store, [piece], 4, (0, 4), work)
     good = store.read(piece.name)
-    for bad, why in ((good[:-3], "partition file damaged \\(.* bytes, its header says"),
-                     (b"NOTAFILE" + good[8:], "not a partition file")):
+    for bad, why in (
+        (good[:-3], "partition file damaged \\(.* bytes, its header says"),
+        (b"NOTAFILE" + good[8:], "not a partition file"),
+    ):
         store.write(piece.name, bad)
         piece = ShufflePiece(piece.item, piece.name, store.stat(piece.name).version)
         for block in ((0, 3), (1, 3)):

@@ -54,8 +54,16 @@ def one_line_files(folder: Path, n: int, seed: int = 0) -> list[str]:
 
 def local(inputs, out, job: str, settings_: dict | None = None, workers: int = 1, expect: int = 0, **kw):
     console = Console(file=io.StringIO(), width=250)
-    result = run_local([str(i) for i in inputs], str(out), job, workers, {k: str(v) for k, v in (settings_ or {}).items()},
-                       console=console, lease_ttl=20, **kw)
+    result = run_local(
+        [str(i) for i in inputs],
+        str(out),
+        job,
+        workers,
+        {k: str(v) for k, v in (settings_ or {}).items()},
+        console=console,
+        lease_ttl=20,
+        **kw,
+    )
     printed = console.file.getvalue()
     assert result.exit_code == expect, printed
     return result, printed
@@ -66,8 +74,11 @@ def outputs(out) -> dict[str, str]:
 
 
 def sorted_records(out) -> list[bytes]:
-    return sorted(r for path in sorted(glob.glob(os.path.join(str(out), "part-*.tfrecord")))
-                  for r in tfrecord.iter_records(open(path, "rb").read()))
+    return sorted(
+        r
+        for path in sorted(glob.glob(os.path.join(str(out), "part-*.tfrecord")))
+        for r in tfrecord.iter_records(open(path, "rb").read())
+    )
 
 
 def manifest(out) -> dict:
@@ -105,8 +116,7 @@ class _Sized(Job):
 
 
 @settings(max_examples=300, deadline=None)
-@given(sizes=st.lists(st.integers(0, 400), max_size=60), item_bytes=st.integers(1, 300),
-       max_files=st.integers(1, 8))
+@given(sizes=st.lists(st.integers(0, 400), max_size=60), item_bytes=st.integers(1, 300), max_files=st.integers(1, 8))
 def test_every_byte_is_in_one_item_in_order_and_groups_stay_within_the_target(sizes, item_bytes, max_files):
     sources = [Source("/in", f"f{i:03d}", size, f"v{i}") for i, size in enumerate(sizes)]
     job = _Sized()
@@ -130,16 +140,28 @@ def test_every_byte_is_in_one_item_in_order_and_groups_stay_within_the_target(si
     # would not fit, the cap is reached, or a file that is not small comes.
     groups = group_pieces([(s, job.cut(s, item_bytes, 0, {})) for s in sources if s.size], item_bytes, max_files)
     for a, b in zip(groups, groups[1:]):
-        if len(b) == 1 and b[0][1].end - b[0][1].start < item_bytes and b[0][0].size < item_bytes \
-                and all(p.end - p.start < item_bytes and s.size < item_bytes for s, p in a):
-            assert sum(p.end - p.start for _, p in a) + b[0][1].end - b[0][1].start > item_bytes \
-                or len(a) >= max_files
+        if (
+            len(b) == 1
+            and b[0][1].end - b[0][1].start < item_bytes
+            and b[0][0].size < item_bytes
+            and all(p.end - p.start < item_bytes and s.size < item_bytes for s, p in a)
+        ):
+            assert sum(p.end - p.start for _, p in a) + b[0][1].end - b[0][1].start > item_bytes or len(a) >= max_files
 
 
 def test_items_of_a_grouped_plan_round_trip_through_items_jsonl(tmp_path):
     one_line_files(tmp_path / "in", 30)
-    _, items, _ = plan(str(tmp_path / "b"), PlanRequest(run="r", job=LINEJOB, inputs=[str(tmp_path / "in")],
-                                                        output=str(tmp_path / "out"), code_version="v", item_bytes=300))
+    _, items, _ = plan(
+        str(tmp_path / "b"),
+        PlanRequest(
+            run="r",
+            job=LINEJOB,
+            inputs=[str(tmp_path / "in")],
+            output=str(tmp_path / "out"),
+            code_version="v",
+            item_bytes=300,
+        ),
+    )
     store = open_store(str(tmp_path / "b"))
     assert load_items(store, "r") == items
     assert len(items) > 2 and all(len(i.parts) >= 2 for i in items)
@@ -152,8 +174,21 @@ def test_fleet_plan_says_how_many_small_files_it_packed(tmp_path):
     from tests.helpers.cli import fleet
 
     one_line_files(tmp_path / "in", 30)
-    proc = fleet("plan", "--bucket", tmp_path / "b", "--run", "r", "--job", LINEJOB, "--input", tmp_path / "in",
-                 "--output", tmp_path / "out", "--item-mb", "0.001")
+    proc = fleet(
+        "plan",
+        "--bucket",
+        tmp_path / "b",
+        "--run",
+        "r",
+        "--job",
+        LINEJOB,
+        "--input",
+        tmp_path / "in",
+        "--output",
+        tmp_path / "out",
+        "--item-mb",
+        "0.001",
+    )
     assert proc.returncode == 0, proc.stderr
     items = load_items(open_store(str(tmp_path / "b")), "r")
     assert len(items) >= 2 and all(len(i.parts) >= 2 for i in items)
@@ -284,8 +319,12 @@ def test_a_bad_file_in_a_group_is_one_line_naming_it_and_nothing_else_is_lost(tm
     junk.write_bytes(b"\n".join(bytes(rng.randrange(128, 256) for _ in range(30)) for _ in range(20)) + b"\n")
     gone = tmp_path / "in" / "f00030.txt"
     bucket, out = str(tmp_path / "bucket"), tmp_path / "out"
-    _, items, _ = plan(bucket, PlanRequest(run="r", job=LINEJOB, inputs=[str(tmp_path / "in")], output=str(out),
-                                           code_version="v", item_bytes=100_000))
+    _, items, _ = plan(
+        bucket,
+        PlanRequest(
+            run="r", job=LINEJOB, inputs=[str(tmp_path / "in")], output=str(out), code_version="v", item_bytes=100_000
+        ),
+    )
     assert len(items) == 1 and len(items[0].parts) == 40
     gone.unlink()  # after the plan: gone when its turn comes
     worker = start_worker(bucket, "r", "w", str(tmp_path / "logs"))
@@ -327,8 +366,12 @@ def test_grouped_files_in_a_bucket_are_read_ahead_and_one_gone_fails_alone(tmp_p
     store = open_store(bucket)
     for path in sorted((tmp_path / "in").iterdir()):
         store.write(f"in/{path.name}", path.read_bytes())
-    _, items, _ = plan(bucket, PlanRequest(run="r", job=LINEJOB, inputs=[f"{bucket}/in"], output=f"{bucket}/out",
-                                           code_version="v", item_bytes=100_000))
+    _, items, _ = plan(
+        bucket,
+        PlanRequest(
+            run="r", job=LINEJOB, inputs=[f"{bucket}/in"], output=f"{bucket}/out", code_version="v", item_bytes=100_000
+        ),
+    )
     assert len(items) == 1 and len(items[0].parts) == 60
     store.delete("in/f00042.txt")
     worker = start_worker(bucket, "r", "w", str(tmp_path / "logs"))
@@ -336,8 +379,9 @@ def test_grouped_files_in_a_bucket_are_read_ahead_and_one_gone_fails_alone(tmp_p
     st = StatusReader(store, "r").collect()
     assert st.done == 1 and [f["error"] for f in st.failed_files] == [f"{bucket}/in/f00042.txt: input file is gone"]
     written = store.read("out/part-00000.txt").decode().splitlines()
-    assert [line.split()[1] for line in written] == [hashlib.sha256(x.encode()).hexdigest()
-                                                     for i, x in enumerate(lines) if i != 42]
+    assert [line.split()[1] for line in written] == [
+        hashlib.sha256(x.encode()).hexdigest() for i, x in enumerate(lines) if i != 42
+    ]
     assert json.loads(store.read(f"out/{MANIFEST}"))["sources"][f"{bucket}/in/f00042.txt"]["files_failed"] == 1
 
 
@@ -399,9 +443,18 @@ def test_a_run_the_code_before_grouping_planned_resumes_with_an_item_per_file(tm
             text = text.replace(f"{{VERSION:f{i:05d}.txt}}", version)
         (Path(bucket) / "runs" / "old" / name).write_text(text, encoding="utf-8")
     planned = (Path(bucket) / "runs" / "old" / "items.jsonl").read_bytes()
-    spec, items, created = plan(bucket, PlanRequest(run="old", job=LINEJOB, inputs=[str(base / "in")],
-                                                    output=str(base / "out"), code_version="test", lease_ttl=30,
-                                                    item_bytes=262144))
+    spec, items, created = plan(
+        bucket,
+        PlanRequest(
+            run="old",
+            job=LINEJOB,
+            inputs=[str(base / "in")],
+            output=str(base / "out"),
+            code_version="test",
+            lease_ttl=30,
+            item_bytes=262144,
+        ),
+    )
     assert not created and spec.group_files == 0 and len(items) == 6 and not any(i.parts for i in items)
     assert (Path(bucket) / "runs" / "old" / "items.jsonl").read_bytes() == planned
     Worker(bucket, "old", "w").run_until_drained()
@@ -433,16 +486,27 @@ def test_provenance_names_each_documents_own_file_in_a_grouped_item(tmp_path, vo
     docs = []
     for i in range(30):  # text files of one to three documents, and JSON Lines files
         rng = random.Random(i)
-        file_docs = [[f"doc {i}.{k} " + " ".join(rng.choice(WORDS[:8]) for _ in range(rng.randint(1, 6)))
-                      for _ in range(rng.randint(1, 2))] for k in range(rng.randint(1, 3))]
+        file_docs = [
+            [
+                f"doc {i}.{k} " + " ".join(rng.choice(WORDS[:8]) for _ in range(rng.randint(1, 6)))
+                for _ in range(rng.randint(1, 2))
+            ]
+            for k in range(rng.randint(1, 3))
+        ]
         if i % 3:
             (folder / f"t{i:02d}.txt").write_text("".join("\n".join(d) + "\n\n" for d in file_docs), encoding="utf-8")
         else:
-            (folder / f"t{i:02d}.jsonl").write_text("".join(json.dumps({"text": "\n".join(d)}) + "\n"
-                                                            for d in file_docs), encoding="utf-8")
+            (folder / f"t{i:02d}.jsonl").write_text(
+                "".join(json.dumps({"text": "\n".join(d)}) + "\n" for d in file_docs), encoding="utf-8"
+            )
         docs += file_docs
-    result, _ = local([folder], tmp_path / "out", "causal_lm",
-                      {"vocab_file": vocab, "output": "megatron", "provenance": "true"}, item_bytes=100_000)
+    result, _ = local(
+        [folder],
+        tmp_path / "out",
+        "causal_lm",
+        {"vocab_file": vocab, "output": "megatron", "provenance": "true"},
+        item_bytes=100_000,
+    )
     assert result.status.items == 1
     [bin_path] = glob.glob(str(tmp_path / "out" / "part-*.bin"))
     with open(bin_path[:-4] + ".idx", "rb") as f:
@@ -459,9 +523,12 @@ def test_exact_dedup_of_grouped_files_keeps_the_first_copy_by_file_and_offset(tm
     folder.mkdir()
     for i in range(40):  # copies of a few texts, differing in spaces only: which copy is kept shows
         text = f"text {i % 7}"
-        (folder / f"d{i:02d}.txt").write_text(f"{text}\n\n{' ' * (i % 3)}{text} again\n\nunique {i}\n",
-                                              encoding="utf-8")
-    grouped, _ = local([folder], tmp_path / "grouped", LINEJOB, item_bytes=300, stage_options=StageOptions(dedup="exact"))
+        (folder / f"d{i:02d}.txt").write_text(
+            f"{text}\n\n{' ' * (i % 3)}{text} again\n\nunique {i}\n", encoding="utf-8"
+        )
+    grouped, _ = local(
+        [folder], tmp_path / "grouped", LINEJOB, item_bytes=300, stage_options=StageOptions(dedup="exact")
+    )
     monkeypatch.setattr(TextJob, "group_small_files", False)
     alone, _ = local([folder], tmp_path / "alone", LINEJOB, item_bytes=300, stage_options=StageOptions(dedup="exact"))
     assert alone.status.totals["dedup_documents_dropped"] == grouped.status.totals["dedup_documents_dropped"] > 0
@@ -522,8 +589,9 @@ class _CountJob(Job):
 COUNT_JOB = _CountJob()
 
 
-@pytest.mark.parametrize("job,settings_", [("tests.test_small_files:COUNT_JOB", {}),
-                                           ("command", {"command": "cp {input} {output}/copy"})])
+@pytest.mark.parametrize(
+    "job,settings_", [("tests.test_small_files:COUNT_JOB", {}), ("command", {"command": "cp {input} {output}/copy"})]
+)
 def test_a_job_that_leaves_grouping_gets_one_item_per_file(tmp_path, job, settings_):
     one_line_files(tmp_path / "in", 6)
     result, _ = local([tmp_path / "in"], tmp_path / "out", job, settings_)
@@ -534,8 +602,10 @@ def test_a_job_that_leaves_grouping_gets_one_item_per_file(tmp_path, job, settin
 
 def test_a_grouped_item_input_reads_only_through_its_parts(tmp_path):
     one_line_files(tmp_path / "in", 3)
-    source = [Source(str(tmp_path / "in"), f"f{i:05d}.txt", (tmp_path / "in" / f"f{i:05d}.txt").stat().st_size)
-              for i in range(3)]
+    source = [
+        Source(str(tmp_path / "in"), f"f{i:05d}.txt", (tmp_path / "in" / f"f{i:05d}.txt").stat().st_size)
+        for i in range(3)
+    ]
     [item] = make_items(_Sized(), None, source, 1000, group=True)
     given_ = item.input()
     assert given_.grouped and [p.name for p in given_.parts] == ["f00000.txt", "f00001.txt", "f00002.txt"]

@@ -24,15 +24,27 @@ JOB = "tests.helpers.linejob:JOB"
 def start_worker(bucket: str, run: str, name: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT)
     code = f"from fleet.core.processes import work_one; raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}))"
-    return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
 
 
 def plan_run(bucket: str, run: str, delay: float, ttl: float, **extra) -> list:
     settings = {"delay": str(delay), **extra}
-    _, items, _ = plan(bucket, PlanRequest(run=run, job=JOB, inputs=[CORPUS_EN], output=f"{bucket}/out-{run}",
-                                           code_version="test", settings=settings, lease_ttl=ttl, max_attempts=4,
-                                           item_bytes=60_000))
+    _, items, _ = plan(
+        bucket,
+        PlanRequest(
+            run=run,
+            job=JOB,
+            inputs=[CORPUS_EN],
+            output=f"{bucket}/out-{run}",
+            code_version="test",
+            settings=settings,
+            lease_ttl=ttl,
+            max_attempts=4,
+            item_bytes=60_000,
+        ),
+    )
     return items
 
 
@@ -74,7 +86,7 @@ def _holder_of_a_leased_item(store, run, names) -> tuple[str, str] | None:
     for blob in store.list(prefix):
         lease = Lease.from_json(store.read(blob.name))
         if lease.state == "leased" and lease.worker in names and lease.expires > time.time():
-            return blob.name[len(prefix):], lease.worker
+            return blob.name[len(prefix) :], lease.worker
     return None
 
 
@@ -106,7 +118,9 @@ def test_sigkilled_worker_item_is_taken_over_and_output_matches_a_clean_run(stor
     assert taken_over.state == DONE and taken_over.attempt == 2 and taken_over.worker != worker
     got = digests(store_url, "chaos")
     # Same bytes, whoever did each item, however often.
-    assert {k.replace("chaos", ""): v for k, v in got.items()} == {k.replace("clean", ""): v for k, v in expected.items()}
+    assert {k.replace("chaos", ""): v for k, v in got.items()} == {
+        k.replace("clean", ""): v for k, v in expected.items()
+    }
     out = open_store(f"{store_url}/out-chaos")
     for name, sha in got.items():
         import hashlib
@@ -179,8 +193,9 @@ def test_fleet_work_lets_its_idle_processes_go_when_one_drains_the_run_without_l
     monkeypatch.setattr(open_store(bucket).__class__, "list", listing)
     monkeypatch.setenv("PYTHONPATH", ROOT)
     report = tmp_path / "drained"  # what startup.sh reads to know the run finished, instead of listing it
-    code = processes.work(bucket, "procs", procs=3, log_dir=str(tmp_path / "logs"), prefix="vm",
-                          drained_file=str(report))
+    code = processes.work(
+        bucket, "procs", procs=3, log_dir=str(tmp_path / "logs"), prefix="vm", drained_file=str(report)
+    )
     assert code == 0, [open(tmp_path / "logs" / f).read()[-2000:] for f in os.listdir(tmp_path / "logs")]
     assert listed == [] and report.exists()
     digests(bucket, "procs")  # every item done

@@ -67,8 +67,9 @@ def test_a_step_opens_only_when_every_step_before_is_done():
     policy.observe(["00000", "00001", "shards-index"], listing, 0.0)
     assert _claimable(policy) == {"00000-of-00002", "00001-of-00002"}
     assert not policy.waiting()
-    policy.observe(list(listing) + ["00000-of-00002", "00001-of-00002"],
-                   {**listing, "00000-of-00002": 1, "00001-of-00002": 1}, 0.0)
+    policy.observe(
+        list(listing) + ["00000-of-00002", "00001-of-00002"], {**listing, "00000-of-00002": 1, "00001-of-00002": 1}, 0.0
+    )
     assert policy.drained()
 
 
@@ -131,9 +132,17 @@ def _lines(corpus):
 
 def _run(corpus, out, workers=1, item_bytes=2000, shards=0, dedup="", **settings):
     console = Console(file=io.StringIO(), width=200)
-    result = run_local([corpus], str(out), JOB, workers, {k: str(v) for k, v in settings.items()},
-                       item_bytes=item_bytes, console=console, stage_options=StageOptions(shards, dedup),
-                       lease_ttl=10)
+    result = run_local(
+        [corpus],
+        str(out),
+        JOB,
+        workers,
+        {k: str(v) for k, v in settings.items()},
+        item_bytes=item_bytes,
+        console=console,
+        stage_options=StageOptions(shards, dedup),
+        lease_ttl=10,
+    )
     return result, console.file.getvalue()
 
 
@@ -154,9 +163,16 @@ def test_shards_are_n_balanced_files_of_every_record_in_the_seeded_global_order(
     assert max(counts) - min(counts) <= 1
     assert b"".join(files.values()).splitlines() == _global_order(_lines(corpus))
     assert result.status.stages == [
-        {"name": "map", "items": result.status.stages[0]["items"], "done": result.status.stages[0]["items"],
-         "failed": 0, "leased": 0, "blocked": 0},
-        {"name": "shards", "items": 4, "done": 4, "failed": 0, "leased": 0, "blocked": 0}]
+        {
+            "name": "map",
+            "items": result.status.stages[0]["items"],
+            "done": result.status.stages[0]["items"],
+            "failed": 0,
+            "leased": 0,
+            "blocked": 0,
+        },
+        {"name": "shards", "items": 4, "done": 4, "failed": 0, "leased": 0, "blocked": 0},
+    ]
     assert result.status.stages[0]["items"] > 4  # several map items fed every shard
     assert sorted(result.summary["outputs"]) == list(files)  # the records between stages are no outputs
 
@@ -219,11 +235,14 @@ def test_more_shards_than_records_is_one_line_exit_2_and_no_output(corpus, tmp_p
     assert len(_shards(str(out))) == 3
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--shards", "0"], "--shards 0: give 1 to 100000"),
-    (["--shards", "-3"], "--shards -3: give 1 to 100000"),
-    (["--dedup", "fuzzy"], "--dedup 'fuzzy': unknown mode; known: lines"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--shards", "0"], "--shards 0: give 1 to 100000"),
+        (["--shards", "-3"], "--shards -3: give 1 to 100000"),
+        (["--dedup", "fuzzy"], "--dedup 'fuzzy': unknown mode; known: lines"),
+    ],
+)
 def test_bad_stage_options_are_one_line_exit_2_and_nothing_written(corpus, tmp_path, args, message):
     out = tmp_path / "out"
     proc = _cli("local", corpus, str(out), "--job", JOB, "--workers", "1", *args)
@@ -232,10 +251,17 @@ def test_bad_stage_options_are_one_line_exit_2_and_nothing_written(corpus, tmp_p
     assert not os.path.exists(out / ".fleet" / "runs")
 
 
-@pytest.mark.parametrize("job, settings, message", [
-    ("command", ["--set", "command=cp {input} {output}/x"], "--shards: job command cannot shard its outputs (it has no stages)"),
-    ("tests.helpers.linejob:JOB", [], "--shards: job linejob writes no examples of fixed features"),
-])
+@pytest.mark.parametrize(
+    "job, settings, message",
+    [
+        (
+            "command",
+            ["--set", "command=cp {input} {output}/x"],
+            "--shards: job command cannot shard its outputs (it has no stages)",
+        ),
+        ("tests.helpers.linejob:JOB", [], "--shards: job linejob writes no examples of fixed features"),
+    ],
+)
 def test_a_job_that_cannot_shard_refuses_shards_in_one_line(corpus, tmp_path, job, settings, message):
     proc = _cli("local", corpus, str(tmp_path / "out"), "--job", job, "--shards", "2", "--workers", "1", *settings)
     assert proc.returncode == 2
@@ -298,14 +324,18 @@ def doubled(tmp_path_factory, corpus):
     return str(path)
 
 
-@pytest.mark.parametrize("rule, workers, item_bytes", [
-    (NEVER, 2, 2000),
-    (CombineRule(group=4, blocks=2), 1, 2000),
-    (CombineRule(group=100, blocks=7), 2, 2000),
-    (CombineRule(group=3), 2, 7000),
-])
-def test_outputs_are_the_bytes_the_code_before_combine_steps_wrote(corpus, doubled, tmp_path, monkeypatch, rule,
-                                                                   workers, item_bytes):
+@pytest.mark.parametrize(
+    "rule, workers, item_bytes",
+    [
+        (NEVER, 2, 2000),
+        (CombineRule(group=4, blocks=2), 1, 2000),
+        (CombineRule(group=100, blocks=7), 2, 2000),
+        (CombineRule(group=3), 2, 7000),
+    ],
+)
+def test_outputs_are_the_bytes_the_code_before_combine_steps_wrote(
+    corpus, doubled, tmp_path, monkeypatch, rule, workers, item_bytes
+):
     """With a combine step or without, whatever its groups and key blocks, the workers or (for
     shards) the item size: the outputs are the bytes the code before combine steps wrote."""
     monkeypatch.setattr(shuffle, "COMBINE_RULE", rule)
@@ -313,8 +343,7 @@ def test_outputs_are_the_bytes_the_code_before_combine_steps_wrote(corpus, doubl
     if item_bytes != 2000:
         del runs["uniq"]  # its outputs are one file per map item: another cut, other files
     for name, (inputs, shards, dedup) in runs.items():
-        result, text = _run(inputs, tmp_path / name, workers=workers, item_bytes=item_bytes, shards=shards,
-                            dedup=dedup)
+        result, text = _run(inputs, tmp_path / name, workers=workers, item_bytes=item_bytes, shards=shards, dedup=dedup)
         assert result.exit_code == 0, text
         assert _digest(tmp_path / name) == BEFORE[name], name
         rows = [row["name"] for row in result.status.stages]
@@ -331,9 +360,11 @@ def test_fleet_status_shows_a_combine_step_as_a_row_of_its_own(corpus, tmp_path,
     maps = result.status.stages[0]["items"]
     combines = -(-maps // 4) * 2
     row = {"failed": 0, "leased": 0, "blocked": 0}
-    assert result.status.stages == [{"name": "map", "items": maps, "done": maps, **row},
-                                    {"name": "shards combine", "items": combines, "done": combines, **row},
-                                    {"name": "shards", "items": 3, "done": 3, **row}]
+    assert result.status.stages == [
+        {"name": "map", "items": maps, "done": maps, **row},
+        {"name": "shards combine", "items": combines, "done": combines, **row},
+        {"name": "shards", "items": 3, "done": 3, **row},
+    ]
     assert result.status.items == maps + combines + 1 + 3
     assert result.summary["stages"] == f"map {maps}/{maps} · shards combine {combines}/{combines} · shards 3/3"
     proc = _cli("status", str(out))
@@ -344,7 +375,7 @@ def test_fleet_status_shows_a_combine_step_as_a_row_of_its_own(corpus, tmp_path,
 
 def _leases(bucket) -> dict[str, bytes]:
     prefix = "runs/local/leases/"
-    return {b.name[len(prefix):]: bucket.read(b.name) for b in bucket.list(prefix)}
+    return {b.name[len(prefix) :]: bucket.read(b.name) for b in bucket.list(prefix)}
 
 
 def test_a_lost_or_damaged_combined_file_is_named_by_verify_and_redone_with_what_read_it(corpus, tmp_path, monkeypatch):
@@ -386,8 +417,13 @@ def test_a_lost_map_file_is_redone_with_the_combine_items_of_its_group_only(corp
     assert "is missing" in text
     assert _shards(str(out)) == before
     redone = {item for item, lease in _leases(bucket).items() if lease != leases[item]}
-    assert redone == {"00005", "shards-combine-00002", "shards-combine-00003", "shards-index",
-                      *(i.id for i in items if i.step == 3)}
+    assert redone == {
+        "00005",
+        "shards-combine-00002",
+        "shards-combine-00003",
+        "shards-index",
+        *(i.id for i in items if i.step == 3),
+    }
 
 
 def _chain(maps, combines):
@@ -397,7 +433,8 @@ def _chain(maps, combines):
     from fleet.job import Stage
 
     return [Item("", "", 0, 1, id=f"{i:05d}") for i in range(maps)] + stage_items(
-        [Stage("uniq", maps), Stage("shards", 3, balanced=True)], maps, combines)
+        [Stage("uniq", maps), Stage("shards", 3, balanced=True)], maps, combines
+    )
 
 
 def test_downstream_follows_what_each_item_read():
@@ -442,10 +479,20 @@ def test_a_run_planned_before_combine_steps_resumes_with_its_own_steps(corpus, t
         with open(os.path.join(bucket, "runs", "old", name), "w", encoding="utf-8") as f:
             f.write(text)
     planned = open(os.path.join(bucket, "runs", "old", "items.jsonl"), "rb").read()
-    spec, items, created = plan(bucket, PlanRequest(run="old", job=JOB, inputs=[str(base / "corpus.txt")],
-                                                    output=str(base / "out"), code_version="test", lease_ttl=30,
-                                                    max_attempts=10, item_bytes=2500,
-                                                    stage_options=StageOptions(3, "lines")))
+    spec, items, created = plan(
+        bucket,
+        PlanRequest(
+            run="old",
+            job=JOB,
+            inputs=[str(base / "corpus.txt")],
+            output=str(base / "out"),
+            code_version="test",
+            lease_ttl=30,
+            max_attempts=10,
+            item_bytes=2500,
+            stage_options=StageOptions(3, "lines"),
+        ),
+    )
     assert not created and spec.combine == []
     assert open(os.path.join(bucket, "runs", "old", "items.jsonl"), "rb").read() == planned
     steps = StepPlan(spec)
@@ -456,9 +503,18 @@ def test_a_run_planned_before_combine_steps_resumes_with_its_own_steps(corpus, t
     Worker(bucket, "old", "w").run_until_drained()
     assert _digest(base / "out") == BEFORE["uniq_shards3"]
     # A new run of the same stages does get the combine steps.
-    _, fresh, _ = plan(bucket, PlanRequest(run="new", job=JOB, inputs=[str(base / "corpus.txt")],
-                                           output=str(base / "out-new"), code_version="test", item_bytes=2500,
-                                           stage_options=StageOptions(3, "lines")))
+    _, fresh, _ = plan(
+        bucket,
+        PlanRequest(
+            run="new",
+            job=JOB,
+            inputs=[str(base / "corpus.txt")],
+            output=str(base / "out-new"),
+            code_version="test",
+            item_bytes=2500,
+            stage_options=StageOptions(3, "lines"),
+        ),
+    )
     assert any(i.meta.get("combine") for i in fresh)
 
 
@@ -474,9 +530,20 @@ def _shuffle_reads(tmp_path, monkeypatch, docs: int, shards: int, rule: CombineR
     base.mkdir()
     corpus = write_corpus(str(base / "corpus.txt"), docs=docs, seed=11)
     bucket = str(base / "bucket")
-    _, items, _ = plan(bucket, PlanRequest(run="count", job=JOB, inputs=[corpus], output=str(base / "out"),
-                                           code_version="test", lease_ttl=30, item_bytes=2000,
-                                           stage_options=StageOptions(shards), combine=rule))
+    _, items, _ = plan(
+        bucket,
+        PlanRequest(
+            run="count",
+            job=JOB,
+            inputs=[corpus],
+            output=str(base / "out"),
+            code_version="test",
+            lease_ttl=30,
+            item_bytes=2000,
+            stage_options=StageOptions(shards),
+            combine=rule,
+        ),
+    )
     reads = [0]
     for method in ("read", "download_file"):
         original = getattr(LocalStore, method)
@@ -521,10 +588,22 @@ WINDOW = {"claimed": 0.6, "uploaded": 0.8}
 
 def _plan(bucket, run, corpus, shards, ttl, **settings):
     """Both stages with a combine step (groups of 3 files in 2 key blocks): every kind of step."""
-    plan(bucket, PlanRequest(run=run, job=JOB, inputs=[corpus], output=f"{bucket}/out-{run}", code_version="test",
-                             settings={k: str(v) for k, v in settings.items()}, lease_ttl=ttl, max_attempts=10,
-                             item_bytes=2500, stage_options=StageOptions(shards, "lines"),
-                             combine=CombineRule(group=3, blocks=2)))
+    plan(
+        bucket,
+        PlanRequest(
+            run=run,
+            job=JOB,
+            inputs=[corpus],
+            output=f"{bucket}/out-{run}",
+            code_version="test",
+            settings={k: str(v) for k, v in settings.items()},
+            lease_ttl=ttl,
+            max_attempts=10,
+            item_bytes=2500,
+            stage_options=StageOptions(shards, "lines"),
+            combine=CombineRule(group=3, blocks=2),
+        ),
+    )
 
 
 def _digests(bucket, run):
@@ -533,8 +612,11 @@ def _digests(bucket, run):
     from run to run (and after a retry rewrote a piece) while the bytes stay the same."""
     from tests.helpers.procs import committed
 
-    return {name.replace(f"runs/{run}/", ""): sha for name, sha in committed(bucket, run).items()
-            if not name.endswith(".index")}
+    return {
+        name.replace(f"runs/{run}/", ""): sha
+        for name, sha in committed(bucket, run).items()
+        if not name.endswith(".index")
+    }
 
 
 def test_sigkills_in_every_step_leave_the_bytes_of_a_clean_run(store_url, corpus, tmp_path):
@@ -552,8 +634,15 @@ def test_sigkills_in_every_step_leave_the_bytes_of_a_clean_run(store_url, corpus
     _plan(store_url, "chaos", corpus, 3, ttl=2.5, delay=0.03, reduce_delay=0.01)
     live = [start_worker(store_url, "chaos", f"w{i}", logs, CHAOS_PAUSES) for i in range(3)]
     everyone, serial = list(live), 3
-    kind = {0: "map", 1: "uniq combine", 2: "uniq-index", 3: "uniq", 4: "shards combine", 5: "shards-index",
-            6: "shards"}
+    kind = {
+        0: "map",
+        1: "uniq combine",
+        2: "uniq-index",
+        3: "uniq",
+        4: "shards combine",
+        5: "shards-index",
+        6: "shards",
+    }
     steps = {i.id: i.step for i in load_items(open_store(store_url), "chaos")}
     plan_of = StepPlan(load_spec(open_store(store_url), "chaos"))
     assert [plan_of.kind(s) for s in kind] == [MAP, COMBINE, BARRIER, ITEMS, COMBINE, BARRIER, ITEMS]

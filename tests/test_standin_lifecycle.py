@@ -22,7 +22,10 @@ from fleet.gce import compute, compute_requests
 from tests.helpers.gce import PROJECT, spec
 from tests.standins.compute import ComputeStandin
 
-ZONAL, REGIONAL = compute_requests.Place(PROJECT, zone="us-central1-a"), compute_requests.Place(PROJECT, region="us-central1")
+ZONAL, REGIONAL = (
+    compute_requests.Place(PROJECT, zone="us-central1-a"),
+    compute_requests.Place(PROJECT, region="us-central1"),
+)
 
 
 @pytest.fixture
@@ -39,8 +42,9 @@ def rfc3339(t: float) -> str:
 
 def template(**scheduling) -> compute_v1.InstanceTemplate:
     tpl = compute_requests.template_resource(spec())
-    tpl.properties.scheduling = compute_v1.Scheduling(provisioning_model="SPOT", automatic_restart=False,
-                                                      on_host_maintenance="TERMINATE", **scheduling)
+    tpl.properties.scheduling = compute_v1.Scheduling(
+        provisioning_model="SPOT", automatic_restart=False, on_host_maintenance="TERMINATE", **scheduling
+    )
     return tpl
 
 
@@ -51,13 +55,22 @@ def until(condition, what: str, timeout: float = 15) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("scheduling, message", [
-    ({"termination_time": "tomorrow", "instance_termination_action": "DELETE"}, "Expected an RFC3339 timestamp"),
-    ({"termination_time": "2030-01-01T00:00:00"}, "Expected an RFC3339 timestamp"),  # no time zone
-    ({"termination_time": "2030-01-01T00:00:00Z"}, "must be set when terminationTime is set"),
-    ({"termination_time": "2030-01-01T00:00:00Z", "instance_termination_action": "DELETE",
-      "max_run_duration": compute_v1.Duration(seconds=3600)}, "either maxRunDuration or terminationTime"),
-])
+@pytest.mark.parametrize(
+    "scheduling, message",
+    [
+        ({"termination_time": "tomorrow", "instance_termination_action": "DELETE"}, "Expected an RFC3339 timestamp"),
+        ({"termination_time": "2030-01-01T00:00:00"}, "Expected an RFC3339 timestamp"),  # no time zone
+        ({"termination_time": "2030-01-01T00:00:00Z"}, "must be set when terminationTime is set"),
+        (
+            {
+                "termination_time": "2030-01-01T00:00:00Z",
+                "instance_termination_action": "DELETE",
+                "max_run_duration": compute_v1.Duration(seconds=3600),
+            },
+            "either maxRunDuration or terminationTime",
+        ),
+    ],
+)
 def test_a_termination_time_is_checked_as_gce_does(standin, scheduling, message):
     with pytest.raises(compute_requests.ComputeError, match=message):
         compute.Compute(ZONAL).ensure_template(template(**scheduling))
@@ -97,7 +110,8 @@ def _regional(standin, allow_changing_zone: bool, size: int = 2) -> compute.Comp
     mig = compute_requests.mig_resource(spec(), REGIONAL, "fleet-r1", size)
     if allow_changing_zone:
         mig.instance_lifecycle_policy = compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
-            on_repair=compute_v1.InstanceGroupManagerInstanceLifecyclePolicyOnRepair(allow_changing_zone="YES"))
+            on_repair=compute_v1.InstanceGroupManagerInstanceLifecyclePolicyOnRepair(allow_changing_zone="YES")
+        )
     else:
         mig._pb.ClearField("instance_lifecycle_policy")
     comp.create_mig(mig)

@@ -50,23 +50,43 @@ def vm(fake_gcs, gcs_bucket, tmp_path):
     standin = ComputeStandin("fleet-test-1").start()
     servers = []
 
-    def boot(run: str, code_version: str = version, disk: Path | None = None, drop: tuple[str, ...] = (),
-             during=None, **extra_env: str) -> Boot:
-        attributes = {"fleet-bucket": bucket, "fleet-run": run, "fleet-code-version": code_version,
-                      "fleet-workers-per-vm": "1", "fleet-standby": "1", "fleet-paths": vm_paths_text(run),
-                      "created-by": "projects/1/zones/us-central1-a/instanceGroupManagers/fleet-x"}
+    def boot(
+        run: str,
+        code_version: str = version,
+        disk: Path | None = None,
+        drop: tuple[str, ...] = (),
+        during=None,
+        **extra_env: str,
+    ) -> Boot:
+        attributes = {
+            "fleet-bucket": bucket,
+            "fleet-run": run,
+            "fleet-code-version": code_version,
+            "fleet-workers-per-vm": "1",
+            "fleet-standby": "1",
+            "fleet-paths": vm_paths_text(run),
+            "created-by": "projects/1/zones/us-central1-a/instanceGroupManagers/fleet-x",
+        }
         attributes = {k: v for k, v in attributes.items() if k not in drop}
         server = MetadataServer(Instance("fleet-x-abcd", "fleet-test-1", "us-central1-a", attributes)).start()
         servers.append(server)
         disk = disk or tmp_path / f"disk{len(servers)}"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env.update(FLEET_PYTHON=sys.executable, FLEET_SKIP_INSTALL="1", FLEET_WORK_DIR=str(disk), FLEET_RUN_AS="",
-                   FLEET_LOG_INTERVAL="1", GCE_METADATA_HOST=server.host, FLEET_COMPUTE_ENDPOINT=standin.url)
+        env.update(
+            FLEET_PYTHON=sys.executable,
+            FLEET_SKIP_INSTALL="1",
+            FLEET_WORK_DIR=str(disk),
+            FLEET_RUN_AS="",
+            FLEET_LOG_INTERVAL="1",
+            GCE_METADATA_HOST=server.host,
+            FLEET_COMPUTE_ENDPOINT=standin.url,
+        )
         env.pop("FLEET_NATIVE", None)
         env.update(extra_env)
         # As GCE's runner does: stdout and stderr on one pipe, read to its end, and only then the script reaped.
-        proc = subprocess.Popen(["bash", str(STARTUP)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            ["bash", str(STARTUP)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         try:
             if during is not None:
                 during(proc)  # (e.g. the platform stopping the VM mid-boot)
@@ -93,8 +113,17 @@ def vm(fake_gcs, gcs_bucket, tmp_path):
 
 
 def plan_pinned_to(bucket: str, run: str, code_version: str) -> None:
-    plan(bucket, PlanRequest(run=run, job="tests.helpers.linejob:JOB", inputs=[str(ROOT / "corpus" / "sample_en.txt")],
-                             output=f"{bucket}/out-{run}", code_version=code_version, item_bytes=200_000))
+    plan(
+        bucket,
+        PlanRequest(
+            run=run,
+            job="tests.helpers.linejob:JOB",
+            inputs=[str(ROOT / "corpus" / "sample_en.txt")],
+            output=f"{bucket}/out-{run}",
+            code_version=code_version,
+            item_bytes=200_000,
+        ),
+    )
 
 
 def test_syntax_and_strict_mode():
@@ -175,8 +204,10 @@ def test_unreadable_metadata_still_leaves_the_mig(vm):
     assert "this boot failed: metadata fleet-code-version is unreadable" in result.log
     removals = [c for c in boot.standin.calls if c.path.endswith("/instanceGroupManagers/fleet-x/deleteInstances")]
     assert len(removals) == 1 and removals[0].auth.startswith("Bearer ya29.standin-")
-    assert removals[0].body == {"instances": ["zones/us-central1-a/instances/fleet-x-abcd"],
-                                "skipInstancesOnValidationError": True}
+    assert removals[0].body == {
+        "instances": ["zones/us-central1-a/instances/fleet-x-abcd"],
+        "skipInstancesOnValidationError": True,
+    }
     record = json.loads(open_store(bucket).read(next(b.name for b in open_store(bucket).list("runs/nomd/boots/"))))
     assert record["outcome"] == "failed" and record["instance"] == "fleet-x-abcd"
 
@@ -219,6 +250,7 @@ def test_a_bucket_outage_while_the_vm_fetches_its_code_is_waited_out(vm, fake_gc
         if not began and "code" in urllib.parse.unquote(path):
             began.append(time.time())
         return bool(began) and time.time() < began[0] + 40
+
     with FaultProxy(fake_gcs.url, script=[(down, "503", 10**9)]) as proxy:
         result = boot("outage", STORAGE_EMULATOR_HOST=proxy.url)
     assert proxy.counts["503"] >= 6
@@ -237,8 +269,8 @@ def _gs_with_answers(tmp_path: Path, answers: list[str], outage_s: int = 1800) -
     """startup.sh's gs() alone, with curl answering ``answers`` in turn and sleep taking no time:
     (its exit status, how many requests it made)."""
     body = STARTUP.read_text()
-    function = body[body.index("\ngs() {") + 1:]
-    function = function[:function.index("\n}\n") + 3]
+    function = body[body.index("\ngs() {") + 1 :]
+    function = function[: function.index("\n}\n") + 3]
     (tmp_path / "answers").write_text("\n".join(answers) + "\n")
     script = f"""
 set -euo pipefail
@@ -308,9 +340,14 @@ def _own_action(page: dict, instance: str) -> str:
     lines = STARTUP.read_text().splitlines()
     start = lines.index(next(line for line in lines if line.startswith("own_action() {")))
     end = lines.index("}", start)
-    body = "\n".join(lines[start:end + 1])
-    proc = subprocess.run(["bash", "-c", f"{body}\nown_action"], capture_output=True, text=True, check=True,
-                          env={"PATH": os.environ["PATH"], "INSTANCE": instance, "API_OUT": json.dumps(page, indent=1)})
+    body = "\n".join(lines[start : end + 1])
+    proc = subprocess.run(
+        ["bash", "-c", f"{body}\nown_action"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ["PATH"], "INSTANCE": instance, "API_OUT": json.dumps(page, indent=1)},
+    )
     return proc.stdout.strip()
 
 
@@ -328,10 +365,14 @@ def test_a_vm_finds_its_own_action_in_its_migs_list_whatever_the_order_of_the_fi
         names = [f"fleet-r-{i}" for i in range(len(states))] + ["fleet-r-0x"]
         entries = []
         for name, state in zip(names, states + ["NONE"]):
-            fields = [("instance", f"https://www.googleapis.com/compute/v1/projects/p/zones/z/instances/{name}"),
-                      ("currentAction", state), ("id", "123"), ("instanceStatus", "RUNNING"),
-                      ("version", {"instanceTemplate": "global/instanceTemplates/t"}),
-                      ("lastAttempt", {"errors": {"errors": [{"code": "X", "message": f"about {name}"}]}})]
+            fields = [
+                ("instance", f"https://www.googleapis.com/compute/v1/projects/p/zones/z/instances/{name}"),
+                ("currentAction", state),
+                ("id", "123"),
+                ("instanceStatus", "RUNNING"),
+                ("version", {"instanceTemplate": "global/instanceTemplates/t"}),
+                ("lastAttempt", {"errors": {"errors": [{"code": "X", "message": f"about {name}"}]}}),
+            ]
             rnd.shuffle(fields)
             entries.append(dict(fields))
         me = names[0] if present else "fleet-r-9"

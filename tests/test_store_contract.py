@@ -172,7 +172,11 @@ def test_list_by_prefix(store):
     assert all(b.generation == gens[b.name] and b.size == len(b.name) for b in everything)
     assert [b.name for b in store.list("runs/r1/")] == ["runs/r1/leases/a", "runs/r1/leases/b", "runs/r1/run.json"]
     assert [b.name for b in store.list("runs/r1")] == [
-        "runs/r1/leases/a", "runs/r1/leases/b", "runs/r1/run.json", "runs/r10/x"]
+        "runs/r1/leases/a",
+        "runs/r1/leases/b",
+        "runs/r1/run.json",
+        "runs/r10/x",
+    ]
     assert [b.name for b in store.list("runs/r1/leases/a")] == ["runs/r1/leases/a"]
     assert list(store.list("nothing/")) == []
     assert list(store.list("runs/r3")) == []
@@ -195,7 +199,10 @@ def test_list_a_range_of_names(store):
     for n in names:
         store.write(n, b"x")
     assert [b.name for b in store.list("l/", start="l/00002", end="l/00004")] == [
-        "l/00002", "l/00002-of-00004", "l/00003"]
+        "l/00002",
+        "l/00002-of-00004",
+        "l/00003",
+    ]
     assert [b.name for b in store.list("l/", start="l/00002", end="l/00002!")] == ["l/00002"]
     assert [b.name for b in store.list("l/", start="l/00003")] == ["l/00003", "l/00004"]
     assert [b.name for b in store.list("l/", end="l/00002")] == ["l/00001"]
@@ -422,6 +429,7 @@ def test_a_local_write_interrupted_at_any_line_leaves_no_temporary_file(local_st
 
     src = tmp_path / "src"
     src.write_bytes(b"new" * 1000)
+
     def refused():  # the object is there: PreconditionFailed, on its way through the same cleanup
         try:  # (not pytest.raises: its own calls would be interrupted too, thousands of them)
             local_store.write("a/obj", b"new" * 1000, if_generation_match=0)

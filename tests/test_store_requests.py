@@ -20,8 +20,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet.core.store import NotFound
-from fleet.core.store.metered import (LIST_PAGE, MULTIPART_MAX, RESUMABLE_CHUNK, MeteredStore, RequestCounts,
-                                      list_pages, upload_requests)
+from fleet.core.store.metered import (
+    LIST_PAGE,
+    MULTIPART_MAX,
+    RESUMABLE_CHUNK,
+    MeteredStore,
+    RequestCounts,
+    list_pages,
+    upload_requests,
+)
 
 
 class Wire:
@@ -79,7 +86,11 @@ def test_each_call_counts_the_requests_cloud_storage_bills(store, tmp_path, monk
     cases = [
         ("write", lambda: metered.write("a/x", b"data"), {"writes": 1}),
         ("write, create-only, refused", lambda: metered.write("a/x", b"again", if_generation_match=0), {"writes": 1}),
-        ("write, compare-and-swap", lambda: metered.write("obj", b"9876543210", if_generation_match=gen), {"writes": 1}),
+        (
+            "write, compare-and-swap",
+            lambda: metered.write("obj", b"9876543210", if_generation_match=gen),
+            {"writes": 1},
+        ),
         ("read", lambda: metered.read("obj"), {"reads": 1}),
         ("ranged read", lambda: metered.read("obj", 2, 5), {"reads": 1}),
         ("read of an absent object", lambda: metered.read("a/absent"), {"reads": 1}),
@@ -112,8 +123,15 @@ def test_a_listing_is_billed_per_page_as_the_client_fetches_them(gcs_store, monk
     for i in range(25):
         gcs_store.write(f"p/{i:02d}", b"x")
     metered = MeteredStore(gcs_store, page=7)
-    for prefix, consumed, pages in [("p/", 25, 4), ("none/", 0, 1), ("p/", 7, 1), ("p/", 8, 2), ("p/", 14, 2),
-                                    ("p/", 15, 3), ("p/1", 10, 2)]:
+    for prefix, consumed, pages in [
+        ("p/", 25, 4),
+        ("none/", 0, 1),
+        ("p/", 7, 1),
+        ("p/", 8, 2),
+        ("p/", 14, 2),
+        ("p/", 15, 3),
+        ("p/1", 10, 2),
+    ]:
         wire.urls.clear()
         wire.on = True
 
@@ -169,8 +187,10 @@ def test_upload_requests_follow_the_librarys_thresholds():
     from google.cloud.storage import blob
 
     assert MULTIPART_MAX == blob._MAX_MULTIPART_SIZE and RESUMABLE_CHUNK == blob._DEFAULT_CHUNKSIZE
-    assert [upload_requests(n) for n in (0, MULTIPART_MAX, MULTIPART_MAX + 1, RESUMABLE_CHUNK,
-                                         RESUMABLE_CHUNK + 1, 5 * RESUMABLE_CHUNK)] == [1, 1, 2, 2, 3, 6]
+    assert [
+        upload_requests(n)
+        for n in (0, MULTIPART_MAX, MULTIPART_MAX + 1, RESUMABLE_CHUNK, RESUMABLE_CHUNK + 1, 5 * RESUMABLE_CHUNK)
+    ] == [1, 1, 2, 2, 3, 6]
 
 
 def test_counts_are_exact_under_threads(local_store):

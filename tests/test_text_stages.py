@@ -17,11 +17,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.job import (ConfigError, ItemContext, ItemInput, KeyedSink, Sink, Source, Stage, StageOptions,
-                       item_seed, load_job, parse_example, shuffle_key)
+from fleet.job import (
+    ConfigError,
+    ItemContext,
+    ItemInput,
+    KeyedSink,
+    Sink,
+    Source,
+    Stage,
+    StageOptions,
+    item_seed,
+    load_job,
+    parse_example,
+    shuffle_key,
+)
 from fleet.formats import tfrecord
-from fleet_jobs.text.stages.dedup import (DedupCounts, decode_value, document_digest, document_record, normalize,
-                             unique_documents)
+from fleet_jobs.text.stages.dedup import (
+    DedupCounts,
+    decode_value,
+    document_digest,
+    document_record,
+    normalize,
+    unique_documents,
+)
 from fleet_jobs.text.job import DocumentConverter, TextJob
 from fleet_jobs.text.output import example_sink
 from fleet_jobs.text.stages import DedupReducer
@@ -73,7 +91,7 @@ def shuffle(records: list[tuple[int, bytes]], stage: Stage) -> list[list[tuple[i
     if stage.balanced:
         n, k = len(ordered), stage.items
         bounds = [i * n // k for i in range(k + 1)]
-        return [ordered[bounds[i]:bounds[i + 1]] for i in range(k)]
+        return [ordered[bounds[i] : bounds[i + 1]] for i in range(k)]
     parts: list[list[tuple[int, bytes]]] = [[] for _ in range(stage.items)]
     for key, value in ordered:
         parts[(key * stage.items) >> 64].append((key, value))
@@ -122,16 +140,28 @@ def run(job: TextJob, config, folder: str, options: StageOptions, workdir: str):
         item_id = f"{i:05d}"
         ctx = ItemContext(item_id, item_seed(run_seed, item_id), name, workdir, feeds=feeds, run_seed=run_seed)
         sink = sink_for(feeds)
-        collect(item_id, sink, "map", converter.convert(ItemInput(folder, name, piece.start, piece.end, meta=piece.meta),
-                                                        ctx, sink), keyed)
+        collect(
+            item_id,
+            sink,
+            "map",
+            converter.convert(ItemInput(folder, name, piece.start, piece.end, meta=piece.meta), ctx, sink),
+            keyed,
+        )
     for n, stage in enumerate(stages):
         feeds = stages[n + 1].name if n + 1 < len(stages) else ""
         reducer = job.reducer(config, read_file, stage.name)
         parts, keyed = shuffle(keyed, stage), []
         for i, records in enumerate(parts):
             item_id = f"{i:05d}-of-{stage.items:05d}"
-            ctx = ItemContext(item_id, item_seed(run_seed, f"{stage.name}/{item_id}"), stage.name, workdir,
-                              stage=stage.name, feeds=feeds, run_seed=run_seed)
+            ctx = ItemContext(
+                item_id,
+                item_seed(run_seed, f"{stage.name}/{item_id}"),
+                stage.name,
+                workdir,
+                stage=stage.name,
+                feeds=feeds,
+                run_seed=run_seed,
+            )
             sink = sink_for(feeds)
             collect(item_id, sink, stage.name, reducer.reduce(iter(records), ctx, sink), keyed)
     assert not keyed
@@ -170,8 +200,10 @@ def test_stages_asked_for_by_the_options(vocab):
         assert job.stages(config, StageOptions(), 7) == []
         assert job.stages(config, StageOptions(shards=4), 7) == [Stage("shards", 4, balanced=True)]
         assert job.stages(config, StageOptions(dedup="exact"), 7) == [Stage("dedup", 7)]
-        assert job.stages(config, StageOptions(shards=4, dedup="exact"), 7) == [Stage("dedup", 7),
-                                                                                 Stage("shards", 4, balanced=True)]
+        assert job.stages(config, StageOptions(shards=4, dedup="exact"), 7) == [
+            Stage("dedup", 7),
+            Stage("shards", 4, balanced=True),
+        ]
         with pytest.raises(ConfigError) as e:
             job.stages(config, StageOptions(dedup="fuzzy"), 7)
         assert str(e.value) == "--dedup 'fuzzy': unknown mode; known: exact"
@@ -183,8 +215,7 @@ def test_stages_asked_for_by_the_options(vocab):
 
 
 @pytest.mark.parametrize("name", list(JOBS))
-def test_shards_hold_the_examples_of_a_run_without_them_whatever_the_cut_and_format(name, vocab, documents,
-                                                                                   tmp_path):
+def test_shards_hold_the_examples_of_a_run_without_them_whatever_the_cut_and_format(name, vocab, documents, tmp_path):
     job = load_job(name)
     write_items(tmp_path / "three", [documents[:50], documents[50:90], documents[90:]])
     write_items(tmp_path / "five", [documents[i::5] for i in range(5)][::-1])  # other items, other order
@@ -211,13 +242,16 @@ def test_shards_hold_the_examples_of_a_run_without_them_whatever_the_cut_and_for
 
     # Parquet and GZIP runs shuffle the same records and write them in their format.
     for more, suffix in (({"output": "parquet"}, ".parquet"), ({"compression": "GZIP"}, ".tfrecord.gz")):
-        other, _, _ = run(job, config_of(name, vocab, **more), str(tmp_path / "three"), StageOptions(shards=4),
-                          str(tmp_path))
+        other, _, _ = run(
+            job, config_of(name, vocab, **more), str(tmp_path / "three"), StageOptions(shards=4), str(tmp_path)
+        )
         assert {s for _item, s, _ in other} == {suffix}
-        assert [examples(data, suffix) for _item, _s, data in other] == \
-            [examples(data, ".tfrecord") for _item, _s, data in sharded]
-    parquet_plain, _, _ = run(job, config_of(name, vocab, output="parquet"), str(tmp_path / "three"),
-                              StageOptions(), str(tmp_path))
+        assert [examples(data, suffix) for _item, _s, data in other] == [
+            examples(data, ".tfrecord") for _item, _s, data in sharded
+        ]
+    parquet_plain, _, _ = run(
+        job, config_of(name, vocab, output="parquet"), str(tmp_path / "three"), StageOptions(), str(tmp_path)
+    )
     assert canonical(all_examples(parquet_plain)) == canonical(all_examples(plain))
 
 
@@ -312,8 +346,9 @@ def test_a_dedup_run_writes_the_examples_of_a_run_over_the_unique_documents(shar
     job = load_job("electra_zh_en")
     config = config_of("electra_zh_en", vocab)
     want, want_totals, _ = run(job, config, str(tmp_path / "unique"), StageOptions(), str(tmp_path))
-    got, totals, per_stage = run(job, config, str(tmp_path / "planted"), StageOptions(shards=shards, dedup="exact"),
-                                 str(tmp_path))
+    got, totals, per_stage = run(
+        job, config, str(tmp_path / "planted"), StageOptions(shards=shards, dedup="exact"), str(tmp_path)
+    )
     assert sorted(tf_records(got)) == sorted(tf_records(want))
     assert len({item for item, _s, _d in got}) == (shards or len(items))
     assert totals["documents_read"] == sum(map(len, items))
@@ -323,15 +358,19 @@ def test_a_dedup_run_writes_the_examples_of_a_run_over_the_unique_documents(shar
     assert totals["dedup_bytes_dropped"] == sum(len("\n".join(d).encode()) for d in dropped)
     assert totals["examples"] == want_totals["examples"] and totals["tokens"] == want_totals["tokens"]
     assert job.summarize(totals) == job.summarize(want_totals)
-    assert all(set(stats) >= {"documents_read", "text_bytes_read"} and "examples" not in stats
-               for stats in per_stage["map"])
+    assert all(
+        set(stats) >= {"documents_read", "text_bytes_read"} and "examples" not in stats for stats in per_stage["map"]
+    )
 
 
 # -- the pure parts ----------------------------------------------------------------------------
 
 WHITESPACE = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-words = st.lists(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1).map(lambda w: "".join(w.split()))
-                 .filter(bool), min_size=1, max_size=8)
+words = st.lists(
+    st.text(st.characters(blacklist_categories=("Cs",)), min_size=1).map(lambda w: "".join(w.split())).filter(bool),
+    min_size=1,
+    max_size=8,
+)
 runs = st.text(st.sampled_from(WHITESPACE), min_size=1, max_size=3)
 
 
@@ -362,17 +401,24 @@ def test_a_document_record_gives_back_its_place_and_its_lines_exactly(lines, ite
     key, value = document_record(lines, f"{item:05d}", ordinal)
     digest = document_digest(lines)
     record = decode_value(value)
-    assert (key.to_bytes(8, "big") + record.digest_tail, record.item_id, record.ordinal, record.lines) == \
-        (digest, f"{item:05d}", ordinal, lines)
+    assert (key.to_bytes(8, "big") + record.digest_tail, record.item_id, record.ordinal, record.lines) == (
+        digest,
+        f"{item:05d}",
+        ordinal,
+        lines,
+    )
 
 
 @settings(max_examples=100, deadline=None)
-@given(places=st.lists(st.tuples(st.integers(0, 99_999), st.integers(0, 2**32 - 1)), min_size=2, max_size=6,
-                       unique=True), copies=st.lists(st.sampled_from(WHITESPACE), min_size=6, max_size=6))
+@given(
+    places=st.lists(st.tuples(st.integers(0, 99_999), st.integers(0, 2**32 - 1)), min_size=2, max_size=6, unique=True),
+    copies=st.lists(st.sampled_from(WHITESPACE), min_size=6, max_size=6),
+)
 def test_copies_of_a_text_sort_by_their_place_in_the_plan(places, copies):
     """Copies of a text (their own whitespace) sort by (item, ordinal): the reduce keeps the first."""
-    records = [document_record([f"{space}same{space}text"], f"{item:05d}", n)
-               for (item, n), space in zip(places, copies)]
+    records = [
+        document_record([f"{space}same{space}text"], f"{item:05d}", n) for (item, n), space in zip(places, copies)
+    ]
     assert len({(key, value[:8]) for key, value in records}) == 1
     order = sorted(range(len(places)), key=lambda i: records[i])
     assert [places[i] for i in order] == sorted(places)
@@ -411,5 +457,6 @@ def test_the_records_a_map_item_emits_do_not_depend_on_the_output_option(name, v
     # Each a TFRecord frame of an Example, keyed by the Example's bytes.
     assert [shuffle_key(5, value[12:-4]) for _key, value in emitted[0]] == [key for key, _value in emitted[0]]
     assert all(parse_example(value[12:-4]).keys() == job.features(config).keys() for _k, value in emitted[0])
-    assert canonical(written[0]) == canonical(all_examples([("", ".tfrecord", b"".join(
-        value for _k, value in emitted[0]))]))
+    assert canonical(written[0]) == canonical(
+        all_examples([("", ".tfrecord", b"".join(value for _k, value in emitted[0]))])
+    )

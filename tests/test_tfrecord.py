@@ -27,8 +27,10 @@ def tf_example(tf, features: list[tuple[str, str, list]]) -> "tf.train.Example":
 
 def electra_examples(max_length: int, n_docs: int = 6, seed: int = 1):
     rng = random.Random(seed)
-    docs = [[[rng.randrange(5, 70000) for _ in range(rng.randrange(0, 90))] for _ in range(rng.randrange(1, 12))]
-            for _ in range(n_docs)]
+    docs = [
+        [[rng.randrange(5, 70000) for _ in range(rng.randrange(0, 90))] for _ in range(rng.randrange(1, 12))]
+        for _ in range(n_docs)
+    ]
     return list(build_examples(docs, max_length, 2, 3, random.Random(seed)))
 
 
@@ -48,8 +50,13 @@ def test_tensorflow_reads_back_electra_records(tf, tmp_path):
     path = tmp_path / "x.tfrecord"
     with open(path, "wb") as f:
         for ex in examples:
-            f.write(tfrecord.frame(tfrecord.int64_example(
-                {"input_ids": ex.input_ids, "input_mask": ex.input_mask, "segment_ids": ex.segment_ids})))
+            f.write(
+                tfrecord.frame(
+                    tfrecord.int64_example(
+                        {"input_ids": ex.input_ids, "input_mask": ex.input_mask, "segment_ids": ex.segment_ids}
+                    )
+                )
+            )
     spec = {name: tf.io.FixedLenFeature([max_length], tf.int64) for name in ("input_ids", "input_mask", "segment_ids")}
     read = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(str(path))]
     assert len(read) == len(examples) > 5
@@ -70,10 +77,18 @@ ENCODERS = {
     "features",
     [
         [("input_ids", "int64_list", [2, 1000, 70000, 3, 0]), ("input_mask", "int64_list", [1, 1, 1, 1, 0])],
-        [("neg", "int64_list", [-1, -(1 << 63), (1 << 63) - 1]), ("empty", "int64_list", []),
-         ("one", "int64_list", [5])],
-        [("f", "float_list", [0.5, -1.25, 3.0e38]), ("fe", "float_list", []), ("i", "int64_list", list(range(300))),
-         ("b", "bytes_list", [b"abc", b"", bytes(range(256)) * 3]), ("be", "bytes_list", [])],
+        [
+            ("neg", "int64_list", [-1, -(1 << 63), (1 << 63) - 1]),
+            ("empty", "int64_list", []),
+            ("one", "int64_list", [5]),
+        ],
+        [
+            ("f", "float_list", [0.5, -1.25, 3.0e38]),
+            ("fe", "float_list", []),
+            ("i", "int64_list", list(range(300))),
+            ("b", "bytes_list", [b"abc", b"", bytes(range(256)) * 3]),
+            ("be", "bytes_list", []),
+        ],
         [],
     ],
 )
@@ -118,13 +133,23 @@ def test_rows_written_as_columns_are_the_bytes_of_tfrecord_example(tf):
 
     rng = np.random.default_rng(3)
     columns = [Column("input_ids"), Column("attention_mask"), Column("weights", "float"), Column("wide")]
-    values = {"input_ids": rng.integers(0, 70000, (5, 9)), "attention_mask": rng.integers(0, 2, (5, 9)),
-              "weights": rng.random((5, 3)).astype(np.float32), "wide": rng.integers(0, 1 << 34, (5, 2))}
+    values = {
+        "input_ids": rng.integers(0, 70000, (5, 9)),
+        "attention_mask": rng.integers(0, 2, (5, 9)),
+        "weights": rng.random((5, 3)).astype(np.float32),
+        "wide": rng.integers(0, 1 << 34, (5, 2)),
+    }
     order = sorted(columns, key=lambda c: c.name)
     records = encode_rows(order, values)
     for i, record in enumerate(records):
-        features = {c.name: (tfrecord.float_feature(values[c.name][i].tolist()) if c.kind == "float"
-                             else tfrecord.int64_feature(values[c.name][i].tolist())) for c in columns}
+        features = {
+            c.name: (
+                tfrecord.float_feature(values[c.name][i].tolist())
+                if c.kind == "float"
+                else tfrecord.int64_feature(values[c.name][i].tolist())
+            )
+            for c in columns
+        }
         assert record == tfrecord.frame(tfrecord.example(features))
         parsed = tf.train.Example.FromString(list(tfrecord.iter_records(record))[0])
         assert list(parsed.features.feature["wide"].int64_list.value) == values["wide"][i].tolist()
@@ -139,8 +164,12 @@ def test_records_reads_a_file_as_iter_records_reads_its_bytes():
     records = [bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 30, 300)))) for _ in range(40)]
     data = b"".join(tfrecord.frame(r) for r in records)
     assert list(tfrecord.records(io.BytesIO(data))) == list(tfrecord.iter_records(data)) == records
-    for damaged in (data[:-3], data[:-(len(tfrecord.frame(records[-1])) - 5)], data[:20] + b"\xff" + data[21:],
-                    data[:9] + b"\x00" + data[10:]):
+    for damaged in (
+        data[:-3],
+        data[: -(len(tfrecord.frame(records[-1])) - 5)],
+        data[:20] + b"\xff" + data[21:],
+        data[:9] + b"\x00" + data[10:],
+    ):
         with pytest.raises(ValueError) as from_bytes:
             list(tfrecord.iter_records(damaged))
         with pytest.raises(ValueError) as from_file:
@@ -167,9 +196,12 @@ def test_frames_laid_out_at_once_are_frame_of_each_record(records):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(0, (1 << 20) - 1), min_size=2, max_size=24),
-                          st.integers(0, 24)), max_size=10),
-       st.booleans())
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, (1 << 20) - 1), min_size=2, max_size=24), st.integers(0, 24)), max_size=10
+    ),
+    st.booleans(),
+)
 def test_token_records_are_int64_examples(rows, small):
     """``token_records``' batch encoder gives ``int64_example``'s bytes of the padded features."""
     from types import SimpleNamespace
@@ -182,12 +214,25 @@ def test_token_records_are_int64_examples(rows, small):
         ids = [i % (1 << 16) for i in ids] if small else ids
         examples.append(SimpleNamespace(input_ids=ids, length=len(ids), first_length=max(1, min(first, len(ids)))))
     encoder = TokenRecordEncoder(width, (1 << 16) - 1 if small else 1 << 20)
-    expected = b"".join(tfrecord.frame(tfrecord.int64_example({
-        "input_ids": ex.input_ids + [0] * (width - ex.length),
-        "input_mask": [1] * ex.length + [0] * (width - ex.length),
-        "segment_ids": [0] * ex.first_length + [1] * (ex.length - ex.first_length) + [0] * (width - ex.length),
-    })) for ex in examples)
+    expected = b"".join(
+        tfrecord.frame(
+            tfrecord.int64_example(
+                {
+                    "input_ids": ex.input_ids + [0] * (width - ex.length),
+                    "input_mask": [1] * ex.length + [0] * (width - ex.length),
+                    "segment_ids": [0] * ex.first_length
+                    + [1] * (ex.length - ex.first_length)
+                    + [0] * (width - ex.length),
+                }
+            )
+        )
+        for ex in examples
+    )
     assert encoder.records(examples) == expected
-    padded = [SimpleNamespace(input_ids=ex.input_ids + [0] * (width - ex.length), length=ex.length,
-                              first_length=ex.first_length) for ex in examples]
+    padded = [
+        SimpleNamespace(
+            input_ids=ex.input_ids + [0] * (width - ex.length), length=ex.length, first_length=ex.first_length
+        )
+        for ex in examples
+    ]
     assert b"".join(map(encoder.record, padded)) == expected == encoder.records(padded)

@@ -22,8 +22,11 @@ from fleet_jobs.text.tools.cli import app
 from fleet_jobs.text.tokenizers.tokenization import SPECIAL_TOKENS, BertTokenizer, VocabError, load_vocab
 from tests.helpers.cli import one_line_job_error as one_line_error
 
-DOCS = ["Hello world, this is English text.\nIt has two lines.", "第二个文档。中文和 English 混合。",
-        "Another file; more words, more words."]
+DOCS = [
+    "Hello world, this is English text.\nIt has two lines.",
+    "第二个文档。中文和 English 混合。",
+    "Another file; more words, more words.",
+]
 BOM = b"\xef\xbb\xbf"
 
 
@@ -63,6 +66,7 @@ def vocab(corpus, tmp_path_factory):
 
 
 # -- 12b: --size is a bound ---------------------------------------------------------------
+
 
 def test_a_size_below_what_the_corpus_needs_is_refused_not_exceeded(corpus, tmp_path):
     out = tmp_path / "v.txt"
@@ -135,7 +139,7 @@ def test_without_a_min_frequency_the_trainer_stops_only_when_every_word_is_a_tok
 
     from fleet_jobs.text.tokenizers.vocab import train_vocab, words_in_pieces
 
-    texts = [" ".join(words[i:i + 5]) for i in range(0, len(words), 5)]
+    texts = [" ".join(words[i : i + 5]) for i in range(0, len(words), 5)]
     tokens = train_vocab(texts, 5000, min_frequency=1)
     assert len(tokens) < 5000 and words_in_pieces(tokens, texts) == 0
     tokens = train_vocab(texts, 5000, min_frequency=2)
@@ -144,6 +148,7 @@ def test_without_a_min_frequency_the_trainer_stops_only_when_every_word_is_a_tok
 
 
 # -- 12c: what each format needs of the vocab -----------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["electra_zh_en", "bert"])
 def test_a_vocab_without_mask_is_refused_at_plan_time(tmp_path, name):
@@ -180,6 +185,7 @@ def test_a_repeated_special_token_is_refused_other_repeats_load_as_bert_reads_th
 
 # -- 12d: a byte order mark -----------------------------------------------------------------
 
+
 def test_a_leading_bom_is_dropped_and_every_other_id_is_berts(vocab, tmp_path, corpus):
     data = read_file(vocab)
     with_bom = tmp_path / "bom.txt"
@@ -207,8 +213,10 @@ def test_the_tools_read_a_vocab_from_the_bucket_as_a_run_does(vocab, corpus, gcs
 
     records = tmp_path / "out"
     records.mkdir()
-    pq.write_table(pa.table({"input_ids": [[2, 5, 1, 3]], "input_mask": [[1] * 4], "segment_ids": [[0] * 4]}),
-                   str(records / "part-0.parquet"))
+    pq.write_table(
+        pa.table({"input_ids": [[2, 5, 1, 3]], "input_mask": [[1] * 4], "segment_ids": [[0] * 4]}),
+        str(records / "part-0.parquet"),
+    )
     result = run("report", records, "--vocab", f"gs://{gcs_bucket}/vocab.txt")
     assert result.exit_code == 0 and "[UNK]: 50.000% of text tokens (1 of 2)" in result.stdout, result.output
 
@@ -231,6 +239,7 @@ def test_a_tokenizer_json_with_a_bom_loads(tmp_path):
 
 
 # -- item 1: a lone surrogate in a document ----------------------------------------------------
+
 
 @pytest.fixture
 def surrogate_jsonl(tmp_path):
@@ -278,9 +287,11 @@ def bad_command_lines(tmp_path, corpus, vocab):
     cases = []
     for name, data in BAD_VOCABS.items():
         (tmp_path / name).write_bytes(data)
-        cases += [(["tokenize", "--vocab", tmp_path / name, corpus], name),
-                  (["check", corpus, "--vocab", tmp_path / name], name),
-                  (["report", tmp_path, "--vocab", tmp_path / name], name)]
+        cases += [
+            (["tokenize", "--vocab", tmp_path / name, corpus], name),
+            (["check", corpus, "--vocab", tmp_path / name], name),
+            (["report", tmp_path, "--vocab", tmp_path / name], name),
+        ]
     for size in ("0", "-1", "inf", "nan", "1e400", "99999999999999", "x"):
         cases.append((["vocab", corpus, "--size", size, "--out", tmp_path / "v.txt"], "--size"))
     for option in ("--limit-alphabet", "--min-frequency"):
@@ -324,8 +335,12 @@ def test_every_malformed_command_line_is_one_line_and_exit_2(tmp_path, corpus, v
 # -- (e): any vocab file loads or is one line naming it ----------------------------------------
 
 _TOKEN_CHARS = st.characters(codec="utf-8", categories=("L", "N", "P", "S", "Zs", "Cc", "Cf", "Mn"))
-_TOKENS = st.one_of(st.sampled_from(SPECIAL_TOKENS), st.text(_TOKEN_CHARS, max_size=6),
-                    st.text(_TOKEN_CHARS, min_size=1, max_size=4).map(lambda t: "##" + t), st.sampled_from("中文a#"))
+_TOKENS = st.one_of(
+    st.sampled_from(SPECIAL_TOKENS),
+    st.text(_TOKEN_CHARS, max_size=6),
+    st.text(_TOKEN_CHARS, min_size=1, max_size=4).map(lambda t: "##" + t),
+    st.sampled_from("中文a#"),
+)
 
 
 @st.composite
@@ -342,7 +357,7 @@ def vocab_files(draw) -> bytes:
     raw = (BOM if draw(st.booleans()) else b"") + data.encode("utf-8")
     if raw and draw(st.integers(0, 4)) == 0:
         at = draw(st.integers(0, len(raw) - 1))
-        raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1:]
+        raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1 :]
     return raw
 
 
@@ -354,8 +369,11 @@ def _usable(data: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     tokens = [line.strip() for line in data.decode("utf-8").split("\n")]
-    return (all(t in vocab for t in SPECIAL_TOKENS[:4]) and vocab["[PAD]"] == 0
-            and all(tokens.count(t) <= 1 for t in SPECIAL_TOKENS))
+    return (
+        all(t in vocab for t in SPECIAL_TOKENS[:4])
+        and vocab["[PAD]"] == 0
+        and all(tokens.count(t) <= 1 for t in SPECIAL_TOKENS)
+    )
 
 
 def _ids_both_ways(tokenizer: BertTokenizer, lines: list[str]) -> list[list[int]]:
@@ -385,7 +403,8 @@ def test_any_vocab_file_loads_as_bert_reads_it_or_is_one_line_naming_it(data, wo
     reference = bert_load_vocab(data.removeprefix(BOM))
     assert tokenizer.vocab == reference and tokenizer.vocab["[PAD]"] == 0
     assert {t: i for t, i in tokenizer.vocab.items() if i} == {
-        t: i for t, i in bert_load_vocab(data).items() if i}  # with the BOM kept, as BERT reads it: token 0 aside
+        t: i for t, i in bert_load_vocab(data).items() if i
+    }  # with the BOM kept, as BERT reads it: token 0 aside
     lines = [" ".join(words), "".join(words), " ".join(tokenizer.vocab)]
     for ids in _ids_both_ways(tokenizer, lines):
         assert all(i in tokenizer.inv_vocab for i in ids)
@@ -439,8 +458,9 @@ def test_vocab_and_check_count_documents_with_lone_surrogates_whatever_else_they
 
 # -- (e) as an invariant: any command line built from the commands' own options --------------------
 
-_NUMBERS = st.sampled_from(["0", "-1", "1", "5", "128", "inf", "-inf", "nan", "1e400", "0.5", "", "x",
-                            "99999999999999999999"])
+_NUMBERS = st.sampled_from(
+    ["0", "-1", "1", "5", "128", "inf", "-inf", "nan", "1e400", "0.5", "", "x", "99999999999999999999"]
+)
 _OPTIONS = {
     "vocab": ["--size", "--limit-alphabet", "--min-frequency", "--out"],
     "tokenize": ["--vocab"],
@@ -456,8 +476,17 @@ def test_any_command_line_exits_0_or_says_why_in_one_line(tmp_path_factory, corp
     (d / "empty.txt").write_bytes(b"")
     (d / "binary.bin").write_bytes(bytes(range(256)))
     (d / "folder").mkdir()
-    paths = [str(corpus), str(vocab), str(d / "empty.txt"), str(d / "binary.bin"), str(d / "folder"),
-             str(d / "missing.txt"), str(d / "folder" / "out.txt"), str(d / "no" / "out.txt"), ""]
+    paths = [
+        str(corpus),
+        str(vocab),
+        str(d / "empty.txt"),
+        str(d / "binary.bin"),
+        str(d / "folder"),
+        str(d / "missing.txt"),
+        str(d / "folder" / "out.txt"),
+        str(d / "no" / "out.txt"),
+        "",
+    ]
     command = data.draw(st.sampled_from(sorted(_OPTIONS)))
     argv = [command, *data.draw(st.lists(st.sampled_from(paths), max_size=2))]
     for option in data.draw(st.lists(st.sampled_from(_OPTIONS[command]), max_size=3, unique=True)):

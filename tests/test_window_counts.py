@@ -36,8 +36,14 @@ def make_item(i: int, file: str, step: int = 0) -> Item:
 
 
 def lease_of(item: Item, counts: int, state: str = DONE) -> Lease:
-    return Lease(state, "w", 1, 0.0, outputs=[{"name": f"part-{item.id}.x", "counts": {"records": counts}}],
-                 stats={"documents": counts, "seconds": 0.5})
+    return Lease(
+        state,
+        "w",
+        1,
+        0.0,
+        outputs=[{"name": f"part-{item.id}.x", "counts": {"records": counts}}],
+        stats={"documents": counts, "seconds": 0.5},
+    )
 
 
 def write_lease(store, item: Item, lease: Lease) -> int:
@@ -49,7 +55,7 @@ def mark(store, key: str, body: bytes) -> None:
 
 
 def windows(items: list[Item], size: int) -> list[list[Item]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def body_now(store, reader_items: list[Item], window: list[Item]) -> bytes:
@@ -62,8 +68,14 @@ MARKERS = st.sampled_from(["true", "true", "stale", "empty", "garbage", "missing
 
 
 @settings(max_examples=80, deadline=None)
-@given(n=st.integers(1, 40), size=st.integers(1, 9), kinds=st.lists(MARKERS, min_size=1, max_size=12),
-       failed=st.integers(-1, 60), gone=st.integers(-1, 60), seed=st.integers(0, 2**32 - 1))
+@given(
+    n=st.integers(1, 40),
+    size=st.integers(1, 9),
+    kinds=st.lists(MARKERS, min_size=1, max_size=12),
+    failed=st.integers(-1, 60),
+    gone=st.integers(-1, 60),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_the_counts_are_the_leases_exactly_whatever_the_markers_say(n, size, kinds, failed, gone, seed):
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as folder:
@@ -78,7 +90,7 @@ def test_the_counts_are_the_leases_exactly_whatever_the_markers_say(n, size, kin
             if kind in ("true", "stale"):
                 body = body_now(store, items, w)
             elif kind == "overlap":  # a marker of another window size, over this window and the item before
-                body = body_now(store, items, items[max(0, items.index(w[0]) - 1):][:size + 1])
+                body = body_now(store, items, items[max(0, items.index(w[0]) - 1) :][: size + 1])
             else:
                 body = b"" if kind == "empty" else b'{"counts": 1, "items": ['
             mark(store, key if kind != "overlap" else f"{size + 1}-0-{w[0].id}", body)
@@ -89,8 +101,9 @@ def test_the_counts_are_the_leases_exactly_whatever_the_markers_say(n, size, kin
         if 0 <= gone < n:
             store.delete(lease_prefix(RUN) + items[gone].id)
         leases = StatusReader(store, RUN, spec=SPEC, items=items).leases()
-        want = (manifest_of(items, leases) if len(leases) == n and all(x.state == DONE for x in leases.values())
-                else None)
+        want = (
+            manifest_of(items, leases) if len(leases) == n and all(x.state == DONE for x in leases.values()) else None
+        )
         got = run_counts(StatusReader(store, RUN, spec=SPEC, items=items))
         assert got == want
         if want is not None:  # the same bytes of manifest.json, too

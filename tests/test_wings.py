@@ -81,22 +81,34 @@ def test_the_rule_catches_a_crossing(tmp_path, monkeypatch):
     fake = tmp_path / "fleet"
     (fake / "core").mkdir(parents=True)
     module = fake / "core" / "x.py"
-    module.write_text("def f():\n    from fleet.gce import compute\n    import fleet.cli.render\n"
-                      "from fleet.job import Job\nfrom fleet import job\nimport fleet_jobs\n")
+    module.write_text(
+        "def f():\n    from fleet.gce import compute\n    import fleet.cli.render\n"
+        "from fleet.job import Job\nfrom fleet import job\nimport fleet_jobs\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "FLEET", fake)
-    assert sorted(crossings(module)) == ["fleet/core/x.py:2 imports fleet.gce", "fleet/core/x.py:3 imports fleet.cli.render",
-                                 "fleet/core/x.py:4 imports fleet.job", "fleet/core/x.py:5 imports fleet.job",
-                                 "fleet/core/x.py:6 imports fleet_jobs"]
+    assert sorted(crossings(module)) == [
+        "fleet/core/x.py:2 imports fleet.gce",
+        "fleet/core/x.py:3 imports fleet.cli.render",
+        "fleet/core/x.py:4 imports fleet.job",
+        "fleet/core/x.py:5 imports fleet.job",
+        "fleet/core/x.py:6 imports fleet_jobs",
+    ]
     formats = fake / "formats" / "x.py"
     formats.parent.mkdir()
-    formats.write_text("from fleet.core.store import Store\nimport fleet.formats.tfrecord\nfrom fleet_jobs.text.tokenizers import native\n")
-    assert crossings(formats) == ["fleet/formats/x.py:1 imports fleet.core.store", "fleet/formats/x.py:3 imports fleet_jobs.text.tokenizers"]
+    formats.write_text(
+        "from fleet.core.store import Store\nimport fleet.formats.tfrecord\nfrom fleet_jobs.text.tokenizers import native\n"
+    )
+    assert crossings(formats) == [
+        "fleet/formats/x.py:1 imports fleet.core.store",
+        "fleet/formats/x.py:3 imports fleet_jobs.text.tokenizers",
+    ]
     discovery = fake / "core" / "discovery.py"
     discovery.write_text("import fleet_jobs\nimport fleet_jobs.bert\n")
     assert crossings(discovery) == ["fleet/core/discovery.py:2 imports fleet_jobs.bert"]
 
 
 # -- no import circles ---------------------------------------------------------------------------
+
 
 def module_files(root: Path) -> dict[str, Path]:
     """Every module of PACKAGES under ``root``, by dotted name (a package by its __init__.py)."""
@@ -123,7 +135,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(parts + ([base] if base else []))
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             else:
@@ -212,5 +224,8 @@ def test_the_circle_check_sees_lazy_relative_and_long_circles(tmp_path):
         (tmp_path / name).write_text(text)
     graph = import_graph(tmp_path)
     assert graph["fleet_jobs.k"] == {"fleet.store.local"}
-    assert sorted(circles(graph)) == [["fleet.a", "fleet.b"], ["fleet.p.q", "fleet.p.r", "fleet.p.s"],
-                              ["fleet.store", "fleet.store.local"]]
+    assert sorted(circles(graph)) == [
+        ["fleet.a", "fleet.b"],
+        ["fleet.p.q", "fleet.p.r", "fleet.p.s"],
+        ["fleet.store", "fleet.store.local"],
+    ]

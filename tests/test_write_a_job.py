@@ -25,9 +25,25 @@ def test_the_pages_example_job_runs_and_counts_every_line(tmp_path):
     (tmp_path / "jobs" / name / "__init__.py").write_text(block)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "jobs")}
-    result = subprocess.run([sys.executable, "-m", "fleet.cli", "local", *map(str, SAMPLES), str(out), "--job",
-                             f"{name}:JOB", "--workers", "2"],
-                            env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleet.cli",
+            "local",
+            *map(str, SAMPLES),
+            str(out),
+            "--job",
+            f"{name}:JOB",
+            "--workers",
+            "2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line.split("\t") for p in sorted(out.rglob("part-*.txt")) for line in p.read_text().splitlines()]
     # One item per file (the example keeps Job.cut's default), each counted whole.

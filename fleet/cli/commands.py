@@ -13,8 +13,17 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from fleet.gce.config import PROCS_PER_CORE, ConfigError as FleetConfigError
-from fleet.cli.render import (logs_text, plan_line, print_fleet, print_options, print_status, roles_text, say, stdout,
-                          sync_line)
+from fleet.cli.render import (
+    logs_text,
+    plan_line,
+    print_fleet,
+    print_options,
+    print_status,
+    roles_text,
+    say,
+    stdout,
+    sync_line,
+)
 from fleet.core.errors import ConfigError, InputError, JobNotFound
 from fleet.core.layout import LOG_SUFFIX, launch_name, log_prefix
 from fleet.core.run import PlanError, check_run_name, list_runs
@@ -58,8 +67,13 @@ def _usage(e: UsageError) -> None:
     fail(f"{where}: {e.format_message()} (see `{where} --help`)")
 
 
-app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Corpus to BERT/ELECTRA pre-training TFRecords on a fleet of short-lived VMs.")
+app = typer.Typer(
+    cls=_Commands,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Corpus to BERT/ELECTRA pre-training TFRecords on a fleet of short-lived VMs.",
+)
 console = Console(stderr=True, soft_wrap=True, markup=False)  # one line however long; text as it is (`[/` too)
 USER_ERRORS = (PlanError, ConfigError, InputError, JobNotFound, StoreError, FleetConfigError)
 
@@ -92,16 +106,19 @@ LEASE_TTL = (1.0, 86400.0)  # seconds: a lease is renewed every TTL/3, so a day 
 MAX_ATTEMPTS = (1, 100)
 POLL = (0.05, 3600.0)  # seconds
 DEAD_AFTER = (0.0, 7 * 86400.0)  # seconds `fleet follow` waits for a sign of life; 0: forever
-SHARDS_HELP = ("Write exactly N output files of examples globally shuffled by the run's seed, their counts "
-               "differing by at most one (a second stage on the same workers)")
+SHARDS_HELP = (
+    "Write exactly N output files of examples globally shuffled by the run's seed, their counts "
+    "differing by at most one (a second stage on the same workers)"
+)
 DEDUP_HELP = "exact: drop documents whose normalized text equals an earlier one's (a stage before converting)"
 SHUFFLE_MB_HELP = "Memory (MB) a worker's sort between stages holds before it spills to local disk"
 SHUFFLE_MB = (1.0, 1e5)
 # The options `fleet plan` and `fleet local` share, declared once.
 TEXT_COLUMN = typer.Option("text", help="The text field of JSON records / column of Parquet files")
 KEEP_TITLES = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line")
-MAX_BAD_SHARE = typer.Option(0.5, help="An item fails when more of its records than this share are bad "
-                                       "(fewer are skipped and counted)")
+MAX_BAD_SHARE = typer.Option(
+    0.5, help="An item fails when more of its records than this share are bad (fewer are skipped and counted)"
+)
 SHARDS = typer.Option(None, help=SHARDS_HELP)
 DEDUP = typer.Option(None, help=DEDUP_HELP)
 SHUFFLE_MB_OPTION = typer.Option(256.0, help=SHUFFLE_MB_HELP)
@@ -130,8 +147,12 @@ def at_least(option: str, value: float, low: float) -> None:
 
 def processes(option: str, value: int) -> None:
     """A worker process count: 0 (one per core) up to PROCS_PER_CORE per core."""
-    within(option, value, (0, max_procs()), f" (0 = one per core; at most {PROCS_PER_CORE} per core, "
-                                            f"{os.cpu_count() or 1} cores here)")
+    within(
+        option,
+        value,
+        (0, max_procs()),
+        f" (0 = one per core; at most {PROCS_PER_CORE} per core, {os.cpu_count() or 1} cores here)",
+    )
 
 
 def _run_name(run: Optional[str]) -> Optional[str]:
@@ -160,8 +181,9 @@ def parse_settings(pairs: list[str]) -> dict[str, str]:
 
 @app.command("plan")
 def plan_cmd(
-    bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or a local folder that holds the run's state "
-                                         "(default: fleet.toml's bucket)"),
+    bucket: Optional[str] = typer.Option(
+        None, help="gs://BUCKET or a local folder that holds the run's state (default: fleet.toml's bucket)"
+    ),
     run: str = typer.Option(..., callback=_run_name, help="Run name"),
     job: str = typer.Option(..., help="Job name (a folder under fleet_jobs/)"),
     input: List[str] = typer.Option(..., "--input", help="Input file or folder (repeatable)"),
@@ -187,10 +209,20 @@ def plan_cmd(
     bucket = _bucket(bucket, cfg)
     version = code_version(paths=code_paths(cfg))
     stage_options = _stage_options(shards, dedup, shuffle_mb)
-    request = PlanRequest(run=run, job=job, inputs=input, output=output, code_version=version,
-                          settings=parse_settings(set_), lease_ttl=lease_ttl, max_attempts=max_attempts,
-                          item_bytes=int(item_mb * 1e6), read=_read(text_column, keep_titles, max_bad_share),
-                          stage_options=stage_options, shuffle_budget=int(shuffle_mb * 1e6))
+    request = PlanRequest(
+        run=run,
+        job=job,
+        inputs=input,
+        output=output,
+        code_version=version,
+        settings=parse_settings(set_),
+        lease_ttl=lease_ttl,
+        max_attempts=max_attempts,
+        item_bytes=int(item_mb * 1e6),
+        read=_read(text_column, keep_titles, max_bad_share),
+        stage_options=stage_options,
+        shuffle_budget=int(shuffle_mb * 1e6),
+    )
     spec, items, created = plan(bucket, request)
     console.print(plan_line(spec, len(items), created, [len(i.parts) for i in items if i.parts]))
 
@@ -221,19 +253,27 @@ def _read(text_column: str, keep_titles: bool, max_bad_share: float) -> dict:
 
 @app.command("work")
 def work_cmd(
-    bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or local folder holding the run "
-                                         "(default: fleet.toml's bucket)"),
+    bucket: Optional[str] = typer.Option(
+        None, help="gs://BUCKET or local folder holding the run (default: fleet.toml's bucket)"
+    ),
     run: str = typer.Option(..., callback=_run_name, help="Run name"),
     procs: int = typer.Option(0, help=f"Worker processes (0 = one per core; at most {PROCS_PER_CORE} per core)"),
     log_dir: Optional[str] = typer.Option(None, help="Write each process's log here instead of stderr"),
     name_prefix: Optional[str] = typer.Option(None, help="Workers are named PREFIX-w0, -w1...: a VM passes its name"),
-    standby: Optional[int] = typer.Option(None, help="Leave once nothing is left to claim and this many "
-                                          "idle workers stay on standby (default: stay until the run is drained)"),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="Give failed items new attempts first "
-                                      "(run it from one place only)"),
-    drained_file: Optional[str] = typer.Option(None, help="Create this file when a worker process finds the run "
-                                               "drained, by a listing of every lease and marker (a VM's startup "
-                                               "script then deletes the fleet without listing the run again)"),
+    standby: Optional[int] = typer.Option(
+        None,
+        help="Leave once nothing is left to claim and this many "
+        "idle workers stay on standby (default: stay until the run is drained)",
+    ),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="Give failed items new attempts first (run it from one place only)"
+    ),
+    drained_file: Optional[str] = typer.Option(
+        None,
+        help="Create this file when a worker process finds the run "
+        "drained, by a listing of every lease and marker (a VM's startup "
+        "script then deletes the fleet without listing the run again)",
+    ),
 ) -> None:
     """Claim, convert and commit items until the run is drained (what each VM runs)."""
     from fleet.core.processes import work
@@ -262,14 +302,19 @@ def _retry_failed(bucket: str, run: str) -> None:
 def local_cmd(
     paths: List[str] = typer.Argument(..., help="INPUT... OUT_DIR: input files or folders, then the output folder"),
     job: str = typer.Option("electra_zh_en", help="Job name"),
-    workers: int = typer.Option(0, help=f"Worker processes (0 = one per core; at most {PROCS_PER_CORE} per core, "
-                                 "and no more than the items left)"),
+    workers: int = typer.Option(
+        0,
+        help=f"Worker processes (0 = one per core; at most {PROCS_PER_CORE} per core, and no more than the items left)",
+    ),
     set_: List[str] = typer.Option([], "--set", help="Job option key=value (repeatable)"),
     lease_ttl: float = typer.Option(60.0, help="Seconds a lease lives without renewal (1 to 86400)"),
     max_attempts: int = typer.Option(3, help="Attempts per item"),
-    item_mb: Optional[float] = typer.Option(None, help="Target item size in MB (default: a few items per worker; "
-                                            "a resumed run keeps its own)"),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="Give the failed items of a resumed run new attempts"),
+    item_mb: Optional[float] = typer.Option(
+        None, help="Target item size in MB (default: a few items per worker; a resumed run keeps its own)"
+    ),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="Give the failed items of a resumed run new attempts"
+    ),
     text_column: str = TEXT_COLUMN,
     keep_titles: bool = KEEP_TITLES,
     max_bad_share: float = MAX_BAD_SHARE,
@@ -288,11 +333,21 @@ def local_cmd(
     check_inputs(inputs)
     stage_options = _stage_options(shards, dedup, shuffle_mb)
     try:
-        result = run_local(inputs, out_dir, job, workers or os.cpu_count() or 1, parse_settings(set_),
-                           lease_ttl=lease_ttl, max_attempts=max_attempts,
-                           item_bytes=int(item_mb * 1e6) if item_mb else None, console=console,
-                           retry_failed=retry_failed, read=_read(text_column, keep_titles, max_bad_share),
-                           stage_options=stage_options, shuffle_budget=int(shuffle_mb * 1e6))
+        result = run_local(
+            inputs,
+            out_dir,
+            job,
+            workers or os.cpu_count() or 1,
+            parse_settings(set_),
+            lease_ttl=lease_ttl,
+            max_attempts=max_attempts,
+            item_bytes=int(item_mb * 1e6) if item_mb else None,
+            console=console,
+            retry_failed=retry_failed,
+            read=_read(text_column, keep_titles, max_bad_share),
+            stage_options=stage_options,
+            shuffle_budget=int(shuffle_mb * 1e6),
+        )
     except Interrupted as e:
         say(console, str(e))
         raise typer.Exit(130) from None
@@ -339,14 +394,17 @@ def jobs_cmd(
 
 @app.command("follow")
 def follow_cmd(
-    bucket: Optional[str] = typer.Option(None, help="gs://BUCKET or local folder holding the run "
-                                         "(or an output folder of `fleet local`)"),
+    bucket: Optional[str] = typer.Option(
+        None, help="gs://BUCKET or local folder holding the run (or an output folder of `fleet local`)"
+    ),
     run: Optional[str] = typer.Option(None, callback=_run_name, help="Run name (needed when the bucket holds several)"),
     from_start: bool = typer.Option(False, "--from-start", help="Also the outputs committed before now"),
     poll: float = typer.Option(2.0, help="Seconds between looks at the bucket"),
     dead_after: Optional[float] = typer.Option(
-        None, help="Seconds without a live worker or a finished item after which the run counts as stopped "
-        "(default: 60 for a `fleet local` run, 900 for a bucket run, whose VMs take minutes to boot; 0: wait forever)"),
+        None,
+        help="Seconds without a live worker or a finished item after which the run counts as stopped "
+        "(default: 60 for a `fleet local` run, 900 for a bucket run, whose VMs take minutes to boot; 0: wait forever)",
+    ),
 ) -> None:
     """Print each committed output's URL once, in commit order, as items finish; exit when the run drains.
 
@@ -377,10 +435,14 @@ def status_cmd(
     run: Optional[str] = typer.Option(None, callback=_run_name, help="Run name"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON"),
     watch: bool = typer.Option(False, help="Refresh every few seconds until the run finishes"),
-    verify: bool = typer.Option(False, "--verify", help="Read every done item's outputs (in the folder named, for "
-                                "an OUT_DIR of `fleet local`, even copied or moved) and check them against the "
-                                "digests their leases recorded; send items whose outputs are gone or changed "
-                                "back to pending, and exit 1"),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="Read every done item's outputs (in the folder named, for "
+        "an OUT_DIR of `fleet local`, even copied or moved) and check them against the "
+        "digests their leases recorded; send items whose outputs are gone or changed "
+        "back to pending, and exit 1",
+    ),
 ) -> None:
     """Counts of items pending/leased/done/failed, throughput, failures, workers, and the store requests the
     workers made, with what they cost at Cloud Storage's list price."""
@@ -397,8 +459,9 @@ def status_cmd(
         st = reader.collect(with_workers=True)
         fleet_view = _fleet_view(open_store(bucket), run, st.workers)
         if as_json:
-            print(json.dumps({**st.to_dict(), **({"fleet": fleet_view} if fleet_view else {})},
-                             indent=1, sort_keys=True))
+            print(
+                json.dumps({**st.to_dict(), **({"fleet": fleet_view} if fleet_view else {})}, indent=1, sort_keys=True)
+            )
         else:
             print_status(stdout(), st)
             if fleet_view:
@@ -427,9 +490,13 @@ def _verify(store, reader, run: str) -> bool:
     if items:
         if fix.later:
             say(console, f"verify: {len(fix.later)} item(s) of later stages read those and are redone with them")
-        console.print(f"verify: {len(items)} of {done} done items sent back to pending (outputs gone or changed); "
-                      "resume the run to convert them again (`fleet local` with the same arguments, "
-                      "`fleet work`, or `fleet launch`)", highlight=False, soft_wrap=True)
+        console.print(
+            f"verify: {len(items)} of {done} done items sent back to pending (outputs gone or changed); "
+            "resume the run to convert them again (`fleet local` with the same arguments, "
+            "`fleet work`, or `fleet launch`)",
+            highlight=False,
+            soft_wrap=True,
+        )
         return True
     console.print(f"verify: the outputs of all {done} done items match their digests", highlight=False)
     return False
@@ -473,28 +540,45 @@ def init_cmd(
     region: Optional[str] = typer.Option(None, help="Region of a regional MIG (VMs in any of its zones)"),
     service_account: str = typer.Option("", help="Email of the workers' service account"),
     machine_type: str = typer.Option("e2-standard-4", help="VM machine type"),
-    image: str = typer.Option("projects/debian-cloud/global/images/family/debian-12",
-                              help="Boot image or family (the Packer image family skips installs at boot)"),
+    image: str = typer.Option(
+        "projects/debian-cloud/global/images/family/debian-12",
+        help="Boot image or family (the Packer image family skips installs at boot)",
+    ),
     spot: bool = typer.Option(True, help="Spot VMs (preemptible, much cheaper)"),
     disk_gb: int = typer.Option(20, help="Boot disk size"),
     disk_type: str = typer.Option("", help="Boot disk type, e.g. pd-balanced (default: the machine series' own)"),
     workers_per_vm: int = typer.Option(0, help="Worker processes per VM (0 = one per core)"),
     standby: int = typer.Option(2, help="Idle workers kept in the tail to take over expired leases"),
     max_run_hours: Optional[float] = typer.Option(
-        None, help="A run's time limit from its launch: every VM is deleted by then (default: 3 x the run's "
-                   "expected time)"),
+        None,
+        help="A run's time limit from its launch: every VM is deleted by then (default: 3 x the run's expected time)",
+    ),
     force: bool = typer.Option(False, help="Overwrite an existing fleet.toml"),
 ) -> None:
     """Write fleet.toml: where the fleet runs and what its VMs look like."""
     from fleet.gce.config import FleetConfig, write
 
-    cfg = FleetConfig(project=project, bucket=bucket, zone=zone or "", region=region or "",
-                      service_account=service_account, machine_type=machine_type, image=image, spot=spot,
-                      disk_gb=disk_gb, disk_type=disk_type, workers_per_vm=workers_per_vm, standby=standby,
-                      max_run_hours=max_run_hours)
+    cfg = FleetConfig(
+        project=project,
+        bucket=bucket,
+        zone=zone or "",
+        region=region or "",
+        service_account=service_account,
+        machine_type=machine_type,
+        image=image,
+        spot=spot,
+        disk_gb=disk_gb,
+        disk_type=disk_type,
+        workers_per_vm=workers_per_vm,
+        standby=standby,
+        max_run_hours=max_run_hours,
+    )
     path = write(cfg, force=force)
-    console.print(f"wrote {path}: project {cfg.project}, {cfg.location}, {cfg.bucket}, {cfg.machine_type}"
-                  f"{' (Spot)' if cfg.spot else ''}. Next: fleet sync", highlight=False)
+    console.print(
+        f"wrote {path}: project {cfg.project}, {cfg.location}, {cfg.bucket}, {cfg.machine_type}"
+        f"{' (Spot)' if cfg.spot else ''}. Next: fleet sync",
+        highlight=False,
+    )
 
 
 @app.command("sync")
@@ -518,12 +602,18 @@ def launch_cmd(
     template: Optional[str] = typer.Option(None, help="Instance template name (default: the MIG's name)"),
     spot: Optional[bool] = typer.Option(None, "--spot/--no-spot", help="Spot VMs (default: fleet.toml's)"),
     max_run_hours: Optional[float] = typer.Option(
-        None, help="The run may last this long from now: every VM, recreated ones included, is deleted by then "
-                   "(default: fleet.toml's, else 3 x the expected time)"),
+        None,
+        help="The run may last this long from now: every VM, recreated ones included, is deleted by then "
+        "(default: fleet.toml's, else 3 x the expected time)",
+    ),
     deadline: Optional[str] = typer.Option(
-        None, help="The run's end instead, as a time: 2025-06-01T18:00:00Z (RFC 3339, with its zone)"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the requests and the cost estimate (machines and bucket "
-                                 "operations); create nothing"),
+        None, help="The run's end instead, as a time: 2025-06-01T18:00:00Z (RFC 3339, with its zone)"
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print the requests and the cost estimate (machines and bucket operations); create nothing",
+    ),
     force: bool = typer.Option(False, "--force", help="Launch even if the quota or service-account check fails"),
 ) -> None:
     """Create (or reuse) the instance template and the MIG of VMs that work on the run.
@@ -542,10 +632,18 @@ def launch_cmd(
             print(request.render())
         for line in plan.estimate.lines():
             print(line)
-        print("checks: " + (f"quota and service-account checks skipped: {checks.skipped}" if checks.skipped
-                            else "; ".join(problems) or "quota and service account ok"))
-        console.print(f"dry run: nothing created; `fleet launch` would also write {cfg.bucket}/{launch_name(run)}",
-                      highlight=False)
+        print(
+            "checks: "
+            + (
+                f"quota and service-account checks skipped: {checks.skipped}"
+                if checks.skipped
+                else "; ".join(problems) or "quota and service account ok"
+            )
+        )
+        console.print(
+            f"dry run: nothing created; `fleet launch` would also write {cfg.bucket}/{launch_name(run)}",
+            highlight=False,
+        )
         if problems and not force:
             raise typer.Exit(1)
         return
@@ -572,9 +670,15 @@ def _fleet_view(store, run: str, workers: list) -> dict | None:
         return None
     vms, hours = gcp.vm_usage(workers)
     stop = boots.load_stop(store, run)
-    return {"mig": state.__dict__ if state else None, "launch": record.__dict__, "problem": problem,
-            "vms_seen": vms, "vm_hours": round(hours, 3), "stopped": stop.line() if stop else None,
-            "boots": boots.summary(boots.boot_records(store, run))}
+    return {
+        "mig": state.__dict__ if state else None,
+        "launch": record.__dict__,
+        "problem": problem,
+        "vms_seen": vms,
+        "vm_hours": round(hours, 3),
+        "stopped": stop.line() if stop else None,
+        "boots": boots.summary(boots.boot_records(store, run)),
+    }
 
 
 def _print_stop(store, run: str) -> None:
@@ -616,7 +720,7 @@ def logs_cmd(
 
     store = open_store(_bucket(bucket, _config()))
     prefix = log_prefix(run)
-    logs = {b.name[len(prefix):].removesuffix(LOG_SUFFIX): b for b in store.list(prefix)}
+    logs = {b.name[len(prefix) :].removesuffix(LOG_SUFFIX): b for b in store.list(prefix)}
     if worker is None:
         if not logs:
             fail(f"no logs for run {run!r} in {store.url} yet")

@@ -27,8 +27,16 @@ from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.discovery import load_configured
 from fleet.core.job import Job
 from fleet.core.stage import StageOptions
-from fleet.cli.render import print_counts, print_detail, print_failed_files, print_input_files, printable, \
-    print_skipped, say, stage_counts
+from fleet.cli.render import (
+    print_counts,
+    print_detail,
+    print_failed_files,
+    print_input_files,
+    printable,
+    print_skipped,
+    say,
+    stage_counts,
+)
 from fleet.core.run import PlanError, PlanRequest, load_spec, plan
 from fleet.core.layout import LOCAL_RUN, STATE_DIR, SUMMARY, spec_name
 from fleet.core.processes import start_workers, stop_workers, wait_for_exit
@@ -91,19 +99,38 @@ def summarize(st: RunStatus, job: Job, wall: float, workers: int) -> dict:
     if st.failed:
         summary["hint"] = "failed items stay failed when the run resumes; run again with --retry-failed to retry them"
     elif st.failed_files:
-        summary["hint"] = ("an input file that failed is left out of a finished run: fix or remove it and plan a new "
-                           "run (another OUT_DIR) to convert it")
+        summary["hint"] = (
+            "an input file that failed is left out of a finished run: fix or remove it and plan a new "
+            "run (another OUT_DIR) to convert it"
+        )
     return summary
 
 
 def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     table = Table(title=f"fleet local: {summary['done']}/{summary['items']} items done", show_header=False)
     for key, value in summary.items():
-        if key in ("outputs", "failures", "failed_files", "run", "hint", "skipped", "sources", "output_counts",
-                   "input_files"):
+        if key in (
+            "outputs",
+            "failures",
+            "failed_files",
+            "run",
+            "hint",
+            "skipped",
+            "sources",
+            "output_counts",
+            "input_files",
+        ):
             continue
-        table.add_row(key, Text(f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int)
-                                else printable(str(value))))  # a job name or a path, as it is
+        table.add_row(
+            key,
+            Text(
+                f"{value:,.3f}"
+                if isinstance(value, float)
+                else f"{value:,}"
+                if isinstance(value, int)
+                else printable(str(value))
+            ),
+        )  # a job name or a path, as it is
     table.add_row("outputs", Text(printable(f"{len(summary['outputs'])} files in {out_dir}")))
     console.print(table)
     print_input_files(console, summary.get("input_files") or {})
@@ -115,8 +142,11 @@ def print_summary(console: Console, summary: dict, out_dir: str) -> None:
     print_skipped(console, summary["skipped"], int(summary.get("bad_records", 0)))
     if "dedup_documents_dropped" in summary:
         dropped, kept = int(summary["dedup_documents_dropped"]), int(summary.get("dedup_documents_kept", 0))
-        say(console, f"dedup: {dropped:,} of {dropped + kept:,} documents dropped as exact copies of earlier ones "
-                     f"({summary.get('dedup_bytes_dropped', 0) / 1e6:,.2f} MB of text)")
+        say(
+            console,
+            f"dedup: {dropped:,} of {dropped + kept:,} documents dropped as exact copies of earlier ones "
+            f"({summary.get('dedup_bytes_dropped', 0) / 1e6:,.2f} MB of text)",
+        )
     if summary.get("hint"):
         say(console, summary["hint"])
 
@@ -130,8 +160,12 @@ def write_run_files(console: Console, job, spec, reader: StatusReader, out_dir: 
         say(console, f"{out_dir}: the run's files (manifest.json) not written: {e}", style="yellow")
         return
     for name in differ:
-        say(console, f"{os.path.join(out_dir, name)} holds other bytes than this run's counts give; left as it is "
-                     "(remove it and run again to rewrite it)", style="yellow")
+        say(
+            console,
+            f"{os.path.join(out_dir, name)} holds other bytes than this run's counts give; left as it is "
+            "(remove it and run again to rewrite it)",
+            style="yellow",
+        )
 
 
 def print_report(console: Console, job: Job, config: dict, out_dir: str) -> None:
@@ -161,8 +195,7 @@ def local_folder(out_dir: str) -> str:
         hint = "; to write to a bucket, `fleet plan --output gs://...` and then `fleet work` or `fleet launch`"
     else:
         hint = ""
-    raise PlanError(f"OUT_DIR {out_dir}: `fleet local` writes to a local folder (a path or file:///PATH) "
-                    f"only{hint}")
+    raise PlanError(f"OUT_DIR {out_dir}: `fleet local` writes to a local folder (a path or file:///PATH) only{hint}")
 
 
 _SIGNALLED: list[int] = []  # the signals that interrupted this run (see _interrupt)
@@ -215,16 +248,28 @@ def run_local(
     if existing is not None and existing.output != out_dir:
         # OUT_DIR was copied or moved since the run was planned: the run's outputs are in the folder
         # that holds its state (output_place), so it resumes here, and writes nothing where it came from.
-        say(console, f"the run in {out_dir} was planned in {existing.output}: the folder was copied or moved "
-                     "since; resuming it here")
+        say(
+            console,
+            f"the run in {out_dir} was planned in {existing.output}: the folder was copied or moved "
+            "since; resuming it here",
+        )
         planned_output = existing.output
     request = PlanRequest(
-        run=RUN, job=job, inputs=inputs, output=planned_output, code_version=code_version(paths=DEFAULT_CODE_PATHS),
-        settings=settings, lease_ttl=lease_ttl, max_attempts=max_attempts,
+        run=RUN,
+        job=job,
+        inputs=inputs,
+        output=planned_output,
+        code_version=code_version(paths=DEFAULT_CODE_PATHS),
+        settings=settings,
+        lease_ttl=lease_ttl,
+        max_attempts=max_attempts,
         item_bytes=item_bytes if item_bytes is not None else auto_item_bytes,
         exclude=[out_dir],  # OUT_DIR may be inside an input folder: its outputs are not inputs
         again="write to another OUT_DIR, or restore what changed to resume this one",
-        read=read or {}, stage_options=stage_options, shuffle_budget=shuffle_budget)
+        read=read or {},
+        stage_options=stage_options,
+        shuffle_budget=shuffle_budget,
+    )
     chosen, config = load_configured(job, settings)  # a former name (format=bert): the job it became, as plan has it
     chosen.check_here(config)  # the workers run here: what they need must be here
     spec, items, created = plan(bucket, request)
@@ -234,8 +279,11 @@ def run_local(
     if not created:
         fix = repair_run(store, reader, release=True, retry_failed=retry_failed)
         if fix.damaged:
-            say(console, f"{len(fix.damaged)} damaged lease object(s) ({', '.join(list(fix.damaged)[:5])}): converting those "
-                         "items again")
+            say(
+                console,
+                f"{len(fix.damaged)} damaged lease object(s) ({', '.join(list(fix.damaged)[:5])}): converting those "
+                "items again",
+            )
         if fix.stale:  # the lease is the truth; a lone marker lies
             say(console, describe_stale(fix.stale))
         if fix.freed:
@@ -243,17 +291,25 @@ def run_local(
         if fix.lost:
             for d in fix.lost[:10]:
                 say(console, str(d), "output lost:", "yellow")
-            say(console, f"{len({d.item for d in fix.lost})} done item(s) whose outputs are gone or changed are "
-                         "converted again")
+            say(
+                console,
+                f"{len({d.item for d in fix.lost})} done item(s) whose outputs are gone or changed are converted again",
+            )
         if fix.retried:
             say(console, f"retrying {len(fix.retried)} failed item(s) (--retry-failed)")
         st = reader.collect()
-        say(console, f"resuming the run in {out_dir}: {st.done} of {st.items} items already done"
-            + (f", {st.failed} failed (--retry-failed retries them)" if st.failed else ""))
+        say(
+            console,
+            f"resuming the run in {out_dir}: {st.done} of {st.items} items already done"
+            + (f", {st.failed} failed (--retry-failed retries them)" if st.failed else ""),
+        )
     left = st.items - st.done - st.failed
     if 0 < left < workers:  # the others would only start, find nothing to claim and leave
-        say(console, f"{left} item{'s' if left != 1 else ''} to convert: {left} worker{'s' if left != 1 else ''} "
-                     f"instead of {workers}")
+        say(
+            console,
+            f"{left} item{'s' if left != 1 else ''} to convert: {left} worker{'s' if left != 1 else ''} "
+            f"instead of {workers}",
+        )
         workers = left
     t0 = time.time()
     children = []
@@ -263,8 +319,14 @@ def run_local(
     try:
         if not st.finished:
             children = start_workers(bucket, RUN, workers, log_dir=os.path.join(bucket, "logs"), prefix="local")
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   TextColumn("ETA"), TimeRemainingColumn())
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        )
         # Transient: the summary table says where the run ended, and a refusal stays one line.
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("", total=spec.input_bytes, completed=st.bytes_done)
@@ -287,8 +349,10 @@ def run_local(
         signal.signal(signal.SIGINT, previous[1])
     if interrupted or _SIGNALLED:
         st = reader.collect()
-        raise Interrupted(f"interrupted: {st.done} of {st.items} items done, the others given back; "
-                          "run the same command again to resume")
+        raise Interrupted(
+            f"interrupted: {st.done} of {st.items} items done, the others given back; "
+            "run the same command again to resume"
+        )
     st = reader.collect()
     refused = [f["error"] for f in st.failures if (f.get("detail") or {}).get("option")]
     if refused:  # an option the data cannot satisfy (--shards above the examples): a user error, nothing kept
@@ -315,8 +379,13 @@ def run_local(
         say(console, f"{st.blocked} item(s) of later stages did not run: a stage before them failed", style="red")
     if not st.finished:
         reasons = stopped_reasons(os.path.join(bucket, "logs"))
-        say(console, f"workers stopped with {st.items - st.done - st.failed} items unfinished"
-            + (f": {reasons[0]}" if reasons else "") + f"; see their logs in {os.path.join(bucket, 'logs')}", style="red")
+        say(
+            console,
+            f"workers stopped with {st.items - st.done - st.failed} items unfinished"
+            + (f": {reasons[0]}" if reasons else "")
+            + f"; see their logs in {os.path.join(bucket, 'logs')}",
+            style="red",
+        )
         return LocalResult(st, summary, 1)
     return LocalResult(st, summary, 1 if st.failed or st.failed_files else 0)
 

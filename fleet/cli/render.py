@@ -59,8 +59,13 @@ def print_failed_files(out: Console, failed: list[dict], count: int) -> None:
     for f in failed:
         say(out, f"{f['error']} (item {f['item']}: its other files are converted)", "failed file", "red")
     if count > len(failed):
-        say(out, f"{count:,} input files failed in all (the first few of each item above; manifest.json counts "
-                 "each in its row as files_failed)", "failed file", "red")
+        say(
+            out,
+            f"{count:,} input files failed in all (the first few of each item above; manifest.json counts "
+            "each in its row as files_failed)",
+            "failed file",
+            "red",
+        )
 
 
 def print_detail(out: Console, detail: dict, indent: str = "    ") -> None:
@@ -102,15 +107,19 @@ def plan_line(spec, items: int, created: bool, groups: Sequence[int] = ()) -> st
         from fleet.core.accounting import InputAccount
 
         account = f"; input files: {InputAccount.from_dict(spec.input_files).line()}"
-    return (f"run {spec.run} {verb}: {items} items{packed}, {spec.input_bytes / 1e6:,.1f} MB, "
-            f"job {spec.job}, code {spec.code_version}{account}")
+    return (
+        f"run {spec.run} {verb}: {items} items{packed}, {spec.input_bytes / 1e6:,.1f} MB, "
+        f"job {spec.job}, code {spec.code_version}{account}"
+    )
 
 
 def sync_line(result) -> str:
     """`fleet sync`'s one line (fleet.core.codesync.SyncResult)."""
-    return (f"code {result.version}: {result.files} files, {result.uploaded} new "
-            f"({result.uploaded_bytes / 1e3:,.1f} kB uploaded)"
-            + ("" if result.manifest_created else "; this version was already synced"))
+    return (
+        f"code {result.version}: {result.files} files, {result.uploaded} new "
+        f"({result.uploaded_bytes / 1e3:,.1f} kB uploaded)"
+        + ("" if result.manifest_created else "; this version was already synced")
+    )
 
 
 def roles_text(roles, condition_title: str, name_prefix: str) -> str:
@@ -119,8 +128,10 @@ def roles_text(roles, condition_title: str, name_prefix: str) -> str:
     for r in roles:
         lines.append(f"# role {r.id}: {r.description}")
         lines += [f"#   {p.name:40} {p.calls}" for p in sorted(r.permissions, key=lambda p: p.name)]
-    lines.append(f"# bound on the project with the condition {condition_title}: templates named {name_prefix}* "
-                 f"only; MIGs: every one in the project (IAM Conditions cannot name them)")
+    lines.append(
+        f"# bound on the project with the condition {condition_title}: templates named {name_prefix}* "
+        f"only; MIGs: every one in the project (IAM Conditions cannot name them)"
+    )
     return "".join(line + "\n" for line in lines)
 
 
@@ -192,9 +203,11 @@ def requests_row(tally, finished: bool) -> tuple[str, str]:
     from fleet.gce.estimate import PRICES, usd
 
     c = tally.counts
-    text = (f"{c.class_a:,} Class A ({c.list_pages:,} list pages, {c.writes:,} writes), {c.class_b:,} Class B "
-            f"({c.reads:,} reads, {c.stats:,} stats), {c.free:,} free (deletes): ≈ {usd(PRICES.usd(c.class_a, c.class_b))} "
-            "at Cloud Storage list price")
+    text = (
+        f"{c.class_a:,} Class A ({c.list_pages:,} list pages, {c.writes:,} writes), {c.class_b:,} Class B "
+        f"({c.reads:,} reads, {c.stats:,} stats), {c.free:,} free (deletes): ≈ {usd(PRICES.usd(c.class_a, c.class_b))} "
+        "at Cloud Storage list price"
+    )
     return ("store requests" if finished and not tally.running else "store requests so far"), text
 
 
@@ -203,11 +216,15 @@ def requests_caveats(tally) -> list[str]:
     heartbeats that carry no counts."""
     lines = []
     if tally.cut:
-        lines.append(f"{len(tally.cut):,} worker(s) stopped before their final heartbeat (a VM killed, a kill -9: "
-                     f"{_names(tally.cut)}): their requests after their last heartbeat are not in the count")
+        lines.append(
+            f"{len(tally.cut):,} worker(s) stopped before their final heartbeat (a VM killed, a kill -9: "
+            f"{_names(tally.cut)}): their requests after their last heartbeat are not in the count"
+        )
     if tally.missing:
-        lines.append(f"{len(tally.missing):,} worker(s) left heartbeats without request counts (code from before "
-                     f"they were counted: {_names(tally.missing)}): their requests are not in the count")
+        lines.append(
+            f"{len(tally.missing):,} worker(s) left heartbeats without request counts (code from before "
+            f"they were counted: {_names(tally.missing)}): their requests are not in the count"
+        )
     return lines
 
 
@@ -215,7 +232,12 @@ def _names(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
 
 
-COUNT_COLUMNS = ("documents", "documents_read", "examples", "tokens")  # the counts a trainer budgets by, when a job gives them
+COUNT_COLUMNS = (
+    "documents",
+    "documents_read",
+    "examples",
+    "tokens",
+)  # the counts a trainer budgets by, when a job gives them
 TOP_SOURCES = 10
 
 
@@ -229,29 +251,48 @@ def print_counts(out: Console, sources: dict, outputs: dict) -> None:
         partial = {c for c in names if not all(c in row for row in sources.values())}
         key = "tokens" if "tokens" in names and "tokens" not in partial else "input_bytes"
         folder = os.path.commonprefix(list(sources)).rpartition("/")[0] + "/"  # shown once, in the title
-        table = Table(title=f"per input file in {printable(folder)} ({len(sources):,}; top "
-                            f"{min(TOP_SOURCES, len(sources))} by {key.replace('_', ' ')})",
-                      show_header=True, title_justify="left")
+        table = Table(
+            title=f"per input file in {printable(folder)} ({len(sources):,}; top "
+            f"{min(TOP_SOURCES, len(sources))} by {key.replace('_', ' ')})",
+            show_header=True,
+            title_justify="left",
+        )
         for col in ("input file", "input bytes", *names):
-            table.add_column(col, justify="left" if col == "input file" else "right",
-                             overflow="fold" if col == "input file" else "ellipsis")
+            table.add_column(
+                col,
+                justify="left" if col == "input file" else "right",
+                overflow="fold" if col == "input file" else "ellipsis",
+            )
         top = sorted(sources.items(), key=lambda kv: (-kv[1].get(key, 0), kv[0]))[:TOP_SOURCES]
         for name, row in top:
-            table.add_row(Text(printable(name[len(folder):])),
-                          *(f"{row[c]:,}" if c in row else "-" for c in ("input_bytes", *names)))
+            table.add_row(
+                Text(printable(name[len(folder) :])),
+                *(f"{row[c]:,}" if c in row else "-" for c in ("input_bytes", *names)),
+            )
         sums = {c: sum(row.get(c, 0) for row in sources.values()) for c in ("input_bytes", *names)}
         table.add_row(Text("all", style="bold"), *("-" if c in partial else f"{v:,}" for c, v in sums.items()))
         out.print(table)
         if partial:
-            say(out, f"-: {', '.join(sorted(partial))} of small files grouped into one item are counted for the item "
-                     "(outputs below), not per file")
-    counted = {c: sum(row.get(c, 0) for row in outputs.values()) for c in COUNT_COLUMNS
-               if any(c in row for row in outputs.values())}
+            say(
+                out,
+                f"-: {', '.join(sorted(partial))} of small files grouped into one item are counted for the item "
+                "(outputs below), not per file",
+            )
+    counted = {
+        c: sum(row.get(c, 0) for row in outputs.values())
+        for c in COUNT_COLUMNS
+        if any(c in row for row in outputs.values())
+    }
     if outputs and counted:
         holders = sum(1 for row in outputs.values() if any(c in row for c in counted))
         rest = len(outputs) - holders  # (a dataset's .idx, a provenance sidecar: files that hold no examples)
-        say(out, f"{holders:,} output files hold " + ", ".join(f"{v:,} {k}" for k, v in counted.items())
-            + (f" ({rest:,} more beside them: indexes, sidecars)" if rest else ""), "counted:")
+        say(
+            out,
+            f"{holders:,} output files hold "
+            + ", ".join(f"{v:,} {k}" for k, v in counted.items())
+            + (f" ({rest:,} more beside them: indexes, sidecars)" if rest else ""),
+            "counted:",
+        )
 
 
 def deadline_line(deadline: float, now: float) -> str:
@@ -259,17 +300,22 @@ def deadline_line(deadline: float, now: float) -> str:
     at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(deadline))
     left = deadline - now
     span = f"{left / 60:.0f} min" if abs(left) < 5400 else f"{left / 3600:.1f} h"
-    return (f"deadline {at} (in {span}): every VM, recreated ones included, is gone by then" if left > 0 else
-            f"deadline {at} ({span.lstrip('-')} ago): the run's VMs are gone and no new one can start; "
-            "`fleet launch` again to go on")
+    return (
+        f"deadline {at} (in {span}): every VM, recreated ones included, is gone by then"
+        if left > 0
+        else f"deadline {at} ({span.lstrip('-')} ago): the run's VMs are gone and no new one can start; "
+        "`fleet launch` again to go on"
+    )
 
 
 def print_fleet(out: Console, view: dict) -> None:
     """`fleet status` of a launched run: its MIG's VMs, errors, VM-hours and boots."""
     launch = view["launch"]
     mig = view["mig"]
-    title = f"fleet {launch['mig']} ({launch['zone'] or launch['region']}, {launch['machine_type']}" \
-            f"{', Spot' if launch['spot'] else ''})"
+    title = (
+        f"fleet {launch['mig']} ({launch['zone'] or launch['region']}, {launch['machine_type']}"
+        f"{', Spot' if launch['spot'] else ''})"
+    )
     table = Table(title=title, show_header=True)
     for col in ("VM", "zone", "status", "action", "last error"):
         table.add_column(col)
@@ -282,10 +328,18 @@ def print_fleet(out: Console, view: dict) -> None:
         out.print(f"target size {mig['target_size']}, template {mig['template']}", highlight=False)
         short = mig.get("short_zones") or {}
         if short:
-            say(out, ", ".join(f"{zone} ({n} failed creation{'s' if n > 1 else ''})" for zone, n in sorted(short.items()))
+            say(
+                out,
+                ", ".join(f"{zone} ({n} failed creation{'s' if n > 1 else ''})" for zone, n in sorted(short.items()))
                 + ": no capacity there (a stock-out, in the MIG's recent errors); "
-                + ("the run goes on in the other zones" if launch.get("region") else
-                   "a regional MIG (region in fleet.toml) would go on in other zones"), "zones short:", "yellow")
+                + (
+                    "the run goes on in the other zones"
+                    if launch.get("region")
+                    else "a regional MIG (region in fleet.toml) would go on in other zones"
+                ),
+                "zones short:",
+                "yellow",
+            )
     elif view.get("stopped"):
         say(out, view["stopped"], style="red")
     elif not view["problem"]:
@@ -294,8 +348,11 @@ def print_fleet(out: Console, view: dict) -> None:
         say(out, view["problem"], "cannot read the MIG:", "yellow")
     for e in (mig or {}).get("errors", [])[:10]:
         say(out, f"{e['time']}: {e['code']}: {e['message']}", f"{e['action'].lower()} {e['instance']}", "red")
-    out.print(f"VM-hours so far: {view['vm_hours']:,.2f} over {view['vms_seen']} VMs (from heartbeats; boot not counted)",
-              highlight=False)
+    out.print(
+        f"VM-hours so far: {view['vm_hours']:,.2f} over {view['vms_seen']} VMs (from heartbeats; boot not counted)",
+        highlight=False,
+    )
     if view.get("boots"):
-        out.print("VM boots: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(view["boots"].items())),
-                  highlight=False)
+        out.print(
+            "VM boots: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(view["boots"].items())), highlight=False
+        )

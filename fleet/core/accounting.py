@@ -71,7 +71,7 @@ class InputAccount:
         row = self.skipped.setdefault(reason, Skipped())
         row.files += files
         row.bytes += size
-        row.names += names[:NAMES - len(row.names)]
+        row.names += names[: NAMES - len(row.names)]
 
     @property
     def files_skipped(self) -> int:
@@ -87,9 +87,14 @@ class InputAccount:
             "files": self.files_read + self.files_skipped,
             "bytes": self.bytes_read + self.bytes_skipped,
             "read": {"files": self.files_read, "bytes": self.bytes_read},
-            "skipped": {"files": self.files_skipped, "bytes": self.bytes_skipped,
-                        "reasons": {reason: {"files": row.files, "bytes": row.bytes, "names": list(row.names)}
-                                    for reason, row in sorted(self.skipped.items())}},
+            "skipped": {
+                "files": self.files_skipped,
+                "bytes": self.bytes_skipped,
+                "reasons": {
+                    reason: {"files": row.files, "bytes": row.bytes, "names": list(row.names)}
+                    for reason, row in sorted(self.skipped.items())
+                },
+            },
         }
 
     @classmethod
@@ -98,9 +103,14 @@ class InputAccount:
         d = d or {}
         read = d.get("read") or {}
         reasons = (d.get("skipped") or {}).get("reasons") or {}
-        return cls(int(read.get("files", 0)), int(read.get("bytes", 0)),
-                   {reason: Skipped(int(r.get("files", 0)), int(r.get("bytes", 0)), list(r.get("names") or []))
-                    for reason, r in reasons.items()})
+        return cls(
+            int(read.get("files", 0)),
+            int(read.get("bytes", 0)),
+            {
+                reason: Skipped(int(r.get("files", 0)), int(r.get("bytes", 0)), list(r.get("names") or []))
+                for reason, r in reasons.items()
+            },
+        )
 
     def lines(self) -> list[str]:
         """One line per reason, most bytes first: the count, the bytes, the first names, the reason."""
@@ -108,15 +118,16 @@ class InputAccount:
         for reason, row in sorted(self.skipped.items(), key=lambda kv: (-kv[1].bytes, -kv[1].files, kv[0])):
             more = row.files - len(row.names)
             names = ", ".join(row.names) + (f" and {more:,} more" if more > 0 and row.names else "")
-            out.append(f"{row.files:,} file{'s' if row.files != 1 else ''} ({size_text(row.bytes)}): "
-                       f"{names}: {reason}")
+            out.append(f"{row.files:,} file{'s' if row.files != 1 else ''} ({size_text(row.bytes)}): {names}: {reason}")
         return out
 
     def line(self) -> str:
         """The whole in one line: read and skipped, files and bytes."""
-        return (f"{self.files_read:,} read ({size_text(self.bytes_read)}), {self.files_skipped:,} skipped "
-                f"({size_text(self.bytes_skipped)}) of {self.files_read + self.files_skipped:,} files found "
-                f"({size_text(self.bytes_read + self.bytes_skipped)})")
+        return (
+            f"{self.files_read:,} read ({size_text(self.bytes_read)}), {self.files_skipped:,} skipped "
+            f"({size_text(self.bytes_skipped)}) of {self.files_read + self.files_skipped:,} files found "
+            f"({size_text(self.bytes_read + self.bytes_skipped)})"
+        )
 
 
 def size_text(n: int) -> str:

@@ -30,8 +30,16 @@ from fleet.core.stage import Reducer
 from fleet.core.lease import DONE, FAILED, Held, Leases, Lost
 from fleet.core.run import Item, RunSpec, StepPlan, output_place
 from fleet.core.layout import counts_name, index_name, output_name, released_prefix, shuffle_name
-from fleet.core.shuffle import PartitionWriter, ShufflePiece, build_index, combine, index_totals, load_index, \
-    partitions_for, reduce_records
+from fleet.core.shuffle import (
+    PartitionWriter,
+    ShufflePiece,
+    build_index,
+    combine,
+    index_totals,
+    load_index,
+    partitions_for,
+    reduce_records,
+)
 from fleet.core.store import Store, StoreError, Unavailable, open_store
 
 log = logging.getLogger("fleet.worker")
@@ -87,8 +95,17 @@ class Environment(Exception):
 
 
 # Errors of the machine, not of the data: retrying the item elsewhere (or later) is the cure.
-ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EMFILE,
-                      errno.ENFILE, errno.ENOMEM, errno.EIO}
+ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EROFS,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EMFILE,
+    errno.ENFILE,
+    errno.ENOMEM,
+    errno.EIO,
+}
 
 
 def environmental(e: BaseException) -> str | None:
@@ -115,8 +132,12 @@ class DirSink(Sink):
         """Take over a finished file of the item's scratch folder as it is: no copy. A suffix may
         name a subfolder, never climb out of the output place."""
         parts = suffix.split("/")
-        if any(s == suffix for s, _ in self.files) or any(p in ("", ".", "..") for p in parts[1:]) \
-                or "\\" in suffix or "\x00" in suffix:
+        if (
+            any(s == suffix for s, _ in self.files)
+            or any(p in ("", ".", "..") for p in parts[1:])
+            or "\\" in suffix
+            or "\x00" in suffix
+        ):
             raise ValueError(f"output suffix {suffix!r} used twice or not a plain relative path")
         self.files.append((suffix, path))
 
@@ -130,8 +151,9 @@ class DirSink(Sink):
             if counts is not None:
                 out["counts"] = dict(sorted(counts.items()))
         if counted:
-            raise ValueError(f"counts given for output(s) {', '.join(sorted(map(repr, counted)))} that the item "
-                             "did not write")
+            raise ValueError(
+                f"counts given for output(s) {', '.join(sorted(map(repr, counted)))} that the item did not write"
+            )
 
 
 def part_counts(item: Item, given: ItemInput, workdir: str) -> str:
@@ -206,10 +228,20 @@ class ItemRunner:
     records). An item whose step feeds a stage writes keyed records (a PartitionWriter) into
     the run's state instead of outputs."""
 
-    def __init__(self, store: Store, spec: RunSpec, leases: Leases, converter: Converter, seed: int,
-                 scratch: str, counters: Counters, beat: Callable[[str], None],
-                 reducer: Callable[[str], Reducer] | None = None, steps: StepPlan | None = None,
-                 items: Sequence[Item] = ()):
+    def __init__(
+        self,
+        store: Store,
+        spec: RunSpec,
+        leases: Leases,
+        converter: Converter,
+        seed: int,
+        scratch: str,
+        counters: Counters,
+        beat: Callable[[str], None],
+        reducer: Callable[[str], Reducer] | None = None,
+        steps: StepPlan | None = None,
+        items: Sequence[Item] = (),
+    ):
         self.store, self.run, self.spec = store, spec.run, spec
         self.leases = leases
         self.output = open_store(output_place(spec, store))  # a moved OUT_DIR: its own folder
@@ -250,11 +282,22 @@ class ItemRunner:
             with tempfile.TemporaryDirectory(prefix=f"item-{item.id}-", dir=self.scratch) as workdir:
                 checkpoint = self._checkpoint(item, renewer)
                 feeds = self.steps.feeds(item.step)
-                ctx = ItemContext(item.id, item_seed(self.seed, item.id), item.display, workdir,
-                                  self.spec.read, checkpoint, self.steps.name(item.step), feeds, self.seed)
+                ctx = ItemContext(
+                    item.id,
+                    item_seed(self.seed, item.id),
+                    item.display,
+                    workdir,
+                    self.spec.read,
+                    checkpoint,
+                    self.steps.name(item.step),
+                    feeds,
+                    self.seed,
+                )
                 sink: DirSink | PartitionWriter = (
-                    PartitionWriter(workdir, self.steps.partitions(item.step), self.spec.shuffle_budget) if feeds
-                    else DirSink(workdir))
+                    PartitionWriter(workdir, self.steps.partitions(item.step), self.spec.shuffle_budget)
+                    if feeds
+                    else DirSink(workdir)
+                )
                 counted = None
                 if item.meta.get("barrier"):
                     stats, files = self._barrier(item, workdir)
@@ -301,8 +344,14 @@ class ItemRunner:
             elif held.lease.expires == 0.0:
                 self.announce_release(item.id)
             tail = "".join(f"\n    {line}" for line in e.detail.get("stderr_tail") or ())
-            log.error("item %s attempt %d failed%s: %s%s", item.id, held.lease.attempt,
-                      " for good" if final else "", message, tail)
+            log.error(
+                "item %s attempt %d failed%s: %s%s",
+                item.id,
+                held.lease.attempt,
+                " for good" if final else "",
+                message,
+                tail,
+            )
         except InputError as e:
             renewer.finish()
             self.leases.fail(held, str(e), retry=False, detail=getattr(e, "detail", None))
@@ -329,8 +378,14 @@ class ItemRunner:
                 self.announce_release(item.id)
             # A store error (403, bucket gone) is explained by its one line; anything else is a bug: keep the trace.
             trace = "" if isinstance(e, StoreError) else "\n" + traceback.format_exc()
-            log.error("item %s attempt %d failed%s: %s%s", item.id, held.lease.attempt,
-                      " for good" if final else "", message, trace)
+            log.error(
+                "item %s attempt %d failed%s: %s%s",
+                item.id,
+                held.lease.attempt,
+                " for good" if final else "",
+                message,
+                trace,
+            )
         finally:
             self.current = None
 
@@ -345,8 +400,13 @@ class ItemRunner:
             raise
         except StoreError as e:  # the output place refuses every item alike
             raise Environment(f"writing outputs: {e}") from None
-        out = {"name": name, "size": os.path.getsize(path), "sha256": sha256_file(path),
-               "generation": generation, "version": self._version_of(name, generation, store)}
+        out = {
+            "name": name,
+            "size": os.path.getsize(path),
+            "sha256": sha256_file(path),
+            "generation": generation,
+            "version": self._version_of(name, generation, store),
+        }
         if store is not self.output:
             out["place"] = "state"  # in the bucket with the run's state, not among the outputs
         return out
@@ -372,8 +432,9 @@ class ItemRunner:
             raise StageError(f"{item.display}: its index {name} is gone; reopen the stage's barrier")
         if self._index is None or self._index[:2] != (name, blob.version):
             self._index = (name, blob.version, load_index(self.store, name, blob.version or None))
-        return reduce_records(self.store, self._index[2], item.meta["part"], stage.items, stage.balanced, workdir,
-                              checkpoint)
+        return reduce_records(
+            self.store, self._index[2], item.meta["part"], stage.items, stage.balanced, workdir, checkpoint
+        )
 
     def _pieces(self, item: Item, before: list[Item]) -> list[ShufflePiece]:
         """The record files of ``before`` (items of the step before), each pinned to the version its
@@ -398,8 +459,10 @@ class ItemRunner:
             lease = got[0]
             out = next((o for o in lease.outputs if o.get("name") == shuffle_name(self.run, i.id)), None)
             if out is None:
-                raise StageError(f"stage {item.meta['stage']} cannot run: item {i.id} left no records for it "
-                                 "(planned by another version?)")
+                raise StageError(
+                    f"stage {item.meta['stage']} cannot run: item {i.id} left no records for it "
+                    "(planned by another version?)"
+                )
             pieces.append(ShufflePiece(i.id, out["name"], out.get("version", "")))
         return pieces
 
@@ -426,8 +489,10 @@ class ItemRunner:
             f.write(data)
         total = sum(index_totals(data))
         if stage.balanced and total < stage.items:
-            raise StageError(f"--shards {stage.items}: the run holds only {total:,} record(s); give at most {total:,}",
-                             {"option": "--shards"})
+            raise StageError(
+                f"--shards {stage.items}: the run holds only {total:,} record(s); give at most {total:,}",
+                {"option": "--shards"},
+            )
         return {"stage_records": total}, [(self.store, index_name(self.run, item.id), path)]
 
     def _version_of(self, name: str, generation: int, store: Store | None = None) -> str:
@@ -442,8 +507,12 @@ class ItemRunner:
         try:
             self.release(held)
         except Exception as e:
-            log.warning("could not give item %s back (%s); its lease expires in %.0f s", held.item,
-                        environmental(e) or e, max(0.0, held.lease.expires - time.time()))
+            log.warning(
+                "could not give item %s back (%s); its lease expires in %.0f s",
+                held.item,
+                environmental(e) or e,
+                max(0.0, held.lease.expires - time.time()),
+            )
 
     def release(self, held: Held) -> None:
         """Give an item back without spending an attempt, and say so in released/."""

@@ -56,8 +56,15 @@ STEALS = 2  # fruitless steals after which it sweeps
 
 
 class ClaimPolicy:
-    def __init__(self, items: Sequence[str], worker: str, lease_ttl: float,
-                 steps: Mapping[str, int] | None = None, barriers: Iterable[str] = (), window: int | None = None):
+    def __init__(
+        self,
+        items: Sequence[str],
+        worker: str,
+        lease_ttl: float,
+        steps: Mapping[str, int] | None = None,
+        barriers: Iterable[str] = (),
+        window: int | None = None,
+    ):
         self.worker = worker
         self.rng = random.Random(worker)  # each worker its own picks: 200 do not queue on one window
         # A run with stages (fleet.core.run.StepPlan): an item of a step is tried only once every item
@@ -88,8 +95,15 @@ class ClaimPolicy:
         self.fruitless = 0  # passes in a row with nothing claimed, since the last claim or sweep
 
     # -- what a pass saw -------------------------------------------------------------------------
-    def observe(self, finals: Iterable[str], listing: dict[str, int], now: float,
-                released: Iterable[str] = (), window: int | None = None, sweep: bool = False) -> None:
+    def observe(
+        self,
+        finals: Iterable[str],
+        listing: dict[str, int],
+        now: float,
+        released: Iterable[str] = (),
+        window: int | None = None,
+        sweep: bool = False,
+    ) -> None:
         """A pass's listings: finished items, the leases' generations (``now``: monotonic) and the
         items announced as given back, of one window, or (``window`` None) of the whole run. List
         the leases before the markers: a marker is written after its lease is done and removed
@@ -116,8 +130,11 @@ class ClaimPolicy:
         self.listing.update(listing)
         self.stale |= finals - listing.keys()
         self.terminal |= finals & listing.keys()
-        self.terminal |= {item for item, (lease, gen) in self.known.items()  # (read: this worker's own, mostly)
-                          if lease.terminal and item in covered and listing.get(item) == gen}
+        self.terminal |= {
+            item
+            for item, (lease, gen) in self.known.items()  # (read: this worker's own, mostly)
+            if lease.terminal and item in covered and listing.get(item) == gen
+        }
         self.released = set(released)
         elsewhere = {item for item in self.released if item not in covered and item in self.window_of}
         for item in elsewhere:  # rewritten (or reopened) since this worker listed it: read it afresh
@@ -129,8 +146,11 @@ class ClaimPolicy:
             if seen is None or seen[0] != gen:
                 since[name] = (gen, now)
         for w in scope:  # a window's last committer marks it: one marker write a window, not one a visitor
-            self._recount(w, marked=(sweep and window is not None or w.index in self.worked_here)
-                          and all(item in finals and item in listing for item in w.items))
+            self._recount(
+                w,
+                marked=(sweep and window is not None or w.index in self.worked_here)
+                and all(item in finals and item in listing for item in w.items),
+            )
         for index in {self.window_of[item] for item in elsewhere}:
             self._recount(self.windows[index])
 
@@ -189,8 +209,11 @@ class ClaimPolicy:
 
     def unknown_barriers(self) -> list[str]:
         """Finished barriers whose state this worker must read before the steps after them open."""
-        return [b for b in self.barrier_of.values()
-                if (b in self.terminal or self.window_of.get(b) in self.done) and self.barrier_state(b) is None]
+        return [
+            b
+            for b in self.barrier_of.values()
+            if (b in self.terminal or self.window_of.get(b) in self.done) and self.barrier_state(b) is None
+        ]
 
     def _gate(self) -> tuple[int, bool]:
         """(the last step open for claims, whether the steps after it are blocked for good)."""
@@ -223,19 +246,32 @@ class ClaimPolicy:
         announced as given back anywhere. ``window``: the window just listed (None: a sweep)."""
         open_step = self._gate()[0]
         if window is None:
-            scope = [item for i in self.sweep_order if self.windows[i].step <= open_step and i not in self.done
-                     for item in self._order(self.windows[i])]
+            scope = [
+                item
+                for i in self.sweep_order
+                if self.windows[i].step <= open_step and i not in self.done
+                for item in self._order(self.windows[i])
+            ]
         else:
             w = self.windows[window]
             scope = self._order(w) if w.step <= open_step else []
         todo = [item for item in scope if item not in self.terminal]
         unleased = [(item, True) for item in todo if item not in self.listing]
-        stalled = [(item, False) for item in todo if item in self.listing
-                   and (now - self.since[item][1] >= self.still or item in self.released or self._free(item, wall))]
+        stalled = [
+            (item, False)
+            for item in todo
+            if item in self.listing
+            and (now - self.since[item][1] >= self.still or item in self.released or self._free(item, wall))
+        ]
         inside = set(scope)
-        given_back = [(item, False) for item in sorted(self.released) if item not in inside
-                      and item not in self.terminal and self.steps.get(item, 0) <= open_step
-                      and item in self.window_of]
+        given_back = [
+            (item, False)
+            for item in sorted(self.released)
+            if item not in inside
+            and item not in self.terminal
+            and self.steps.get(item, 0) <= open_step
+            and item in self.window_of
+        ]
         return unleased + stalled + given_back
 
     def _order(self, w: Window) -> list[str]:

@@ -116,8 +116,13 @@ def _files(root: str, paths: Sequence[str]) -> dict[str, str]:
         if not os.path.isdir(start):
             continue  # a project without e.g. startup/ still syncs
         for dirpath, dirnames, filenames in os.walk(start):
-            dirnames[:] = sorted(d for d in dirnames if not _skipped(d) and not _is_venv(os.path.join(dirpath, d))
-                                 and os.path.abspath(os.path.join(dirpath, d)) != data)
+            dirnames[:] = sorted(
+                d
+                for d in dirnames
+                if not _skipped(d)
+                and not _is_venv(os.path.join(dirpath, d))
+                and os.path.abspath(os.path.join(dirpath, d)) != data
+            )
             for fn in filenames:
                 full = os.path.join(dirpath, fn)
                 if _skipped(fn) or not os.path.isfile(full):
@@ -146,8 +151,14 @@ def parse_manifest(data: bytes) -> list[tuple[str, str]]:
     out = []
     for n, line in enumerate(data.decode().splitlines(), 1):
         sha, sep, path = line.partition("  ")
-        if not sep or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha) or not path \
-                or path.startswith("/") or ".." in path.split("/"):
+        if (
+            not sep
+            or len(sha) != 64
+            or any(c not in "0123456789abcdef" for c in sha)
+            or not path
+            or path.startswith("/")
+            or ".." in path.split("/")
+        ):
             raise CodeError(f"manifest line {n}: not '<sha256>  <relative path>': {line[:80]!r}")
         out.append((sha, path))
     return out
@@ -204,7 +215,7 @@ def sync(bucket: str, root: str | None = None, *, paths: Sequence[str], threads:
     manifest = manifest_bytes(entries)
     version = version_of(manifest)
     store = open_store(bucket)
-    have = {b.name[len(CODE_OBJECTS):] for b in store.list(CODE_OBJECTS)}
+    have = {b.name[len(CODE_OBJECTS) :] for b in store.list(CODE_OBJECTS)}
     new: dict[str, str] = {}
     for e in entries:
         if e.sha256 not in have:
@@ -217,7 +228,9 @@ def sync(bucket: str, root: str | None = None, *, paths: Sequence[str], threads:
     except PreconditionFailed:
         created = False
         if store.read(manifest_name(version)) != manifest:  # cannot happen unless the bucket was tampered with
-            raise CodeError(f"{store.url}/{manifest_name(version)} differs from the manifest it is named after") from None
+            raise CodeError(
+                f"{store.url}/{manifest_name(version)} differs from the manifest it is named after"
+            ) from None
     return SyncResult(version, len(entries), len(new), sum(os.path.getsize(p) for p in new.values()), created)
 
 
@@ -229,10 +242,14 @@ def _upload(store, files: dict[str, str], threads: int) -> None:
         from google.cloud.storage import transfer_manager
 
         pairs = [(path, store.bucket.blob(store._full(code_object_name(sha)))) for sha, path in files.items()]
-        results = transfer_manager.upload_many(pairs, skip_if_exists=True, max_workers=threads,
-                                               worker_type=transfer_manager.THREAD)
-        errors = [(path, r) for (path, _), r in zip(pairs, results) if isinstance(r, Exception)
-                  and getattr(r, "code", None) != 412]
+        results = transfer_manager.upload_many(
+            pairs, skip_if_exists=True, max_workers=threads, worker_type=transfer_manager.THREAD
+        )
+        errors = [
+            (path, r)
+            for (path, _), r in zip(pairs, results)
+            if isinstance(r, Exception) and getattr(r, "code", None) != 412
+        ]
         if errors:
             path, err = errors[0]
             raise CodeError(f"uploading {path} to {store.url}: {err}".splitlines()[0])

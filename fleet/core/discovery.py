@@ -42,9 +42,20 @@ class FormerName:
 # defaults). Runs planned so, and commands written so, keep working; electra_zh_en holds ELECTRA
 # alone. (A value of the setting not listed is refused, naming the ones that are.)
 FORMER_NAMES = (
-    FormerName("electra_zh_en", "format", "electra", becomes="electra_zh_en",
-               retired={"masked_lm_prob": 0.15, "max_predictions_per_seq": 20, "short_seq_prob": 0.1,
-                        "dupe_factor": 1, "whole_word_masking": True, "v2_feature_names": False}),
+    FormerName(
+        "electra_zh_en",
+        "format",
+        "electra",
+        becomes="electra_zh_en",
+        retired={
+            "masked_lm_prob": 0.15,
+            "max_predictions_per_seq": 20,
+            "short_seq_prob": 0.1,
+            "dupe_factor": 1,
+            "whole_word_masking": True,
+            "v2_feature_names": False,
+        },
+    ),
     FormerName("electra_zh_en", "format", "bert", becomes="bert", retired={"provenance": False}),
 )
 
@@ -67,10 +78,12 @@ def resolve_job(name: str, settings: Mapping[str, Any]) -> JobChoice:
     setting, value = rows[0].setting, settings[rows[0].setting]
     row = next((r for r in rows if r.value == value), None)
     if row is None:
-        moved = "".join(f"; {setting}={r.value} is the job {r.becomes}: --job {r.becomes}" for r in rows
-                        if r.becomes != name)
-        raise ConfigError(f"option {setting}: {value!r} is not supported (known: {', '.join(r.value for r in rows)}"
-                          f"{moved})")
+        moved = "".join(
+            f"; {setting}={r.value} is the job {r.becomes}: --job {r.becomes}" for r in rows if r.becomes != name
+        )
+        raise ConfigError(
+            f"option {setting}: {value!r} is not supported (known: {', '.join(r.value for r in rows)}{moved})"
+        )
     kept = {}
     for key, given in settings.items():
         if key == setting:
@@ -179,8 +192,10 @@ def load_job(name: str) -> Job:
     if ":" in name:  # an out-of-tree job: "package.module:ATTR"
         module_name, _, attr = name.partition(":")
         if not (all(part.isidentifier() for part in module_name.split(".")) and attr.isidentifier()):
-            raise JobNotFound(f"job {name!r}: expected package.module:NAME (an out-of-tree job) or the name of "
-                              "a job under fleet_jobs/ (`fleet jobs` lists them)")
+            raise JobNotFound(
+                f"job {name!r}: expected package.module:NAME (an out-of-tree job) or the name of "
+                "a job under fleet_jobs/ (`fleet jobs` lists them)"
+            )
         try:
             job = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as e:

@@ -35,8 +35,15 @@ from fleet.core.errors import ConfigError, JobNotFound
 from fleet.core.sink import Feature
 from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.liveness import worker_alive
-from fleet.core.outputs import (Output, OutputError, is_parquet, parquet_columns, parquet_examples, read_records,
-                                record_examples)
+from fleet.core.outputs import (
+    Output,
+    OutputError,
+    is_parquet,
+    parquet_columns,
+    parquet_examples,
+    read_records,
+    record_examples,
+)
 from fleet.core.run import PlanError, list_runs, load_items, load_spec, output_place
 from fleet.core.layout import LOCAL_RUN, boots_prefix, final_prefix, lease_prefix, log_prefix, worker_prefix
 from fleet.core.store import NotFound, Store, StoreError, open_store
@@ -81,9 +88,11 @@ class Liveness:
     _beats: dict[tuple[str, int], dict] = field(default_factory=dict)
 
     def alive(self) -> bool:
-        listed = frozenset((b.name, b.generation) for prefix in (worker_prefix(self.run), boots_prefix(self.run),
-                                                                 log_prefix(self.run))
-                           for b in self.store.list(prefix))
+        listed = frozenset(
+            (b.name, b.generation)
+            for prefix in (worker_prefix(self.run), boots_prefix(self.run), log_prefix(self.run))
+            for b in self.store.list(prefix)
+        )
         changed = self._listed is not None and listed != self._listed
         self._listed = listed
         beats: dict[tuple[str, int], dict] = {}
@@ -143,9 +152,9 @@ class Follower:
         watch = Liveness(store, self.run, spec.lease_ttl, self.clock) if self.dead_after else None
         last_life = looked = self.clock()
         while True:
-            finished = [b.name[len(prefix):] for b in store.list(prefix)]
+            finished = [b.name[len(prefix) :] for b in store.list(prefix)]
             if idle >= 5:  # no marker for a while: a committer may have died before writing one
-                finished += [b.name[len(lease_prefix(self.run)):] for b in store.list(lease_prefix(self.run))]
+                finished += [b.name[len(lease_prefix(self.run)) :] for b in store.list(lease_prefix(self.run))]
                 idle = 0
             fresh = [item for item in dict.fromkeys(finished) if item not in self._seen]
             found: list[tuple[float, str, Lease]] = []
@@ -164,8 +173,13 @@ class Follower:
                 for out in lease.outputs:
                     if out.get("place") == "state":
                         continue  # records between stages, not outputs
-                    yield Output(f"{output_root}/{out['name']}", item, committed, int(out.get("size", 0)),
-                                 str(out.get("sha256", "")))
+                    yield Output(
+                        f"{output_root}/{out['name']}",
+                        item,
+                        committed,
+                        int(out.get("size", 0)),
+                        str(out.get("sha256", "")),
+                    )
             if len(self._seen) >= spec.items or any(item in barriers for item, _ in self.failed):
                 return
             progressed = bool(found) or any(item in self._seen for item in fresh)
@@ -183,11 +197,15 @@ class Follower:
             self.sleep(self.poll)
 
     def _stopped(self, unfinished: int, dead_for: float) -> str:
-        again = ("resume it with `fleet local` on the same inputs and OUT_DIR" if self.run == LOCAL_RUN
-                 else f"start its workers again (`fleet work --bucket {self.bucket} --run {self.run}`, or "
-                      "relaunch its VMs)")
-        return (f"run {self.run}: no worker has been alive for {dead_for:.0f} s and {unfinished} item(s) are "
-                f"unfinished: the run is stopped; {again}")
+        again = (
+            "resume it with `fleet local` on the same inputs and OUT_DIR"
+            if self.run == LOCAL_RUN
+            else f"start its workers again (`fleet work --bucket {self.bucket} --run {self.run}`, or relaunch its VMs)"
+        )
+        return (
+            f"run {self.run}: no worker has been alive for {dead_for:.0f} s and {unfinished} item(s) are "
+            f"unfinished: the run is stopped; {again}"
+        )
 
 
 def _lease(store: Store, run: str, item: str) -> Lease | None:
@@ -199,8 +217,9 @@ def _lease(store: Store, run: str, item: str) -> Lease | None:
     return lease if lease.state in (DONE, FAILED) else None
 
 
-def follow(bucket: str, run: str, from_start: bool = True, poll: float = 2.0,
-           dead_after: float | None = None) -> Follower:
+def follow(
+    bucket: str, run: str, from_start: bool = True, poll: float = 2.0, dead_after: float | None = None
+) -> Follower:
     """``for out in follow("gs://b", "wiki"): train_on(out.url)``; see Follower."""
     return Follower(bucket, run, from_start, poll, dead_after=dead_after)
 
@@ -224,8 +243,9 @@ def resolve_run(source: str, run: str | None = None) -> tuple[str, str]:
     except (StoreError, OSError) as e:
         raise FollowError(f"{source}: cannot list its runs ({e})") from None
     if len(runs) != 1:
-        raise FollowError(f"{source}: {'no runs' if not runs else 'several runs: ' + ', '.join(runs)}; "
-                          f"name one with run=")
+        raise FollowError(
+            f"{source}: {'no runs' if not runs else 'several runs: ' + ', '.join(runs)}; name one with run="
+        )
     return bucket, runs[0]
 
 
@@ -265,8 +285,10 @@ class RunReader:
             raise FollowError(f"run {self.run} in {self.bucket}: {e}") from None
         self.layout = dict(job.features(self.config))
         if not self.layout:
-            raise FollowError(f"run {self.run} in {self.bucket}: its job {spec.job} declares no features "
-                              "(Job.features); read its outputs with fleet.core.follow.follow")
+            raise FollowError(
+                f"run {self.run} in {self.bucket}: its job {spec.job} declares no features "
+                "(Job.features); read its outputs with fleet.core.follow.follow"
+            )
 
     # -- the outputs, then their records or examples --------------------------------------
     def outputs(self) -> Iterator[Output]:
@@ -287,8 +309,9 @@ class RunReader:
         """Serialized ``tf.train.Example``s in lists of at most ``size``, never across outputs."""
         for out in self.outputs():
             if is_parquet(out):
-                raise FollowError(f"{out.url}: Parquet: its examples are rows, not records; read them with "
-                                  "examples() or dataset()")
+                raise FollowError(
+                    f"{out.url}: Parquet: its examples are rows, not records; read them with examples() or dataset()"
+                )
             chunk: list[bytes] = []
             for record in _checked(read_records(out)):
                 chunk.append(record)
@@ -317,8 +340,10 @@ class RunReader:
 
         layout = self.layout
         spec = feature_spec(layout)
-        signature = (tf.TensorSpec([None], tf.string),
-                     {name: tf.TensorSpec([None, f.length], tf.as_dtype(f.dtype)) for name, f in layout.items()})
+        signature = (
+            tf.TensorSpec([None], tf.string),
+            {name: tf.TensorSpec([None, f.length], tf.as_dtype(f.dtype)) for name, f in layout.items()},
+        )
         chunks = tf.data.Dataset.from_generator(self._mixed_chunks, output_signature=signature)
 
         def merge(records, columns):
@@ -363,14 +388,16 @@ def _share(item: str, count: int) -> int:
     return int(number) % count if number.isdigit() else zlib.crc32(item.encode()) % count
 
 
-def follow_examples(source: str, run: str | None = None, from_start: bool = True, poll: float = 2.0,
-                    shard: tuple[int, int] = (0, 1)) -> Iterator[dict[str, np.ndarray]]:
+def follow_examples(
+    source: str, run: str | None = None, from_start: bool = True, poll: float = 2.0, shard: tuple[int, int] = (0, 1)
+) -> Iterator[dict[str, np.ndarray]]:
     """``for ex in follow_examples("gs://b", "wiki"): ...``: the run's examples as dicts of
     numpy arrays, as items finish; ends when the run drains (FollowError if items failed)."""
     return RunReader(source, run, from_start, poll, shard).examples()
 
 
-def follow_dataset(source: str, run: str | None = None, from_start: bool = True, poll: float = 2.0,
-                   shard: tuple[int, int] = (0, 1)) -> "tf.data.Dataset":
+def follow_dataset(
+    source: str, run: str | None = None, from_start: bool = True, poll: float = 2.0, shard: tuple[int, int] = (0, 1)
+) -> "tf.data.Dataset":
     """The same as a ``tf.data.Dataset`` of parsed examples (see ``RunReader.dataset``)."""
     return RunReader(source, run, from_start, poll, shard).dataset()

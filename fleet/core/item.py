@@ -58,8 +58,17 @@ class ItemInput:
     itself reads nothing (``read``/``fetch`` refuse: read the parts). Any item's ``parts`` is
     the list to read, so a job that takes grouping reads every item the same way."""
 
-    def __init__(self, url: str, name: str, start: int, end: int, version: str = "",
-                 meta: Mapping[str, Any] | None = None, display: str = "", parts: list["ItemInput"] | None = None):
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        start: int,
+        end: int,
+        version: str = "",
+        meta: Mapping[str, Any] | None = None,
+        display: str = "",
+        parts: list["ItemInput"] | None = None,
+    ):
         self.url, self.name, self.start, self.end, self.version = url, name, start, end, version
         self.meta = dict(meta or {})
         self.display = display or printable(f"{url.rstrip('/')}/{name}")
@@ -128,8 +137,10 @@ class ItemInput:
         """The item's byte range (start-end) in memory, checked to be all of it: for a small part."""
         data = self.read(self.start, self.end)
         if len(data) != self.end - self.start:
-            raise InputError(f"{self.file}: changed since it was planned (bytes {self.start}-{self.end} planned, "
-                             f"{len(data)} there now); plan a new run for the new contents")
+            raise InputError(
+                f"{self.file}: changed since it was planned (bytes {self.start}-{self.end} planned, "
+                f"{len(data)} there now); plan a new run for the new contents"
+            )
         return data
 
     def fetch(self, path: str) -> str:
@@ -138,8 +149,10 @@ class ItemInput:
             self.store.download_file(self.name, path, self.start, self.end, version=self.version or None)
         got = os.path.getsize(path)
         if got != self.end - self.start:
-            raise InputError(f"{self.file}: changed since it was planned (bytes {self.start}-{self.end} planned, "
-                             f"{got} there now); plan a new run for the new contents")
+            raise InputError(
+                f"{self.file}: changed since it was planned (bytes {self.start}-{self.end} planned, "
+                f"{got} there now); plan a new run for the new contents"
+            )
         return path
 
 

@@ -51,8 +51,11 @@ class Job(abc.ABC):
         """The files the outputs depend on, by option name: a run pins their digests at plan
         time and refuses to go on with other contents. By default every non-empty option
         whose name ends in ``_file`` (``vocab_file``); a job with others says so here."""
-        return {f.name: value for f in dataclasses.fields(config)
-                if f.name.endswith("_file") and isinstance(value := getattr(config, f.name), str) and value}
+        return {
+            f.name: value
+            for f in dataclasses.fields(config)
+            if f.name.endswith("_file") and isinstance(value := getattr(config, f.name), str) and value
+        }
 
     def accepts(self, name: str) -> bool:
         """Inside a folder named as input, whether the file ``name`` is input (by default every

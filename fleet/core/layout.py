@@ -73,7 +73,7 @@ def run_of_spec(name: str) -> str | None:
     """The run whose spec an object name is (``runs/<run>/run.json``), else None: listing runs."""
     if not name.startswith(RUNS) or not name.endswith("/" + SPEC):
         return None
-    run = name[len(RUNS):-len(SPEC) - 1]
+    run = name[len(RUNS) : -len(SPEC) - 1]
     return run if run and "/" not in run else None
 
 

@@ -40,8 +40,9 @@ class Lease(JsonRecord):
     finished: float = 0.0
     # A done grouped item's counts per input file (fleet.core.attempt.part_counts), loaded by the
     # status reader from the object its outputs name: never written into the lease, which stays small.
-    part_counts: list[dict[str, int]] | None = field(default=None, compare=False, repr=False,
-                                                      metadata={"transient": True})
+    part_counts: list[dict[str, int]] | None = field(
+        default=None, compare=False, repr=False, metadata={"transient": True}
+    )
 
     json_indent = None  # rewritten at every renewal: compact
 
@@ -52,14 +53,24 @@ class Lease(JsonRecord):
         every reader. Outputs are deterministic, so converting again is always safe."""
         try:
             lease = cls.from_json(data)
-            if lease.state not in (LEASED, DONE, FAILED) or not isinstance(lease.attempt, int) \
-                    or not isinstance(lease.expires, (int, float)) or not isinstance(lease.outputs, list) \
-                    or not isinstance(lease.detail, dict):
+            if (
+                lease.state not in (LEASED, DONE, FAILED)
+                or not isinstance(lease.attempt, int)
+                or not isinstance(lease.expires, (int, float))
+                or not isinstance(lease.outputs, list)
+                or not isinstance(lease.detail, dict)
+            ):
                 raise ValueError("unexpected field values")
             return lease
         except (ValueError, TypeError, AttributeError, KeyError) as e:
-            return cls(LEASED, "", 0, 0.0, token=DAMAGED,
-                       error=f"{where}: damaged lease object ({type(e).__name__}); the item is converted again")
+            return cls(
+                LEASED,
+                "",
+                0,
+                0.0,
+                token=DAMAGED,
+                error=f"{where}: damaged lease object ({type(e).__name__}); the item is converted again",
+            )
 
     @property
     def damaged(self) -> bool:
@@ -125,8 +136,9 @@ class Leases:
 
     def _fresh(self, attempt: int, error: str | None = None, detail: dict[str, Any] | None = None) -> Lease:
         now = self.clock()
-        return Lease(LEASED, self.worker, attempt, now + self.ttl, uuid.uuid4().hex, error, dict(detail or {}),
-                     started=now)
+        return Lease(
+            LEASED, self.worker, attempt, now + self.ttl, uuid.uuid4().hex, error, dict(detail or {}), started=now
+        )
 
     def claim(self, item: str, current: tuple[Lease, int] | None = None) -> Held | Lease | None:
         """Take the item if it is free or its lease expired.
@@ -146,8 +158,13 @@ class Leases:
             return old
         if old.attempt >= self.max_attempts:
             why = old.error or f"lease of {old.worker} expired (worker died or hung)"
-            failed = dataclasses.replace(old, state=FAILED, error=f"gave up after {old.attempt} attempts: {why}",
-                                         token=uuid.uuid4().hex, finished=self.clock())
+            failed = dataclasses.replace(
+                old,
+                state=FAILED,
+                error=f"gave up after {old.attempt} attempts: {why}",
+                token=uuid.uuid4().hex,
+                finished=self.clock(),
+            )
             return failed if self._write(item, failed, old_gen) is not None else None
         lease = self._fresh(old.attempt + 1, old.error, old.detail)
         gen = self._write(item, lease, old_gen)
@@ -162,8 +179,9 @@ class Leases:
         held.generation, held.lease = gen, lease
 
     def commit(self, held: Held, outputs: list[dict[str, Any]], stats: dict[str, float]) -> None:
-        lease = dataclasses.replace(held.lease, state=DONE, outputs=outputs, stats=stats, error=None, detail={},
-                                    finished=self.clock())
+        lease = dataclasses.replace(
+            held.lease, state=DONE, outputs=outputs, stats=stats, error=None, detail={}, finished=self.clock()
+        )
         gen = self._write(held.item, lease, held.generation)
         if gen is None:
             raise Lost(f"item {held.item}: lease taken over before commit")

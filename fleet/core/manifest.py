@@ -43,8 +43,7 @@ NOT_COUNTS = ("seconds",)  # stats that are measured, not counted: they differ b
 
 def counters(stats: Mapping[str, Any]) -> dict[str, int]:
     """The exact counts among an item's stats: integers, durations left out."""
-    return {k: v for k, v in stats.items()
-            if isinstance(v, int) and not isinstance(v, bool) and k not in NOT_COUNTS}
+    return {k: v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool) and k not in NOT_COUNTS}
 
 
 def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
@@ -71,9 +70,11 @@ def manifest_of(items: Iterable[Item], leases: Mapping[str, Lease], strict: bool
             rows = lease.part_counts
             if rows is None or len(rows) != len(item.parts):
                 if strict:
-                    raise CountsMissing(f"item {item.id}: its counts per input file "
-                                        f"({'not read' if rows is None else f'{len(rows)} rows'}, "
-                                        f"{len(item.parts)} files); `fleet status --verify` converts it again")
+                    raise CountsMissing(
+                        f"item {item.id}: its counts per input file "
+                        f"({'not read' if rows is None else f'{len(rows)} rows'}, "
+                        f"{len(item.parts)} files); `fleet status --verify` converts it again"
+                    )
                 rows = []
             for part, row in zip(item.parts, rows):
                 _add(sources.setdefault(part.file, {}), counters(row))
@@ -82,8 +83,10 @@ def manifest_of(items: Iterable[Item], leases: Mapping[str, Lease], strict: bool
         for out in lease.outputs:
             if out.get("place") != "state":
                 outputs[out["name"]] = counters(out.get("counts") or {})
-    return RunManifest({k: dict(sorted(v.items())) for k, v in sorted(sources.items())},
-                       {k: dict(sorted(v.items())) for k, v in sorted(outputs.items())})
+    return RunManifest(
+        {k: dict(sorted(v.items())) for k, v in sorted(sources.items())},
+        {k: dict(sorted(v.items())) for k, v in sorted(outputs.items())},
+    )
 
 
 def totals(rows: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
@@ -116,7 +119,12 @@ def run_files(job: Job, config: Any, spec: RunSpec, manifest: RunManifest) -> di
     files = {}
     for name, data in sorted(job.run_files(config, manifest).items()):
         parts = name.split("/")
-        if name in RESERVED or name.startswith(OUTPUT_PREFIX) or any(p in ("", ".", "..") for p in parts) or "\\" in name:
+        if (
+            name in RESERVED
+            or name.startswith(OUTPUT_PREFIX)
+            or any(p in ("", ".", "..") for p in parts)
+            or "\\" in name
+        ):
             raise ValueError(f"job {spec.job}: run file {name!r} is taken or not a plain relative name")
         if not isinstance(data, bytes):
             raise TypeError(f"job {spec.job}: run file {name!r} is {type(data).__name__}, not bytes")
@@ -142,8 +150,9 @@ def write_run_files(output: Store, files: Mapping[str, bytes]) -> list[str]:
     return differ
 
 
-def finish_run(output: Store, job: Job, config: Any, spec: RunSpec,
-               manifest: RunManifest | None) -> tuple[RunManifest | None, list[str]]:
+def finish_run(
+    output: Store, job: Job, config: Any, spec: RunSpec, manifest: RunManifest | None
+) -> tuple[RunManifest | None, list[str]]:
     """If every item is done (``manifest``: fleet.core.window_counts.run_counts, None if not):
     the manifest, written with the job's run files (and the names of those found there with
     other bytes). Else (None, []), nothing written."""
@@ -155,8 +164,9 @@ def finish_run(output: Store, job: Job, config: Any, spec: RunSpec,
     return manifest, differ
 
 
-def claim_finish(store: Store, run: str, worker: str, stale_after: float, now: float | None = None,
-                 started: float | None = None) -> int | None:
+def claim_finish(
+    store: Store, run: str, worker: str, stale_after: float, now: float | None = None, started: float | None = None
+) -> int | None:
     """Whether this worker is the one to confirm the drain and write the run's files (the claim's
     generation, or None): it created the claim, or took over one not renewed for ``stale_after``
     seconds (its writer died before the run ended), or one whose drain ended before this worker
@@ -238,8 +248,9 @@ def holding_finish(store: Store, run: str, worker: str, generation: int, every: 
     def renew() -> None:
         while not stop.wait(every):
             try:
-                held.generation = store.write(finishing_name(run), _claim(worker, time.time()),
-                                              if_generation_match=held.generation)
+                held.generation = store.write(
+                    finishing_name(run), _claim(worker, time.time()), if_generation_match=held.generation
+                )
             except Exception as e:  # advisory, as the claim is
                 log.warning("the claim to write the run's files was not renewed (%s)", e)
                 return

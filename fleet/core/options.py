@@ -101,8 +101,11 @@ def describe_options(config_type: type) -> list[OptionHelp]:
     hints = typing.get_type_hints(config_type)
     out = []
     for f in dataclasses.fields(config_type):
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        )
         kind = hints.get(f.name, str)
         name = getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
         text = comments.get(f.name, "")

@@ -79,9 +79,11 @@ def record_examples(out: "Output", layout: Mapping[str, Feature]) -> Iterator[di
         for name, feature in layout.items():
             value = example.get(name)
             if not isinstance(value, np.ndarray) or len(value) != feature.length or value.dtype != feature.dtype:
-                got = ("missing" if value is None else f"{len(value)} values of {_dtype(value)}")
-                raise OutputError(f"{out.url}: record {number}: feature {name} is {got}, the run's job says "
-                                  f"{feature.length} of {feature.dtype} (not this run's records?)")
+                got = "missing" if value is None else f"{len(value)} values of {_dtype(value)}"
+                raise OutputError(
+                    f"{out.url}: record {number}: feature {name} is {got}, the run's job says "
+                    f"{feature.length} of {feature.dtype} (not this run's records?)"
+                )
             checked[name] = value
         yield checked
 
@@ -117,8 +119,10 @@ def _dtype(value) -> str:
 
 def _check_digest(out: "Output", digest: str) -> None:
     if out.sha256 and digest != out.sha256:
-        raise OutputError(f"{out.url}: not the bytes committed (sha256 {digest[:12]}, the lease says "
-                          f"{out.sha256[:12]}): changed since its item was committed")
+        raise OutputError(
+            f"{out.url}: not the bytes committed (sha256 {digest[:12]}, the lease says "
+            f"{out.sha256[:12]}): changed since its item was committed"
+        )
 
 
 class _HashingObject(StoreFile):

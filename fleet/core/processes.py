@@ -67,11 +67,20 @@ def riding_out(limit: float):
     from fleet.core.store import Unavailable
 
     def note(state) -> None:
-        log.warning("the bucket is unreachable (%s); trying again in %.0f s (gives up %.0f min after the outage "
-                    "began)", state.outcome.exception(), state.next_action.sleep, limit / 60)
+        log.warning(
+            "the bucket is unreachable (%s); trying again in %.0f s (gives up %.0f min after the outage began)",
+            state.outcome.exception(),
+            state.next_action.sleep,
+            limit / 60,
+        )
 
-    return Retrying(retry=retry_if_exception_type(Unavailable), wait=wait_random_exponential(multiplier=1, max=60),
-                    stop=stop_after_delay(limit), before_sleep=note, reraise=True)
+    return Retrying(
+        retry=retry_if_exception_type(Unavailable),
+        wait=wait_random_exponential(multiplier=1, max=60),
+        stop=stop_after_delay(limit),
+        before_sleep=note,
+        reraise=True,
+    )
 
 
 def _back_from_outage(worker) -> None:
@@ -133,8 +142,9 @@ def _quiet_signals() -> None:
             continue
 
 
-def work_one(bucket: str, run: str, name: str | None = None, log_file: str | None = None,
-             standby: int | None = None) -> int:
+def work_one(
+    bucket: str, run: str, name: str | None = None, log_file: str | None = None, standby: int | None = None
+) -> int:
     """One worker process until the run is drained; exit code 0 unless it crashed.
 
     A problem that is the user's, the store's or the machine's (no such run or bucket, 403,
@@ -152,8 +162,7 @@ def _stop_if_sleeping(worker) -> None:
         raise Shutdown()
 
 
-def _work_one(bucket: str, run: str, name: str | None, log_file: str | None,
-              standby: int | None) -> tuple[int, bool]:
+def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, standby: int | None) -> tuple[int, bool]:
     """work_one's exit code, and whether the worker left because it found the run drained."""
     import gc
 
@@ -264,8 +273,10 @@ def _child(bucket: str, run: str, name: str, log_file: str | None, standby: int 
 
 
 # What a worker process runs: the parent's sys.path (so a job it can import, the child can), then _child.
-_CHILD_CODE = ("import sys; from json import loads; a = loads(sys.argv[1]); sys.path[:] = a['path']; "
-               "from fleet.core.processes import _child; _child(*a['args'])")
+_CHILD_CODE = (
+    "import sys; from json import loads; a = loads(sys.argv[1]); sys.path[:] = a['path']; "
+    "from fleet.core.processes import _child; _child(*a['args'])"
+)
 
 
 class WorkerProcess:
@@ -278,8 +289,7 @@ class WorkerProcess:
         read, write = os.pipe()
         try:
             flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]  # (no stub; multiprocessing uses it)
-            cmd = [sys.executable, *flags, "-c", _CHILD_CODE,
-                   json.dumps({"path": sys.path, "args": args})]
+            cmd = [sys.executable, *flags, "-c", _CHILD_CODE, json.dumps({"path": sys.path, "args": args})]
             # stdin as a spawned child has it: nothing to read (a worker never asks the terminal).
             self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(write,))
         except BaseException:
@@ -315,8 +325,9 @@ class WorkerProcess:
         self.popen.kill()
 
 
-def start_workers(bucket: str, run: str, procs: int, log_dir: str | None = None,
-                  prefix: str | None = None, standby: int | None = None) -> list[WorkerProcess]:
+def start_workers(
+    bucket: str, run: str, procs: int, log_dir: str | None = None, prefix: str | None = None, standby: int | None = None
+) -> list[WorkerProcess]:
     """Start worker processes (fresh interpreters, so no client state is shared across a fork)."""
     base = prefix or f"{socket.gethostname()}-{uuid.uuid4().hex[:4]}"
     if log_dir:
@@ -353,8 +364,15 @@ def stop_workers(children: list, timeout: float = 10.0) -> None:
             c.join()
 
 
-def work(bucket: str, run: str, procs: int = 1, log_dir: str | None = None, prefix: str | None = None,
-         standby: int | None = None, drained_file: str | None = None) -> int:
+def work(
+    bucket: str,
+    run: str,
+    procs: int = 1,
+    log_dir: str | None = None,
+    prefix: str | None = None,
+    standby: int | None = None,
+    drained_file: str | None = None,
+) -> int:
     """Run `procs` worker processes (one per core is right: conversion is CPU-bound). ``drained_file``:
     created when one of them found the run drained (a listing of every lease and marker said so),
     so that the caller (startup.sh) need not list the run again to know."""

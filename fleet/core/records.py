@@ -29,5 +29,10 @@ class JsonRecord:
     @classmethod
     def from_json(cls: type[R], data: bytes) -> R:
         d = json.loads(data)
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-                      if f.name in d and not f.metadata.get("transient")})
+        return cls(
+            **{
+                f.name: d[f.name]
+                for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                if f.name in d and not f.metadata.get("transient")
+            }
+        )

@@ -42,8 +42,9 @@ class Repair:
         return list(dict.fromkeys(list(self.damaged) + sorted({d.item for d in self.lost}) + self.retried))
 
 
-def repair_run(store: Store, reader: StatusReader, deep: bool = False, release: bool = False,
-               retry_failed: bool = False) -> Repair:
+def repair_run(
+    store: Store, reader: StatusReader, deep: bool = False, release: bool = False, retry_failed: bool = False
+) -> Repair:
     """Put the run's state right (see the module's note): stale markers removed; with
     ``release``, leases of workers that no longer beat given back (only where no other machine's
     worker may hold one: `fleet local`); then every damaged lease, every done item whose outputs

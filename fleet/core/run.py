@@ -77,8 +77,10 @@ class Item:
                 return f"the index of stage {stage}"
             if self.meta.get("combine"):
                 (lo, hi), (p1, p2) = self.meta.get("items", (0, 0)), self.meta.get("partitions", (0, 0))
-                return (f"stage {stage}, combine {self.meta.get('part', 0) + 1} of {self.meta.get('of', 0)} "
-                        f"(the step before's items {lo + 1}-{hi}, partitions {p1}-{p2 - 1})")
+                return (
+                    f"stage {stage}, combine {self.meta.get('part', 0) + 1} of {self.meta.get('of', 0)} "
+                    f"(the step before's items {lo + 1}-{hi}, partitions {p1}-{p2 - 1})"
+                )
             return f"stage {stage}, item {self.meta.get('part', 0) + 1} of {self.meta.get('of', 0)}"
         if self.parts:
             return f"{len(self.parts):,} files, {self.parts[0].file} to {self.parts[-1].file}"
@@ -105,8 +107,9 @@ class Item:
         return cls(**d)
 
 
-def group_pieces(cuts: list[tuple[Source, list[Piece]]], item_bytes: int,
-                 max_files: int = 0) -> list[list[tuple[Source, Piece]]]:
+def group_pieces(
+    cuts: list[tuple[Source, list[Piece]]], item_bytes: int, max_files: int = 0
+) -> list[list[tuple[Source, Piece]]]:
     """The items' pieces, in order, from each input's pieces (Job.cut): a file the job left in one
     piece smaller than ``item_bytes`` is packed with the small files next to it, in the order
     found, into items of at most ``item_bytes`` (and ``max_files``, 0: MAX_GROUP_FILES). A file
@@ -272,8 +275,15 @@ def plan_combines(rule: CombineRule, stages: list[Stage], map_items: int, input_
     bytes estimated as the input's bytes spread over them."""
     out, producers = [], map_items
     for stage in stages:
-        out.append(plan_combine(rule, producers, partitions_for(stage.items, stage.balanced), stage.items,
-                                input_bytes / max(1, producers)))
+        out.append(
+            plan_combine(
+                rule,
+                producers,
+                partitions_for(stage.items, stage.balanced),
+                stage.items,
+                input_bytes / max(1, producers),
+            )
+        )
         producers = stage.items
     return out if any(out) else []
 
@@ -292,9 +302,24 @@ def stage_items(stages: list[Stage], map_items: int, combines: Sequence[Combine]
             groups = combine_groups(producers, combine, partitions_for(stage.items, stage.balanced))
             width = max(5, len(str(len(groups) - 1)))
             for k, ((lo, hi), (p1, p2)) in enumerate(groups):
-                out.append(Item("", "", lo, hi, id=f"{stage.name}-combine-{k:0{width}d}", step=step,
-                                meta={"stage": stage.name, "combine": True, "part": k, "of": len(groups),
-                                      "items": [lo, hi], "partitions": [p1, p2]}))
+                out.append(
+                    Item(
+                        "",
+                        "",
+                        lo,
+                        hi,
+                        id=f"{stage.name}-combine-{k:0{width}d}",
+                        step=step,
+                        meta={
+                            "stage": stage.name,
+                            "combine": True,
+                            "part": k,
+                            "of": len(groups),
+                            "items": [lo, hi],
+                            "partitions": [p1, p2],
+                        },
+                    )
+                )
         step += 1
         out.append(Item("", "", 0, 0, id=f"{stage.name}-index", step=step, meta={"stage": stage.name, "barrier": True}))
         step += 1
@@ -302,8 +327,9 @@ def stage_items(stages: list[Stage], map_items: int, combines: Sequence[Combine]
         last = g == len(stages) - 1
         for k in range(stage.items):
             item_id = f"{k:0{width}d}-of-{stage.items:0{width}d}" if last else f"{stage.name}-{k:0{width}d}"
-            out.append(Item("", "", k, k + 1, id=item_id, step=step,
-                            meta={"stage": stage.name, "part": k, "of": stage.items}))
+            out.append(
+                Item("", "", k, k + 1, id=item_id, step=step, meta={"stage": stage.name, "part": k, "of": stage.items})
+            )
         producers = stage.items
     return out
 
@@ -326,8 +352,15 @@ def check_run_name(run: str) -> None:
         raise PlanError(f"run name {run!r}: use letters, digits, '-', '_' and '.' only")
 
 
-def make_items(job: Job, config: Any, inputs: list[Source], item_bytes: int,
-               read: Mapping[str, Any] | None = None, group: bool = False, max_files: int = 0) -> list[Item]:
+def make_items(
+    job: Job,
+    config: Any,
+    inputs: list[Source],
+    item_bytes: int,
+    read: Mapping[str, Any] | None = None,
+    group: bool = False,
+    max_files: int = 0,
+) -> list[Item]:
     """Cut every input into items of about item_bytes, as the job says (Job.cut); with ``group``,
     whole files smaller than an item packed together (group_pieces, ``max_files`` at most).
 
@@ -361,8 +394,9 @@ def make_items(job: Job, config: Any, inputs: list[Source], item_bytes: int,
         if len(pieces) == 1:
             items.append(dataclasses.replace(pieces[0], id=f"{i:0{width}d}"))
         else:
-            items.append(Item(pieces[0].url, "", 0, 0, "", f"{i:0{width}d}", sum(p.size for p in pieces),
-                              parts=tuple(pieces)))
+            items.append(
+                Item(pieces[0].url, "", 0, 0, "", f"{i:0{width}d}", sum(p.size for p in pieces), parts=tuple(pieces))
+            )
     return items
 
 
@@ -402,8 +436,10 @@ def pinned_opener(spec: RunSpec, job: Job, config: Any, opener: Opener = read_ur
             option, want = pins[url]
             got = digest(data)
             if got != want:
-                raise ConfigError(f"{option} {url} changed since run {spec.run!r} was planned "
-                                  f"({want[:19]}... then, {got[:19]}... now); restore it, or plan a new run")
+                raise ConfigError(
+                    f"{option} {url} changed since run {spec.run!r} was planned "
+                    f"({want[:19]}... then, {got[:19]}... now); restore it, or plan a new run"
+                )
         return data
 
     return open_pinned
@@ -416,6 +452,7 @@ def _short(version: str) -> str:
 def _item_differences(old: list[Item], new: list[Item]) -> list[str]:
     """What differs between two item lists, by input file, in words. The items of later stages
     read no input file: they follow from the spec's stages, whose differences say it."""
+
     def by_file(items: list[Item]) -> dict[str, list[tuple[str, Item]]]:
         out: dict[str, list[tuple[str, Item]]] = {}
         for item in items:
@@ -453,8 +490,10 @@ def _spec_differences(old: RunSpec, new: RunSpec) -> list[str]:
     for option in sorted(set(old.files) | set(new.files)):
         a, b = old.files.get(option), new.files.get(option)
         if a != b and old.config.get(option) == new.config.get(option):
-            out.append(f"{option} {new.config.get(option)} has other contents ({(a or 'none')[:19]}... then, "
-                       f"{(b or 'none')[:19]}... now)")
+            out.append(
+                f"{option} {new.config.get(option)} has other contents ({(a or 'none')[:19]}... then, "
+                f"{(b or 'none')[:19]}... now)"
+            )
     for key in sorted(set(old.read) | set(new.read)):
         if old.read.get(key) != new.read.get(key):
             out.append(f"{key.replace('_', ' ')} is {new.read.get(key)!r}, was {old.read.get(key)!r}")
@@ -548,8 +587,7 @@ def plan(bucket: str, request: PlanRequest) -> tuple[RunSpec, list[Item], bool]:
         if old_spec is not None and old_spec.stages == stage_dicts:  # its own structure, not today's rule
             combines = [Combine(**c) for c in old_spec.combine]
         else:
-            combines = plan_combines(r.combine or shuffle.COMBINE_RULE, stages, len(items),
-                                     sum(i.size for i in items))
+            combines = plan_combines(r.combine or shuffle.COMBINE_RULE, stages, len(items), sum(i.size for i in items))
         items += stage_items(stages, len(items), combines)
     spec = RunSpec(
         run=r.run,
@@ -581,8 +619,10 @@ def plan(bucket: str, request: PlanRequest) -> tuple[RunSpec, list[Item], bool]:
         differences += _item_differences(_parse_items(store, r.run, old_items), items)
     if differences:
         shown = differences[:6] + ([f"and {len(differences) - 6} more"] if len(differences) > 6 else [])
-        raise PlanError(f"run {r.run!r} in {store.url} was planned differently: {'; '.join(shown)}. "
-                        f"Its outputs must not mix with these: {r.again}")
+        raise PlanError(
+            f"run {r.run!r} in {store.url} was planned differently: {'; '.join(shown)}. "
+            f"Its outputs must not mix with these: {r.again}"
+        )
     if old_spec is None and old_items is None:
         _check_output_is_free(r.output)
     created = old_items is None
@@ -599,7 +639,9 @@ def plan(bucket: str, request: PlanRequest) -> tuple[RunSpec, list[Item], bool]:
         except PreconditionFailed:
             old_spec = _read_spec(store, r.run)
             if old_spec != spec:
-                raise PlanError(f"run {r.run!r} in {store.url} was just planned with other options; {r.again}") from None
+                raise PlanError(
+                    f"run {r.run!r} in {store.url} was just planned with other options; {r.again}"
+                ) from None
     warn_skipped(account)  # (only now: a plan refused is its one line)
     return (old_spec or spec), items, created
 
@@ -652,8 +694,10 @@ def _check_output_is_free(output: str) -> None:
     except NotFound:
         return
     if taken is not None:
-        raise PlanError(f"{printable(output.rstrip('/'))}/{taken}: the output place already holds outputs of another "
-                        "run; give an empty or new output folder or prefix")
+        raise PlanError(
+            f"{printable(output.rstrip('/'))}/{taken}: the output place already holds outputs of another "
+            "run; give an empty or new output folder or prefix"
+        )
 
 
 def _read_spec(store: Store, run: str) -> RunSpec | None:
@@ -666,8 +710,9 @@ def _read_spec(store: Store, run: str) -> RunSpec | None:
     try:
         spec = RunSpec.from_json(data)
     except (ValueError, TypeError) as e:
-        raise PlanError(f"{store.url}/{spec_name(run)}: not a run spec ({e}); the bucket's run state is damaged") \
-            from None
+        raise PlanError(
+            f"{store.url}/{spec_name(run)}: not a run spec ({e}); the bucket's run state is damaged"
+        ) from None
     # A run planned under a job's former name (electra_zh_en with format=bert) is read as the job it
     # became, by every reader of its spec: the planner, the workers, status and the readers.
     if not isinstance(spec.config, dict):  # (damaged: the job's parse_config names it)
@@ -713,8 +758,9 @@ def _parse_items(store: Store, run: str, data: bytes) -> list[Item]:
     try:
         return [Item.from_dict(shared(json.loads(line))) for line in data.splitlines() if line.strip()]
     except (ValueError, TypeError) as e:
-        raise PlanError(f"{store.url}/{items_name(run)}: not an item list ({e}); the bucket's run state is damaged") \
-            from None
+        raise PlanError(
+            f"{store.url}/{items_name(run)}: not an item list ({e}); the bucket's run state is damaged"
+        ) from None
 
 
 def list_runs(store: Store) -> list[str]:

@@ -104,6 +104,7 @@ class ShuffleError(Exception):
 
 # -- records on disk ------------------------------------------------------------------------------
 
+
 def _encode(records: list[tuple[int, bytes]]) -> bytes:
     pack = _RECORD.pack
     return b"".join([x for k, v in records for x in (pack(k, len(v)), v)])
@@ -112,7 +113,7 @@ def _encode(records: list[tuple[int, bytes]]) -> bytes:
 def _batches(records: Iterable[tuple[int, bytes]]) -> Iterator[list[tuple[int, bytes]]]:
     if isinstance(records, list):
         for i in range(0, len(records), _BATCH):
-            yield records[i:i + _BATCH]
+            yield records[i : i + _BATCH]
         return
     it = iter(records)
     while batch := list(itertools.islice(it, _BATCH)):
@@ -146,7 +147,7 @@ def _read_chunks(path: str, chunk: int, where: str, start: int = 0) -> Iterator[
                 end = pos + 12 + ln
                 if end > n:
                     break
-                out.append((k, buf[pos + 12:end]))
+                out.append((k, buf[pos + 12 : end]))
                 pos = end
             rest = buf[pos:]
             need = (_RECORD.unpack_from(rest)[1] + 12 - len(rest)) if len(rest) >= 12 else chunk
@@ -159,9 +160,14 @@ def _reader(path: str, files: int, where: str, start: int = 0) -> Iterator[tuple
     return itertools.chain.from_iterable(_read_chunks(path, chunk, where, start))
 
 
-def _merge_files(paths: list[str], names: list[str], workdir: str, checkpoint: Callable[[], None],
-                 extra: list[tuple[int, bytes]] | None = None, starts: list[int] | None = None
-                 ) -> Iterator[tuple[int, bytes]]:
+def _merge_files(
+    paths: list[str],
+    names: list[str],
+    workdir: str,
+    checkpoint: Callable[[], None],
+    extra: list[tuple[int, bytes]] | None = None,
+    starts: list[int] | None = None,
+) -> Iterator[tuple[int, bytes]]:
     """All records of the files (each sorted, from byte ``starts[i]`` on: 0 by default), merged in
     (key, value) order; ``extra`` a sorted list merged in as well. More than FANIN files are first
     merged FANIN at a time into new files in ``workdir`` (removed once read), so open files and
@@ -171,7 +177,7 @@ def _merge_files(paths: list[str], names: list[str], workdir: str, checkpoint: C
     while len(paths) + (extra is not None) > FANIN:
         merged_paths, merged_names, merged_starts = [], [], []
         for i in range(0, len(paths), FANIN):
-            group, group_names, group_starts = paths[i:i + FANIN], names[i:i + FANIN], starts[i:i + FANIN]
+            group, group_names, group_starts = paths[i : i + FANIN], names[i : i + FANIN], starts[i : i + FANIN]
             if len(group) == 1:
                 merged_paths += group
                 merged_names += group_names
@@ -180,8 +186,9 @@ def _merge_files(paths: list[str], names: list[str], workdir: str, checkpoint: C
             fd, out = tempfile.mkstemp(dir=workdir, prefix="merge-", suffix=".kv")
             try:
                 with os.fdopen(fd, "wb") as f:
-                    merged = heapq.merge(*(_reader(p, len(group), n, a)
-                                           for p, n, a in zip(group, group_names, group_starts)))
+                    merged = heapq.merge(
+                        *(_reader(p, len(group), n, a) for p, n, a in zip(group, group_names, group_starts))
+                    )
                     for batch in _batches(merged):
                         f.write(_encode(batch))
                         checkpoint()
@@ -201,6 +208,7 @@ def _merge_files(paths: list[str], names: list[str], workdir: str, checkpoint: C
 
 
 # -- the map side ---------------------------------------------------------------------------------
+
 
 def header_size(partitions: int) -> int:
     """Bytes of a partition file's header: what a reader fetches in one ranged read."""
@@ -225,9 +233,12 @@ def parse_header(data: bytes, where: str) -> Header:
     if len(data) < size:
         raise ShuffleError(f"{where}: partition file header cut short ({len(data)} of {size} bytes)")
     numbers = struct.unpack_from(f">{2 * partitions + 1}Q", data, 16)
-    offsets, counts = numbers[:partitions + 1], numbers[partitions + 1:]
-    if offsets[0] != size or any(a > b for a, b in zip(offsets, offsets[1:])) or any(
-            c * 12 > b - a for c, a, b in zip(counts, offsets, offsets[1:])):
+    offsets, counts = numbers[: partitions + 1], numbers[partitions + 1 :]
+    if (
+        offsets[0] != size
+        or any(a > b for a, b in zip(offsets, offsets[1:]))
+        or any(c * 12 > b - a for c, a, b in zip(counts, offsets, offsets[1:]))
+    ):
         raise ShuffleError(f"{where}: damaged partition file header (offsets and counts disagree)")
     return Header(partitions, offsets, counts)
 
@@ -237,8 +248,9 @@ def _partition_starts(partitions: int) -> list[int]:
     return [-(-(p << 64) // partitions) for p in range(1, partitions)] + [KEYS]
 
 
-def _write_partitioned(f, records: Iterable[tuple[int, bytes]], partitions: int,
-                       checkpoint: Callable[[], None] = lambda: None) -> tuple[list[int], list[int]]:
+def _write_partitioned(
+    f, records: Iterable[tuple[int, bytes]], partitions: int, checkpoint: Callable[[], None] = lambda: None
+) -> tuple[list[int], list[int]]:
     """Records sorted by (key, value) into ``f`` after its header; their offsets and counts."""
     starts = _partition_starts(partitions)
     pos = header_size(partitions)
@@ -322,8 +334,9 @@ class PartitionWriter(KeyedSink):
                 f.seek(header_size(self.partitions))
                 offsets, counts = _write_partitioned(f, records, self.partitions, checkpoint)
                 f.seek(0)
-                f.write(MAGIC + _U64.pack(self.partitions)
-                        + struct.pack(f">{2 * self.partitions + 1}Q", *offsets, *counts))
+                f.write(
+                    MAGIC + _U64.pack(self.partitions) + struct.pack(f">{2 * self.partitions + 1}Q", *offsets, *counts)
+                )
         except BaseException:
             os.unlink(path)
             raise
@@ -337,6 +350,7 @@ class PartitionWriter(KeyedSink):
 
 
 # -- the barrier: the index -----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ShufflePiece:
@@ -355,8 +369,9 @@ def _pinned(piece: ShufflePiece) -> Iterator[None]:
     except NotFound:
         raise ShuffleError(f"{piece.name} (item {piece.item}): partition file is gone") from None
     except Changed:
-        raise ShuffleError(f"{piece.name} (item {piece.item}): partition file was rewritten "
-                           "since its map item committed it") from None
+        raise ShuffleError(
+            f"{piece.name} (item {piece.item}): partition file was rewritten since its map item committed it"
+        ) from None
 
 
 def partitions_for(items: int, balanced: bool) -> int:
@@ -382,9 +397,14 @@ def build_index(store: Store, pieces: list[ShufflePiece], partitions: int, threa
     with ThreadPoolExecutor(max(1, min(threads, len(pieces)))) as pool:
         headers = list(pool.map(header, pieces))
     totals = [sum(c) for c in zip(*(h.counts for h in headers))] if headers else [0] * partitions
-    head = json.dumps({"partitions": partitions,
-                       "pieces": [{"item": p.item, "name": p.name, "version": p.version} for p in pieces],
-                       "totals": totals}, separators=(",", ":")).encode()
+    head = json.dumps(
+        {
+            "partitions": partitions,
+            "pieces": [{"item": p.item, "name": p.name, "version": p.version} for p in pieces],
+            "totals": totals,
+        },
+        separators=(",", ":"),
+    ).encode()
     row = struct.Struct(f">{len(pieces)}Q")
     rows = [row.pack(*(h.offsets[k] for h in headers)) for k in range(partitions + 1)]
     return INDEX_MAGIC + _U64.pack(len(head)) + head + b"".join(rows)
@@ -394,7 +414,7 @@ def index_totals(data: bytes) -> list[int]:
     """Records per partition of an index object's bytes (what its barrier checks before writing it)."""
     length = _U64.unpack_from(data, len(INDEX_MAGIC))[0]
     start = len(INDEX_MAGIC) + 8
-    return list(json.loads(data[start:start + length])["totals"])
+    return list(json.loads(data[start : start + length])["totals"])
 
 
 @dataclass
@@ -455,7 +475,7 @@ def load_index(store: Store, name: str, version: str | None = None) -> Index:
     except (NotFound, Changed) as e:
         raise ShuffleError(f"{where}: gone or rewritten ({e})") from None
     try:
-        head = json.loads(data[16:16 + length])
+        head = json.loads(data[16 : 16 + length])
         pieces = [ShufflePiece(p["item"], p["name"], p["version"]) for p in head["pieces"]]
         partitions, totals = int(head["partitions"]), [int(t) for t in head["totals"]]
     except (ValueError, KeyError, TypeError) as e:
@@ -466,6 +486,7 @@ def load_index(store: Store, name: str, version: str | None = None) -> Index:
 
 
 # -- the combine step ----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Combine:
@@ -521,8 +542,7 @@ def combine_groups(producers: int, combine: Combine, partitions: int) -> list[tu
     ``combine.group`` consecutive items, as even as can be; blocks of equal partition counts."""
     n = math.ceil(producers / combine.group)
     groups = [(j * producers // n, (j + 1) * producers // n) for j in range(n)]
-    blocks = [(b * partitions // combine.blocks, (b + 1) * partitions // combine.blocks)
-              for b in range(combine.blocks)]
+    blocks = [(b * partitions // combine.blocks, (b + 1) * partitions // combine.blocks) for b in range(combine.blocks)]
     return [(g, b) for g in groups for b in blocks]
 
 
@@ -546,8 +566,15 @@ def _checked_header(data: bytes, partitions: int, where: str) -> Header:
     return parse_header(data, where)
 
 
-def combine(store: Store, pieces: list[ShufflePiece], partitions: int, block: tuple[int, int], workdir: str,
-            checkpoint: Callable[[], None] = lambda: None, threads: int = 16) -> Combined:
+def combine(
+    store: Store,
+    pieces: list[ShufflePiece],
+    partitions: int,
+    block: tuple[int, int],
+    workdir: str,
+    checkpoint: Callable[[], None] = lambda: None,
+    threads: int = 16,
+) -> Combined:
     """A combine item: the records of partitions ``block`` = (p1, p2) of the pieces, merged into one
     partition file in ``workdir`` (its other partitions empty): the bytes a PartitionWriter writes
     of the same records. The whole block: each piece downloaded whole, one request; a part: its
@@ -575,8 +602,10 @@ def combine(store: Store, pieces: list[ShufflePiece], partitions: int, block: tu
                 with open(path, "rb") as f:
                     header = _checked_header(f.read(size), partitions, where)
                 if os.path.getsize(path) != header.offsets[-1]:
-                    raise ShuffleError(f"{where}: partition file damaged ({os.path.getsize(path)} bytes, its header "
-                                       f"says {header.offsets[-1]})")
+                    raise ShuffleError(
+                        f"{where}: partition file damaged ({os.path.getsize(path)} bytes, its header "
+                        f"says {header.offsets[-1]})"
+                    )
                 return path, header.offsets[0], array("Q", header.counts)
             header = _checked_header(store.read(piece.name, 0, size, version=version), partitions, where)
             reads[j] = 1
@@ -586,8 +615,9 @@ def combine(store: Store, pieces: list[ShufflePiece], partitions: int, block: tu
             store.download_file(piece.name, path, a, b, version=version)
             reads[j] = 2
         if os.path.getsize(path) != b - a:
-            raise ShuffleError(f"{where}: partition file changed or damaged (bytes {a}-{b} asked, "
-                               f"{os.path.getsize(path)} there)")
+            raise ShuffleError(
+                f"{where}: partition file changed or damaged (bytes {a}-{b} asked, {os.path.getsize(path)} there)"
+            )
         return path, 0, array("Q", header.counts[p1:p2])
 
     wanted: list[tuple[int, str, int]] = []  # (piece, local path, where its records start)
@@ -612,8 +642,10 @@ def combine(store: Store, pieces: list[ShufflePiece], partitions: int, block: tu
             f.write(MAGIC + _U64.pack(partitions) + struct.pack(f">{2 * partitions + 1}Q", *offsets, *counts))
         if counts != expected:
             k = next(k for k in range(partitions) if counts[k] != expected[k])
-            raise ShuffleError(f"combining {len(pieces)} partition files from {pieces[0].name}: partition {k} holds "
-                               f"{counts[k]} records, their headers say {expected[k]} (a file is damaged)")
+            raise ShuffleError(
+                f"combining {len(pieces)} partition files from {pieces[0].name}: partition {k} holds "
+                f"{counts[k]} records, their headers say {expected[k]} (a file is damaged)"
+            )
     except BaseException:
         if out is not None and os.path.exists(out):
             os.unlink(out)
@@ -628,13 +660,21 @@ def combine(store: Store, pieces: list[ShufflePiece], partitions: int, block: tu
 
 # -- the reduce side ------------------------------------------------------------------------------
 
+
 def balanced_range(total: int, items: int, i: int) -> tuple[int, int]:
     """Ranks [lo, hi) of the global order that balanced item i of ``items`` gets."""
     return i * total // items, (i + 1) * total // items
 
 
-def reduce_records(store: Store, index: Index, item: int, items: int, balanced: bool, workdir: str,
-                   checkpoint: Callable[[], None] = lambda: None) -> Iterator[tuple[int, bytes]]:
+def reduce_records(
+    store: Store,
+    index: Index,
+    item: int,
+    items: int,
+    balanced: bool,
+    workdir: str,
+    checkpoint: Callable[[], None] = lambda: None,
+) -> Iterator[tuple[int, bytes]]:
     """Reduce item ``item`` of ``items``: its records in (key, value) order. Not balanced: all
     of partition ``item``. Balanced: ranks ``balanced_range(sum(totals), items, item)`` of the
     global order (partition 0's records, then partition 1's...). Streams from local copies of
@@ -665,8 +705,10 @@ def reduce_records(store: Store, index: Index, item: int, items: int, balanced: 
             store.download_file(piece.name, path, a, b, version=piece.version or None)
         got = os.path.getsize(path)
         if got != b - a:
-            raise ShuffleError(f"{piece.name} (item {piece.item}): partition file changed or damaged "
-                               f"(bytes {a}-{b} asked, {got} there)")
+            raise ShuffleError(
+                f"{piece.name} (item {piece.item}): partition file changed or damaged "
+                f"(bytes {a}-{b} asked, {got} there)"
+            )
 
     try:
         with ThreadPoolExecutor(max(1, min(16, len(wanted)))) as pool:

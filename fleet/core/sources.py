@@ -21,8 +21,19 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from fleet.core.errors import InputError
 from fleet.core.item import Source, printable
-from fleet.core.accounting import (BROKEN_LINK, EMPTY, FOLDER_AGAIN, HIDDEN, LINK_LOOP, NAMED_TWICE, NOT_REGULAR,
-                                   OUTPUT_FOLDER, REJECTED, SAME_FILE, InputAccount)
+from fleet.core.accounting import (
+    BROKEN_LINK,
+    EMPTY,
+    FOLDER_AGAIN,
+    HIDDEN,
+    LINK_LOOP,
+    NAMED_TWICE,
+    NOT_REGULAR,
+    OUTPUT_FOLDER,
+    REJECTED,
+    SAME_FILE,
+    InputAccount,
+)
 from fleet.core.layout import OUTPUT_PREFIX, RUNS, SPEC, STATE_DIR, SUMMARY
 from fleet.core.store import open_store, split_url
 from fleet.core.store.local import file_version
@@ -68,8 +79,9 @@ def _readable(path: str, display: str) -> None:
         raise InputError(f"{display}: cannot read it ({e.strerror or e})") from None
 
 
-def _walk(root: str, exclude: tuple[str, ...], skip: Callable[[str], str | None], account: InputAccount
-          ) -> Iterator[tuple[str, os.stat_result, str]]:
+def _walk(
+    root: str, exclude: tuple[str, ...], skip: Callable[[str], str | None], account: InputAccount
+) -> Iterator[tuple[str, os.stat_result, str]]:
     """Input files under a folder, following symbolic links to files and folders: (name, stat,
     real path); every other file found is counted in ``account`` under its reason. A folder
     reached twice (a link loop, or two links to one folder) is read once; a broken or looping
@@ -161,8 +173,9 @@ def skip_of(accept: Callable[[str], bool]) -> Callable[[str], str | None]:
     return lambda name: None if accept(name) else REJECTED
 
 
-def find_sources(paths: list[str], exclude: Sequence[str] = (), accept: Callable[[str], bool] = every_file
-                 ) -> list[Source]:
+def find_sources(
+    paths: list[str], exclude: Sequence[str] = (), accept: Callable[[str], bool] = every_file
+) -> list[Source]:
     """Expand files and folders (local or gs://) into input objects, in a stable order (survey:
     the files skipped, each under its reason, are named in warnings, a line a reason).
 
@@ -182,8 +195,12 @@ def _present(present: set[str], folder: str, rel: str) -> bool:
     return folder + rel in present
 
 
-def survey(paths: list[str], exclude: Sequence[str] = (), skip: Callable[[str], str | None] = skip_of(every_file),
-           warn: bool = True) -> Survey:
+def survey(
+    paths: list[str],
+    exclude: Sequence[str] = (),
+    skip: Callable[[str], str | None] = skip_of(every_file),
+    warn: bool = True,
+) -> Survey:
     """Expand files and folders (local or gs://) into input objects, in a stable order, and account
     for every file found: read, or skipped with a reason (with ``warn``, one warning line per
     reason; a plan warns once it is accepted, so that a refusal stays one line: warn_skipped).
@@ -211,8 +228,11 @@ def survey(paths: list[str], exclude: Sequence[str] = (), skip: Callable[[str], 
 
     def none_there(path: str, here: InputAccount) -> InputError:
         lines = here.lines()
-        skipped = f": skipped {'; '.join(lines[:3])}" + (f"; and {len(lines) - 3} more reasons" if len(lines) > 3
-                                                         else "") if lines else ""
+        skipped = (
+            f": skipped {'; '.join(lines[:3])}" + (f"; and {len(lines) - 3} more reasons" if len(lines) > 3 else "")
+            if lines
+            else ""
+        )
         return InputError(f"{printable(path)}: no input files there{skipped}")
 
     for path in paths:
@@ -227,10 +247,10 @@ def survey(paths: list[str], exclude: Sequence[str] = (), skip: Callable[[str], 
                 continue
             folder = prefix + "/" if prefix else ""
             listed = list(store.list(folder))
-            outputs = _gcs_outputs(path, [b.name[len(folder):] for b in listed])
+            outputs = _gcs_outputs(path, [b.name[len(folder) :] for b in listed])
             blobs = []
             for b in listed:
-                rel, display = b.name[len(folder):], f"{root}/{b.name}"
+                rel, display = b.name[len(folder) :], f"{root}/{b.name}"
                 if rel.endswith("/") and not b.size:
                     continue  # a folder's placeholder, no file
                 other = next((why for prefix_, why in outputs.items() if rel.startswith(prefix_)), None)
@@ -252,15 +272,17 @@ def survey(paths: list[str], exclude: Sequence[str] = (), skip: Callable[[str], 
             continue
         if "://" in path and not path.startswith("file://"):
             raise InputError(f"{path}: unsupported URL (inputs are local paths or gs://BUCKET/PATH)")
-        local = os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
+        local = os.path.abspath(path[len("file://") :] if path.startswith("file://") else path)
         if os.path.isfile(local):
             st = os.stat(local)
             inp = Source(os.path.dirname(local), os.path.basename(local), st.st_size, file_version(st))
             _readable(local, inp.display)
             add(inp, (st.st_dev, st.st_ino), here)  # a hard or symbolic link to a file planned already: once
         elif os.path.isdir(local):
-            files = [(Source(local, rel, st.st_size, file_version(st)), st, real)
-                     for rel, st, real in _walk(local, excluded, skip, here)]
+            files = [
+                (Source(local, rel, st.st_size, file_version(st)), st, real)
+                for rel, st, real in _walk(local, excluded, skip, here)
+            ]
             if not files:
                 raise none_there(path, here)
             for inp, st, real in files:

@@ -31,8 +31,15 @@ from fleet.core.discovery import load_job
 from fleet.core.lease import Held, Lease, Leases
 from fleet.core.liveness import pid_alive
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec, pinned_opener
-from fleet.core.layout import done_prefix, final_prefix, finishing_name, idle_prefix, lease_prefix, released_prefix, \
-    worker_prefix
+from fleet.core.layout import (
+    done_prefix,
+    final_prefix,
+    finishing_name,
+    idle_prefix,
+    lease_prefix,
+    released_prefix,
+    worker_prefix,
+)
 from fleet.core.manifest import Renewal, run_ended
 from fleet.core.status import StatusReader
 from fleet.core.store import PreconditionFailed, open_store
@@ -52,7 +59,7 @@ def make_scratch() -> str:
         for entry in os.listdir(root):
             if not entry.startswith(SCRATCH_PREFIX):
                 continue
-            pid = entry[len(SCRATCH_PREFIX):].split("-", 1)[0]
+            pid = entry[len(SCRATCH_PREFIX) :].split("-", 1)[0]
             if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
@@ -68,8 +75,9 @@ class Worker:
     markers (fleet.core.claims decides), its heartbeat, idle and final markers, and when to leave;
     an item claimed is handed to the ItemRunner (fleet.core.attempt)."""
 
-    def __init__(self, bucket: str, run: str, name: str | None = None, poll: float | None = None,
-                 standby: int | None = None):
+    def __init__(
+        self, bucket: str, run: str, name: str | None = None, poll: float | None = None, standby: int | None = None
+    ):
         self.store = MeteredStore(open_store(bucket))  # its requests counted, for the heartbeat
         self.run = run
         self.spec: RunSpec = load_spec(self.store, run)
@@ -91,10 +99,19 @@ class Worker:
         self.scratch = make_scratch()
         # Removed with the worker, however it ends short of a kill (a worker made in-process by a test too).
         self._sweep = weakref.finalize(self, shutil.rmtree, self.scratch, True)
-        self.runner = ItemRunner(self.store, self.spec, self.leases, converter, self.job.seed(self.config),
-                                 self.scratch, self.counters, self.beat,
-                                 reducer=lambda stage: self.job.reducer(self.config, opener, stage), steps=steps,
-                                 items=self.items)
+        self.runner = ItemRunner(
+            self.store,
+            self.spec,
+            self.leases,
+            converter,
+            self.job.seed(self.config),
+            self.scratch,
+            self.counters,
+            self.beat,
+            reducer=lambda stage: self.job.reducer(self.config, opener, stage),
+            steps=steps,
+            items=self.items,
+        )
         self.runner.output = MeteredStore(self.runner.output, self.store.meter)  # the outputs' uploads too
         self.holding: Held | None = None  # from claim to the end of process(), for a SIGTERM in between
         self.live_window = max(4 * self.poll + 1.0, 3.0)  # an idle worker beats every poll
@@ -107,12 +124,21 @@ class Worker:
 
     # -- heartbeat -------------------------------------------------------------
     def beat(self, state: str) -> None:
-        body = {"worker": self.name, "host": socket.gethostname(), "pid": os.getpid(), "state": state,
-                "item": self.runner.current, "started": self.started, "updated": time.time(), **self.counters.__dict__,
-                "requests": self.store.meter.for_beat()}
+        body = {
+            "worker": self.name,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "state": state,
+            "item": self.runner.current,
+            "started": self.started,
+            "updated": time.time(),
+            **self.counters.__dict__,
+            "requests": self.store.meter.for_beat(),
+        }
         try:
-            self.store.write(worker_prefix(self.run) + self.name, json.dumps(body, sort_keys=True).encode(),
-                             idempotent=True)  # only this worker writes it: a replay is harmless
+            self.store.write(
+                worker_prefix(self.run) + self.name, json.dumps(body, sort_keys=True).encode(), idempotent=True
+            )  # only this worker writes it: a replay is harmless
         except Exception as e:  # a heartbeat is advisory; never let it stop the work
             log.warning("heartbeat failed: %s", e)
 
@@ -139,9 +165,13 @@ class Worker:
             self.release_finish()  # (a signal or an error while confirming the drain: the next to drain does)
 
     def _claim_loop(self) -> Counters:
-        policy = ClaimPolicy([item.id for item in self.items], self.name, self.spec.lease_ttl,
-                             steps={i.id: i.step for i in self.items if i.step},
-                             barriers=[i.id for i in self.items if i.meta.get("barrier")])
+        policy = ClaimPolicy(
+            [item.id for item in self.items],
+            self.name,
+            self.spec.lease_ttl,
+            steps={i.id: i.step for i in self.items if i.step},
+            barriers=[i.id for i in self.items if i.meta.get("barrier")],
+        )
         prefix, final, back = lease_prefix(self.run), final_prefix(self.run), released_prefix(self.run)
         done = done_prefix(self.run)
         self.beat("starting")
@@ -149,7 +179,7 @@ class Worker:
         while True:
             targets: list[int] | None = None
             if kind in (STEAL, SWEEP) and not confirm:  # where is work left? the done/ markers first
-                policy.observe_marks(b.name[len(done):] for b in self.store.list(done))
+                policy.observe_marks(b.name[len(done) :] for b in self.store.list(done))
             if kind == STEAL:  # then a window picked at random
                 window = policy.steal()
                 kind = VISIT if window is not None else SWEEP
@@ -158,13 +188,14 @@ class Worker:
                 targets = policy.sweep_targets(full=confirm)
             # Leases before markers (see ClaimPolicy.observe): a marker counts only with its lease.
             released = None
-            for scope in ([window] if kind == VISIT else targets if targets is not None else [None]):
+            for scope in [window] if kind == VISIT else targets if targets is not None else [None]:
                 bounds = () if scope is None else policy.windows[scope].bounds("")
-                listing = {b.name[len(prefix):]: b.generation
-                           for b in self.store.list(prefix, *(prefix + x for x in bounds))}
-                finals = [b.name[len(final):] for b in self.store.list(final, *(final + x for x in bounds))]
+                listing = {
+                    b.name[len(prefix) :]: b.generation for b in self.store.list(prefix, *(prefix + x for x in bounds))
+                }
+                finals = [b.name[len(final) :] for b in self.store.list(final, *(final + x for x in bounds))]
                 if released is None:
-                    released = [b.name[len(back):] for b in self.store.list(back)]
+                    released = [b.name[len(back) :] for b in self.store.list(back)]
                 policy.observe(finals, listing, time.monotonic(), released, window=scope, sweep=kind == SWEEP)
             for barrier in policy.unknown_barriers():  # a stage opens (or is blocked) by its barrier's state
                 current = self.leases.read(barrier)
@@ -240,8 +271,11 @@ class Worker:
                     self.holding = got
             if isinstance(got, Held):
                 if stale:  # the lease was really gone (else the claim finds it, and the marker is rewritten)
-                    log.warning("item %s: a final/ marker without its lease (stale: the lease was deleted); "
-                                "marker removed, the item is converted again", item_id)
+                    log.warning(
+                        "item %s: a final/ marker without its lease (stale: the lease was deleted); "
+                        "marker removed, the item is converted again",
+                        item_id,
+                    )
                 if item_id in policy.released:
                     self._unannounce(item_id)
                 self.mark_idle(False)
@@ -346,8 +380,9 @@ class Worker:
             return
         if generation is not None:
             stack = contextlib.ExitStack()
-            renewal = stack.enter_context(holding_finish(self.store, self.run, self.name, generation,
-                                                         self.spec.lease_ttl / 3))
+            renewal = stack.enter_context(
+                holding_finish(self.store, self.run, self.name, generation, self.spec.lease_ttl / 3)
+            )
             self.finishing = (stack, renewal)
 
     def release_finish(self) -> None:
@@ -466,7 +501,7 @@ class Worker:
         """
         prefix = idle_prefix(self.run)
         mine = standby_rank(self.name)
-        idle = (b.name[len(prefix):] for b in self.store.list(prefix))
+        idle = (b.name[len(prefix) :] for b in self.store.list(prefix))
         ahead = sorted((name for name in idle if standby_rank(name) < mine), key=standby_rank)
         found, now = 0, time.time()
         for name in ahead:

@@ -55,7 +55,8 @@ class Reducer(abc.ABC):
     next stage) out."""
 
     @abc.abstractmethod
-    def reduce(self, records: Iterator[tuple[int, bytes]], ctx: ItemContext, sink: Sink | KeyedSink
-               ) -> dict[str, float]:
+    def reduce(
+        self, records: Iterator[tuple[int, bytes]], ctx: ItemContext, sink: Sink | KeyedSink
+    ) -> dict[str, float]:
         """The item's records, sorted by (key, value), to outputs; return counters. ``sink`` is
         a KeyedSink when ``ctx.feeds`` names a next stage."""

@@ -57,6 +57,7 @@ def tally_requests(beats: list[dict[str, Any]], lease_ttl: float, now: float) ->
             tally.cut.append(name)
     return tally
 
+
 log = logging.getLogger("fleet.status")
 
 
@@ -122,7 +123,7 @@ class StatusReader:
     def listing(self) -> dict[str, int]:
         """Every lease's generation, by item: one listing, no lease read."""
         prefix = lease_prefix(self.run)
-        return {b.name[len(prefix):]: b.generation for b in self.store.list(prefix)}
+        return {b.name[len(prefix) :]: b.generation for b in self.store.list(prefix)}
 
     def leases(self) -> dict[str, Lease]:
         return {item: lease for item, (lease, _) in self.read_leases(self.listing()).items()}
@@ -142,14 +143,21 @@ class StatusReader:
         and a done grouped item's counts per input file; read only where the cache holds another
         generation (16 at a time). An item whose lease is gone is left out."""
         prefix = lease_prefix(self.run)
-        stale = [(prefix + i, g) for i, g in generations.items()
-                 if prefix + i not in self._cache or self._cache[prefix + i][0] != g]
+        stale = [
+            (prefix + i, g)
+            for i, g in generations.items()
+            if prefix + i not in self._cache or self._cache[prefix + i][0] != g
+        ]
         if stale:
             with ThreadPoolExecutor(16) as pool:
                 for name, gen, lease in pool.map(lambda ng: self._read(*ng), stale):
                     if lease is not None:
                         self._cache[name] = (gen, lease)
-        out = {i: (self._cache[prefix + i][1], self._cache[prefix + i][0]) for i in generations if prefix + i in self._cache}
+        out = {
+            i: (self._cache[prefix + i][1], self._cache[prefix + i][0])
+            for i in generations
+            if prefix + i in self._cache
+        }
         self._load_part_counts({i: lease for i, (lease, _) in out.items()})
         return out
 
@@ -157,8 +165,14 @@ class StatusReader:
         """Each done grouped item's counts per input file (Lease.part_counts), read once beside its
         lease (cached with it), checked against the digest its commit recorded. One that cannot be
         read stays None: the manifest then says which item (fleet.core.manifest.CountsMissing)."""
-        todo = [(item, lease) for item, lease in leases.items() if item in self._grouped and lease.state == DONE
-                and lease.part_counts is None and (item, lease.token) not in self._unreadable]
+        todo = [
+            (item, lease)
+            for item, lease in leases.items()
+            if item in self._grouped
+            and lease.state == DONE
+            and lease.part_counts is None
+            and (item, lease.token) not in self._unreadable
+        ]
         if not todo:
             return
 
@@ -192,20 +206,29 @@ class StatusReader:
 
     def collect(self, with_workers: bool = False) -> RunStatus:
         now = time.time()
-        st = RunStatus(self.run, self.spec.job, len(self.items), self.spec.input_bytes,
-                       input_files=self.spec.input_files)
+        st = RunStatus(
+            self.run, self.spec.job, len(self.items), self.spec.input_bytes, input_files=self.spec.input_files
+        )
         leases = self.leases()
         by_id = {i.id: i for i in self.items}
         starts, finishes = [], []
         steps = StepPlan(self.spec)
         stages: dict[str, dict[str, Any]] = {}
-        blocked_after = min((i.step for i in self.items if i.meta.get("barrier")
-                             and getattr(leases.get(i.id), "state", None) == FAILED), default=None)
+        blocked_after = min(
+            (
+                i.step
+                for i in self.items
+                if i.meta.get("barrier") and getattr(leases.get(i.id), "state", None) == FAILED
+            ),
+            default=None,
+        )
         for item in self.items:
             lease = leases.get(item.id)
             # A stage's row counts its own items; its barrier (one item) only in the run's totals.
-            row = stages.setdefault(steps.name(item.step), {"name": steps.name(item.step), "items": 0, "done": 0,
-                                                             "failed": 0, "leased": 0, "blocked": 0})
+            row = stages.setdefault(
+                steps.name(item.step),
+                {"name": steps.name(item.step), "items": 0, "done": 0, "failed": 0, "leased": 0, "blocked": 0},
+            )
             if item.meta.get("barrier"):
                 row = {}
             row["items"] = row.get("items", 0) + 1
@@ -235,15 +258,22 @@ class StatusReader:
                     st.failed_files.append({"item": item.id, "error": str(error)})
             elif lease.state == FAILED:
                 st.failed += 1
-                st.failures.append({"item": item.id, "source": by_id[item.id].display, "error": lease.error or "",
-                                    "detail": lease.detail})
+                st.failures.append(
+                    {
+                        "item": item.id,
+                        "source": by_id[item.id].display,
+                        "error": lease.error or "",
+                        "detail": lease.detail,
+                    }
+                )
             elif lease.live(now):
                 st.leased += 1
             else:
                 st.pending += 1
                 if lease.error:
-                    st.retrying.append({"item": item.id, "attempt": str(lease.attempt), "error": lease.error,
-                                        "detail": lease.detail})
+                    st.retrying.append(
+                        {"item": item.id, "attempt": str(lease.attempt), "error": lease.error, "detail": lease.detail}
+                    )
         if steps.stages:
             st.stages = list(stages.values())
         manifest = manifest_of(self.items, leases, strict=False)

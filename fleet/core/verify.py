@@ -20,7 +20,15 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable
 
-from fleet.core.layout import OUTPUT_PREFIX, counts_prefix, done_prefix, final_prefix, finishing_name, lease_prefix, shuffle_prefix
+from fleet.core.layout import (
+    OUTPUT_PREFIX,
+    counts_prefix,
+    done_prefix,
+    final_prefix,
+    finishing_name,
+    lease_prefix,
+    shuffle_prefix,
+)
 from fleet.core.lease import DONE, Lease
 from fleet.core.manifest import MANIFEST
 from fleet.core.run import Item, RunSpec, load_items, load_spec, output_place
@@ -49,8 +57,9 @@ def _sha256_of(store: Store, name: str) -> str:
         return h.hexdigest()
 
 
-def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False, state: Store | None = None
-                  ) -> list[Damage]:
+def check_outputs(
+    spec: RunSpec, leases: dict[str, Lease], deep: bool = False, state: Store | None = None
+) -> list[Damage]:
     """Outputs of done items that are missing or differ from what their lease recorded.
 
     One listing of the output place finds missing and resized outputs. An output whose
@@ -66,8 +75,11 @@ def check_outputs(spec: RunSpec, leases: dict[str, Lease], deep: bool = False, s
     except NotFound:
         present = {}
     # What items keep in the run's state: records for a stage, a grouped item's per-file counts.
-    kept: dict[str, Blob] = {b.name: b for prefix in (shuffle_prefix(spec.run), counts_prefix(spec.run))
-                             for b in state.list(prefix)} if state is not None else {}
+    kept: dict[str, Blob] = (
+        {b.name: b for prefix in (shuffle_prefix(spec.run), counts_prefix(spec.run)) for b in state.list(prefix)}
+        if state is not None
+        else {}
+    )
     damage = []
     for item, lease in sorted(leases.items()):
         if lease.state != DONE:
@@ -109,14 +121,14 @@ def stale_markers(store: Store, run: str, repair: bool = False) -> list[str]:
     as the next worker to read that done lease writes its marker again.)
     ``repair`` removes them (workers also do, before claiming such an item), and with them the
     ``done/`` markers of the windows (fleet.core.windows) that hold an unfinished item."""
-    leased = {b.name[len(lease_prefix(run)):] for b in store.list(lease_prefix(run))}
-    finals = [b.name[len(final_prefix(run)):] for b in store.list(final_prefix(run))]
+    leased = {b.name[len(lease_prefix(run)) :] for b in store.list(lease_prefix(run))}
+    finals = [b.name[len(final_prefix(run)) :] for b in store.list(final_prefix(run))]
     stale = sorted(name for name in finals if name not in leased)
     if repair:
         for item in stale:
             store.delete(final_prefix(run) + item)
         finished = set(finals) & leased
-        marks = {b.name[len(done_prefix(run)):] for b in store.list(done_prefix(run))}
+        marks = {b.name[len(done_prefix(run)) :] for b in store.list(done_prefix(run))}
         if marks:
             for w in _windows(store, run):
                 if w.key in marks and not all(item in finished for item in w.items):
@@ -131,8 +143,10 @@ def _windows(store: Store, run: str) -> list[Window]:
 def describe_stale(items: list[str]) -> str:
     """One line about stale markers, for `fleet local` and `fleet status --verify`."""
     shown = ", ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
-    return (f"{len(items)} item(s) had a final/ marker but no lease ({shown}): stale markers removed; "
-            "the lease is the truth, so those items are pending and are converted again")
+    return (
+        f"{len(items)} item(s) had a final/ marker but no lease ({shown}): stale markers removed; "
+        "the lease is the truth, so those items are pending and are converted again"
+    )
 
 
 def downstream(items: list[Item], reopened: Iterable[str]) -> list[str]:

@@ -55,9 +55,12 @@ def window_body(items: Iterable[Item], leases: Mapping[str, tuple[Lease, int]]) 
         manifest = manifest_of(items, {i: lease for i, (lease, _) in leases.items()})
     except CountsMissing:
         return b""
-    body = {"counts": VERSION,
-            "items": {item.id: [leases[item.id][1], leases[item.id][0].state] for item in items},
-            "sources": manifest.sources, "outputs": manifest.outputs}
+    body = {
+        "counts": VERSION,
+        "items": {item.id: [leases[item.id][1], leases[item.id][0].state] for item in items},
+        "sources": manifest.sources,
+        "outputs": manifest.outputs,
+    }
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -87,8 +90,10 @@ def merge(parts: Iterable[RunManifest]) -> RunManifest:
             for key, value in counts.items():
                 row[key] = row.get(key, 0) + value
         outputs.update(part.outputs)
-    return RunManifest({k: dict(sorted(v.items())) for k, v in sorted(sources.items())},
-                       {k: dict(sorted(v.items())) for k, v in sorted(outputs.items())})
+    return RunManifest(
+        {k: dict(sorted(v.items())) for k, v in sorted(sources.items())},
+        {k: dict(sorted(v.items())) for k, v in sorted(outputs.items())},
+    )
 
 
 def run_counts(reader: StatusReader) -> RunManifest | None:
@@ -125,6 +130,11 @@ def run_counts(reader: StatusReader) -> RunManifest | None:
     if any(getattr(leases.get(item.id), "state", None) != DONE for item in rest):
         return None
     parts.append(manifest_of(rest, leases))
-    log.info("run counts: %d of %d items from %d window marker(s), %d lease(s) read",
-             len(covered), len(known), len(parts) - 1, len(rest))
+    log.info(
+        "run counts: %d of %d items from %d window marker(s), %d lease(s) read",
+        len(covered),
+        len(known),
+        len(parts) - 1,
+        len(rest),
+    )
     return merge(parts)

@@ -71,5 +71,5 @@ def cut_windows(items: Iterable[tuple[str, int]], size: int | None = None) -> li
     for step in sorted(by_step):
         ids = sorted(by_step[step])
         for start in range(0, len(ids), size):
-            out.append(Window(len(out), step, tuple(ids[start:start + size]), size))
+            out.append(Window(len(out), step, tuple(ids[start : start + size]), size))
     return out

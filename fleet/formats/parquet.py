@@ -78,7 +78,7 @@ class ParquetExampleWriter(ExampleWriter):
         while done < n:
             take = min(n - done, ROW_GROUP_ROWS - self.pending)
             for name, rows in self.rows.items():
-                rows.extend(arrays[name][done:done + take])
+                rows.extend(arrays[name][done : done + take])
             self.pending += take
             done += take
             if self.pending >= ROW_GROUP_ROWS:
@@ -134,16 +134,19 @@ def read_columns(data: bytes, layout: Mapping) -> Iterator[dict[str, np.ndarray]
             kind = schema.field(fname).type
             values = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else kind
             if not (pa.types.is_floating(values) if feature.dtype == "float32" else pa.types.is_integer(values)):
-                raise ParquetError(f"column {fname} is {kind}, the run's job says lists of "
-                                   f"{feature.dtype} (not this run's examples?)")
+                raise ParquetError(
+                    f"column {fname} is {kind}, the run's job says lists of {feature.dtype} (not this run's examples?)"
+                )
         for group in range(pf.num_row_groups):
             table = pf.read_row_group(group, columns=list(layout))
             columns = {}
             for fname, feature in layout.items():
                 flat = table.column(fname).combine_chunks().flatten().to_numpy(zero_copy_only=False)
                 if len(flat) != len(table) * feature.length:
-                    raise ParquetError(f"column {fname} does not hold {feature.length} values a row, "
-                                       "as the run's job says (not this run's examples?)")
+                    raise ParquetError(
+                        f"column {fname} does not hold {feature.length} values a row, "
+                        "as the run's job says (not this run's examples?)"
+                    )
                 columns[fname] = flat.astype(feature.dtype).reshape(len(table), feature.length)
             yield columns
     except (pa.ArrowException, OSError) as e:

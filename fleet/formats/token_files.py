@@ -64,12 +64,12 @@ class _Growing:
     def extend(self, values: np.ndarray) -> None:
         if self.n + len(values) > len(self.data):
             self.data = np.resize(self.data, max(2 * len(self.data), self.n + len(values)))
-        self.data[self.n:self.n + len(values)] = values
+        self.data[self.n : self.n + len(values)] = values
         self.n += len(values)
 
     @property
     def values(self) -> np.ndarray:
-        return self.data[:self.n]
+        return self.data[: self.n]
 
 
 class SequenceWriter:
@@ -110,13 +110,17 @@ class SequenceWriter:
         n, lengths = self.documents, self.lengths.values
         if len(lengths) and lengths.max() >= 1 << 31:
             raise ValueError(f"a sequence of {int(lengths.max())} tokens: Megatron's sizes are int32")
-        out.write(MEGATRON_HEADER + struct.pack("<QBQQ", MEGATRON_VERSION, MEGATRON_CODES[token_dtype(
-            self.output, self.vocab_size)], n, n + 1))
+        out.write(
+            MEGATRON_HEADER
+            + struct.pack(
+                "<QBQQ", MEGATRON_VERSION, MEGATRON_CODES[token_dtype(self.output, self.vocab_size)], n, n + 1
+            )
+        )
         for at in range(0, n, INDEX_CHUNK):
-            out.write(lengths[at:at + INDEX_CHUNK].astype("<i4").tobytes())
+            out.write(lengths[at : at + INDEX_CHUNK].astype("<i4").tobytes())
         start = 0
         for at in range(0, n, INDEX_CHUNK):
-            chunk = lengths[at:at + INDEX_CHUNK] * self.dtype.itemsize
+            chunk = lengths[at : at + INDEX_CHUNK] * self.dtype.itemsize
             ends = np.cumsum(chunk) + start
             out.write((ends - chunk).astype("<i8").tobytes())
             start = int(ends[-1])
@@ -128,8 +132,11 @@ def megatron_data_path(outputs: Mapping[str, Mapping[str, int]]) -> bytes:
     """Megatron's ``--data-path`` list of a run's datasets: ``<tokens> <prefix>`` per line, the
     prefix relative to the output folder, in output-name order; datasets of no tokens are left
     out (Megatron cannot sample from an empty one)."""
-    lines = [f"{counts['tokens']} {name[:-len(BIN_SUFFIX)]}\n" for name, counts in sorted(outputs.items())
-             if name.endswith(BIN_SUFFIX) and counts.get("tokens", 0) > 0]
+    lines = [
+        f"{counts['tokens']} {name[: -len(BIN_SUFFIX)]}\n"
+        for name, counts in sorted(outputs.items())
+        if name.endswith(BIN_SUFFIX) and counts.get("tokens", 0) > 0
+    ]
     return "".join(lines).encode()
 
 
@@ -168,7 +175,7 @@ def read_sequences(bin_path: str, index: bytes, output: str, vocab_size: int) ->
             return [np.zeros(0, idx.dtype) for _ in idx.sizes]  # (an empty file cannot be mapped)
         ids = np.memmap(bin_path, dtype=idx.dtype.newbyteorder("<"), mode="r")
         starts = idx.pointers // idx.dtype.itemsize
-        return [np.asarray(ids[s:s + n]) for s, n in zip(starts.tolist(), idx.sizes.tolist())]
+        return [np.asarray(ids[s : s + n]) for s, n in zip(starts.tolist(), idx.sizes.tolist())]
     starts = np.load(io.BytesIO(index), allow_pickle=False)
     dtype = token_dtype(output, vocab_size).newbyteorder("<")
     flat: np.ndarray = np.memmap(bin_path, dtype=dtype, mode="r") if starts[-1] else np.zeros(0, dtype)
@@ -184,8 +191,11 @@ def sequence_example(ids: Sequence[int] | np.ndarray) -> bytes:
     """A sequence as the shuffle before ``--shards`` carries it: a serialized ``tf.train.Example``
     of one int64 list ``input_ids`` as long as the sequence (records there are Examples)."""
     data, _ = tfrecord.varint_rows(np.asarray(ids, np.int64).reshape(1, -1))
-    entry = (tfrecord.int64_entry_prefix(SEQUENCE_FEATURE, len(data)) + data if data
-             else tfrecord.feature_entry(SEQUENCE_FEATURE, tfrecord.packed_int64_feature(b"")))
+    entry = (
+        tfrecord.int64_entry_prefix(SEQUENCE_FEATURE, len(data)) + data
+        if data
+        else tfrecord.feature_entry(SEQUENCE_FEATURE, tfrecord.packed_int64_feature(b""))
+    )
     return tfrecord.example_prefix(len(entry)) + entry
 
 
@@ -209,8 +219,10 @@ def describe(folder: str, output: str) -> str | None:
     kind = "Megatron indexed datasets (.bin + .idx)" if output == "megatron" else "token files (.bin + .npy)"
     text = [f"{len(indexes)} {kind} in {folder}: {len(sizes):,} documents, {int(sizes.sum()):,} tokens"]
     if len(sizes):
-        text.append(f"  tokens per document (with its end token): median {int(np.median(sizes)):,}, "
-                    f"longest {int(sizes.max()):,}")
+        text.append(
+            f"  tokens per document (with its end token): median {int(np.median(sizes)):,}, "
+            f"longest {int(sizes.max()):,}"
+        )
     if output == "megatron":
         text.append(f"  Megatron: --data-args-path {DATA_PATH_FILE} (prefixes relative to the folder: run from it)")
     return "\n".join(text)

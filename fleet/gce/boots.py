@@ -52,12 +52,16 @@ class StopRecord(JsonRecord):
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.time)) if self.time else "at an unknown time"
         if self.deadline:
             at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.deadline))
-            return (f"the run reached its deadline {at} with {self.items_finished} item(s) finished: every VM was "
-                    f"stopped and {self.instance} deleted the MIG and the template. `fleet launch` again (with a later "
-                    "--deadline or more --max-run-hours) to go on")
-        return (f"the run stopped itself {when}: {self.failed_boots} VM boots failed with no item finished "
-                f"in between (the MIG and the template are deleted); last failure, on {self.instance}: "
-                f"{self.reason}. Fix that, then `fleet launch` again")
+            return (
+                f"the run reached its deadline {at} with {self.items_finished} item(s) finished: every VM was "
+                f"stopped and {self.instance} deleted the MIG and the template. `fleet launch` again (with a later "
+                "--deadline or more --max-run-hours) to go on"
+            )
+        return (
+            f"the run stopped itself {when}: {self.failed_boots} VM boots failed with no item finished "
+            f"in between (the MIG and the template are deleted); last failure, on {self.instance}: "
+            f"{self.reason}. Fix that, then `fleet launch` again"
+        )
 
 
 def load_stop(store: Store, run: str) -> StopRecord | None:
@@ -93,4 +97,3 @@ def summary(records: list[BootRecord]) -> dict[str, int]:
     for r in records:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
     return counts
-

@@ -21,20 +21,38 @@ from google.auth import exceptions as auth_exceptions
 from google.cloud import compute_v1
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from fleet.gce.compute_requests import (DELETE_INSTANCES_LIMIT, ComputeError, MigState, Place, api_endpoint,
-                                    delete_instances_body, mig_state, request_id)
+from fleet.gce.compute_requests import (
+    DELETE_INSTANCES_LIMIT,
+    ComputeError,
+    MigState,
+    Place,
+    api_endpoint,
+    delete_instances_body,
+    mig_state,
+    request_id,
+)
 
 # What a retry can cure: Google's 429 and 5xx, and the connection failing under the client. The
 # REST transport raises requests' ConnectionError (a reset, a refused or dropped connection) and
 # Timeout, which are not Python's ConnectionError; a token refresh that cannot reach its server
 # raises google.auth's TransportError. Replaying a mutation is safe: each carries a requestId.
 T = TypeVar("T")
-_TRANSIENT = (gexc.TooManyRequests, gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable,
-              gexc.GatewayTimeout, ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout,
-              auth_exceptions.TransportError)
+_TRANSIENT = (
+    gexc.TooManyRequests,
+    gexc.InternalServerError,
+    gexc.BadGateway,
+    gexc.ServiceUnavailable,
+    gexc.GatewayTimeout,
+    ConnectionError,
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    auth_exceptions.TransportError,
+)
 
-NO_CREDENTIALS = ("no Google credentials found on this machine: log in with `gcloud auth application-default "
-                  "login` (or set GOOGLE_APPLICATION_CREDENTIALS to a key file)")
+NO_CREDENTIALS = (
+    "no Google credentials found on this machine: log in with `gcloud auth application-default "
+    "login` (or set GOOGLE_APPLICATION_CREDENTIALS to a key file)"
+)
 
 
 class NoCredentials(ComputeError):
@@ -51,8 +69,12 @@ def _reasons(e: gexc.GoogleAPICallError) -> set[str]:
     return {d.get("reason", "") for d in (getattr(e, "errors", None) or []) if isinstance(d, dict)}
 
 
-_retrying = retry(retry=retry_if_exception_type(_TRANSIENT), wait=wait_exponential(multiplier=0.5, max=10),
-                  stop=stop_after_attempt(6), reraise=True)
+_retrying = retry(
+    retry=retry_if_exception_type(_TRANSIENT),
+    wait=wait_exponential(multiplier=0.5, max=10),
+    stop=stop_after_attempt(6),
+    reraise=True,
+)
 
 
 class Compute:
@@ -77,8 +99,9 @@ class Compute:
             return cls(**self._kwargs)
         except DefaultCredentialsError as e:
             given = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")  # a key file that is missing or bad
-            raise NoCredentials(f"GOOGLE_APPLICATION_CREDENTIALS={given}: {str(e).splitlines()[0]}" if given
-                                else NO_CREDENTIALS) from None
+            raise NoCredentials(
+                f"GOOGLE_APPLICATION_CREDENTIALS={given}: {str(e).splitlines()[0]}" if given else NO_CREDENTIALS
+            ) from None
 
     templates = functools.cached_property(lambda self: self._client(compute_v1.InstanceTemplatesClient))
     zone_ops = functools.cached_property(lambda self: self._client(compute_v1.ZoneOperationsClient))
@@ -87,7 +110,11 @@ class Compute:
 
     @functools.cached_property
     def migs(self):
-        cls = compute_v1.RegionInstanceGroupManagersClient if self.place.regional else compute_v1.InstanceGroupManagersClient
+        cls = (
+            compute_v1.RegionInstanceGroupManagersClient
+            if self.place.regional
+            else compute_v1.InstanceGroupManagersClient
+        )
         return self._client(cls)
 
     # -- operations -----------------------------------------------------------------
@@ -98,11 +125,13 @@ class Compute:
             if time.monotonic() > deadline:
                 raise ComputeError(f"{what}: operation {op.name} still {op.status.name} after {timeout:.0f}s")
             if op.zone:
-                op = _retrying(self.zone_ops.wait)(project=self.place.project, zone=op.zone.rsplit("/", 1)[-1],
-                                                   operation=op.name)
+                op = _retrying(self.zone_ops.wait)(
+                    project=self.place.project, zone=op.zone.rsplit("/", 1)[-1], operation=op.name
+                )
             elif op.region:
-                op = _retrying(self.region_ops.wait)(project=self.place.project,
-                                                     region=op.region.rsplit("/", 1)[-1], operation=op.name)
+                op = _retrying(self.region_ops.wait)(
+                    project=self.place.project, region=op.region.rsplit("/", 1)[-1], operation=op.name
+                )
             else:
                 op = _retrying(self.global_ops.wait)(project=self.place.project, operation=op.name)
         if op.error and op.error.errors:
@@ -146,19 +175,27 @@ class Compute:
         return True, None
 
     def get_template(self, name: str) -> compute_v1.InstanceTemplate | None:
-        return self._get_or_none(self.templates.get, f"instance template {name}",
-                                 project=self.place.project, instance_template=name)
+        return self._get_or_none(
+            self.templates.get, f"instance template {name}", project=self.place.project, instance_template=name
+        )
 
     def ensure_template(self, template: compute_v1.InstanceTemplate) -> str:
         """Create the template, or reuse an existing one made from the same spec; 'created' or 'reused'."""
         what = f"instance template {template.name}"
-        created, existing = self._create(what, lambda: self.get_template(template.name), self.templates.insert_unary,
-                                         project=self.place.project, instance_template_resource=template)
+        created, existing = self._create(
+            what,
+            lambda: self.get_template(template.name),
+            self.templates.insert_unary,
+            project=self.place.project,
+            instance_template_resource=template,
+        )
         if created:
             return "created"
         if existing is None or existing.description != template.description:
-            raise ComputeError(f"{what} exists with other settings ({existing.description if existing else 'gone'!r}); "
-                               "templates cannot change: pick another --template or delete it with `fleet down`")
+            raise ComputeError(
+                f"{what} exists with other settings ({existing.description if existing else 'gone'!r}); "
+                "templates cannot change: pick another --template or delete it with `fleet down`"
+            )
         return "reused"
 
     def delete_template(self, name: str, in_use_timeout: float = 0.0) -> bool:
@@ -171,8 +208,9 @@ class Compute:
         deadline = time.monotonic() + in_use_timeout
         while True:
             try:
-                op = _retrying(self.templates.delete_unary)(request={
-                    "project": self.place.project, "instance_template": name, "request_id": request_id()})
+                op = _retrying(self.templates.delete_unary)(
+                    request={"project": self.place.project, "instance_template": name, "request_id": request_id()}
+                )
                 self.wait(op, what)
                 return True
             except gexc.NotFound:
@@ -189,26 +227,35 @@ class Compute:
 
     # -- managed instance groups -------------------------------------------------------
     def get_mig(self, name: str) -> compute_v1.InstanceGroupManager | None:
-        return self._get_or_none(self.migs.get, f"managed instance group {name}",
-                                 instance_group_manager=name, **self.place.where())
+        return self._get_or_none(
+            self.migs.get, f"managed instance group {name}", instance_group_manager=name, **self.place.where()
+        )
 
     def create_mig(self, mig: compute_v1.InstanceGroupManager) -> str:
         """Create the MIG; 'exists' if it already does with the same template (a repeated launch)."""
         what = f"managed instance group {mig.name} in {self.place.scope}"
-        created, existing = self._create(what, lambda: self.get_mig(mig.name), self.migs.insert_unary,
-                                         instance_group_manager_resource=mig, **self.place.where())
+        created, existing = self._create(
+            what,
+            lambda: self.get_mig(mig.name),
+            self.migs.insert_unary,
+            instance_group_manager_resource=mig,
+            **self.place.where(),
+        )
         if created:
             return "created"
         if existing is None or not existing.instance_template.endswith(mig.instance_template):
-            raise ComputeError(f"{what} exists with template {existing.instance_template if existing else '?'}; "
-                               "remove it with `fleet down` first")
+            raise ComputeError(
+                f"{what} exists with template {existing.instance_template if existing else '?'}; "
+                "remove it with `fleet down` first"
+            )
         return "exists"
 
     def delete_mig(self, name: str, wait: bool = True) -> bool:
         """Delete the group and its VMs; False if absent."""
         try:
-            op = _retrying(self.migs.delete_unary)(request={
-                "instance_group_manager": name, **self.place.where(), "request_id": request_id()})
+            op = _retrying(self.migs.delete_unary)(
+                request={"instance_group_manager": name, **self.place.where(), "request_id": request_id()}
+            )
         except gexc.NotFound:
             return False
         except gexc.GoogleAPICallError as e:
@@ -224,18 +271,27 @@ class Compute:
         skipped unless skip_invalid is False; then GCE fails the operation (not the request).
         """
         for i in range(0, len(instances), DELETE_INSTANCES_LIMIT):
-            body = delete_instances_body(self.place, instances[i:i + DELETE_INSTANCES_LIMIT], skip_invalid)
-            op = self._call(f"deleteInstances on {name}", self.migs.delete_instances_unary, request={
-                "instance_group_manager": name, **body, **self.place.where(), "request_id": request_id()})
+            body = delete_instances_body(self.place, instances[i : i + DELETE_INSTANCES_LIMIT], skip_invalid)
+            op = self._call(
+                f"deleteInstances on {name}",
+                self.migs.delete_instances_unary,
+                request={"instance_group_manager": name, **body, **self.place.where(), "request_id": request_id()},
+            )
             self.wait(op, f"deleteInstances on {name}")
 
     def managed_instances(self, name: str) -> list[compute_v1.ManagedInstance]:
-        pager = self._call(f"listManagedInstances of {name}", self.migs.list_managed_instances,
-                           instance_group_manager=name, **self.place.where())
+        pager = self._call(
+            f"listManagedInstances of {name}",
+            self.migs.list_managed_instances,
+            instance_group_manager=name,
+            **self.place.where(),
+        )
         return list(pager)
 
     def list_errors(self, name: str) -> list[compute_v1.InstanceManagedByIgmError]:
-        pager = self._call(f"listErrors of {name}", self.migs.list_errors, instance_group_manager=name, **self.place.where())
+        pager = self._call(
+            f"listErrors of {name}", self.migs.list_errors, instance_group_manager=name, **self.place.where()
+        )
         return list(pager)
 
     def state(self, name: str) -> MigState | None:
@@ -250,12 +306,21 @@ class Compute:
 
     def region_info(self) -> tuple[list[str], dict[str, tuple[float, float]]]:
         """The region's zones and its quotas, metric -> (limit, usage)."""
-        region = self._call(f"regions.get {self.region}", self._client(compute_v1.RegionsClient).get,
-                            project=self.place.project, region=self.region)
+        region = self._call(
+            f"regions.get {self.region}",
+            self._client(compute_v1.RegionsClient).get,
+            project=self.place.project,
+            region=self.region,
+        )
         zones = [z.rsplit("/", 1)[-1] for z in region.zones]
         return zones, {q.metric: (q.limit, q.usage) for q in region.quotas}
 
     def machine_vcpus(self, zone: str, machine_type: str) -> int:
-        mt = self._call(f"machineTypes.get {machine_type} in {zone}", self._client(compute_v1.MachineTypesClient).get,
-                        project=self.place.project, zone=zone, machine_type=machine_type)
+        mt = self._call(
+            f"machineTypes.get {machine_type} in {zone}",
+            self._client(compute_v1.MachineTypesClient).get,
+            project=self.place.project,
+            zone=zone,
+            machine_type=machine_type,
+        )
         return int(mt.guest_cpus)

@@ -55,8 +55,10 @@ class ComputeError(Exception):
 
 def check_name(kind: str, name: str, max_len: int = 63) -> str:
     if len(name) > max_len or not _NAME.match(name):
-        raise ComputeError(f"{kind} name {name!r}: use 1-{max_len} lowercase letters, digits and '-', "
-                           "starting with a letter and not ending with '-'")
+        raise ComputeError(
+            f"{kind} name {name!r}: use 1-{max_len} lowercase letters, digits and '-', "
+            "starting with a letter and not ending with '-'"
+        )
     return name
 
 
@@ -97,8 +99,11 @@ class Place:
 
     def where(self) -> dict:
         """The arguments that name this project and zone or region in a client call."""
-        return {"project": self.project, "region": self.region} if self.regional else \
-            {"project": self.project, "zone": self.zone}
+        return (
+            {"project": self.project, "region": self.region}
+            if self.regional
+            else {"project": self.project, "zone": self.zone}
+        )
 
 
 @dataclass(frozen=True)
@@ -156,8 +161,9 @@ def request_id() -> str:
 
 def to_dict(message) -> dict:
     """A request body exactly as the REST transport sends it (camelCase, int64 as strings)."""
-    return json.loads(type(message).to_json(message, use_integers_for_enums=False,
-                                            always_print_fields_with_no_presence=False))
+    return json.loads(
+        type(message).to_json(message, use_integers_for_enums=False, always_print_fields_with_no_presence=False)
+    )
 
 
 def template_resource(spec: FleetSpec) -> compute_v1.InstanceTemplate:
@@ -194,17 +200,25 @@ def template_resource(spec: FleetSpec) -> compute_v1.InstanceTemplate:
         nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
     properties = compute_v1.InstanceProperties(
         machine_type=spec.machine_type,
-        disks=[compute_v1.AttachedDisk(
-            boot=True, auto_delete=True, type_="PERSISTENT",
-            initialize_params=compute_v1.AttachedDiskInitializeParams(source_image=spec.image, disk_size_gb=spec.disk_gb),
-        )],
+        disks=[
+            compute_v1.AttachedDisk(
+                boot=True,
+                auto_delete=True,
+                type_="PERSISTENT",
+                initialize_params=compute_v1.AttachedDiskInitializeParams(
+                    source_image=spec.image, disk_size_gb=spec.disk_gb
+                ),
+            )
+        ],
         network_interfaces=[nic],
         metadata=compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in items.items()]),
         scheduling=scheduling,
         labels={"fleet-run": run_label(spec.run)},
     )
     if spec.service_account:
-        properties.service_accounts = [compute_v1.ServiceAccount(email=spec.service_account, scopes=list(WORKER_SCOPES))]
+        properties.service_accounts = [
+            compute_v1.ServiceAccount(email=spec.service_account, scopes=list(WORKER_SCOPES))
+        ]
     if spec.disk_type:  # unset, GCE picks the series' default, which every series can boot from
         properties.disks[0].initialize_params.disk_type = spec.disk_type
     template = compute_v1.InstanceTemplate(name=spec.template, properties=properties)
@@ -228,16 +242,19 @@ def mig_resource(spec: FleetSpec, place: Place, name: str, size: int) -> compute
         # proactive redistribution off, which would otherwise move VMs mid-item.
         mig.distribution_policy = compute_v1.DistributionPolicy(target_shape="ANY")
         mig.update_policy = compute_v1.InstanceGroupManagerUpdatePolicy(
-            instance_redistribution_type="NONE", type_="OPPORTUNISTIC")
+            instance_redistribution_type="NONE", type_="OPPORTUNISTIC"
+        )
         # A preempted Spot VM is repaired in its old zone by default (allowChangingZone NO): the zone
         # that just ran out of capacity. YES lets the MIG recreate it wherever there is room.
         mig.instance_lifecycle_policy = compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
-            on_repair=compute_v1.InstanceGroupManagerInstanceLifecyclePolicyOnRepair(allow_changing_zone="YES"))
+            on_repair=compute_v1.InstanceGroupManagerInstanceLifecyclePolicyOnRepair(allow_changing_zone="YES")
+        )
     return mig
 
 
-def launch_requests(template: compute_v1.InstanceTemplate, mig: compute_v1.InstanceGroupManager,
-                    place: Place) -> list[Request]:
+def launch_requests(
+    template: compute_v1.InstanceTemplate, mig: compute_v1.InstanceGroupManager, place: Place
+) -> list[Request]:
     """The two creating requests `fleet launch` sends (after a get of each, to reuse what exists)."""
     base = f"/compute/v1/projects/{place.project}"
     return [
@@ -249,12 +266,16 @@ def launch_requests(template: compute_v1.InstanceTemplate, mig: compute_v1.Insta
 def delete_instances_body(place: Place, instances: list[str], skip_invalid: bool) -> dict:
     """The deleteInstances request of a zonal or regional MIG, as the client's keyword argument."""
     if place.regional:
-        return {"region_instance_group_managers_delete_instances_request_resource":
-                compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(
-                    instances=instances, skip_instances_on_validation_error=skip_invalid)}
-    return {"instance_group_managers_delete_instances_request_resource":
-            compute_v1.InstanceGroupManagersDeleteInstancesRequest(
-                instances=instances, skip_instances_on_validation_error=skip_invalid)}
+        return {
+            "region_instance_group_managers_delete_instances_request_resource": compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(
+                instances=instances, skip_instances_on_validation_error=skip_invalid
+            )
+        }
+    return {
+        "instance_group_managers_delete_instances_request_resource": compute_v1.InstanceGroupManagersDeleteInstancesRequest(
+            instances=instances, skip_instances_on_validation_error=skip_invalid
+        )
+    }
 
 
 # What GCE says when a zone has no capacity for the VM (a Spot stock-out, most often).
@@ -271,21 +292,37 @@ class MigState:
     short_zones: dict[str, int] = field(default_factory=dict)  # zone -> stock-outs listErrors reports there
 
 
-def mig_state(name: str, mig: compute_v1.InstanceGroupManager, managed: list[compute_v1.ManagedInstance],
-              errors: list[compute_v1.InstanceManagedByIgmError]) -> MigState:
+def mig_state(
+    name: str,
+    mig: compute_v1.InstanceGroupManager,
+    managed: list[compute_v1.ManagedInstance],
+    errors: list[compute_v1.InstanceManagedByIgmError],
+) -> MigState:
     """The MIG, its instances with their current actions, and its recent errors (quota, stock-out)."""
     st = MigState(name, mig.target_size, mig.instance_template.rsplit("/", 1)[-1])
     for mi in managed:
         errs = [f"{e.code}: {e.message}" for e in mi.last_attempt.errors.errors] if mi.last_attempt else []
-        st.instances.append({"name": mi.name or mi.instance.rsplit("/", 1)[-1],
-                             "zone": mi.instance.split("/zones/")[-1].split("/")[0], "status": mi.instance_status,
-                             "action": mi.current_action, "errors": errs})
+        st.instances.append(
+            {
+                "name": mi.name or mi.instance.rsplit("/", 1)[-1],
+                "zone": mi.instance.split("/zones/")[-1].split("/")[0],
+                "status": mi.instance_status,
+                "action": mi.current_action,
+                "errors": errs,
+            }
+        )
     for e in errors:
         url = e.instance_action_details.instance
-        st.errors.append({"time": e.timestamp, "instance": url.rsplit("/", 1)[-1],
-                          "zone": url.split("/zones/")[-1].split("/")[0] if "/zones/" in url else "",
-                          "action": e.instance_action_details.action, "code": e.error.code,
-                          "message": e.error.message})
+        st.errors.append(
+            {
+                "time": e.timestamp,
+                "instance": url.rsplit("/", 1)[-1],
+                "zone": url.split("/zones/")[-1].split("/")[0] if "/zones/" in url else "",
+                "action": e.instance_action_details.action,
+                "code": e.error.code,
+                "message": e.error.message,
+            }
+        )
     # A zone is short of capacity where GCE could not create a VM for want of it (listErrors: recent history).
     for error in st.errors:
         if error["code"] in STOCK_OUT_CODES and error["zone"]:

@@ -73,7 +73,7 @@ class FleetConfig:
 
     @property
     def bucket_name(self) -> str:
-        return self.bucket[len("gs://"):]
+        return self.bucket[len("gs://") :]
 
     @property
     def location(self) -> str:
@@ -102,19 +102,27 @@ class FleetConfig:
         if not 10 <= self.disk_gb <= 65536:
             raise bad("disk_gb", "must be between 10 and 65536")
         if self.disk_type and not _DISK_TYPE.match(self.disk_type):
-            raise bad("disk_type", "give a disk type name like pd-balanced or hyperdisk-balanced, or \"\" for the "
-                                   "machine series' default")
+            raise bad(
+                "disk_type",
+                'give a disk type name like pd-balanced or hyperdisk-balanced, or "" for the machine series\' default',
+            )
         series = self.machine_type.split("-")[0]
         if self.disk_type.startswith("pd-") and series in HYPERDISK_ONLY_SERIES:
-            raise bad("disk_type", f"{series} machines boot only from Hyperdisk: use hyperdisk-balanced, or \"\" "
-                                   "for the series' default")
+            raise bad(
+                "disk_type",
+                f'{series} machines boot only from Hyperdisk: use hyperdisk-balanced, or "" for the series\' default',
+            )
         if self.workers_per_vm < 0:
             raise bad("workers_per_vm", "must be 0 (one per core) or more")
         if self.standby < 0:
             raise bad("standby", "must be 0 or more")
-        if self.max_run_hours is not None and not (self.max_run_hours == 0 or 1 / 120 <= self.max_run_hours <= 24 * 120):
-            raise bad("max_run_hours", "must be between 0.0083 (30 s) and 2880 (120 days); "
-                                       "leave it out to derive it from the plan")
+        if self.max_run_hours is not None and not (
+            self.max_run_hours == 0 or 1 / 120 <= self.max_run_hours <= 24 * 120
+        ):
+            raise bad(
+                "max_run_hours",
+                "must be between 0.0083 (30 s) and 2880 (120 days); leave it out to derive it from the plan",
+            )
         for name in ("mb_per_vcpu_s", "boot_minutes", "vcpu_hour_usd", "spot_vcpu_hour_usd"):
             if not getattr(self, name) > 0:  # NaN too
                 raise bad(name, "must be a positive number")
@@ -185,16 +193,15 @@ def _toml_value(value: typing.Any) -> str:
 _COMMENTS = {
     "zone": "a zonal MIG here, or set region instead for a regional one",
     "service_account": "the workers' identity: needs the two custom roles `fleet iam` prints "
-                       "(bucket objects; its own MIG and template only)",
+    "(bucket objects; its own MIG and template only)",
     "image": "a Packer-built family (images/packer/) skips the pip install at boot",
     "workers_per_vm": "0 = one worker process per core",
     "standby": "idle workers kept alive in the tail to take over expired leases",
     "disk_type": "boot disk type; empty = the machine series' default (pd-standard on E2/N2, "
-                 "hyperdisk-balanced on C4/N4); e.g. pd-balanced for faster boots on E2",
+    "hyperdisk-balanced on C4/N4); e.g. pd-balanced for faster boots on E2",
     "max_run_hours": "a run's time limit from its launch: every VM, recreated ones included, is deleted by "
-                     "then whatever it is doing; unset = 3 x the run's expected time, shown by `fleet launch --dry-run`",
-    "mb_per_vcpu_s": "cost estimate (planning figures; docs/costs.md): MB/s per vCPU, boot, "
-                     "price per vCPU-hour",
+    "then whatever it is doing; unset = 3 x the run's expected time, shown by `fleet launch --dry-run`",
+    "mb_per_vcpu_s": "cost estimate (planning figures; docs/costs.md): MB/s per vCPU, boot, price per vCPU-hour",
     "code_paths": "what `fleet sync` uploads, relative to the project root",
 }
 

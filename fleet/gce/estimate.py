@@ -189,14 +189,18 @@ class BucketEstimate:
 
     def lines(self) -> list[str]:
         p = self.prices
-        out = [f"bucket operations: ≈ {self.class_a:,.0f} Class A ({self.list_pages:,.0f} list pages, "
-               f"{self.writes:,.0f} writes) and {self.class_b:,.0f} Class B (reads), "
-               f"≈ {usd(self.usd)} at ${p.class_a_per_1000:g} and ${p.class_b_per_1000:g} per 1,000 "
-               f"(Cloud Storage list price, Standard storage in a region; deletes are free)"]
+        out = [
+            f"bucket operations: ≈ {self.class_a:,.0f} Class A ({self.list_pages:,.0f} list pages, "
+            f"{self.writes:,.0f} writes) and {self.class_b:,.0f} Class B (reads), "
+            f"≈ {usd(self.usd)} at ${p.class_a_per_1000:g} and ${p.class_b_per_1000:g} per 1,000 "
+            f"(Cloud Storage list price, Standard storage in a region; deletes are free)"
+        ]
         if self.shuffle is not None:
             s = self.shuffle
-            out.append(f"  of which the shuffle between stages: {s.reads:,} ranged reads of "
-                       f"{s.bytes / 1e9:,.1f} GB, ≈ {usd(p.usd(0, s.reads))}")
+            out.append(
+                f"  of which the shuffle between stages: {s.reads:,} ranged reads of "
+                f"{s.bytes / 1e9:,.1f} GB, ≈ {usd(p.usd(0, s.reads))}"
+            )
         return out
 
 
@@ -207,8 +211,14 @@ def usd(amount: float) -> str:
     return f"${amount:.{1 - math.floor(math.log10(amount))}f}"
 
 
-def bucket_estimate(item_steps: Sequence[int], map_bytes: int, processes: int, model: RequestModel = MODEL,
-                    prices: OperationPrices = PRICES, stages: Sequence[Boundary] = ()) -> BucketEstimate:
+def bucket_estimate(
+    item_steps: Sequence[int],
+    map_bytes: int,
+    processes: int,
+    model: RequestModel = MODEL,
+    prices: OperationPrices = PRICES,
+    stages: Sequence[Boundary] = (),
+) -> BucketEstimate:
     """The bucket operations of a run whose items are at ``item_steps`` (fleet.core.run.Item.step,
     0 the map), with ``stages`` its stage boundaries (:func:`boundaries`), worked on by
     ``processes`` worker processes in all. A stage's records are taken to be as many bytes as
@@ -219,10 +229,19 @@ def bucket_estimate(item_steps: Sequence[int], map_bytes: int, processes: int, m
         per_step[step] = per_step.get(step, 0) + 1
     map_items = per_step.get(0, 0)
     pages = items * model.list_calls + processes * model.process_calls + model.drains * 2 * list_pages(items)
-    writes = items * (model.lease_writes + model.renewals + model.final_markers + model.done_markers
-                      + model.heartbeats + model.outputs)
-    reads = items * (model.lease_reads + model.output_stats + model.finish_reads) + map_items * model.input_reads \
+    writes = items * (
+        model.lease_writes
+        + model.renewals
+        + model.final_markers
+        + model.done_markers
+        + model.heartbeats
+        + model.outputs
+    )
+    reads = (
+        items * (model.lease_reads + model.output_stats + model.finish_reads)
+        + map_items * model.input_reads
         + processes * model.start_reads
+    )
     shuffle = None
     for b in stages:
         s = shuffle_reads(b.producers, b.readers, map_bytes, b.combine)
@@ -281,14 +300,22 @@ class Estimate:
         if self.bucket is not None:
             out += self.bucket.lines()
         if self.bound_hours:
-            how = (f"derived: {MARGIN:g} × the expected time, at least {MIN_BOUND_S / 3600:g} h; --max-run-hours "
-                   "or --deadline overrides" if self.bound_derived else f"set by {self.bound_how or 'max_run_hours'}")
+            how = (
+                f"derived: {MARGIN:g} × the expected time, at least {MIN_BOUND_S / 3600:g} h; --max-run-hours "
+                "or --deadline overrides"
+                if self.bound_derived
+                else f"set by {self.bound_how or 'max_run_hours'}"
+            )
             at = f"{self.deadline}, " if self.deadline else ""
-            out.append(f"deadline: {at}{_duration(self.bound_hours * 3600)} after launch ({how}); every VM, recreated "
-                       f"ones included, is gone by then: at most {self.bound_vm_hours:,.2f} VM-hours, "
-                       f"≈ ${self.bound_usd:,.2f}")
-            out.append(f"price range: ≈ ${self.expected_usd:,.2f} to ${self.bound_usd:,.2f}"
-                       + (f" for the machines, + ≈ {usd(self.bucket_usd)} of bucket operations" if self.bucket else ""))
+            out.append(
+                f"deadline: {at}{_duration(self.bound_hours * 3600)} after launch ({how}); every VM, recreated "
+                f"ones included, is gone by then: at most {self.bound_vm_hours:,.2f} VM-hours, "
+                f"≈ ${self.bound_usd:,.2f}"
+            )
+            out.append(
+                f"price range: ≈ ${self.expected_usd:,.2f} to ${self.bound_usd:,.2f}"
+                + (f" for the machines, + ≈ {usd(self.bucket_usd)} of bucket operations" if self.bucket else "")
+            )
         else:
             out.append("deadline: none: a VM that never leaves bills until `fleet down`")
         return out
@@ -309,9 +336,17 @@ def derived_bound_hours(wall_s: float) -> float:
     return min(math.ceil(max(MARGIN * wall_s, MIN_BOUND_S) / 3600), MAX_BOUND_S / 3600)
 
 
-def estimate(item_sizes: list[int], workers: int, vcpus: int, workers_per_vm: int, spot: bool, rates: Rates,
-             max_run_hours: float | None, item_steps: Sequence[int] | None = None,
-             stages: Sequence[Boundary] = ()) -> Estimate:
+def estimate(
+    item_sizes: list[int],
+    workers: int,
+    vcpus: int,
+    workers_per_vm: int,
+    spot: bool,
+    rates: Rates,
+    max_run_hours: float | None,
+    item_steps: Sequence[int] | None = None,
+    stages: Sequence[Boundary] = (),
+) -> Estimate:
     """``max_run_hours`` None derives the run's bound (launch to deadline); 0 means none; otherwise it is the bound.
     ``item_steps``: each item's step (fleet.core.run.Item.step), and ``stages`` the run's stage
     boundaries (:func:`boundaries`), for a run with stages; else all map items."""
@@ -326,5 +361,20 @@ def estimate(item_sizes: list[int], workers: int, vcpus: int, workers_per_vm: in
     bound = derived_bound_hours(wall_s) if max_run_hours is None else max_run_hours
     steps = [0] * len(item_sizes) if item_steps is None else list(item_steps)
     bucket = bucket_estimate(steps, sum(item_sizes), workers * procs, stages=stages)
-    return Estimate(sum(item_sizes), len(item_sizes), workers, vcpus, procs, spot, work_s, wall_s, vm_hours,
-                    vm_hours * vcpus, price, round(bound, 4), max_run_hours is None, rates, bucket)
+    return Estimate(
+        sum(item_sizes),
+        len(item_sizes),
+        workers,
+        vcpus,
+        procs,
+        spot,
+        work_s,
+        wall_s,
+        vm_hours,
+        vm_hours * vcpus,
+        price,
+        round(bound, 4),
+        max_run_hours is None,
+        rates,
+        bucket,
+    )

@@ -54,28 +54,38 @@ class Role:
 
 
 STORAGE_ROLE = Role(
-    "fleetWorkerStorage", "fleet worker (bucket)",
+    "fleetWorkerStorage",
+    "fleet worker (bucket)",
     "What fleet's VMs do in the run's bucket: read code and items, write outputs, leases, logs.",
     (
         Permission("storage.objects.get", "objects.get: code snapshot, run spec, items, leases (startup.sh, workers)"),
         Permission("storage.objects.list", "objects.list: leases, released items, failed-boot markers"),
         Permission("storage.objects.create", "objects.insert: outputs, leases, heartbeats, logs, boot records"),
-        Permission("storage.objects.delete", "objects.insert over an existing object (lease renewals, logs), "
-                                             "objects.delete of released-item markers"),
-    ))
+        Permission(
+            "storage.objects.delete",
+            "objects.insert over an existing object (lease renewals, logs), objects.delete of released-item markers",
+        ),
+    ),
+)
 
 COMPUTE_ROLE = Role(
-    "fleetWorkerCompute", "fleet worker (own MIG)",
+    "fleetWorkerCompute",
+    "fleet worker (own MIG)",
     "What a fleet VM does to its own MIG: leave it; when the run is done (or stops, or no VM is left), delete "
     "the MIG and its template.",
     (
-        Permission("compute.instanceGroupManagers.update", "instanceGroupManagers.deleteInstances: a VM leaves its MIG"),
-        Permission("compute.instanceGroupManagers.get",
-                   "listManagedInstances: the VMs to remove, and whether any is left that is not being deleted"),
+        Permission(
+            "compute.instanceGroupManagers.update", "instanceGroupManagers.deleteInstances: a VM leaves its MIG"
+        ),
+        Permission(
+            "compute.instanceGroupManagers.get",
+            "listManagedInstances: the VMs to remove, and whether any is left that is not being deleted",
+        ),
         Permission("compute.instanceGroupManagers.delete", "instanceGroupManagers.delete: the run done or stopped"),
         Permission("compute.instanceTemplates.delete", "instanceTemplates.delete: the run done or stopped"),
         Permission("compute.globalOperations.get", "globalOperations.get: waiting for the template's deletion"),
-    ))
+    ),
+)
 
 ROLES = (STORAGE_ROLE, COMPUTE_ROLE)
 
@@ -93,8 +103,10 @@ def condition_expression(prefix: str = NAME_PREFIX) -> str:
     The MIG and operation permissions pass whatever Google puts in resource.name and resource.type for
     them (it lists neither type among those with resource attributes): the condition rests only on
     attributes Google documents for instance templates."""
-    return (f'resource.type != "{TEMPLATE_TYPE}" '
-            f'|| resource.name.extract("/instanceTemplates/{{name}}").startsWith("{prefix}")')
+    return (
+        f'resource.type != "{TEMPLATE_TYPE}" '
+        f'|| resource.name.extract("/instanceTemplates/{{name}}").startsWith("{prefix}")'
+    )
 
 
 CONDITION_TITLE = "fleet-templates-only"
@@ -102,8 +114,12 @@ CONDITION_TITLE = "fleet-templates-only"
 
 def role_yaml(role: Role) -> str:
     """The file `gcloud iam roles create ID --project=P --file=FILE` takes."""
-    lines = [f"title: {json.dumps(role.title)}", f"description: {json.dumps(role.description)}", "stage: GA",
-             "includedPermissions:"]
+    lines = [
+        f"title: {json.dumps(role.title)}",
+        f"description: {json.dumps(role.description)}",
+        "stage: GA",
+        "includedPermissions:",
+    ]
     lines += [f"- {name}" for name in role.names]
     return "\n".join(lines) + "\n"
 
@@ -113,16 +129,24 @@ def setup_commands(project: str, bucket: str, service_account: str) -> str:
     sa = service_account or f"fleet-worker@{project}.iam.gserviceaccount.com"
     account_id = sa.split("@", 1)[0]
     cond = condition_expression().replace("'", "'\\''")
-    return "\n".join([
-        f"gcloud iam service-accounts create {account_id} --project={project} --display-name='fleet workers'",
-        *(f"fleet iam --role {role.id} > {role.id}.yaml && "
-          f"gcloud iam roles create {role.id} --project={project} --file={role.id}.yaml" for role in ROLES),
-        f"gcloud storage buckets add-iam-policy-binding {bucket} --member=serviceAccount:{sa} "
-        f"--role=projects/{project}/roles/{STORAGE_ROLE.id}",
-        f"gcloud projects add-iam-policy-binding {project} --member=serviceAccount:{sa} "
-        f"--role=projects/{project}/roles/{COMPUTE_ROLE.id} "
-        f"--condition='title={CONDITION_TITLE},expression={cond}'",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"gcloud iam service-accounts create {account_id} --project={project} --display-name='fleet workers'",
+                *(
+                    f"fleet iam --role {role.id} > {role.id}.yaml && "
+                    f"gcloud iam roles create {role.id} --project={project} --file={role.id}.yaml"
+                    for role in ROLES
+                ),
+                f"gcloud storage buckets add-iam-policy-binding {bucket} --member=serviceAccount:{sa} "
+                f"--role=projects/{project}/roles/{STORAGE_ROLE.id}",
+                f"gcloud projects add-iam-policy-binding {project} --member=serviceAccount:{sa} "
+                f"--role=projects/{project}/roles/{COMPUTE_ROLE.id} "
+                f"--condition='title={CONDITION_TITLE},expression={cond}'",
+            ]
+        )
+        + "\n"
+    )
 
 
 # -- does the service account exist? -------------------------------------------------------
@@ -160,8 +184,12 @@ def check_service_account(email: str, timeout: float = 30.0) -> AccountCheck:
     session = AuthorizedSession(credentials)
     url = f"{(endpoint or DEFAULT_ENDPOINT).rstrip('/')}/v1/projects/-/serviceAccounts/{quote(email, safe='@.')}"
 
-    @retry(retry=retry_if_exception_type((requests.ConnectionError, requests.Timeout, _Transient)),
-           wait=wait_exponential(multiplier=0.5, max=8), stop=stop_after_attempt(5), reraise=True)
+    @retry(
+        retry=retry_if_exception_type((requests.ConnectionError, requests.Timeout, _Transient)),
+        wait=wait_exponential(multiplier=0.5, max=8),
+        stop=stop_after_attempt(5),
+        reraise=True,
+    )
     def get() -> requests.Response:
         response = session.get(url, timeout=timeout)
         if response.status_code in (429, 500, 502, 503, 504):

@@ -66,8 +66,10 @@ def gather(cfg: FleetConfig, comp: compute.Compute) -> Facts:
             raise
         except compute_requests.ComputeError as e:
             if " 404 " in f" {e} ":
-                problems.append(f"machine type {cfg.machine_type} does not exist in {zone}: fix machine_type in "
-                                "fleet.toml (gcloud compute machine-types list --zones " + zone + ")")
+                problems.append(
+                    f"machine type {cfg.machine_type} does not exist in {zone}: fix machine_type in "
+                    "fleet.toml (gcloud compute machine-types list --zones " + zone + ")"
+                )
             else:
                 problems.append(f"cannot read machine type {cfg.machine_type} ({e})")
     if vcpus is None:
@@ -95,8 +97,9 @@ class Need:
     unit: str
 
 
-def needs(cfg: FleetConfig, spot: bool, disk_type: str, disk_gb: int, vcpus: int,
-          quotas: dict[str, tuple[float, float]]) -> list[Need]:
+def needs(
+    cfg: FleetConfig, spot: bool, disk_type: str, disk_gb: int, vcpus: int, quotas: dict[str, tuple[float, float]]
+) -> list[Need]:
     out = [Need(cpu_metric(cfg.machine_type, spot, quotas), vcpus, f"vCPUs ({cfg.machine_type})")]
     if cfg.external_ip:
         out.append(Need("IN_USE_ADDRESSES", 1, "external IP"))
@@ -106,8 +109,15 @@ def needs(cfg: FleetConfig, spot: bool, disk_type: str, disk_gb: int, vcpus: int
     return out
 
 
-def shortfalls(cfg: FleetConfig, workers: int, spot: bool, disk_type: str, disk_gb: int, facts: Facts,
-               account: iam.AccountCheck | None) -> list[str]:
+def shortfalls(
+    cfg: FleetConfig,
+    workers: int,
+    spot: bool,
+    disk_type: str,
+    disk_gb: int,
+    facts: Facts,
+    account: iam.AccountCheck | None,
+) -> list[str]:
     """One line per problem, each naming the fix; empty when the launch can go ahead."""
     out = list(facts.problems)
     region = cfg.region or cfg.zone.rsplit("-", 1)[0]
@@ -119,17 +129,24 @@ def shortfalls(cfg: FleetConfig, workers: int, spot: bool, disk_type: str, disk_
         want = workers * need.per_vm
         if want > free:
             fits = math.floor(free / need.per_vm) if need.per_vm else 0
-            out.append(f"quota {need.metric} in {region}: {workers} VMs need {want:g} ({need.per_vm:g} {need.unit} "
-                       f"each) but {free:g} of {limit:g} are free; request more (console: IAM & Admin > Quotas, "
-                       f"metric {need.metric}) or launch --workers {fits}" if fits else
-                       f"quota {need.metric} in {region}: {workers} VMs need {want:g} ({need.per_vm:g} {need.unit} "
-                       f"each) but {free:g} of {limit:g} are free; request more (console: IAM & Admin > Quotas, "
-                       f"metric {need.metric})")
+            out.append(
+                f"quota {need.metric} in {region}: {workers} VMs need {want:g} ({need.per_vm:g} {need.unit} "
+                f"each) but {free:g} of {limit:g} are free; request more (console: IAM & Admin > Quotas, "
+                f"metric {need.metric}) or launch --workers {fits}"
+                if fits
+                else f"quota {need.metric} in {region}: {workers} VMs need {want:g} ({need.per_vm:g} {need.unit} "
+                f"each) but {free:g} of {limit:g} are free; request more (console: IAM & Admin > Quotas, "
+                f"metric {need.metric})"
+            )
     if account is not None and account.exists is False:
-        out.append(f"service account {cfg.service_account} does not exist: create it (`fleet iam` prints the "
-                   "commands) or fix service_account in fleet.toml")
+        out.append(
+            f"service account {cfg.service_account} does not exist: create it (`fleet iam` prints the "
+            "commands) or fix service_account in fleet.toml"
+        )
     elif account is not None and account.exists is None:
-        out.append(f"cannot check that service account {cfg.service_account} exists ({account.detail}); "
-                   "you need iam.serviceAccounts.get on it (roles/iam.serviceAccountUser, which launching VMs "
-                   "as it needs anyway)")
+        out.append(
+            f"cannot check that service account {cfg.service_account} exists ({account.detail}); "
+            "you need iam.serviceAccounts.get on it (roles/iam.serviceAccountUser, which launching VMs "
+            "as it needs anyway)"
+        )
     return out

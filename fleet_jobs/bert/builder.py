@@ -96,13 +96,18 @@ class DocBatch:
         first = int(np.searchsorted(doc_token_starts, self.n_tokens - max_tokens, side="left"))
         if first < self.n_docs:
             s0 = int(ds[first])
-            return DocBatch(self.ids[ss[s0]:].copy(), ss[s0:] - ss[s0], ds[first:] - s0,
-                            self.doc_numbers[first:].copy())
+            return DocBatch(
+                self.ids[ss[s0] :].copy(), ss[s0:] - ss[s0], ds[first:] - s0, self.doc_numbers[first:].copy()
+            )
         s0, s1 = int(ds[-2]), int(ds[-1])
         t0 = int(ss[s0])
-        s_end = max(s0 + 1, int(np.searchsorted(ss[s0:s1 + 1], t0 + max_tokens, side="right")) - 1 + s0)
-        return DocBatch(self.ids[t0:ss[s_end]].copy(), ss[s0:s_end + 1] - t0, np.array([0, s_end - s0], np.int64),
-                        self.doc_numbers[-1:].copy())
+        s_end = max(s0 + 1, int(np.searchsorted(ss[s0 : s1 + 1], t0 + max_tokens, side="right")) - 1 + s0)
+        return DocBatch(
+            self.ids[t0 : ss[s_end]].copy(),
+            ss[s0 : s_end + 1] - t0,
+            np.array([0, s_end - s0], np.int64),
+            self.doc_numbers[-1:].copy(),
+        )
 
 
 @dataclass
@@ -129,8 +134,7 @@ class DocBatcher:
         self._numbers.append(np.array([doc_number], np.int64))
         self.tokens += total
 
-    def add_many(self, numbers: np.ndarray, ids: np.ndarray, line_lengths: np.ndarray,
-                 doc_lines: np.ndarray) -> int:
+    def add_many(self, numbers: np.ndarray, ids: np.ndarray, line_lengths: np.ndarray, doc_lines: np.ndarray) -> int:
         """Documents given flat (``tokenizer.tokenize_flat`` of their lines; document d has
         ``doc_lines[d]`` of the lines), added one after the other as ``add`` would, up to the
         one that makes the batch ``full``. Returns how many documents were taken: the caller
@@ -149,7 +153,7 @@ class DocBatcher:
         sentence_ends = np.concatenate([[0], np.cumsum(nonempty)])
         per_doc = sentence_ends[line_ends[:n]] - sentence_ends[line_ends[:n] - doc_lines[:n]]
         if keep.any():
-            self._ids.append(ids[:token_ends[lines]])
+            self._ids.append(ids[: token_ends[lines]])
             self._lengths.append(kept_lines[nonempty])
             self._doc_sentences.append(per_doc[keep].astype(np.int64))
             self._numbers.append(np.asarray(numbers[:n], np.int64)[keep])
@@ -216,8 +220,9 @@ class Spans:
         return len(self.a_start)
 
     def take(self, index: np.ndarray) -> "Spans":
-        return Spans(self.a_start[index], self.a_end[index], self.b_start[index], self.b_end[index],
-                     self.random_next[index])
+        return Spans(
+            self.a_start[index], self.a_end[index], self.b_start[index], self.b_end[index], self.random_next[index]
+        )
 
 
 def fast_randint(rng: random.Random) -> Callable[[int, int], int]:
@@ -267,8 +272,9 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
             k = randint(0, n_docs - 1)
             if not first <= k <= last and numbers[k] != avoid_a and numbers[k] != avoid_b:
                 return k
-        others = [k for k in range(n_docs) if not first <= k <= last and numbers[k] != avoid_a
-                  and numbers[k] != avoid_b]
+        others = [
+            k for k in range(n_docs) if not first <= k <= last and numbers[k] != avoid_a and numbers[k] != avoid_b
+        ]
         return others[randint(0, len(others) - 1)] if others else None
 
     streams = [(ds[first_doc], ds[-1])] if pack else [(ds[d], ds[d + 1]) for d in range(first_doc, n_docs)]
@@ -285,8 +291,11 @@ def build_spans(batch: DocBatch, first_doc: int, opts: PairOptions, rng: random.
                 random_next = n == 1 or random_float() < 0.5
             else:  # the flip first: an actual next B must continue A's document
                 random_next = n == 1 or random_float() < 0.5
-                inside = [] if random_next else [j for j in range(chunk + 1, i + 1)
-                                                 if sentence_doc[j] == sentence_doc[j - 1]]
+                inside = (
+                    []
+                    if random_next
+                    else [j for j in range(chunk + 1, i + 1) if sentence_doc[j] == sentence_doc[j - 1]]
+                )
                 if inside:
                     a_end = inside[randint(0, len(inside) - 1)]
                 else:
@@ -342,8 +351,13 @@ def truncate_pairs(spans: Spans, max_num_tokens: int, gen: np.random.Generator) 
     cut_b = np.where(la > lb, 0, to_longer) + rest - rest // 2
     front_a = gen.binomial(cut_a, 0.5)
     front_b = gen.binomial(cut_b, 0.5)
-    return Spans(spans.a_start + front_a, spans.a_end - (cut_a - front_a),
-                 spans.b_start + front_b, spans.b_end - (cut_b - front_b), spans.random_next)
+    return Spans(
+        spans.a_start + front_a,
+        spans.a_end - (cut_a - front_a),
+        spans.b_start + front_b,
+        spans.b_end - (cut_b - front_b),
+        spans.random_next,
+    )
 
 
 @dataclass

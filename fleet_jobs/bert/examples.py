@@ -82,27 +82,44 @@ class BertExamples:
         vocab = tokenizer.vocab
         self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
         self.pairs = PairOptions(opts.max_seq_length, opts.short_seq_prob, opts.pack_documents)
-        self.masking = MaskingOptions(vocab["[MASK]"], random_ids(vocab), opts.masked_lm_prob,
-                                      opts.max_predictions_per_seq, opts.whole_word_masking)
-        self.encoder = BertRecordEncoder(BertLayout(opts.max_seq_length, opts.max_predictions_per_seq,
-                                                    opts.v2_feature_names))
+        self.masking = MaskingOptions(
+            vocab["[MASK]"],
+            random_ids(vocab),
+            opts.masked_lm_prob,
+            opts.max_predictions_per_seq,
+            opts.whole_word_masking,
+        )
+        self.encoder = BertRecordEncoder(
+            BertLayout(opts.max_seq_length, opts.max_predictions_per_seq, opts.v2_feature_names)
+        )
 
     def tokenize(self, lines: list[str]) -> list[list[int]]:
         if self.opts.whole_word_masking:
             return self.tokenizer.tokenize_lines_words(lines, self.cut)
         return self.tokenizer.tokenize_lines(lines)
 
-    def records(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
-                keep: KeptBatches | None = None, shuffle: ShuffledExamples | None = None) -> Iterator[bytes]:
+    def records(
+        self,
+        documents: Iterable[list[str]],
+        seed: int,
+        counters: BertCounters,
+        keep: KeptBatches | None = None,
+        shuffle: ShuffledExamples | None = None,
+    ) -> Iterator[bytes]:
         """Framed TFRecords, a batch at a time (each yield is the bytes of many records).
         With dupe_factor > 1 the item's batches go to ``keep`` (default: a list in memory);
         with ``shuffle`` the records come in its order, else in the order they were built."""
         for chunk in self._chunks(documents, seed, counters, keep, shuffle):
             yield self.encoder.encode(chunk.masked, chunk.lengths, chunk.first_lengths, chunk.random_next)
 
-    def rows(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
-             keep: KeptBatches | None = None, shuffle: ShuffledExamples | None = None
-             ) -> Iterator[dict[str, np.ndarray]]:
+    def rows(
+        self,
+        documents: Iterable[list[str]],
+        seed: int,
+        counters: BertCounters,
+        keep: KeptBatches | None = None,
+        shuffle: ShuffledExamples | None = None,
+    ) -> Iterator[dict[str, np.ndarray]]:
         """The examples ``records`` encodes, in its order, as one 2-D array per feature (by its
         written name, row i of each is example i), a chunk at a time: for a writer of rows
         (Parquet), which would otherwise parse the records back."""
@@ -123,14 +140,21 @@ class BertExamples:
             }
             yield {names[name]: values[name] for name in FEATURES}
 
-    def _chunks(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
-                keep: KeptBatches | None, shuffle: ShuffledExamples | None) -> Iterator[Chunk]:
+    def _chunks(
+        self,
+        documents: Iterable[list[str]],
+        seed: int,
+        counters: BertCounters,
+        keep: KeptBatches | None,
+        shuffle: ShuffledExamples | None,
+    ) -> Iterator[Chunk]:
         """Every chunk of examples, in the order of the records."""
         built = self._built(documents, seed, counters, keep)
         return built if shuffle is None else shuffle.shuffled(built)
 
-    def _built(self, documents: Iterable[list[str]], seed: int, counters: BertCounters,
-               keep: KeptBatches | None) -> Iterator[Chunk]:
+    def _built(
+        self, documents: Iterable[list[str]], seed: int, counters: BertCounters, keep: KeptBatches | None
+    ) -> Iterator[Chunk]:
         """Every chunk of examples, in the order they are built: batch by batch, pass by pass."""
         if self.opts.dupe_factor > 1 and keep is None:
             keep = []
@@ -201,8 +225,9 @@ class BertExamples:
     def _rngs(seed: int, dupe: int) -> tuple[random.Random, np.random.Generator]:
         return random.Random(f"{seed}:{dupe}"), np.random.default_rng([seed & (2**64 - 1), dupe])
 
-    def _batch_chunks(self, batch: DocBatch, pool: NegativePool, rngs, counters: BertCounters,
-                      keep: KeptBatches | None):
+    def _batch_chunks(
+        self, batch: DocBatch, pool: NegativePool, rngs, counters: BertCounters, keep: KeptBatches | None
+    ):
         if not batch.n_docs:
             return
         if keep is not None:
@@ -213,12 +238,16 @@ class BertExamples:
         spans = truncate_pairs(spans, self.opts.max_seq_length - 3, gen).take(gen.permutation(len(spans)))
         pool.keep(merged)
         for start in range(0, len(spans), ROWS_PER_CHUNK):
-            pairs = assemble(merged.ids, spans.take(np.arange(start, min(len(spans), start + ROWS_PER_CHUNK))),
-                             self.opts.max_seq_length, self.cls_id, self.sep_id)
+            pairs = assemble(
+                merged.ids,
+                spans.take(np.arange(start, min(len(spans), start + ROWS_PER_CHUNK))),
+                self.opts.max_seq_length,
+                self.cls_id,
+                self.sep_id,
+            )
             masked = mask_batch(pairs.tokens, pairs.lengths, pairs.first_lengths, self.masking, gen)
             counters.examples += len(pairs.lengths)
             counters.tokens += int(pairs.lengths.sum())
             counters.masked_lm_predictions += int(masked.counts.sum())
             counters.random_next += int(pairs.random_next.sum())
             yield Chunk(masked, pairs.lengths, pairs.first_lengths, pairs.random_next)
-

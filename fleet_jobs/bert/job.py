@@ -47,8 +47,9 @@ def _validate(config: BertConfig) -> None:
     if not 0 < config.masked_lm_prob <= 1:
         raise ConfigError(f"option masked_lm_prob: must be in (0, 1], got {config.masked_lm_prob}")
     if not 1 <= config.max_predictions_per_seq <= 1 << 16:
-        raise ConfigError(f"option max_predictions_per_seq: must be between 1 and 65536, "
-                          f"got {config.max_predictions_per_seq}")
+        raise ConfigError(
+            f"option max_predictions_per_seq: must be between 1 and 65536, got {config.max_predictions_per_seq}"
+        )
     if not 0 <= config.short_seq_prob <= 1:
         raise ConfigError(f"option short_seq_prob: must be in [0, 1], got {config.short_seq_prob}")
     if not 1 <= config.dupe_factor <= 1000:
@@ -64,9 +65,16 @@ class BertConverter(DocumentConverter):
 
     def __init__(self, config: BertConfig, tokenizer: BertTokenizer):
         self.config = config
-        options = BertOptions(config.max_seq_length, config.masked_lm_prob, config.max_predictions_per_seq,
-                              config.short_seq_prob, config.dupe_factor, config.whole_word_masking,
-                              config.v2_feature_names, config.pack_documents)
+        options = BertOptions(
+            config.max_seq_length,
+            config.masked_lm_prob,
+            config.max_predictions_per_seq,
+            config.short_seq_prob,
+            config.dupe_factor,
+            config.whole_word_masking,
+            config.v2_feature_names,
+            config.pack_documents,
+        )
         self.examples = BertExamples(tokenizer, options, _chinese_words() if config.whole_word_masking else None)
         self.id_bound = max(tokenizer.vocab.values()) + 1
         names = feature_names(config.v2_feature_names)
@@ -75,8 +83,11 @@ class BertConverter(DocumentConverter):
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: ExampleSink) -> dict[str, float]:
         counters = BertCounters()
         config = self.config
-        with open_writer(sink, config.output, config.compression, self.columns) as out, SpillingBatches() as keep, \
-                ShuffledExamples(ctx.seed, ctx.workdir, id_bound=self.id_bound) as shuffle:
+        with (
+            open_writer(sink, config.output, config.compression, self.columns) as out,
+            SpillingBatches() as keep,
+            ShuffledExamples(ctx.seed, ctx.workdir, id_bound=self.id_bound) as shuffle,
+        ):
             order = None if ctx.feeds else shuffle  # (records that feed a stage are ordered by its shuffle)
             if config.output == "parquet":  # rows as they are, not records the writer would parse back
                 for values in self.examples.rows(documents, ctx.seed, counters, keep, order):
@@ -114,9 +125,11 @@ class BertJob(TextJob):
 
     def summarize(self, totals) -> dict[str, float]:
         positions, tokens, examples = totals.get("positions", 0), totals.get("tokens", 0), totals.get("examples", 0)
-        return {"fill_ratio": tokens / positions if positions else 0.0,
-                "masked_share": totals.get("masked_lm_predictions", 0) / tokens if tokens else 0.0,
-                "random_next_share": totals.get("random_next", 0) / examples if examples else 0.0}
+        return {
+            "fill_ratio": tokens / positions if positions else 0.0,
+            "masked_share": totals.get("masked_lm_predictions", 0) / tokens if tokens else 0.0,
+            "random_next_share": totals.get("random_next", 0) / examples if examples else 0.0,
+        }
 
     def report(self, output_url: str, config: BertConfig) -> str | None:
         """The records' summary (``python -m fleet_jobs.text report``) for a local output folder."""

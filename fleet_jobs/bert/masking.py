@@ -59,8 +59,9 @@ def predictions_per_row(lengths: np.ndarray, opts: MaskingOptions) -> np.ndarray
     return np.minimum(opts.max_predictions_per_seq, np.maximum(1, wanted))
 
 
-def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarray, opts: MaskingOptions,
-               gen: np.random.Generator) -> Masked:
+def mask_batch(
+    tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarray, opts: MaskingOptions, gen: np.random.Generator
+) -> Masked:
     """Mask rows laid out as ``[CLS] A [SEP] B [SEP]`` (``first_lengths`` = positions of ``[CLS] A [SEP]``)."""
     n_rows, width = tokens.shape
     ids = tokens & ID_BITS
@@ -95,8 +96,9 @@ def mask_batch(tokens: np.ndarray, lengths: np.ndarray, first_lengths: np.ndarra
     # length in their low bits); take a word while it fits in the row's budget.
     keys = np.full(n_rows * n_words, np.iinfo(np.uint64).max, np.uint64)  # empty slots sort last, length 0
     random_bits = gen.integers(0, 1 << 32, n, dtype=np.uint64)
-    keys[word_row * n_words + word_index] = (random_bits << 32 | word_index.astype(np.uint64) << 16
-                                             | word_length.astype(np.uint64))
+    keys[word_row * n_words + word_index] = (
+        random_bits << 32 | word_index.astype(np.uint64) << 16 | word_length.astype(np.uint64)
+    )
     keys = keys.reshape(n_rows, n_words)
     keys.sort(axis=1)
     visit = keys.T  # (rank, row): a view (the loop reads a few ranks of every row, strided)
@@ -155,8 +157,9 @@ def _divmod(a: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
     return np.divmod(a, d)
 
 
-def _finish_rows(visit: np.ndarray, taken: np.ndarray, count: np.ndarray, budget: np.ndarray,
-                 rows: np.ndarray, first_rank: int) -> None:
+def _finish_rows(
+    visit: np.ndarray, taken: np.ndarray, count: np.ndarray, budget: np.ndarray, rows: np.ndarray, first_rank: int
+) -> None:
     """The greedy visit of ``mask_batch`` for a few rows, from ``first_rank`` on (the same
     choices the numpy loop would make; empty slots, length 0, come last in a row)."""
     for row in rows.tolist():

@@ -20,8 +20,15 @@ import numpy as np
 from fleet.formats import tfrecord
 from .masking import Masked
 
-FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-            "masked_lm_weights", "next_sentence_labels")
+FEATURES = (
+    "input_ids",
+    "input_mask",
+    "segment_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+    "next_sentence_labels",
+)
 # tf-models' names (official/nlp/data/pretrain_dataloader.py, use_v2_feature_names): only two change.
 LAYOUT_BYTES = 8 << 20  # the byte layout of the rows encoded together (memory, and cache)
 V2_NAMES = {"input_ids": "input_word_ids", "segment_ids": "input_type_ids"}
@@ -75,8 +82,9 @@ class BertRecordEncoder:
         """The int64 entry prefix of every payload size up to ``max_payload``: ``_padded``."""
         key = name, max_payload
         if key not in self._prefixes:
-            self._prefixes[key] = _padded([tfrecord.int64_entry_prefix(self._names[name], n)
-                                           for n in range(max_payload + 1)])
+            self._prefixes[key] = _padded(
+                [tfrecord.int64_entry_prefix(self._names[name], n) for n in range(max_payload + 1)]
+            )
         return self._prefixes[key]
 
     def _example_prefix_table(self, max_body: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -89,8 +97,7 @@ class BertRecordEncoder:
             self._frame_headers = tfrecord.frame_headers(2 * max_length + 1)
         return self._frame_headers
 
-    def encode(self, masked: Masked, lengths: np.ndarray, first_lengths: np.ndarray,
-               random_next: np.ndarray) -> bytes:
+    def encode(self, masked: Masked, lengths: np.ndarray, first_lengths: np.ndarray, random_next: np.ndarray) -> bytes:
         """The framed TFRecords of all rows, joined (row order).
 
         Every row is laid out in one (rows, width) byte array, each feature's bytes in
@@ -102,13 +109,22 @@ class BertRecordEncoder:
         step = max(1, LAYOUT_BYTES // (6 * (seq + 2 * preds) + 4 * preds + 256))  # (a row's layout, at most)
         if len(lengths) <= step:
             return self._encode(masked, lengths, first_lengths, random_next)
-        return b"".join(self._encode(Masked(masked.input_ids[i:i + step], masked.positions[i:i + step],
-                                            masked.labels[i:i + step], masked.counts[i:i + step]),
-                                     lengths[i:i + step], first_lengths[i:i + step], random_next[i:i + step])
-                        for i in range(0, len(lengths), step))
+        return b"".join(
+            self._encode(
+                Masked(
+                    masked.input_ids[i : i + step],
+                    masked.positions[i : i + step],
+                    masked.labels[i : i + step],
+                    masked.counts[i : i + step],
+                ),
+                lengths[i : i + step],
+                first_lengths[i : i + step],
+                random_next[i : i + step],
+            )
+            for i in range(0, len(lengths), step)
+        )
 
-    def _encode(self, masked: Masked, lengths: np.ndarray, first_lengths: np.ndarray,
-                random_next: np.ndarray) -> bytes:
+    def _encode(self, masked: Masked, lengths: np.ndarray, first_lengths: np.ndarray, random_next: np.ndarray) -> bytes:
         n_rows = len(lengths)
         if not n_rows:
             return b""
@@ -116,11 +132,21 @@ class BertRecordEncoder:
         pos = np.arange(seq)
         lengths = np.asarray(lengths, np.int64)[:, None]
         first_lengths = np.asarray(first_lengths, np.int64)[:, None]
-        varints = {name: _varint_parts(values) for name, values in (
-            ("input_ids", masked.input_ids), ("masked_lm_positions", masked.positions), ("masked_lm_ids", masked.labels))}
+        varints = {
+            name: _varint_parts(values)
+            for name, values in (
+                ("input_ids", masked.input_ids),
+                ("masked_lm_positions", masked.positions),
+                ("masked_lm_ids", masked.labels),
+            )
+        }
         prefixes = {name: self._prefix_table(name, parts.shape[1]) for name, (parts, _, _) in varints.items()}
-        fixed = {"input_mask": len(self._mask_prefix) + seq, "segment_ids": len(self._segment_prefix) + seq,
-                 "masked_lm_weights": self._weights_table.shape[1], "next_sentence_labels": self._labels_table.shape[1]}
+        fixed = {
+            "input_mask": len(self._mask_prefix) + seq,
+            "segment_ids": len(self._segment_prefix) + seq,
+            "masked_lm_weights": self._weights_table.shape[1],
+            "next_sentence_labels": self._labels_table.shape[1],
+        }
         body_bytes = np.full(n_rows, sum(fixed.values()), np.int64)
         for name, (_, _, payload) in varints.items():
             body_bytes += prefixes[name][2][payload] + payload
@@ -128,9 +154,15 @@ class BertRecordEncoder:
         example_bytes = body_bytes + example_prefix_length[body_bytes]
         headers = self._frame_header_table(int(example_bytes.max()))
 
-        width = 12 + example_prefix.shape[1] + 4 + sum(
-            prefixes[name][0].shape[1] + varints[name][0].shape[1] if name in varints else fixed[name]
-            for name in self.order)
+        width = (
+            12
+            + example_prefix.shape[1]
+            + 4
+            + sum(
+                prefixes[name][0].shape[1] + varints[name][0].shape[1] if name in varints else fixed[name]
+                for name in self.order
+            )
+        )
         data = np.empty((n_rows, width), np.uint8)
         used = np.ones((n_rows, width), bool)
         at = 0
@@ -177,8 +209,8 @@ def _padded(pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     data = np.zeros((len(pieces), width), np.uint8)
     used = np.zeros((len(pieces), width), bool)
     for i, piece in enumerate(pieces):
-        data[i, :len(piece)] = np.frombuffer(piece, np.uint8)
-        used[i, :len(piece)] = True
+        data[i, : len(piece)] = np.frombuffer(piece, np.uint8)
+        used[i, : len(piece)] = True
     return data, used, used.sum(axis=1)
 
 
@@ -192,8 +224,11 @@ def _varint_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
         words = np.take(_varint_words(), v)
         # A byte is used if it is a value's first or follows one with the continuation bit.
         used: np.ndarray = (words & 0x8080) << 1 | 1  # (a bool array in the other branch)
-        return (words.view(np.uint8).reshape(n_rows, -1), used.view(bool).reshape(n_rows, -1),
-                np.take(tfrecord.varint_table()[1], v).sum(axis=1, dtype=np.int64))
+        return (
+            words.view(np.uint8).reshape(n_rows, -1),
+            used.view(bool).reshape(n_rows, -1),
+            np.take(tfrecord.varint_table()[1], v).sum(axis=1, dtype=np.int64),
+        )
     v = v.astype(np.int64)
     if v.min() < 0 or v.max() >= 1 << 35:
         raise ValueError("varints of values in [0, 2**35) only")

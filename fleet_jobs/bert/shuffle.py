@@ -60,8 +60,15 @@ def permutation(n: int, item_seed: int) -> np.ndarray:
 
 def _fields(chunk: Chunk) -> dict[str, np.ndarray]:
     m = chunk.masked
-    return {"input_ids": m.input_ids, "positions": m.positions, "labels": m.labels, "counts": m.counts,
-            "lengths": chunk.lengths, "first_lengths": chunk.first_lengths, "random_next": chunk.random_next}
+    return {
+        "input_ids": m.input_ids,
+        "positions": m.positions,
+        "labels": m.labels,
+        "counts": m.counts,
+        "lengths": chunk.lengths,
+        "first_lengths": chunk.first_lengths,
+        "random_next": chunk.random_next,
+    }
 
 
 def _row_dtype(chunk: Chunk, id_bound: int) -> np.dtype:
@@ -70,8 +77,17 @@ def _row_dtype(chunk: Chunk, id_bound: int) -> np.dtype:
     seq, preds = chunk.masked.input_ids.shape[1], chunk.masked.positions.shape[1]
     ids = np.uint16 if id_bound <= 1 << 16 else np.int32
     small = np.uint16 if seq < 1 << 16 else np.int64
-    return np.dtype([("input_ids", ids, (seq,)), ("positions", small, (preds,)), ("labels", ids, (preds,)),
-                     ("counts", small), ("lengths", small), ("first_lengths", small), ("random_next", np.uint8)])
+    return np.dtype(
+        [
+            ("input_ids", ids, (seq,)),
+            ("positions", small, (preds,)),
+            ("labels", ids, (preds,)),
+            ("counts", small),
+            ("lengths", small),
+            ("first_lengths", small),
+            ("random_next", np.uint8),
+        ]
+    )
 
 
 def _pack(chunk: Chunk, dtype: np.dtype, id_bound: int) -> np.ndarray:
@@ -87,11 +103,16 @@ def _pack(chunk: Chunk, dtype: np.dtype, id_bound: int) -> np.ndarray:
 
 def _unpack(rows: np.ndarray, types: dict[str, np.dtype]) -> Chunk:
     """The rows as a chunk with the types the chunks came with."""
+
     def column(name: str) -> np.ndarray:
         return rows[name].astype(types[name])
 
-    return Chunk(Masked(column("input_ids"), column("positions"), column("labels"), column("counts")),
-                 column("lengths"), column("first_lengths"), column("random_next"))
+    return Chunk(
+        Masked(column("input_ids"), column("positions"), column("labels"), column("counts")),
+        column("lengths"),
+        column("first_lengths"),
+        column("random_next"),
+    )
 
 
 class ShuffledExamples:
@@ -144,10 +165,10 @@ class ShuffledExamples:
         if self.file is None:
             rows = np.frombuffer(buffer, dtype)
             for start in range(0, n, ROWS_OUT):
-                yield _unpack(rows[order[start:start + ROWS_OUT]], types)
+                yield _unpack(rows[order[start : start + ROWS_OUT]], types)
             return
         self.file.flush()
         fd, width = self.file.fileno(), dtype.itemsize
         for start in range(0, n, ROWS_OUT):
-            rows_read = b"".join([os.pread(fd, width, i * width) for i in order[start:start + ROWS_OUT].tolist()])
+            rows_read = b"".join([os.pread(fd, width, i * width) for i in order[start : start + ROWS_OUT].tolist()])
             yield _unpack(np.frombuffer(rows_read, dtype), types)

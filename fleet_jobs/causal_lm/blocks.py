@@ -114,7 +114,7 @@ class BlockCutter:
             self.dropped += len(ids)
             return Blocks(np.zeros((0, size), np.int32), np.zeros(0, np.int32))
         row = np.full((1, size), self.opts.pad_id, np.int32)
-        row[0, :len(ids)] = ids
+        row[0, : len(ids)] = ids
         return Blocks(row, np.array([len(ids)], np.int32))
 
 

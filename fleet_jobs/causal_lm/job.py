@@ -21,10 +21,27 @@ from typing import Callable, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 
-from fleet.formats.token_files import (DATA_PATH_FILE, SEQUENCE_FEATURE, SEQUENCE_OUTPUTS, describe, megatron_data_path,
-                                       sequence_example)
-from fleet.job import (ConfigError, Feature, ItemContext, KeyedSink, Opener, Reducer, RunManifest, Sink, Stage,
-                       StageOptions, parse_example)
+from fleet.formats.token_files import (
+    DATA_PATH_FILE,
+    SEQUENCE_FEATURE,
+    SEQUENCE_OUTPUTS,
+    describe,
+    megatron_data_path,
+    sequence_example,
+)
+from fleet.job import (
+    ConfigError,
+    Feature,
+    ItemContext,
+    KeyedSink,
+    Opener,
+    Reducer,
+    RunManifest,
+    Sink,
+    Stage,
+    StageOptions,
+    parse_example,
+)
 
 from fleet_jobs.text.job import DocumentConverter, TextJob
 from fleet_jobs.text.groups import document_groups
@@ -45,9 +62,9 @@ REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: ~3
 @dataclass
 class CausalLMConfig:
     tokenizer_file: str = ""  # URL or path: a tokenizer.json, a SentencePiece .model or a .tiktoken file; or vocab_file
-    tokenizer_type: str = "auto"  # auto | json | sentencepiece | tiktoken: tokenizer_file's kind (auto: by name, else content)
+    tokenizer_type: str = "auto"  # auto (by name, else content) | json | sentencepiece | tiktoken: the file's kind
     tiktoken_pattern: str = ""  # tiktoken: the split regex (default: the known encoding's, else cl100k_base's)
-    tiktoken_special_tokens: str = ""  # tiktoken: TOKEN=ID,... e.g. <|endoftext|>=100257 (default: the known encoding's)
+    tiktoken_special_tokens: str = ""  # tiktoken: TOKEN=ID,... e.g. <|endoftext|>=100257 (default: the encoding's)
     vocab_file: str = ""  # URL or path of a BERT vocab.txt (WordPiece); or tokenizer_file
     do_lower_case: bool = True  # vocab_file only (a tokenizer.json carries its own normalizer)
     max_seq_length: int = 1024  # tokens per example
@@ -63,11 +80,14 @@ class CausalLMConfig:
 
 def _validate(config: CausalLMConfig) -> None:
     if bool(config.tokenizer_file) == bool(config.vocab_file):
-        raise ConfigError("give one of the options tokenizer_file (a tokenizers tokenizer.json, a SentencePiece "
-                          ".model or a .tiktoken file) or vocab_file (a BERT vocab.txt)")
+        raise ConfigError(
+            "give one of the options tokenizer_file (a tokenizers tokenizer.json, a SentencePiece "
+            ".model or a .tiktoken file) or vocab_file (a BERT vocab.txt)"
+        )
     if config.tokenizer_type not in TOKENIZER_KINDS:
-        raise ConfigError(f"option tokenizer_type: {config.tokenizer_type!r} is not supported "
-                          f"(known: {', '.join(TOKENIZER_KINDS)})")
+        raise ConfigError(
+            f"option tokenizer_type: {config.tokenizer_type!r} is not supported (known: {', '.join(TOKENIZER_KINDS)})"
+        )
     if not 2 <= config.max_seq_length <= 1 << 20:
         raise ConfigError(f"option max_seq_length: must be between 2 and 1048576, got {config.max_seq_length}")
     if config.last_block not in LAST_BLOCKS:
@@ -77,8 +97,10 @@ def _validate(config: CausalLMConfig) -> None:
         defaults = {f.name: f.default for f in dataclasses.fields(CausalLMConfig)}
         for name in BLOCK_OPTIONS:
             if getattr(config, name) != defaults[name]:
-                raise ConfigError(f"option {name}: output={config.output} writes each document whole, as one "
-                                  "sequence (the trainer cuts its samples); leave it unset")
+                raise ConfigError(
+                    f"option {name}: output={config.output} writes each document whole, as one "
+                    "sequence (the trainer cuts its samples); leave it unset"
+                )
 
 
 # What only blocks use: output=megatron and output=tokens refuse them when set.
@@ -89,11 +111,14 @@ def _tokenizer(config: CausalLMConfig, opener: Opener) -> DocumentTokenizer:
     if config.vocab_file:
         bert = bert_tokenizer(config.vocab_file, config.do_lower_case, opener)
         return from_bert(bert, config.vocab_file, config.eod_token, config.pad_token)
-    kind, tokenizer = file_tokenizer(config.tokenizer_file, opener, config.tokenizer_type, config.tiktoken_pattern,
-                                     config.tiktoken_special_tokens)
+    kind, tokenizer = file_tokenizer(
+        config.tokenizer_file, opener, config.tokenizer_type, config.tiktoken_pattern, config.tiktoken_special_tokens
+    )
     if kind != "tiktoken" and (config.tiktoken_pattern or config.tiktoken_special_tokens):
-        raise ConfigError(f"options tiktoken_pattern and tiktoken_special_tokens apply to a .tiktoken file, "
-                          f"not {config.tokenizer_file} ({kind})")
+        raise ConfigError(
+            f"options tiktoken_pattern and tiktoken_special_tokens apply to a .tiktoken file, "
+            f"not {config.tokenizer_file} ({kind})"
+        )
     build = {"json": from_json, "sentencepiece": from_sentencepiece, "tiktoken": from_tiktoken}[kind]
     return build(tokenizer, config.tokenizer_file, config.eod_token, config.pad_token)
 
@@ -111,14 +136,20 @@ class CausalLMConverter(DocumentConverter):
     def __init__(self, config: CausalLMConfig, tokenizer: DocumentTokenizer):
         self.config = config
         self.tokenizer = tokenizer
-        self.options = BlockOptions(config.max_seq_length + int(config.shifted_labels), tokenizer.eod_id,
-                                    tokenizer.pad_id, config.last_block, config.pack_documents)
+        self.options = BlockOptions(
+            config.max_seq_length + int(config.shifted_labels),
+            tokenizer.eod_id,
+            tokenizer.pad_id,
+            config.last_block,
+            config.pack_documents,
+        )
         self.padded = config.last_block == "pad"
         self.columns = [Column(name) for name in features(config)]
         self.provenance = config.provenance
 
-    def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: Union[Sink, ShuffledExamples]
-                ) -> dict[str, float]:
+    def convert(
+        self, documents: Iterable[list[str]], ctx: ItemContext, sink: Union[Sink, ShuffledExamples]
+    ) -> dict[str, float]:
         """``sink``: the item's, or (``example_sink``: its outputs feed a stage) the shuffle."""
         if self.config.output in SEQUENCE_OUTPUTS:
             return self._sequences(documents, sink)
@@ -129,8 +160,9 @@ class CausalLMConverter(DocumentConverter):
             trace = Trace(documents, sink, self.options)
         # TFRecords (a file, or the shuffle's Examples) of blocks from cached heads; Parquet from columns
         records = BlockRecords(self.options.block_size, self.padded) if self.config.output == "tfrecord" else None
-        counts: dict[str, float] = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "examples",
-                                                  "real_tokens"), 0)
+        counts: dict[str, float] = dict.fromkeys(
+            ("documents", "lines", "text_bytes", "tokens", "examples", "real_tokens"), 0
+        )
         with open_writer(sink, self.config.output, self.config.compression, self.columns) as out:
 
             def write(blocks) -> None:
@@ -183,10 +215,10 @@ class CausalLMConverter(DocumentConverter):
         return counts
 
     @contextlib.contextmanager
-    def _sequence_output(self, sink: Union[Sink, ShuffledExamples]
-                         ) -> Iterator[Callable[[Sequence[np.ndarray]], None]]:
+    def _sequence_output(self, sink: Union[Sink, ShuffledExamples]) -> Iterator[Callable[[Sequence[np.ndarray]], None]]:
         """Where sequences go: the item's dataset, or (``--shards``) the shuffle, one Example each."""
         if isinstance(sink, ShuffledExamples):
+
             def emit(sequences: Sequence[np.ndarray]) -> None:
                 for sequence in sequences:
                     sink.emit_example(sequence_example(sequence))
@@ -265,14 +297,16 @@ class CausalLMJob(TextJob):
         positions, tokens = totals.get("positions", 0), totals.get("tokens", 0)
         if "sequences" in totals:  # output=megatron|tokens: whole documents, no blocks to fill
             return {}
-        return {"fill_ratio": totals.get("real_tokens", 0) / positions if positions else 0.0,
-                "dropped_share": totals.get("dropped_tokens", 0) / tokens if tokens else 0.0}
+        return {
+            "fill_ratio": totals.get("real_tokens", 0) / positions if positions else 0.0,
+            "dropped_share": totals.get("dropped_tokens", 0) / tokens if tokens else 0.0,
+        }
 
     def report(self, output_url: str, config: CausalLMConfig) -> str | None:
         """Block lengths and fill of a local run (``fleet local`` prints it)."""
         from fleet_jobs.text.tools.report import local_report
 
         if config.output in SEQUENCE_OUTPUTS:
-            path = output_url[len("file://"):] if output_url.startswith("file://") else output_url
+            path = output_url[len("file://") :] if output_url.startswith("file://") else output_url
             return describe(path, config.output) if "://" not in path else None
         return local_report(output_url, config.vocab_file, REPORT_RECORDS)

@@ -15,5 +15,5 @@ class BlockRecords(blocks.BlockRecords):
     def __init__(self, width: int, padded: bool, use_native: bool | None = None):
         """``use_native``: None, the C path when ``native.available()`` gives the library; False,
         Python; True, C (``NativeError`` when there is no library)."""
-        lib = (native.available() if use_native is None else native.load() if use_native else None)
+        lib = native.available() if use_native is None else native.load() if use_native else None
         super().__init__(width, padded, lib.lib.rec_blocks if lib is not None else None)

@@ -24,7 +24,13 @@ from .blocks import DocumentIds, flatten
 from .unigram import unigram_encoder
 from .word_cache import word_cache
 
-EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")  # eod_token="" takes the first in the vocab
+EOD_CANDIDATES = (
+    "<|endoftext|>",
+    "</s>",
+    "<eos>",
+    "<|end_of_text|>",
+    "[SEP]",
+)  # eod_token="" takes the first in the vocab
 PAD_CANDIDATES = ("[PAD]", "<pad>", "<|padding|>")  # else padding uses the end-of-document id
 # A BERT vocab tokenizes a document this many characters of lines at a time, into int32 arrays: as
 # Python lists of ints a part of 4 Mi Chinese characters took about 150 MB.
@@ -48,9 +54,9 @@ class DocumentTokenizer:
         return flatten(self.encode(documents))
 
 
-
-def _special(vocab: dict[str, int], name: str, option: str, wanted: str, candidates: Sequence[str],
-             source: str) -> int | None:
+def _special(
+    vocab: dict[str, int], name: str, option: str, wanted: str, candidates: Sequence[str], source: str
+) -> int | None:
     if wanted:
         if wanted not in vocab:
             raise ConfigError(f"option {option}: {wanted!r} is not in {source}")
@@ -86,8 +92,9 @@ def from_json(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     eod = _special(vocab, "eod", "eod_token", eod_token, EOD_CANDIDATES, source)
     if eod is None:
-        raise ConfigError(f"{source}: no end-of-document token ({', '.join(EOD_CANDIDATES)}); "
-                          "name one with eod_token=...")
+        raise ConfigError(
+            f"{source}: no end-of-document token ({', '.join(EOD_CANDIDATES)}); name one with eod_token=..."
+        )
     pad = _special(vocab, "pad", "pad_token", pad_token, PAD_CANDIDATES, source)
 
     # The same ids without offsets (tokenizers >= 0.20): an Encoding of a 4 Mi-character part
@@ -104,8 +111,13 @@ def from_json(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
         assert cache is not None  # flat is handed on only with a cache (below)
         return cache.encode(["\n".join(lines) for lines in documents])
 
-    return DocumentTokenizer(encode, eod, eod if pad is None else pad, tokenizer.get_vocab_size(with_added_tokens=True),
-                             flat if cache is not None else None)
+    return DocumentTokenizer(
+        encode,
+        eod,
+        eod if pad is None else pad,
+        tokenizer.get_vocab_size(with_added_tokens=True),
+        flat if cache is not None else None,
+    )
 
 
 def from_sentencepiece(sp, source: str, eod_token: str, pad_token: str) -> DocumentTokenizer:
@@ -119,8 +131,10 @@ def from_sentencepiece(sp, source: str, eod_token: str, pad_token: str) -> Docum
     eos = [sp.id_to_piece(sp.eos_id())] if sp.eos_id() >= 0 else []
     eod = _special(pieces, "eod", "eod_token", eod_token, (*eos, *EOD_CANDIDATES), source)
     if eod is None:
-        raise ConfigError(f"{source}: no end-of-document token (the model has no eos piece); "
-                          "name one of its pieces with eod_token=...")
+        raise ConfigError(
+            f"{source}: no end-of-document token (the model has no eos piece); "
+            "name one of its pieces with eod_token=..."
+        )
     pads = [sp.id_to_piece(sp.pad_id())] if sp.pad_id() >= 0 else []
     pad = _special(pieces, "pad", "pad_token", pad_token, (*pads, *PAD_CANDIDATES), source)
 
@@ -143,22 +157,28 @@ def from_sentencepiece(sp, source: str, eod_token: str, pad_token: str) -> Docum
 def from_tiktoken(enc, source: str, eod_token: str, pad_token: str) -> DocumentTokenizer:
     """A ``tiktoken.Encoding``: ``eod_token`` (a special token, or any single token), else the first
     of ``EOD_CANDIDATES`` among its special tokens."""
+
     def single(token: str) -> int | None:
         try:
             return enc.encode_single_token(token)
         except KeyError:
             return None
 
-    tokens = {t: i for t in (eod_token, pad_token, *EOD_CANDIDATES, *PAD_CANDIDATES)
-              if t and (i := single(t)) is not None}
-    eod = _special(tokens, "eod", "eod_token", eod_token, [t for t in EOD_CANDIDATES if t in enc.special_tokens_set],
-                   source)
+    tokens = {
+        t: i for t in (eod_token, pad_token, *EOD_CANDIDATES, *PAD_CANDIDATES) if t and (i := single(t)) is not None
+    }
+    eod = _special(
+        tokens, "eod", "eod_token", eod_token, [t for t in EOD_CANDIDATES if t in enc.special_tokens_set], source
+    )
     if eod is None:
-        raise ConfigError(f"{source}: no end-of-document token among its special tokens; name one with "
-                          "tiktoken_special_tokens=<|endoftext|>=ID (and eod_token=... if it is not "
-                          f"{', '.join(EOD_CANDIDATES)})")
-    pad = _special(tokens, "pad", "pad_token", pad_token, [t for t in PAD_CANDIDATES if t in enc.special_tokens_set],
-                   source)
+        raise ConfigError(
+            f"{source}: no end-of-document token among its special tokens; name one with "
+            "tiktoken_special_tokens=<|endoftext|>=ID (and eod_token=... if it is not "
+            f"{', '.join(EOD_CANDIDATES)})"
+        )
+    pad = _special(
+        tokens, "pad", "pad_token", pad_token, [t for t in PAD_CANDIDATES if t in enc.special_tokens_set], source
+    )
     encode_ordinary = enc.encode_ordinary
 
     def encode(documents: Sequence[list[str]]) -> list[list[int]]:

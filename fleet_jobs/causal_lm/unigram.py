@@ -36,7 +36,9 @@ from .blocks import flatten
 SENTENCEPIECE = ("0.2.3",)  # the versions whose EncodeOptimized and Normalize unigram.c follows
 SPACE = "\u2581"  # SentencePiece's escaped space
 UNK_PENALTY = np.float32(10.0)  # unigram_model.cc kUnkPenalty: an unknown character scores min_score - 10
-MAX_WORDS = 1 << 19  # distinct words kept (past it, or 32 MB of them, the cache starts over): bounded memory on web-scale text
+MAX_WORDS = (
+    1 << 19
+)  # distinct words kept (past it, or 32 MB of them, the cache starts over): bounded memory on web-scale text
 # ModelProto's enums (sentencepiece_model.proto)
 UNIGRAM = 1
 NORMAL, UNKNOWN, USER_DEFINED = 1, 2, 4
@@ -95,10 +97,23 @@ class UnigramEncoder:
         pool = b"".join(encoded)
         spec = proto.normalizer_spec
         charsmap = spec.precompiled_charsmap
-        ptr = lib.lib.ug_new(pool, offsets.ctypes.data, ids.ctypes.data, len(ids), scores.ctypes.data,
-                             len(scores), unk_id, float(unk_score), smax,
-                             None if byte_ids is None else byte_ids.ctypes.data, MAX_WORDS,
-                             charsmap, len(charsmap), int(spec.remove_extra_whitespaces), int(spec.add_dummy_prefix))
+        ptr = lib.lib.ug_new(
+            pool,
+            offsets.ctypes.data,
+            ids.ctypes.data,
+            len(ids),
+            scores.ctypes.data,
+            len(scores),
+            unk_id,
+            float(unk_score),
+            smax,
+            None if byte_ids is None else byte_ids.ctypes.data,
+            MAX_WORDS,
+            charsmap,
+            len(charsmap),
+            int(spec.remove_extra_whitespaces),
+            int(spec.add_dummy_prefix),
+        )
         if not ptr:
             raise ValueError("the model's precompiled_charsmap is malformed (or no memory for its tables)")
         self._ptr, self._lib = ptr, lib.lib
@@ -117,8 +132,11 @@ class UnigramEncoder:
             k = self._lib.ug_encode(self._ptr, b"".join(data), ends.ctypes.data, len(data), counts.ctypes.data)
             if k < 0:
                 raise MemoryError("the C unigram encoder's buffers")
-            ids = np.ctypeslib.as_array((ctypes.c_int32 * k).from_address(self._lib.ug_ids(self._ptr))).copy() \
-                if k else np.zeros(0, np.int32)
+            ids = (
+                np.ctypeslib.as_array((ctypes.c_int32 * k).from_address(self._lib.ug_ids(self._ptr))).copy()
+                if k
+                else np.zeros(0, np.int32)
+            )
         return ids, counts
 
     def stats(self) -> dict[str, int]:

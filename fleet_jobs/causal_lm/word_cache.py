@@ -54,10 +54,17 @@ def word_cache(tokenizer) -> "WordCache | None":
     del regex
     spec = json.loads(tokenizer.to_str())
     pre, model, post = spec.get("pre_tokenizer") or {}, spec.get("model") or {}, spec.get("post_processor")
-    if (spec.get("normalizer") is not None or spec.get("truncation") is not None or spec.get("padding") is not None
-            or pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or not pre.get("use_regex", True)
-            or model.get("type") != "BPE" or model.get("dropout") not in (None, 0, 0.0)
-            or (post is not None and post.get("type") != "ByteLevel")):
+    if (
+        spec.get("normalizer") is not None
+        or spec.get("truncation") is not None
+        or spec.get("padding") is not None
+        or pre.get("type") != "ByteLevel"
+        or pre.get("add_prefix_space")
+        or not pre.get("use_regex", True)
+        or model.get("type") != "BPE"
+        or model.get("dropout") not in (None, 0, 0.0)
+        or (post is not None and post.get("type") != "ByteLevel")
+    ):
         return None
     added = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
     if not all(added):

@@ -20,8 +20,20 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from fleet.job import (ConfigError, Converter, ItemContext, ItemFailed, ItemInput, Job, KeyedSink, Opener, Piece,
-                       Sink, Source, cut_at_newlines)
+from fleet.job import (
+    ConfigError,
+    Converter,
+    ItemContext,
+    ItemFailed,
+    ItemInput,
+    Job,
+    KeyedSink,
+    Opener,
+    Piece,
+    Sink,
+    Source,
+    cut_at_newlines,
+)
 
 from . import packages, process
 
@@ -32,9 +44,39 @@ SPLITS = ("files", "lines")
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip", ".7z", ".br")
 SHELL = "/bin/sh"
 # Words a shell runs itself: nothing to look for on PATH.
-SHELL_WORDS = {"!", "{", "(", "[", "[[", ".", ":", "case", "cd", "command", "eval", "exec", "export", "for", "if",
-               "set", "source", "test", "time", "true", "false", "ulimit", "umask", "until", "while", "echo",
-               "printf", "read", "exit", "trap", "wait"}
+SHELL_WORDS = {
+    "!",
+    "{",
+    "(",
+    "[",
+    "[[",
+    ".",
+    ":",
+    "case",
+    "cd",
+    "command",
+    "eval",
+    "exec",
+    "export",
+    "for",
+    "if",
+    "set",
+    "source",
+    "test",
+    "time",
+    "true",
+    "false",
+    "ulimit",
+    "umask",
+    "until",
+    "while",
+    "echo",
+    "printf",
+    "read",
+    "exit",
+    "trap",
+    "wait",
+}
 # Interpreters whose first argument that is not an option is a script to find.
 INTERPRETER = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|dash|zsh|perl|ruby|node|Rscript)$")
 NO_SCRIPT = {"-c", "-m", "-e", "-E", "--eval", "-"}  # code or a module follows, not a script file
@@ -69,21 +111,29 @@ def validate(config: CommandConfig) -> None:
     """What can be checked anywhere: the options and the command's placeholders."""
     command = config.command.strip()
     if not command:
-        raise ConfigError("option command: give the program to run per item, e.g. "
-                          "--set command='python3 conv.py {input} {output}'")
+        raise ConfigError(
+            "option command: give the program to run per item, e.g. --set command='python3 conv.py {input} {output}'"
+        )
     used = set(re.findall(r"\{(" + "|".join(PLACEHOLDERS) + r")\}", command))
     if "output" not in used:
-        raise ConfigError("option command: {output} is missing: the command must write its files into the folder "
-                          "{output} names (only those become the item's outputs)")
+        raise ConfigError(
+            "option command: {output} is missing: the command must write its files into the folder "
+            "{output} names (only those become the item's outputs)"
+        )
     if not config.stdin and "input" not in used:
-        raise ConfigError("option command: {input} is missing: name the item's input file with {input}, or set "
-                          "stdin=true to read it on standard input")
+        raise ConfigError(
+            "option command: {input} is missing: name the item's input file with {input}, or set "
+            "stdin=true to read it on standard input"
+        )
     if config.stdin and "input" in used:
-        raise ConfigError("option command: {input} with stdin=true: the input comes on standard input then; "
-                          "drop one of the two")
+        raise ConfigError(
+            "option command: {input} with stdin=true: the input comes on standard input then; drop one of the two"
+        )
     if config.split not in SPLITS:
-        raise ConfigError(f"option split: {config.split!r} is not known (files: one item per input file; "
-                          "lines: byte ranges cut at newlines)")
+        raise ConfigError(
+            f"option split: {config.split!r} is not known (files: one item per input file; "
+            "lines: byte ranges cut at newlines)"
+        )
     if not config.timeout >= 0:
         raise ConfigError(f"option timeout: {config.timeout:g} s; give 0 (no limit) or more")
     if not 0 <= config.grace <= 3600:
@@ -106,8 +156,10 @@ def check_program(config: CommandConfig, path: str | None = None, cwd: str | Non
         if not os.path.isfile(where):
             raise ConfigError(f"option command: {program}: no such program (looked in {cwd})")
         if not os.access(where, os.X_OK):
-            raise ConfigError(f"option command: {program} is not executable (chmod +x it, or run it through "
-                              f"its interpreter: python3 {program} ...)")
+            raise ConfigError(
+                f"option command: {program} is not executable (chmod +x it, or run it through "
+                f"its interpreter: python3 {program} ...)"
+            )
     elif shutil.which(program, path=path) is None:
         raise ConfigError(f"option command: {program}: no such program on PATH")
     if not INTERPRETER.match(os.path.basename(program)):
@@ -127,8 +179,10 @@ def check_program(config: CommandConfig, path: str | None = None, cwd: str | Non
         if "{" in arg or "$" in arg:
             return
         if not os.path.isfile(os.path.join(cwd, arg)):
-            raise ConfigError(f"option command: {arg}: no such file (looked in {cwd}), the script "
-                              f"{os.path.basename(program)} would run")
+            raise ConfigError(
+                f"option command: {arg}: no such file (looked in {cwd}), the script "
+                f"{os.path.basename(program)} would run"
+            )
         return
 
 
@@ -176,22 +230,34 @@ class CommandConverter(Converter):
             values["input"] = item.fetch(os.path.join(in_dir, input_name(item.name)))
         ctx.checkpoint()
         try:
-            done = process.run([SHELL, "-c", substitute(cfg.command, values)], cwd=None, env=self.env,
-                               checkpoint=ctx.checkpoint, timeout=cfg.timeout, grace=cfg.grace,
-                               stdin_from=item if cfg.stdin else None)
+            done = process.run(
+                [SHELL, "-c", substitute(cfg.command, values)],
+                cwd=None,
+                env=self.env,
+                checkpoint=ctx.checkpoint,
+                timeout=cfg.timeout,
+                grace=cfg.grace,
+                stdin_from=item if cfg.stdin else None,
+            )
         except process.TimedOut as e:
-            raise ItemFailed(f"the command ran longer than timeout={cfg.timeout:g} s; it was stopped with every "
-                             "process it started",
-                             {"timeout_seconds": cfg.timeout, "stderr_tail": e.stderr_tail}) from None
+            raise ItemFailed(
+                f"the command ran longer than timeout={cfg.timeout:g} s; it was stopped with every process it started",
+                {"timeout_seconds": cfg.timeout, "stderr_tail": e.stderr_tail},
+            ) from None
         except BaseException:  # a give-back or a lost lease: nothing it wrote may be committed
             shutil.rmtree(out_dir, ignore_errors=True)
             raise
         if done.returncode != 0:
             tail = done.stderr_tail
-            how = (f"exit code {done.returncode}" if done.returncode > 0
-                   else f"killed by {process.signal_name(done.returncode)}")
-            raise ItemFailed(f"the command failed ({how}): {tail[-1] if tail else 'nothing on stderr'}",
-                             {"exit_code": done.returncode, "stderr_tail": tail})
+            how = (
+                f"exit code {done.returncode}"
+                if done.returncode > 0
+                else f"killed by {process.signal_name(done.returncode)}"
+            )
+            raise ItemFailed(
+                f"the command failed ({how}): {tail[-1] if tail else 'nothing on stderr'}",
+                {"exit_code": done.returncode, "stderr_tail": tail},
+            )
         return self._commit(out_dir, sink, done.seconds)
 
     def _commit(self, out_dir: str, sink: Sink, seconds: float) -> dict[str, float]:
@@ -203,17 +269,25 @@ class CommandConverter(Converter):
                 hidden += 1
                 continue
             if os.path.islink(path) or not os.path.isfile(path):
-                raise ItemFailed(f"the command left {{output}}/{rel}, which is not a regular file (a link, a pipe): "
-                                 "only files are committed")
+                raise ItemFailed(
+                    f"the command left {{output}}/{rel}, which is not a regular file (a link, a pipe): "
+                    "only files are committed"
+                )
             problem = _name_problem(rel)
             if problem:
-                raise ItemFailed(f"the command left an output whose name {problem}: "
-                                 f"{rel.encode('utf-8', 'backslashreplace').decode()!r}")
+                raise ItemFailed(
+                    f"the command left an output whose name {problem}: "
+                    f"{rel.encode('utf-8', 'backslashreplace').decode()!r}"
+                )
             size += os.path.getsize(path)
             sink.add(f"-{rel}", path)
             count += 1
-        stats: dict[str, float] = {"output_files": count, "output_bytes": size, "items_without_outputs": int(count == 0),
-                                   "command_seconds": round(seconds, 3)}
+        stats: dict[str, float] = {
+            "output_files": count,
+            "output_bytes": size,
+            "items_without_outputs": int(count == 0),
+            "command_seconds": round(seconds, 3),
+        }
         if hidden:
             stats["hidden_files_left_out"] = hidden
         return stats
@@ -246,8 +320,10 @@ class CommandJob(Job):
         if config.split != "lines":
             return [Piece(0, source.size)]
         if source.name.lower().endswith(COMPRESSED):
-            raise ConfigError(f"{source.display}: a compressed file cannot be cut at newlines (split=lines cuts its "
-                              "raw bytes); use split=files, or decompress it first")
+            raise ConfigError(
+                f"{source.display}: a compressed file cannot be cut at newlines (split=lines cuts its "
+                "raw bytes); use split=files, or decompress it first"
+            )
         return cut_at_newlines(source, item_bytes)
 
     def converter(self, config: CommandConfig, opener: Opener) -> CommandConverter:
@@ -257,8 +333,9 @@ class CommandJob(Job):
             log.warning("stopped %d program(s) left running by workers of this machine that were killed", left)
         venv = None
         if config.requirements_file:  # read through the opener: refused if not what the run pinned
-            venv = packages.environment(opener(config.requirements_file), f"requirements_file "
-                                                                          f"{config.requirements_file}")
+            venv = packages.environment(
+                opener(config.requirements_file), f"requirements_file {config.requirements_file}"
+            )
         converter = CommandConverter(config, venv)
         check_program(config, path=converter.env.get("PATH"))  # where it runs: a VM's PATH and code snapshot
         return converter

@@ -58,8 +58,22 @@ def environment(requirements: bytes, label: str) -> str:
             f.write(requirements)
         _step([sys.executable, "-m", "venv", venv], label, "cannot make a virtual environment")
         python = os.path.join(venv, "bin", "python")
-        _step([python, "-m", "pip", "install", "--quiet", "--no-input", "--disable-pip-version-check",
-               "--require-hashes", "-r", listed], label, "pip could not install it (--require-hashes)")
+        _step(
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-input",
+                "--disable-pip-version-check",
+                "--require-hashes",
+                "-r",
+                listed,
+            ],
+            label,
+            "pip could not install it (--require-hashes)",
+        )
         with open(os.path.join(venv, DONE), "w") as f:
             f.write(hashlib.sha256(requirements).hexdigest() + "\n")
     return venv

@@ -130,8 +130,10 @@ class _Feeder(threading.Thread):
             while at < self.item.end:
                 data = self.item.read(at, min(self.item.end, at + STDIN_CHUNK))
                 if not data:
-                    raise InputError(f"{self.item.display}: ends before byte {self.item.end} (planned); "
-                                     "plan a new run for the new contents")
+                    raise InputError(
+                        f"{self.item.display}: ends before byte {self.item.end} (planned); "
+                        "plan a new run for the new contents"
+                    )
                 self.pipe.write(data)
                 at += len(data)
         except (BrokenPipeError, ValueError):
@@ -143,8 +145,16 @@ class _Feeder(threading.Thread):
                 self.pipe.close()
 
 
-def run(argv: list[str], *, cwd: str | None, env: dict[str, str], checkpoint: Callable[[], None],
-        timeout: float, grace: float, stdin_from: ItemInput | None = None) -> Finished:
+def run(
+    argv: list[str],
+    *,
+    cwd: str | None,
+    env: dict[str, str],
+    checkpoint: Callable[[], None],
+    timeout: float,
+    grace: float,
+    stdin_from: ItemInput | None = None,
+) -> Finished:
     """Run ``argv`` to its end and return its exit code (negative: the signal that ended it) and
     the last lines of its stderr; every process it started has ended by then.
 
@@ -155,10 +165,17 @@ def run(argv: list[str], *, cwd: str | None, env: dict[str, str], checkpoint: Ca
     with contextlib.suppress(OSError, AttributeError):  # fewer, bigger reads (Linux); the default 64 kB is fine too
         fcntl.fcntl(err_r, fcntl.F_SETPIPE_SZ, READ_CHUNK)
     try:
-        keeper = subprocess.Popen([sys.executable, "-I", "-S", KEEPER, repr(float(grace)), *argv], cwd=cwd,
-                                  env=env, stdout=subprocess.PIPE, stderr=err_w,
-                                  stdin=subprocess.PIPE if stdin_from is not None else subprocess.DEVNULL,
-                                  start_new_session=True, preexec_fn=_die_with_parent, close_fds=True)
+        keeper = subprocess.Popen(
+            [sys.executable, "-I", "-S", KEEPER, repr(float(grace)), *argv],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err_w,
+            stdin=subprocess.PIPE if stdin_from is not None else subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            close_fds=True,
+        )
     except BaseException:
         os.close(err_r)
         raise
@@ -240,7 +257,7 @@ def sweep_orphans() -> int:
     for pid in pids:
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                owner = next((v[len(prefix):] for v in f.read().split(b"\0") if v.startswith(prefix)), b"")
+                owner = next((v[len(prefix) :] for v in f.read().split(b"\0") if v.startswith(prefix)), b"")
         except OSError:
             continue
         if not owner.isdigit() or int(owner) == me or _running(int(owner)):

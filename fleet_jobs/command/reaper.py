@@ -142,8 +142,9 @@ def main(argv: list[str]) -> int:
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
-    child = subprocess.Popen(program, stdout=subprocess.DEVNULL, start_new_session=True,
-                             preexec_fn=die_with_keeper, close_fds=True)
+    child = subprocess.Popen(
+        program, stdout=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_keeper, close_fds=True
+    )
     with open(os.devnull, "rb") as null:  # the program holds its stdin alone: the worker sees it stop reading
         os.dup2(null.fileno(), 0)
     code = None

@@ -90,8 +90,9 @@ class DocumentRandom:
 
 
 class ExampleBuilder:
-    def __init__(self, max_length: int, cls_id: int, sep_id: int, rng: random.Random, pad_id: int = 0,
-                 pad: bool = True):
+    def __init__(
+        self, max_length: int, cls_id: int, sep_id: int, rng: random.Random, pad_id: int = 0, pad: bool = True
+    ):
         if max_length < 5:
             raise ValueError(f"max_length must be at least 5, got {max_length}")
         self.max_length = max_length
@@ -124,8 +125,9 @@ class ExampleBuilder:
             out.append(last)
         return out
 
-    def add_documents(self, sentences: list[list[int]], doc_ends: Iterable[int],
-                      rngs: Iterable[random.Random] | None = None) -> list[Example]:
+    def add_documents(
+        self, sentences: list[list[int]], doc_ends: Iterable[int], rngs: Iterable[random.Random] | None = None
+    ) -> list[Example]:
         """``add_document`` for many documents at once: ``sentences`` holds their lines in order,
         document d ends before ``sentences[doc_ends[d]]``. Short documents are many: one call.
         With ``rngs`` (one per document) each document draws from its own and starts with the
@@ -176,15 +178,16 @@ _new_example = tuple.__new__  # Example(...) without the keyword handling of a N
 
 def _one_segment(ids: list[int], max_length: int, cls_id: int, sep_id: int, padding: list[int] | None) -> Example:
     """``ExampleBuilder._create`` of a single line: all of it in the first segment, whatever is drawn."""
-    input_ids = [cls_id, *ids[:max_length - 2], sep_id]
+    input_ids = [cls_id, *ids[: max_length - 2], sep_id]
     n = len(input_ids)
     if padding is not None:
         input_ids += padding[n:]
     return _new_example(Example, (input_ids, n, n))
 
 
-def _example(sentences: list[list[int]], target: int, rng, max_length: int, cls_id: int, sep_id: int,
-             padding: list[int] | None) -> Example:
+def _example(
+    sentences: list[list[int]], target: int, rng, max_length: int, cls_id: int, sep_id: int, padding: list[int] | None
+) -> Example:
     """``ExampleBuilder._create`` up to (not including) its draw of the next target length."""
     first_target = 100000 if rng.random() < 0.1 else (target - 3) // 2
     if len(sentences) == 1:  # one sentence: all of it goes to the first segment, no coin flip
@@ -200,8 +203,8 @@ def _example(sentences: list[list[int]], target: int, rng, max_length: int, cls_
             first += sentence
         else:
             second += sentence
-    del first[max_length - 2:]
-    del second[max(0, max_length - len(first) - 3):]
+    del first[max_length - 2 :]
+    del second[max(0, max_length - len(first) - 3) :]
     input_ids = [cls_id, *first, sep_id]
     n_first = len(input_ids)
     if second:
@@ -236,8 +239,9 @@ class FlatExamples(NamedTuple):
     first_lengths: list[int]
 
 
-def seeded_document_runs(line_lengths: list[int], doc_ends: Iterable[int], texts: Iterable[bytes],
-                         seed_key: bytes, max_length: int) -> FlatExamples:
+def seeded_document_runs(
+    line_lengths: list[int], doc_ends: Iterable[int], texts: Iterable[bytes], seed_key: bytes, max_length: int
+) -> FlatExamples:
     """``ExampleBuilder(max_length, ..., pad=False).add_documents`` with ``DocumentRandom(seed_key,
     text)`` per document, from the lines' token counts alone: the packing needs only them and the
     draws, so the ids stay in one array and no list is made per line or example. The same

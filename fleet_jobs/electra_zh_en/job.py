@@ -105,8 +105,9 @@ class ElectraConverter(DocumentConverter):
                     # UTF-8 bytes of the lines: each text is its lines and a newline between two
                     n_bytes += sum(map(len, texts)) - len(lines) + len(group) - group.count(_EMPTY)
                     flat, line_lengths = self.tokenizer.tokenize_flat(lines)  # one normalization for the group
-                    runs = seeded_document_runs(line_lengths.tolist(), accumulate(map(len, group)), texts, seed_key,
-                                                max_length)
+                    runs = seeded_document_runs(
+                        line_lengths.tolist(), accumulate(map(len, group)), texts, seed_key, max_length
+                    )
                     ids, lengths, firsts = self._gather(flat, runs), runs.lengths, runs.first_lengths
                     if sidecar:
                         sidecar.write(example_documents(runs, line_lengths, group, sidecar.documents.take(len(group))))

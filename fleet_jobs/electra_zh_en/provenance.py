@@ -17,8 +17,9 @@ from .builder import FlatExamples
 T = TypeVar("T")
 
 
-def example_documents(runs: FlatExamples, line_lengths, group: Sequence[Sequence[str]], sources: Sequence[T]
-                      ) -> list[list[T]]:
+def example_documents(
+    runs: FlatExamples, line_lengths, group: Sequence[Sequence[str]], sources: Sequence[T]
+) -> list[list[T]]:
     """``[source of its document]`` per example of ``runs`` (a group's, in order)."""
     if not runs.lengths:
         return []

@@ -17,8 +17,21 @@ import abc
 import dataclasses
 from typing import Any, Iterable, Iterator, Mapping
 
-from fleet.job import (ConfigError, Converter, ItemContext, ItemInput, Job, KeyedSink, Opener, Piece, Reducer, Sink,
-                       Source, Stage, StageOptions)
+from fleet.job import (
+    ConfigError,
+    Converter,
+    ItemContext,
+    ItemInput,
+    Job,
+    KeyedSink,
+    Opener,
+    Piece,
+    Reducer,
+    Sink,
+    Source,
+    Stage,
+    StageOptions,
+)
 
 from fleet_jobs.text.converter import CHECK_EVERY, DocumentConverter
 from fleet_jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
@@ -83,8 +96,10 @@ class TextJob(Job):
         whose outputs are not examples of fixed features (Job.features) cannot shard them."""
         check_provenance(getattr(config, "provenance", False), options)
         if options.shards and not self.features(config):
-            raise ConfigError(f"--shards: job {self.name} writes no examples of fixed features (Job.features), "
-                              "so it cannot shard them")
+            raise ConfigError(
+                f"--shards: job {self.name} writes no examples of fixed features (Job.features), "
+                "so it cannot shard them"
+            )
         return text_stages(options, map_items)
 
     def reducer(self, config: Any, opener: Opener, stage: str) -> Reducer:
@@ -106,8 +121,9 @@ def _piece(s: Slice) -> Piece:
     return Piece(s.start, s.end, s.size, meta)
 
 
-def item_documents(item: ItemInput, ctx: ItemContext, tally: Tally, places: list[Place] | None = None
-                   ) -> Iterator[list[str]]:
+def item_documents(
+    item: ItemInput, ctx: ItemContext, tally: Tally, places: list[Place] | None = None
+) -> Iterator[list[str]]:
     """The item's documents, read as the run's options say, with ctx.checkpoint before the first
     and every CHECK_EVERY after: a call per document costs short-document corpora 4% of the CPU
     (bench_before_after); a lost lease still stops the item within CHECK_EVERY documents.
@@ -130,8 +146,15 @@ class _Documents(Converter):
         tally = Tally()
         group = None
         if item.grouped:  # its files one by one, each counted in its row as the item's stats name documents
-            group = GroupReading(item, ctx.workdir, read_options(ctx.read), tally,
-                                 "documents_read" if ctx.feeds == DEDUP else "documents", ctx.checkpoint, CHECK_EVERY)
+            group = GroupReading(
+                item,
+                ctx.workdir,
+                read_options(ctx.read),
+                tally,
+                "documents_read" if ctx.feeds == DEDUP else "documents",
+                ctx.checkpoint,
+                CHECK_EVERY,
+            )
         if getattr(self.inner, "provenance", False) and not ctx.feeds:  # a converter of any class may go without
             places: list[Place] = []
             read = group.documents(places) if group else item_documents(item, ctx, tally, places)

@@ -51,8 +51,9 @@ def masking_tokenizer(config: TextOptions, opener: Opener, needs: str) -> BertTo
     records both mask with it (``needs`` names who asks, for the message)."""
     tokenizer = bert_tokenizer(config.vocab_file, config.do_lower_case, opener)
     if "[MASK]" not in tokenizer.vocab:
-        raise ConfigError(f"{config.vocab_file}: {needs} needs a [MASK] token in the vocab "
-                          "(pre-training masks with it)")
+        raise ConfigError(
+            f"{config.vocab_file}: {needs} needs a [MASK] token in the vocab (pre-training masks with it)"
+        )
     return tokenizer
 
 

@@ -50,15 +50,22 @@ def check_output(output: str, compression: str, known: Sequence[str] = OUTPUTS) 
     outputs of the job (causal_lm adds the token-sequence files of ``fleet.formats.token_files``)."""
     if output not in known:
         if output in ("megatron", "tokens"):
-            raise ConfigError(f"option output: {output} holds token sequences, which this job does not make "
-                              f"(causal_lm does); known here: {', '.join(known)}")
+            raise ConfigError(
+                f"option output: {output} holds token sequences, which this job does not make "
+                f"(causal_lm does); known here: {', '.join(known)}"
+            )
         raise ConfigError(f"option output: {output!r} is not supported (known: {', '.join(known)})")
     if str(compression).lower() not in COMPRESSIONS:
         raise ConfigError(f"option compression: {compression!r} is not supported (known: none, GZIP)")
     if output != "tfrecord" and str(compression).lower() != "none":
-        raise ConfigError("option compression applies to output=tfrecord; "
-                          + ("Parquet files are zstd-compressed inside" if output == "parquet"
-                             else f"output={output} files are memory-mapped, so never compressed"))
+        raise ConfigError(
+            "option compression applies to output=tfrecord; "
+            + (
+                "Parquet files are zstd-compressed inside"
+                if output == "parquet"
+                else f"output={output} files are memory-mapped, so never compressed"
+            )
+        )
 
 
 def output_suffix(output: str, compression: str) -> str:
@@ -119,8 +126,7 @@ class KeyedExampleWriter(ExampleWriter):
 
 
 @contextlib.contextmanager
-def open_writer(sink: ExampleSink, output: str, compression: str, columns: Sequence[Column]
-                ) -> Iterator[ExampleWriter]:
+def open_writer(sink: ExampleSink, output: str, compression: str, columns: Sequence[Column]) -> Iterator[ExampleWriter]:
     """The item's output file and its writer; the file is complete when the block ends. A
     ShuffledExamples sink (``example_sink``) gets the examples keyed instead of a file."""
     if isinstance(sink, ShuffledExamples):

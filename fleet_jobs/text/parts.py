@@ -40,8 +40,17 @@ MAX_FAILED_SHOWN = 20  # one-line errors of failed files an item's stats keep (a
 
 def item_slice(item: ItemInput) -> Slice:
     """The slice an item's input (or one file of a grouped item) is (the inverse of job._piece)."""
-    return Slice(item.url, item.name, item.start, item.end, item.meta.get("format", "text"),
-                 item.meta.get("compression", "none"), item.version, bool(item.meta.get("cuts_document")), 0)
+    return Slice(
+        item.url,
+        item.name,
+        item.start,
+        item.end,
+        item.meta.get("format", "text"),
+        item.meta.get("compression", "none"),
+        item.version,
+        bool(item.meta.get("cuts_document")),
+        0,
+    )
 
 
 class GroupReading:
@@ -49,8 +58,16 @@ class GroupReading:
     each file's into ``part.count`` (``documents_key``: the name its documents are counted
     under, as the item's stats name them) and its reading into the item's ``tally``."""
 
-    def __init__(self, item: ItemInput, workdir: str, options: ReadOptions, tally: Tally, documents_key: str,
-                 checkpoint: Callable[[], None], every: int):
+    def __init__(
+        self,
+        item: ItemInput,
+        workdir: str,
+        options: ReadOptions,
+        tally: Tally,
+        documents_key: str,
+        checkpoint: Callable[[], None],
+        every: int,
+    ):
         self.item, self.workdir, self.options, self.tally = item, workdir, options, tally
         self.documents_key = documents_key
         self.checkpoint, self.every = checkpoint, every  # called at each file and every ``every`` documents
@@ -95,6 +112,7 @@ def read_ahead(parts: list[ItemInput]) -> Iterator[tuple[ItemInput, Callable[[],
     """Each part, in order, with a call that gives its bytes: those of a small file read ahead
     by threads (raising what the read raised: InputError for a file gone or changed), None for
     one that read_slice reads itself (bigger, or Parquet)."""
+
     def small(part: ItemInput) -> bool:
         return part.meta.get("format") != "parquet" and part.end - part.start <= IN_MEMORY
 
@@ -110,8 +128,11 @@ def read_ahead(parts: list[ItemInput]) -> Iterator[tuple[ItemInput, Callable[[],
             todo = iter(parts)
             nxt = next(todo, None)
             while nxt is not None or pending:
-                while nxt is not None and len(pending) < READ_AHEAD_FILES and (
-                        not pending or not small(nxt) or held + nxt.end - nxt.start <= READ_AHEAD_BYTES):
+                while (
+                    nxt is not None
+                    and len(pending) < READ_AHEAD_FILES
+                    and (not pending or not small(nxt) or held + nxt.end - nxt.start <= READ_AHEAD_BYTES)
+                ):
                     if small(nxt):
                         pending.append((nxt, pool.submit(nxt.read_all)))
                         held += nxt.end - nxt.start

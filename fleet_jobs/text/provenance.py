@@ -56,11 +56,15 @@ class PlacedDocuments:
 def check_provenance(provenance: bool, options: StageOptions) -> None:
     """Plan time: provenance is known in the map only (see the module's docstring)."""
     if provenance and options.shards:
-        raise ConfigError("option provenance: not with --shards (a shard's examples come shuffled from every "
-                          "item; leave provenance unset, or run without --shards)")
+        raise ConfigError(
+            "option provenance: not with --shards (a shard's examples come shuffled from every "
+            "item; leave provenance unset, or run without --shards)"
+        )
     if provenance and options.dedup:
-        raise ConfigError("option provenance: not with --dedup (its documents reach the converter from the "
-                          "shuffle, not from the corpus files)")
+        raise ConfigError(
+            "option provenance: not with --dedup (its documents reach the converter from the "
+            "shuffle, not from the corpus files)"
+        )
 
 
 class ProvenanceWriter:

@@ -40,11 +40,13 @@ OPENERS = "\"'“‘«‹「『（(【《〈〖〔["
 # Words after which a full stop is part of the word (lower-cased, without the dot). Those
 # mostly followed by a number (No. 5, Fig. 3, pp. 7) need no entry: a digit after a full stop
 # never starts a sentence. Company suffixes (Inc., Ltd.) end sentences too often to be here.
-ABBREVIATIONS = frozenset("""
+ABBREVIATIONS = frozenset(
+    """
 mr mrs ms mx dr prof sr jr st mt messrs mme mlle rev fr hon gov sen rep pres gen col lt maj capt sgt cmdr adm
 vs cf al approx ca esp incl viz dept univ assn ave blvd rd
 jan feb mar apr jun jul aug sep sept oct nov dec
-""".split())
+""".split()
+)
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 # A run of end marks, the closers after it, then the whitespace before the next sentence.
@@ -71,7 +73,7 @@ def split_sentences(line: str) -> list[str]:
         end = m.end()
         if end >= len(text) or not _ends_here(text, m, start):
             continue
-        pieces.append(text[start:m.start("space")])
+        pieces.append(text[start : m.start("space")])
         start = end
     pieces.append(text[start:])
     return pieces
@@ -113,7 +115,7 @@ def _ends_here(text: str, m: re.Match, start: int) -> bool:
         return False
     if len(word) == 1 and word.isalpha():
         return False  # an initial: J. R. R. Tolkien
-    if word.isdigit() and text[start:m.start()].strip() == word:
+    if word.isdigit() and text[start : m.start()].strip() == word:
         return False  # a list number opening the line: "1. Introduction"
     return True
 

@@ -35,7 +35,8 @@ class TokenRecordEncoder:
         self._mask_entry = functools.lru_cache(maxsize=None)(self._mask_entry_uncached)
         self._segment_entry = functools.lru_cache(maxsize=4096)(self._segment_entry_uncached)
         self._ids_prefix = functools.lru_cache(maxsize=None)(
-            functools.partial(tfrecord.int64_entry_prefix, "input_ids"))
+            functools.partial(tfrecord.int64_entry_prefix, "input_ids")
+        )
         self._heads: dict[int, tuple[bytes, int]] = {}  # records_of(): by the length of the ids' varints
         self._tails: dict[int, bytes] = {}  # records_of(): by (first segment length << 17 | length)
 
@@ -59,7 +60,7 @@ class TokenRecordEncoder:
         lengths = [ex.length for ex in examples]
         ids = np.fromiter(chain.from_iterable([ex.input_ids for ex in examples]), np.int64)
         if len(ids) != sum(lengths):  # padded examples: their real ids
-            ids = np.fromiter(chain.from_iterable([ex.input_ids[:ex.length] for ex in examples]), np.int64)
+            ids = np.fromiter(chain.from_iterable([ex.input_ids[: ex.length] for ex in examples]), np.int64)
         return self.records_of(ids, lengths, [ex.first_length for ex in examples])
 
     def records_of(self, ids: np.ndarray, lengths: list[int], first_lengths: list[int]) -> bytes:
@@ -91,7 +92,7 @@ class TokenRecordEncoder:
 
     def columns(self, examples: list[TokenExample]) -> dict[str, np.ndarray]:
         """The examples as one row per example of each feature (the values ``records`` encodes)."""
-        ids = np.fromiter(chain.from_iterable([ex.input_ids[:ex.length] for ex in examples]), np.int64)
+        ids = np.fromiter(chain.from_iterable([ex.input_ids[: ex.length] for ex in examples]), np.int64)
         return self.columns_of(ids, [ex.length for ex in examples], [ex.first_length for ex in examples])
 
     def columns_of(self, ids: np.ndarray, lengths: list[int], first_lengths: list[int]) -> dict[str, np.ndarray]:

@@ -12,13 +12,16 @@ from tests.helpers.procs import ROOT
 FLEET = [sys.executable, "-m", "fleet.cli"]
 
 
-def fleet(*args, env: dict | None = None, timeout: float = 180, tmp: Path | str | None = None) -> subprocess.CompletedProcess:
+def fleet(
+    *args, env: dict | None = None, timeout: float = 180, tmp: Path | str | None = None
+) -> subprocess.CompletedProcess:
     """Run `fleet ARGS`; ``tmp`` is the TMPDIR of its workers (their scratch stays out of /tmp)."""
     environ = dict(os.environ, **(env or {}))
     if tmp is not None:
         environ["TMPDIR"] = str(tmp)
-    proc = subprocess.run(FLEET + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=environ)
+    proc = subprocess.run(
+        FLEET + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=environ
+    )
     for stream in (proc.stderr, proc.stdout):
         assert "Traceback" not in stream and "Logging error" not in stream, stream
     return proc

@@ -87,11 +87,13 @@ def start_worker(bucket: str, run: str, name: str, log_dir: str, env: dict | Non
     log = os.path.join(log_dir, f"{name}.log")
     err = os.path.join(log_dir, f"{name}.stderr")
     full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
-    code = ("from fleet.core.processes import work_one; "
-            f"raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}, {log!r}))")
+    code = (
+        f"from fleet.core.processes import work_one; raise SystemExit(work_one({bucket!r}, {run!r}, {name!r}, {log!r}))"
+    )
     with open(err, "wb") as stderr:
-        popen = subprocess.Popen([sys.executable, "-c", code], env=full_env, cwd=ROOT,
-                                 stdout=subprocess.DEVNULL, stderr=stderr)
+        popen = subprocess.Popen(
+            [sys.executable, "-c", code], env=full_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr
+        )
     return Proc(name, popen, log, err, env or {})
 
 
@@ -104,15 +106,35 @@ def wait_exit(procs, timeout: float) -> None:
             for q in procs:
                 if q.alive():
                     q.popen.kill()
-            raise AssertionError(f"worker {p.name} still running after {timeout} s; log tail: {p.log_lines()[-5:]}") from None
+            raise AssertionError(
+                f"worker {p.name} still running after {timeout} s; log tail: {p.log_lines()[-5:]}"
+            ) from None
 
 
-def plan_lines(bucket: str, run: str, corpus: str, item_bytes: int, ttl: float, attempts: int = 10,
-               output: str | None = None, **settings) -> list:
-    _, items, _ = plan(bucket, PlanRequest(run=run, job=LINEJOB, inputs=[corpus],
-                                           output=output or f"{bucket}/out-{run}", code_version="test",
-                                           settings={k: str(v) for k, v in settings.items()}, lease_ttl=ttl,
-                                           max_attempts=attempts, item_bytes=item_bytes))
+def plan_lines(
+    bucket: str,
+    run: str,
+    corpus: str,
+    item_bytes: int,
+    ttl: float,
+    attempts: int = 10,
+    output: str | None = None,
+    **settings,
+) -> list:
+    _, items, _ = plan(
+        bucket,
+        PlanRequest(
+            run=run,
+            job=LINEJOB,
+            inputs=[corpus],
+            output=output or f"{bucket}/out-{run}",
+            code_version="test",
+            settings={k: str(v) for k, v in settings.items()},
+            lease_ttl=ttl,
+            max_attempts=attempts,
+            item_bytes=item_bytes,
+        ),
+    )
     return items
 
 

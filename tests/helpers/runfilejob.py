@@ -25,8 +25,11 @@ class RunFileJob(LineJob):
         return CountingConverter(config)
 
     def run_files(self, config, manifest: RunManifest) -> dict[str, bytes]:
-        return {LIST: "".join(f"{counts.get('documents', 0)} {name}\n"
-                              for name, counts in manifest.outputs.items()).encode()}
+        return {
+            LIST: "".join(
+                f"{counts.get('documents', 0)} {name}\n" for name, counts in manifest.outputs.items()
+            ).encode()
+        }
 
 
 JOB = RunFileJob()

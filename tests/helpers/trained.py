@@ -12,8 +12,9 @@ def bpe_json(documents, folder: str, vocab_size: int) -> str:
     from tokenizers import ByteLevelBPETokenizer
 
     tokenizer = ByteLevelBPETokenizer()
-    tokenizer.train_from_iterator(("\n".join(d) for d in documents), vocab_size=vocab_size,
-                                  special_tokens=["<|endoftext|>"], show_progress=False)
+    tokenizer.train_from_iterator(
+        ("\n".join(d) for d in documents), vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False
+    )
     path = os.path.join(folder, "tokenizer.json")
     tokenizer.save(path)
     return path

@@ -97,8 +97,13 @@ class ApiError(Exception):
         self.status, self.reason, self.message = status, reason, message
 
     def body(self) -> dict:
-        return {"error": {"code": self.status, "message": self.message,
-                          "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
+        return {
+            "error": {
+                "code": self.status,
+                "message": self.message,
+                "errors": [{"message": self.message, "domain": "global", "reason": self.reason}],
+            }
+        }
 
 
 def invalid(field_name: str, message: str) -> ApiError:
@@ -132,9 +137,11 @@ def termination_time(template: dict) -> float | None:
     return rfc3339("terminationTime", sch["terminationTime"]) if "terminationTime" in sch else None
 
 
-STOCK_OUT = ("ZONE_RESOURCE_POOL_EXHAUSTED",
-             "The zone does not have enough resources available to fulfill the request. Try a different zone, "
-             "or try again later.")
+STOCK_OUT = (
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "The zone does not have enough resources available to fulfill the request. Try a different zone, "
+    "or try again later.",
+)
 
 
 def last(url: str) -> str:
@@ -158,8 +165,13 @@ def validate_template(body: dict) -> None:
         raise invalid("resource.properties.disks", "exactly one boot disk is required")
     init = boots[0].get("initializeParams") or {}
     if not init.get("sourceImage"):
-        raise ApiError(400, "required", "Required field 'resource.properties.disks[0].initializeParams.sourceImage' not specified")
-    if "diskSizeGb" in init and int64("resource.properties.disks[0].initializeParams.diskSizeGb", init["diskSizeGb"]) < 10:
+        raise ApiError(
+            400, "required", "Required field 'resource.properties.disks[0].initializeParams.sourceImage' not specified"
+        )
+    if (
+        "diskSizeGb" in init
+        and int64("resource.properties.disks[0].initializeParams.diskSizeGb", init["diskSizeGb"]) < 10
+    ):
         raise invalid("resource.properties.disks[0].initializeParams.diskSizeGb", "must be at least 10")
     nics = props.get("networkInterfaces") or []
     if not nics or not all(n.get("network") or n.get("subnetwork") for n in nics):
@@ -183,8 +195,10 @@ def validate_template(body: dict) -> None:
             raise invalid("resource.properties.metadata.items.key", f"'{i.get('key')}'")
         size = len((i.get("value") or "").encode())
         if size > METADATA_VALUE_LIMIT:
-            raise invalid(f"resource.properties.metadata.items[{i['key']}].value",
-                          f"{size} bytes; a value may have at most {METADATA_VALUE_LIMIT} bytes (256 KiB)")
+            raise invalid(
+                f"resource.properties.metadata.items[{i['key']}].value",
+                f"{size} bytes; a value may have at most {METADATA_VALUE_LIMIT} bytes (256 KiB)",
+            )
         total += size + len(i["key"].encode())  # "the total size of all keys and values must be less than 512 KB"
     if total >= METADATA_TOTAL_LIMIT:
         raise invalid("resource.properties.metadata", f"keys and values total {total} bytes; must be less than 512 KiB")
@@ -202,24 +216,30 @@ def validate_template(body: dict) -> None:
         if sch.get("automaticRestart", True):
             raise invalid("resource.properties.scheduling.automaticRestart", "Spot VMs cannot restart automatically.")
         if sch.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
-            raise invalid("resource.properties.scheduling.onHostMaintenance", "Spot VMs must TERMINATE on host maintenance.")
+            raise invalid(
+                "resource.properties.scheduling.onHostMaintenance", "Spot VMs must TERMINATE on host maintenance."
+            )
     if "terminationTime" in sch:
         rfc3339("resource.properties.scheduling.terminationTime", sch["terminationTime"])
         if "maxRunDuration" in sch:  # "You can specify one of two types of time limits"
             raise invalid("resource.properties.scheduling", "give either maxRunDuration or terminationTime, not both")
         if action is None:
-            raise invalid("resource.properties.scheduling.instanceTerminationAction",
-                          "must be set when terminationTime is set")
+            raise invalid(
+                "resource.properties.scheduling.instanceTerminationAction", "must be set when terminationTime is set"
+            )
     if "maxRunDuration" in sch:
         seconds = int64("resource.properties.scheduling.maxRunDuration.seconds", sch["maxRunDuration"].get("seconds"))
         if not 30 <= seconds <= 120 * 86400:
             raise invalid("resource.properties.scheduling.maxRunDuration", "must be between 30 s and 120 days")
         if action is None:
-            raise invalid("resource.properties.scheduling.instanceTerminationAction",
-                          "must be set when maxRunDuration is set")
+            raise invalid(
+                "resource.properties.scheduling.instanceTerminationAction", "must be set when maxRunDuration is set"
+            )
     elif action is not None and model != "SPOT" and "terminationTime" not in sch:
-        raise invalid("resource.properties.scheduling.instanceTerminationAction",
-                      "only for Spot VMs or VMs with a run duration limit")
+        raise invalid(
+            "resource.properties.scheduling.instanceTerminationAction",
+            "only for Spot VMs or VMs with a run duration limit",
+        )
 
 
 def validate_mig(body: dict, regional: bool, templates: dict) -> str:
@@ -228,8 +248,9 @@ def validate_mig(body: dict, regional: bool, templates: dict) -> str:
     if not isinstance(base, str) or not BASE_NAME.match(base):
         raise invalid("resource.baseInstanceName", f"'{base}'. Must be a match of regex '[a-z](?:[-a-z0-9]{{0,57}})'")
     tpl = body.get("instanceTemplate") or ""
-    m = re.search(r"(?:^|/)projects/[^/]+/global/instanceTemplates/([^/]+)$", tpl) or \
-        re.match(r"^global/instanceTemplates/([^/]+)$", tpl)
+    m = re.search(r"(?:^|/)projects/[^/]+/global/instanceTemplates/([^/]+)$", tpl) or re.match(
+        r"^global/instanceTemplates/([^/]+)$", tpl
+    )
     if not m:
         raise invalid("resource.instanceTemplate", f"'{tpl}'")
     if m.group(1) not in templates:
@@ -239,8 +260,10 @@ def validate_mig(body: dict, regional: bool, templates: dict) -> str:
         raise invalid("resource.targetSize", f"'{size}'")
     kind = "regional" if regional else "zonal"
     if size > MIG_LIMIT[kind]:
-        raise invalid("resource.targetSize", f"'{size}'. A {kind} managed instance group can have at most "
-                                             f"{MIG_LIMIT[kind]} instances.")
+        raise invalid(
+            "resource.targetSize",
+            f"'{size}'. A {kind} managed instance group can have at most {MIG_LIMIT[kind]} instances.",
+        )
     policy = body.get("distributionPolicy")
     if policy is not None and not regional:
         raise invalid("resource.distributionPolicy", "only regional managed instance groups have one")
@@ -250,8 +273,10 @@ def validate_mig(body: dict, regional: bool, templates: dict) -> str:
             raise invalid("resource.distributionPolicy.targetShape", f"'{shape}'")
         redistribution = (body.get("updatePolicy") or {}).get("instanceRedistributionType", "PROACTIVE")
         if shape != "EVEN" and redistribution != "NONE":
-            raise invalid("resource.updatePolicy.instanceRedistributionType",
-                          f"must be NONE when the target distribution shape is {shape}")
+            raise invalid(
+                "resource.updatePolicy.instanceRedistributionType",
+                f"must be NONE when the target distribution shape is {shape}",
+            )
     return m.group(1)
 
 
@@ -325,10 +350,20 @@ _IN_USE_TURNS = itertools.cycle(("sync", "operation"))
 
 
 class ComputeStandin:
-    def __init__(self, project: str, launcher: Launcher | None = None, on_gone: Stopper | None = None,
-                 stop_delay: float = 0.3, stop_window: float = 90.0, preempt_window: float = 30.0,
-                 op_delay: float = 0.2, run_duration_scale: float = 1.0, in_use_error: str | None = None,
-                 mig_delete_time: float = 1.0, delete_lag: float = 1.0):
+    def __init__(
+        self,
+        project: str,
+        launcher: Launcher | None = None,
+        on_gone: Stopper | None = None,
+        stop_delay: float = 0.3,
+        stop_window: float = 90.0,
+        preempt_window: float = 30.0,
+        op_delay: float = 0.2,
+        run_duration_scale: float = 1.0,
+        in_use_error: str | None = None,
+        mig_delete_time: float = 1.0,
+        delete_lag: float = 1.0,
+    ):
         self.project = project
         # deleteInstances: its operation is DONE at once, the VMs start DELETING (and targetSize drops) this much later.
         self.delete_lag = delete_lag
@@ -364,8 +399,10 @@ class ComputeStandin:
         handler = type("Handler", (_Handler,), {"standin": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
-        self._threads = [threading.Thread(target=self.httpd.serve_forever, daemon=True),
-                         threading.Thread(target=self._reconcile_forever, daemon=True)]
+        self._threads = [
+            threading.Thread(target=self.httpd.serve_forever, daemon=True),
+            threading.Thread(target=self._reconcile_forever, daemon=True),
+        ]
 
     @property
     def url(self) -> str:
@@ -397,8 +434,12 @@ class ComputeStandin:
         with self.lock:
             return [who for _, k, who, _ in self.events if k == kind]
 
-    def fail_creations(self, count: int, code: str = "ZONE_RESOURCE_POOL_EXHAUSTED",
-                       message: str = "The zone does not have enough resources available to fulfill the request.") -> None:
+    def fail_creations(
+        self,
+        count: int,
+        code: str = "ZONE_RESOURCE_POOL_EXHAUSTED",
+        message: str = "The zone does not have enough resources available to fulfill the request.",
+    ) -> None:
         """The next `count` VM creations fail, as a stock-out or quota error would; the MIG retries."""
         with self.lock:
             self._fail += [(code, message)] * count
@@ -455,8 +496,9 @@ class ComputeStandin:
 
     def _used(self, zone: str) -> int:
         """VMs started in the zone and not yet gone (a stopping VM still holds its machine)."""
-        return sum(1 for m in self.migs.values() for v in m.vms.values()
-                   if v.zone == zone and v.status != "PROVISIONING") + sum(1 for v in self.orphans if v.zone == zone)
+        return sum(
+            1 for m in self.migs.values() for v in m.vms.values() if v.zone == zone and v.status != "PROVISIONING"
+        ) + sum(1 for v in self.orphans if v.zone == zone)
 
     def _room(self, zone: str) -> bool:
         return zone not in self.capacity or self._used(zone) < self.capacity[zone]
@@ -469,7 +511,7 @@ class ComputeStandin:
             return
         if (mig.body.get("distributionPolicy") or {}).get("targetShape", "EVEN") != "ANY":
             return
-        on_repair = ((mig.body.get("instanceLifecyclePolicy") or {}).get("onRepair") or {})
+        on_repair = (mig.body.get("instanceLifecyclePolicy") or {}).get("onRepair") or {}
         if vm.repair and on_repair.get("allowChangingZone", "NO") != "YES":
             return
         free = [z for z in mig.zones if self._room(z)]
@@ -483,9 +525,12 @@ class ComputeStandin:
             return refused
         end = termination_time(self.templates[mig.template])
         if end is not None and now >= end:
-            return ("INVALID_FIELD_VALUE", "Invalid value for field 'resource.scheduling.terminationTime': "
-                    f"'{self.templates[mig.template]['properties']['scheduling']['terminationTime']}'. "
-                    "The termination time must be in the future.")
+            return (
+                "INVALID_FIELD_VALUE",
+                "Invalid value for field 'resource.scheduling.terminationTime': "
+                f"'{self.templates[mig.template]['properties']['scheduling']['terminationTime']}'. "
+                "The termination time must be in the future.",
+            )
         self._place(mig, vm)
         if not self._room(vm.zone):
             return STOCK_OUT
@@ -544,7 +589,13 @@ class ComputeStandin:
                         if self._shutdown_step(vm, now):
                             if self.on_gone:
                                 self.on_gone(self, vm)
-                            vm.proc, vm.action, vm.status, vm.repair, vm.next_try = None, "CREATING", "PROVISIONING", True, 0.0
+                            vm.proc, vm.action, vm.status, vm.repair, vm.next_try = (
+                                None,
+                                "CREATING",
+                                "PROVISIONING",
+                                True,
+                                0.0,
+                            )
                     if vm.action == "CREATING" and now >= vm.next_try:
                         error = self._create_error(mig, vm, now)
                         if error:
@@ -552,9 +603,17 @@ class ComputeStandin:
                             err = {"code": code, "message": message}
                             vm.errors = [err]
                             vm.next_try = now + 0.5
-                            mig.errors.append({"error": err, "timestamp": _now_iso(), "instanceActionDetails": {
-                                "action": "RECREATING" if vm.repair else "CREATING", "instance": self.instance_url(vm),
-                                "version": {"instanceTemplate": self.template_url(mig.template)}}})
+                            mig.errors.append(
+                                {
+                                    "error": err,
+                                    "timestamp": _now_iso(),
+                                    "instanceActionDetails": {
+                                        "action": "RECREATING" if vm.repair else "CREATING",
+                                        "instance": self.instance_url(vm),
+                                        "version": {"instanceTemplate": self.template_url(mig.template)},
+                                    },
+                                }
+                            )
                             self.event("create-failed", vm.name, f"{code} {vm.zone}")
                         else:
                             repair = vm.repair
@@ -568,8 +627,12 @@ class ComputeStandin:
                         # maxRunDuration: GCE deletes the VM; assume the worst, that the MIG recreates it.
                         self.event("max-run-duration", vm.name, str(vm.boot))
                         self._recreate(vm, self.stop_window)
-                    elif vm.action == "NONE" and vm.proc is not None and "exited" not in vm.extra \
-                            and vm.proc.script_exit() is not None:
+                    elif (
+                        vm.action == "NONE"
+                        and vm.proc is not None
+                        and "exited" not in vm.extra
+                        and vm.proc.script_exit() is not None
+                    ):
                         vm.extra["exited"] = vm.proc.script_exit()  # the script ended; the VM idles on
                         self.event("script-exited", vm.name, str(vm.extra["exited"]))
                 if not mig.deleting:
@@ -600,36 +663,72 @@ class ComputeStandin:
         return f"{API}/projects/{self.project}/{mig.scope}/instanceGroupManagers/{mig.name}"
 
     def mig_json(self, mig: Mig) -> dict:
-        actions = {a: 0 for a in ("none", "creating", "deleting", "recreating", "abandoning", "refreshing",
-                                  "restarting", "verifying", "creatingWithoutRetries")}
+        actions = {
+            a: 0
+            for a in (
+                "none",
+                "creating",
+                "deleting",
+                "recreating",
+                "abandoning",
+                "refreshing",
+                "restarting",
+                "verifying",
+                "creatingWithoutRetries",
+            )
+        }
         for vm in mig.vms.values():
             key = vm.action.lower()
             actions[key] = actions.get(key, 0) + 1
         body = dict(mig.body)
-        body.update({
-            "kind": "compute#instanceGroupManager", "id": mig.id, "creationTimestamp": mig.created,
-            "selfLink": self.mig_url(mig), "targetSize": mig.target, "currentActions": actions,
-            "instanceTemplate": self.template_url(mig.template), "fingerprint": "standin=",
-            "status": {"isStable": all(vm.action == "NONE" for vm in mig.vms.values())},
-            "instanceGroup": self.mig_url(mig).replace("instanceGroupManagers", "instanceGroups"),
-            ("region" if mig.scope.startswith("regions/") else "zone"): f"{API}/projects/{self.project}/{mig.scope}",
-        })
+        body.update(
+            {
+                "kind": "compute#instanceGroupManager",
+                "id": mig.id,
+                "creationTimestamp": mig.created,
+                "selfLink": self.mig_url(mig),
+                "targetSize": mig.target,
+                "currentActions": actions,
+                "instanceTemplate": self.template_url(mig.template),
+                "fingerprint": "standin=",
+                "status": {"isStable": all(vm.action == "NONE" for vm in mig.vms.values())},
+                "instanceGroup": self.mig_url(mig).replace("instanceGroupManagers", "instanceGroups"),
+                (
+                    "region" if mig.scope.startswith("regions/") else "zone"
+                ): f"{API}/projects/{self.project}/{mig.scope}",
+            }
+        )
         return body
 
     def managed_instance_json(self, mig: Mig, vm: VM) -> dict:
-        out = {"instance": self.instance_url(vm), "id": vm.id, "name": vm.name, "instanceStatus": vm.status,
-               "currentAction": vm.action, "version": {"instanceTemplate": self.template_url(mig.template)}}
+        out = {
+            "instance": self.instance_url(vm),
+            "id": vm.id,
+            "name": vm.name,
+            "instanceStatus": vm.status,
+            "currentAction": vm.action,
+            "version": {"instanceTemplate": self.template_url(mig.template)},
+        }
         if vm.errors:
             out["lastAttempt"] = {"errors": {"errors": vm.errors}}
         return out
 
     # -- operations ----------------------------------------------------------------------------
-    def operation(self, scope: str, kind: str, target: str, ready: Callable[[], bool] | None = None,
-                  error: dict | None = None) -> dict:
+    def operation(
+        self, scope: str, kind: str, target: str, ready: Callable[[], bool] | None = None, error: dict | None = None
+    ) -> dict:
         name = f"operation-{int(time.time() * 1000)}-{uuid.uuid4().hex[:12]}"
-        op = {"kind": "compute#operation", "id": _id(), "name": name, "operationType": kind,
-              "targetLink": target, "status": "RUNNING" if ready else "DONE", "progress": 0 if ready else 100,
-              "insertTime": _now_iso(), "user": "standin"}
+        op = {
+            "kind": "compute#operation",
+            "id": _id(),
+            "name": name,
+            "operationType": kind,
+            "targetLink": target,
+            "status": "RUNNING" if ready else "DONE",
+            "progress": 0 if ready else 100,
+            "insertTime": _now_iso(),
+            "user": "standin",
+        }
         if scope != "global":
             op["zone" if scope.startswith("zones/") else "region"] = f"{API}/projects/{self.project}/{scope}"
         op["selfLink"] = f"{API}/projects/{self.project}/{scope}/operations/{name}"
@@ -702,7 +801,7 @@ class ComputeStandin:
             if m:
                 raise ApiError(404, "notFound", f"The resource 'projects/{m.group(1)}' was not found")
             raise ApiError(404, "notFound", f"no such endpoint: {path}")
-        rest = path[len(prefix):]
+        rest = path[len(prefix) :]
         routes: list[tuple[str, str, Callable]] = [
             ("POST", r"global/instanceTemplates", self.insert_template),
             ("GET", r"global/instanceTemplates/([^/]+)", self.get_template),
@@ -710,11 +809,19 @@ class ComputeStandin:
             ("GET", r"(global)/operations/([^/]+)", lambda s, n, b: self.poll_operation(s, n, 0)),
             ("POST", r"(global)/operations/([^/]+)/wait", lambda s, n, b: self.poll_operation(s, n, 30)),
             ("GET", r"((?:zones|regions)/[^/]+)/operations/([^/]+)", lambda s, n, b: self.poll_operation(s, n, 0)),
-            ("POST", r"((?:zones|regions)/[^/]+)/operations/([^/]+)/wait", lambda s, n, b: self.poll_operation(s, n, 30)),
+            (
+                "POST",
+                r"((?:zones|regions)/[^/]+)/operations/([^/]+)/wait",
+                lambda s, n, b: self.poll_operation(s, n, 30),
+            ),
             ("POST", r"((?:zones|regions)/[^/]+)/instanceGroupManagers", self.insert_mig),
             ("GET", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)", self.get_mig),
             ("DELETE", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)", self.delete_mig),
-            ("POST", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/listManagedInstances", self.list_managed),
+            (
+                "POST",
+                r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/listManagedInstances",
+                self.list_managed,
+            ),
             ("POST", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/deleteInstances", self.delete_instances),
             ("GET", r"((?:zones|regions)/[^/]+)/instanceGroupManagers/([^/]+)/listErrors", self.list_errors),
         ] + self.extra_routes
@@ -738,8 +845,11 @@ class ComputeStandin:
         validate_template(body)
         with self.lock:
             if body["name"] in self.templates:
-                raise ApiError(409, "alreadyExists",
-                               f"The resource 'projects/{self.project}/global/instanceTemplates/{body['name']}' already exists")
+                raise ApiError(
+                    409,
+                    "alreadyExists",
+                    f"The resource 'projects/{self.project}/global/instanceTemplates/{body['name']}' already exists",
+                )
             stored = json.loads(json.dumps(body))
             props = stored["properties"]
             for i, nic in enumerate(props.get("networkInterfaces", [])):  # what GCE fills in
@@ -749,8 +859,12 @@ class ComputeStandin:
                 d.setdefault("mode", "READ_WRITE")
                 d.setdefault("index", i)
             props.setdefault("metadata", {})["fingerprint"] = "standin="
-            stored.update(kind="compute#instanceTemplate", id=_id(), creationTimestamp=_now_iso(),
-                          selfLink=self.template_url(body["name"]))
+            stored.update(
+                kind="compute#instanceTemplate",
+                id=_id(),
+                creationTimestamp=_now_iso(),
+                selfLink=self.template_url(body["name"]),
+            )
             self.templates[body["name"]] = stored
         self.event("template-created", body["name"])
         return self.operation("global", "insert", self.template_url(body["name"]), self._after(self.op_delay))
@@ -758,24 +872,37 @@ class ComputeStandin:
     def get_template(self, name: str, body) -> dict:
         with self.lock:
             if name not in self.templates:
-                raise ApiError(404, "notFound",
-                               f"The resource 'projects/{self.project}/global/instanceTemplates/{name}' was not found")
+                raise ApiError(
+                    404,
+                    "notFound",
+                    f"The resource 'projects/{self.project}/global/instanceTemplates/{name}' was not found",
+                )
             return self.templates[name]
 
     def delete_template(self, name: str, body) -> dict:
         with self.lock:
             if name not in self.templates:
-                raise ApiError(404, "notFound",
-                               f"The resource 'projects/{self.project}/global/instanceTemplates/{name}' was not found")
+                raise ApiError(
+                    404,
+                    "notFound",
+                    f"The resource 'projects/{self.project}/global/instanceTemplates/{name}' was not found",
+                )
             users = [m for m in self.migs.values() if m.template == name]
             if users:
-                message = (f"The instance_template resource 'projects/{self.project}/global/instanceTemplates/{name}' "
-                           f"is already being used by '{self.mig_url(users[0])[len(API) + 1:]}'")
+                message = (
+                    f"The instance_template resource 'projects/{self.project}/global/instanceTemplates/{name}' "
+                    f"is already being used by '{self.mig_url(users[0])[len(API) + 1 :]}'"
+                )
                 self.event("template-in-use", name, self.in_use_error)
                 if self.in_use_error == "sync":
                     raise ApiError(400, "resourceInUseByAnotherResource", message)
-                return self.operation("global", "delete", self.template_url(name), self._after(self.op_delay),
-                                      error={"code": "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE", "message": message})
+                return self.operation(
+                    "global",
+                    "delete",
+                    self.template_url(name),
+                    self._after(self.op_delay),
+                    error={"code": "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE", "message": message},
+                )
             del self.templates[name]
         self.event("template-deleted", name)
         return self.operation("global", "delete", self.template_url(name), self._after(self.op_delay))
@@ -783,8 +910,11 @@ class ComputeStandin:
     def _mig(self, scope: str, name: str) -> Mig:
         mig = self.migs.get((scope, name))
         if mig is None:
-            raise ApiError(404, "notFound",
-                           f"The resource 'projects/{self.project}/{scope}/instanceGroupManagers/{name}' was not found")
+            raise ApiError(
+                404,
+                "notFound",
+                f"The resource 'projects/{self.project}/{scope}/instanceGroupManagers/{name}' was not found",
+            )
         return mig
 
     def insert_mig(self, scope: str, body: dict | None) -> dict:
@@ -793,12 +923,17 @@ class ComputeStandin:
         with self.lock:
             template = validate_mig(body, regional, self.templates)
             if (scope, body["name"]) in self.migs:
-                raise ApiError(409, "alreadyExists",
-                               f"The resource 'projects/{self.project}/{scope}/instanceGroupManagers/{body['name']}' already exists")
+                raise ApiError(
+                    409,
+                    "alreadyExists",
+                    f"The resource 'projects/{self.project}/{scope}/instanceGroupManagers/{body['name']}' already exists",
+                )
             where = scope.split("/")[1]
             if regional:
                 real = [f"{where}-{z}" for z in ZONES[where]]
-                zones = [last(z.get("zone", "")) for z in (body.get("distributionPolicy") or {}).get("zones", [])] or real
+                zones = [
+                    last(z.get("zone", "")) for z in (body.get("distributionPolicy") or {}).get("zones", [])
+                ] or real
                 for z in zones:
                     if z not in real:
                         raise invalid("resource.distributionPolicy.zones", f"'{z}'. Not a zone of region {where}.")
@@ -858,9 +993,16 @@ class ComputeStandin:
                     chosen.append(vm)
             if strangers and not skip:
                 # GCE accepts the request and reports the failed validation in the operation; nothing is deleted.
-                return self.operation(scope, "deleteInstances", self.mig_url(mig), error={
-                    "code": "RESOURCE_NOT_FOUND", "message": f"Instance '{strangers[0]}' is not a member of "
-                                                             f"the managed instance group '{mig.name}'."})
+                return self.operation(
+                    scope,
+                    "deleteInstances",
+                    self.mig_url(mig),
+                    error={
+                        "code": "RESOURCE_NOT_FOUND",
+                        "message": f"Instance '{strangers[0]}' is not a member of "
+                        f"the managed instance group '{mig.name}'.",
+                    },
+                )
             # DONE now; the VMs start DELETING, and the target size drops, delete_lag later (as on GCE).
             self._pending_deletes.append((now + self.delete_lag, (scope, name), [vm.name for vm in chosen]))
             if not self.delete_lag:
@@ -900,10 +1042,18 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self._body()
         except ValueError:
-            status, payload = 400, ApiError(400, "parseError", "This API does not support parsing form-encoded input.").body()
+            status, payload = (
+                400,
+                ApiError(400, "parseError", "This API does not support parsing form-encoded input.").body(),
+            )
         else:
-            call = Call(self.command, url.path, body, self.headers.get("Authorization"),
-                        query=parse_qs(url.query, keep_blank_values=True))
+            call = Call(
+                self.command,
+                url.path,
+                body,
+                self.headers.get("Authorization"),
+                query=parse_qs(url.query, keep_blank_values=True),
+            )
             with self.standin.lock:
                 self.standin.calls.append(call)
             try:

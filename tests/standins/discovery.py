@@ -21,8 +21,12 @@ import re
 from dataclasses import dataclass
 
 API_PREFIX = "/compute/v1/"
-INT_RANGES = {"int32": (-2**31, 2**31 - 1), "uint32": (0, 2**32 - 1),
-              "int64": (-2**63, 2**63 - 1), "uint64": (0, 2**64 - 1)}
+INT_RANGES = {
+    "int32": (-(2**31), 2**31 - 1),
+    "uint32": (0, 2**32 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+    "uint64": (0, 2**64 - 1),
+}
 # Google's front end takes the standard parameters also with a '$' in front (the GAPIC REST
 # transports send "$alt=json;enum-encoding=int"); "enum-encoding=int" only changes the answer's enums.
 ALT = re.compile(r"^(json|media|proto)(;enum-encoding=int)?$")
@@ -72,7 +76,9 @@ def methods() -> tuple[Method, ...]:
                 names = tuple(re.findall(r"\{\+?([^}]+)\}", template))
                 regex = "".join(
                     "([^/]+)" if part.startswith("{") else re.escape(part)
-                    for part in re.split(r"(\{\+?[^}]+\})", template) if part)
+                    for part in re.split(r"(\{\+?[^}]+\})", template)
+                    if part
+                )
                 out.append(Method(m["id"], m["httpMethod"], re.compile(regex), names, m))
             walk(res.get("resources", {}))
 
@@ -84,14 +90,17 @@ def find(http: str, path: str) -> tuple[Method, dict[str, str]]:
     """The method a request calls and its path parameters; 404 as Google answers an unknown URL."""
     if not path.startswith(API_PREFIX):
         raise Violation(f"The requested URL {path} was not found on this server.", "notFound", 404)
-    rest = path[len(API_PREFIX):]
+    rest = path[len(API_PREFIX) :]
     matched = [(m, g) for m in methods() if (g := m.pattern.fullmatch(rest))]
     for m, g in matched:
         if m.http == http:
             return m, dict(zip(m.names, g.groups()))
     if matched:
-        raise Violation(f"{http} is not allowed on {path} (the API has {', '.join(sorted({m.http for m, _ in matched}))})",
-                        "notFound", 404)
+        raise Violation(
+            f"{http} is not allowed on {path} (the API has {', '.join(sorted({m.http for m, _ in matched}))})",
+            "notFound",
+            404,
+        )
     raise Violation(f"The requested URL {path} was not found on this server.", "notFound", 404)
 
 
@@ -104,8 +113,15 @@ def _scalar(where: str, value: str, spec: dict) -> None:
         lo, hi = INT_RANGES.get(fmt or "int32", INT_RANGES["int32"])
         if not re.fullmatch(r"-?[0-9]+", value) or not lo <= int(value) <= hi:
             raise Violation(f"Invalid value for {where}: '{value}'. Expected an integer ({fmt}).")
-        if "minimum" in spec and int(value) < int(spec["minimum"]) or "maximum" in spec and int(value) > int(spec["maximum"]):
-            raise Violation(f"Invalid value for {where}: {value}. Must be from {spec.get('minimum')} to {spec.get('maximum')}.")
+        if (
+            "minimum" in spec
+            and int(value) < int(spec["minimum"])
+            or "maximum" in spec
+            and int(value) > int(spec["maximum"])
+        ):
+            raise Violation(
+                f"Invalid value for {where}: {value}. Must be from {spec.get('minimum')} to {spec.get('maximum')}."
+            )
     if "enum" in spec and value not in spec["enum"]:
         raise Violation(f"Invalid value for {where}: '{value}'. Must be one of {', '.join(spec['enum'])}.")
     if "pattern" in spec and not re.fullmatch(spec["pattern"], value):
@@ -113,14 +129,18 @@ def _scalar(where: str, value: str, spec: dict) -> None:
 
 
 def _query(method: Method, query: dict[str, list[str]]) -> None:
-    known = {**document()["parameters"],
-             **{k: v for k, v in method.spec.get("parameters", {}).items() if v.get("location") == "query"}}
+    known = {
+        **document()["parameters"],
+        **{k: v for k, v in method.spec.get("parameters", {}).items() if v.get("location") == "query"},
+    }
     for name, values in query.items():
         plain = name[1:] if name.startswith("$") and name[1:] in document()["parameters"] else name
         spec = known.get(plain)
         if spec is None:
-            raise Violation(f"Invalid JSON payload received. Unknown name \"{name}\": Cannot bind query parameter. "
-                            f"Field '{name}' could not be found in request message.")
+            raise Violation(
+                f'Invalid JSON payload received. Unknown name "{name}": Cannot bind query parameter. '
+                f"Field '{name}' could not be found in request message."
+            )
         if len(values) > 1 and not spec.get("repeated"):
             raise Violation(f"Invalid value for parameter '{name}': given {len(values)} times.")
         for value in values:
@@ -154,7 +174,9 @@ def _value(method_id: str, where: str, value, spec: dict) -> None:
             if k not in props:
                 raise Violation(f"Invalid JSON payload received. Unknown name \"{k}\" at '{where}': Cannot find field.")
             if output_only(props[k]):
-                raise Violation(f"Invalid value for field '{where}.{k}': it is output only and cannot be set in a request.")
+                raise Violation(
+                    f"Invalid value for field '{where}.{k}': it is output only and cannot be set in a request."
+                )
             _value(method_id, f"{where}.{k}", v, props[k])
         for k, p in props.items():
             if method_id in (p.get("annotations") or {}).get("required", []) and k not in value:
@@ -177,8 +199,10 @@ def _value(method_id: str, where: str, value, spec: dict) -> None:
     elif kind == "string":
         if not isinstance(value, str):
             # int64 and uint64 are JSON strings in Google's APIs: the document says type string.
-            raise Violation(f"Invalid value at '{where}' (TYPE_STRING{', format ' + fmt if fmt else ''}), "
-                            f"{json.dumps(value)[:80]}: expected a JSON string")
+            raise Violation(
+                f"Invalid value at '{where}' (TYPE_STRING{', format ' + fmt if fmt else ''}), "
+                f"{json.dumps(value)[:80]}: expected a JSON string"
+            )
         if fmt in INT_RANGES:
             lo, hi = INT_RANGES[fmt]
             if not re.fullmatch(r"-?[0-9]+", value) or not lo <= int(value) <= hi:
@@ -187,11 +211,15 @@ def _value(method_id: str, where: str, value, spec: dict) -> None:
             try:
                 base64.b64decode(value.replace("-", "+").replace("_", "/") + "=" * (-len(value) % 4), validate=True)
             except (binascii.Error, ValueError):
-                raise Violation(f"Invalid value at '{where}' (TYPE_BYTES), Base64 decoding failed for \"{value[:40]}\"") from None
+                raise Violation(
+                    f"Invalid value at '{where}' (TYPE_BYTES), Base64 decoding failed for \"{value[:40]}\""
+                ) from None
         if "enum" in spec and value not in spec["enum"]:
             raise Violation(f"Invalid value at '{where}' (enum), \"{value}\": must be one of {', '.join(spec['enum'])}")
         if "pattern" in spec and not re.fullmatch(spec["pattern"], value):
-            raise Violation(f"Invalid value for field '{where}': '{value}'. Must be a match of regex '{spec['pattern']}'")
+            raise Violation(
+                f"Invalid value for field '{where}': '{value}'. Must be a match of regex '{spec['pattern']}'"
+            )
 
 
 def check(http: str, path: str, query: dict[str, list[str]], body) -> tuple[str, dict[str, str]]:

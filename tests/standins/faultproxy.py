@@ -36,8 +36,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 FAULTS = ("429", "500", "503", "drop", "lost")
-_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
-               "content-length"}
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-length",
+}
 
 Rule = Callable[[str, str], bool]  # (method, path with query) -> matches
 
@@ -49,9 +57,16 @@ def is_conditional_create(method: str, path: str) -> bool:
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, rate: float = 0.0, faults: tuple[str, ...] = FAULTS, seed: int = 0,
-                 script: list[tuple[Rule, str, int]] = (), forbid: Rule | None = None,
-                 guard: Callable[[str, str, dict, bytes], tuple[int, dict] | None] | None = None):
+    def __init__(
+        self,
+        upstream: str,
+        rate: float = 0.0,
+        faults: tuple[str, ...] = FAULTS,
+        seed: int = 0,
+        script: list[tuple[Rule, str, int]] = (),
+        forbid: Rule | None = None,
+        guard: Callable[[str, str, dict, bytes], tuple[int, dict] | None] | None = None,
+    ):
         split = urllib.parse.urlsplit(upstream)
         if split.hostname not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"upstream {upstream!r}: loopback only")
@@ -168,10 +183,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int) -> None:
         reason = {403: "forbidden", 429: "rateLimitExceeded", 500: "backendError", 503: "backendError"}[status]
-        message = {403: "Access denied (fault proxy)", 429: "Too many requests (fault proxy)",
-                   500: "Internal error (fault proxy)", 503: "Service unavailable (fault proxy)"}[status]
-        body = json.dumps({"error": {"code": status, "message": message,
-                                     "errors": [{"reason": reason, "message": message}]}}).encode()
+        message = {
+            403: "Access denied (fault proxy)",
+            429: "Too many requests (fault proxy)",
+            500: "Internal error (fault proxy)",
+            503: "Service unavailable (fault proxy)",
+        }[status]
+        body = json.dumps(
+            {"error": {"code": status, "message": message, "errors": [{"reason": reason, "message": message}]}}
+        ).encode()
         self._answer(status, body, [("Content-Type", "application/json")])
 
     def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:

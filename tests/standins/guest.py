@@ -61,7 +61,7 @@ def descendants(root: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry))
     out, todo = [], [root]
     while todo:
@@ -97,8 +97,9 @@ def main(folder: Path) -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(time.time()))
     env = dict(os.environ)
-    runner = os.posix_spawn(sys.executable, [sys.executable, "-c", RUNNER, str(folder / "startup-script"),
-                                             str(folder / "journal")], env)
+    runner = os.posix_spawn(
+        sys.executable, [sys.executable, "-c", RUNNER, str(folder / "startup-script"), str(folder / "journal")], env
+    )
     shutdown_pid: int | None = None
     shutdown_script = folder / "shutdown-script"
     runner_alive = True
@@ -114,8 +115,7 @@ def main(folder: Path) -> int:
                 runner_alive = False
                 (folder / "startup-exit").write_text(str(os.waitstatus_to_exitcode(status)))
             elif pid == shutdown_pid:
-                print(f"guest: shutdown-script exited {os.waitstatus_to_exitcode(status)}; powering off",
-                      flush=True)
+                print(f"guest: shutdown-script exited {os.waitstatus_to_exitcode(status)}; powering off", flush=True)
                 kill_tree(os.getpid())
                 return 0
         if stop and shutdown_pid is None:

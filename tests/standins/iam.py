@@ -42,23 +42,49 @@ _SCOPE = r"(?:zones|regions)/[^/]+"
 COMPUTE_METHODS: list[tuple[str, str, str, str]] = [
     ("POST", r"global/instanceTemplates", "compute.instanceTemplates.insert", "compute.instanceTemplates.create"),
     ("GET", r"global/instanceTemplates/[^/]+", "compute.instanceTemplates.get", "compute.instanceTemplates.get"),
-    ("DELETE", r"global/instanceTemplates/[^/]+", "compute.instanceTemplates.delete", "compute.instanceTemplates.delete"),
+    (
+        "DELETE",
+        r"global/instanceTemplates/[^/]+",
+        "compute.instanceTemplates.delete",
+        "compute.instanceTemplates.delete",
+    ),
     ("GET", r"global/operations/[^/]+", "compute.globalOperations.get", "compute.globalOperations.get"),
     ("POST", r"global/operations/[^/]+/wait", "compute.globalOperations.wait", "compute.globalOperations.get"),
     ("GET", r"zones/[^/]+/operations/[^/]+", "compute.zoneOperations.get", "compute.zoneOperations.get"),
     ("POST", r"zones/[^/]+/operations/[^/]+/wait", "compute.zoneOperations.wait", "compute.zoneOperations.get"),
     ("GET", r"regions/[^/]+/operations/[^/]+", "compute.regionOperations.get", "compute.regionOperations.get"),
     ("POST", r"regions/[^/]+/operations/[^/]+/wait", "compute.regionOperations.wait", "compute.regionOperations.get"),
-    ("POST", rf"{_SCOPE}/instanceGroupManagers", "instanceGroupManagers.insert", "compute.instanceGroupManagers.create"),
+    (
+        "POST",
+        rf"{_SCOPE}/instanceGroupManagers",
+        "instanceGroupManagers.insert",
+        "compute.instanceGroupManagers.create",
+    ),
     ("GET", rf"{_SCOPE}/instanceGroupManagers/[^/]+", "instanceGroupManagers.get", "compute.instanceGroupManagers.get"),
-    ("DELETE", rf"{_SCOPE}/instanceGroupManagers/[^/]+", "instanceGroupManagers.delete",
-     "compute.instanceGroupManagers.delete"),
-    ("POST", rf"{_SCOPE}/instanceGroupManagers/[^/]+/listManagedInstances", "instanceGroupManagers.listManagedInstances",
-     "compute.instanceGroupManagers.get"),
-    ("GET", rf"{_SCOPE}/instanceGroupManagers/[^/]+/listErrors", "instanceGroupManagers.listErrors",
-     "compute.instanceGroupManagers.get"),
-    ("POST", rf"{_SCOPE}/instanceGroupManagers/[^/]+/deleteInstances", "instanceGroupManagers.deleteInstances",
-     "compute.instanceGroupManagers.update"),
+    (
+        "DELETE",
+        rf"{_SCOPE}/instanceGroupManagers/[^/]+",
+        "instanceGroupManagers.delete",
+        "compute.instanceGroupManagers.delete",
+    ),
+    (
+        "POST",
+        rf"{_SCOPE}/instanceGroupManagers/[^/]+/listManagedInstances",
+        "instanceGroupManagers.listManagedInstances",
+        "compute.instanceGroupManagers.get",
+    ),
+    (
+        "GET",
+        rf"{_SCOPE}/instanceGroupManagers/[^/]+/listErrors",
+        "instanceGroupManagers.listErrors",
+        "compute.instanceGroupManagers.get",
+    ),
+    (
+        "POST",
+        rf"{_SCOPE}/instanceGroupManagers/[^/]+/deleteInstances",
+        "instanceGroupManagers.deleteInstances",
+        "compute.instanceGroupManagers.update",
+    ),
     ("GET", r"regions/[^/]+", "compute.regions.get", "compute.regions.get"),
     ("GET", r"zones/[^/]+", "compute.zones.get", "compute.zones.get"),
     ("GET", r"zones/[^/]+/machineTypes/[^/]+", "compute.machineTypes.get", "compute.machineTypes.get"),
@@ -129,20 +155,29 @@ def storage_method(verb: str, path: str, body: bytes, exists: Callable[[str, str
         bucket, name = urllib.parse.unquote(m.group(1)), urllib.parse.unquote(m.group(2))
         if verb == "POST" and re.search(r"/(compose|copyTo|rewriteTo)/", "/" + name + "/"):
             kind = next(k for k in ("compose", "copyTo", "rewriteTo") if f"/{k}" in "/" + name)
-            return StorageRequest(f"storage.objects.{kind}", ("storage.objects.create", "storage.objects.get"), bucket,
-                                  name)
-        method, perm = {"GET": ("get", "get"), "DELETE": ("delete", "delete"), "PATCH": ("patch", "update"),
-                        "PUT": ("update", "update")}.get(verb, (None, None))
+            return StorageRequest(
+                f"storage.objects.{kind}", ("storage.objects.create", "storage.objects.get"), bucket, name
+            )
+        method, perm = {
+            "GET": ("get", "get"),
+            "DELETE": ("delete", "delete"),
+            "PATCH": ("patch", "update"),
+            "PUT": ("update", "update"),
+        }.get(verb, (None, None))
         if method is None:
             return None
         return StorageRequest(f"storage.objects.{method}", (f"storage.objects.{perm}",), bucket, name)
     if m := re.fullmatch(r"/storage/v1/b/([^/]+)/o", p):
         if verb == "GET":
-            return StorageRequest("storage.objects.list", ("storage.objects.list",), urllib.parse.unquote(m.group(1)), None)
+            return StorageRequest(
+                "storage.objects.list", ("storage.objects.list",), urllib.parse.unquote(m.group(1)), None
+            )
         return None
     if m := re.fullmatch(r"/storage/v1/b/([^/]+)", p):
         if verb == "GET":
-            return StorageRequest("storage.buckets.get", ("storage.buckets.get",), urllib.parse.unquote(m.group(1)), None)
+            return StorageRequest(
+                "storage.buckets.get", ("storage.buckets.get",), urllib.parse.unquote(m.group(1)), None
+            )
     return None
 
 
@@ -166,6 +201,8 @@ ATTRIBUTED_TYPES: dict[str, str | None] = {
     "zones": None,
     "machineTypes": None,
 }
+
+
 # For a type Google does not list, the page does not say what a condition reads instead (empty, the
 # resource's own name anyway, its project's, or an error): the stand-in tries each of these, and a
 # condition whose outcome turns on which is undetermined (the call is refused and recorded), since fleet
@@ -202,9 +239,12 @@ def decide(expression: str, attributes: Attributes) -> bool | None:
     """The condition's outcome, or None when it turns on an attribute Google does not give."""
     if attributes.given:
         return evaluate(expression, attributes.resource, attributes.type, "compute.googleapis.com")
-    outcomes = {evaluate(expression, name, type_, service)
-                for name in _unknown("name", attributes.resource) for type_ in _unknown("type", attributes.resource)
-                for service in _unknown("service", attributes.resource)}
+    outcomes = {
+        evaluate(expression, name, type_, service)
+        for name in _unknown("name", attributes.resource)
+        for type_ in _unknown("type", attributes.resource)
+        for service in _unknown("service", attributes.resource)
+    }
     return outcomes.pop() if len(outcomes) == 1 else None
 
 
@@ -231,7 +271,7 @@ def _extract(value: str, template: str) -> str:
     at = value.find(head)
     if at < 0:
         return ""
-    rest = value[at + len(head):]
+    rest = value[at + len(head) :]
     return rest.split(tail, 1)[0] if tail else rest
 
 
@@ -272,8 +312,9 @@ def evaluate(expression: str, resource_name: str, resource_type: str = "", resou
             if fn == "extract":
                 value = _extract(str(value), arg)
             elif fn in ("contains", "startsWith", "endsWith"):
-                value = {"contains": str.__contains__, "startsWith": str.startswith,
-                         "endsWith": str.endswith}[fn](str(value), arg)
+                value = {"contains": str.__contains__, "startsWith": str.startswith, "endsWith": str.endswith}[fn](
+                    str(value), arg
+                )
             else:
                 raise ValueError(f"CEL: unsupported function {fn}")
         if peek() in ("==", "!="):
@@ -333,8 +374,15 @@ class Policy:
         """The roles of fleet/gce/iam.py, with its condition."""
         from fleet.gce import iam
 
-        return cls(project, bucket, vm_tokens, set(iam.COMPUTE_ROLE.names), set(iam.STORAGE_ROLE.names),
-                   iam.condition_expression(), **kw)
+        return cls(
+            project,
+            bucket,
+            vm_tokens,
+            set(iam.COMPUTE_ROLE.names),
+            set(iam.STORAGE_ROLE.names),
+            iam.condition_expression(),
+            **kw,
+        )
 
     def principal(self, authorization: str | None) -> str | None:
         token = (authorization or "").split()[-1] if authorization else ""
@@ -348,7 +396,9 @@ class Policy:
 
     def vm_permissions(self, allowed_only: bool = True) -> set[str]:
         with self.lock:
-            return {p for c in self.calls if c.principal == "vm" and (c.allowed or not allowed_only) for p in c.permissions}
+            return {
+                p for c in self.calls if c.principal == "vm" and (c.allowed or not allowed_only) for p in c.permissions
+            }
 
     def denied(self) -> list[Call]:
         with self.lock:
@@ -377,8 +427,9 @@ class Policy:
         split = urllib.parse.urlsplit(self.upstream)
         conn = http.client.HTTPConnection(split.hostname, split.port, timeout=10)
         try:
-            conn.request("GET", f"/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
-                                f"{urllib.parse.quote(name, safe='')}")
+            conn.request(
+                "GET", f"/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/{urllib.parse.quote(name, safe='')}"
+            )
             response = conn.getresponse()
             response.read()
             return response.status == 200
@@ -396,20 +447,31 @@ class Policy:
             self._record(Call(who or "unknown", request.method, request.permissions, resource, False))
             if who is None:
                 return 401, _gcs_error(401, "Invalid Credentials", "authError")
-            return 401, _gcs_error(401, f"Anonymous caller does not have {request.permissions[0]} access to the "
-                                        "Google Cloud Storage object.", "required")
+            return 401, _gcs_error(
+                401,
+                f"Anonymous caller does not have {request.permissions[0]} access to the Google Cloud Storage object.",
+                "required",
+            )
         missing = [p for p in request.permissions if p not in self.storage_permissions or request.bucket != self.bucket]
         self._record(Call("vm", request.method, request.permissions, resource, not missing))
         if missing:
-            return 403, _gcs_error(403, f"{self.account} does not have {missing[0]} access to the Google Cloud Storage "
-                                        f"object. Permission '{missing[0]}' denied on resource (or it may not exist).",
-                                   "forbidden")
+            return 403, _gcs_error(
+                403,
+                f"{self.account} does not have {missing[0]} access to the Google Cloud Storage "
+                f"object. Permission '{missing[0]}' denied on resource (or it may not exist).",
+                "forbidden",
+            )
         return None
 
 
 def _gcs_error(code: int, message: str, reason: str) -> dict:
-    return {"error": {"code": code, "message": message, "errors": [{"message": message, "domain": "global",
-                                                                    "reason": reason}]}}
+    return {
+        "error": {
+            "code": code,
+            "message": message,
+            "errors": [{"message": message, "domain": "global", "reason": reason}],
+        }
+    }
 
 
 # -- the IAM API: projects.serviceAccounts.get ------------------------------------------------------
@@ -457,10 +519,20 @@ class IamStandin:
             return 404, {"error": {"code": 404, "message": f"no such endpoint: {path}", "status": "NOT_FOUND"}}
         email = urllib.parse.unquote(m.group(2))
         if self.denied:
-            return 403, {"error": {"code": 403, "status": "PERMISSION_DENIED", "message":
-                                   "Permission 'iam.serviceAccounts.get' denied on resource (or it may not exist)."}}
+            return 403, {
+                "error": {
+                    "code": 403,
+                    "status": "PERMISSION_DENIED",
+                    "message": "Permission 'iam.serviceAccounts.get' denied on resource (or it may not exist).",
+                }
+            }
         if email not in self.accounts:
             return 404, {"error": {"code": 404, "message": "Unknown service account", "status": "NOT_FOUND"}}
         project = email.split("@", 1)[1].split(".", 1)[0]
-        return 200, {"name": f"projects/{project}/serviceAccounts/{email}", "projectId": project,
-                     "uniqueId": "104" + str(abs(hash(email)))[:18], "email": email, "oauth2ClientId": "1"}
+        return 200, {
+            "name": f"projects/{project}/serviceAccounts/{email}",
+            "projectId": project,
+            "uniqueId": "104" + str(abs(hash(email)))[:18],
+            "email": email,
+            "oauth2ClientId": "1",
+        }

@@ -33,9 +33,15 @@ class _Bucket:
 class MemoryStore(Store):
     page_size = 1000
 
-    def __init__(self, url: str = "mem://sim", latency: Callable[[], float] = lambda: 0.0,
-                 on_request: Callable[[str, str], None] = lambda method, name: None, *, _bucket=None,
-                 _prefix: str = ""):
+    def __init__(
+        self,
+        url: str = "mem://sim",
+        latency: Callable[[], float] = lambda: 0.0,
+        on_request: Callable[[str, str], None] = lambda method, name: None,
+        *,
+        _bucket=None,
+        _prefix: str = "",
+    ):
         self.url = url
         self._b = _bucket or _Bucket()
         if _bucket is None:
@@ -53,7 +59,7 @@ class MemoryStore(Store):
 
     def view(self, url: str) -> "MemoryStore":
         """The store for ``url``, a place in this bucket (``<this url>/some/prefix``)."""
-        rest = url[len(self.url):].strip("/") if url.startswith(self.url) else None
+        rest = url[len(self.url) :].strip("/") if url.startswith(self.url) else None
         if rest is None:
             raise ValueError(f"{url} is not in {self.url}")
         prefix = "/".join(p for p in (self.prefix, rest) if p)
@@ -93,8 +99,7 @@ class MemoryStore(Store):
         self._request("read_generation", name)
         return self._get(name)
 
-    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,
-              idempotent: bool = False) -> int:
+    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *, idempotent: bool = False) -> int:
         self._request("write", name)
         return self._put(name, data, if_generation_match)
 
@@ -116,8 +121,9 @@ class MemoryStore(Store):
         self._request("upload_file", name)
         return self._put(name, data, None)
 
-    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None,
-                      version: str | None = None) -> None:
+    def download_file(
+        self, name: str, path: str, start: int = 0, end: int | None = None, version: str | None = None
+    ) -> None:
         self._request("download_file", name)  # one request, as a ranged download is on Cloud Storage
         data = self._bytes(name, start, end, version)
         with open(path, "wb") as f:
@@ -146,7 +152,7 @@ class MemoryStore(Store):
                 found.append(Blob(n[cut:], gen, len(data), self._version(gen)))
         for page in range(0, max(1, len(found)), self.page_size):  # each page a request, the first even if empty
             self._request("list", prefix)
-            yield from found[page:page + self.page_size]
+            yield from found[page : page + self.page_size]
 
     def delete(self, name: str) -> None:
         self._request("delete", name)

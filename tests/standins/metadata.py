@@ -53,10 +53,10 @@ class _Handler(BaseHTTPRequestHandler):
         recursive = parse_qs(url.query).get("recursive", ["false"])[0] == "true"
         if not url.path.startswith(ROOT):
             return self._send(404, "not found")
-        value = self.server.lookup(url.path[len(ROOT):].rstrip("/"), recursive)
+        value = self.server.lookup(url.path[len(ROOT) :].rstrip("/"), recursive)
         if value is None:
             return self._send(404, "not found")
-        self.server.record(url.path[len(ROOT):])
+        self.server.record(url.path[len(ROOT) :])
         self._send(200, value, json_body=not isinstance(value, str))
 
     do_POST = do_GET  # google-auth may POST for bound tokens
@@ -114,5 +114,5 @@ class MetadataServer(ThreadingHTTPServer):
         if path == "instance/attributes":
             return dict(i.attributes) if recursive else "".join(k + "\n" for k in i.attributes)
         if path.startswith("instance/attributes/"):
-            return i.attributes.get(path[len("instance/attributes/"):])
+            return i.attributes.get(path[len("instance/attributes/") :])
         return None

@@ -61,9 +61,17 @@ class LocalVMs:
         attributes["created-by"] = f"projects/{self.project_number}/{mig.scope}/instanceGroupManagers/{mig.name}"
         attributes["instance-template"] = f"projects/{self.project_number}/global/instanceTemplates/{mig.template}"
         account = (props.get("serviceAccounts") or [{}])[0]
-        server = MetadataServer(Instance(vm.name, standin.project, vm.zone, attributes, self.project_number,
-                                         account.get("email", "default@example.com"),
-                                         tuple(account.get("scopes", ())))).start()
+        server = MetadataServer(
+            Instance(
+                vm.name,
+                standin.project,
+                vm.zone,
+                attributes,
+                self.project_number,
+                account.get("email", "default@example.com"),
+                tuple(account.get("scopes", ())),
+            )
+        ).start()
         vm.extra["metadata"] = server
         self.tokens.add(server.instance.token)
         folder = self.root / f"{vm.name}-boot{vm.boot}"
@@ -77,9 +85,15 @@ class LocalVMs:
         env.update(GCE_METADATA_HOST=server.host, FLEET_WORK_DIR=disk)
         console = open(folder / "console.log", "wb")
         try:
-            proc = subprocess.Popen([sys.executable, str(GUEST), str(folder)], env=env, cwd=folder,
-                                    stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, str(GUEST), str(folder)],
+                env=env,
+                cwd=folder,
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         finally:
             console.close()
         return Guest(proc, folder, server)

@@ -13,15 +13,24 @@ from __future__ import annotations
 
 import re
 
-from fleet.core.store.base import (Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed,  # noqa: F401
-                                   Store, StoreError, Unavailable)
+from fleet.core.store.base import (  # noqa: F401  (the store's names, imported from here)
+    Blob,
+    BucketNotFound,
+    Changed,
+    Forbidden,
+    NotFound,
+    PreconditionFailed,
+    Store,
+    StoreError,
+    Unavailable,
+)
 from fleet.core.store.file import StoreFile  # noqa: F401  (a reader over a Store)
 
 
 def split_url(url: str) -> tuple[str, str]:
     """'gs://b/p/q' -> ('gs://b', 'p/q'); a local path -> (its folder root, '')."""
     if url.startswith("gs://"):
-        rest = url[len("gs://"):]
+        rest = url[len("gs://") :]
         bucket, _, prefix = rest.partition("/")
         return f"gs://{bucket}", prefix.strip("/")
     return url, ""
@@ -36,14 +45,16 @@ def open_store(url: str) -> Store:
         from fleet.core.store.gcs import GCSStore
 
         bucket, prefix = split_url(url)
-        if not _BUCKET_NAME.match(bucket[len("gs://"):]):  # the client would fail on it with an IndexError or a 400
-            raise StoreError(f"{url}: not a bucket URL (gs://BUCKET[/PATH], a bucket name of 3-222 lowercase "
-                             "letters, digits, '-', '_' and '.')")
-        return GCSStore(bucket[len("gs://"):], prefix=prefix)
+        if not _BUCKET_NAME.match(bucket[len("gs://") :]):  # the client would fail on it with an IndexError or a 400
+            raise StoreError(
+                f"{url}: not a bucket URL (gs://BUCKET[/PATH], a bucket name of 3-222 lowercase "
+                "letters, digits, '-', '_' and '.')"
+            )
+        return GCSStore(bucket[len("gs://") :], prefix=prefix)
     from fleet.core.store.local import LocalStore
 
     if url.startswith("file://"):
-        url = url[len("file://"):]
+        url = url[len("file://") :]
     _check_scheme(url)
     return LocalStore(url)
 
@@ -63,7 +74,7 @@ def locate(url: str) -> tuple[Store, str]:
 
     if not url.startswith("file://"):
         _check_scheme(url)
-    path = os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
+    path = os.path.abspath(url[len("file://") :] if url.startswith("file://") else url)
     return open_store(os.path.dirname(path)), os.path.basename(path)
 
 

@@ -68,8 +68,7 @@ class Store(abc.ABC):
         """Whole object and the generation those bytes belong to; raises NotFound."""
 
     @abc.abstractmethod
-    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,
-              idempotent: bool = False) -> int:
+    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *, idempotent: bool = False) -> int:
         """Write an object, optionally conditioned; returns the new generation.
 
         A conditional write is retried on transient errors (a replay that finds its own
@@ -83,8 +82,9 @@ class Store(abc.ABC):
         """Upload a local file (large outputs); unconditional, atomic to readers."""
 
     @abc.abstractmethod
-    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None,
-                      version: str | None = None) -> None:
+    def download_file(
+        self, name: str, path: str, start: int = 0, end: int | None = None, version: str | None = None
+    ) -> None:
         """Copy an object, or bytes [start, end) of it, to a local file.
 
         With ``version`` (a ``Blob.version`` seen earlier), raises Changed unless the

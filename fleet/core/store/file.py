@@ -39,6 +39,6 @@ class StoreFile(io.RawIOBase):
         if end <= self.pos:
             return 0
         data = self.store.read(self.name, self.pos, end, version=self.version)
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         self.pos += len(data)
         return len(data)

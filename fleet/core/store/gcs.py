@@ -25,14 +25,29 @@ from google.cloud.storage.exceptions import DataCorruption
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY, ConditionalRetryPolicy, is_generation_specified
 
-from fleet.core.store.base import (Blob, BucketNotFound, Changed, Forbidden, NotFound, PreconditionFailed,
-                                   Store, StoreError, Unavailable)
+from fleet.core.store.base import (
+    Blob,
+    BucketNotFound,
+    Changed,
+    Forbidden,
+    NotFound,
+    PreconditionFailed,
+    Store,
+    StoreError,
+    Unavailable,
+)
 
 RETRY_SECONDS_ENV = "FLEET_STORE_RETRY_SECONDS"
 # The transport failing under the client: requests' ConnectionError and Timeout are OSErrors but
 # not Python's ConnectionError; google.auth's TransportError is a token refresh that got no answer.
-_UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, http.client.HTTPException,
-                TransportError, ConnectionError, TimeoutError)
+_UNREACHABLE = (
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    http.client.HTTPException,
+    TransportError,
+    ConnectionError,
+    TimeoutError,
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,7 +63,9 @@ def _retry_seconds() -> float | None:
     try:
         return float(value) if value else None
     except ValueError:
-        raise StoreError(f"{RETRY_SECONDS_ENV}={value!r}: give the storage client's retry deadline in seconds") from None
+        raise StoreError(
+            f"{RETRY_SECONDS_ENV}={value!r}: give the storage client's retry deadline in seconds"
+        ) from None
 
 
 def make_client() -> storage.Client:
@@ -129,9 +146,11 @@ class GCSStore(Store):
         try:
             return make_client()
         except DefaultCredentialsError:
-            raise StoreError(f"gs://{self.bucket_name}: no Google credentials on this machine; log in with "
-                             "`gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS "
-                             "to a key file)") from None
+            raise StoreError(
+                f"gs://{self.bucket_name}: no Google credentials on this machine; log in with "
+                "`gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS "
+                "to a key file)"
+            ) from None
 
     @functools.cached_property
     def bucket(self) -> storage.Bucket:
@@ -224,8 +243,9 @@ class GCSStore(Store):
             raise StoreError(f"gs://{self.bucket_name}/{self._full(name)}: download carried no x-goog-generation")
         return data, blob.generation
 
-    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None,
-                      version: str | None = None) -> None:
+    def download_file(
+        self, name: str, path: str, start: int = 0, end: int | None = None, version: str | None = None
+    ) -> None:
         generation = _generation_of(version) if version is not None else None
         # Pinned to the generation planned: GCS serves exactly it (or 404 once it was replaced),
         # and the generation the response carries is checked too.
@@ -243,8 +263,10 @@ class GCSStore(Store):
                         blob.reload(retry=self.retry)
                     else:
                         if generation is not None and blob.generation not in (None, generation):
-                            raise Changed(f"{where}: changed since it was planned (generation {generation} then, "
-                                          f"{blob.generation} now)")
+                            raise Changed(
+                                f"{where}: changed since it was planned (generation {generation} then, "
+                                f"{blob.generation} now)"
+                            )
                         return
         except NotFound:
             self._changed_or_gone(name, generation)
@@ -257,8 +279,10 @@ class GCSStore(Store):
             return
         now = self.stat(name)
         if now is not None:
-            raise Changed(f"gs://{self.bucket_name}/{self._full(name)}: changed since it was planned (generation "
-                          f"{generation} then, {now.generation} now)") from None
+            raise Changed(
+                f"gs://{self.bucket_name}/{self._full(name)}: changed since it was planned (generation "
+                f"{generation} then, {now.generation} now)"
+            ) from None
 
     def stat(self, name: str) -> Blob | None:
         with self._errors(name):
@@ -281,8 +305,7 @@ class GCSStore(Store):
                 yield Blob(b.name[cut:], b.generation, b.size, _version(b.generation, b.size))
 
     # -- writes --------------------------------------------------------------------
-    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,
-              idempotent: bool = False) -> int:
+    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *, idempotent: bool = False) -> int:
         """A multipart upload (up to 8 MiB; no chunk_size), where preconditions are atomic
         (fake-gcs-server enforces them nowhere else). Retried when conditional, or when
         the caller says a replay is harmless (``idempotent``): otherwise an unconditional

@@ -150,8 +150,9 @@ class LocalStore(Store):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise NotFound(f"{name}: no such object in {self.root}") from None
 
-    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None,
-                      version: str | None = None) -> None:
+    def download_file(
+        self, name: str, path: str, start: int = 0, end: int | None = None, version: str | None = None
+    ) -> None:
         src = self._path(name)
         try:
             with open(src, "rb") as f, open(path, "wb") as out:
@@ -201,8 +202,11 @@ class LocalStore(Store):
                 if fn.startswith(_TMP_PREFIX):
                     continue
                 name = rel_dir + fn
-                if not name.startswith(prefix) or (start is not None and name < start) \
-                        or (end is not None and name >= end):
+                if (
+                    not name.startswith(prefix)
+                    or (start is not None and name < start)
+                    or (end is not None and name >= end)
+                ):
                     continue
                 try:
                     st = os.stat(os.path.join(dirpath, fn))
@@ -213,8 +217,9 @@ class LocalStore(Store):
         return iter(found)
 
     # -- writes --------------------------------------------------------------
-    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,
-              idempotent: bool = False) -> int:  # a local write has nothing to retry
+    def write(
+        self, name: str, data: bytes, if_generation_match: int | None = None, *, idempotent: bool = False
+    ) -> int:  # a local write has nothing to retry
         path = self._path(name)
         with self._naming(path):
             tmp = self._tmp_beside(path)

@@ -139,8 +139,7 @@ class MeteredStore(Store):
         self.meter.add("reads")
         return self.inner.read_generation(name)
 
-    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *,
-              idempotent: bool = False) -> int:
+    def write(self, name: str, data: bytes, if_generation_match: int | None = None, *, idempotent: bool = False) -> int:
         self.meter.add("writes", upload_requests(len(data)))
         return self.inner.write(name, data, if_generation_match, idempotent=idempotent)
 
@@ -153,8 +152,9 @@ class MeteredStore(Store):
             self.meter.add("writes", upload_requests(size))
         return self.inner.upload_file(name, path)
 
-    def download_file(self, name: str, path: str, start: int = 0, end: int | None = None,
-                      version: str | None = None) -> None:
+    def download_file(
+        self, name: str, path: str, start: int = 0, end: int | None = None, version: str | None = None
+    ) -> None:
         self.meter.add("reads")
         return self.inner.download_file(name, path, start, end, version=version)
 

@@ -70,15 +70,26 @@ class BlockRecords:
         cap = rows * (128 + self.width * self.padded + 5 * ids_width) + 256  # room enough for rec_blocks
         if len(self._out) < cap:
             self._out = np.empty(cap, np.uint8)
-        n = self._rec_blocks(ids.ctypes.data, ids.itemsize, rows, ids_width,
-                             None if mask_lengths is None else mask_lengths.ctypes.data, int(self.padded), self.width,
-                             self._out.ctypes.data, cap, ctypes.byref(self._bad_row))
+        n = self._rec_blocks(
+            ids.ctypes.data,
+            ids.itemsize,
+            rows,
+            ids_width,
+            None if mask_lengths is None else mask_lengths.ctypes.data,
+            int(self.padded),
+            self.width,
+            self._out.ctypes.data,
+            cap,
+            ctypes.byref(self._bad_row),
+        )
         if n == -2:
             raise ValueError(f"varint_rows takes values in [0, 2**35) (block {self._bad_row.value})")
         if n == -3:
             assert mask_lengths is not None  # a length out of range: there are lengths (padded)
-            raise ValueError(f"block records: block {self._bad_row.value}'s length "
-                             f"{mask_lengths[self._bad_row.value]} is not in [0, {self.width}]")
+            raise ValueError(
+                f"block records: block {self._bad_row.value}'s length "
+                f"{mask_lengths[self._bad_row.value]} is not in [0, {self.width}]"
+            )
         if n < 0:
             raise RuntimeError(f"rec_blocks: error {n}")
         return self._out[:n].tobytes()
@@ -89,8 +100,11 @@ class BlockRecords:
             self._heads.clear()
             self._bytes = 0
         width = self.width
-        mask = (wire.int64_entry_prefix("attention_mask", width) + b"\x01" * n + b"\x00" * (width - n)
-                if self.padded else b"")
+        mask = (
+            wire.int64_entry_prefix("attention_mask", width) + b"\x01" * n + b"\x00" * (width - n)
+            if self.padded
+            else b""
+        )
         body = mask + wire.int64_entry_prefix("input_ids", ids_bytes)  # (never empty: blocks hold 2 ids or more)
         example = wire.example_prefix(len(body) + ids_bytes) + body
         head = (framing.frame_header(len(example) + ids_bytes) + example, framing.crc32c(example))

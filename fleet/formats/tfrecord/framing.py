@@ -69,8 +69,9 @@ def checksum_frames(frames: np.ndarray, record_lengths: np.ndarray) -> bytes:
     ends = np.cumsum(np.asarray(record_lengths, np.int64) + 16)
     starts = ends - (np.asarray(record_lengths, np.int64) + 16)
     buf = frames.tobytes()
-    crc = np.fromiter((crc32c(buf[a:b]) for a, b in zip((starts + 12).tolist(), (ends - 4).tolist())), np.uint32,
-                      len(ends))
+    crc = np.fromiter(
+        (crc32c(buf[a:b]) for a, b in zip((starts + 12).tolist(), (ends - 4).tolist())), np.uint32, len(ends)
+    )
     frames[(ends - 4)[:, None] + np.arange(4)] = mask_crc(crc).astype("<u4").view(np.uint8).reshape(-1, 4)
     return frames.tobytes()
 

@@ -162,9 +162,10 @@ def varint_table() -> tuple[np.ndarray, np.ndarray]:
     batch encoders look values up in (``varint_rows``, ``varint_runs``, BERT's)."""
     a = np.arange(1 << 16)
     lengths = (1 + (a >= 1 << 7) + (a >= 1 << 14)).astype(np.int8)
-    table = np.stack([(a & 0x7F) | np.where(a >= 1 << 7, 0x80, 0),
-                      ((a >> 7) & 0x7F) | np.where(a >= 1 << 14, 0x80, 0),
-                      a >> 14], axis=1).astype(np.uint8)
+    table = np.stack(
+        [(a & 0x7F) | np.where(a >= 1 << 7, 0x80, 0), ((a >> 7) & 0x7F) | np.where(a >= 1 << 14, 0x80, 0), a >> 14],
+        axis=1,
+    ).astype(np.uint8)
     return table, lengths
 
 

@@ -39,15 +39,19 @@ def encode_rows(columns: Sequence[Column], values: Mapping[str, np.ndarray]) -> 
     for column in columns:
         array = np.asarray(values[column.name])
         if column.kind == "float":
-            per_column.append([tfrecord.feature_entry(column.name, tfrecord.float_feature(row.tolist()))
-                               for row in array])
+            per_column.append(
+                [tfrecord.feature_entry(column.name, tfrecord.float_feature(row.tolist())) for row in array]
+            )
             continue
         data, at = tfrecord.varint_rows(array.reshape(n, -1))
         entries = []
         for i in range(n):
-            payload = data[at[i]:at[i + 1]]
-            entries.append(tfrecord.int64_entry_prefix(column.name, len(payload)) + payload if payload
-                           else tfrecord.feature_entry(column.name, tfrecord.packed_int64_feature(b"")))
+            payload = data[at[i] : at[i + 1]]
+            entries.append(
+                tfrecord.int64_entry_prefix(column.name, len(payload)) + payload
+                if payload
+                else tfrecord.feature_entry(column.name, tfrecord.packed_int64_feature(b""))
+            )
         per_column.append(entries)
     out = []
     for row_entries in zip(*per_column):

@@ -27,13 +27,46 @@ bytes.
 """
 
 from fleet_jobs.text.inputs.compression import COMPRESSIONS, decompressed
-from fleet_jobs.text.inputs.formats import (FORMATS, MAX_DOCUMENT_CHARS, MAX_LINE_BYTES, ReadOptions, Tally,
-                                      iter_documents, read_all)
+from fleet_jobs.text.inputs.formats import (
+    FORMATS,
+    MAX_DOCUMENT_CHARS,
+    MAX_LINE_BYTES,
+    ReadOptions,
+    Tally,
+    iter_documents,
+    read_all,
+)
 from fleet_jobs.text.inputs.names import corpus_file, describe
 from fleet_jobs.text.inputs.ranges import cut_ranges, plan_ranges
-from fleet_jobs.text.inputs.slices import (Slice, cut_source, file_format, find_corpus, iter_path_documents,
-                                     plan_slices, read_slice)
+from fleet_jobs.text.inputs.slices import (
+    Slice,
+    cut_source,
+    file_format,
+    find_corpus,
+    iter_path_documents,
+    plan_slices,
+    read_slice,
+)
 
-__all__ = ["COMPRESSIONS", "FORMATS", "MAX_DOCUMENT_CHARS", "MAX_LINE_BYTES", "ReadOptions", "Slice", "Tally",
-           "corpus_file", "cut_ranges", "cut_source", "decompressed", "describe", "file_format", "find_corpus",
-           "iter_documents", "iter_path_documents", "plan_ranges", "plan_slices", "read_all", "read_slice"]
+__all__ = [
+    "COMPRESSIONS",
+    "FORMATS",
+    "MAX_DOCUMENT_CHARS",
+    "MAX_LINE_BYTES",
+    "ReadOptions",
+    "Slice",
+    "Tally",
+    "corpus_file",
+    "cut_ranges",
+    "cut_source",
+    "decompressed",
+    "describe",
+    "file_format",
+    "find_corpus",
+    "iter_documents",
+    "iter_path_documents",
+    "plan_ranges",
+    "plan_slices",
+    "read_all",
+    "read_slice",
+]

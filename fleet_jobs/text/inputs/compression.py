@@ -21,8 +21,12 @@ from typing import BinaryIO, Callable, Protocol
 
 COMPRESSIONS = {".gz": "gz", ".gzip": "gz", ".bz2": "bz2", ".xz": "xz", ".zst": "zst", ".zstd": "zst"}
 # How a member starts: a zstd stream may also hold skippable frames (magic 0x184D2A5?).
-_MAGIC = {"gz": (b"\x1f\x8b",), "bz2": (b"BZh",), "xz": (b"\xfd7zXZ\x00",),
-          "zst": (b"\x28\xb5\x2f\xfd",) + tuple(bytes([n, 0x2a, 0x4d, 0x18]) for n in range(0x50, 0x60))}
+_MAGIC = {
+    "gz": (b"\x1f\x8b",),
+    "bz2": (b"BZh",),
+    "xz": (b"\xfd7zXZ\x00",),
+    "zst": (b"\x28\xb5\x2f\xfd",) + tuple(bytes([n, 0x2A, 0x4D, 0x18]) for n in range(0x50, 0x60)),
+}
 _NAMES = {"gz": ("gzip", "member"), "bz2": ("bzip2", "stream"), "xz": ("xz", "stream"), "zst": ("zstd", "frame")}
 
 
@@ -38,8 +42,10 @@ class Trailing:
     @property
     def why(self) -> str:
         name, unit = _NAMES[self.compression]
-        return (f"{self.size:,} bytes of trailing garbage after a complete {name} {unit} (not another {unit}): "
-                "ignored, every document before them is kept")
+        return (
+            f"{self.size:,} bytes of trailing garbage after a complete {name} {unit} (not another {unit}): "
+            "ignored, every document before them is kept"
+        )
 
 
 class _Member(Protocol):
@@ -94,8 +100,8 @@ class _Zstd:
 
     def decompress(self, data: bytes, limit: int) -> bytes:
         if data:
-            self._input, self._in = self._input[self._in:] + data, 0
-        feed = self._input[self._in:self._in + self._FEED]
+            self._input, self._in = self._input[self._in :] + data, 0
+        feed = self._input[self._in : self._in + self._FEED]
         self._in += len(feed)
         return self._d.decompress(feed)
 
@@ -109,10 +115,15 @@ class _Zstd:
 
     @property
     def unused_data(self) -> bytes:
-        return self._d.unused_data + self._input[self._in:]
+        return self._d.unused_data + self._input[self._in :]
 
 
-_DECODERS: dict[str, Callable[[], _Member]] = {"gz": _Zlib, "bz2": bz2.BZ2Decompressor, "xz": lzma.LZMADecompressor, "zst": _Zstd}
+_DECODERS: dict[str, Callable[[], _Member]] = {
+    "gz": _Zlib,
+    "bz2": bz2.BZ2Decompressor,
+    "xz": lzma.LZMADecompressor,
+    "zst": _Zstd,
+}
 
 
 class _Members(io.RawIOBase):
@@ -180,13 +191,13 @@ class _Members(io.RawIOBase):
                 self._input, self._at = unused + self._input, self._at - len(unused)
                 self._member = None
         end = len(self._output) if size < 0 else min(len(self._output), self._out + size)
-        out = self._output[self._out:end] if self._out or end < len(self._output) else self._output
+        out = self._output[self._out : end] if self._out or end < len(self._output) else self._output
         self._out = end
         return out
 
     def readinto(self, buffer) -> int:
         data = self.read(len(buffer))
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         return len(data)
 
 

@@ -20,8 +20,12 @@ from itertools import chain
 from typing import Iterator
 
 # Longest first: UTF-32-LE's mark (FF FE 00 00) starts with UTF-16-LE's (FF FE).
-_WIDE = ((codecs.BOM_UTF32_LE, "utf-32-le", "UTF-32"), (codecs.BOM_UTF32_BE, "utf-32-be", "UTF-32"),
-         (codecs.BOM_UTF16_LE, "utf-16-le", "UTF-16"), (codecs.BOM_UTF16_BE, "utf-16-be", "UTF-16"))
+_WIDE = (
+    (codecs.BOM_UTF32_LE, "utf-32-le", "UTF-32"),
+    (codecs.BOM_UTF32_BE, "utf-32-be", "UTF-32"),
+    (codecs.BOM_UTF16_LE, "utf-16-le", "UTF-16"),
+    (codecs.BOM_UTF16_BE, "utf-16-be", "UTF-16"),
+)
 UTF8_BOM = codecs.BOM_UTF8
 _NOT_TEXT = "fleet.not-text"
 
@@ -47,7 +51,7 @@ def head_text(head: bytes) -> str:
     """The first bytes of a stream as text, for telling its format (what a cut character costs is ignored)."""
     found = wide(head)
     if found:
-        return head[len(found[0]):].decode(found[1], "ignore")
+        return head[len(found[0]) :].decode(found[1], "ignore")
     return head.decode("utf-8", "ignore").lstrip("\ufeff")
 
 
@@ -62,12 +66,12 @@ def opened(blocks: Iterator, size: int) -> tuple[Iterator, int, str]:
     if first.__class__ is not bytes:
         return chain([first], blocks), 0, "UTF-8"
     if first.startswith(UTF8_BOM):
-        return chain([first[len(UTF8_BOM):]], blocks), len(UTF8_BOM), "UTF-8"
+        return chain([first[len(UTF8_BOM) :]], blocks), len(UTF8_BOM), "UTF-8"
     found = wide(first)
     if found is None:
         return chain([first], blocks), 0, "UTF-8"
     mark, codec, name = found
-    return _utf8(chain([first[len(mark):]], blocks), codec, size), 0, name
+    return _utf8(chain([first[len(mark) :]], blocks), codec, size), 0, name
 
 
 def _utf8(blocks: Iterator, codec: str, size: int) -> Iterator:
@@ -89,4 +93,4 @@ def _utf8(blocks: Iterator, codec: str, size: int) -> Iterator:
 def _cut(text: str, size: int) -> Iterator[bytes]:
     data = text.encode("utf-8", "surrogatepass")
     for at in range(0, len(data), size):  # UTF-16 grows up to half again as UTF-8: blocks stay blocks
-        yield data[at:at + size]
+        yield data[at : at + size]

@@ -99,7 +99,7 @@ class Tally:
         self.bad += other.bad
         self.documents_cut += other.documents_cut
         self.trailing += other.trailing
-        self.examples += other.examples[:max(0, _EXAMPLES - len(self.examples))]
+        self.examples += other.examples[: max(0, _EXAMPLES - len(self.examples))]
 
 
 @dataclass(frozen=True)
@@ -163,8 +163,9 @@ class _LongEnd:
 # of their characters, and the offset after the last one's newline (as if the stream's last
 # line had one). A line's offset is counted only when a bad record needs it (_advance,
 # _back), not line by line: clean input pays no offset bookkeeping.
-def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool = False,
-           trailing: list | None = None) -> Iterator[tuple | Bad | _LongLine | _LongEnd | bytes]:
+def _lines(
+    raw: BinaryIO, compression: str, base_offset: int, stream_long: bool = False, trailing: list | None = None
+) -> Iterator[tuple | Bad | _LongLine | _LongEnd | bytes]:
     """Segments of decoded lines, and a Bad for each line that cannot be one (invalid UTF-8,
     or longer than MAX_LINE_BYTES) or where a compressed stream breaks off. With
     ``stream_long``, an over-long line is handed on as a _LongLine, its bytes in chunks and a
@@ -189,8 +190,11 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool 
             assert isinstance(block, Exception)  # neither bytes nor a Trailing: the stream's error (_blocks)
             if long_at >= 0:
                 yield _LongEnd(offset) if stream_long else _too_long(long_at, None)
-            yield Bad(offset + len(carry), f"corrupt or truncated {compression} data ({block}); "
-                      "the documents before it are kept", final=True)
+            yield Bad(
+                offset + len(carry),
+                f"corrupt or truncated {compression} data ({block}); the documents before it are kept",
+                final=True,
+            )
             return
         if long_at >= 0:
             nl = block.find(b"\n")
@@ -204,7 +208,7 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool 
                 yield _LongEnd(offset + nl + 1)
             else:
                 yield _too_long(long_at, offset + nl + 1)
-            block, offset, long_at = block[nl + 1:], offset + nl + 1, -1
+            block, offset, long_at = block[nl + 1 :], offset + nl + 1, -1
         data = carry + block
         cut = data.rfind(b"\n") + 1
         if cut == 0:
@@ -227,7 +231,7 @@ def _lines(raw: BinaryIO, compression: str, base_offset: int, stream_long: bool 
                     yield _LongEnd(offset + nl + 1)
                 else:
                     yield _too_long(offset, offset + nl + 1)
-                head, base = head[nl + 1:], offset + nl + 1
+                head, base = head[nl + 1 :], offset + nl + 1
         if head:
             try:
                 text = head.decode("utf-8")
@@ -472,7 +476,7 @@ class _LongRecord:
             return
         for at in range(0, len(data), _FEED):
             try:
-                pieces = self.field.feed(data[at:at + _FEED])
+                pieces = self.field.feed(data[at : at + _FEED])
             except NotJSON as e:
                 yield from self._split(e.pieces)
                 yield from self._fail(str(e))
@@ -512,8 +516,11 @@ class _LongRecord:
                         if run:
                             yield run
                             run = []
-                        yield Bad(self.offset, f"record {self.number}: a line of its text longer than "
-                                  f"{MAX_LINE_BYTES >> 20} Mi characters (dropped)")
+                        yield Bad(
+                            self.offset,
+                            f"record {self.number}: a line of its text longer than "
+                            f"{MAX_LINE_BYTES >> 20} Mi characters (dropped)",
+                        )
                         self.partial, self.size, self.skipping = [], 0, True
                 if n == len(parts) - 1:
                     break
@@ -527,8 +534,6 @@ class _LongRecord:
 
 
 _FEED = 1 << 20  # characters of an over-long record decoded at a time
-
-
 
 
 _OUTSIDE, _TITLE, _TEXT = 0, 1, 2  # where a WikiExtractor reader is: between documents, before a title, in text
@@ -692,10 +697,10 @@ def check_text_field(head: bytes, fmt: str, column: str, source: str) -> None:
     seen = sorted({key for record in records for key in record})
     shown = ", ".join(repr(k) for k in seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
     best = max(strings, key=strings.get) if strings else None  # type: ignore[arg-type]
-    advice = (f"give --text-column {best}" if best is not None
-              else "give --text-column the field that holds the text")
-    raise ConfigError(f"{source}: no record of the first {len(records)} has the field {column!r} "
-                      f"(fields seen: {shown}); {advice}")
+    advice = f"give --text-column {best}" if best is not None else "give --text-column the field that holds the text"
+    raise ConfigError(
+        f"{source}: no record of the first {len(records)} has the field {column!r} (fields seen: {shown}); {advice}"
+    )
 
 
 def decide(name_format: str, name: str, head: bytes) -> str:
@@ -715,8 +720,15 @@ def decide(name_format: str, name: str, head: bytes) -> str:
     return found or "text"
 
 
-def iter_documents(raw: BinaryIO, fmt: str, compression: str, source: str, base_offset: int = 0,
-                   tally: Tally | None = None, options: ReadOptions = ReadOptions()) -> Iterator[list[str]]:
+def iter_documents(
+    raw: BinaryIO,
+    fmt: str,
+    compression: str,
+    source: str,
+    base_offset: int = 0,
+    tally: Tally | None = None,
+    options: ReadOptions = ReadOptions(),
+) -> Iterator[list[str]]:
     """Documents (lists of lines) from an open binary file, read as a stream.
 
     Bad records are skipped and tallied (``tally``); an InputError ends the item when more
@@ -735,14 +747,17 @@ def iter_documents(raw: BinaryIO, fmt: str, compression: str, source: str, base_
         events = _text_events(_lines(raw, compression, base_offset, trailing=trailing))
     else:
         raise InputError(f"{source}: format {fmt!r} is not read as lines")
-    yield from _assemble(chain(events, trailing), source, tally, options, unit,
-                         by_line=fmt in ("text", "wikiextractor"))
+    yield from _assemble(
+        chain(events, trailing), source, tally, options, unit, by_line=fmt in ("text", "wikiextractor")
+    )
 
 
-def checked(docs: Iterator[list[str] | Bad], source: str, tally: Tally, options: ReadOptions,
-            unit: str) -> Iterator[list[str]]:
+def checked(
+    docs: Iterator[list[str] | Bad], source: str, tally: Tally, options: ReadOptions, unit: str
+) -> Iterator[list[str]]:
     """Whole documents and bad records of any format (a Parquet file's rows): bad records
     tallied (the share judged over records), long documents in parts."""
+
     def events():
         for doc in docs:
             yield doc
@@ -752,8 +767,9 @@ def checked(docs: Iterator[list[str] | Bad], source: str, tally: Tally, options:
     yield from _assemble(events(), source, tally, options, unit, by_line=False)
 
 
-def _assemble(events: Iterator, source: str, tally: Tally, options: ReadOptions, unit: str,
-              by_line: bool) -> Iterator[list[str]]:
+def _assemble(
+    events: Iterator, source: str, tally: Tally, options: ReadOptions, unit: str, by_line: bool
+) -> Iterator[list[str]]:
     """Documents from a reader's events (see _END): handed on whole when they end, or in parts
     of at most MAX_DOCUMENT_CHARS characters (cut at line boundaries) as soon as a part is full.
     The bad share is judged over lines (``by_line``) or records."""
@@ -825,12 +841,15 @@ def _assemble(events: Iterator, source: str, tally: Tally, options: ReadOptions,
 def _judge(tally: Tally, source: str, options: ReadOptions, pending: int = 0) -> None:
     total = tally.records + pending + tally.bad
     if tally.bad and tally.bad > options.max_bad_share * total:
-        raise InputError(f"{source}: {tally.bad} of {total} records are bad, more than the "
-                         f"{options.max_bad_share:.0%} allowed: not this format? (first: {tally.examples[0]})")
+        raise InputError(
+            f"{source}: {tally.bad} of {total} records are bad, more than the "
+            f"{options.max_bad_share:.0%} allowed: not this format? (first: {tally.examples[0]})"
+        )
 
 
-def read_all(data: bytes, name: str, fmt: str | None = None, tally: Tally | None = None,
-             options: ReadOptions = ReadOptions()) -> list[list[str]]:
+def read_all(
+    data: bytes, name: str, fmt: str | None = None, tally: Tally | None = None, options: ReadOptions = ReadOptions()
+) -> list[list[str]]:
     """Documents of an in-memory file (tests, small tools); the format from the name, else sniffed."""
     by_name, compression = describe(name)
     if fmt is None:

@@ -69,7 +69,7 @@ class TextField:
         try:
             chunk = self._utf8.decode(data, final)
         except UnicodeDecodeError as e:  # the text before the bad byte first
-            out = self._scan(e.object[:e.start].decode("utf-8"))
+            out = self._scan(e.object[: e.start].decode("utf-8"))
             raise NotJSON(f"invalid UTF-8 ({e.reason})", out) from None
         return self._scan(chunk)
 
@@ -182,7 +182,7 @@ class TextField:
             if fault:
                 raise NotJSON(fault)
         if bad:
-            raise NotJSON(f"not JSON: a bad escape in its text ({buf[e:e + 6]!r})")
+            raise NotJSON(f"not JSON: a bad escape in its text ({buf[e : e + 6]!r})")
         if closed:
             self.found, self._state = True, "after"
             return e + 1
@@ -201,8 +201,14 @@ class TextField:
         self._state = "after"
 
 
-_EXPECTED = {"start": "an object should start", "first_key": "a key should be", "key": "a key should be",
-             "colon": "a ':' should be", "value": "a value should be", "after": "a ',' or '}' should be"}
+_EXPECTED = {
+    "start": "an object should start",
+    "first_key": "a key should be",
+    "key": "a key should be",
+    "colon": "a ':' should be",
+    "value": "a value should be",
+    "after": "a ',' or '}' should be",
+}
 
 
 def _escapes(buf: str, at: int) -> bool:
@@ -219,10 +225,10 @@ def _text_piece(body: str) -> tuple[str, str | None]:
     try:
         piece = scanstring(body + '"', 0, True)[0]
     except JSONDecodeError as e:  # a control character: what comes before it is text
-        piece, fault = scanstring(body[:e.pos] + '"', 0, True)[0], f"not JSON: {e.msg.lower()} in its text"
+        piece, fault = scanstring(body[: e.pos] + '"', 0, True)[0], f"not JSON: {e.msg.lower()} in its text"
     lone = _SURROGATE.search(piece)  # a pair is decoded whole: this is half of one
     if lone:
-        return piece[:lone.start()], "a lone surrogate escape in its text (half of a \\uD83D\\uDE00 pair): not Unicode"
+        return piece[: lone.start()], "a lone surrogate escape in its text (half of a \\uD83D\\uDE00 pair): not Unicode"
     return piece, fault
 
 

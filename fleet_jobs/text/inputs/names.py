@@ -34,11 +34,33 @@ def _hidden(name: str) -> bool:
 
 # Files that come with a corpus but are not corpus, whatever their extension (README, readme.txt,
 # LICENSE.md, Makefile.am): taken only when named on their own.
-NOT_CORPUS = frozenset({
-    "readme", "license", "licence", "licenses", "licences", "copying", "copyright", "notice", "authors",
-    "contributors", "contributing", "changelog", "codeowners", "makefile", "dockerfile", "containerfile",
-    "cmakelists", "manifest", "checksums", "md5sums", "sha1sums", "sha256sums", "sha512sums",
-})
+NOT_CORPUS = frozenset(
+    {
+        "readme",
+        "license",
+        "licence",
+        "licenses",
+        "licences",
+        "copying",
+        "copyright",
+        "notice",
+        "authors",
+        "contributors",
+        "contributing",
+        "changelog",
+        "codeowners",
+        "makefile",
+        "dockerfile",
+        "containerfile",
+        "cmakelists",
+        "manifest",
+        "checksums",
+        "md5sums",
+        "sha1sums",
+        "sha256sums",
+        "sha512sums",
+    }
+)
 
 
 # Compressions and archives a text job does not read: a file of one is named, with this, not read.

@@ -46,8 +46,11 @@ def _open(store: Store, name: str, size: int, version: str | None, source: str):
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(io.BufferedReader(StoreFile(store, name, size, version), buffer_size=1 << 20),
-                              buffer_size=_READ_BUFFER, pre_buffer=False)
+        return pq.ParquetFile(
+            io.BufferedReader(StoreFile(store, name, size, version), buffer_size=1 << 20),
+            buffer_size=_READ_BUFFER,
+            pre_buffer=False,
+        )
     except (Changed, NotFound):
         raise
     except Exception as e:  # pyarrow.ArrowInvalid and kin: not Parquet, or a truncated file
@@ -60,8 +63,10 @@ def _column(pf, column: str, source: str) -> int:
     schema = pf.schema_arrow
     index = schema.get_field_index(column)
     if index < 0:
-        raise InputError(f"{source}: no column {column!r} (columns: {', '.join(schema.names)}); "
-                         "name the text column with --text-column")
+        raise InputError(
+            f"{source}: no column {column!r} (columns: {', '.join(schema.names)}); "
+            "name the text column with --text-column"
+        )
     kind = schema.field(index).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise InputError(f"{source}: column {column!r} holds {kind}, not text")
@@ -94,14 +99,24 @@ def plan_row_groups(groups: list[RowGroup], target: int) -> list[tuple[int, int,
     return out
 
 
-def parquet_documents(store: Store, name: str, size: int, version: str | None, first: int, end: int, source: str,
-                      tally: Tally, options: ReadOptions) -> Iterator[list[str]]:
+def parquet_documents(
+    store: Store,
+    name: str,
+    size: int,
+    version: str | None,
+    first: int,
+    end: int,
+    source: str,
+    tally: Tally,
+    options: ReadOptions,
+) -> Iterator[list[str]]:
     """The documents of row groups [first, end): a row's text, split into lines (a long row in parts)."""
     try:
         pf = _open(store, name, size, version, source)
         _column(pf, options.text_column, source)
-        yield from _assemble(_events(_rows(pf, first, end, options.text_column)), source, tally, options, "",
-                             by_line=False)
+        yield from _assemble(
+            _events(_rows(pf, first, end, options.text_column)), source, tally, options, "", by_line=False
+        )
     except Changed as e:
         raise InputError(f"{e}; plan a new run for the new contents") from None
     except NotFound:
@@ -157,8 +172,11 @@ def _batch_rows(array, row: int, column: str, large: bool) -> Iterator[list[str]
 
     n = len(array)
     kind = np.int64 if large else np.int32
-    offsets = np.frombuffer(array.buffers()[1], kind, n + 1, array.offset * np.dtype(kind).itemsize) \
-        if n else np.zeros(1, kind)
+    offsets = (
+        np.frombuffer(array.buffers()[1], kind, n + 1, array.offset * np.dtype(kind).itemsize)
+        if n
+        else np.zeros(1, kind)
+    )
     special = np.diff(offsets) > MAX_DOCUMENT_CHARS  # bytes: a row of fewer bytes has fewer characters
     nulls = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else np.zeros(n, bool)
     special |= nulls
@@ -214,8 +232,11 @@ def _long_row(array, i: int, start: int, end: int, row: int, column: str) -> _Lo
             longest = int((np.diff(newlines, prepend=line_start - 1) - 1).max())
             line_start = int(newlines[-1]) + 1
         if max(longest, stop - line_start) > MAX_LINE_BYTES:
-            return Bad(-1, f"row {row}: a line longer than {MAX_LINE_BYTES >> 20} MiB in column {column!r} "
-                           "(not line-oriented text?)")
+            return Bad(
+                -1,
+                f"row {row}: a line longer than {MAX_LINE_BYTES >> 20} MiB in column {column!r} "
+                "(not line-oriented text?)",
+            )
     return _Long(_row_parts(memoryview(data), start, end))
 
 
@@ -224,10 +245,10 @@ def _row_parts(data: memoryview, start: int, end: int) -> Iterator[list[str]]:
     newline byte is never inside a UTF-8 character); ``_assemble`` packs them into parts."""
     at = start
     while at < end:
-        chunk = bytes(data[at:min(end, at + _WINDOW)])
+        chunk = bytes(data[at : min(end, at + _WINDOW)])
         cut = chunk.rfind(b"\n") + 1
         if not cut and at + len(chunk) < end:  # a line longer than the window (at most MAX_LINE_BYTES)
-            chunk = bytes(data[at:min(end, at + MAX_LINE_BYTES + 1)])
+            chunk = bytes(data[at : min(end, at + MAX_LINE_BYTES + 1)])
             cut = chunk.find(b"\n") + 1
         if not cut or at + len(chunk) == end:
             cut = len(chunk)

@@ -58,8 +58,14 @@ class Place:
         return {"file": self.file, key: value, "document": self.document}
 
 
-def placed(documents: Iterable[list[str]], records: Iterator[tuple[int, list[str]]], file: str, parquet: bool,
-           places: list[Place], first: int = 0) -> Iterator[list[str]]:
+def placed(
+    documents: Iterable[list[str]],
+    records: Iterator[tuple[int, list[str]]],
+    file: str,
+    parquet: bool,
+    places: list[Place],
+    first: int = 0,
+) -> Iterator[list[str]]:
     """``documents`` unchanged, each one's Place appended to ``places`` before it is handed on;
     ``first``: the ordinal of the first in its item (a later file of a grouped item starts past 0)."""
     match = _Matcher(records)
@@ -81,7 +87,7 @@ class _Matcher:
         self.lines: list[str] = []
 
     def place(self, doc: list[str]) -> int | None:
-        if self.used and self.lines[self.used:self.used + len(doc)] == doc:  # the record's next part
+        if self.used and self.lines[self.used : self.used + len(doc)] == doc:  # the record's next part
             self.used += len(doc)
             return self.where
         n = len(doc)
@@ -166,8 +172,9 @@ def _decoded(line: bytes, limit: int, whole: bool) -> str | bytes | None:
         return None
 
 
-def line_records(raw: BinaryIO, fmt: str, compression: str, base: int, options: ReadOptions
-                 ) -> Iterator[tuple[int, list[str]]]:
+def line_records(
+    raw: BinaryIO, fmt: str, compression: str, base: int, options: ReadOptions
+) -> Iterator[tuple[int, list[str]]]:
     """(offset, lines) of every record of a line format that may yield a document."""
     if fmt == "text":
         return _text_records(_lines(raw, compression, base, False))
@@ -193,8 +200,9 @@ def _text_records(lines: Iterator[tuple[int, str | None]]) -> Iterator[tuple[int
         yield start, doc
 
 
-def _wikiextractor_records(lines: Iterator[tuple[int, str | None]], keep_titles: bool
-                           ) -> Iterator[tuple[int, list[str]]]:
+def _wikiextractor_records(
+    lines: Iterator[tuple[int, str | None]], keep_titles: bool
+) -> Iterator[tuple[int, list[str]]]:
     """As formats._wikiextractor_events: a <doc> line opens (and drops an open one), </doc> closes."""
     outside, title, text = 0, 1, 2
     state, start = outside, 0
@@ -224,8 +232,9 @@ def _wikiextractor_records(lines: Iterator[tuple[int, str | None]], keep_titles:
         yield start, doc
 
 
-def _json_records(lines: Iterator[tuple[int, str | bytes | None]], column: str, cirrus: bool
-                  ) -> Iterator[tuple[int, list[str]]]:
+def _json_records(
+    lines: Iterator[tuple[int, str | bytes | None]], column: str, cirrus: bool
+) -> Iterator[tuple[int, list[str]]]:
     for offset, line in lines:
         if line.__class__ is bytes:  # longer than a line: read as the reader streams it
             doc = _long_record(line, column)

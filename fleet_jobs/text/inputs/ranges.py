@@ -73,7 +73,13 @@ def _next_boundary(store: Store, name: str, pos: int, size: int, fmt: str, limit
             nl = data.find(b"\n", i)
             if nl < 0:
                 if offset >= size:  # the last line, with no newline
-                    if whole and mark is not None and base + i >= pos and data.startswith(mark, i) and _starts(fmt, data[i:]):
+                    if (
+                        whole
+                        and mark is not None
+                        and base + i >= pos
+                        and data.startswith(mark, i)
+                        and _starts(fmt, data[i:])
+                    ):
                         return base + i, True
                 elif len(data) - i > _SHORT:
                     passing = True

@@ -65,10 +65,13 @@ def cut_source(source: Source, item_bytes: int, options: ReadOptions = ReadOptio
     _, compression = describe(source.name)
     fmt, head = _format_and_head(store, source.name, source.size)
     if fmt == "parquet":
-        groups = row_groups(store, source.name, source.size, source.version or None, options.text_column,
-                            source.display)
-        return [Slice(source.url, source.name, first, end, fmt, "none", source.version, False, max(1, size))
-                for first, end, size in plan_row_groups(groups, item_bytes)]
+        groups = row_groups(
+            store, source.name, source.size, source.version or None, options.text_column, source.display
+        )
+        return [
+            Slice(source.url, source.name, first, end, fmt, "none", source.version, False, max(1, size))
+            for first, end, size in plan_row_groups(groups, item_bytes)
+        ]
     if not wide(head):  # UTF-16 or UTF-32 lines are not split at b"\n": read as they come
         check_text_field(head, fmt, options.text_column, source.display)
     if compression != "none" or wide(head):
@@ -76,10 +79,15 @@ def cut_source(source: Source, item_bytes: int, options: ReadOptions = ReadOptio
     ranges = plan_ranges(store, source.name, source.size, fmt, item_bytes)
     cuts = sum(cut for _, _, cut in ranges)
     if cuts:
-        log.warning("warning: %s: %d document(s) longer than an item (%s bytes) cut between items at a "
-                    "line boundary", source.display, cuts, f"{item_bytes:,}")
-    return [Slice(source.url, source.name, start, end, fmt, compression, source.version, cut)
-            for start, end, cut in ranges]
+        log.warning(
+            "warning: %s: %d document(s) longer than an item (%s bytes) cut between items at a line boundary",
+            source.display,
+            cuts,
+            f"{item_bytes:,}",
+        )
+    return [
+        Slice(source.url, source.name, start, end, fmt, compression, source.version, cut) for start, end, cut in ranges
+    ]
 
 
 def find_corpus(paths: list[str]) -> list[Source]:
@@ -90,13 +98,18 @@ def find_corpus(paths: list[str]) -> list[Source]:
 def plan_slices(paths: list[str], item_bytes: int, options: ReadOptions = ReadOptions()) -> list[Slice]:
     """Every corpus file under some files or folders cut into slices (what a text job's items
     are; for tests and tools: a run plans them through fleet.core.run)."""
-    return [piece for source in find_corpus(paths) if source.size
-            for piece in cut_source(source, item_bytes, options)]
+    return [piece for source in find_corpus(paths) if source.size for piece in cut_source(source, item_bytes, options)]
 
 
-def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
-               options: ReadOptions = ReadOptions(), places: list[Place] | None = None, first: int = 0,
-               data: bytes | None = None) -> Iterator[list[str]]:
+def read_slice(
+    piece: Slice,
+    workdir: str,
+    tally: Tally | None = None,
+    options: ReadOptions = ReadOptions(),
+    places: list[Place] | None = None,
+    first: int = 0,
+    data: bytes | None = None,
+) -> Iterator[list[str]]:
     """Download a slice to a local file, then stream its documents; with a ``places`` list,
     each document's Place is appended to it before the document is handed on (places.py),
     ``first`` the ordinal of its first document in the item. ``data``: the slice's bytes,
@@ -110,12 +123,22 @@ def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
     item = ItemInput(piece.url, piece.name, piece.start, piece.end, piece.version, display=piece.display)
     if piece.format == "parquet":  # ranged reads of its row groups, no download
         size = item.stat_size()
-        docs = parquet_documents(item.store, piece.name, size, piece.version or None, piece.start,
-                                 piece.end, source, tally if tally is not None else Tally(), options)
+        docs = parquet_documents(
+            item.store,
+            piece.name,
+            size,
+            piece.version or None,
+            piece.start,
+            piece.end,
+            source,
+            tally if tally is not None else Tally(),
+            options,
+        )
         if places is not None:
             pf = parquet_file(item.store, piece.name, size, piece.version or None, source)
-            docs = placed(docs, parquet_records(pf, piece.start, piece.end, options.text_column), file, True, places,
-                          first)
+            docs = placed(
+                docs, parquet_records(pf, piece.start, piece.end, options.text_column), file, True, places, first
+            )
         yield from docs
         return
     base = piece.start if piece.compression == "none" else 0
@@ -124,8 +147,14 @@ def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
         if places is None:
             yield from docs
         else:
-            yield from placed(docs, line_records(io.BytesIO(data), piece.format, piece.compression, base, options),
-                              file, False, places, first)
+            yield from placed(
+                docs,
+                line_records(io.BytesIO(data), piece.format, piece.compression, base, options),
+                file,
+                False,
+                places,
+                first,
+            )
         return
     fd, tmp = tempfile.mkstemp(prefix="input-", dir=workdir)
     os.close(fd)
@@ -139,8 +168,14 @@ def read_slice(piece: Slice, workdir: str, tally: Tally | None = None,
                 yield from docs
                 return
             with open(tmp, "rb") as again:  # read a second time, for the places
-                yield from placed(docs, line_records(again, piece.format, piece.compression, base, options), file,
-                                  False, places, first)
+                yield from placed(
+                    docs,
+                    line_records(again, piece.format, piece.compression, base, options),
+                    file,
+                    False,
+                    places,
+                    first,
+                )
     finally:
         try:
             os.unlink(tmp)
@@ -170,8 +205,9 @@ def iter_path_documents(paths: list[str], options: ReadOptions = ReadOptions()) 
         fmt, (_, compression) = file_format(store, inp.name, inp.size), describe(inp.name)
         if fmt == "parquet":
             groups = row_groups(store, inp.name, inp.size, inp.version or None, options.text_column, inp.display)
-            yield from parquet_documents(store, inp.name, inp.size, inp.version or None, 0, len(groups), inp.display,
-                                         Tally(), options)
+            yield from parquet_documents(
+                store, inp.name, inp.size, inp.version or None, 0, len(groups), inp.display, Tally(), options
+            )
             continue
         if not inp.url.startswith("gs://"):
             with open(os.path.join(inp.url, inp.name), "rb") as f:
@@ -179,4 +215,3 @@ def iter_path_documents(paths: list[str], options: ReadOptions = ReadOptions()) 
             continue
         with tempfile.TemporaryDirectory() as d:
             yield from read_slice(Slice(inp.url, inp.name, 0, inp.size, fmt, compression), d, options=options)
-

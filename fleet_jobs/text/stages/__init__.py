@@ -69,8 +69,9 @@ class DedupReducer(Reducer):
     def __init__(self, converter: DocumentConverter):
         self.converter = converter
 
-    def reduce(self, records: Iterator[tuple[int, bytes]], ctx: ItemContext, sink: Sink | KeyedSink
-               ) -> dict[str, float]:
+    def reduce(
+        self, records: Iterator[tuple[int, bytes]], ctx: ItemContext, sink: Sink | KeyedSink
+    ) -> dict[str, float]:
         counts = DedupCounts()
         documents = unique_documents(checkpointed(records, ctx), counts)
         stats = dict(self.converter.convert(documents, ctx, example_sink(sink, ctx)))
@@ -84,8 +85,9 @@ class ShardReducer(Reducer):
     def __init__(self, output: str, compression: str, columns: Sequence[Column]):
         self.output, self.compression, self.columns = output, compression, list(columns)
 
-    def reduce(self, records: Iterator[tuple[int, bytes]], ctx: ItemContext, sink: Sink | KeyedSink
-               ) -> dict[str, float]:
+    def reduce(
+        self, records: Iterator[tuple[int, bytes]], ctx: ItemContext, sink: Sink | KeyedSink
+    ) -> dict[str, float]:
         n = 0
         with open_writer(example_sink(sink, ctx), self.output, self.compression, self.columns) as out:
             batch: list[bytes] = []

@@ -48,7 +48,8 @@ def document_record(lines: list[str], item_id: str, ordinal: int) -> tuple[int, 
     digest = document_digest(lines)
     place = item_id.encode()
     return int.from_bytes(digest[:8], "big"), b"".join(
-        [digest[8:], _U16.pack(len(place)), place, _U32.pack(ordinal), encode_lines(lines)])
+        [digest[8:], _U16.pack(len(place)), place, _U32.pack(ordinal), encode_lines(lines)]
+    )
 
 
 def encode_lines(lines: list[str]) -> bytes:
@@ -75,7 +76,7 @@ def decode_value(value: bytes) -> DocumentRecord:
     try:
         at = 8
         (n,) = _U16.unpack_from(value, at)
-        item_id = value[at + 2:at + 2 + n].decode()
+        item_id = value[at + 2 : at + 2 + n].decode()
         at += 2 + n
         ordinal, count = _U32.unpack_from(value, at)[0], _U32.unpack_from(value, at + 4)[0]
         at += 8
@@ -85,7 +86,7 @@ def decode_value(value: bytes) -> DocumentRecord:
             at += 4
             if at + size > len(value):
                 raise ValueError("a line runs past the record's end")
-            lines.append(value[at:at + size].decode("utf-8", "surrogatepass"))
+            lines.append(value[at : at + size].decode("utf-8", "surrogatepass"))
             at += size
     except (struct.error, UnicodeDecodeError) as e:
         raise ValueError(f"not a document record: {e}") from None
@@ -111,8 +112,11 @@ class DedupCounts:
     bytes_dropped: int = 0  # UTF-8 bytes of the dropped documents' texts (lines joined by newlines)
 
     def stats(self) -> dict[str, int]:
-        return {"dedup_documents_kept": self.kept, "dedup_documents_dropped": self.dropped,
-                "dedup_bytes_dropped": self.bytes_dropped}
+        return {
+            "dedup_documents_kept": self.kept,
+            "dedup_documents_dropped": self.dropped,
+            "dedup_bytes_dropped": self.bytes_dropped,
+        }
 
 
 def unique_documents(records: Iterable[tuple[int, bytes]], counts: DedupCounts) -> Iterator[list[str]]:

@@ -41,7 +41,9 @@ SOURCE = Path(__file__).with_name("wordpiece.c")
 OTHER_SOURCES = ("unigram.c",)  # beside SOURCE
 RECORDS_SOURCE = Path(tfrecord.__file__).with_name("records.c")  # the TFRecord format's C, beside its Python
 # setup.py builds SOURCE, OTHER_SOURCES and RECORDS_SOURCE into one library, in this order.
-NAME = "_ccore"  # setup.py's Extension("fleet_jobs.text.tokenizers._ccore"): NAME + an extension suffix, beside this file
+NAME = (
+    "_ccore"  # setup.py's Extension("fleet_jobs.text.tokenizers._ccore"): NAME + an extension suffix, beside this file
+)
 ABI_VERSION = 4
 
 # The class bits of wordpiece.c.
@@ -84,8 +86,9 @@ class _Library:
         built_from = lib.wp_source_sha256().decode()
         sources = sources_sha256()
         if sources is not None and built_from != sources:
-            raise NativeError(f"{path.name} was built from other sources than "
-                              f"{', '.join(map(str, source_paths()))}: {REINSTALL}")
+            raise NativeError(
+                f"{path.name} was built from other sources than {', '.join(map(str, source_paths()))}: {REINSTALL}"
+            )
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
         lib.wp_new.restype = p
         lib.wp_new.argtypes = [p, p, i64, p, p, p, i64, i32, i64, i64, i64]
@@ -95,8 +98,23 @@ class _Library:
             f.restype = i64
             f.argtypes = [p, p, i64, ctypes.c_int, p, p, i64, p, i64]
         lib.ug_new.restype = p
-        lib.ug_new.argtypes = [p, p, p, i64, p, i32, i32, ctypes.c_float, ctypes.c_double, p, i64, p, i64,
-                               ctypes.c_int, ctypes.c_int]
+        lib.ug_new.argtypes = [
+            p,
+            p,
+            p,
+            i64,
+            p,
+            i32,
+            i32,
+            ctypes.c_float,
+            ctypes.c_double,
+            p,
+            i64,
+            p,
+            i64,
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
         lib.ug_free.restype = None
         lib.ug_free.argtypes = [p]
         lib.ug_encode.restype = i64
@@ -129,22 +147,41 @@ class Table:
     """One tokenizer's C tables (vocab hash tables and the code point classes), freed with it.
     Read-only once made: calls from several threads at once are safe (ctypes drops the GIL)."""
 
-    def __init__(self, lib: _Library, classes: np.ndarray, vocab: Mapping[str, int], unk_id: int,
-                 max_chars: int, max_head: int, max_tail: int):
+    def __init__(
+        self,
+        lib: _Library,
+        classes: np.ndarray,
+        vocab: Mapping[str, int],
+        unk_id: int,
+        max_chars: int,
+        max_head: int,
+        max_tail: int,
+    ):
         # Every token as a head piece (exactly ``word[:end] in vocab``), and each "##" token's
         # rest as a continuation piece (exactly ``"##" + word[start:end] in vocab``).
         tails = [t for t in vocab if t.startswith("##")]
         keys = [*vocab, *(t[2:] for t in tails)]
         ids = np.fromiter([*vocab.values(), *(vocab[t] for t in tails)], np.int32, len(keys))
         tail = np.zeros(len(keys), np.uint8)
-        tail[len(vocab):] = 1
+        tail[len(vocab) :] = 1
         offsets = np.zeros(len(keys) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, keys), np.int64, len(keys)), out=offsets[1:])
         pool = "".join(keys).encode("utf-32-le")  # (a surrogate raises UnicodeEncodeError: no table)
         classes = np.ascontiguousarray(classes, np.uint8)
         assert classes.shape == (0x110000,)
-        ptr = lib.lib.wp_new(classes.ctypes.data, pool, len(pool) // 4, offsets.ctypes.data, ids.ctypes.data,
-                             tail.ctypes.data, len(keys), unk_id, max_chars, max_head, max_tail)
+        ptr = lib.lib.wp_new(
+            classes.ctypes.data,
+            pool,
+            len(pool) // 4,
+            offsets.ctypes.data,
+            ids.ctypes.data,
+            tail.ctypes.data,
+            len(keys),
+            unk_id,
+            max_chars,
+            max_head,
+            max_tail,
+        )
         if not ptr:
             raise MemoryError("the C tokenizer's tables")
         self._ptr = ptr
@@ -173,8 +210,15 @@ class Table:
         the ids are the same, without making the marked text."""
         chars = np.ascontiguousarray(chars, np.uint32)
         marks = np.ascontiguousarray(marks, np.int64)
-        return self._call(self._u32, chars.ctypes.data, len(chars), WP_LINES | WP_WORDS, n_lines,
-                          marks.ctypes.data if len(marks) else None, len(marks))
+        return self._call(
+            self._u32,
+            chars.ctypes.data,
+            len(chars),
+            WP_LINES | WP_WORDS,
+            n_lines,
+            marks.ctypes.data if len(marks) else None,
+            len(marks),
+        )
 
     def _call(self, fn, data, n: int, mode: int, n_lines: int, marks, n_marks: int):
         out, out_at, lengths, lengths_at = self._buffers(max(n, 1), n_lines)  # (each id takes >= 1 character)

@@ -70,8 +70,11 @@ class VocabError(ValueError):
 
 def _char_class(ranges: Iterable[tuple[int, int]], limit: int) -> str:
     """A regex character class body from sorted inclusive code point ranges, cut at ``limit``."""
-    return "".join(f"\\U{a:08x}" if a == min(b, limit - 1) else f"\\U{a:08x}-\\U{min(b, limit - 1):08x}"
-                   for a, b in ranges if a < limit)
+    return "".join(
+        f"\\U{a:08x}" if a == min(b, limit - 1) else f"\\U{a:08x}-\\U{min(b, limit - 1):08x}"
+        for a, b in ranges
+        if a < limit
+    )
 
 
 class _Patterns:
@@ -97,13 +100,12 @@ class _Patterns:
         self.tokens_nl = re.compile(f"{self.tokens.pattern}|\n")
         self.marked_tokens_nl = re.compile(f"{self.marked_tokens.pattern}|\n")
 
-
     @functools.cached_property
     def cjk_table(self) -> np.ndarray:
         """code point -> is it CJK (for the code points below ``limit``; 1.1 MB, built on first use)."""
         table = np.zeros(0x110000, bool)
         for a, b in CJK_RANGES:
-            table[a:min(b, self.limit - 1) + 1] = True
+            table[a : min(b, self.limit - 1) + 1] = True
         return table
 
 
@@ -120,11 +122,12 @@ def _class_table() -> np.ndarray:
     as the regexes above: ``\\s`` of ``re`` itself (tested on every code point), ``CJK_RANGES``,
     the punctuation of ``unicode_classes`` and ``_MARK``. 1.1 MB, built once per process (~20 ms)."""
     from . import native
+
     table = np.zeros(0x110000, np.uint8)
     for a, b in CJK_RANGES:
-        table[a:b + 1] |= native.CLS_CJK
+        table[a : b + 1] |= native.CLS_CJK
     for a, b in classes()[2]:
-        table[a:b + 1] |= native.CLS_PUNCT
+        table[a : b + 1] |= native.CLS_PUNCT
     everything = np.arange(0x110000, dtype="<u4")
     everything[0xD800:0xE000] = 0  # surrogates (no class) cannot be decoded: \x00 is not \s either
     text = everything.tobytes().decode("utf-32-le")
@@ -171,8 +174,10 @@ def load_vocab(data: bytes | str, source: str = "vocab") -> dict[str, int]:
         raise VocabError(f"{source}: not a BERT vocab, missing {' '.join(missing)}{cr}")
     for special in SPECIAL_TOKENS:
         if special in vocab and tokens.index(special) != vocab[special]:
-            raise VocabError(f"{source}: {special} is on lines {tokens.index(special) + 1} and "
-                             f"{vocab[special] + 1} (two vocabs run together?)")
+            raise VocabError(
+                f"{source}: {special} is on lines {tokens.index(special) + 1} and "
+                f"{vocab[special] + 1} (two vocabs run together?)"
+            )
     if vocab["[PAD]"] != 0:
         raise VocabError(f"{source}: [PAD] must have id 0 (examples are padded with 0), it has {vocab['[PAD]']}")
     return vocab
@@ -232,8 +237,9 @@ class _CodeCache(dict[str, int]):
         flat = np.repeat(codes, counts)
         starts = (np.cumsum(counts) - counts)[several]
         where = np.repeat(starts, counts[several]) + (
-            np.arange(int(counts[several].sum())) - np.repeat(np.cumsum(counts[several]) - counts[several],
-                                                              counts[several]))
+            np.arange(int(counts[several].sum()))
+            - np.repeat(np.cumsum(counts[several]) - counts[several], counts[several])
+        )
         flat[where] = np.fromiter(chain.from_iterable(pieces), np.int32, len(where))
         return flat
 
@@ -252,7 +258,7 @@ def _split_lines(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
     """Ids per line from all lines' ids and each line's count of them."""
     ids, out, start = flat.tolist(), [], 0
     for n in lengths.tolist():
-        out.append(ids[start:start + n])
+        out.append(ids[start : start + n])
         start += n
     return out
 
@@ -297,6 +303,7 @@ class BertTokenizer:
         global _native_module
         if _native_module is None:
             from . import native
+
             _native_module = native
         native = _native_module
         table = self._table
@@ -305,8 +312,15 @@ class BertTokenizer:
             if lib is None:
                 return None
             try:
-                table = native.Table(lib, _class_table(), self.vocab, self.unk_id, self.max_input_chars_per_word,
-                                     self._max_head, self._max_tail)
+                table = native.Table(
+                    lib,
+                    _class_table(),
+                    self.vocab,
+                    self.unk_id,
+                    self.max_input_chars_per_word,
+                    self._max_head,
+                    self._max_tail,
+                )
             except UnicodeEncodeError:  # a vocab token holding a surrogate: Python for this vocab
                 if native.mode() == "1":
                     raise native.NativeError("FLEET_NATIVE=1 but this vocab holds a lone surrogate") from None
@@ -398,8 +412,9 @@ class BertTokenizer:
             return text
         return np.insert(chars, continuing, ord(_MARK)).tobytes().decode("utf-32-le")
 
-    def _continuations(self, text: str, pats: _Patterns, cut: Callable[[str], list[str]]
-                       ) -> tuple[np.ndarray, np.ndarray]:
+    def _continuations(
+        self, text: str, pats: _Patterns, cut: Callable[[str], list[str]]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The text's code points, and the sorted positions of the CJK characters that continue
         a word of ``cut`` (where ``_mark_words`` puts its marks).
 
@@ -432,8 +447,9 @@ class BertTokenizer:
         continues = np.delete(continues, separators)
         return chars, in_run[continues]
 
-    def _native_words(self, text: str, pats: _Patterns, cut: Callable[[str], list[str]] | None, n_lines: int
-                      ) -> tuple[np.ndarray, np.ndarray] | None:
+    def _native_words(
+        self, text: str, pats: _Patterns, cut: Callable[[str], list[str]] | None, n_lines: int
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """The words modes in C: ids and line lengths as ``native.Table.run`` gives them, or None
         (Python then). The C core takes the marks' positions, not the marked text."""
         table = self._native()
@@ -443,8 +459,9 @@ class BertTokenizer:
             return table.run(text, _WP_LINES | _WP_WORDS, n_lines)
         return table.run_marked(*self._continuations(text, pats, cut), n_lines)
 
-    def tokenize_lines_words(self, lines: Sequence[str], cut: Callable[[str], list[str]] | None = None
-                             ) -> list[list[int]]:
+    def tokenize_lines_words(
+        self, lines: Sequence[str], cut: Callable[[str], list[str]] | None = None
+    ) -> list[list[int]]:
         """``tokenize_lines`` with ``WORD_CONTINUES`` set on ids that continue a word, for
         whole-word masking: ``##`` pieces, and with ``cut`` (a Chinese word segmenter such
         as ``rjieba.cut``) the second and later characters of a Chinese word. Chinese stays
@@ -467,8 +484,9 @@ class BertTokenizer:
             text = self._mark_words(text, pats, cut)
         return list(chain.from_iterable(map(self._word_cache.__getitem__, pats.marked_tokens.findall(text))))
 
-    def tokenize_flat(self, lines: Sequence[str], words: bool = False,
-                      cut: Callable[[str], list[str]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def tokenize_flat(
+        self, lines: Sequence[str], words: bool = False, cut: Callable[[str], list[str]] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """All lines' ids as one int32 array and each line's count of them: ``tokenize_lines``
         (``words``: ``tokenize_lines_words`` with ``cut``) concatenated, for many short documents
         at once. One normalization, one segmenter call and one ``findall`` over all lines (each
@@ -478,8 +496,10 @@ class BertTokenizer:
         text, pats = self._normalize_pats("\n".join(lines))
         if text.count("\n") != len(lines) - 1:  # a line held its own "\n": go line by line
             per_line = [self._tokenize_words(line, cut) if words else self.tokenize_ids(line) for line in lines]
-            return (np.fromiter(chain.from_iterable(per_line), np.int32),
-                    np.fromiter(map(len, per_line), np.int64, len(per_line)))
+            return (
+                np.fromiter(chain.from_iterable(per_line), np.int32),
+                np.fromiter(map(len, per_line), np.int64, len(per_line)),
+            )
         if words:
             done = self._native_words(text, pats, cut, len(lines))
         else:

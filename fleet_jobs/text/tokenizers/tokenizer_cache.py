@@ -61,8 +61,13 @@ def tokenizer_kind(name: str, data: bytes, kind: str = "auto") -> str:
     return "json"
 
 
-def file_tokenizer(tokenizer_file: str, opener: Opener, kind: str = "auto", tiktoken_pattern: str = "",
-                   tiktoken_special_tokens: str = "") -> tuple[str, Any]:
+def file_tokenizer(
+    tokenizer_file: str,
+    opener: Opener,
+    kind: str = "auto",
+    tiktoken_pattern: str = "",
+    tiktoken_special_tokens: str = "",
+) -> tuple[str, Any]:
     """``(kind, tokenizer)`` for ``tokenizer_file``: a ``tokenizers.Tokenizer``, a
     ``sentencepiece.SentencePieceProcessor`` or a ``tiktoken.Encoding`` (the tiktoken options
     apply to that kind only)."""

@@ -89,8 +89,9 @@ def words_in_pieces(tokens: list[str], texts: Iterable[str], lowercase: bool = T
     word of characters the alphabet left out is one ``[UNK]``, not pieces.)"""
     from tokenizers import BertWordPieceTokenizer
 
-    tokenizer = BertWordPieceTokenizer({t: i for i, t in enumerate(tokens)}, clean_text=True,
-                                       handle_chinese_chars=True, lowercase=lowercase)
+    tokenizer = BertWordPieceTokenizer(
+        {t: i for i, t in enumerate(tokens)}, clean_text=True, handle_chinese_chars=True, lowercase=lowercase
+    )
     split: set[str] = set()
     lines: Iterator[str] = iter(texts)
     while batch := list(islice(lines, 10_000)):

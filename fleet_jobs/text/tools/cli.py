@@ -93,11 +93,16 @@ def _bad_records(sampled) -> None:
 @app.command()
 def vocab(
     inputs: List[str] = typer.Argument(
-        ..., metavar="INPUT", help="Files or folders, local or gs://, in any format fleet reads "
-        "(text, JSON Lines, WikiExtractor, CirrusSearch, Parquet), maybe .gz/.bz2/.xz/.zst."
+        ...,
+        metavar="INPUT",
+        help="Files or folders, local or gs://, in any format fleet reads "
+        "(text, JSON Lines, WikiExtractor, CirrusSearch, Parquet), maybe .gz/.bz2/.xz/.zst.",
     ),
-    size: int = typer.Option(21128, help="Vocab size, at most (a small corpus gives fewer). Refused when "
-                             "below what the corpus needs: the special tokens and every character kept."),
+    size: int = typer.Option(
+        21128,
+        help="Vocab size, at most (a small corpus gives fewer). Refused when "
+        "below what the corpus needs: the special tokens and every character kept.",
+    ),
     out: str = typer.Option("vocab.txt", help="Where to write the vocab, one token per line."),
     lowercase: bool = typer.Option(True, help="Lower-case and strip accents, as do_lower_case."),
     limit_alphabet: int = typer.Option(10000, help="Most single characters kept; Chinese needs thousands."),
@@ -120,16 +125,19 @@ def vocab(
     documents = sample_documents(inputs, math.inf, math.inf, ReadOptions(), sampled)
     lines = (line for document in documents for line in document)
     try:
-        tokens = train_vocab(lines, size, lowercase=lowercase, limit_alphabet=limit_alphabet,
-                             min_frequency=min_frequency)
+        tokens = train_vocab(
+            lines, size, lowercase=lowercase, limit_alphabet=limit_alphabet, min_frequency=min_frequency
+        )
     except (InputError, StoreError) as e:
         _fail(str(e))
     except OSError as e:
         _fail(f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e))
     except VocabTooSmall as e:
-        _fail(f"--size {size}: this corpus needs at least {e.needed} tokens (the {len(SPECIAL_TOKENS)} special "
-              f"tokens and each character kept, alone and as a ## piece): give --size {e.needed} or more, "
-              "or a smaller --limit-alphabet")
+        _fail(
+            f"--size {size}: this corpus needs at least {e.needed} tokens (the {len(SPECIAL_TOKENS)} special "
+            f"tokens and each character kept, alone and as a ## piece): give --size {e.needed} or more, "
+            "or a smaller --limit-alphabet"
+        )
     if len(tokens) <= len(SPECIAL_TOKENS):
         _fail(f"{' '.join(inputs)}: no text to train on (empty files?)")
     try:
@@ -145,9 +153,11 @@ def vocab(
     again = sample_documents(inputs, math.inf, math.inf, ReadOptions(), Sampled())
     split = words_in_pieces(tokens, (line for document in again for line in document), lowercase)
     if split:
-        why = (f"the trainer merges only pairs of pieces seen at least --min-frequency {min_frequency} times, and the "
-               f"pairs left in the {split:,} words still in pieces are each seen fewer; a bigger corpus gives more "
-               "tokens" + (", as does a lower --min-frequency" if min_frequency > 1 else ""))
+        why = (
+            f"the trainer merges only pairs of pieces seen at least --min-frequency {min_frequency} times, and the "
+            f"pairs left in the {split:,} words still in pieces are each seen fewer; a bigger corpus gives more "
+            "tokens" + (", as does a lower --min-frequency" if min_frequency > 1 else "")
+        )
     else:
         why = "every word of the corpus is a token already, nothing is left to merge; only a bigger corpus gives more"
     typer.echo(f"wrote {len(tokens)} tokens to {out}, fewer than --size {size}: {why}", err=True)
@@ -177,12 +187,18 @@ def tokenize(
             if line.strip():
                 write(json.dumps(tokenizer.tokenize_ids(line)) + "\n")
 
+
 @app.command()
 def report(
-    out_dir: str = typer.Argument(..., metavar="OUT_DIR", help="A folder of .tfrecord / .tfrecord.gz / .parquet files."),
+    out_dir: str = typer.Argument(
+        ..., metavar="OUT_DIR", help="A folder of .tfrecord / .tfrecord.gz / .parquet files."
+    ),
     png: str = typer.Option(None, "--png", help="Also draw the histograms into this PNG file."),
-    vocab: str = typer.Option(None, "--vocab", help="The run's vocab.txt, for the [UNK] share "
-                              "(default: the vocab_file of the fleet local run in OUT_DIR)."),
+    vocab: str = typer.Option(
+        None,
+        "--vocab",
+        help="The run's vocab.txt, for the [UNK] share (default: the vocab_file of the fleet local run in OUT_DIR).",
+    ),
     max_records: int = typer.Option(100_000, help="Read at most this many records (from the first files)."),
 ) -> None:
     """Summarise a run's records: lengths, fill ratio, segments, masking, [UNK] share."""
@@ -218,8 +234,12 @@ def report(
 
 @app.command()
 def check(
-    inputs: List[str] = typer.Argument(..., metavar="INPUT", help="Files or folders, local or gs://, in any "
-                                       "format fleet reads (text, JSON Lines, WikiExtractor, CirrusSearch, Parquet)."),
+    inputs: List[str] = typer.Argument(
+        ...,
+        metavar="INPUT",
+        help="Files or folders, local or gs://, in any "
+        "format fleet reads (text, JSON Lines, WikiExtractor, CirrusSearch, Parquet).",
+    ),
     vocab: str = typer.Option(..., "--vocab", help="The vocab.txt the run will use."),
     max_seq_length: int = typer.Option(128, help="The run's max_seq_length."),
     lowercase: bool = typer.Option(True, help="do_lower_case (must match how the vocab was made)."),
@@ -251,8 +271,9 @@ def check(
     survey = Survey(tokenizer, lambda: ExampleBuilder(max_seq_length, cls_id, sep_id, random.Random(0)), max_seq_length)
     sampled = Sampled()
     try:
-        for document in sample_documents(inputs, int(mb * 1e6), seconds, ReadOptions(text_column, keep_titles),
-                                         sampled):
+        for document in sample_documents(
+            inputs, int(mb * 1e6), seconds, ReadOptions(text_column, keep_titles), sampled
+        ):
             survey.add(document)
     except (InputError, StoreError) as e:  # a store's errors name the bucket or object
         _fail(str(e))

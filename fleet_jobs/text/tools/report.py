@@ -136,8 +136,11 @@ class RecordStats:
             return f"report: no records in {self.folder}"
         lengths = np.array(self.lengths)
         second = np.array(self.second_lengths)
-        where = (f"from the first {self.files_read} of {self.files} files (max_records reached" if self.truncated
-                 else f"in {self.files} files (")
+        where = (
+            f"from the first {self.files_read} of {self.files} files (max_records reached"
+            if self.truncated
+            else f"in {self.files} files ("
+        )
         lines = [
             f"records: {self.records:,} {where}{'; ' if self.truncated else ''}{self.layout}, "
             f"max_seq_length {self.max_seq_length})",
@@ -145,17 +148,27 @@ class RecordStats:
             *(_histogram(lengths, self.max_seq_length) if histogram else []),
         ]
         if self.layout != "causal_lm":
-            lines.append(f"segments per example: two {np.mean(second > 0):.1%}, one {np.mean(second == 0):.1%}; "
-                         f"second segment mean {second[second > 0].mean() if (second > 0).any() else 0:.1f} tokens")
+            lines.append(
+                f"segments per example: two {np.mean(second > 0):.1%}, one {np.mean(second == 0):.1%}; "
+                f"second segment mean {second[second > 0].mean() if (second > 0).any() else 0:.1f} tokens"
+            )
         if self.masked:
             masked = np.array(self.masked)
             total = max(1, masked.sum())
             r = self.replaced
-            split = (f"; [MASK] {r['[MASK]'] / total:.1%}, random {r['random'] / total:.1%}, "
-                     f"unchanged {r['unchanged'] / total:.1%}") if self.unk is not None else ""
-            lines.append(f"masked per example: mean {masked.mean():.1f} (min {masked.min()}, max {masked.max()} "
-                         f"of {self.max_predictions}), {masked.sum() / max(1, lengths.sum()):.1%} of real tokens"
-                         f"{split}")
+            split = (
+                (
+                    f"; [MASK] {r['[MASK]'] / total:.1%}, random {r['random'] / total:.1%}, "
+                    f"unchanged {r['unchanged'] / total:.1%}"
+                )
+                if self.unk is not None
+                else ""
+            )
+            lines.append(
+                f"masked per example: mean {masked.mean():.1f} (min {masked.min()}, max {masked.max()} "
+                f"of {self.max_predictions}), {masked.sum() / max(1, lengths.sum()):.1%} of real tokens"
+                f"{split}"
+            )
             lines.append(f"next_sentence_labels: 1 (random next) {np.mean(self.random_next):.1%}")
         if self.unk is None:
             lines.append("[UNK]: unknown (no vocab: pass --vocab)")
@@ -198,7 +211,7 @@ class RecordStats:
         bars = {"one segment": float(np.mean(second == 0)), "two segments": float(np.mean(second > 0))}
         if self.random_next:
             bars["NSP label 1"] = float(np.mean(self.random_next))
-        ax.bar(list(bars), list(bars.values()), color=["#4878a8", "#4878a8", "#60a060"][:len(bars)])
+        ax.bar(list(bars), list(bars.values()), color=["#4878a8", "#4878a8", "#60a060"][: len(bars)])
         ax.set_ylim(0, 1.12)
         ax.set_title("segments per example, next-sentence labels")
         ax.set_ylabel("share of examples")
@@ -206,8 +219,15 @@ class RecordStats:
             ax.text(i, v + 0.02, f"{v:.1%}", ha="center")
         ax = axes[1, 1]
         ax.axis("off")
-        ax.text(0, 1, self.text(histogram=False).replace("; ", ";\n    ").replace(", fill", ",\n    fill"),
-                va="top", ha="left", family="monospace", fontsize=8)
+        ax.text(
+            0,
+            1,
+            self.text(histogram=False).replace("; ", ";\n    ").replace(", fill", ",\n    fill"),
+            va="top",
+            ha="left",
+            family="monospace",
+            fontsize=8,
+        )
         fig.suptitle(f"records in {self.folder}")
         fig.tight_layout()
         fig.savefig(path, dpi=100)
@@ -217,7 +237,7 @@ class RecordStats:
 def local_report(output_url: str, vocab_file: str = "", max_records: int = MAX_RECORDS) -> str | None:
     """The report's text for a run's local output folder (what ``fleet local`` prints at the end);
     None for a bucket. ``vocab_file``: a local BERT vocab.txt, for the [UNK] share."""
-    path = output_url[len("file://"):] if output_url.startswith("file://") else output_url
+    path = output_url[len("file://") :] if output_url.startswith("file://") else output_url
     if "://" in path or not os.path.isdir(path):
         return None
     ids = vocab_ids(vocab_file) if vocab_file and "://" not in vocab_file else None
@@ -228,8 +248,10 @@ def _histogram(values: np.ndarray, top: int, bins: int = 8, width: int = 30) -> 
     counts, edges = np.histogram(values, bins=bins, range=(0, top))
     share = counts / max(1, counts.sum())
     scale = width / max(share.max(), 1e-9)
-    return [f"  {int(lo):4d}-{int(hi) - (i < bins - 1):4d} {'#' * int(round(s * scale)):<{width}} {s:6.1%}"
-            for i, (lo, hi, s) in enumerate(zip(edges[:-1], edges[1:], share))]
+    return [
+        f"  {int(lo):4d}-{int(hi) - (i < bins - 1):4d} {'#' * int(round(s * scale)):<{width}} {s:6.1%}"
+        for i, (lo, hi, s) in enumerate(zip(edges[:-1], edges[1:], share))
+    ]
 
 
 def _layout(features: dict) -> tuple[str, str, str]:

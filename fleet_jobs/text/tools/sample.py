@@ -43,8 +43,9 @@ class Sampled:
     seconds: float = 0.0
 
 
-def sample_documents(paths: list[str], max_bytes: float, max_seconds: float, options: ReadOptions,
-                     sampled: Sampled) -> Iterator[list[str]]:
+def sample_documents(
+    paths: list[str], max_bytes: float, max_seconds: float, options: ReadOptions, sampled: Sampled
+) -> Iterator[list[str]]:
     """Documents from each file in turn, each file up to its share of ``max_bytes`` of text;
     stops at ``max_seconds`` (``math.inf`` for both: every document). Raises InputError (naming
     the file) when a file cannot be read or is not the format it looks like."""
@@ -66,8 +67,9 @@ def sample_documents(paths: list[str], max_bytes: float, max_seconds: float, opt
                     tally.bad += 1
                     tally.documents -= 1  # (the reader counted it as read)
                     if len(tally.examples) < _EXAMPLES:
-                        tally.examples.append(f"{inp.display}: document {number}: a lone surrogate "
-                                              "(\\ud800-\\udfff), not text")
+                        tally.examples.append(
+                            f"{inp.display}: document {number}: a lone surrogate (\\ud800-\\udfff), not text"
+                        )
                     continue
                 yield doc
                 size = sum(len(line) for line in doc)
@@ -80,10 +82,12 @@ def sample_documents(paths: list[str], max_bytes: float, max_seconds: float, opt
         except OSError as e:
             raise InputError(f"{inp.display}: cannot read ({e.strerror or e})") from None
         if tally.bad and tally.bad > options.max_bad_share * (tally.records + tally.bad):
-            raise InputError(f"{inp.display}: {tally.bad} of {tally.records + tally.bad} records read are bad: "
-                             f"not this format? (first: {tally.examples[0]})")
+            raise InputError(
+                f"{inp.display}: {tally.bad} of {tally.records + tally.bad} records read are bad: "
+                f"not this format? (first: {tally.examples[0]})"
+            )
         sampled.bad += tally.bad
-        sampled.bad_examples += tally.examples[:max(0, _EXAMPLES - len(sampled.bad_examples))]
+        sampled.bad_examples += tally.examples[: max(0, _EXAMPLES - len(sampled.bad_examples))]
     sampled.seconds = time.monotonic() - start
 
 

@@ -51,8 +51,7 @@ class Side:
             return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0, "mean": 0.0}
         a = np.asarray(self.per_line)
         p50, p90, p99 = np.percentile(a, [50, 90, 99])
-        return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(a.max()),
-                "mean": float(a.mean())}
+        return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(a.max()), "mean": float(a.mean())}
 
     @property
     def dropped(self) -> int:
@@ -104,10 +103,12 @@ class Survey:
     # -- figures ---------------------------------------------------------------
     def shares(self) -> dict[str, float]:
         chars = self.cjk_chars + self.latin_chars + self.other_chars
-        return {"chinese": self.cjk_chars / chars if chars else 0.0,
-                "latin": self.latin_chars / chars if chars else 0.0,
-                "other": self.other_chars / chars if chars else 0.0,
-                "unk": self.unk / self.as_read.tokens if self.as_read.tokens else 0.0}
+        return {
+            "chinese": self.cjk_chars / chars if chars else 0.0,
+            "latin": self.latin_chars / chars if chars else 0.0,
+            "other": self.other_chars / chars if chars else 0.0,
+            "unk": self.unk / self.as_read.tokens if self.as_read.tokens else 0.0,
+        }
 
     def text(self) -> str:
         mb = self.text_bytes / 1e6
@@ -117,24 +118,27 @@ class Survey:
 
         def tokens(side: Side) -> str:
             p = side.percentiles()
-            return (f"p50 {p['p50']:.0f}, p90 {p['p90']:.0f}, p99 {p['p99']:.0f}, max {p['max']:.0f}, "
-                    f"mean {p['mean']:.1f}")
+            return (
+                f"p50 {p['p50']:.0f}, p90 {p['p90']:.0f}, p99 {p['p99']:.0f}, max {p['max']:.0f}, mean {p['mean']:.1f}"
+            )
 
         def share(n: int, of: int) -> str:
             return f"{n:,} ({n / of:.1%})" if of else "0"
 
         a, b = self.as_read, self.split
-        return "\n".join([
-            f"sample: {self.documents:,} documents, {a.lines:,} lines, {mb:.2f} MB of text",
-            f"per MB of text: {per_mb(self.documents):,.0f} documents, {per_mb(a.lines):,.0f} lines",
-            f"tokens per line: {tokens(a)}",
-            f"[UNK]: {s['unk']:.2%} of {a.tokens:,} tokens",
-            f"characters: Chinese {s['chinese']:.1%}, Latin letters {s['latin']:.1%}, other {s['other']:.1%}",
-            f"lines over {fits} tokens (max_seq_length {self.max_seq_length} less [CLS] [SEP]): "
-            f"{share(a.long_lines, a.lines)}",
-            f"tokens truncated by the ELECTRA builder: {share(a.dropped, a.tokens)}",
-            f"with split_sentences=true: {b.lines:,} lines ({b.lines / a.lines if a.lines else 0:.2f}x), "
-            f"tokens per line {tokens(b)}",
-            f"  lines over {fits} tokens {share(b.long_lines, b.lines)}, "
-            f"tokens truncated {share(b.dropped, b.tokens)}",
-        ])
+        return "\n".join(
+            [
+                f"sample: {self.documents:,} documents, {a.lines:,} lines, {mb:.2f} MB of text",
+                f"per MB of text: {per_mb(self.documents):,.0f} documents, {per_mb(a.lines):,.0f} lines",
+                f"tokens per line: {tokens(a)}",
+                f"[UNK]: {s['unk']:.2%} of {a.tokens:,} tokens",
+                f"characters: Chinese {s['chinese']:.1%}, Latin letters {s['latin']:.1%}, other {s['other']:.1%}",
+                f"lines over {fits} tokens (max_seq_length {self.max_seq_length} less [CLS] [SEP]): "
+                f"{share(a.long_lines, a.lines)}",
+                f"tokens truncated by the ELECTRA builder: {share(a.dropped, a.tokens)}",
+                f"with split_sentences=true: {b.lines:,} lines ({b.lines / a.lines if a.lines else 0:.2f}x), "
+                f"tokens per line {tokens(b)}",
+                f"  lines over {fits} tokens {share(b.long_lines, b.lines)}, "
+                f"tokens truncated {share(b.dropped, b.tokens)}",
+            ]
+        )
