@@ -36,8 +36,12 @@ def _generator():
 
 
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config),
-                           "-d", str(site)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_site_builds_strictly(tmp_path):
@@ -90,8 +94,10 @@ def test_the_readme_is_an_entrance():
             assert (ROOT / link).exists(), f"README.md links {link}, which does not exist"
     blocks = code_blocks(readme)
     assert "&& .venv/bin/fleet local corpus/ out/ --workers 2 --set vocab_file=vocab.txt" in blocks[0]
-    assert blocks[1].strip() == ("python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/ruff check "
-                                 "&& .venv/bin/mypy && .venv/bin/python -m pytest")
+    assert blocks[1].strip() == (
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/ruff check "
+        "&& .venv/bin/ruff format --check && .venv/bin/mypy && .venv/bin/python -m pytest"
+    )
     # CI runs the README's test command (pip made quiet).
     assert blocks[1].strip().replace("pip install -e", "pip install -q -e") in (ROOT / ".ci" / "run").read_text()
     # The home page opens with the same two commands.
