@@ -15,13 +15,14 @@ import signal
 import time
 from urllib.parse import unquote, urlsplit
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 from rich.text import Text
 
+from fleet.cli.progress import ProgressLines, every_from_env
 from fleet.core.codesync import code_version
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.discovery import load_configured
@@ -319,20 +320,10 @@ def run_local(
     try:
         if not st.finished:
             children = start_workers(bucket, RUN, workers, log_dir=os.path.join(bucket, "logs"), prefix="local")
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-        )
-        # Transient: the summary table says where the run ended, and a refusal stays one line.
-        with Progress(*columns, console=console, transient=True) as progress:
-            task = progress.add_task("", total=spec.input_bytes, completed=st.bytes_done)
+        with _progress(console, spec.input_bytes, st.bytes_done) as show:
             while True:
                 st = reader.collect()
-                progress.update(task, completed=st.bytes_done, description=_progress_line(st))
+                show(st, any(c.is_alive() for c in children))
                 if st.finished or not any(c.is_alive() for c in children):
                     break
                 # A worker that ends (the last one out: the run is drained) wakes this at once.
@@ -388,6 +379,34 @@ def run_local(
         )
         return LocalResult(st, summary, 1)
     return LocalResult(st, summary, 1 if st.failed or st.failed_files else 0)
+
+
+@contextlib.contextmanager
+def _progress(console: Console, total: int, done: int) -> Iterator[Callable[[RunStatus, bool], None]]:
+    """``show(status, live)`` for the run's loop: on a terminal the live bar, which goes when the run
+    ends (the summary table says where it ended, and a refusal stays one line); to a file, a
+    plain line at a steady interval (fleet.cli.progress)."""
+    if not console.is_terminal:
+        lines = ProgressLines(total, time.monotonic(), done, every_from_env())
+
+        def log(st: RunStatus, live: bool) -> None:
+            text = lines.line(_progress_line(st), st.bytes_done, time.monotonic(), live)
+            if text:
+                say(console, text)
+
+        yield log
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("", total=total, completed=done)
+        yield lambda st, live: bar.update(task, completed=st.bytes_done, description=_progress_line(st))
 
 
 def _progress_line(st: RunStatus) -> str:

@@ -1,0 +1,98 @@
+"""Progress without a terminal (issue 33, item 4): `fleet local` writing to a file says how far the
+run is, one plain line at a steady interval (fleet.cli.progress)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleet.cli.progress import DEFAULT_EVERY, ProgressLines, every_from_env
+
+
+def test_a_line_comes_once_the_interval_has_passed_then_once_per_interval():
+    p = ProgressLines(total_bytes=40_000_000, started=100.0, start_bytes=0, every=30)
+    assert p.line("items 0/10", 0, 100.0) is None  # a run shorter than the interval prints no line
+    assert p.line("items 1/10", 4_000_000, 129.9) is None
+    assert p.line("items 3/10 (1 failed)", 12_300_000, 130.0) == (
+        "progress: items 3/10 (1 failed) · 12.3 of 40.0 MB (31%) · 410 kB/s · ETA 1 min 8 s"
+    )
+    assert p.line("items 4/10", 16_000_000, 159.0) is None
+    assert p.line("items 5/10", 20_000_000, 160.0) is not None
+
+
+def test_a_resumed_run_counts_its_rate_from_what_this_command_converted():
+    p = ProgressLines(total_bytes=100_000_000, started=0.0, start_bytes=90_000_000, every=10)
+    # 90 MB were done before: 5 MB in 10 s is 0.5 MB/s, and 5 MB are left
+    assert p.line("items 95/100", 95_000_000, 10.0).endswith("95.0 of 100.0 MB (95%) · 500 kB/s · ETA 10 s")
+
+
+def test_sizes_read_in_the_unit_of_the_total():
+    p = ProgressLines(total_bytes=3_400, started=0.0, every=1)
+    assert p.text("items 1/2", 1_700, 2.0) == "progress: items 1/2 · 1.7 of 3.4 kB (50%) · 0.85 kB/s · ETA 2 s"
+    p = ProgressLines(total_bytes=2_500_000_000_000, started=0.0, every=1)
+    assert p.text("items 1/9", 1_250_000_000_000, 1e4).startswith(
+        "progress: items 1/9 · 1.2 of 2.5 TB (50%) · 125 MB/s"
+    )
+
+
+def test_no_rate_before_a_byte_moves_and_no_eta_without_a_live_worker_or_when_done():
+    p = ProgressLines(total_bytes=10_000_000, started=0.0, every=1)
+    assert p.text("items 0/2", 0, 5.0) == "progress: items 0/2 · 0.0 of 10.0 MB (0%)"
+    assert "ETA" not in p.text("items 1/2", 5_000_000, 5.0, live=False)
+    assert "ETA" not in p.text("items 2/2", 10_000_000, 5.0)
+    assert p.text("map 1/1 · shards 0/2", 10_000_000, 5.0).startswith(
+        "progress: map 1/1 · shards 0/2 · 10.0 of 10.0 MB"
+    )
+
+
+@given(
+    every=st.floats(0.5, 100),
+    steps=st.lists(st.floats(0.0, 60.0), min_size=1, max_size=200),
+)
+def test_lines_are_never_closer_than_the_interval_and_never_late_by_more_than_a_tick(every, steps):
+    """Whatever the loop's pace: two lines at least ``every`` apart, and at a tick past the due
+    time there is a line (so the gap is at most ``every`` plus the loop's own step)."""
+    p = ProgressLines(total_bytes=1000, started=0.0, every=every)
+    now, last = 0.0, 0.0
+    for step in steps:
+        now += step
+        printed = p.line("items 0/1", 0, now) is not None
+        assert printed == (now >= last + every)
+        if printed:
+            last = now
+
+
+def test_the_interval_comes_from_the_environment_and_a_bad_value_keeps_the_default():
+    assert every_from_env({"FLEET_PROGRESS_SECONDS": "2.5"}) == 2.5
+    for bad in ("", "soon", "0", "-3", "nan"):
+        assert every_from_env({"FLEET_PROGRESS_SECONDS": bad}) == DEFAULT_EVERY
+    assert every_from_env({}) == DEFAULT_EVERY
+
+
+def test_fleet_local_into_a_file_prints_progress_lines_and_no_bar(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(4):
+        (corpus / f"f{i}.txt").write_text("".join(f"line {i} {n} " + "x" * 40 + "\n" for n in range(20)))
+    log = tmp_path / "log.txt"
+    env = dict(os.environ, FLEET_PROGRESS_SECONDS="0.5")
+    with open(log, "wb") as out:  # stdout and stderr a file, as under nohup
+        code = subprocess.run(
+            [sys.executable, "-m", "fleet.cli", "local", str(corpus), str(tmp_path / "out"), "--job"]
+            + ["tests.helpers.linejob:JOB", "--workers", "2", "--item-mb", "0.001", "--set", "delay=0.05"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=300,
+        ).returncode
+    text = log.read_text()
+    assert code == 0, text
+    lines = [line for line in text.splitlines() if line.startswith("progress: items ")]
+    assert len(lines) >= 2, text  # 80 documents at 0.05 s on 2 workers: about 2 s of work
+    assert all(re.match(r"progress: items \d+/\d+ · [\d.]+ of [\d.]+ kB \(\d+%\)", line) for line in lines), lines
+    assert "\r" not in text and "\x1b" not in text  # no bar's redraws, no colour codes in a log
