@@ -74,7 +74,7 @@ def test_the_interval_comes_from_the_environment_and_a_bad_value_keeps_the_defau
     assert every_from_env({}) == DEFAULT_EVERY
 
 
-def test_fleet_local_into_a_file_prints_progress_lines_and_no_bar(tmp_path):
+def test_fleet_local_into_a_file_prints_progress_lines_and_the_workers_logs_say_what_they_do(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(4):
@@ -96,3 +96,9 @@ def test_fleet_local_into_a_file_prints_progress_lines_and_no_bar(tmp_path):
     assert len(lines) >= 2, text  # 80 documents at 0.05 s on 2 workers: about 2 s of work
     assert all(re.match(r"progress: items \d+/\d+ · [\d.]+ of [\d.]+ kB \(\d+%\)", line) for line in lines), lines
     assert "\r" not in text and "\x1b" not in text  # no bar's redraws, no colour codes in a log
+    # The workers' logs say what each one does: an item's start (attempt, stage, source) and its end.
+    logs = "".join(p.read_text() for p in (tmp_path / "out" / ".fleet" / "logs").glob("*.log"))
+    for n in range(4):
+        started = re.findall(rf"item (\d+) started \(attempt 1, map\): .*f{n}\.txt", logs)
+        assert len(started) == 1, logs
+        assert re.search(rf"item {started[0]} done in [\d.]+s, [\d.]+ MB at [\d.]+ MB/s \(.*f{n}\.txt", logs), logs

@@ -276,6 +276,14 @@ class ItemRunner:
         self.current = item.id
         self.beat("working")
         t0 = time.time()
+        # A log read live (a VM's serial console, `tail -f`) says what each worker is doing.
+        log.info(
+            "item %s started (attempt %d, %s): %s",
+            item.id,
+            held.lease.attempt,
+            self.steps.name(item.step),
+            item.display,
+        )
         renewer = _Renewer(self.leases, held, self.beat)
         renewer.start()
         try:
@@ -329,7 +337,15 @@ class ItemRunner:
             self.leases.commit(held, outputs, stats)
             self.counters.items_done += 1
             self.counters.bytes_done += item.size
-            log.info("item %s done in %.1fs (%s)", item.id, time.time() - t0, item.display)
+            took = time.time() - t0
+            log.info(
+                "item %s done in %.1fs, %.1f MB at %.2f MB/s (%s)",
+                item.id,
+                took,
+                item.size / 1e6,
+                item.size / 1e6 / max(took, 1e-3),
+                item.display,
+            )
         except Lost as e:
             renewer.finish()
             self.counters.items_lost += 1
