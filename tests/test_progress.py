@@ -11,7 +11,7 @@ import sys
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet.cli.progress import DEFAULT_EVERY, ProgressLines, every_from_env
+from fleet.core.progress import DEFAULT_EVERY, ProgressLines, every_from_env, worker_line
 
 
 def test_a_line_comes_once_the_interval_has_passed_then_once_per_interval():
@@ -67,6 +67,13 @@ def test_lines_are_never_closer_than_the_interval_and_never_late_by_more_than_a_
             last = now
 
 
+def test_a_workers_line_says_what_it_did_since_it_started_and_what_it_holds():
+    assert worker_line(5, 1, 320_000_000, 100.0, "00012") == (
+        "progress: 5 items done here (1 failed) · 320.0 MB · 3.2 MB/s · on item 00012"
+    )
+    assert worker_line(1, 0, 0, 3.0, None) == "progress: 1 item done here · 0.0 kB · idle"
+
+
 def test_the_interval_comes_from_the_environment_and_a_bad_value_keeps_the_default():
     assert every_from_env({"FLEET_PROGRESS_SECONDS": "2.5"}) == 2.5
     for bad in ("", "soon", "0", "-3", "nan"):
@@ -84,7 +91,7 @@ def test_fleet_local_into_a_file_prints_progress_lines_and_the_workers_logs_say_
     with open(log, "wb") as out:  # stdout and stderr a file, as under nohup
         code = subprocess.run(
             [sys.executable, "-m", "fleet.cli", "local", str(corpus), str(tmp_path / "out"), "--job"]
-            + ["tests.helpers.linejob:JOB", "--workers", "2", "--item-mb", "0.001", "--set", "delay=0.05"],
+            + ["tests.helpers.linejob:JOB", "--workers", "2", "--item-mb", "0.001", "--set", "delay=1.5"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -93,11 +100,14 @@ def test_fleet_local_into_a_file_prints_progress_lines_and_the_workers_logs_say_
     text = log.read_text()
     assert code == 0, text
     lines = [line for line in text.splitlines() if line.startswith("progress: items ")]
-    assert len(lines) >= 2, text  # 80 documents at 0.05 s on 2 workers: about 2 s of work
+    assert len(lines) >= 2, text  # 4 documents at 1.5 s on 2 workers: about 3 s of work
     assert all(re.match(r"progress: items \d+/\d+ · [\d.]+ of [\d.]+ kB \(\d+%\)", line) for line in lines), lines
     assert "\r" not in text and "\x1b" not in text  # no bar's redraws, no colour codes in a log
     # The workers' logs say what each one does: an item's start (attempt, stage, source) and its end.
-    logs = "".join(p.read_text() for p in (tmp_path / "out" / ".fleet" / "logs").glob("*.log"))
+    worker_logs = [p.read_text() for p in (tmp_path / "out" / ".fleet" / "logs").glob("*.log")]
+    logs = "".join(worker_logs)
+    line = r"progress: \d+ items? done here · [\d.]+ kB( · [\d.]+ kB/s)? · (on item \d+|idle)"
+    assert all(re.search(line, one) for one in worker_logs), logs  # and at the same pace, each its own work
     for n in range(4):
         started = re.findall(rf"item (\d+) started \(attempt 1, map\): .*f{n}\.txt", logs)
         assert len(started) == 1, logs

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 from rich.text import Text
 
-from fleet.cli.progress import ProgressLines, every_from_env
+from fleet.core.progress import ProgressLines, every_from_env
 from fleet.core.codesync import code_version
 from fleet.gce.config import DEFAULT_CODE_PATHS
 from fleet.core.discovery import load_configured

@@ -35,9 +35,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import weakref
+from typing import TYPE_CHECKING
+
+from fleet.core.progress import every_from_env, worker_line
+
+if TYPE_CHECKING:
+    from fleet.core.spawner import Worker
 
 log = logging.getLogger("fleet.worker")
 
@@ -195,6 +202,8 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
         return 2, False
     _setup_logging(worker.name, log_file)
     signal.signal(signal.SIGUSR1, lambda signum, frame: _stop_if_sleeping(worker))
+    progress = _ProgressLog(worker)
+    progress.start()
     # What the worker loaded lives as long as it does (modules, the job's vocab and tokenizer): kept
     # out of the collector's reach, so its full collections no longer walk them while items convert.
     gc.freeze()
@@ -244,11 +253,29 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
         # Leaving: nothing is held any more, so a SIGTERM now (`fleet local` stops its workers once the
         # run is finished) must not interrupt the scratch sweep with a Shutdown and a traceback.
         _quiet_signals()
+        progress.stop.set()
         worker.close()
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
     log.info("drained: %d done, %d failed here", counters.items_done, counters.items_failed)
     return 0, worker.found_drained
+
+
+class _ProgressLog(threading.Thread):
+    """A line in the worker's log at a steady interval (fleet.core.progress): what it has done
+    since it started and the item in its hands, read from its counters, at no request."""
+
+    def __init__(self, worker: Worker):
+        super().__init__(daemon=True, name="progress")
+        self.worker = worker
+        self.every = every_from_env()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        w = self.worker
+        while not self.stop.wait(self.every):
+            c = w.counters
+            log.info(worker_line(c.items_done, c.items_failed, c.bytes_done, time.time() - w.started, w.runner.current))
 
 
 def _child(bucket: str, run: str, name: str, log_file: str | None, standby: int | None = None) -> None:
