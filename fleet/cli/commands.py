@@ -72,7 +72,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Corpus to BERT/ELECTRA pre-training TFRecords on a fleet of short-lived VMs.",
+    help="A text corpus to pre-training data (BERT/ELECTRA/GPT-style records: TFRecord, Parquet, Megatron, "
+    "tokens), on one machine (fleet local) or a self-deleting fleet of Spot VMs.",
 )
 console = Console(stderr=True, soft_wrap=True, markup=False)  # one line however long; text as it is (`[/` too)
 USER_ERRORS = (PlanError, ConfigError, InputError, JobNotFound, StoreError, FleetConfigError)
