@@ -79,15 +79,22 @@ def checksum_frames(frames: np.ndarray, record_lengths: np.ndarray) -> bytes:
 # -- reading back: the fleet's one reader (fleet.core.outputs, the report, the Parquet writer, tests)
 
 
+def frame_length(header: bytes, pos: int = 0) -> int:
+    """The record length a frame's first 12 bytes give (the length and its checksum), checked;
+    ``pos``, where the frame starts, for the message."""
+    if len(header) < 12:
+        raise RecordError(f"truncated record header at byte {pos}")
+    (length,) = _LENGTH.unpack_from(header)
+    if _CRC.unpack(header[8:12])[0] != masked_crc32c(header[:8]):
+        raise RecordError(f"bad length checksum at byte {pos} (not a TFRecord file?)")
+    return length
+
+
 def records(f: Readable) -> Iterator[bytes]:
     """The records of a TFRecord stream, read as they are taken, both checksums checked."""
     pos = 0
     while header := f.read(12):
-        if len(header) < 12:
-            raise RecordError(f"truncated record header at byte {pos}")
-        (length,) = struct.unpack("<Q", header[:8])
-        if _CRC.unpack(header[8:])[0] != masked_crc32c(header[:8]):
-            raise RecordError(f"bad length checksum at byte {pos} (not a TFRecord file?)")
+        length = frame_length(header, pos)
         body = f.read(length + 4)
         if len(body) < length + 4:
             raise RecordError(f"truncated record at byte {pos}")

@@ -199,7 +199,9 @@ def report(
         "--vocab",
         help="The run's vocab.txt, for the [UNK] share (default: the vocab_file of the fleet local run in OUT_DIR).",
     ),
-    max_records: int = typer.Option(100_000, help="Read at most this many records (from the first files)."),
+    max_records: int = typer.Option(
+        100_000, help="Summarise at most this many records: a uniform random sample where the run has more (seeded)."
+    ),
 ) -> None:
     """Summarise a run's records: lengths, fill ratio, segments, masking, [UNK] share."""
     from fleet_jobs.text.tools.report import ReportError, VocabIds, read_report, record_files, vocab_ids, vocab_of_run

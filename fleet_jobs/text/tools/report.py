@@ -6,6 +6,13 @@ segments per example, masked positions per example and how they were
 replaced, next-sentence labels, and the share of ``[UNK]`` among text tokens
 (a vocab that misses characters shows up here first). Causal-LM blocks
 (``input_ids`` and maybe ``attention_mask``, no segments) get lengths and fill.
+
+A run with more records than ``max_records`` is summarised from a uniform random sample of
+them all (seeded: the same files give the same report), never from its first files: the items
+of a run differ (a file of long documents, one of short ones), and the first file's figures can
+be far from the run's. Counting every record walks the files' frames without decoding them (a
+Parquet file's counts are in its footer); only the records drawn are parsed. The text says how
+many of how many were read, and the 95% margin of a share at that sample size.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from fleet.formats import tfrecord
 from ..output import PARQUET_SUFFIX, SUFFIXES
 from ..tokenizers.tokenization import VocabError, load_vocab
 
-MAX_RECORDS = 100_000  # enough for the shares; a big run is sampled from its first files
+MAX_RECORDS = 100_000  # enough for the shares (a share's 95% interval is within ±0.31%); a bigger run is sampled
+SAMPLE_SEED = 0  # the sample's draw: the same report for the same files
 
 
 class ReportError(Exception):
@@ -64,19 +72,53 @@ def record_files(folder: str) -> list[str]:
     return sorted(path for suffix in SUFFIXES for path in glob.glob(os.path.join(folder, "*" + suffix)))
 
 
-def _examples(path: str) -> Iterator[dict]:
-    """The examples of one output file as {feature: array}, whatever its format."""
+def count_records(path: str) -> int:
+    """How many records one output file holds: a TFRecord file's frames walked (lengths read and
+    checked, payloads skipped, nothing decoded), a Parquet file's footer."""
     if path.endswith(PARQUET_SUFFIX):
-        yield from _parquet_examples(path)
-        return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(path).metadata.num_rows
+        except (OSError, pa.ArrowException) as e:
+            raise ReportError(f"{path}: cannot read as Parquet ({e})") from None
+    n = pos = 0
+    with _open(path) as f:
+        try:
+            while header := f.read(12):
+                length = tfrecord.frame_length(header, pos)
+                pos += 16 + length
+                # Skipped, not decoded: a plain file seeks, a GZIP stream decompresses as far.
+                if f.seek(pos) != pos or (not path.endswith(".gz") and pos > os.path.getsize(path)):
+                    raise ValueError(f"truncated record at byte {pos - 16 - length}")
+                n += 1
+        except ValueError as e:
+            raise ReportError(f"{path}: {e}") from None
+        except (OSError, EOFError, zlib.error) as e:  # a broken gzip stream (BadGzipFile is an OSError)
+            raise ReportError(f"{path}: cannot read ({e})") from None
+    return n
+
+
+def _open(path: str):
     try:
-        f = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+        return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
     except OSError as e:
         raise ReportError(f"{path}: cannot read ({e})") from None
-    with f:  # read as far as the records taken: a report of the first records of a big file reads those
+
+
+def _examples(path: str, wanted: np.ndarray | None = None) -> Iterator[dict]:
+    """The examples of one output file as {feature: array}, whatever its format: all of them, or
+    those at the sorted record numbers (from 0) in ``wanted``, the others read but not decoded."""
+    if path.endswith(PARQUET_SUFFIX):
+        yield from _parquet_examples(path, wanted)
+        return
+    take = None if wanted is None else iter(wanted.tolist())
+    next_wanted = -1 if take is None else next(take, None)
+    with _open(path) as f:
         records = tfrecord.records(f)
         number = 0
-        while True:
+        while next_wanted is not None:
             try:
                 raw = next(records, None)
             except ValueError as e:
@@ -86,6 +128,10 @@ def _examples(path: str) -> Iterator[dict]:
             if raw is None:
                 return
             number += 1
+            if take is not None:
+                if number - 1 != next_wanted:
+                    continue
+                next_wanted = next(take, None)
             try:
                 example = tfrecord.parse_example(raw)
             except ValueError as e:
@@ -93,14 +139,24 @@ def _examples(path: str) -> Iterator[dict]:
             yield example
 
 
-def _parquet_examples(path: str) -> Iterator[dict]:
+def _parquet_examples(path: str, wanted: np.ndarray | None = None) -> Iterator[dict]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         parquet = pq.ParquetFile(path)
+        start = 0
         for group in range(parquet.num_row_groups):
-            table = parquet.read_row_group(group)
+            rows_here = parquet.metadata.row_group(group).num_rows
+            if wanted is None:
+                picked = np.arange(rows_here)
+            else:
+                lo, hi = np.searchsorted(wanted, [start, start + rows_here])
+                picked = wanted[lo:hi] - start
+            start += rows_here
+            if not len(picked):
+                continue  # a row group with no record drawn is not read
+            table = parquet.read_row_group(group).take(pa.array(picked))
             columns = {name: table.column(name).to_pylist() for name in table.column_names}
             for i in range(table.num_rows):
                 yield {name: np.asarray(rows[i]) for name, rows in columns.items()}
@@ -108,13 +164,23 @@ def _parquet_examples(path: str) -> Iterator[dict]:
         raise ReportError(f"{path}: cannot read as Parquet ({e})") from None
 
 
+def sample(counts: list[int], max_records: int, seed: int = SAMPLE_SEED) -> list[np.ndarray] | None:
+    """Per file, the sorted record numbers of a uniform random sample of ``max_records`` of all
+    the files' records (without replacement, seeded); None when there are no more than that."""
+    total = sum(counts)
+    if total <= max_records:
+        return None
+    drawn = np.sort(np.random.default_rng(seed).choice(total, size=max_records, replace=False))
+    edges = np.cumsum([0, *counts])
+    return [drawn[np.searchsorted(drawn, lo) : np.searchsorted(drawn, hi)] - lo for lo, hi in zip(edges, edges[1:])]
+
+
 @dataclass
 class RecordStats:
     folder: str
     files: int = 0
-    files_read: int = 0
-    records: int = 0
-    truncated: bool = False  # stopped at max_records
+    records: int = 0  # read and summarised
+    total: int = 0  # in all the files: more than ``records`` when they are a sample
     max_seq_length: int = 0
     layout: str = ""  # bert, bert (v2 names), electra or causal_lm
     max_predictions: int = 0
@@ -128,6 +194,10 @@ class RecordStats:
 
     # -- figures -------------------------------------------------------------
     @property
+    def sampled(self) -> bool:
+        return self.total > self.records
+
+    @property
     def fill_ratio(self) -> float:
         return sum(self.lengths) / (len(self.lengths) * self.max_seq_length) if self.lengths else 0.0
 
@@ -137,13 +207,13 @@ class RecordStats:
         lengths = np.array(self.lengths)
         second = np.array(self.second_lengths)
         where = (
-            f"from the first {self.files_read} of {self.files} files (max_records reached"
-            if self.truncated
+            f"sampled at random from {self.total:,} in {self.files} files (a share within ±"
+            f"{0.98 / self.records**0.5:.2%} at 95%; "
+            if self.sampled
             else f"in {self.files} files ("
         )
         lines = [
-            f"records: {self.records:,} {where}{'; ' if self.truncated else ''}{self.layout}, "
-            f"max_seq_length {self.max_seq_length})",
+            f"records: {self.records:,} {where}{self.layout}, max_seq_length {self.max_seq_length})",
             f"real length: mean {lengths.mean():.1f} of {self.max_seq_length}, fill ratio {self.fill_ratio:.3f}",
             *(_histogram(lengths, self.max_seq_length) if histogram else []),
         ]
@@ -266,22 +336,19 @@ def _layout(features: dict) -> tuple[str, str, str]:
 
 
 def read_report(folder: str, vocab: VocabIds | None = None, max_records: int = MAX_RECORDS) -> RecordStats:
-    """Summarise the records of ``folder`` (``*.tfrecord``, ``*.tfrecord.gz``, ``*.parquet``), at most
-    ``max_records``."""
+    """Summarise the records of ``folder`` (``*.tfrecord``, ``*.tfrecord.gz``, ``*.parquet``): all of
+    them, or a uniform random sample of ``max_records`` (``sample``) where there are more."""
     if not os.path.isdir(folder):
         raise ReportError(f"{folder}: not a folder")
     files = record_files(folder)
-    stats = RecordStats(folder, files=len(files))
+    counts = [count_records(path) for path in files]
+    drawn = sample(counts, max_records)
+    stats = RecordStats(folder, files=len(files), total=sum(counts))
     ids_name = segments_name = ""
-    for path in files:
-        if stats.records >= max_records:
-            stats.truncated = True
-            break
-        stats.files_read += 1
-        for ex in _examples(path):
-            if stats.records >= max_records:
-                stats.truncated = True
-                break
+    for i, path in enumerate(files):
+        if drawn is not None and not len(drawn[i]):
+            continue
+        for ex in _examples(path, None if drawn is None else drawn[i]):
             if not stats.layout:
                 stats.layout, ids_name, segments_name = _layout(ex)
             try:
