@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from fleet.api import at_least, check_inputs, plan_numbers, processes, stage_options, within
 from fleet.gce.config import PROCS_PER_CORE, ConfigError as FleetConfigError
 from fleet.cli.render import (
     logs_text,
@@ -102,9 +103,6 @@ def user_error(e: BaseException) -> bool:
 
 # What the number options accept: anything outside (inf, NaN, a typo's extra zeros) is refused
 # up front in one line naming the range, before it can overflow a conversion or a timer.
-ITEM_MB = (0.001, 1e6)  # 1 kB to 1 TB of input per item
-LEASE_TTL = (1.0, 86400.0)  # seconds: a lease is renewed every TTL/3, so a day is already generous
-MAX_ATTEMPTS = (1, 100)
 POLL = (0.05, 3600.0)  # seconds
 DEAD_AFTER = (0.0, 7 * 86400.0)  # seconds `fleet follow` waits for a sign of life; 0: forever
 SHARDS_HELP = (
@@ -113,7 +111,6 @@ SHARDS_HELP = (
 )
 DEDUP_HELP = "exact: drop documents whose normalized text equals an earlier one's (a stage before converting)"
 SHUFFLE_MB_HELP = "Memory (MB) a worker's sort between stages holds before it spills to local disk"
-SHUFFLE_MB = (1.0, 1e5)
 # The options `fleet plan` and `fleet local` share, declared once.
 TEXT_COLUMN = typer.Option("text", help="The text field of JSON records / column of Parquet files")
 KEEP_TITLES = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line")
@@ -125,49 +122,11 @@ DEDUP = typer.Option(None, help=DEDUP_HELP)
 SHUFFLE_MB_OPTION = typer.Option(256.0, help=SHUFFLE_MB_HELP)
 
 
-def max_procs() -> int:
-    return PROCS_PER_CORE * (os.cpu_count() or 1)
-
-
-def shown(value: float) -> str:
-    """A number as given, short: an int of 400 digits does not even convert to a float."""
-    text = str(value) if isinstance(value, int) else f"{value:g}"
-    return text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
-
-
-def within(option: str, value: float, bounds: tuple[float, float], note: str = "") -> None:
-    low, high = bounds
-    if not low <= value <= high:  # NaN and inf too
-        fail(f"{option} {shown(value)}: give {low:g} to {high:g}{note}")
-
-
-def at_least(option: str, value: float, low: float) -> None:
-    if not value >= low:  # NaN too
-        fail(f"{option} {shown(value)}: give {low:g} or more")
-
-
-def processes(option: str, value: int) -> None:
-    """A worker process count: 0 (one per core) up to PROCS_PER_CORE per core."""
-    within(
-        option,
-        value,
-        (0, max_procs()),
-        f" (0 = one per core; at most {PROCS_PER_CORE} per core, {os.cpu_count() or 1} cores here)",
-    )
-
-
 def _run_name(run: Optional[str]) -> Optional[str]:
     """Every command's --run, checked as `fleet plan` does: it becomes part of object names."""
     if run is not None:
         check_run_name(run)
     return run
-
-
-def check_inputs(inputs: list[str], option: str = "INPUT") -> None:
-    """An empty input (or file:// with no path) would name the current folder and read all of it."""
-    for inp in inputs:
-        if not inp.strip() or inp.strip().lower() in ("file:", "file://", "file:///"):
-            fail(f"{option} {inp!r}: empty; give an input file or folder")
 
 
 def parse_settings(pairs: list[str]) -> dict[str, str]:
@@ -204,12 +163,12 @@ def plan_cmd(
     from fleet.core.codesync import code_version
     from fleet.core.run import PlanRequest, plan
 
-    _plan_numbers(item_mb, lease_ttl, max_attempts)
+    plan_numbers(item_mb, lease_ttl, max_attempts)
     check_inputs(input, "--input")
     cfg = _config()
     bucket = _bucket(bucket, cfg)
     version = code_version(paths=code_paths(cfg))
-    stage_options = _stage_options(shards, dedup, shuffle_mb)
+    stages = stage_options(shards, dedup, shuffle_mb)
     request = PlanRequest(
         run=run,
         job=job,
@@ -221,30 +180,11 @@ def plan_cmd(
         max_attempts=max_attempts,
         item_bytes=int(item_mb * 1e6),
         read=_read(text_column, keep_titles, max_bad_share),
-        stage_options=stage_options,
+        stage_options=stages,
         shuffle_budget=int(shuffle_mb * 1e6),
     )
     spec, items, created = plan(bucket, request)
     console.print(plan_line(spec, len(items), created, [len(i.parts) for i in items if i.parts]))
-
-
-def _plan_numbers(item_mb: float | None, lease_ttl: float, max_attempts: int) -> None:
-    if item_mb is not None:
-        within("--item-mb", item_mb, ITEM_MB, " MB")
-    within("--lease-ttl", lease_ttl, LEASE_TTL, " seconds")
-    within("--max-attempts", max_attempts, MAX_ATTEMPTS)
-
-
-def _stage_options(shards: Optional[int], dedup: Optional[str], shuffle_mb: float):
-    """--shards and --dedup as given: a number of files >= 1, a mode named (the job checks which)."""
-    from fleet.core.stage import StageOptions
-
-    if shards is not None:
-        within("--shards", shards, (1, 100_000), " output files")
-    if dedup is not None and not dedup.strip():
-        fail("--dedup '': give a mode (exact)")
-    within("--shuffle-mb", shuffle_mb, SHUFFLE_MB, " MB")
-    return StageOptions(shards or 0, (dedup or "").strip())
 
 
 def _read(text_column: str, keep_titles: bool, max_bad_share: float) -> dict:
@@ -324,30 +264,29 @@ def local_cmd(
     shuffle_mb: float = SHUFFLE_MB_OPTION,
 ) -> None:
     """Run the whole job on this machine: plan, N workers, progress, summary."""
-    from fleet.cli.local import Interrupted, run_local
+    from fleet.api import Interrupted, local
 
     if len(paths) < 2:
         fail("give at least one input and an output folder: fleet local INPUT... OUT_DIR")
-    processes("--workers", workers)
-    _plan_numbers(item_mb, lease_ttl, max_attempts)
     *inputs, out_dir = paths
-    check_inputs(inputs)
-    stage_options = _stage_options(shards, dedup, shuffle_mb)
     try:
-        result = run_local(
+        result = local(
             inputs,
             out_dir,
-            job,
-            workers or os.cpu_count() or 1,
-            parse_settings(set_),
+            job=job,
+            options=parse_settings(set_),
+            workers=workers,
+            item_mb=item_mb,
             lease_ttl=lease_ttl,
             max_attempts=max_attempts,
-            item_bytes=int(item_mb * 1e6) if item_mb else None,
-            console=console,
             retry_failed=retry_failed,
-            read=_read(text_column, keep_titles, max_bad_share),
-            stage_options=stage_options,
-            shuffle_budget=int(shuffle_mb * 1e6),
+            shards=shards,
+            dedup=dedup,
+            shuffle_mb=shuffle_mb,
+            text_column=text_column,
+            keep_titles=keep_titles,
+            max_bad_share=max_bad_share,
+            progress=console,
         )
     except Interrupted as e:
         say(console, str(e))

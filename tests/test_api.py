@@ -1,0 +1,87 @@
+"""``fleet.local`` (fleet.api): the Python API under `fleet local` (issue 33, item 5). It returns
+what the run did, prints nothing unless asked, raises typed errors, and writes what the command
+writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fleet
+from fleet.api import PlanError
+from fleet.core.errors import ConfigError, JobNotFound
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = "tests.helpers.linejob:JOB"
+
+
+def corpus(tmp_path: Path) -> Path:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"f{i}.txt").write_text("".join(f"doc {i} line {n}\n" for n in range(50)))
+    return folder
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("part-*"))}
+
+
+def test_local_returns_the_run_prints_nothing_and_writes_what_the_command_writes(tmp_path, capfd):
+    inputs = corpus(tmp_path)
+    run = fleet.local(inputs, tmp_path / "api", job=JOB, options={"seed": 11}, workers=2, item_mb=0.001)
+    assert capfd.readouterr() == ("", "")  # nothing printed, not even by the workers
+    assert run.ok and run.exit_code == 0 and run.status.done == run.status.items == 3
+    assert run.summary == json.loads((tmp_path / "api" / "summary.json").read_text())
+    assert run.outputs == [str(p) for p in sorted((tmp_path / "api").glob("part-*"))] and len(run.outputs) == 3
+    cli = [sys.executable, "-m", "fleet.cli", "local", str(inputs), str(tmp_path / "cli"), "--job", JOB]
+    cli += ["--set", "seed=11", "--workers", "2", "--item-mb", "0.001"]
+    subprocess.run(cli, check=True, capture_output=True, cwd=ROOT, timeout=300)
+    assert digests(tmp_path / "api") == digests(tmp_path / "cli")
+    again = fleet.local([str(inputs)], str(tmp_path / "api"), job=JOB, options={"seed": 11}, workers=1)
+    assert again.ok and again.status.done == 3  # resumed: done items stay done
+    assert digests(tmp_path / "api") == digests(tmp_path / "cli")
+
+
+def test_progress_true_prints_what_the_command_prints(tmp_path, capfd):
+    fleet.local(corpus(tmp_path), tmp_path / "out", job=JOB, workers=1, progress=True)
+    err = capfd.readouterr().err
+    assert "fleet local: 1/1 items done" in err and "│ all " in err  # one item by default: 2 kB
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"workers": -1}, PlanError, "--workers -1: give 0 to"),
+        ({"item_mb": 0.0}, PlanError, "--item-mb 0: give 0.001 to 1e+06 MB"),
+        ({"lease_ttl": float("nan")}, PlanError, "--lease-ttl nan: give 1 to 86400 seconds"),
+        ({"shards": 0}, PlanError, "--shards 0: give 1 to 100000 output files"),
+        ({"dedup": " "}, PlanError, "--dedup '': give a mode"),
+        ({"options": {"delay": -1}}, ConfigError, "delay must be >= 0"),
+        ({"job": "no_such_job"}, JobNotFound, "no_such_job"),
+    ],
+)
+def test_a_bad_argument_raises_a_typed_error_with_the_commands_message(tmp_path, kwargs, error, message):
+    kwargs.setdefault("job", JOB)
+    with pytest.raises(error, match=message.replace("(", r"\(").replace("+", r"\+")):
+        fleet.local(corpus(tmp_path), tmp_path / "out", **kwargs)
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_no_input_and_an_empty_input_are_refused(tmp_path):
+    with pytest.raises(PlanError, match="give at least one input"):
+        fleet.local([], tmp_path / "out", job=JOB)
+    with pytest.raises(PlanError, match="INPUT '': empty"):
+        fleet.local([""], tmp_path / "out", job=JOB)
+
+
+def test_import_fleet_stays_light():
+    """Each worker process imports fleet: the API and its console come only when asked for."""
+    code = "import sys, fleet; print(sorted(m for m in ('fleet.api', 'rich', 'typer') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
