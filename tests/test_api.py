@@ -85,3 +85,21 @@ def test_import_fleet_stays_light():
     code = "import sys, fleet; print(sorted(m for m in ('fleet.api', 'rich', 'typer') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_docs_example_runs_as_written(tmp_path, monkeypatch):
+    """docs/python-api.md's example, on a slice of the sample corpus and a vocab trained on it."""
+    from tests.helpers.trained import wordpiece_vocab
+
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    example = text.split("```python\n", 1)[1].split("```", 1)[0]
+    lines = (ROOT / "corpus" / "sample_en.txt").read_text().splitlines()[:400]
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "sample.txt").write_text("\n".join(lines) + "\n")
+    wordpiece_vocab([lines], str(tmp_path), 2000)
+    monkeypatch.chdir(tmp_path)
+    names: dict = {}
+    exec(compile(example, "docs/python-api.md", "exec"), names)
+    run = names["run"]
+    assert run.ok and run.summary["examples"] > 0 and run.outputs[0].endswith("out/part-00000.tfrecord")
+    assert run.status.failures == []
