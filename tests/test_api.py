@@ -1,4 +1,4 @@
-"""``fleet.local`` (fleet.api): the Python API under `fleet local` (issue 33, item 5). It returns
+"""``fleet.local`` (fleet.cli.api): the Python API under `fleet local` (issue 33, item 5). It returns
 what the run did, prints nothing unless asked, raises typed errors, and writes what the command
 writes."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import fleet
-from fleet.api import PlanError
+from fleet import PlanError
 from fleet.core.errors import ConfigError, JobNotFound
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def test_no_input_and_an_empty_input_are_refused(tmp_path):
 
 def test_import_fleet_stays_light():
     """Each worker process imports fleet: the API and its console come only when asked for."""
-    code = "import sys, fleet; print(sorted(m for m in ('fleet.api', 'rich', 'typer') if m in sys.modules))"
+    code = "import sys, fleet; print(sorted(m for m in ('fleet.cli.api', 'rich', 'typer') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 

@@ -1,5 +1,6 @@
-"""The command line: the `fleet` commands, `fleet local`, and how they render. Nothing imports it
-but the entry point."""
+"""The command line and the Python API under it: the `fleet` commands, `fleet local` and its
+library form (``api``: ``fleet.local``), and how they render. Nothing imports it but the entry
+point and ``fleet``'s own names (``fleet.local``), each on first use."""
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from fleet.api import at_least, check_inputs, plan_numbers, processes, stage_options, within
+from fleet.cli.api import at_least, check_inputs, plan_numbers, processes, stage_options, within
 from fleet.gce.config import PROCS_PER_CORE, ConfigError as FleetConfigError
 from fleet.cli.render import (
     logs_text,
@@ -264,7 +264,7 @@ def local_cmd(
     shuffle_mb: float = SHUFFLE_MB_OPTION,
 ) -> None:
     """Run the whole job on this machine: plan, N workers, progress, summary."""
-    from fleet.api import Interrupted, local
+    from fleet.cli.api import Interrupted, local
 
     if len(paths) < 2:
         fail("give at least one input and an output folder: fleet local INPUT... OUT_DIR")

@@ -1,4 +1,4 @@
-"""fleet as a library: :func:`local` runs a job on this machine as `fleet local` does and returns
+"""fleet as a library (``fleet.local``, ``fleet.PlanError``...): :func:`local` runs a job on this machine as `fleet local` does and returns
 what it did, and the command is a thin layer over it (its arguments, checked here, then a console).
 
     import fleet
