@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from fleet.cli.commands import app
 from tests.test_gcp_e2e import cloud_fixture  # noqa: F401 (the `cloud` fixture: bucket, Compute and IAM stand-ins)
+from tests.test_launch_checks import _planned  # (at the top: imported inside a @given test, its own @given tests nest)
 
 LINEJOB = "tests.helpers.linejob:JOB"
 
@@ -252,7 +253,6 @@ def no_credentials(monkeypatch, tmp_path):
 
 
 def test_a_dry_run_without_credentials_shows_the_requests_and_the_cost_and_says_what_it_skipped(cloud, no_credentials):
-    from tests.test_launch_checks import _planned
 
     _planned(cloud)
     dry = invoke("launch", "--run", "chk", "--workers", "2", "--dry-run")
@@ -267,7 +267,6 @@ def test_a_dry_run_without_credentials_shows_the_requests_and_the_cost_and_says_
 
 
 def test_a_launch_without_credentials_is_one_line_and_creates_nothing(cloud, no_credentials):
-    from tests.test_launch_checks import _planned
 
     _planned(cloud)
     one_line_error(
@@ -448,7 +447,6 @@ def test_every_command_answers_malformed_arguments_in_one_line(
 @given(data=st.data())
 def test_launch_answers_malformed_arguments_in_one_line(cloud, data, tmp_path_factory):
     """Past fleet.toml, against a planned run (the bucket and Compute stand-ins); always --dry-run."""
-    from tests.test_launch_checks import _planned
 
     if not getattr(cloud, "planned", False):  # once per test, not per example
         _planned(cloud)
@@ -474,7 +472,6 @@ def test_an_undecodable_path_with_a_closing_tag_is_one_line_from_a_real_process(
 def test_launch_refuses_more_worker_processes_per_vm_than_its_work_command_takes(cloud):
     """Each VM runs `fleet work --procs workers_per_vm`, which takes at most 4 per vCPU: a VM
     would fail at every boot, so the launch says so first."""
-    from tests.test_launch_checks import _planned
 
     _planned(cloud)
     cfg_path = cloud.tmp / "fleet.toml"
