@@ -78,7 +78,9 @@ def cloud_fixture(fake_gcs, gcs_bucket, tmp_path, monkeypatch):
     vm_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "FLEET_CONFIG"))}
     vm_env.pop("PYTHONPATH", None)
     # Workers run as this user here: a test must not add system users to the machine (tests/test_debian.py does, in a chroot).
-    vm_env.update(FLEET_PYTHON=sys.executable, FLEET_SKIP_INSTALL="1", FLEET_LOG_INTERVAL="1", FLEET_RUN_AS="")
+    # Logs go up every 5 s (30 on GCE), and at each boot's end whatever the interval: every test reads them after
+    # that. At 1 s the three VMs' shippers ran three processes and two requests a second each, for nothing.
+    vm_env.update(FLEET_PYTHON=sys.executable, FLEET_SKIP_INSTALL="1", FLEET_LOG_INTERVAL="5", FLEET_RUN_AS="")
     vms = LocalVMs(tmp_path / "vms", vm_env)
     standin = ComputeStandin(PROJECT, launcher=vms, on_gone=vms.gone).start()  # GCE's stop windows: 30 s, 90 s
     catalog = Catalog(PROJECT).install(standin)  # regions.get (quotas) and machineTypes.get for `fleet launch`

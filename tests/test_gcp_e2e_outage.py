@@ -3,8 +3,10 @@
 Before, a worker stopped once the storage client's retries (120 s) were spent; startup.sh then
 recorded a failed boot and removed the VM from its MIG for good, so an outage of a few minutes
 shrank the fleet for the rest of the run. Scaled here: the VMs' storage client gives up after
-3 s (FLEET_STORE_RETRY_SECONDS) and the outage lasts 30 s, ten times that (on GCS: 120 s, and an
-outage of minutes). Every request of the VMs to the bucket is refused (503) meanwhile.
+1 s (FLEET_STORE_RETRY_SECONDS) and the outage lasts 10 s, ten times that (on GCS: 120 s, and an
+outage of minutes). The workers' backoff (up to a minute, doubling from a second) then waits at
+most 16 s after the outage; at 3 s and 30 s (as before) it waited up to a minute, for the same check.
+Every request of the VMs to the bucket is refused (503) meanwhile.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ from fleet.gce.boots import boot_records
 from tests.test_gcp_e2e import cloud_fixture  # noqa: F401 (the `cloud` fixture)
 from tests.test_gcp_e2e import CORPUS, check_clean_exit, init, local_digests, output_digests, ship_test_jobs
 
-OUTAGE = 30.0
+OUTAGE = 10.0
+RETRY = 1  # the VMs' storage client's retry deadline (s): a tenth of the outage
 
 
 def test_a_bucket_outage_mid_run_takes_no_vm_away(cloud, tmp_path, capsys):
     init(cloud)
     ship_test_jobs()
     cloud.fleet("sync")
-    cloud.vms.env.update(FLEET_STORE_RETRY_SECONDS="3")
+    cloud.vms.env.update(FLEET_STORE_RETRY_SECONDS=str(RETRY))
     job = "tests.helpers.linejob:JOB"
     cloud.fleet(
         "plan",
@@ -90,6 +93,6 @@ def test_a_bucket_outage_mid_run_takes_no_vm_away(cloud, tmp_path, capsys):
     assert output_digests(f"{cloud.bucket}/out-out") == local_digests(out)
     with capsys.disabled():
         print(
-            f"\nbucket outage of {OUTAGE:.0f} s (client retries 3 s) mid-run: {refused} VM requests refused, no VM "
+            f"\nbucket outage of {OUTAGE:.0f} s (client retries {RETRY} s) mid-run: {refused} VM requests refused, no VM "
             f"left; the run ended {max(left) - began:.0f} s after the outage began, {status.items} items"
         )
