@@ -29,6 +29,7 @@
 #   FLEET_LOG_INTERVAL  seconds between log uploads (default 30)
 #   FLEET_RUN_AS        the system user the workers run as (default fleet; empty = this user)
 #   FLEET_MAX_FAILED_BOOTS  failed boots with no item finished in between that stop the run (default 3)
+#   FLEET_CURL_RETRIES  curl's own retries of a bucket request before gs() calls it an outage (default 5: ~31 s)
 #   FLEET_INSTALL_ONLY  path of a requirements.lock: install Python and exactly it, then stop (Packer)
 #   FLEET_COMPUTE_ENDPOINT, GCE_METADATA_HOST, STORAGE_EMULATOR_HOST  as fleet, google-auth and
 #                       google-cloud-storage read them
@@ -52,6 +53,7 @@ CE=${FLEET_COMPUTE_ENDPOINT:-https://compute.googleapis.com}
 IMPORTS="google.cloud.storage, google.auth, typer, rich, tenacity"
 LOG=$WORK_DIR/logs/startup.log
 STARTED=$(date +%s)
+CURL_RETRIES=${FLEET_CURL_RETRIES:-5}
 # How long a bucket request waits out an outage: the workers' FLEET_OUTAGE_MINUTES (fleet.core.processes), 30.
 OUTAGE_S=$(awk -v m="${FLEET_OUTAGE_MINUTES:-30}" 'BEGIN { if (m ~ /^[0-9]+([.][0-9]*)?$/) printf "%d", m * 60; else print 1800 }')
 
@@ -85,7 +87,7 @@ gs() { # OUT CURL-ARGS...: one request to the bucket (its answer's body in the f
   shift
   while :; do
     rc=0
-    code=$(curl -sS --retry 5 --retry-connrefused -o "$out" -w '%{http_code}' "$@") || rc=$?
+    code=$(curl -sS --retry "$CURL_RETRIES" --retry-connrefused -o "$out" -w '%{http_code}' "$@") || rc=$?
     GS_CODE=$code
     [[ $rc == 0 && $code == 2* ]] && return 0
     [[ $code =~ ^(000|408|429|5[0-9][0-9])$ ]] || { log "bucket request failed: HTTP $code" >&2; return 1; }

@@ -397,7 +397,7 @@ def test_sigkilled_workers_commit_each_item_once_with_the_bytes_of_a_clean_run(s
     slow = script(
         tmp_path,
         "slow.py",
-        "import hashlib, os, sys, time\ntime.sleep(0.3)\n"
+        "import hashlib, os, sys, time\ntime.sleep(float(os.environ.get('SLOW_SECONDS', '0.3')))\n"
         "data = open(sys.argv[1], 'rb').read()\n"
         "open(os.path.join(sys.argv[2], 'h.txt'), 'w').write("
         "hashlib.sha256(data).hexdigest() + sys.argv[3])\n",
@@ -424,7 +424,7 @@ def test_sigkilled_workers_commit_each_item_once_with_the_bytes_of_a_clean_run(s
 
     n = plan_run("clean", 60)
     assert n >= 15
-    solo = start_worker(store_url, "clean", "solo", logs)
+    solo = start_worker(store_url, "clean", "solo", logs, {"SLOW_SECONDS": "0"})  # (slow only to be killed mid-item)
     wait_exit([solo], 240)
     expected = committed(store_url, "clean")
     assert len(expected) == n

@@ -402,13 +402,24 @@ def test_the_standin_refuses_a_request_id_google_refuses(standin, bad):
     assert e.value.code == 400 and "valid UUID" in json.loads(e.value.read())["error"]["message"]
 
 
+@pytest.fixture
+def no_retry_waits(monkeypatch):
+    """fleet.gce.compute's retries as they are (what they retry, how many times), without the backoff
+    between them: what a test of many faults checks is what the retries do, not when (each fault waited
+    0.5 s, 1 s, 2 s... before). The tests above retry with the real waits."""
+    from tenacity import wait_none
+
+    retrying = compute._retrying
+    monkeypatch.setattr(compute, "_retrying", lambda fn: retrying(fn).retry_with(wait=wait_none()))
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     plan=strategies.lists(strategies.sampled_from([None, None, None, "drop", "lost", "503"]), max_size=14).filter(
         lambda p: not any(p[i] and p[i + 1] and p[i + 2] for i in range(len(p) - 2))
     )
 )  # retries: a few at a time
-def test_any_faults_on_the_way_leave_one_template_and_one_mig_then_none(standin, through, plan):
+def test_any_faults_on_the_way_leave_one_template_and_one_mig_then_none(standin, through, no_retry_waits, plan):
     """Whatever requests of a launch and a teardown are reset, refused or lose their answers, each
     resource is created once and deleted once, and each call says what really happened."""
     comp = compute.Compute(REGIONAL)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from fleet_jobs.causal_lm import unigram as module
 from fleet_jobs.causal_lm.unigram import UnigramEncoder, model_proto, unigram_encoder, why_not
 from fleet_jobs.text.tokenizers import native
 
+from tests.helpers.trained import built_once
 from tests.test_lm_speedups import SPECIAL, MemorySink, read_documents
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
@@ -215,22 +217,28 @@ TRAINED = {
 
 
 @pytest.fixture(scope="module")
-def trained() -> dict[str, spm.SentencePieceProcessor]:
+def trained(tmp_path_factory) -> dict[str, spm.SentencePieceProcessor]:
+    """The six models, trained once a session (~30 s) whichever xdist workers run these tests."""
     docs = read_documents("sample_en.txt")[:150] + read_documents("sample_zh.txt")[:150]
     lines = [line for d in docs for line in d] + ["ﬁne ｶﾞ １２ Ａ™ 가 ①"] * 20
-    models = {}
-    for name, options in TRAINED.items():
-        out = io.BytesIO()
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines),
-            model_writer=out,
-            vocab_size=900,
-            minloglevel=2,
-            character_coverage=0.995,
-            **options,
-        )
-        models[name] = spm.SentencePieceProcessor(model_proto=out.getvalue())
-    return models
+    files = {name: f"{i}.model" for i, name in enumerate(TRAINED)}
+
+    def train(folder: Path) -> None:
+        for name, options in TRAINED.items():
+            out = io.BytesIO()
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines),
+                model_writer=out,
+                vocab_size=900,
+                minloglevel=2,
+                character_coverage=0.995,
+                **options,
+            )
+            (folder / files[name]).write_bytes(out.getvalue())
+
+    key = repr((spm.__version__, TRAINED, lines)).encode()
+    folder = built_once(tmp_path_factory, "unigram-models", key, train)
+    return {name: spm.SentencePieceProcessor(model_proto=(folder / files[name]).read_bytes()) for name in TRAINED}
 
 
 @settings(max_examples=60, deadline=None)

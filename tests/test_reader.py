@@ -14,7 +14,7 @@ from fleet.core.follow import FollowError, RunReader, follow_examples
 from fleet.core.store import locate, open_store
 from fleet.formats import tfrecord
 from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
-from tests.helpers.cli import FLEET, fleet
+from tests.helpers.cli import FLEET, fleet, fleet_in_process
 from tests.helpers.procs import ROOT, write_corpus
 
 SLOW_ITEMS = {"FLEET_TEST_PAUSE": "claimed=0.3"}  # each item takes a while: outputs land over seconds
@@ -32,7 +32,7 @@ def corpus(tmp_path_factory) -> tuple[str, str]:
 
 def plan(bucket: str, out_dir: str, inputs: list[str], vocab: str, **options) -> None:
     sets = [a for k, v in {"vocab_file": vocab, "max_seq_length": 32, **options}.items() for a in ("--set", f"{k}={v}")]
-    proc = fleet(
+    proc = fleet_in_process(  # (the workers and the readers are what these tests are about)
         "plan",
         "--bucket",
         bucket,
@@ -168,7 +168,7 @@ def test_failed_items_end_the_reading_with_their_names_after_every_good_example(
     with pytest.raises(FollowError, match="shard 3 of 3"):
         RunReader(bucket, "r", shard=(3, 3))
     # the same as `fleet follow`: exit 1, the failed item listed
-    proc = fleet("follow", "--bucket", bucket, "--run", "r", "--from-start")
+    proc = fleet_in_process("follow", "--bucket", bucket, "--run", "r", "--from-start")
     assert proc.returncode == 1 and "broken.jsonl" in proc.stderr
 
 
@@ -366,7 +366,7 @@ def test_a_run_of_a_job_without_features_is_one_clear_error(tmp_path):
 
     bucket = str(tmp_path / "bucket")
     corpus = write_corpus(str(tmp_path / "c.txt"), 10)
-    proc = fleet(
+    proc = fleet_in_process(
         "plan", "--bucket", bucket, "--run", "r", "--job", LINEJOB, "--input", corpus, "--output", str(tmp_path / "out")
     )
     assert proc.returncode == 0, proc.stderr

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 
 from fleet.core.lease import DONE, Lease
 from fleet.core.layout import lease_prefix, worker_prefix
@@ -29,14 +30,14 @@ def start_worker(bucket: str, run: str, name: str) -> subprocess.Popen:
     )
 
 
-def plan_run(bucket: str, run: str, delay: float, ttl: float, **extra) -> list:
+def plan_run(bucket: str, run: str, delay: float, ttl: float, corpus: str = CORPUS_EN, **extra) -> list:
     settings = {"delay": str(delay), **extra}
     _, items, _ = plan(
         bucket,
         PlanRequest(
             run=run,
             job=JOB,
-            inputs=[CORPUS_EN],
+            inputs=[corpus],
             output=f"{bucket}/out-{run}",
             code_version="test",
             settings=settings,
@@ -57,6 +58,16 @@ def digests(bucket: str, run: str) -> dict[str, str]:
         for o in lease.outputs:
             out[o["name"]] = o["sha256"]
     return out
+
+
+@pytest.fixture
+def head_en(tmp_path) -> str:
+    """The sample's first 12 documents (96 kB: 2 items of 60 kB), for the tests that kill or stop a
+    worker mid-item: what they check needs a few items, not the sample's 46 documents at a delay each."""
+    docs = open(CORPUS_EN, encoding="utf-8").read().split("\n\n")[:12]
+    path = tmp_path / "head_en.txt"
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return str(path)
 
 
 def wait_all(procs, timeout=120):
@@ -90,15 +101,15 @@ def _holder_of_a_leased_item(store, run, names) -> tuple[str, str] | None:
     return None
 
 
-def test_sigkilled_worker_item_is_taken_over_and_output_matches_a_clean_run(store_url):
-    clean_items = plan_run(store_url, "clean", delay=0.0, ttl=30)
+def test_sigkilled_worker_item_is_taken_over_and_output_matches_a_clean_run(store_url, head_en):
+    clean_items = plan_run(store_url, "clean", delay=0.0, ttl=30, corpus=head_en)
     clean = start_worker(store_url, "clean", "solo")
     wait_all([clean])
     assert clean.returncode == 0
     expected = digests(store_url, "clean")
     assert len(expected) == len(clean_items)
 
-    plan_run(store_url, "chaos", delay=0.15, ttl=2.0)
+    plan_run(store_url, "chaos", delay=0.15, ttl=2.0, corpus=head_en)
     store = open_store(store_url)
     procs = {f"v{i}": start_worker(store_url, "chaos", f"v{i}") for i in range(2)}
     victim = None
@@ -149,8 +160,8 @@ def test_retryable_errors_are_retried_then_failed(store_url):
     assert st.done == len(items) - len(failed)
 
 
-def test_sigterm_gives_the_item_back_at_once(store_url):
-    plan_run(store_url, "term", delay=0.3, ttl=300)
+def test_sigterm_gives_the_item_back_at_once(store_url, head_en):
+    plan_run(store_url, "term", delay=0.3, ttl=300, corpus=head_en)
     store = open_store(store_url)
     w = start_worker(store_url, "term", "t1")
     victim = None

@@ -1,7 +1,9 @@
-"""The `fleet` command in a subprocess, as a user runs it: never a traceback, errors in one line."""
+"""The `fleet` command in a subprocess, as a user runs it, or in this process where only its answer matters:
+never a traceback, errors in one line."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -25,6 +27,43 @@ def fleet(
     for stream in (proc.stderr, proc.stdout):
         assert "Traceback" not in stream and "Logging error" not in stream, stream
     return proc
+
+
+class _LastResort(logging.Handler):
+    """What ``logging.lastResort`` does in a `fleet` process, where nothing sets logging up (the workers
+    do, in their own processes): WARNING and above, the bare message, on the stderr of the moment. Under
+    pytest the root logger has handlers of its own, so lastResort would be skipped."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+
+
+def fleet_in_process(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`fleet ARGS` in this process (typer's CliRunner), as ``fleet`` returns it, for a command that
+    only answers (plan, status, a run refused before its workers start): no interpreter to start, no
+    imports again (1-2 s a call). Anything raised past the CLI fails here, as its traceback would in a
+    process. Not for what starts workers: their signals, logging and gc are a process's own."""
+    from typer.testing import CliRunner
+
+    from fleet.cli.commands import app
+
+    handler = _LastResort()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        result = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    finally:
+        root.removeHandler(handler)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    for stream in (result.stderr, result.stdout):
+        assert "Traceback" not in stream and "Logging error" not in stream, stream
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:

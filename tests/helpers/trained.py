@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+from pathlib import Path
+from typing import Callable
 
 from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 
@@ -25,3 +29,22 @@ def wordpiece_vocab(documents, folder: str, size: int) -> str:
     path = os.path.join(folder, "vocab.txt")
     write_vocab(train_vocab((line for d in documents for line in d), size), path)
     return path
+
+
+def built_once(tmp_path_factory, name: str, key: bytes, build: Callable[[Path], None]) -> Path:
+    """A folder that ``build`` fills once per session, shared by the xdist workers (each module's
+    fixtures run on whichever worker gets its tests, so both may ask): named by ``key`` (what the
+    content depends on), under the session's temporary folder, built under a file lock by the first
+    worker to ask while the other waits. A marker written last says it is complete."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, above the workers' own
+    folder = base / f"{name}-{hashlib.sha256(key).hexdigest()[:16]}"
+    done = folder / ".built"
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            build(folder)
+            done.touch()
+    return folder
