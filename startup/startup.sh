@@ -106,8 +106,14 @@ gs_get() { # OBJECT FILE
   gs "$2" -H "Authorization: Bearer $TOKEN" "$GCS/storage/v1/b/$BUCKET/o/${1//\//%2F}?alt=media"
 }
 gs_put() { # FILE OBJECT [CONTENT-TYPE]
-  gs /dev/null -X POST -H "Authorization: Bearer $(token)" -H "Content-Type: ${3:-text/plain}" \
-    --data-binary "@$1" "$GCS/upload/storage/v1/b/$BUCKET/o?uploadType=media&name=${2//\//%2F}"
+  # The answer goes to a file of its own, not /dev/null: curl truncates its output before each retry, which
+  # /dev/null refuses ("curl: (23)"), and the upload failed at once instead of riding out an outage.
+  local answer rc=0
+  answer=$(mktemp "$WORK_DIR/put.XXXXXX") || return 1
+  gs "$answer" -X POST -H "Authorization: Bearer $(token)" -H "Content-Type: ${3:-text/plain}" \
+    --data-binary "@$1" "$GCS/upload/storage/v1/b/$BUCKET/o?uploadType=media&name=${2//\//%2F}" || rc=$?
+  rm -f "$answer"
+  return $rc
 }
 gs_count() { # PREFIX: how many objects it holds
   local n=0 page="" out f=$WORK_DIR/list.json
@@ -497,7 +503,7 @@ fetch_code() { # the pinned snapshot into $CODE, every file checked against the 
     q=${q//\\/\\\\}
     printf 'url = "%s"\noutput = "%s"\n' "$url" "${q//\"/\\\"}" >>"$cfg"
   done <"$tmp/MANIFEST.sha256"
-  curl -sS --retry 5 --retry-connrefused -H "Authorization: Bearer $TOKEN" \
+  curl -sS --retry "$CURL_RETRIES" --retry-connrefused -H "Authorization: Bearer $TOKEN" \
     -w '%{exitcode} %{http_code} %{url_effective}\n' -K "$cfg" >"$got" 2>/dev/null || true
   while read -r rc code url; do [[ $rc == 0 && $code == 2* ]] && fetched[$url]=1; done <"$got"
   for ((i = 0; i < ${#urls[@]}; i++)); do

@@ -318,6 +318,53 @@ def test_a_bucket_request_gives_up_an_outage_at_its_limit(tmp_path):
     assert (rc, calls) == (1, 1)  # (FLEET_OUTAGE_MINUTES=0: the first outage answer is the last)
 
 
+def test_an_upload_rides_out_the_503s_that_curl_retries_itself(tmp_path):
+    """gs_put with the real curl against a server that answers 503 twice: curl's own retries get it
+    through. It used to send the answer to /dev/null, which curl cannot truncate before a retry
+    ("curl: (23) Failed to truncate file"): an upload in an outage (a log, a boot record) failed at once."""
+    import http.server
+    import threading
+
+    seen: list[bytes] = []
+
+    class Bucket(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.rfile.read(int(self.headers["Content-Length"])))
+            status = 503 if len(seen) <= 2 else 200
+            body = b'{"error": "try again"}' if status == 503 else b'{"name": "logs/vm.log"}'
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bucket)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    body = STARTUP.read_text()
+    functions = ""
+    for name in ("gs", "gs_put"):
+        part = body[body.index(f"\n{name}() {{") + 1 :]
+        functions += part[: part.index("\n}\n") + 3]
+    (tmp_path / "log.txt").write_text("the VM's log\n")
+    script = f"""
+set -euo pipefail
+log() {{ echo "$*" >&2; }}
+token() {{ echo t; }}
+GCS=http://127.0.0.1:{server.server_address[1]} BUCKET=b WORK_DIR={tmp_path} OUTAGE_S=0 CURL_RETRIES=3
+{functions}
+gs_put {tmp_path}/log.txt logs/vm.log
+"""
+    try:
+        out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert out.returncode == 0, out.stderr
+    assert seen == [b"the VM's log\n"] * 3 and "(23)" not in out.stderr
+    assert not list(tmp_path.glob("put.*"))  # its answer's file is gone
+
+
 def test_a_bucket_that_stays_unreachable_fails_the_boot_after_the_outage_limit_saying_so(vm, fake_gcs):
     bucket, version, boot = vm
     plan_pinned_to(bucket, "gone", version)
