@@ -210,13 +210,18 @@ def test_workers_ride_out_an_outage_past_the_clients_retries(fake_gcs, gcs_bucke
     outage 20 s (on GCS: 120 s, and an outage of minutes). Every worker rides it out, the items in
     hand are given back when the bucket answers again, and the run ends with a clean run's bytes.
     (Scaled further since: 1 s of client retries and an outage of 8 s, still eight times past them;
-    what took the time was the outage and the backoff after it, not what is checked.)"""
+    what took the time was the outage and the backoff after it, not what is checked: the waits
+    between tries are capped at 2 s here, not a minute.)"""
     bucket = f"gs://{gcs_bucket}"
     logs = str(tmp_path / "logs")
     expected = clean_run(bucket, "clean", corpus_url, 2400, logs)
     plan_lines(bucket, "out", corpus_url, 2400, ttl=30, attempts=3, delay=0.05)
     with FaultProxy(fake_gcs.url) as proxy:
-        env = {"STORAGE_EMULATOR_HOST": proxy.url, "FLEET_STORE_RETRY_SECONDS": "1"}
+        env = {
+            "STORAGE_EMULATOR_HOST": proxy.url,
+            "FLEET_STORE_RETRY_SECONDS": "1",
+            "FLEET_OUTAGE_BACKOFF_SECONDS": "2",
+        }
         workers = [start_worker(bucket, "out", f"w{i}", logs, env) for i in range(2)]
         reader = StatusReader(GCSStore(gcs_bucket, client=None), "out")
         deadline = time.time() + 60
