@@ -226,9 +226,10 @@ ACTIONS = st.lists(
 def test_any_deletions_of_leases_markers_and_outputs_end_in_a_clean_run(tmp_path_factory, actions):
     tmp = tmp_path_factory.mktemp("state")
     # A deleted final/ marker leaves a done/ window marker over an unfinished item: the worker reads
-    # that lease once it stood still for half a TTL. 6 s (a 3 s wait, not 15) for the 25 examples;
-    # the items convert in milliseconds, renewed every third of it.
-    bucket, items = _plan(tmp, docs=12, lease_ttl=6)
+    # that lease once it stood still for half a TTL. 2 s (a 1 s wait, not 15) for the 25 examples;
+    # the items convert in milliseconds, renewed every third of it, and one in-process worker at a
+    # time drains the run, so no other worker could take a lease over (the TTL is the wait, only).
+    bucket, items = _plan(tmp, docs=12, lease_ttl=2)
     _drain(bucket)
     store, out = open_store(bucket), open_store(str(tmp / "out"))
     clean = {b.name: out.read(b.name) for b in out.list("part-")}

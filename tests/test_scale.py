@@ -145,7 +145,7 @@ def _crowd_run(bucket: str, items: int, workers: int, monkeypatch) -> tuple[dict
     return dict(objects), calls[0]
 
 
-@pytest.mark.parametrize("kind,sizes", [("local", (300, 1200)), ("gcs", (100, 400))])
+@pytest.mark.parametrize("kind,sizes", [("local", (200, 800)), ("gcs", (100, 400))])
 def test_objects_listed_per_item_do_not_grow_with_the_number_of_items(kind, sizes, tmp_path, request, monkeypatch):
     """Issue 28: every claim pass listed every lease and every final/ marker, so the objects a
     worker listed per item grew with the run (110 at 400 items, 248 at 1,600). Windowed listings

@@ -620,18 +620,25 @@ def _digests(bucket, run):
 
 
 def test_sigkills_in_every_step_leave_the_bytes_of_a_clean_run(store_url, corpus, tmp_path):
+    from fleet.core.spawner import Worker
     from tests.helpers.procs import start_worker, wait_exit
 
     logs = str(tmp_path / "logs")
     _plan(store_url, "clean", corpus, 3, ttl=30)
-    solo = start_worker(store_url, "clean", "solo", logs)
-    wait_exit([solo], 120)
+    solo = Worker(store_url, "clean", "solo", poll=0.05)  # the clean run's bytes: in-process, no kill here
+    try:
+        solo.run_until_drained()
+    finally:
+        solo.close()
     expected = _digests(store_url, "clean")
     items = {i.id: i for i in load_items(open_store(store_url), "clean")}
     assert sum(1 for i in items.values() if i.step == 0) >= 6
 
-    # A TTL above the two pauses together: an item too short to renew its lease is not taken over.
-    _plan(store_url, "chaos", corpus, 3, ttl=2.5, delay=0.03, reduce_delay=0.01)
+    # A TTL above the two pauses together: an item too short to renew its lease is not taken over
+    # (no renewal in either pause: the claimed one is before the renewer starts, the uploaded one
+    # after it stops; at 2 s, 0.5 s to spare beyond a renewal's third of a TTL and the longer
+    # pause). Each kill on the way to a step's end waits about a TTL for the lease to expire.
+    _plan(store_url, "chaos", corpus, 3, ttl=2.0, delay=0.03, reduce_delay=0.01)
     live = [start_worker(store_url, "chaos", f"w{i}", logs, CHAOS_PAUSES) for i in range(3)]
     everyone, serial = list(live), 3
     kind = {

@@ -51,6 +51,11 @@ log = logging.getLogger("fleet.worker")
 DRAINED_EXIT = 3  # a worker process that found the run drained (fleet work: a success, and a signal to its siblings)
 OUTAGE_ENV = "FLEET_OUTAGE_MINUTES"
 DEFAULT_OUTAGE_MINUTES = 30.0
+# The longest wait between two tries in an outage (jittered exponential backoff up to it): a
+# minute. A knob for tests that scale an outage down to seconds, where a minute's backoff would
+# be most of their time; not a setting for a fleet.
+BACKOFF_ENV = "FLEET_OUTAGE_BACKOFF_SECONDS"
+DEFAULT_BACKOFF_SECONDS = 60.0
 
 
 def outage_limit() -> float:
@@ -63,6 +68,17 @@ def outage_limit() -> float:
     if not minutes >= 0:
         raise ValueError(f"{OUTAGE_ENV}={value!r}: give the minutes a worker waits for an unreachable bucket")
     return minutes * 60
+
+
+def _backoff_max() -> float:
+    value = os.environ.get(BACKOFF_ENV, "").strip()
+    try:
+        seconds = float(value) if value else DEFAULT_BACKOFF_SECONDS
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{BACKOFF_ENV}={value!r}: give the longest wait between tries in an outage, in seconds")
+    return seconds
 
 
 def riding_out(limit: float):
@@ -83,7 +99,7 @@ def riding_out(limit: float):
 
     return Retrying(
         retry=retry_if_exception_type(Unavailable),
-        wait=wait_random_exponential(multiplier=1, max=60),
+        wait=wait_random_exponential(multiplier=1, max=_backoff_max()),
         stop=stop_after_delay(limit),
         before_sleep=note,
         reraise=True,
