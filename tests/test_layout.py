@@ -43,7 +43,7 @@ def _resolve(
 ) -> dict[str, str]:
     """What startup.sh's own code makes of the run's fleet-paths metadata."""
     script = (
-        _functions("load_paths", "at")
+        _functions("load_paths", "at", "at_into")
         + """
 set -euo pipefail
 load_paths "$1"
@@ -51,6 +51,8 @@ INSTANCE=$2 BOOT=$3 VERSION=$5
 for key in boot log final failed failed-now stop; do printf '%s\\t%s\\n' "$key" "$(at "$key" "$4")"; done
 printf 'code-manifest\\t%s\\n' "$(at code-manifest)"
 printf 'code-object\\t%s\\n' "$(at code-object "$6")"
+at_into name code-object "$6"  # (at without a subshell, as the code fetch names its objects)
+[[ $name == "$(at code-object "$6")" ]] || { echo "at_into differs: $name" >&2; exit 1; }
 """
     )
     out = subprocess.run(
@@ -89,7 +91,8 @@ def test_startup_sh_spells_no_object_name_and_uses_only_keys_the_launch_gives():
         or "code/objects" in line
         or "manifest.sha256" in line
     ]  # (its local $WORK_DIR/code/ is its own)
-    used = set(re.findall(r"\$\(at ([a-z-]+)", "\n".join(code)))
+    used = set(re.findall(r"\$\(at ([a-z-]+)|\bat_into \w+ ([a-z-]+)", "\n".join(code)))
+    used = {a or b for a, b in used}
     required = set(re.search(r"for key in ([a-z -]+); do \[\[ -n \$\{PATHS", "\n".join(code)).group(1).split())
     assert used == required == set(layout.vm_paths("r"))
 
