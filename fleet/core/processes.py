@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import selectors
 import signal
@@ -39,7 +40,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from fleet.core.progress import every_from_env, worker_line
 
@@ -58,27 +59,31 @@ BACKOFF_ENV = "FLEET_OUTAGE_BACKOFF_SECONDS"
 DEFAULT_BACKOFF_SECONDS = 60.0
 
 
+def _env_number(name: str, default: float, ok: Callable[[float], bool], want: str) -> float:
+    """A number from the environment, ``default`` where unset; a typo, NaN or a value ``ok`` refuses
+    is a ValueError naming the variable and what to give."""
+    value = os.environ.get(name, "").strip()
+    try:
+        number = float(value) if value else default
+    except ValueError:
+        number = math.nan
+    if not ok(number):
+        raise ValueError(f"{name}={value!r}: give {want}")
+    return number
+
+
 def outage_limit() -> float:
     """Seconds a worker waits for an unreachable store before it gives up (exit code 2)."""
-    value = os.environ.get(OUTAGE_ENV, "").strip()
-    try:
-        minutes = float(value) if value else DEFAULT_OUTAGE_MINUTES
-    except ValueError:
-        minutes = -1.0
-    if not minutes >= 0:
-        raise ValueError(f"{OUTAGE_ENV}={value!r}: give the minutes a worker waits for an unreachable bucket")
+    minutes = _env_number(
+        OUTAGE_ENV, DEFAULT_OUTAGE_MINUTES, lambda m: m >= 0, "the minutes a worker waits for an unreachable bucket"
+    )
     return minutes * 60
 
 
 def _backoff_max() -> float:
-    value = os.environ.get(BACKOFF_ENV, "").strip()
-    try:
-        seconds = float(value) if value else DEFAULT_BACKOFF_SECONDS
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"{BACKOFF_ENV}={value!r}: give the longest wait between tries in an outage, in seconds")
-    return seconds
+    return _env_number(
+        BACKOFF_ENV, DEFAULT_BACKOFF_SECONDS, lambda s: s > 0, "the longest wait between tries in an outage, in seconds"
+    )
 
 
 def riding_out(limit: float):
