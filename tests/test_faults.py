@@ -6,9 +6,13 @@ was applied but whose answer was lost must know the lease is its own.
 
 from __future__ import annotations
 
+import math
+import os
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleet.core.lease import DONE, Held, Leases
 from fleet.core.status import StatusReader
@@ -247,3 +251,36 @@ def test_workers_ride_out_an_outage_past_the_clients_retries(fake_gcs, gcs_bucke
             f"\noutage of {OUTAGE} s (client retries 1 s): {met} requests refused; both workers rode it out, "
             f"the run finished {back:.0f} s after the outage began"
         )
+
+
+@settings(max_examples=80)
+@given(
+    value=st.one_of(
+        st.floats(-1e6, 1e6),
+        st.just(math.nan),
+        st.text(st.characters(codec="ascii", exclude_characters="\x00"), max_size=6),
+    )
+)
+def test_the_outage_knobs_take_a_number_in_range_and_name_anything_else(value):
+    """FLEET_OUTAGE_MINUTES (>= 0) and FLEET_OUTAGE_BACKOFF_SECONDS (> 0): a typo or NaN is refused in
+    one line naming the variable, never taken as a default or a zero."""
+    from fleet.core.processes import _backoff_max, outage_limit
+
+    text = str(value)
+    for name, read, ok in (
+        ("FLEET_OUTAGE_MINUTES", lambda: outage_limit() / 60, lambda x: x >= 0),
+        ("FLEET_OUTAGE_BACKOFF_SECONDS", _backoff_max, lambda x: x > 0),
+    ):
+        os.environ[name] = text
+        try:
+            number = float(text.strip()) if text.strip() else None
+        except ValueError:
+            number = math.nan
+        if number is None:
+            assert read() in (30.0, 60.0)  # unset: the default
+        elif ok(number):
+            assert read() == pytest.approx(number)
+        else:
+            with pytest.raises(ValueError, match=f"^{name}="):
+                read()
+        del os.environ[name]
