@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import gzip
 import json
+import math
 import os
 import zlib
 from dataclasses import dataclass, field
@@ -85,12 +86,14 @@ def count_records(path: str) -> int:
             raise ReportError(f"{path}: cannot read as Parquet ({e})") from None
     n = pos = 0
     with _open(path) as f:
+        # A plain file's end, read once: seeking past it succeeds, so a cut record shows only against it.
+        end = math.inf if path.endswith(".gz") else os.fstat(f.fileno()).st_size
         try:
             while header := f.read(12):
                 length = tfrecord.frame_length(header, pos)
                 pos += 16 + length
                 # Skipped, not decoded: a plain file seeks, a GZIP stream decompresses as far.
-                if f.seek(pos) != pos or (not path.endswith(".gz") and pos > os.path.getsize(path)):
+                if f.seek(pos) != pos or pos > end:
                     raise ValueError(f"truncated record at byte {pos - 16 - length}")
                 n += 1
         except ValueError as e:
