@@ -26,7 +26,7 @@ from fleet.core.item import ItemContext, ItemInput, Opener, Piece, Source, cut_a
 from fleet.core.job import Converter, Job
 from fleet.core.options import SEED_RANGE, OptionHelp, describe_options, option_range, parse_dataclass
 from fleet.core.sink import Feature, KeyedSink, RunManifest, Sink, shuffle_key
-from fleet.core.stage import Reducer, Stage, StageOptions
+from fleet.core.stage import Reducer, Stage, StageOptions, item_key
 
 # What a job may use of the store, through this module only (a job imports nothing else of the
 # fleet): ranged reads of pinned object versions, their errors, and a seekable file over one.
@@ -58,6 +58,7 @@ __all__ = [
     "Stage",
     "StageOptions",
     "Reducer",
+    "item_key",
     # the job
     "Job",
     "Converter",

@@ -9,6 +9,7 @@ an item once it is held.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -250,6 +251,7 @@ class ItemRunner:
         self.reducers: dict[str, Reducer] = {}
         self.steps = steps or StepPlan(spec)
         self.items = list(items)
+        self._map_items: list[Item] | None = None
         self._index: tuple[str, str, Any] | None = None  # (name, version, Index): one load per worker and stage
         self.seed = seed  # the run's seed (Job.seed); each item's comes from it and the item id
         self.scratch = scratch  # each attempt works in a fresh folder under it
@@ -313,6 +315,9 @@ class ItemRunner:
                     stats, files = self._combine(item, workdir, checkpoint)
                 else:
                     if item.step:
+                        stage = self.steps.stage_of(item.step)
+                        if stage.rereads:
+                            ctx = dataclasses.replace(ctx, input=self._map_item(item.meta["part"]).input())
                         stats = dict(self._reducer(item).reduce(self._records(item, workdir, checkpoint), ctx, sink))
                     else:
                         given = item.input()
@@ -434,6 +439,14 @@ class ItemRunner:
                 raise StageError(f"{item.display}: this worker runs no stages")
             self.reducers[stage] = self.make_reducer(stage)
         return self.reducers[stage]
+
+    def _map_item(self, k: int) -> Item:
+        """Map item ``k`` (in plan order): what item k of a stage that rereads the inputs reads."""
+        if self._map_items is None:
+            self._map_items = [i for i in self.items if i.step == 0]
+        if not 0 <= k < len(self._map_items):
+            raise StageError(f"no map item {k} to reread (the run has {len(self._map_items)}): its plan is damaged")
+        return self._map_items[k]
 
     def _barrier_of(self, step: int) -> Item:
         return next(i for i in self.items if i.step == step - 1 and i.meta.get("barrier"))

@@ -169,6 +169,8 @@ class ItemContext:
     # is a KeyedSink: the item emits (key, value) records, and that stage's items get them by key.
     feeds: str = ""
     run_seed: int = 0  # the run's seed (Job.seed): what a key that must not depend on the item is seeded by
+    # A stage that rereads the map's inputs (Stage.rereads): item i's is map item i's input; else None.
+    input: ItemInput | None = None
 
 
 Opener = Callable[[str], bytes]  # reads a small object by URL or local path

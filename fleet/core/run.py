@@ -296,6 +296,10 @@ def stage_items(stages: list[Stage], map_items: int, combines: Sequence[Combine]
     out: list[Item] = []
     step, producers = 0, map_items
     for g, stage in enumerate(stages):
+        if stage.rereads and stage.items != map_items:
+            raise PlanError(
+                f"stage {stage.name} rereads the map's inputs: it needs {map_items} items, not {stage.items}"
+            )
         combine = combines[g] if g < len(combines) else Combine()
         if combine:
             step += 1

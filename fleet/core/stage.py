@@ -25,17 +25,39 @@ class Stage:
     ``items`` reduce items each get one key range (a partition) of the records, sorted by
     (key, value); ``balanced``: instead, the records in (key, value) order are cut into
     ``items`` runs of equal counts (differing by at most one), e.g. shards of a global shuffle.
-    The last stage writes the run's outputs: item i of n names them ``part-<i>-of-<n>...``."""
+    The last stage writes the run's outputs: item i of n names them ``part-<i>-of-<n>...``.
+
+    ``rereads``: item i also reads map item i's input again (``ItemContext.input``), so a stage
+    can decide about each document from small records (``item_key`` sends a record to item i)
+    without the documents travelling through every stage before it; it has one item per map
+    item."""
 
     name: str
     items: int
     balanced: bool = False
+    rereads: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier() or self.name == "map":
             raise ValueError(f"stage name {self.name!r}: an identifier other than 'map'")
         if self.items < 1:
             raise ValueError(f"stage {self.name}: {self.items} items; give 1 or more")
+        if self.rereads and self.balanced:
+            raise ValueError(f"stage {self.name}: a stage that rereads the map's inputs is cut by key, not balanced")
+
+
+def item_key(item: int, items: int, offset: int) -> int:
+    """A key that an unbalanced stage of ``items`` items hands to item ``item``, ``offset`` (from 0,
+    below ``item_span(items)``) into its range: records keyed so reach item i sorted by offset.
+    Item i's partition holds the keys k with ``k * items >> 64 == i`` (fleet.core.shuffle)."""
+    if not 0 <= offset < item_span(items):
+        raise ValueError(f"offset {offset} is outside an item's {item_span(items):,} keys")
+    return -(-(item << 64) // items) + offset
+
+
+def item_span(items: int) -> int:
+    """How many keys each item of an unbalanced stage of ``items`` items has at least."""
+    return (1 << 64) // items - 1
 
 
 @dataclass(frozen=True)
