@@ -76,6 +76,10 @@ class CausalLMConfig:
     output: str = "tfrecord"  # tfrecord | parquet | megatron (.bin + .idx) | tokens (.bin + .npy): docs/outputs.md
     compression: str = "none"  # none | GZIP (output=tfrecord; files end .tfrecord.gz)
     provenance: bool = False  # part-<item>.provenance.jsonl: each example's documents in the corpus (docs/outputs.md)
+    near_threshold: float = 0.8  # --dedup near: estimated Jaccard similarity that makes a near copy
+    near_ngram: int = 5  # --dedup near: words a shingle (a document with fewer is one shingle of all)
+    near_bands: str = "14x8"  # --dedup near: LSH bands x rows; the MinHash signature holds bands x rows values
+    near_clusters: bool = False  # --dedup near: part-<item>.near.jsonl, every document of each cluster (docs/dedup.md)
 
 
 def _validate(config: CausalLMConfig) -> None:
@@ -277,7 +281,7 @@ class CausalLMJob(TextJob):
         """As every text job's; with output=megatron|tokens the shards hold sequences, not examples."""
         if config.output in SEQUENCE_OUTPUTS:
             check_provenance(config.provenance, options)
-            return text_stages(options, map_items)
+            return text_stages(options, map_items, config)
         return super().stages(config, options, map_items)
 
     def reducer(self, config: CausalLMConfig, opener: Opener, stage: str) -> Reducer:

@@ -7,7 +7,7 @@ files, row groups of Parquet files), checks the run's read options (``--text-col
 ``--keep-titles``, ``--max-bad-share``), and hands the converter a job names in
 ``document_converter`` each item's documents, with the bad records counted in the
 item's stats. A document is never split between items, except one longer than an item.
-The formats themselves are fleet_jobs.text.inputs'. ``--dedup exact`` and ``--shards N`` are
+The formats themselves are fleet_jobs.text.inputs'. ``--dedup exact|near`` and ``--shards N`` are
 stages every text job has the same way (fleet_jobs.text.stages).
 """
 
@@ -40,7 +40,18 @@ from fleet_jobs.text.inputs.places import Place
 from fleet_jobs.text.output import example_sink
 from fleet_jobs.text.parts import GroupReading, item_slice
 from fleet_jobs.text.provenance import PlacedDocuments, check_provenance
-from fleet_jobs.text.stages import DEDUP, dedup_map, text_reducer, text_stages
+from fleet_jobs.text.stages import (
+    DEDUP,
+    MAP_FEEDS,
+    NEAR_BANDS,
+    NEAR_BANDS_EXACT,
+    NearParams,
+    dedup_map,
+    near_map,
+    near_params,
+    text_reducer,
+    text_stages,
+)
 
 
 def read_options(read: Mapping[str, Any]) -> ReadOptions:
@@ -89,7 +100,7 @@ class TextJob(Job):
         return [_piece(s) for s in cut_source(source, item_bytes, read_options(read))]
 
     def converter(self, config: Any, opener: Opener) -> Converter:
-        return _Documents(self.document_converter(config, opener))
+        return _Documents(self.document_converter(config, opener), near_params(config))
 
     def stages(self, config: Any, options: StageOptions, map_items: int) -> list[Stage]:
         """``--dedup exact`` and ``--shards N`` (fleet_jobs.text.stages). Shards hold examples: a job
@@ -100,11 +111,11 @@ class TextJob(Job):
                 f"--shards: job {self.name} writes no examples of fixed features (Job.features), "
                 "so it cannot shard them"
             )
-        return text_stages(options, map_items)
+        return text_stages(options, map_items, config)
 
     def reducer(self, config: Any, opener: Opener, stage: str) -> Reducer:
-        """The "dedup" stage converts with ``document_converter``; "shards" writes ``features``."""
-        return text_reducer(self, config, opener, stage)
+        """The "dedup" and "near" stages convert with ``document_converter``; "shards" writes ``features``."""
+        return text_reducer(self, config, opener, stage, read_documents)
 
     @abc.abstractmethod
     def document_converter(self, config: Any, opener: Opener) -> DocumentConverter:
@@ -136,34 +147,39 @@ def item_documents(
         yield doc
 
 
+def read_documents(
+    item: ItemInput, ctx: ItemContext, tally: Tally, counter: str, places: list[Place] | None = None
+) -> tuple[Iterable[list[str]], GroupReading | None]:
+    """The item's documents, as ``item_documents`` reads them, a grouped item's file by file (each
+    file's documents counted in its row under ``counter``), and the GroupReading if grouped."""
+    if not item.grouped:
+        return item_documents(item, ctx, tally, places), None
+    group = GroupReading(item, ctx.workdir, read_options(ctx.read), tally, counter, ctx.checkpoint, CHECK_EVERY)
+    return group.documents(places) if places is not None else group.documents(), group
+
+
 class _Documents(Converter):
-    def __init__(self, inner: DocumentConverter):
+    def __init__(self, inner: DocumentConverter, near: NearParams | None = None):
         self.inner = inner
+        self.near = near
 
     def convert(self, item: ItemInput, ctx: ItemContext, sink: Sink | KeyedSink) -> dict[str, float]:
         """The item's documents converted; in a dedup run, emitted for the dedup stage instead
         (``sink`` is a KeyedSink when ``ctx.feeds`` names a stage)."""
         tally = Tally()
-        group = None
-        if item.grouped:  # its files one by one, each counted in its row as the item's stats name documents
-            group = GroupReading(
-                item,
-                ctx.workdir,
-                read_options(ctx.read),
-                tally,
-                "documents_read" if ctx.feeds == DEDUP else "documents",
-                ctx.checkpoint,
-                CHECK_EVERY,
-            )
+        places: list[Place] | None = None
         if getattr(self.inner, "provenance", False) and not ctx.feeds:  # a converter of any class may go without
-            places: list[Place] = []
-            read = group.documents(places) if group else item_documents(item, ctx, tally, places)
-            documents: Iterable[list[str]] = PlacedDocuments(read, places)
-        else:
-            documents = group.documents() if group else item_documents(item, ctx, tally)
+            places = []
+        read, group = read_documents(
+            item, ctx, tally, "documents_read" if ctx.feeds in MAP_FEEDS else "documents", places
+        )
+        documents: Iterable[list[str]] = PlacedDocuments(read, places) if places is not None else read
         if ctx.feeds == DEDUP:
             assert isinstance(sink, KeyedSink)  # the map feeds the dedup stage
             stats = dedup_map(documents, ctx, sink)
+        elif ctx.feeds in (NEAR_BANDS, NEAR_BANDS_EXACT):
+            assert isinstance(sink, KeyedSink) and self.near is not None  # the map feeds near-dedup's bands
+            stats = near_map(documents, ctx, sink, self.near, exact=ctx.feeds == NEAR_BANDS_EXACT)
         else:
             stats = dict(self.inner.convert(documents, ctx, example_sink(sink, ctx)))
         tally.documents_cut += int(bool(item.meta.get("cuts_document")))

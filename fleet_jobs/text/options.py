@@ -32,6 +32,10 @@ class TextOptions:
     output: str = "tfrecord"  # tfrecord | parquet (one row per example, list columns, zstd; files end .parquet)
     pack_documents: bool = False  # fill examples across document boundaries (corpora of short documents)
     split_sentences: bool = False  # cut each line into sentences first (inputs with a paragraph per line)
+    near_threshold: float = 0.8  # --dedup near: estimated Jaccard similarity that makes a near copy
+    near_ngram: int = 5  # --dedup near: words a shingle (a document with fewer is one shingle of all)
+    near_bands: str = "14x8"  # --dedup near: LSH bands x rows; the MinHash signature holds bands x rows values
+    near_clusters: bool = False  # --dedup near: part-<item>.near.jsonl, every document of each cluster (docs/dedup.md)
 
 
 def check_text_options(config: TextOptions) -> None:

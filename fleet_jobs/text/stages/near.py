@@ -1,0 +1,178 @@
+"""Near-duplicate detection (``--dedup near``) as pure functions: words, shingles, MinHash
+signatures, LSH band keys, sketches and the similarity estimate. Nothing here reads or writes
+a file; ``fleet_jobs.text.stages.graph`` moves what these make through the bucket.
+
+What a document becomes, step by step:
+
+1. **Words** (``words``): the text in NFKC, case-folded; a word is a run of letters and digits
+   (``[^\\W_]+``), every run of digits written ``0``; each CJK ideograph, kana or Hangul
+   syllable is a word of its own (those scripts put no spaces between words, as BERT's
+   tokenizer treats them). Punctuation, symbols and whitespace only separate words.
+2. **Shingles** (``shingles``): the set of word n-grams (``ngram``, 5 by default), each hashed to
+   32 bits: a word is its CRC-32 (the same on every machine, unlike Python's ``hash``), an n-gram
+   a 64-bit mix of its words' hashes, folded to 32 bits. A document with fewer than ``ngram``
+   words (but one at least) is one shingle of all its words, so two short documents are near
+   duplicates only when their words are equal; a document with no word has no shingle and is
+   never a near duplicate (both are counted).
+3. **Signature** (``signature``): ``bands * rows`` MinHash values, value i the minimum over the
+   shingles of ``(a_i * s + b_i) mod 2**64 >> 32`` (multiply-add-shift: an odd 64-bit ``a_i``;
+   no modulo, so numpy does it in three wrapping operations). The a_i, b_i come from a fixed
+   seed, so every worker and every run draws the same ones.
+4. **Band keys** (``band_keys``): band b is rows b*rows .. (b+1)*rows of the signature; its key
+   is 8 bytes of a BLAKE2b of b and those values. Two documents that share a key are candidates.
+5. **Sketch** (``sketch``): the low byte of every signature value (b-bit minwise hashing, Li &
+   Koenig 2010, b = 8): what a candidate pair is checked with, 1 byte a value instead of 4.
+   Two documents with Jaccard similarity J have equal bytes with probability J + (1 - J)/256,
+   so ``min_equal`` turns a threshold on J into a number of equal bytes.
+
+What differs from datatrove's MinHash (FineWeb's settings: 5-grams, 14 bands x 8 rows), and why:
+datatrove hashes each shingle with SHA-1 in Python and takes every band collision as a
+duplicate; here shingles are hashed from their words' CRCs in numpy, and a band collision is a
+duplicate only when the pair's estimated similarity over the whole signature is at the
+threshold, so ``threshold`` means what it says whatever the bands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_NGRAM, DEFAULT_BANDS, DEFAULT_ROWS, DEFAULT_THRESHOLD = 5, 14, 8, 0.8
+MAX_HASHES = 1024  # bands * rows at most: a sketch of 1 KB a band record
+_SEED = 0x5EED_F1EE7  # the permutations' seed: part of the format (changing it changes every key)
+_CHUNK = 4096  # shingles hashed at a time (bounds the temporary matrix: 4096 x hashes x 8 bytes)
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f"
+_WORD = re.compile(f"[{_CJK}]|[^\\W_{_CJK}]+")
+_DIGITS = re.compile(r"\d+")
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_FOLD = np.uint64(0xBF58476D1CE4E5B9)
+
+
+@dataclass(frozen=True)
+class NearParams:
+    """``--dedup near``'s parameters, as the job's options give them (checked by ``check``)."""
+
+    threshold: float = DEFAULT_THRESHOLD
+    ngram: int = DEFAULT_NGRAM
+    bands: int = DEFAULT_BANDS
+    rows: int = DEFAULT_ROWS
+
+    @property
+    def hashes(self) -> int:
+        return self.bands * self.rows
+
+    def check(self) -> None:
+        """ValueError naming the option that is out of range."""
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"near_threshold {self.threshold}: give a number in (0, 1]")
+        if self.ngram < 1:
+            raise ValueError(f"near_ngram {self.ngram}: give 1 or more words")
+        if self.bands < 1 or self.rows < 1 or self.hashes > MAX_HASHES:
+            raise ValueError(
+                f"near_bands {self.bands}x{self.rows}: bands and rows 1 or more, "
+                f"and bands x rows (the signature's hashes) at most {MAX_HASHES}"
+            )
+
+
+def parse_bands(text: str) -> tuple[int, int]:
+    """``"14x8"`` -> (14, 8); ValueError on anything else."""
+    bands, sep, rows = text.strip().lower().partition("x")
+    if not sep or not bands.strip().isdigit() or not rows.strip().isdigit():
+        raise ValueError(f"near_bands {text!r}: give bands x rows, e.g. 14x8")
+    return int(bands), int(rows)
+
+
+def words(text: str) -> list[str]:
+    """The document's words as near-dedup compares them (step 1 of the module's docstring)."""
+    return _DIGITS.sub("0", " ".join(_WORD.findall(unicodedata.normalize("NFKC", text).casefold()))).split()
+
+
+def shingles(text: str, ngram: int) -> np.ndarray:
+    """The set of the text's shingles (uint32, sorted, unique): step 2 of the module's docstring."""
+    return word_shingles(words(text), ngram)
+
+
+def word_shingles(ws: list[str], ngram: int) -> np.ndarray:
+    """``shingles`` of the words ``words`` gave."""
+    if not ws:
+        return np.zeros(0, np.uint32)
+    h = np.fromiter(map(zlib.crc32, (w.encode("utf-8", "surrogatepass") for w in ws)), np.uint64, len(ws))
+    n = min(ngram, len(ws))
+    with np.errstate(over="ignore"):
+        mixed = np.zeros(len(ws) - n + 1, np.uint64)
+        for i in range(n):  # the n-gram's words in order: position i weighs in through the multiply
+            mixed = (mixed + h[i : i + len(mixed)]) * _MIX
+        mixed ^= mixed >> np.uint64(31)
+        mixed *= _FOLD
+        mixed ^= mixed >> np.uint64(29)
+    return np.unique((mixed >> np.uint64(32)).astype(np.uint32))
+
+
+def _permutations(hashes: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.Generator(np.random.PCG64(_SEED))
+    a = rng.integers(1, 1 << 63, hashes, dtype=np.uint64) * np.uint64(2) + np.uint64(1)  # odd
+    b = rng.integers(0, 1 << 63, hashes, dtype=np.uint64)
+    return a, b
+
+
+_PERMUTATIONS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def signature(shingle_set: np.ndarray, hashes: int) -> np.ndarray:
+    """The MinHash signature (uint32, ``hashes`` values) of a non-empty shingle set: step 3."""
+    if hashes not in _PERMUTATIONS:
+        _PERMUTATIONS[hashes] = _permutations(hashes)
+    a, b = _PERMUTATIONS[hashes]
+    low = np.full(hashes, np.iinfo(np.uint64).max, np.uint64)
+    s64 = shingle_set.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        for at in range(0, len(s64), _CHUNK):
+            values = np.multiply.outer(s64[at : at + _CHUNK], a)
+            values += b
+            np.minimum(low, values.min(axis=0), out=low)  # the top 32 bits' minimum is the minimum's
+    return (low >> np.uint64(32)).astype(np.uint32)
+
+
+def band_keys(sig: np.ndarray, bands: int, rows: int) -> list[int]:
+    """Each band's 64-bit key (step 4): equal keys in band b = equal rows in band b."""
+    data = sig.astype(">u4").tobytes()
+    width = rows * 4
+    return [
+        int.from_bytes(
+            hashlib.blake2b(data[b * width : (b + 1) * width], digest_size=8, salt=b.to_bytes(16, "big")).digest(),
+            "big",
+        )
+        for b in range(bands)
+    ]
+
+
+def sketch(sig: np.ndarray) -> bytes:
+    """The low byte of each signature value (step 5)."""
+    return (sig & 0xFF).astype(np.uint8).tobytes()
+
+
+def min_equal(threshold: float, hashes: int) -> int:
+    """Equal sketch bytes (of ``hashes``) at which the estimated similarity reaches ``threshold``:
+    E[equal] = hashes * (J + (1 - J) / 256), solved for J = threshold, rounded up."""
+    expected = hashes * (threshold + (1 - threshold) / 256)
+    return max(1, int(np.ceil(expected - 1e-9)))
+
+
+def estimated_similarity(a: bytes, b: bytes) -> float:
+    """The Jaccard similarity two sketches estimate (for reports; the stages compare counts)."""
+    n = len(a)
+    equal = int(np.count_nonzero(np.frombuffer(a, np.uint8) == np.frombuffer(b, np.uint8)))
+    return max(0.0, (equal / n - 1 / 256) / (1 - 1 / 256))
+
+
+def jaccard(x: np.ndarray, y: np.ndarray) -> float:
+    """The exact Jaccard similarity of two shingle sets (what the estimate estimates: tests, bench)."""
+    if not len(x) and not len(y):
+        return 1.0
+    inter = len(np.intersect1d(x, y, assume_unique=True))
+    return inter / (len(x) + len(y) - inter)
