@@ -141,15 +141,30 @@ def print_summary(console: Console, summary: dict, out_dir: str) -> None:
         print_detail(console, f.get("detail") or {})
     print_failed_files(console, summary.get("failed_files") or [], int(summary.get("files_failed", 0)))
     print_skipped(console, summary["skipped"], int(summary.get("bad_records", 0)))
-    if "dedup_documents_dropped" in summary:
-        dropped, kept = int(summary["dedup_documents_dropped"]), int(summary.get("dedup_documents_kept", 0))
+    if "dedup_documents_kept" in summary:
+        dropped, kept = int(summary.get("dedup_documents_dropped", 0)), int(summary["dedup_documents_kept"])
         say(
             console,
             f"dedup: {dropped:,} of {dropped + kept:,} documents dropped as exact copies of earlier ones "
             f"({summary.get('dedup_bytes_dropped', 0) / 1e6:,.2f} MB of text)",
         )
+    if "near_documents_kept" in summary:
+        say(console, near_line(summary))
     if summary.get("hint"):
         say(console, summary["hint"])
+
+
+def near_line(summary: dict) -> str:
+    """The summary's line for ``--dedup near``: what was dropped, and the clusters."""
+    near, exact = int(summary.get("near_documents_dropped", 0)), int(summary.get("dedup_documents_dropped", 0))
+    total = near + exact + int(summary["near_documents_kept"])
+    mb = (summary.get("near_bytes_dropped", 0) + summary.get("dedup_bytes_dropped", 0)) / 1e6
+    exact_part = f" ({exact:,} exact copies)" if exact else ""
+    return (
+        f"dedup near: {near + exact:,} of {total:,} documents dropped as near copies of earlier ones{exact_part}, "
+        f"{mb:,.2f} MB of text; {int(summary.get('near_clusters', 0)):,} clusters, the largest of "
+        f"{int(summary.get('near_cluster_size_max', 0)):,} documents"
+    )
 
 
 def write_run_files(console: Console, job, spec, reader: StatusReader, out_dir: str) -> None:

@@ -165,7 +165,17 @@ def print_status(out: Console, st) -> None:
         if st.blocked:
             table.add_row("blocked", f"{st.blocked:,} (a stage before them failed)")
     table.add_row("MB done", f"{st.bytes_done / 1e6:,.1f} of {st.input_bytes / 1e6:,.1f}")
-    for key in ("examples", "tokens", "items_without_outputs", "dedup_documents_dropped", "dedup_bytes_dropped"):
+    for key in (
+        "examples",
+        "tokens",
+        "items_without_outputs",
+        "dedup_documents_dropped",
+        "dedup_bytes_dropped",
+        "near_documents_dropped",
+        "near_bytes_dropped",
+        "near_clusters",
+        "near_cluster_size_max",
+    ):
         if key in st.totals:
             table.add_row(key.replace("_", " "), f"{int(st.totals[key]):,}")
     if st.first_start and st.bytes_done:

@@ -46,9 +46,16 @@ def counters(stats: Mapping[str, Any]) -> dict[str, int]:
     return {k: v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool) and k not in NOT_COUNTS}
 
 
-def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
+MAX_SUFFIX = "_max"  # a counter named so is a largest value: items' values combine by max, not sum
+
+
+def add_counts(into: dict[str, Any], counts: Mapping[str, Any]) -> None:
+    """Items' counters combined: summed, except those ending ``_max`` (the largest wins)."""
     for name, value in counts.items():
-        into[name] = into.get(name, 0) + value
+        into[name] = max(into.get(name, value), value) if name.endswith(MAX_SUFFIX) else into.get(name, 0) + value
+
+
+_add = add_counts
 
 
 class CountsMissing(ValueError):
@@ -62,6 +69,7 @@ def manifest_of(items: Iterable[Item], leases: Mapping[str, Lease], strict: bool
     look at a run in progress) no rows for its files."""
     sources: dict[str, dict[str, int]] = {}
     outputs: dict[str, dict[str, int]] = {}
+    stages: dict[str, dict[str, int]] = {}
     for item in items:
         lease = leases.get(item.id)
         if lease is None or lease.state != DONE:
@@ -80,12 +88,15 @@ def manifest_of(items: Iterable[Item], leases: Mapping[str, Lease], strict: bool
                 _add(sources.setdefault(part.file, {}), counters(row))
         elif not item.step:
             _add(sources.setdefault(item.file, {}), counters(lease.stats))
+        if item.step and item.meta.get("stage") and not item.meta.get("barrier") and not item.meta.get("combine"):
+            _add(stages.setdefault(item.meta["stage"], {}), counters(lease.stats))
         for out in lease.outputs:
             if out.get("place") != "state":
                 outputs[out["name"]] = counters(out.get("counts") or {})
     return RunManifest(
         {k: dict(sorted(v.items())) for k, v in sorted(sources.items())},
         {k: dict(sorted(v.items())) for k, v in sorted(outputs.items())},
+        {k: dict(sorted(v.items())) for k, v in stages.items()},
     )
 
 
@@ -108,6 +119,8 @@ def manifest_json(spec: RunSpec, manifest: RunManifest) -> bytes:
         "outputs": manifest.outputs,
         "totals": {"sources": totals(manifest.sources), "outputs": totals(manifest.outputs)},
     }
+    if manifest.stages:  # per stage after the map, its items' counters (what dedup dropped, its clusters)
+        body["stages"] = manifest.stages
     if spec.input_files:  # (a run planned before accounts were kept has none: its manifest as it was)
         body["input_files"] = spec.input_files
     return (json.dumps(body, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO, Mapping
 
 
@@ -46,10 +46,12 @@ class RunManifest:
     """A finished run's exact counts: per input file (summed over its items' counters; a file of a
     grouped item: what ``ItemInput.count`` gave it, and its bytes) and per output (what
     ``Sink.count`` recorded), by counter name; ``outputs`` maps output names (relative to the
-    output place) to their counts, in output-name order."""
+    output place) to their counts, in output-name order; ``stages`` maps each stage after the
+    map, in run order, to its items' counters combined (``fleet.core.manifest.add_counts``)."""
 
     sources: dict[str, dict[str, int]]
     outputs: dict[str, dict[str, int]]
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class KeyedSink(abc.ABC):

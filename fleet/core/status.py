@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 from fleet.core.layout import counts_name, lease_prefix, worker_prefix
 from fleet.core.lease import DONE, FAILED, Lease
 from fleet.core.liveness import worker_alive
-from fleet.core.manifest import manifest_of
+from fleet.core.manifest import add_counts, manifest_of
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec
 from fleet.core.sink import RunManifest
 from fleet.core.store import NotFound, Store
@@ -248,9 +248,7 @@ class StatusReader:
                 st.done += 1
                 st.bytes_done += item.size
                 finishes.append(lease.finished)
-                for k, v in lease.stats.items():
-                    if isinstance(v, (int, float)):
-                        st.totals[k] = st.totals.get(k, 0) + v
+                add_counts(st.totals, {k: v for k, v in lease.stats.items() if isinstance(v, (int, float))})
                 st.outputs += [o["name"] for o in lease.outputs if o.get("place") != "state"]
                 for where in lease.stats.get("bad_examples") or ():
                     st.bad_records.append({"item": item.id, "where": str(where)})

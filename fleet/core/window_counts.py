@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping
 
 from fleet.core.layout import done_prefix
 from fleet.core.lease import DONE, Lease
-from fleet.core.manifest import CountsMissing, manifest_of
+from fleet.core.manifest import CountsMissing, add_counts, manifest_of
 from fleet.core.run import Item
 from fleet.core.status import StatusReader
 from fleet.core.store import NotFound
@@ -41,7 +41,7 @@ from fleet.core.sink import RunManifest
 
 log = logging.getLogger("fleet.window_counts")
 
-VERSION = 1
+VERSION = 2  # 2: with "stages" (a stage's counters); a marker of 1 is no summary (its leases are read)
 
 
 def window_body(items: Iterable[Item], leases: Mapping[str, tuple[Lease, int]]) -> bytes:
@@ -60,6 +60,7 @@ def window_body(items: Iterable[Item], leases: Mapping[str, tuple[Lease, int]]) 
         "items": {item.id: [leases[item.id][1], leases[item.id][0].state] for item in items},
         "sources": manifest.sources,
         "outputs": manifest.outputs,
+        "stages": manifest.stages,
     }
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -71,8 +72,8 @@ def _parse(data: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(body, dict) or body.get("counts") != VERSION:
         return None
-    items, sources, outputs = body.get("items"), body.get("sources"), body.get("outputs")
-    if not (isinstance(items, dict) and isinstance(sources, dict) and isinstance(outputs, dict)):
+    items = body.get("items")
+    if not isinstance(items, dict) or not all(isinstance(body.get(k), dict) for k in ("sources", "outputs", "stages")):
         return None
     if not all(isinstance(v, list) and len(v) == 2 for v in items.values()):
         return None
@@ -84,15 +85,17 @@ def merge(parts: Iterable[RunManifest]) -> RunManifest:
     may fall in several windows), the outputs side by side; sorted as manifest_of sorts."""
     sources: dict[str, dict[str, int]] = {}
     outputs: dict[str, dict[str, int]] = {}
+    stages: dict[str, dict[str, int]] = {}
     for part in parts:
         for name, counts in part.sources.items():
-            row = sources.setdefault(name, {})
-            for key, value in counts.items():
-                row[key] = row.get(key, 0) + value
+            add_counts(sources.setdefault(name, {}), counts)
+        for name, counts in part.stages.items():
+            add_counts(stages.setdefault(name, {}), counts)
         outputs.update(part.outputs)
     return RunManifest(
         {k: dict(sorted(v.items())) for k, v in sorted(sources.items())},
         {k: dict(sorted(v.items())) for k, v in sorted(outputs.items())},
+        {k: dict(sorted(v.items())) for k, v in stages.items()},
     )
 
 
@@ -124,7 +127,7 @@ def run_counts(reader: StatusReader) -> RunManifest | None:
         if any(state != DONE for _, state in marked.values()):
             return None  # failed, as listed now
         covered.update(marked)
-        parts.append(RunManifest(body["sources"], body["outputs"]))
+        parts.append(RunManifest(body["sources"], body["outputs"], body["stages"]))
     rest = [item for item in reader.items if item.id not in covered]
     leases = {i: lease for i, (lease, _) in reader.read_leases({i.id: listing[i.id] for i in rest}).items()}
     if any(getattr(leases.get(item.id), "state", None) != DONE for item in rest):
