@@ -57,6 +57,23 @@ def _word(n: int) -> str:
             return out
 
 
+@given(st.text(st.characters(codec=None, exclude_categories=()), max_size=200), st.integers(1, 7))
+@settings(max_examples=300)
+def test_the_shingles_of_the_numpy_path_are_those_of_the_words_one_by_one(text, ngram):
+    """``shingles`` classes code points and hashes every word at once; ``words`` + ``word_hash`` is
+    the definition: over any text (every script, digits, marks, surrogates) the sets are equal."""
+    assert np.array_equal(near.shingles(text, ngram), near.word_shingles(near.words(text), ngram))
+
+
+def test_the_numpy_path_on_the_sample_corpus_and_words_made_of_digits_and_scripts():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in ("sample_en.txt", "sample_zh.txt"):
+        text = open(os.path.join(root, "corpus", name), encoding="utf-8").read()[:200_000]
+        assert np.array_equal(near.shingles(text, 5), near.word_shingles(near.words(text), 5))
+    for text in ("i18n w123 ab1c2 ½ 東京は2024年 ٣٤abc 𠀀𠀁 x", "1 2 3", "-", "a"):
+        assert np.array_equal(near.shingles(text, 3), near.word_shingles(near.words(text), 3)), text
+
+
 def _random_words(rng: random.Random, n: int, vocabulary: int = 5000) -> list[str]:
     return [_word(rng.randrange(vocabulary)) for _ in range(n)]
 
