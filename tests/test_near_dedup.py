@@ -14,6 +14,8 @@ import io
 import json
 import os
 import random
+import signal
+import time
 import tracemalloc
 
 import numpy as np
@@ -414,3 +416,105 @@ def test_plan_refuses_bad_near_options_in_one_line(planted, vocab, tmp_path):
             job.stages(config, options, 4)
         assert str(e.value).startswith(message), str(e.value)
         assert "\n" not in str(e.value)
+
+
+# -- worker deaths, and fleet status --verify --------------------------------------------------------
+
+KILL_PAUSES = {"FLEET_TEST_PAUSE": "claimed=0.5,uploaded=0.6"}
+
+
+def _plan_near(bucket: str, run: str, files: list[str], vocab: str, ttl: float) -> None:
+    from fleet.core.run import PlanRequest, plan
+
+    plan(
+        bucket,
+        PlanRequest(
+            run=run,
+            job="electra_zh_en",
+            inputs=files,
+            output=f"{bucket}/out-{run}",
+            code_version="test",
+            settings={"vocab_file": vocab, "max_seq_length": "64"},
+            lease_ttl=ttl,
+            max_attempts=10,
+            item_bytes=40_000,
+            stage_options=StageOptions(0, "exact,near"),
+        ),
+    )
+
+
+def _committed(bucket: str, run: str) -> dict[str, str]:
+    """Name -> sha256 of everything the run committed (outputs, records between stages), names
+    without the run's; not the indexes, which pin object versions that differ between runs."""
+    from tests.helpers.procs import committed
+
+    return {
+        k.replace(f"runs/{run}/", "").replace(f"out-{run}", "out"): v
+        for k, v in committed(bucket, run).items()
+        if not k.endswith(".index")
+    }
+
+
+def test_sigkills_in_the_near_stages_leave_the_bytes_of_a_clean_run(planted, vocab, tmp_path):
+    """Workers killed after writing band records, on taking a rereading "near" item, and after
+    writing its outputs: every committed byte (records between stages, outputs) is the clean run's."""
+    from fleet.core.run import load_items
+    from fleet.core.spawner import Worker
+    from fleet.core.store import open_store
+    from tests.helpers.procs import start_worker, wait_exit
+
+    files = planted[0]
+    bucket = str(tmp_path / "bucket")
+    os.makedirs(bucket)
+    _plan_near(bucket, "clean", files, vocab, ttl=30)
+    solo = Worker(bucket, "clean", "solo", poll=0.05)
+    try:
+        solo.run_until_drained()
+    finally:
+        solo.close()
+    expected = _committed(bucket, "clean")
+
+    _plan_near(bucket, "chaos", files, vocab, ttl=2.0)
+    stage_of = {i.id: i.meta.get("stage", "map") for i in load_items(open_store(bucket), "chaos")}
+    targets = [("uploaded", "near_bands_exact"), ("claimed", "near"), ("uploaded", "near")]
+    logs = str(tmp_path / "logs")
+    live = [start_worker(bucket, "chaos", f"w{i}", logs, KILL_PAUSES) for i in range(2)]
+    everyone, serial, killed = list(live), 2, []
+    deadline = time.time() + 240
+    while targets and any(w.alive() for w in live):
+        assert time.time() < deadline, f"kills left: {targets}; done: {killed}"
+        for w in [w for w in live if w.alive()]:
+            at = w.paused()
+            if at and (at[0], stage_of.get(at[1])) in targets and at[2] < 0.25:
+                w.popen.send_signal(signal.SIGKILL)
+                w.popen.wait()
+                targets.remove((at[0], stage_of[at[1]]))
+                killed.append(at)
+                live.remove(w)
+                fresh = start_worker(bucket, "chaos", f"w{serial}", logs, KILL_PAUSES)
+                serial += 1
+                live.append(fresh)
+                everyone.append(fresh)
+                break
+        time.sleep(0.02)
+    wait_exit([w for w in live if w.alive()], 180)
+    assert not targets, f"no kill landed at {targets} (killed: {killed})"
+    for w in everyone:
+        assert "Traceback" not in w.stderr_text(), w.stderr_text()
+    assert _committed(bucket, "chaos") == expected
+
+
+def test_verify_names_a_lost_near_output_and_the_rerun_makes_the_same_bytes(planted, vocab, tmp_path):
+    """`fleet status --verify` covers near's stages: a deleted output of the rereading stage is
+    named and reopened, and the resumed run writes it again, byte for byte."""
+    from tests.helpers.cli import fleet_in_process
+
+    out = tmp_path / "out"
+    _run(planted[0], out, vocab, item_bytes=40_000, near_clusters="true")
+    before = _bytes(out)
+    victim = sorted(n for n in before if n.endswith(".tfrecord"))[1]
+    os.remove(out / victim)
+    proc = fleet_in_process("status", str(out), "--verify")
+    assert victim in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    _run(planted[0], out, vocab, item_bytes=40_000, near_clusters="true")
+    assert _bytes(out) == before
