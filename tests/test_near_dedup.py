@@ -150,9 +150,13 @@ def _pipeline(links: dict[int, list[int]], near_items: int = 3):
     counts = clusters.NearCounts()
     records = [(clusters.node_key(d), clusters._EDGE.pack(e, clusters.NEAR, d)) for d, es in links.items() for e in es]
     records = _through(records, clusters.parents)
+    linked = len({d for d, es in links.items() if es})
+    assert len(records) == 2 * linked  # an info and a query a dropped document: no more, whatever the shape
     for _ in range(clusters.JUMPS):
         records = _through(records, clusters.jump)
+        assert len(records) == 2 * linked
     out = _through(records, clusters.members, near_items=near_items, counts=counts)
+    assert len(out) == linked + counts.clusters
     members = {}
     for key, value in out:
         item = key * near_items >> 64
