@@ -189,6 +189,6 @@ def stage_options(shards: int | None, dedup: str | None, shuffle_mb: float) -> S
     if shards is not None:
         within("--shards", shards, SHARDS, " output files")
     if dedup is not None and not dedup.strip():
-        raise PlanError("--dedup '': give a mode (exact)")
+        raise PlanError("--dedup '': give a mode (exact, near or exact,near)")
     within("--shuffle-mb", shuffle_mb, SHUFFLE_MB, " MB")
     return StageOptions(shards or 0, (dedup or "").strip())

@@ -109,7 +109,10 @@ SHARDS_HELP = (
     "Write exactly N output files of examples globally shuffled by the run's seed, their counts "
     "differing by at most one (a second stage on the same workers)"
 )
-DEDUP_HELP = "exact: drop documents whose normalized text equals an earlier one's (a stage before converting)"
+DEDUP_HELP = (
+    "exact: drop documents whose normalized text equals an earlier one's; near: also those "
+    "MinHash LSH finds near an earlier one (options near_*); exact,near: both (stages before converting)"
+)
 SHUFFLE_MB_HELP = "Memory (MB) a worker's sort between stages holds before it spills to local disk"
 # The options `fleet plan` and `fleet local` share, declared once.
 TEXT_COLUMN = typer.Option("text", help="The text field of JSON records / column of Parquet files")

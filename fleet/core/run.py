@@ -345,7 +345,7 @@ def check_stage_options(options: StageOptions) -> None:
     if options.shards > MAX_SHARDS:
         raise PlanError(f"--shards {options.shards}: give at most {MAX_SHARDS:,}")
     if not isinstance(options.dedup, str):
-        raise PlanError(f"--dedup {options.dedup!r}: give a mode (exact)")
+        raise PlanError(f"--dedup {options.dedup!r}: give a mode (exact, near or exact,near)")
 
 
 MAX_SHARDS = 100_000

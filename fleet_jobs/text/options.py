@@ -35,7 +35,7 @@ class TextOptions:
     near_threshold: float = 0.8  # --dedup near: estimated Jaccard similarity that makes a near copy
     near_ngram: int = 5  # --dedup near: words a shingle (a document with fewer is one shingle of all)
     near_bands: str = "14x8"  # --dedup near: LSH bands x rows; the MinHash signature holds bands x rows values
-    near_clusters: bool = False  # --dedup near: part-<item>.near.jsonl, every document of each cluster (docs/dedup.md)
+    near_clusters: bool = False  # --dedup near: part-<item>.near.jsonl, each cluster's documents (docs/outputs.md)
 
 
 def check_text_options(config: TextOptions) -> None:

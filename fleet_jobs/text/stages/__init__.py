@@ -148,12 +148,12 @@ def near_map(
             sink.emit(
                 int.from_bytes(document_digest(lines)[:8], "big"), clusters.band_record(node, clusters.EXACT, b"")
             )
-        ws = near.words(text)
-        if not ws:
+        hashes = near.word_hashes(text)
+        if not len(hashes):
             wordless += 1
             continue
-        short += len(ws) < params.ngram
-        sig = near.signature(near.word_shingles(ws, params.ngram), params.hashes)
+        short += len(hashes) < params.ngram
+        sig = near.signature(near.mix_shingles(hashes, params.ngram), params.hashes)
         value = clusters.band_record(node, clusters.NEAR, near.sketch(sig))
         for key in near.band_keys(sig, params.bands, params.rows):
             sink.emit(key, value)
