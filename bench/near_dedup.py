@@ -5,7 +5,7 @@ pipeline, on one synthetic corpus whose duplicates are known, against an exact g
         [--work-dir DIR] [--datatrove-python /work/dt-venv/bin/python] [--skip datatrove,fleet,plain]
 
 Corpus (seeded, deterministic): one JSON Lines file, ``{"id": "d0000123", "text": ...}`` a
-line. A base document is 3-5 runs of consecutive lines of ``corpus/sample_en.txt`` (English
+line. A base document is 2-4 runs of consecutive lines of ``corpus/sample_en.txt`` (English
 man pages) with a Zipf-distributed synthetic word (s = 1.07 over 30,000 made-up words) after
 about one word in six, so no two base documents share much. Planted, each ~5% of the
 documents: exact copies of a base document; near copies (1% of its words replaced, at least
@@ -36,17 +36,31 @@ Rows, each a fresh process tree on one core (RAYON_NUM_THREADS=1, OMP/OPENBLAS t
   difference of the two is what the near dedup costs.
 
 The tokenizer is a byte-level BPE of 8,000 tokens trained here (``tokenizers``) on the first
-2,000 documents. Figures: documents dropped; recall and precision against the ground truth;
-near copies caught (of the planted near copies whose exact J with their base is >= t, the
-share whose later member in corpus order was dropped); look-alikes kept; the documents missed and dropped wrongly, by planted kind; exact copies and
-boilerplate copies dropped (of the copies after the first of their text in corpus order,
-which must all go); MB/s per core = corpus MB (10^6
-bytes of the JSONL file) / CPU, CPU = user + system seconds of the whole process tree (the
-difference of ``getrusage(RUSAGE_CHILDREN)`` around the run); wall seconds; peak RSS, the
-largest ``ru_maxrss`` in the tree (``os.wait4`` in a small process that starts the command:
-RUSAGE_CHILDREN's maxrss is the largest of every child so far, and a child forked from this
-script would start at its size). One run each, no timed assertion; run nothing else
-heavy beside it.
+2,000 documents.
+
+Figures, per row:
+
+- documents dropped; recall and precision against the ground truth;
+- pairs with one dropped: of the pairs of distinct texts with J >= t (the first document of
+  each), the share with either member dropped (recall whichever member a system keeps);
+- near copies caught: of the planted near copies whose exact J with their base is >= t, the
+  share whose later member in corpus order was dropped; look-alikes kept;
+- exact copies and boilerplate copies dropped, of those after the first of their text in
+  corpus order (which must all go);
+- the documents missed and those dropped wrongly, by planted kind; the exact J range of the
+  missed ones with their earlier partner; the wrong drops split by their largest exact J with
+  an earlier document (known down to ``--floor``, 0.6): between floor and t (the estimate or
+  the bands erred near the threshold), below floor (a chain, or a cluster that kept a later
+  member); and how many of them have J >= t with a later document (their cluster kept another
+  member than the earliest: datatrove keeps a cluster's union-find root);
+- MB/s per core = corpus MB (10^6 bytes of the JSONL file) / CPU, CPU = user + system seconds
+  of the whole process tree (the difference of ``getrusage(RUSAGE_CHILDREN)`` around the run);
+  wall seconds; peak RSS, the largest ``ru_maxrss`` in the tree (``os.wait4`` in a small
+  process that starts the command: RUSAGE_CHILDREN's maxrss is the largest of every child so
+  far, and a child forked from this script would start at its size).
+
+One run each, no timed assertion; run nothing else heavy beside it (about 4 minutes at 25 MB,
+most of it datatrove).
 """
 
 from __future__ import annotations
@@ -75,7 +89,12 @@ sys.path.insert(0, ROOT)
 from fleet_jobs.text.stages.near import shingles  # noqa: E402
 
 NGRAM = 5
-ONE_CORE = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+ONE_CORE = {
+    "RAYON_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+}
 BOILERPLATE = (
     "Cookie notice\n"
     "We use cookies and similar technologies to provide the best experience on our website, to "
@@ -103,7 +122,11 @@ class Corpus:
 
 def synthetic_words(rng: random.Random, n: int) -> list[str]:
     """n distinct made-up words of 2-4 syllables (so the synthetic text is word-like)."""
-    onsets, vowels, codas = "b c d f g h j k l m n p r s t v w z br ch dr fl gr pl sh st tr".split(), "a e i o u ai ea oo".split(), ["", "", "n", "r", "s", "t", "l", "m"]
+    onsets, vowels, codas = (
+        "b c d f g h j k l m n p r s t v w z br ch dr fl gr pl sh st tr".split(),
+        "a e i o u ai ea oo".split(),
+        ["", "", "n", "r", "s", "t", "l", "m"],
+    )
     seen: set[str] = set()
     while len(seen) < n:
         seen.add("".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(2, 4))))
@@ -121,10 +144,12 @@ class Zipf:
 
 
 def base_document(rng: random.Random, lines: list[str], zipf: Zipf) -> str:
-    """3-5 runs of 2-5 consecutive lines of the sample, a synthetic word after ~1 word in 6, at
-    least 80 words (so a 1% change is a near copy at t = 0.8 for most)."""
+    """2-4 runs (more while under 40 words) of 2-5 consecutive lines of the sample, a synthetic
+    word after ~1 word in 6. One word changed in a document of under ~60 words leaves J < 0.8:
+    a few planted near copies fall below the threshold."""
     out: list[str] = []
-    while len(out) < 3 or sum(len(line.split()) for line in out) < 80:
+    runs = n_words = 0
+    while runs < 2 or n_words < 40 or (runs < 4 and rng.random() < 0.3):
         start = rng.randrange(len(lines) - 5)
         for line in lines[start : start + rng.randint(2, 5)]:
             words = []
@@ -133,8 +158,8 @@ def base_document(rng: random.Random, lines: list[str], zipf: Zipf) -> str:
                 if rng.random() < 0.17:
                     words.append(zipf.word())
             out.append(" ".join(words))
-        if len(out) >= 3 and rng.random() < 0.3:
-            break
+            n_words += len(words)
+        runs += 1
     return "\n".join(out)
 
 
@@ -209,6 +234,7 @@ class Truth:
     drop: np.ndarray  # bool per document: an earlier document has J >= t
     earlier: np.ndarray  # per document: the largest J with an earlier document (0 when below floor)
     any: np.ndarray  # per document: the largest J with any other document (0 when below floor)
+    pairs: np.ndarray  # (n, 2) first documents of two distinct shingle sets with J >= t
     stats: dict
 
 
@@ -248,25 +274,33 @@ def ground_truth(sets: list[np.ndarray], t: float, floor: float) -> Truth:
     keep = small >= floor * large - 1e-9  # J <= |small| / |large|
     a, b = a[keep], b[keep]
     earlier_u, any_u = np.zeros(len(unique)), np.zeros(len(unique))
-    similar = 0
+    similar: list[tuple[int, int]] = []
     for x, y in zip(a.tolist(), b.tolist()):
         j = jaccard(unique[x], unique[y])
         if j >= floor:
-            similar += j >= t
+            if j >= t:
+                similar.append((x, y))
             earlier_u[y] = max(earlier_u[y], j)
             any_u[x], any_u[y] = max(any_u[x], j), max(any_u[y], j)
-    earlier, first = earlier_u[uid], np.zeros(len(unique), bool)
+    earlier, first = earlier_u[uid], np.full(len(unique), -1)
     for i, u in enumerate(uid.tolist()):
-        if first[u]:
+        if first[u] >= 0:
             earlier[i] = 1.0  # a later copy of the same set
-        first[u] = True
+        else:
+            first[u] = i
     counts = np.bincount(uid, minlength=len(unique))
     most = np.where(counts[uid] > 1, 1.0, any_u[uid])
     return Truth(
         earlier >= t,
         earlier,
         most,
-        {"unique sets": len(unique), f"candidates at J >= {floor}": len(cand), "after length filter": len(a), f"pairs at J >= {t}": int(similar)},
+        first[np.array(similar, np.int64).reshape(-1, 2)],
+        {
+            "unique sets": len(unique),
+            f"candidates at J >= {floor}": len(cand),
+            "after length filter": len(a),
+            f"pairs at J >= {t}": len(similar),
+        },
     )
 
 
@@ -371,6 +405,13 @@ def run_datatrove(corpus: Corpus, python: str, work: str) -> Run:
     with open(os.path.join(folder, "removed", "removed.jsonl"), encoding="utf-8") as f:
         for line in f:
             run.dropped[int(json.loads(line)["id"][1:])] = True
+    seconds = []  # each stage's steps' time, as its executor's stats.json says (wall, not CPU)
+    for i in range(1, 5):
+        with open(os.path.join(folder, "logs", f"stage{i}", "stats.json"), encoding="utf-8") as f:
+            seconds.append(sum(step["time_stats"]["total"] for step in json.load(f)))
+    run.note = "stage seconds: " + ", ".join(
+        f"{name} {t:.1f}" for name, t in zip(("signatures", "buckets", "clusters", "filter"), seconds)
+    )
     return run
 
 
@@ -380,7 +421,9 @@ def train_tokenizer(corpus: Corpus, work: str) -> str:
     path = os.path.join(work, "tokenizer.json")
     if not os.path.exists(path):
         tokenizer = ByteLevelBPETokenizer()
-        tokenizer.train_from_iterator(corpus.texts[:2000], vocab_size=8000, special_tokens=["<|endoftext|>"], show_progress=False)
+        tokenizer.train_from_iterator(
+            corpus.texts[:2000], vocab_size=8000, special_tokens=["<|endoftext|>"], show_progress=False
+        )
         tokenizer.save(path)
     return path
 
@@ -421,11 +464,17 @@ def run_fleet(corpus: Corpus, work: str, tokenizer: str, near: bool) -> Run:
 # ---------------------------------------------------------------- figures
 
 
-def figures(corpus: Corpus, sets: list[np.ndarray], truth: Truth, dropped: np.ndarray, t: float, floor: float) -> dict[str, str]:
+def figures(
+    corpus: Corpus, sets: list[np.ndarray], truth: Truth, dropped: np.ndarray, t: float, floor: float
+) -> dict[str, str]:
     kinds = np.array(corpus.kinds)
     should = truth.drop
     hit = int((dropped & should).sum())
-    near = [(i, s) for i, (k, s) in enumerate(zip(corpus.kinds, corpus.sources)) if k == "near" and jaccard(sets[i], sets[s]) >= t]
+    near = [
+        (i, s)
+        for i, (k, s) in enumerate(zip(corpus.kinds, corpus.sources))
+        if k == "near" and jaccard(sets[i], sets[s]) >= t
+    ]
     caught = sum(bool(dropped[max(i, s)]) for i, s in near)
     groups: dict[int, list[int]] = {}  # base position -> the base and its exact copies
     for i, (k, s) in enumerate(zip(corpus.kinds, corpus.sources)):
@@ -435,26 +484,28 @@ def figures(corpus: Corpus, sets: list[np.ndarray], truth: Truth, dropped: np.nd
     boiler = np.flatnonzero(kinds == "boilerplate")[1:]
     look = kinds == "lookalike"
     missed, wrong = should & ~dropped, dropped & ~should
-    best = truth.any[wrong]
     return {
         "documents dropped": f"{int(dropped.sum()):,}",
         "recall": f"{hit / max(1, int(should.sum())):.4f}",
         "precision": f"{hit / max(1, int(dropped.sum())):.4f}",
+        "pairs with one dropped": f"{dropped[truth.pairs].any(axis=1).mean():.4f}",
         "near copies caught": f"{caught / max(1, len(near)):.4f}",
         "look-alikes kept": f"{1 - dropped[look].sum() / max(1, look.sum()):.4f}",
         "exact copies dropped": f"{int(dropped[later].sum()):,}/{len(later):,}",
         "boilerplate dropped": f"{int(dropped[boiler].sum()):,}/{len(boiler):,}",
         "missed, by kind": by_kind(kinds[missed]),
-        "missed, J with earlier": f"{truth.earlier[missed].min():.3f}-{truth.earlier[missed].max():.3f}" if missed.any() else "-",
+        "missed, J with earlier": f"{truth.earlier[missed].min():.3f}-{truth.earlier[missed].max():.3f}"
+        if missed.any()
+        else "-",
         "wrong drops, by kind": by_kind(kinds[wrong]),
-        f"wrong: J >= {t} w/ later doc": f"{int((best >= t).sum()):,}",
-        f"wrong: {floor} <= J < {t}": f"{int(((best >= floor) & (best < t)).sum()):,}",
-        f"wrong: J < {floor}": f"{int((best < floor).sum()):,}",
+        f"wrong: earlier J in [{floor}, {t})": f"{int((truth.earlier[wrong] >= floor).sum()):,}",
+        f"wrong: earlier J < {floor}": f"{int((truth.earlier[wrong] < floor).sum()):,}",
+        f"wrong: J >= {t} w/ a later doc": f"{int((truth.any[wrong] >= t).sum()):,}",
     }
 
 
 def by_kind(kinds: np.ndarray) -> str:
-    """"near 12, base 3": how many of each planted kind (most first); "0" for none."""
+    """ "near 12, base 3": how many of each planted kind (most first); "0" for none."""
     names, counts = np.unique(kinds, return_counts=True)
     return ", ".join(f"{n} {c:,}" for c, n in sorted(zip(counts.tolist(), names.tolist()), reverse=True)) or "0"
 
@@ -474,7 +525,9 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=25, help="corpus size, MB of JSONL")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threshold", type=float, default=0.8, help="Jaccard at which a later document is a duplicate")
-    ap.add_argument("--floor", type=float, default=0.6, help="exact J is known down to this (the wrong drops' breakdown)")
+    ap.add_argument(
+        "--floor", type=float, default=0.6, help="exact J is known down to this (the wrong drops' breakdown)"
+    )
     ap.add_argument("--boilerplate", type=int, default=2000, help="copies of the boilerplate page")
     ap.add_argument("--share", type=float, default=0.05, help="share of the documents of each planted kind")
     ap.add_argument("--work-dir", help="where the corpus, runs and logs go (default: a temporary folder, removed)")
@@ -498,8 +551,12 @@ def main() -> None:
         sets = [shingles(text, NGRAM) for text in corpus.texts]
         t1 = time.perf_counter()
         truth = ground_truth(sets, args.threshold, args.floor)
-        near_j = [jaccard(sets[i], sets[s]) for i, (k, s) in enumerate(zip(corpus.kinds, corpus.sources)) if k == "near"]
-        look_j = [jaccard(sets[i], sets[s]) for i, (k, s) in enumerate(zip(corpus.kinds, corpus.sources)) if k == "lookalike"]
+        near_j = [
+            jaccard(sets[i], sets[s]) for i, (k, s) in enumerate(zip(corpus.kinds, corpus.sources)) if k == "near"
+        ]
+        look_j = [
+            jaccard(sets[i], sets[s]) for i, (k, s) in enumerate(zip(corpus.kinds, corpus.sources)) if k == "lookalike"
+        ]
         print(
             f"ground truth (J >= {args.threshold} with an earlier document, fleet's {NGRAM}-word shingles): "
             f"{int(truth.drop.sum()):,} to drop; shingles {t1 - t0:.1f} s, prefix filter + exact Jaccard "
@@ -510,7 +567,9 @@ def main() -> None:
             f"{sum(j >= args.threshold for j in near_j):,} of {len(near_j):,} at >= {args.threshold}; "
             f"look-alikes: median {np.median(look_j):.3f}, max {max(look_j):.3f}"
         )
-        rows: dict[str, dict[str, str]] = {"truth": figures(corpus, sets, truth, truth.drop, args.threshold, args.floor)}
+        rows: dict[str, dict[str, str]] = {
+            "truth": figures(corpus, sets, truth, truth.drop, args.threshold, args.floor)
+        }
         runs: list[Run] = []
         if "datatrove" not in skip:
             runs.append(run_datatrove(corpus, args.datatrove_python, work))
@@ -521,7 +580,9 @@ def main() -> None:
         if "plain" not in skip:
             runs.append(run_fleet(corpus, work, tokenizer, near=False))
         for run in runs:
-            row = figures(corpus, sets, truth, run.dropped, args.threshold, args.floor) if run.dropped is not None else {}
+            row = (
+                figures(corpus, sets, truth, run.dropped, args.threshold, args.floor) if run.dropped is not None else {}
+            )
             row.update(
                 {
                     "CPU s (user+sys)": f"{run.cpu:.1f}",
@@ -537,7 +598,9 @@ def main() -> None:
         near_run = next((r for r in runs if r.name == "fleet near"), None)
         if plain and near_run:
             extra = near_run.cpu - plain.cpu
-            print(f"\nfleet's near dedup alone: {extra:.1f} CPU s more than without it ({corpus.mb / max(extra, 1e-9):.2f} MB/s per core)")
+            print(
+                f"\nfleet's near dedup alone: {extra:.1f} CPU s more than without it ({corpus.mb / max(extra, 1e-9):.2f} MB/s per core)"
+            )
         print("\ncommands:")
         for run in runs:
             print(f"  {run.name}: {shlex.join(run.command)}" + (f"  [{run.note}]" if run.note else ""))
