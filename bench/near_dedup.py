@@ -42,7 +42,8 @@ Figures, per row:
 
 - documents dropped; recall and precision against the ground truth;
 - pairs with one dropped: of the pairs of distinct texts with J >= t (the first document of
-  each), the share with either member dropped (recall whichever member a system keeps);
+  each), the share with either member dropped (recall whichever member a system keeps), and
+  the same for the pairs of J in [t, t + 0.05), [t + 0.05, 0.9) and >= 0.9;
 - near copies caught: of the planted near copies whose exact J with their base is >= t, the
   share whose later member in corpus order was dropped; look-alikes kept;
 - exact copies and boilerplate copies dropped, of those after the first of their text in
@@ -235,6 +236,7 @@ class Truth:
     earlier: np.ndarray  # per document: the largest J with an earlier document (0 when below floor)
     any: np.ndarray  # per document: the largest J with any other document (0 when below floor)
     pairs: np.ndarray  # (n, 2) first documents of two distinct shingle sets with J >= t
+    pair_j: np.ndarray  # their J
     stats: dict
 
 
@@ -275,11 +277,13 @@ def ground_truth(sets: list[np.ndarray], t: float, floor: float) -> Truth:
     a, b = a[keep], b[keep]
     earlier_u, any_u = np.zeros(len(unique)), np.zeros(len(unique))
     similar: list[tuple[int, int]] = []
+    similar_j: list[float] = []
     for x, y in zip(a.tolist(), b.tolist()):
         j = jaccard(unique[x], unique[y])
         if j >= floor:
             if j >= t:
                 similar.append((x, y))
+                similar_j.append(j)
             earlier_u[y] = max(earlier_u[y], j)
             any_u[x], any_u[y] = max(any_u[x], j), max(any_u[y], j)
     earlier, first = earlier_u[uid], np.full(len(unique), -1)
@@ -295,6 +299,7 @@ def ground_truth(sets: list[np.ndarray], t: float, floor: float) -> Truth:
         earlier,
         most,
         first[np.array(similar, np.int64).reshape(-1, 2)],
+        np.array(similar_j),
         {
             "unique sets": len(unique),
             f"candidates at J >= {floor}": len(cand),
@@ -484,11 +489,17 @@ def figures(
     boiler = np.flatnonzero(kinds == "boilerplate")[1:]
     look = kinds == "lookalike"
     missed, wrong = should & ~dropped, dropped & ~should
+    pair_hit = dropped[truth.pairs].any(axis=1)
+    bands = [(t, t + 0.05), (t + 0.05, 0.9), (0.9, 2.0)]
     return {
         "documents dropped": f"{int(dropped.sum()):,}",
         "recall": f"{hit / max(1, int(should.sum())):.4f}",
         "precision": f"{hit / max(1, int(dropped.sum())):.4f}",
-        "pairs with one dropped": f"{dropped[truth.pairs].any(axis=1).mean():.4f}",
+        "pairs with one dropped": f"{pair_hit.mean():.4f}",
+        f"  J in [{t:.2f},{t + 0.05:.2f}) / [{t + 0.05:.2f},0.90) / >=0.90": " / ".join(
+            f"{pair_hit[m].mean():.2f}" if m.any() else "-"
+            for m in ((truth.pair_j >= lo) & (truth.pair_j < hi) for lo, hi in bands)
+        ),
         "near copies caught": f"{caught / max(1, len(near)):.4f}",
         "look-alikes kept": f"{1 - dropped[look].sum() / max(1, look.sum()):.4f}",
         "exact copies dropped": f"{int(dropped[later].sum()):,}/{len(later):,}",
