@@ -26,10 +26,12 @@ Rows, each a fresh process tree on one core (RAYON_NUM_THREADS=1, OMP/OPENBLAS t
   tasks=1 (the buckets stage must have a multiple of num_buckets tasks: 14, run one after the
   other), word 5-grams, 14 buckets x 8 hashes, its default 64-bit xxhash; the filter writes the
   kept documents and, with an exclusion writer, the removed ones, whose ids say what it dropped.
+  It has no threshold: every pair that shares a band is a duplicate (the S-curve's midpoint is
+  near (1/14)**(1/8) = 0.72), so ``--threshold`` moves the truth and fleet only.
   It runs from its own venv (``--datatrove-python``; ``pip install 'datatrove[processing]' spacy``:
   its English word tokenizer is spaCy's), never fleet's.
 - ``fleet near``: ``fleet local CORPUS OUT --workers 1 --job causal_lm --set tokenizer_file=...
-  --set output=megatron --dedup near --set near_clusters=true``; the sidecars
+  --set output=megatron --dedup near --set near_threshold=T --set near_clusters=true``; the sidecars
   ``part-*.near.jsonl`` (a line per member of each cluster: file, offset, kept) say what it
   dropped. fleet also tokenizes and writes tokens, datatrove only filters text: so
 - ``fleet plain``: the same command without ``--dedup``, whose CPU is the conversion's; the
@@ -43,7 +45,8 @@ Figures, per row:
 - documents dropped; recall and precision against the ground truth;
 - pairs with one dropped: of the pairs of distinct texts with J >= t (the first document of
   each), the share with either member dropped (recall whichever member a system keeps), and
-  the same for the pairs of J in [t, t + 0.05), [t + 0.05, 0.9) and >= 0.9;
+  the same for the pairs of J in [t, t + 0.05), [t + 0.05, 0.9) and >= 0.9 (the truth
+  column: how many pairs);
 - near copies caught: of the planted near copies whose exact J with their base is >= t, the
   share whose later member in corpus order was dropped; look-alikes kept;
 - exact copies and boilerplate copies dropped, of those after the first of their text in
@@ -433,20 +436,20 @@ def train_tokenizer(corpus: Corpus, work: str) -> str:
     return path
 
 
-def fleet_command(corpus: Corpus, out: str, tokenizer: str, near: bool) -> list[str]:
+def fleet_command(corpus: Corpus, out: str, tokenizer: str, near: bool, threshold: float) -> list[str]:
     fleet = os.path.join(os.path.dirname(sys.executable), "fleet")
     cmd = [fleet, "local", os.path.dirname(corpus.path), out, "--workers", "1", "--job", "causal_lm"]
     cmd += ["--set", f"tokenizer_file={tokenizer}", "--set", "output=megatron"]
     if near:
-        cmd += ["--dedup", "near", "--set", "near_clusters=true"]
+        cmd += ["--dedup", "near", "--set", f"near_threshold={threshold}", "--set", "near_clusters=true"]
     return cmd
 
 
-def run_fleet(corpus: Corpus, work: str, tokenizer: str, near: bool) -> Run:
+def run_fleet(corpus: Corpus, work: str, tokenizer: str, near: bool, threshold: float) -> Run:
     name = "fleet near" if near else "fleet plain"
     out = os.path.join(work, name.replace(" ", "-"))
     shutil.rmtree(out, ignore_errors=True)
-    run = Run(name, fleet_command(corpus, out, tokenizer, near))
+    run = Run(name, fleet_command(corpus, out, tokenizer, near, threshold))
     measure(run, out + ".log")
     if not near:
         return run
@@ -490,14 +493,14 @@ def figures(
     look = kinds == "lookalike"
     missed, wrong = should & ~dropped, dropped & ~should
     pair_hit = dropped[truth.pairs].any(axis=1)
-    bands = [(t, t + 0.05), (t + 0.05, 0.9), (0.9, 2.0)]
+    bands = [(t, round(t + 0.05, 9)), (round(t + 0.05, 9), 0.9), (0.9, 2.0)]
     return {
         "documents dropped": f"{int(dropped.sum()):,}",
         "recall": f"{hit / max(1, int(should.sum())):.4f}",
         "precision": f"{hit / max(1, int(dropped.sum())):.4f}",
         "pairs with one dropped": f"{pair_hit.mean():.4f}",
         f"  J in [{t:.2f},{t + 0.05:.2f}) / [{t + 0.05:.2f},0.90) / >=0.90": " / ".join(
-            f"{pair_hit[m].mean():.2f}" if m.any() else "-"
+            (f"{int(m.sum()):,}" if dropped is truth.drop else f"{pair_hit[m].mean():.2f}") if m.any() else "-"
             for m in ((truth.pair_j >= lo) & (truth.pair_j < hi) for lo, hi in bands)
         ),
         "near copies caught": f"{caught / max(1, len(near)):.4f}",
@@ -545,6 +548,7 @@ def main() -> None:
     ap.add_argument("--datatrove-python", default="/work/dt-venv/bin/python", help="a Python with datatrove installed")
     ap.add_argument("--skip", default="", help="rows not to run, comma-separated: datatrove, fleet, plain")
     args = ap.parse_args()
+    args.floor = min(args.floor, args.threshold)
     skip = set(filter(None, args.skip.split(",")))
     work = args.work_dir or tempfile.mkdtemp(prefix="bench-near-")
     os.makedirs(work, exist_ok=True)
@@ -587,9 +591,9 @@ def main() -> None:
         if not {"fleet", "plain"} <= skip:
             tokenizer = train_tokenizer(corpus, work)
         if "fleet" not in skip:
-            runs.append(run_fleet(corpus, work, tokenizer, near=True))
+            runs.append(run_fleet(corpus, work, tokenizer, True, args.threshold))
         if "plain" not in skip:
-            runs.append(run_fleet(corpus, work, tokenizer, near=False))
+            runs.append(run_fleet(corpus, work, tokenizer, False, args.threshold))
         for run in runs:
             row = (
                 figures(corpus, sets, truth, run.dropped, args.threshold, args.floor) if run.dropped is not None else {}
