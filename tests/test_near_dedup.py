@@ -405,6 +405,19 @@ def test_the_result_is_a_run_over_the_kept_documents_whatever_the_workers_and_it
     assert _bytes(base / "kept") == shards  # and those of a plain run over just the kept documents
 
 
+def test_near_clusters_without_dedup_near_is_refused_by_fleet_local_before_any_work(planted, vocab, tmp_path):
+    """Job.stages is asked even without stage options, so an option that needs one is refused."""
+    from tests.helpers.cli import fleet_in_process
+
+    out = tmp_path / "out"
+    proc = fleet_in_process(
+        "local", *planted[0], str(out), "--set", f"vocab_file={vocab}", "--set", "near_clusters=true"
+    )
+    assert proc.returncode == 2
+    assert "option near_clusters: give --dedup near" in proc.stderr + proc.stdout
+    assert not glob.glob(str(out / "part-*"))
+
+
 def test_plan_refuses_bad_near_options_in_one_line(planted, vocab, tmp_path):
     job = load_job("electra_zh_en")
     for settings_, options, message in [
