@@ -76,6 +76,27 @@ def test_the_numpy_path_on_the_sample_corpus_and_words_made_of_digits_and_script
         assert np.array_equal(near.shingles(text, 3), near.word_shingles(near.words(text), 3)), text
 
 
+@given(st.lists(st.text(st.characters(codec=None, exclude_categories=()), max_size=60), max_size=12), st.integers(1, 6))
+@settings(max_examples=200)
+def test_a_batch_of_texts_gets_the_signatures_of_each_text_alone(texts, ngram):
+    """``signatures`` signs a batch in a few array operations: each text's signature (and word
+    count) is the one it gets alone, wherever it sits in the batch; a text with no word gets None."""
+    sigs, counts = near.signatures(texts, ngram, 24)
+    for text, sig, count in zip(texts, sigs, counts):
+        alone = near.shingles(text, ngram)
+        assert count == len(near.words(text))
+        assert (sig is None) == (len(alone) == 0)
+        if sig is not None:
+            assert np.array_equal(sig, near.signature(alone, 24))
+
+
+def test_a_long_text_in_a_batch_is_signed_in_chunks_like_alone(monkeypatch):
+    monkeypatch.setattr(near, "_CHUNK", 50)
+    texts = [" ".join(_random_words(random.Random(i), n)) for i, n in enumerate((3, 400, 20, 1000, 2))]
+    sigs, _ = near.signatures(texts, 5, 112)
+    assert all(np.array_equal(sig, near.signature(near.shingles(t, 5), 112)) for t, sig in zip(texts, sigs))
+
+
 def _random_words(rng: random.Random, n: int, vocabulary: int = 5000) -> list[str]:
     return [_word(rng.randrange(vocabulary)) for _ in range(n)]
 
@@ -403,6 +424,19 @@ def test_the_result_is_a_run_over_the_kept_documents_whatever_the_workers_and_it
     assert len(shards) == 2
     assert _bytes(base / "shards2") == shards  # 2 workers, items 3x as big: the same bytes
     assert _bytes(base / "kept") == shards  # and those of a plain run over just the kept documents
+
+
+def test_near_clusters_without_dedup_near_is_refused_by_fleet_local_before_any_work(planted, vocab, tmp_path):
+    """Job.stages is asked even without stage options, so an option that needs one is refused."""
+    from tests.helpers.cli import fleet_in_process
+
+    out = tmp_path / "out"
+    proc = fleet_in_process(
+        "local", *planted[0], str(out), "--set", f"vocab_file={vocab}", "--set", "near_clusters=true"
+    )
+    assert proc.returncode == 2
+    assert "option near_clusters: give --dedup near" in proc.stderr + proc.stdout
+    assert not glob.glob(str(out / "part-*"))
 
 
 def test_plan_refuses_bad_near_options_in_one_line(planted, vocab, tmp_path):

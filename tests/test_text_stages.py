@@ -206,7 +206,7 @@ def test_stages_asked_for_by_the_options(vocab):
         ]
         with pytest.raises(ConfigError) as e:
             job.stages(config, StageOptions(dedup="fuzzy"), 7)
-        assert str(e.value) == "--dedup 'fuzzy': unknown mode; known: exact"
+        assert str(e.value) == "--dedup 'fuzzy': unknown mode; known: exact, near, or exact,near"
         with pytest.raises(ConfigError, match="no stage 'sort'"):
             job.reducer(config, read_file, "sort")
 

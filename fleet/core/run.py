@@ -584,10 +584,11 @@ def plan(bucket: str, request: PlanRequest) -> tuple[RunSpec, list[Item], bool]:
     items = make_items(job, config, found, item_bytes, read, group=group_files == GROUPED)
     if not items:
         raise PlanError(f"{', '.join(map(printable, r.inputs))}: the inputs hold no data")
-    stages = job.stages(config, r.stage_options, len(items)) if r.stage_options else []
+    # Asked without stage options too: a job may refuse an option that needs them.
+    stages = job.stages(config, r.stage_options, len(items))
     combines: list[Combine] = []
     if stages:
-        stage_dicts = [dataclasses.asdict(s) for s in stages]
+        stage_dicts = [s.as_dict() for s in stages]
         if old_spec is not None and old_spec.stages == stage_dicts:  # its own structure, not today's rule
             combines = [Combine(**c) for c in old_spec.combine]
         else:
@@ -607,7 +608,7 @@ def plan(bucket: str, request: PlanRequest) -> tuple[RunSpec, list[Item], bool]:
         read=read,
         shards=r.stage_options.shards,
         dedup=r.stage_options.dedup,
-        stages=[dataclasses.asdict(s) for s in stages],
+        stages=[s.as_dict() for s in stages],
         combine=[dataclasses.asdict(c) for c in combines],
         shuffle_budget=r.shuffle_budget,
         item_bytes=item_bytes,

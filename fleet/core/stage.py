@@ -9,6 +9,7 @@ their reducers: core, so these types live here; a job gets them from ``fleet.job
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -44,6 +45,14 @@ class Stage:
             raise ValueError(f"stage {self.name}: {self.items} items; give 1 or more")
         if self.rereads and self.balanced:
             raise ValueError(f"stage {self.name}: a stage that rereads the map's inputs is cut by key, not balanced")
+
+    def as_dict(self) -> dict:
+        """The stage as a run's spec keeps it: ``rereads`` only when set, so the spec of a run
+        planned before it existed is the spec planned today (a resumed run keeps its own steps)."""
+        out = dataclasses.asdict(self)
+        if not self.rereads:
+            del out["rereads"]
+        return out
 
 
 def item_key(item: int, items: int, offset: int) -> int:

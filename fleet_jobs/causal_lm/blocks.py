@@ -34,6 +34,19 @@ class BlockOptions:
     pad_id: int
     last_block: str = "pad"  # pad | drop: the partial block at a document's (or packed item's) end
     pack_documents: bool = False
+    head: tuple[int, ...] = ()  # ids before each document's own (the tokenizer's framing: a BOS)
+    tail: tuple[int, ...] | None = None  # ids after them; None: the end-of-document id alone
+
+    @property
+    def ends(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(head, tail): what frames each document with ids."""
+        return self.head, (self.eod_id,) if self.tail is None else self.tail
+
+    @property
+    def framing(self) -> int:
+        """Ids a document with ids gets around its own."""
+        head, tail = self.ends
+        return len(head) + len(tail)
 
 
 @dataclass
@@ -70,7 +83,7 @@ class BlockCutter:
 
     def add_flat(self, ids: np.ndarray, counts: np.ndarray) -> Blocks:
         """``add`` of documents given end to end: ``ids`` (int32) and each document's count."""
-        stream, lengths = with_ends(ids, counts, self.opts.eod_id)
+        stream, lengths = framed(ids, counts, *self.opts.ends)
         if self.opts.pack_documents:
             stream = np.concatenate([self.carry, stream])
             n = len(stream) // self.opts.block_size * self.opts.block_size
@@ -119,12 +132,35 @@ class BlockCutter:
 
 
 def with_ends(ids: np.ndarray, counts: np.ndarray, eod_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """The non-empty documents' ids end to end, each followed by ``eod_id``, and each one's length
-    (with its end token), from their ids end to end and every document's count."""
+    """``framed`` with the end-of-document id after each document, nothing before."""
+    return framed(ids, counts, (), (eod_id,))
+
+
+def framed(
+    ids: np.ndarray, counts: np.ndarray, head: Sequence[int], tail: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The non-empty documents' ids end to end, each as ``head`` + its ids + ``tail``, and each
+    one's length (framing included), from their ids end to end and every document's count. A
+    document with no ids gets no framing either."""
     counts = np.asarray(counts, np.int64)
     keep = counts > 0
-    stream = np.insert(np.asarray(ids, np.int32), np.cumsum(counts)[keep], np.int32(eod_id))
-    return stream, counts[keep] + 1
+    ids = np.asarray(ids, np.int32)
+    if not head and len(tail) == 1:  # the usual case: one insert
+        return np.insert(ids, np.cumsum(counts)[keep], np.int32(tail[0])), counts[keep] + 1
+    lengths = counts[keep] + len(head) + len(tail)
+    stream = np.empty(int(lengths.sum()), np.int32)
+    starts = np.cumsum(lengths) - lengths
+    own = np.ones(len(stream), bool)
+    if head:
+        at = (starts[:, None] + np.arange(len(head))).ravel()
+        stream[at] = np.tile(np.asarray(head, np.int32), len(starts))
+        own[at] = False
+    if tail:
+        at = (starts[:, None] + len(head) + counts[keep][:, None] + np.arange(len(tail))).ravel()
+        stream[at] = np.tile(np.asarray(tail, np.int32), len(starts))
+        own[at] = False
+    stream[own] = ids
+    return stream, lengths
 
 
 # A document's ids: a list of ints, or an int array (BERT's ``tokenize_flat``).

@@ -50,7 +50,7 @@ from fleet_jobs.text.provenance import check_provenance
 from fleet_jobs.text.stages import SHARD_BATCH, SHARDS, checkpointed, text_stages
 from fleet_jobs.text.tokenizers.tokenizer_cache import TOKENIZER_KINDS, bert_tokenizer, file_tokenizer
 
-from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions, with_ends
+from .blocks import LAST_BLOCKS, BlockCutter, BlockOptions, framed
 from .provenance import Trace
 from .records import BlockRecords
 from .tokenizer import DocumentTokenizer, from_bert, from_json, from_sentencepiece, from_tiktoken
@@ -71,6 +71,7 @@ class CausalLMConfig:
     shifted_labels: bool = False  # blocks of max_seq_length + 1 tokens: inputs block[:-1], labels block[1:]
     last_block: str = "pad"  # pad | drop: a document's last partial block (with pack_documents: the item's)
     pack_documents: bool = False  # one token stream per item: no padding, but blocks depend on the item cut
+    eod: str = "auto"  # auto | always | never: the end-of-document id after each document (auto: unless the tokenizer ends texts itself)
     eod_token: str = ""  # ends each document (default: <|endoftext|>, </s>, <eos> or [SEP], the first known)
     pad_token: str = ""  # fills padded blocks (default: [PAD], <pad> or <|padding|>, else the eod token)
     output: str = "tfrecord"  # tfrecord | parquet | megatron (.bin + .idx) | tokens (.bin + .npy): docs/outputs.md
@@ -94,6 +95,8 @@ def _validate(config: CausalLMConfig) -> None:
         )
     if not 2 <= config.max_seq_length <= 1 << 20:
         raise ConfigError(f"option max_seq_length: must be between 2 and 1048576, got {config.max_seq_length}")
+    if config.eod not in EOD_MODES:
+        raise ConfigError(f"option eod: {config.eod!r} is not supported (known: {', '.join(EOD_MODES)})")
     if config.last_block not in LAST_BLOCKS:
         raise ConfigError(f"option last_block: {config.last_block!r} is not supported (known: pad, drop)")
     check_output(config.output, config.compression, OUTPUTS + SEQUENCE_OUTPUTS)
@@ -106,6 +109,8 @@ def _validate(config: CausalLMConfig) -> None:
                     "sequence (the trainer cuts its samples); leave it unset"
                 )
 
+
+EOD_MODES = ("auto", "always", "never")
 
 # What only blocks use: output=megatron and output=tokens refuse them when set.
 BLOCK_OPTIONS = ("max_seq_length", "shifted_labels", "last_block", "pack_documents", "pad_token")
@@ -140,12 +145,15 @@ class CausalLMConverter(DocumentConverter):
     def __init__(self, config: CausalLMConfig, tokenizer: DocumentTokenizer):
         self.config = config
         self.tokenizer = tokenizer
+        head, tail = tokenizer.ends(config.eod)
         self.options = BlockOptions(
             config.max_seq_length + int(config.shifted_labels),
             tokenizer.eod_id,
             tokenizer.pad_id,
             config.last_block,
             config.pack_documents,
+            head,
+            tail,
         )
         self.padded = config.last_block == "pad"
         self.columns = [Column(name) for name in features(config)]
@@ -185,7 +193,7 @@ class CausalLMConverter(DocumentConverter):
             for batch in document_groups(documents, BATCH_CHARS):
                 _count_text(counts, batch)
                 ids, per_document = self.tokenizer.encode_flat(batch)
-                counts["tokens"] += len(ids) + int(np.count_nonzero(per_document))  # with each document's end token
+                counts["tokens"] += len(ids) + self.options.framing * int(np.count_nonzero(per_document))
                 write(cutter.add_flat(ids, per_document))
                 if trace:
                     trace.batch(per_document)
@@ -197,7 +205,7 @@ class CausalLMConverter(DocumentConverter):
         return counts
 
     def _sequences(self, documents: Iterable[list[str]], sink: Union[Sink, ShuffledExamples]) -> dict[str, float]:
-        """One sequence per document with ids (its ids, then the end-of-document id)."""
+        """One sequence per document with ids (its ids, framed: ``eod``)."""
         counts: dict[str, float] = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "sequences"), 0)
         trace = None
         if self.provenance:
@@ -207,7 +215,7 @@ class CausalLMConverter(DocumentConverter):
             for batch in document_groups(documents, BATCH_CHARS):
                 _count_text(counts, batch)
                 ids, per_document = self.tokenizer.encode_flat(batch)
-                stream, lengths = with_ends(ids, per_document, self.tokenizer.eod_id)
+                stream, lengths = framed(ids, per_document, *self.options.ends)
                 sequences = np.split(stream.astype(np.int64), np.cumsum(lengths)[:-1]) if len(lengths) else []
                 write(sequences)
                 if trace:

@@ -35,17 +35,17 @@ class BlockSources(Generic[T]):
 
     def add(self, lengths: Sequence[int], sources: Sequence[T]) -> list[list[T]]:
         """The sources of the blocks ``BlockCutter.add`` makes of documents of these lengths."""
-        size, pad = self.opts.block_size, self.opts.last_block == "pad"
+        size, pad, framing = self.opts.block_size, self.opts.last_block == "pad", self.opts.framing
         out: list[list[T]] = []
         for n, source in zip(lengths, sources):
             if not n:
                 continue
             if not self.opts.pack_documents:
-                full, rest = divmod(n + 1, size)
+                full, rest = divmod(n + framing, size)
                 out += [[source] for _ in range(full + int(bool(rest) and pad))]
                 continue
-            self.stream.append([source, n + 1])
-            self.held += n + 1
+            self.stream.append([source, n + framing])
+            self.held += n + framing
             while self.held >= size:
                 block, need = [], size
                 while need:

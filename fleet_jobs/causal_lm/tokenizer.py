@@ -2,8 +2,12 @@
 SentencePiece ``.model`` or a tiktoken ranks file.
 
 A document's text is its lines joined by ``\\n``, so a byte-level BPE sees the line
-breaks it was trained with; BERT's WordPiece treats them as spaces anyway. Special
-tokens are not added (no BOS either): the block cutter adds the end-of-document id itself.
+breaks it was trained with; BERT's WordPiece treats them as spaces anyway. Each document is
+framed as the tokenizer frames a text: a ``tokenizer.json`` as its post-processor does
+(``tokenizer(text)``: Llama's ``<s>`` before, BERT's ``[CLS]``/``[SEP]`` around; read off probes,
+``post_processor_frame``), SentencePiece and tiktoken as their ``encode`` does (nothing), a BERT
+``vocab.txt`` with nothing; then the ``eod`` option adds the end-of-document id (``auto``: when
+the framing put nothing after the text).
 Text that spells a special token (``<|endoftext|>`` in a web page) is encoded as text by
 SentencePiece and tiktoken (``encode_ordinary``), so an end-of-document id in the output is
 always one the job put there; a ``tokenizer.json`` matches its added tokens in text, as its
@@ -46,6 +50,17 @@ class DocumentTokenizer:
     # The same ids end to end (int32) and each document's count, where a tokenizer makes them so
     # (the byte-level BPE word cache); ``encode_flat`` below gives them for every tokenizer.
     flat: Optional[Callable[[Sequence[list[str]]], tuple[np.ndarray, np.ndarray]]] = None
+    # What the tokenizer itself puts around every text (a tokenizer.json's post-processor: Llama's
+    # <s> before, BERT's [CLS] before and [SEP] after); the ids above are without it.
+    head: tuple[int, ...] = ()
+    tail: tuple[int, ...] = ()
+
+    def ends(self, eod: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(before, after) each document's ids under the ``eod`` option: ``auto`` adds the
+        end-of-document id after the tokenizer's own framing when that adds nothing after the
+        text, ``always`` adds it in any case, ``never`` does not."""
+        add = eod == "always" or (eod == "auto" and not self.tail)
+        return self.head, self.tail + ((self.eod_id,) if add else ())
 
     def encode_flat(self, documents: Sequence[list[str]]) -> tuple[np.ndarray, np.ndarray]:
         """(the documents' ids end to end as int32, each document's number of ids)."""
@@ -111,13 +126,39 @@ def from_json(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
         assert cache is not None  # flat is handed on only with a cache (below)
         return cache.encode(["\n".join(lines) for lines in documents])
 
+    head, tail = post_processor_frame(tokenizer, source)
     return DocumentTokenizer(
         encode,
         eod,
         eod if pad is None else pad,
         tokenizer.get_vocab_size(with_added_tokens=True),
         flat if cache is not None else None,
+        head,
+        tail,
     )
+
+
+FRAME_PROBES = ("a", "Hello world.", "x\ny 1")
+
+
+def post_processor_frame(tokenizer, source: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids a ``tokenizer.json``'s post-processor puts before and after a text's own, as
+    ``tokenizer(text)`` (``add_special_tokens=True``) gives them: read off a few probes, which must
+    all be framed alike (a post-processor that changes a text's own ids is refused, in one line)."""
+    frames = set()
+    for text in FRAME_PROBES:
+        own = tokenizer.encode(text, add_special_tokens=False).ids
+        full = tokenizer.encode(text, add_special_tokens=True).ids
+        at = next((i for i in range(len(full) - len(own) + 1) if full[i : i + len(own)] == own), None)
+        if at is None:
+            raise ConfigError(
+                f"{source}: its post-processor changes a text's own ids ({text!r}: {own} -> {full}); "
+                "fleet frames documents with ids it adds before and after them only"
+            )
+        frames.add((tuple(full[:at]), tuple(full[at + len(own) :])))
+    if len(frames) != 1:
+        raise ConfigError(f"{source}: its post-processor frames texts differently ({sorted(frames)})")
+    return frames.pop()
 
 
 def from_sentencepiece(sp, source: str, eod_token: str, pad_token: str) -> DocumentTokenizer:

@@ -27,6 +27,8 @@ signatures of ``--dedup near`` and ``clusters`` its stages' records.
 from __future__ import annotations
 
 import json
+
+import numpy as np
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from fleet.job import (
@@ -132,37 +134,57 @@ def dedup_map(documents: Iterable[list[str]], ctx: ItemContext, sink: KeyedSink)
     return {"documents_read": n_docs, "text_bytes_read": n_bytes}
 
 
+NEAR_BATCH_CHARS = 1 << 20  # a near map item's documents signed a batch at a time (near.signatures)
+
+
 def near_map(
     documents: Iterable[list[str]], ctx: ItemContext, sink: KeyedSink, params: NearParams, exact: bool
 ) -> dict[str, float]:
     """A map item of a near-dedup run: each document's band records (and with ``exact``, one
     keyed by its exact text's digest), no conversion; ``near`` reads the documents again."""
     item = int(ctx.item_id)
-    n_docs = n_bytes = short = wordless = 0
-    for ordinal, lines in enumerate(documents):
-        text = document_text(lines)
-        n_docs += 1
-        n_bytes += len(text.encode("utf-8", "surrogatepass"))
-        node = clusters.node_id(item, ordinal)
-        if exact:
-            sink.emit(
-                int.from_bytes(document_digest(lines)[:8], "big"), clusters.band_record(node, clusters.EXACT, b"")
-            )
-        hashes = near.word_hashes(text)
-        if not len(hashes):
-            wordless += 1
-            continue
-        short += len(hashes) < params.ngram
-        sig = near.signature(near.mix_shingles(hashes, params.ngram), params.hashes)
-        value = clusters.band_record(node, clusters.NEAR, near.sketch(sig))
-        for key in near.band_keys(sig, params.bands, params.rows):
-            sink.emit(key, value)
-    return {
-        "documents_read": n_docs,
-        "text_bytes_read": n_bytes,
-        "near_documents_short": short,
-        "near_documents_without_words": wordless,
-    }
+    counts = {"documents_read": 0, "text_bytes_read": 0, "near_documents_short": 0, "near_documents_without_words": 0}
+    batch: list[list[str]] = []
+    size = ordinal = 0
+    for lines in documents:
+        batch.append(lines)
+        size += sum(map(len, lines))
+        if size >= NEAR_BATCH_CHARS or len(batch) >= 4096:
+            _near_batch(batch, ordinal, item, sink, params, exact, counts)
+            ordinal += len(batch)
+            batch, size = [], 0
+    if batch:
+        _near_batch(batch, ordinal, item, sink, params, exact, counts)
+    return dict(counts)
+
+
+def _near_batch(
+    batch: list[list[str]],
+    first: int,
+    item: int,
+    sink: KeyedSink,
+    params: NearParams,
+    exact: bool,
+    counts: dict[str, int],
+) -> None:
+    texts = [document_text(lines) for lines in batch]
+    sigs, words = near.signatures(texts, params.ngram, params.hashes)
+    signed = [(i, sig) for i, sig in enumerate(sigs) if sig is not None]
+    emit = sink.emit
+    if signed:
+        keys = near.band_key_rows(np.array([sig for _i, sig in signed]), params.bands, params.rows).tolist()
+        for (i, sig), row in zip(signed, keys):
+            value = clusters.band_record(clusters.node_id(item, first + i), clusters.NEAR, near.sketch(sig))
+            for key in row:
+                emit(key, value)
+    if exact:
+        for i, lines in enumerate(batch):
+            key = int.from_bytes(document_digest(lines)[:8], "big")
+            emit(key, clusters.band_record(clusters.node_id(item, first + i), clusters.EXACT, b""))
+    counts["documents_read"] += len(batch)
+    counts["text_bytes_read"] += sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    counts["near_documents_short"] += sum(1 for w in words if 0 < w < params.ngram)
+    counts["near_documents_without_words"] += len(batch) - len(signed)
 
 
 class DedupReducer(Reducer):

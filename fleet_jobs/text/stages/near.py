@@ -20,7 +20,7 @@ What a document becomes, step by step:
    no modulo, so numpy does it in three wrapping operations). The a_i, b_i come from a fixed
    seed, so every worker and every run draws the same ones.
 4. **Band keys** (``band_keys``): band b is rows b*rows .. (b+1)*rows of the signature; its key
-   is 8 bytes of a BLAKE2b of b and those values. Two documents that share a key are candidates.
+   is a 64-bit mix of b and those values. Two documents that share a key are candidates.
 5. **Sketch** (``sketch``): the low byte of every signature value (b-bit minwise hashing, Li &
    Koenig 2010, b = 8): what a candidate pair is checked with, 1 byte a value instead of 4.
    Two documents with Jaccard similarity J have equal bytes with probability J + (1 - J)/256,
@@ -35,7 +35,6 @@ threshold, so ``threshold`` means what it says whatever the bands.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -207,17 +206,114 @@ def signature(shingle_set: np.ndarray, hashes: int) -> np.ndarray:
     return (low >> np.uint64(32)).astype(np.uint32)
 
 
+def signatures(texts: list[str], ngram: int, hashes: int) -> tuple[list[np.ndarray | None], list[int]]:
+    """``signature(shingles(text, ngram), hashes)`` of each text (None for a text with no word),
+    and each text's number of words: the same values, computed for a batch of texts in a few
+    array operations (one text at a time, numpy's cost per call is most of a short document's)."""
+    if hashes not in _PERMUTATIONS:
+        _PERMUTATIONS[hashes] = _permutations(hashes)
+    a, b = _PERMUTATIONS[hashes]
+    h, doc = _batch_word_hashes(texts)
+    words = np.bincount(doc, minlength=len(texts))
+    first = np.concatenate(([0], np.cumsum(words)))
+    keys_parts = []
+    n = ngram
+    if len(h) >= n:
+        with np.errstate(over="ignore"):
+            mixed = np.zeros(len(h) - n + 1, np.uint64)
+            for i in range(n):
+                mixed = (mixed + h[i : i + len(mixed)]) * _MIX
+        whole = doc[: len(mixed)] == doc[n - 1 :]  # the n-gram lies in one text
+        keys_parts.append((doc[: len(mixed)][whole], mixed[whole]))
+    for d in np.flatnonzero((words > 0) & (words < n)):  # a short text: one shingle of all its words
+        with np.errstate(over="ignore"):
+            mixed = np.zeros(1, np.uint64)
+            for i in range(int(words[d])):
+                mixed = (mixed + h[first[d] + i : first[d] + i + 1]) * _MIX
+        keys_parts.append((np.array([d], np.int64), mixed))
+    sigs: list[np.ndarray | None] = [None] * len(texts)
+    if not keys_parts:
+        return sigs, words.tolist()
+    docs = np.concatenate([k[0] for k in keys_parts]).astype(np.uint64)
+    mixed = np.concatenate([k[1] for k in keys_parts])
+    with np.errstate(over="ignore"):
+        mixed ^= mixed >> np.uint64(31)
+        mixed *= _FOLD
+        mixed ^= mixed >> np.uint64(29)
+    keyed = np.unique((docs << np.uint64(32)) | (mixed >> np.uint64(32)))  # by text, then shingle: each set
+    owner = (keyed >> np.uint64(32)).astype(np.int64)
+    values32 = keyed & np.uint64(0xFFFFFFFF)
+    bounds = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1], [True])))
+    # Rows of whole texts, about _CHUNK shingles at a time (a long text alone, cut as signature cuts it).
+    at = 0
+    while at < len(bounds) - 1:
+        end = at + 1
+        while end < len(bounds) - 1 and bounds[end + 1] - bounds[at] <= _CHUNK:
+            end += 1
+        lo, hi = int(bounds[at]), int(bounds[end])
+        if end == at + 1 and hi - lo > _CHUNK:
+            sigs[int(owner[lo])] = signature(values32[lo:hi].astype(np.uint32), hashes)
+        else:
+            with np.errstate(over="ignore"):
+                values = np.multiply.outer(values32[lo:hi], a)
+                values += b
+            starts = bounds[at:end] - lo
+            lows = np.minimum.reduceat(values, starts, axis=0) >> np.uint64(32)
+            for row, start in zip(lows.astype(np.uint32), bounds[at:end]):
+                sigs[int(owner[start])] = row
+        at = end
+    return sigs, words.tolist()
+
+
+def _batch_word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``word_hashes`` of every text, end to end, and the text each word is in: the texts joined by
+    a NUL (a separator, and a starter that NFKC composes with nothing: their normal forms joined)."""
+    joined = "\0".join(t.replace("\0", " ") if "\0" in t else t for t in texts)  # a NUL in a text separates words alike
+    cp = np.frombuffer(
+        unicodedata.normalize("NFKC", joined).casefold().encode("utf-32-le", "surrogatepass"), np.uint32
+    ).astype(np.int64)
+    text_of = np.cumsum(cp == 0)
+    table = _classes()
+    cls = np.where(cp < len(table), table[np.minimum(cp, len(table) - 1)], _SEP)
+    digit = cls == _DIGIT
+    keep = cls != _SEP
+    keep[1:] &= ~(digit[1:] & digit[:-1])
+    chars = np.where(digit, ord("0"), cp)[keep].astype(np.uint64)
+    if not len(chars):
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    before = np.concatenate(([True], cls[:-1] == _SEP))[keep]
+    own = cls[keep] == _OWN
+    starts = np.flatnonzero(before | own | np.concatenate(([False], own[:-1])))
+    ends = np.append(starts[1:], len(chars))
+    up, down = _powers(len(chars) + 1)
+    with np.errstate(over="ignore"):
+        prefix = np.concatenate((np.zeros(1, np.uint64), np.cumsum(chars * up[: len(chars)], dtype=np.uint64)))
+        hashes = (prefix[ends] - prefix[starts]) * down[starts]
+    return hashes, text_of[keep][starts]
+
+
 def band_keys(sig: np.ndarray, bands: int, rows: int) -> list[int]:
     """Each band's 64-bit key (step 4): equal keys in band b = equal rows in band b."""
-    data = sig.astype(">u4").tobytes()
-    width = rows * 4
-    return [
-        int.from_bytes(
-            hashlib.blake2b(data[b * width : (b + 1) * width], digest_size=8, salt=b.to_bytes(16, "big")).digest(),
-            "big",
-        )
-        for b in range(bands)
-    ]
+    return [int(k) for k in band_key_rows(sig.reshape(1, -1), bands, rows)[0]]
+
+
+def band_key_rows(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """``band_keys`` of each row of ``sigs`` (texts x bands*rows), as a (texts x bands) uint64
+    array: band b's values mixed in order into a state seeded by b (multiply and xor-shift
+    rounds, SplitMix64's finalizer at the end), so equal rows in one band give equal keys and
+    the same rows in two bands do not."""
+    values = np.ascontiguousarray(sigs, np.uint32).reshape(len(sigs), bands, rows).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        state = np.broadcast_to((np.arange(bands, dtype=np.uint64) + np.uint64(1)) * _FOLD, (len(sigs), bands)).copy()
+        for r in range(rows):
+            state = (state ^ values[:, :, r]) * _MIX
+            state ^= state >> np.uint64(29)
+        state ^= state >> np.uint64(30)
+        state *= _FOLD
+        state ^= state >> np.uint64(27)
+        state *= np.uint64(0x94D049BB133111EB)
+        state ^= state >> np.uint64(31)
+    return state
 
 
 def sketch(sig: np.ndarray) -> bytes:
