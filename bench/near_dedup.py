@@ -71,11 +71,13 @@ Measured 2026-11-29 (this 2-core machine, shared; 25.6 MB, 26,027 documents, see
 dropped 0.995 vs 0.967, the gap all in J [0.80, 0.85) (133 pairs: 0.97 vs 0.73), where fleet's
 estimate-at-the-threshold test (112 sketch bytes, sd ~0.03) misses about a quarter and
 datatrove's unverified bands catch nearly all, paying with drops below the threshold (26 vs 8
-at J 0.6-0.8). CPU: datatrove 160 s (0.16 MB/s a core, 97% of it its signatures stage, spaCy's
-word tokenizer), fleet with --dedup near 24-28 s (0.9-1.0 MB/s a core, tokenizing and writing
-Megatron files included), without 9-10 s: the near dedup itself ~15-18 s, 1.3-1.6 MB/s a core.
-Peak RSS: datatrove 127 MB, fleet 104 MB plain, 172 MB with near (its 1 Mi-character
-signature batches).
+at J 0.6-0.8). CPU, machine otherwise idle: datatrove 159-163 s (0.16 MB/s a core, 97% of it
+its signatures stage: spaCy's word tokenizer), fleet with --dedup near 20.6-21.2 s (1.2 MB/s a
+core, tokenizing and writing Megatron files included), without 8.8-9.2 s: the near dedup itself
+11-12 s, 2.1-2.2 MB/s a core (about half of it near.signatures: 6.1 s for these texts in one
+process; the rest 14 band records a document through the shuffle, the graph stages and the
+second read of the input). Peak RSS: datatrove 127 MB, fleet 104 MB plain, 172 MB with near
+(its 1 Mi-character signature batches).
 """
 
 from __future__ import annotations
