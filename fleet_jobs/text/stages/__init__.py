@@ -134,7 +134,7 @@ def dedup_map(documents: Iterable[list[str]], ctx: ItemContext, sink: KeyedSink)
     return {"documents_read": n_docs, "text_bytes_read": n_bytes}
 
 
-NEAR_BATCH_CHARS = 1 << 20  # a near map item's documents signed a batch at a time (near.signatures)
+NEAR_BATCH_CHARS = 1 << 18  # a near map item's documents signed a batch at a time (near.signatures): ~20 MB of arrays
 
 
 def near_map(
