@@ -14,8 +14,6 @@ import io
 import json
 import os
 import random
-import signal
-import time
 import tracemalloc
 
 import numpy as np
@@ -499,7 +497,7 @@ def test_sigkills_in_the_near_stages_leave_the_bytes_of_a_clean_run(planted, voc
     from fleet.core.run import load_items
     from fleet.core.spawner import Worker
     from fleet.core.store import open_store
-    from tests.helpers.procs import start_worker, wait_exit
+    from tests.helpers.procs import kill_at_pauses
 
     files = planted[0]
     bucket = str(tmp_path / "bucket")
@@ -515,30 +513,7 @@ def test_sigkills_in_the_near_stages_leave_the_bytes_of_a_clean_run(planted, voc
     _plan_near(bucket, "chaos", files, vocab, ttl=2.0)
     stage_of = {i.id: i.meta.get("stage", "map") for i in load_items(open_store(bucket), "chaos")}
     targets = [("uploaded", "near_bands_exact"), ("claimed", "near"), ("uploaded", "near")]
-    logs = str(tmp_path / "logs")
-    live = [start_worker(bucket, "chaos", f"w{i}", logs, KILL_PAUSES) for i in range(2)]
-    everyone, serial, killed = list(live), 2, []
-    deadline = time.time() + 240
-    while targets and any(w.alive() for w in live):
-        assert time.time() < deadline, f"kills left: {targets}; done: {killed}"
-        for w in [w for w in live if w.alive()]:
-            at = w.paused()
-            if at and (at[0], stage_of.get(at[1])) in targets and at[2] < 0.25:
-                w.popen.send_signal(signal.SIGKILL)
-                w.popen.wait()
-                targets.remove((at[0], stage_of[at[1]]))
-                killed.append(at)
-                live.remove(w)
-                fresh = start_worker(bucket, "chaos", f"w{serial}", logs, KILL_PAUSES)
-                serial += 1
-                live.append(fresh)
-                everyone.append(fresh)
-                break
-        time.sleep(0.02)
-    wait_exit([w for w in live if w.alive()], 180)
-    assert not targets, f"no kill landed at {targets} (killed: {killed})"
-    for w in everyone:
-        assert "Traceback" not in w.stderr_text(), w.stderr_text()
+    kill_at_pauses(bucket, "chaos", 2, str(tmp_path / "logs"), KILL_PAUSES, targets, stage_of.get, lambda _p: 0.25)
     assert _committed(bucket, "chaos") == expected
 
 

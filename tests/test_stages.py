@@ -12,10 +12,8 @@ import hashlib
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from rich.console import Console
@@ -621,7 +619,7 @@ def _digests(bucket, run):
 
 def test_sigkills_in_every_step_leave_the_bytes_of_a_clean_run(store_url, corpus, tmp_path):
     from fleet.core.spawner import Worker
-    from tests.helpers.procs import start_worker, wait_exit
+    from tests.helpers.procs import kill_at_pauses
 
     logs = str(tmp_path / "logs")
     _plan(store_url, "clean", corpus, 3, ttl=30)
@@ -639,8 +637,6 @@ def test_sigkills_in_every_step_leave_the_bytes_of_a_clean_run(store_url, corpus
     # after it stops; at 2 s, 0.5 s to spare beyond a renewal's third of a TTL and the longer
     # pause). Each kill on the way to a step's end waits about a TTL for the lease to expire.
     _plan(store_url, "chaos", corpus, 3, ttl=2.0, delay=0.03, reduce_delay=0.01)
-    live = [start_worker(store_url, "chaos", f"w{i}", logs, CHAOS_PAUSES) for i in range(3)]
-    everyone, serial = list(live), 3
     kind = {
         0: "map",
         1: "uniq combine",
@@ -654,26 +650,5 @@ def test_sigkills_in_every_step_leave_the_bytes_of_a_clean_run(store_url, corpus
     plan_of = StepPlan(load_spec(open_store(store_url), "chaos"))
     assert [plan_of.kind(s) for s in kind] == [MAP, COMBINE, BARRIER, ITEMS, COMBINE, BARRIER, ITEMS]
     targets = [(point, step) for step in kind for point in ("claimed", "uploaded")]
-    killed = []
-    deadline = time.time() + 240
-    while targets and any(w.alive() for w in live):
-        assert time.time() < deadline, f"kills left: {targets}; done: {killed}"
-        for w in [w for w in live if w.alive()]:
-            at = w.paused()
-            if at and (at[0], steps[at[1]]) in targets and at[2] < WINDOW[at[0]] - 0.3:
-                w.popen.send_signal(signal.SIGKILL)
-                w.popen.wait()
-                targets.remove((at[0], steps[at[1]]))
-                killed.append((at[0], kind[steps[at[1]]], at[1]))
-                live.remove(w)
-                fresh = start_worker(store_url, "chaos", f"w{serial}", logs, CHAOS_PAUSES)
-                serial += 1
-                live.append(fresh)
-                everyone.append(fresh)
-                break
-        time.sleep(0.02)
-    wait_exit([w for w in live if w.alive()], 180)
-    assert not targets, f"no kill landed at {targets} (killed: {killed})"
-    for w in everyone:
-        assert "Traceback" not in w.stderr_text(), w.stderr_text()
+    kill_at_pauses(store_url, "chaos", 3, logs, CHAOS_PAUSES, targets, steps.get, lambda point: WINDOW[point] - 0.3)
     assert _digests(store_url, "chaos") == expected

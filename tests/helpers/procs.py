@@ -11,10 +11,12 @@ import datetime
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from fleet.core.lease import DONE
 from fleet.core.run import PlanRequest, plan
@@ -176,3 +178,46 @@ def clean_run(bucket: str, run: str, corpus: str, item_bytes: int, log_dir: str,
     digests = committed(bucket, run)
     assert listed_outputs(f"{bucket}/out-{run}") == digests
     return digests
+
+
+def kill_at_pauses(
+    bucket: str,
+    run: str,
+    workers: int,
+    log_dir: str,
+    env: dict,
+    targets: list,
+    where: Callable[[str], Any],
+    young: Callable[[str], float],
+    timeout: float = 240,
+) -> list:
+    """Runs ``workers`` worker processes on ``run`` (``env``: their pauses, FLEET_TEST_PAUSE), and
+    SIGKILLs one each time it is young in a pause at a target: (point, ``where(item)``), e.g. the
+    item's step or stage; a fresh worker replaces it. Returns once every target had its kill and the
+    workers drained (asserting both, and that no worker printed a traceback): the kills, in order.
+    ``young(point)``: how long into a pause a kill may still land (the pause must not end first)."""
+    live = [start_worker(bucket, run, f"w{i}", log_dir, env) for i in range(workers)]
+    everyone, serial, killed = list(live), workers, []
+    targets = list(targets)
+    deadline = time.time() + timeout
+    while targets and any(w.alive() for w in live):
+        assert time.time() < deadline, f"kills left: {targets}; done: {killed}"
+        for w in [w for w in live if w.alive()]:
+            at = w.paused()
+            if at and (at[0], where(at[1])) in targets and at[2] < young(at[0]):
+                w.popen.send_signal(signal.SIGKILL)
+                w.popen.wait()
+                targets.remove((at[0], where(at[1])))
+                killed.append((at[0], where(at[1]), at[1]))
+                live.remove(w)
+                fresh = start_worker(bucket, run, f"w{serial}", log_dir, env)
+                serial += 1
+                live.append(fresh)
+                everyone.append(fresh)
+                break
+        time.sleep(0.02)
+    wait_exit([w for w in live if w.alive()], 180)
+    assert not targets, f"no kill landed at {targets} (killed: {killed})"
+    for w in everyone:
+        assert "Traceback" not in w.stderr_text(), w.stderr_text()
+    return killed

@@ -158,27 +158,8 @@ def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
 def word_hashes(text: str) -> np.ndarray:
     """``word_hash`` of each of ``words(text)``, in order, without making the words: the text's
     code points classed (``_classes``), digit runs folded to one ``0``, then each word's
-    polynomial from prefix sums of code point x P**position."""
-    cp = np.frombuffer(
-        unicodedata.normalize("NFKC", text).casefold().encode("utf-32-le", "surrogatepass"), np.uint32
-    ).astype(np.int64)
-    table = _classes()
-    cls = np.where(cp < len(table), table[np.minimum(cp, len(table) - 1)], _SEP)
-    digit = cls == _DIGIT
-    keep = cls != _SEP
-    keep[1:] &= ~(digit[1:] & digit[:-1])  # a run of digits is one "0"
-    chars = np.where(digit, ord("0"), cp)[keep].astype(np.uint64)
-    if not len(chars):
-        return np.zeros(0, np.uint64)
-    # A word starts after a separator (not after a folded digit), at a word alone, and after one.
-    before = np.concatenate(([True], cls[:-1] == _SEP))[keep]
-    own = cls[keep] == _OWN
-    starts = np.flatnonzero(before | own | np.concatenate(([False], own[:-1])))
-    ends = np.append(starts[1:], len(chars))
-    up, down = _powers(len(chars) + 1)
-    with np.errstate(over="ignore"):
-        prefix = np.concatenate((np.zeros(1, np.uint64), np.cumsum(chars * up[: len(chars)], dtype=np.uint64)))
-        return (prefix[ends] - prefix[starts]) * down[starts]
+    polynomial from prefix sums of code point x P**position (``_batch_word_hashes`` of one text)."""
+    return _batch_word_hashes([text])[0]
 
 
 def _permutations(hashes: int) -> tuple[np.ndarray, np.ndarray]:
