@@ -573,7 +573,9 @@ OLD_ELECTRA_CONFIG = {
     "v2_feature_names": False,
     "provenance": False,
 }
-ELECTRA_OPTIONS = set(OLD_ELECTRA_CONFIG) - {
+# Options added since that run.json was written (--dedup near's): an old run.json reads them at their defaults.
+NEW_TEXT_OPTIONS = {"near_threshold": 0.8, "near_ngram": 5, "near_bands": "14x8", "near_clusters": False}
+ELECTRA_OPTIONS = set(NEW_TEXT_OPTIONS) | set(OLD_ELECTRA_CONFIG) - {
     "format",
     "masked_lm_prob",
     "max_predictions_per_seq",
@@ -594,13 +596,18 @@ def test_the_electra_options_and_the_old_run_json_they_read():
 
     config = dataclasses.asdict(ElectraConfig())
     assert set(config) == ELECTRA_OPTIONS
-    assert all(config[name] == OLD_ELECTRA_CONFIG[name] for name in config)
+    defaults = {**OLD_ELECTRA_CONFIG, **NEW_TEXT_OPTIONS}
+    assert all(config[name] == defaults[name] for name in config)
     bert = dataclasses.asdict(BertConfig())
-    assert set(bert) == set(OLD_ELECTRA_CONFIG) - {"format", "provenance"}  # the bert job: the options of format=bert
-    assert all(bert[name] == OLD_ELECTRA_CONFIG[name] for name in bert)
-    assert resolve_job("electra_zh_en", OLD_ELECTRA_CONFIG).settings == config
+    # the bert job: the options of format=bert, and the new ones
+    assert set(bert) == set(NEW_TEXT_OPTIONS) | set(OLD_ELECTRA_CONFIG) - {"format", "provenance"}
+    assert all(bert[name] == defaults[name] for name in bert)
+    assert resolve_job("electra_zh_en", OLD_ELECTRA_CONFIG).settings == {
+        k: v for k, v in config.items() if k not in NEW_TEXT_OPTIONS
+    }  # what that run.json held: the new options take their defaults when it is parsed
     old_bert = {**OLD_ELECTRA_CONFIG, "format": "bert", "dupe_factor": 3}
-    assert resolve_job("electra_zh_en", old_bert) == JobChoice("bert", {**bert, "dupe_factor": 3})
+    before = {k: v for k, v in bert.items() if k not in NEW_TEXT_OPTIONS}  # what that run.json held
+    assert resolve_job("electra_zh_en", old_bert) == JobChoice("bert", {**before, "dupe_factor": 3})
 
 
 @pytest.mark.parametrize(
@@ -660,5 +667,5 @@ def test_fleet_jobs_lists_the_bert_job_with_help_for_every_option():
     proc = fleet("jobs", "bert", env={"COLUMNS": "250"})
     assert proc.returncode == 0, proc.stderr
     rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") == 5}
-    assert set(rows) == set(OLD_ELECTRA_CONFIG) - {"format", "provenance"}
+    assert set(rows) == set(NEW_TEXT_OPTIONS) | set(OLD_ELECTRA_CONFIG) - {"format", "provenance"}
     assert "URL or path of a BERT vocab.txt" in rows["vocab_file"] and "0.15" in rows["masked_lm_prob"]
