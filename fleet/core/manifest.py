@@ -55,9 +55,6 @@ def add_counts(into: dict[str, Any], counts: Mapping[str, Any]) -> None:
         into[name] = max(into.get(name, value), value) if name.endswith(MAX_SUFFIX) else into.get(name, 0) + value
 
 
-_add = add_counts
-
-
 class CountsMissing(ValueError):
     """A done grouped item's per-file counts could not be read: the manifest would be inexact."""
 
@@ -85,11 +82,11 @@ def manifest_of(items: Iterable[Item], leases: Mapping[str, Lease], strict: bool
                     )
                 rows = []
             for part, row in zip(item.parts, rows):
-                _add(sources.setdefault(part.file, {}), counters(row))
+                add_counts(sources.setdefault(part.file, {}), counters(row))
         elif not item.step:
-            _add(sources.setdefault(item.file, {}), counters(lease.stats))
+            add_counts(sources.setdefault(item.file, {}), counters(lease.stats))
         if item.step and item.meta.get("stage") and not item.meta.get("barrier") and not item.meta.get("combine"):
-            _add(stages.setdefault(item.meta["stage"], {}), counters(lease.stats))
+            add_counts(stages.setdefault(item.meta["stage"], {}), counters(lease.stats))
         for out in lease.outputs:
             if out.get("place") != "state":
                 outputs[out["name"]] = counters(out.get("counts") or {})
@@ -104,7 +101,7 @@ def totals(rows: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
     """Each counter summed over the rows (sources or outputs)."""
     out: dict[str, int] = {}
     for counts in rows.values():
-        _add(out, counts)
+        add_counts(out, counts)
     return dict(sorted(out.items()))
 
 

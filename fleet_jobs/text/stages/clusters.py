@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import itertools
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -106,7 +106,6 @@ class NearCounts:
     unresolved: int = 0  # members whose tree was deeper than the jumps resolve
     clusters: int = 0
     largest: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
     def stats(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -116,7 +115,7 @@ class NearCounts:
             out["near_chains_unresolved"] = self.unresolved
         if self.clusters:
             out.update(near_clusters=self.clusters, near_cluster_size_max=self.largest)
-        return {**out, **self.extra}
+        return out
 
 
 def bucket_links(records: Iterable[tuple[int, bytes]], min_equal: int, emit: Emit, counts: NearCounts) -> None:

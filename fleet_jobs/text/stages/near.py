@@ -113,15 +113,26 @@ def mix_shingles(h: np.ndarray, ngram: int) -> np.ndarray:
     """The shingles of a text's word hashes (in order): each n-gram's hashes mixed, folded to 32 bits."""
     if not len(h):
         return np.zeros(0, np.uint32)
-    n = min(ngram, len(h))
+    return np.unique((_fold(_ngrams(h, min(ngram, len(h)))) >> np.uint64(32)).astype(np.uint32))
+
+
+def _ngrams(h: np.ndarray, n: int) -> np.ndarray:
+    """Each run of ``n`` consecutive word hashes mixed into 64 bits, in order: position i weighs in
+    through the multiply (a shingle before ``_fold``)."""
     with np.errstate(over="ignore"):
         mixed = np.zeros(len(h) - n + 1, np.uint64)
-        for i in range(n):  # the n-gram's words in order: position i weighs in through the multiply
+        for i in range(n):
             mixed = (mixed + h[i : i + len(mixed)]) * _MIX
+    return mixed
+
+
+def _fold(mixed: np.ndarray) -> np.ndarray:
+    """The mixed n-grams' final avalanche (its top 32 bits are the shingle), in place."""
+    with np.errstate(over="ignore"):
         mixed ^= mixed >> np.uint64(31)
         mixed *= _FOLD
         mixed ^= mixed >> np.uint64(29)
-    return np.unique((mixed >> np.uint64(32)).astype(np.uint32))
+    return mixed
 
 
 _P = 0x100000001B3 * 2 + 1  # the word hash's base (odd: invertible mod 2**64)
@@ -200,27 +211,16 @@ def signatures(texts: list[str], ngram: int, hashes: int) -> tuple[list[np.ndarr
     keys_parts = []
     n = ngram
     if len(h) >= n:
-        with np.errstate(over="ignore"):
-            mixed = np.zeros(len(h) - n + 1, np.uint64)
-            for i in range(n):
-                mixed = (mixed + h[i : i + len(mixed)]) * _MIX
+        mixed = _ngrams(h, n)
         whole = doc[: len(mixed)] == doc[n - 1 :]  # the n-gram lies in one text
         keys_parts.append((doc[: len(mixed)][whole], mixed[whole]))
     for d in np.flatnonzero((words > 0) & (words < n)):  # a short text: one shingle of all its words
-        with np.errstate(over="ignore"):
-            mixed = np.zeros(1, np.uint64)
-            for i in range(int(words[d])):
-                mixed = (mixed + h[first[d] + i : first[d] + i + 1]) * _MIX
-        keys_parts.append((np.array([d], np.int64), mixed))
+        keys_parts.append((np.array([d], np.int64), _ngrams(h[first[d] : first[d + 1]], int(words[d]))))
     sigs: list[np.ndarray | None] = [None] * len(texts)
     if not keys_parts:
         return sigs, words.tolist()
     docs = np.concatenate([k[0] for k in keys_parts]).astype(np.uint64)
-    mixed = np.concatenate([k[1] for k in keys_parts])
-    with np.errstate(over="ignore"):
-        mixed ^= mixed >> np.uint64(31)
-        mixed *= _FOLD
-        mixed ^= mixed >> np.uint64(29)
+    mixed = _fold(np.concatenate([k[1] for k in keys_parts]))
     keyed = np.unique((docs << np.uint64(32)) | (mixed >> np.uint64(32)))  # by text, then shingle: each set
     owner = (keyed >> np.uint64(32)).astype(np.int64)
     values32 = keyed & np.uint64(0xFFFFFFFF)
