@@ -186,3 +186,14 @@ def test_blocks_and_their_provenance_agree_whatever_the_frame(docs, head, tail, 
     stream = [i for d in docs if d for i in head + d + tail]
     if pad:
         assert real == stream  # every id of every framed document, in order
+
+
+@given(st.lists(st.sampled_from(WORDS[:-1] + ["zzz"]), max_size=12), st.sampled_from(sorted(TEMPLATES)))
+@settings(max_examples=150)
+def test_the_frame_read_off_the_probes_is_the_one_every_text_gets(words, name):
+    """The invariant the Llama bug broke: a text's own ids inside the probed frame are
+    ``tokenizer(text).ids``, for any text, not only the probes."""
+    tok = _tokenizer(TEMPLATES[name])
+    head, tail = post_processor_frame(tok, name)
+    text = " ".join(words)
+    assert list(head) + tok.encode(text, add_special_tokens=False).ids + list(tail) == tok.encode(text).ids
