@@ -73,7 +73,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="A text corpus to pre-training data (BERT/ELECTRA/GPT-style records: TFRecord, Parquet, Megatron, "
+    help="A text corpus to pre-training data (BERT/ELECTRA/GPT-style records: TFRecord, Parquet, MDS, Megatron, "
     "tokens), on one machine (fleet local) or a self-deleting fleet of Spot VMs.",
 )
 console = Console(stderr=True, soft_wrap=True, markup=False)  # one line however long; text as it is (`[/` too)

@@ -38,11 +38,11 @@ from fleet.core.liveness import worker_alive
 from fleet.core.outputs import (
     Output,
     OutputError,
-    is_parquet,
-    parquet_columns,
-    parquet_examples,
+    is_rows,
+    row_examples,
     read_records,
     record_examples,
+    row_columns,
 )
 from fleet.core.run import PlanError, list_runs, load_items, load_spec, output_place
 from fleet.core.layout import LOCAL_RUN, boots_prefix, final_prefix, lease_prefix, log_prefix, worker_prefix
@@ -51,7 +51,13 @@ from fleet.core.store import NotFound, Store, StoreError, open_store
 if TYPE_CHECKING:
     import tensorflow as tf
 
-EXAMPLE_FILES = (".tfrecord", ".tfrecord.gz", ".parquet")  # what the examples readers read of an item's outputs
+EXAMPLE_FILES = (
+    ".tfrecord",
+    ".tfrecord.gz",
+    ".parquet",
+    ".mds",
+    ".mds.zstd",
+)  # what the examples readers read of an item's outputs
 _CHUNK = 256  # records per element handed from Python to tf.data (then unbatched)
 
 
@@ -308,9 +314,9 @@ class RunReader:
     def record_chunks(self, size: int = _CHUNK) -> Iterator[list[bytes]]:
         """Serialized ``tf.train.Example``s in lists of at most ``size``, never across outputs."""
         for out in self.outputs():
-            if is_parquet(out):
+            if is_rows(out):
                 raise FollowError(
-                    f"{out.url}: Parquet: its examples are rows, not records; read them with examples() or dataset()"
+                    f"{out.url}: its examples are rows, not records; read them with examples() or dataset()"
                 )
             chunk: list[bytes] = []
             for record in _checked(read_records(out)):
@@ -329,7 +335,7 @@ class RunReader:
         """``{name: array}`` per example, of the layout's lengths and dtypes, as
         ``tf.io.parse_single_example`` with ``feature_spec(layout)`` gives them."""
         for out in self.outputs():
-            read = parquet_examples if is_parquet(out) else record_examples
+            read = row_examples if is_rows(out) else record_examples
             yield from _checked(read(out, self.layout))
 
     def dataset(self) -> "tf.data.Dataset":
@@ -358,8 +364,8 @@ class RunReader:
         no_rows = {name: np.zeros((0, f.length), f.dtype) for name, f in self.layout.items()}
         no_records = np.zeros(0, object)
         for out in self.outputs():
-            if is_parquet(out):
-                for columns in _checked(parquet_columns(out, self.layout)):
+            if is_rows(out):
+                for columns in _checked(row_columns(out, self.layout)):
                     yield no_records, columns
                 continue
             chunk: list[bytes] = []

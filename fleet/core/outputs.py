@@ -8,7 +8,9 @@ one its lease recorded at commit, and its examples checked against the layout.
 - ``.tfrecord`` / ``.tfrecord.gz``: streamed in ranged reads (bounded memory), GZIP
   decompressed on the way, each record's checksums checked (``fleet.formats.tfrecord``);
 - ``.parquet``: read whole (a third of its TFRecords' size), checked, then handed
-  over a row group at a time as 2-D arrays, one per feature (``fleet.formats.parquet``).
+  over a row group at a time as 2-D arrays, one per feature (``fleet.formats.parquet``);
+- ``.mds`` / ``.mds.zstd``: an MDS shard (at most 64 MiB raw), read whole, checked, its
+  columns checked against the layout, handed over as 2-D arrays (``fleet.formats.mds``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from fleet.formats import tfrecord
 
 _BUFFER = 8 << 20  # bytes per ranged read of an output
 PARQUET_SUFFIX = ".parquet"
+MDS_SUFFIXES = (".mds", ".mds.zstd")
+_MDS_ROWS = 4096  # rows handed over at a time from an MDS shard
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,16 @@ class OutputError(Exception):
 
 def is_parquet(out: "Output") -> bool:
     return out.url.endswith(PARQUET_SUFFIX)
+
+
+def is_rows(out: "Output") -> bool:
+    """Whether the output holds rows of values (Parquet, MDS), not TFRecords."""
+    return out.url.endswith((PARQUET_SUFFIX, *MDS_SUFFIXES))
+
+
+def row_columns(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[str, np.ndarray]]:
+    """``parquet_columns`` or ``mds_columns``, by the output's name."""
+    return parquet_columns(out, layout) if is_parquet(out) else mds_columns(out, layout)
 
 
 def read_records(out: "Output") -> Iterator[bytes]:
@@ -105,9 +119,46 @@ def parquet_columns(out: "Output", layout: Mapping[str, Feature]) -> Iterator[di
         raise OutputError(f"{out.url}: {e}") from None
 
 
-def parquet_examples(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[str, np.ndarray]]:
-    """``parquet_columns`` a row at a time: ``{name: 1-D array}`` per example."""
-    for columns in parquet_columns(out, layout):
+def mds_columns(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of one committed MDS shard as ``{name: 2-D array}`` in the layout's dtypes, its
+    sha256 checked first and its columns against the layout (``ndarray:<dtype>:<length>``)."""
+    from fleet.formats import mds
+
+    store, name = locate(out.url)
+    try:
+        data = store.read(name)
+    except StoreError as e:
+        raise OutputError(f"{out.url}: cannot read ({e})") from None
+    _check_digest(out, hashlib.sha256(data).hexdigest())
+    try:
+        config, samples = mds.read_shard(data)
+        codes = dict(zip(config["column_names"], config["column_encodings"]))
+        for fname, feature in layout.items():
+            kind = "float32" if feature.dtype == "float32" else "int32"
+            if codes.get(fname) != f"ndarray:{kind}:{feature.length}":
+                raise OutputError(
+                    f"{out.url}: column {fname} is {codes.get(fname, 'missing')}, the run's job says "
+                    f"ndarray:{kind}:{feature.length} (not this run's examples?)"
+                )
+        rows: list[dict] = []
+        for sample in samples:
+            rows.append(sample)
+            if len(rows) >= _MDS_ROWS:
+                yield _stacked(rows, layout)
+                rows = []
+        if rows:
+            yield _stacked(rows, layout)
+    except mds.MDSError as e:
+        raise OutputError(f"{out.url}: {e}") from None
+
+
+def _stacked(rows: list[dict], layout: Mapping[str, Feature]) -> dict[str, np.ndarray]:
+    return {fname: np.stack([row[fname] for row in rows]).astype(feature.dtype) for fname, feature in layout.items()}
+
+
+def row_examples(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[str, np.ndarray]]:
+    """``row_columns`` a row at a time: ``{name: 1-D array}`` per example."""
+    for columns in row_columns(out, layout):
         rows = len(next(iter(columns.values()))) if columns else 0
         for row in range(rows):
             yield {fname: values[row] for fname, values in columns.items()}

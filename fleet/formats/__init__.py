@@ -5,6 +5,7 @@ docstring the format byte by byte.
 - ``tfrecord``: TFRecord files of ``tf.train.Example``s (the framing and its crc32c, the
   Example's wire format, the writer, causal_lm's block records and their C counterpart);
 - ``parquet``: one row per example, a list column per feature;
+- ``mds``: MosaicML Streaming's MDS shards and their ``index.json`` (as its ``MDSWriter``);
 - ``token_files``: Megatron indexed datasets and flat token files of whole sequences;
 - ``writer``: the writer interface the example formats share (``Column``, ``ExampleWriter``).
 

@@ -30,10 +30,12 @@ class Writable(Protocol):
 
 @dataclass(frozen=True)
 class Column:
-    """One feature of a job's examples: a list of ints (token ids, masks) or of floats."""
+    """One feature of a job's examples: a list of ints (token ids, masks) or of floats, of
+    ``length`` values each (None: not said; a format of fixed-size columns, MDS, needs it)."""
 
     name: str
     kind: str = "int"  # int | float
+    length: Optional[int] = None
 
 
 class ExampleWriter(abc.ABC):

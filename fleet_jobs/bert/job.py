@@ -20,11 +20,11 @@ from fleet.job import ConfigError, Feature, ItemContext, Opener
 from fleet_jobs.text.job import DocumentConverter, TextJob
 
 from fleet_jobs.text.options import TextOptions, check_text_options, masking_tokenizer, with_sentences
-from fleet_jobs.text.output import Column, ExampleSink, open_writer
+from fleet_jobs.text.output import ExampleSink, feature_columns, open_writer, writes_columns
 from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
 
 from .examples import BertCounters, BertExamples, BertOptions
-from .records import FEATURES, feature_names
+from .features import bert_features
 from .shuffle import ShuffledExamples
 from .spill import SpillingBatches
 
@@ -77,8 +77,7 @@ class BertConverter(DocumentConverter):
         )
         self.examples = BertExamples(tokenizer, options, _chinese_words() if config.whole_word_masking else None)
         self.id_bound = max(tokenizer.vocab.values()) + 1
-        names = feature_names(config.v2_feature_names)
-        self.columns = [Column(names[f], "float" if f == "masked_lm_weights" else "int") for f in FEATURES]
+        self.columns = feature_columns(bert_features(config))
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: ExampleSink) -> dict[str, float]:
         counters = BertCounters()
@@ -89,7 +88,7 @@ class BertConverter(DocumentConverter):
             ShuffledExamples(ctx.seed, ctx.workdir, id_bound=self.id_bound) as shuffle,
         ):
             order = None if ctx.feeds else shuffle  # (records that feed a stage are ordered by its shuffle)
-            if config.output == "parquet":  # rows as they are, not records the writer would parse back
+            if writes_columns(config.output):  # rows as they are, not records the writer would parse back
                 for values in self.examples.rows(documents, ctx.seed, counters, keep, order):
                     out.write_examples(values)
             else:
@@ -119,8 +118,6 @@ class BertJob(TextJob):
         return with_sentences(BertConverter(config, _tokenizer(config, opener)), config)
 
     def features(self, config: BertConfig) -> dict[str, Feature]:
-        from .features import bert_features
-
         return bert_features(config)
 
     def summarize(self, totals) -> dict[str, float]:

@@ -45,7 +45,14 @@ from fleet.job import (
 
 from fleet_jobs.text.job import DocumentConverter, TextJob
 from fleet_jobs.text.groups import document_groups
-from fleet_jobs.text.output import OUTPUTS, Column, ShuffledExamples, check_output, open_sequence_writer, open_writer
+from fleet_jobs.text.output import (
+    OUTPUTS,
+    ShuffledExamples,
+    feature_columns,
+    check_output,
+    open_sequence_writer,
+    open_writer,
+)
 from fleet_jobs.text.provenance import check_provenance
 from fleet_jobs.text.stages import SHARD_BATCH, SHARDS, checkpointed, text_stages
 from fleet_jobs.text.tokenizers.tokenizer_cache import TOKENIZER_KINDS, bert_tokenizer, file_tokenizer
@@ -74,8 +81,10 @@ class CausalLMConfig:
     eod: str = "auto"  # auto | always | never: the end-of-document id after each document (auto: unless the tokenizer ends texts itself)
     eod_token: str = ""  # ends each document (default: <|endoftext|>, </s>, <eos> or [SEP], the first known)
     pad_token: str = ""  # fills padded blocks (default: [PAD], <pad> or <|padding|>, else the eod token)
-    output: str = "tfrecord"  # tfrecord | parquet | megatron (.bin + .idx) | tokens (.bin + .npy): docs/outputs.md
-    compression: str = "none"  # none | GZIP (output=tfrecord; files end .tfrecord.gz)
+    output: str = (
+        "tfrecord"  # tfrecord | parquet | mds | megatron (.bin + .idx) | tokens (.bin + .npy): docs/outputs.md
+    )
+    compression: str = "none"  # none | GZIP (output=tfrecord; files end .tfrecord.gz) | zstd[:level] (output=mds)
     provenance: bool = False  # part-<item>.provenance.jsonl: each example's documents in the corpus (docs/outputs.md)
     near_threshold: float = 0.8  # --dedup near: estimated Jaccard similarity that makes a near copy
     near_ngram: int = 5  # --dedup near: words a shingle (a document with fewer is one shingle of all)
@@ -156,7 +165,7 @@ class CausalLMConverter(DocumentConverter):
             tail,
         )
         self.padded = config.last_block == "pad"
-        self.columns = [Column(name) for name in features(config)]
+        self.columns = feature_columns(features(config))
         self.provenance = config.provenance
 
     def convert(
@@ -300,9 +309,10 @@ class CausalLMJob(TextJob):
 
     def run_files(self, config: CausalLMConfig, manifest: RunManifest) -> dict[str, bytes]:
         """output=megatron: ``megatron-data-path.txt``, Megatron's --data-path list of every dataset
-        of the run, weighted by its exact token count (the manifest's, as ``Sink.count`` recorded it)."""
+        of the run, weighted by its exact token count (the manifest's, as ``Sink.count`` recorded it);
+        output=mds: ``index.json`` (TextJob's)."""
         if config.output != "megatron":
-            return {}
+            return super().run_files(config, manifest)  # output=mds: index.json
         return {DATA_PATH_FILE: megatron_data_path(manifest.outputs)}
 
     def summarize(self, totals) -> dict[str, float]:

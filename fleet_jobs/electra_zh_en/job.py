@@ -32,7 +32,7 @@ from fleet.job import ConfigError, Feature, ItemContext, Opener, Sink
 from fleet_jobs.text.groups import document_groups
 from fleet_jobs.text.job import DocumentConverter, TextJob
 from fleet_jobs.text.options import TextOptions, check_text_options, masking_tokenizer, with_sentences
-from fleet_jobs.text.output import Column, ExampleSink, open_writer
+from fleet_jobs.text.output import ExampleSink, feature_columns, open_writer, writes_columns
 from fleet_jobs.text.provenance import Sidecar
 from fleet_jobs.text.token_records import TokenRecordEncoder
 from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
@@ -55,9 +55,6 @@ def _validate(config: ElectraConfig) -> None:
         raise ConfigError("option provenance: not with pack_documents (its examples mix an item's sentences)")
 
 
-ELECTRA_COLUMNS = (Column("input_ids"), Column("input_mask"), Column("segment_ids"))
-
-
 def _tokenizer(config: ElectraConfig, opener: Opener) -> BertTokenizer:
     return masking_tokenizer(config, opener, "the electra_zh_en job")
 
@@ -70,6 +67,9 @@ class ElectraConverter(DocumentConverter):
         self.sep_id = tokenizer.vocab["[SEP]"]
         self.encoder = TokenRecordEncoder(config.max_seq_length, max(tokenizer.vocab.values()))
         self.provenance = config.provenance
+        from .features import electra_features
+
+        self.columns = feature_columns(electra_features(config))
 
     def _gather(self, flat: np.ndarray, runs: FlatExamples) -> np.ndarray:
         """The examples' ids end to end (int64), from ``tokenize_flat``'s array and their runs."""
@@ -88,13 +88,13 @@ class ElectraConverter(DocumentConverter):
         builder = ExampleBuilder(max_length, self.cls_id, self.sep_id, random.Random(ctx.seed), pad=False)
         seed_key = DocumentRandom.seed_key(self.config.seed)
         n_docs = n_lines = n_examples = n_tokens = n_bytes = 0
-        parquet = self.config.output == "parquet"
+        columns = writes_columns(self.config.output)
         encoder = self.encoder
         sidecar = None
         if self.provenance:
             assert isinstance(sink, Sink)  # provenance is refused with --shards (its examples go to the shuffle)
             sidecar = Sidecar(documents, sink)
-        with open_writer(sink, self.config.output, self.config.compression, ELECTRA_COLUMNS) as out:
+        with open_writer(sink, self.config.output, self.config.compression, self.columns) as out:
             for group in _groups(documents):
                 lines = [line for document in group for line in document]
                 n_docs += len(group)
@@ -122,7 +122,7 @@ class ElectraConverter(DocumentConverter):
                     lengths, firsts = [ex.length for ex in examples], [ex.first_length for ex in examples]
                 n_tokens += sum(lengths)
                 n_examples += len(lengths)
-                if parquet:  # rows as they are, not records the writer would parse back
+                if columns:  # rows as they are, not records the writer would parse back
                     if lengths:
                         out.write_examples(encoder.columns_of(ids, lengths, firsts))
                 else:

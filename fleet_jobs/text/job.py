@@ -27,6 +27,7 @@ from fleet.job import (
     Opener,
     Piece,
     Reducer,
+    RunManifest,
     Sink,
     Source,
     Stage,
@@ -37,7 +38,7 @@ from fleet_jobs.text.converter import CHECK_EVERY, DocumentConverter
 from fleet_jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
 from fleet_jobs.text.inputs.names import skip_reason
 from fleet_jobs.text.inputs.places import Place
-from fleet_jobs.text.output import example_sink
+from fleet_jobs.text.output import example_sink, mds_run_files
 from fleet_jobs.text.parts import GroupReading, item_slice
 from fleet_jobs.text.provenance import PlacedDocuments, check_provenance
 from fleet_jobs.text.stages import (
@@ -112,6 +113,12 @@ class TextJob(Job):
                 "so it cannot shard them"
             )
         return text_stages(options, map_items, config)
+
+    def run_files(self, config: Any, manifest: RunManifest) -> dict[str, bytes]:
+        """output=mds: the root ``index.json`` over every MDS shard of the run (``StreamingDataset``'s)."""
+        return mds_run_files(
+            getattr(config, "output", ""), getattr(config, "compression", "none"), self.features(config), manifest
+        )
 
     def reducer(self, config: Any, opener: Opener, stage: str) -> Reducer:
         """The "dedup" and "near" stages convert with ``document_converter``; "shards" writes ``features``."""

@@ -28,8 +28,8 @@ class TextOptions:
     max_seq_length: int = 128  # tokens per example, [CLS] and [SEP] included
     do_lower_case: bool = True  # lower-case and strip accents (as the vocab was made)
     seed: int = 12345  # the run's seed: each item's seed derives from it
-    compression: str = "none"  # none | GZIP (files end .tfrecord.gz; TFRecordDataset(compression_type="GZIP"))
-    output: str = "tfrecord"  # tfrecord | parquet (one row per example, list columns, zstd; files end .parquet)
+    compression: str = "none"  # none | GZIP (files end .tfrecord.gz; TFRecordDataset(compression_type="GZIP")) | zstd[:level] (output=mds)
+    output: str = "tfrecord"  # tfrecord | parquet (one row per example, list columns, zstd; files end .parquet) | mds (MosaicML Streaming shards + index.json)
     pack_documents: bool = False  # fill examples across document boundaries (corpora of short documents)
     split_sentences: bool = False  # cut each line into sentences first (inputs with a paragraph per line)
     near_threshold: float = 0.8  # --dedup near: estimated Jaccard similarity that makes a near copy

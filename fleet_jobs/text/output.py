@@ -8,7 +8,10 @@ interface they share (``Column``, ``ExampleWriter``), are ``fleet.formats``' (``
 file per item (``.tfrecord``, or ``.tfrecord.gz`` with ``compression=GZIP``);
 ``output=parquet`` writes one Parquet file per item (``.parquet``, zstd inside),
 one row per example with a list column per feature, which is what the Hugging
-Face hub, ``datasets`` and PyTorch loaders read.
+Face hub, ``datasets`` and PyTorch loaders read; ``output=mds`` writes MosaicML Streaming's
+MDS shards (``part-<item>.<k>.mds``, ``.mds.zstd`` with ``compression=zstd``), and the job's
+``run_files`` (``mds_run_files``) the ``index.json`` over all of them that ``StreamingDataset``
+reads (``fleet.formats.mds``).
 
 A job describes its features once (``Column``) and hands the writer either
 framed TFRecords it encoded (``write``: with a fast batch encoder,
@@ -36,12 +39,13 @@ from fleet.formats import tfrecord
 from fleet.formats.tfrecord.writer import TFRecordWriter, encode_rows
 from fleet.formats.token_files import BIN_SUFFIX, INDEX_SUFFIXES, SequenceWriter
 from fleet.formats.writer import Column, ExampleWriter
-from fleet.job import ConfigError, ItemContext, KeyedSink, Sink, shuffle_key
+from fleet.job import ConfigError, Feature, ItemContext, KeyedSink, RunManifest, Sink, shuffle_key
 
-OUTPUTS = ("tfrecord", "parquet")
+OUTPUTS = ("tfrecord", "parquet", "mds")
 COMPRESSIONS = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}  # option value (any case) -> file suffix
 PARQUET_SUFFIX = ".parquet"
-SUFFIXES = (*COMPRESSIONS.values(), PARQUET_SUFFIX)  # every output file a text job writes ends so
+MDS_SUFFIXES = (".mds", ".mds.zstd")  # fleet.formats.mds: part-<item>.<k>.mds[.zstd]
+SUFFIXES = (*COMPRESSIONS.values(), PARQUET_SUFFIX, *MDS_SUFFIXES)  # every output file a text job writes ends so
 GZIP_LEVEL = 6  # zlib's default, as TensorFlow's TFRecordWriter uses for GZIP
 
 
@@ -55,6 +59,14 @@ def check_output(output: str, compression: str, known: Sequence[str] = OUTPUTS) 
                 f"(causal_lm does); known here: {', '.join(known)}"
             )
         raise ConfigError(f"option output: {output!r} is not supported (known: {', '.join(known)})")
+    if output == "mds":
+        from fleet.formats import mds
+
+        try:
+            mds.check_compression(compression)
+        except ValueError as e:
+            raise ConfigError(f"option compression: {e}") from None
+        return
     if str(compression).lower() not in COMPRESSIONS:
         raise ConfigError(f"option compression: {compression!r} is not supported (known: none, GZIP)")
     if output != "tfrecord" and str(compression).lower() != "none":
@@ -69,8 +81,38 @@ def check_output(output: str, compression: str, known: Sequence[str] = OUTPUTS) 
 
 
 def output_suffix(output: str, compression: str) -> str:
-    """The end of an item's output file name: ``part-<item>`` + this."""
+    """The end of an item's output file name: ``part-<item>`` + this (tfrecord, parquet)."""
     return PARQUET_SUFFIX if output == "parquet" else COMPRESSIONS[str(compression).lower()]
+
+
+def writes_columns(output: str) -> bool:
+    """Whether the output takes rows of values best (``write_examples``): every format but
+    TFRecord, which takes the records a job encodes itself."""
+    return output != "tfrecord"
+
+
+def feature_columns(features: Mapping[str, Feature]) -> list[Column]:
+    """The writer's columns of a job's features (``Job.features``), in their order, with their lengths."""
+    return [
+        Column(name, "float" if feature.dtype == "float32" else "int", feature.length)
+        for name, feature in features.items()
+    ]
+
+
+def mds_run_files(
+    output: str, compression: str, features: Mapping[str, Feature], manifest: RunManifest
+) -> dict[str, bytes]:
+    """``Job.run_files`` of a text job: with output=mds, the root ``index.json`` over every shard
+    of the run (from the counts each shard's item recorded), which ``StreamingDataset`` reads."""
+    if output != "mds":
+        return {}
+    from fleet.formats import mds
+
+    columns = feature_columns(features)
+    config = mds.ShardConfig.of(
+        {c.name: mds.encoding(c, c.length or 0) for c in columns}, mds.check_compression(compression)
+    )
+    return {mds.INDEX: mds.root_index(config, manifest.outputs)}
 
 
 class ShuffledExamples(KeyedSink):
@@ -134,6 +176,9 @@ def open_writer(sink: ExampleSink, output: str, compression: str, columns: Seque
         return
     if isinstance(sink, KeyedSink):
         raise TypeError("open_writer: a KeyedSink takes examples through example_sink(sink, ctx)")
+    if output == "mds":
+        yield from _mds_writer(sink, compression, columns)
+        return
     suffix = output_suffix(output, compression)
     with sink.open(suffix) as raw:
         if output == "parquet":
@@ -150,6 +195,23 @@ def open_writer(sink: ExampleSink, output: str, compression: str, columns: Seque
             writer = TFRecordWriter(raw, columns)
             yield writer
     sink.count(suffix, {**writer.counts, "examples": writer.examples})  # the file's exact counts (RunManifest)
+
+
+def _mds_writer(sink: Sink, compression: str, columns: Sequence[Column]) -> Iterator[ExampleWriter]:
+    from fleet.formats import mds
+
+    def shard(suffix: str, data: bytes, counts: Mapping[str, int]) -> None:
+        with sink.open(suffix) as raw:
+            raw.write(data)
+        sink.count(suffix, counts)  # samples and bytes: what index.json says of the shard (mds_run_files)
+
+    lengths = {c.name: c.length for c in columns}
+    missing = sorted(name for name, length in lengths.items() if not length)
+    if missing:
+        raise ValueError(f"output=mds: columns {missing} have no length (build them with feature_columns)")
+    writer = mds.MDSExampleWriter(shard, columns, lengths, mds.check_compression(compression))  # type: ignore[arg-type]
+    yield writer
+    writer.close()
 
 
 @contextlib.contextmanager

@@ -29,11 +29,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from fleet.job import (
     ConfigError,
-    Feature,
     ItemContext,
     KeyedSink,
     Reducer,
@@ -49,7 +48,7 @@ from .dedup import DedupCounts, document_digest, document_record, document_text,
 from .near import DEFAULT_BANDS, DEFAULT_NGRAM, DEFAULT_ROWS, DEFAULT_THRESHOLD, NearParams, parse_bands
 from ..converter import CHECK_EVERY, DocumentConverter
 from ..inputs import Tally
-from ..output import Column, example_sink, open_writer
+from ..output import Column, example_sink, feature_columns, open_writer
 
 DEDUP, SHARDS = "dedup", "shards"  # the stages' names (ItemContext.stage, .feeds)
 NEAR_BANDS, NEAR_BANDS_EXACT = "near_bands", "near_bands_exact"  # the first near stage (the latter: with exact)
@@ -330,11 +329,6 @@ def _kept(
             f"{source}: near-dedup's records name document {member.ordinal}, but it has {n}: "
             "the input is not what the map read"
         )
-
-
-def feature_columns(features: Mapping[str, Feature]) -> list[Column]:
-    """The writer's columns of a job's features (``Job.features``), in their order."""
-    return [Column(name, "float" if feature.dtype == "float32" else "int") for name, feature in features.items()]
 
 
 def text_reducer(job: Any, config: Any, opener: Any, stage: str, read: ReadDocuments | None = None) -> Reducer:

@@ -1,7 +1,8 @@
 """A picture of a run's records, to catch a bad vocab or a broken split before training.
 
 Reads the records back with ``fleet.formats.tfrecord`` (``records``, ``parse_example``) (no
-TensorFlow), or the rows of ``.parquet`` outputs with pyarrow, and summarises: real sequence lengths and the fill ratio,
+TensorFlow), the rows of ``.parquet`` outputs with pyarrow, or the samples of MDS shards
+(``fleet.formats.mds``), and summarises: real sequence lengths and the fill ratio,
 segments per example, masked positions per example and how they were
 replaced, next-sentence labels, and the share of ``[UNK]`` among text tokens
 (a vocab that misses characters shows up here first). Causal-LM blocks
@@ -11,7 +12,7 @@ A run with more records than ``max_records`` is summarised from a uniform random
 them all (seeded: the same files give the same report), never from its first files: the items
 of a run differ (a file of long documents, one of short ones), and the first file's figures can
 be far from the run's. Counting every record walks the files' frames without decoding them (a
-Parquet file's counts are in its footer); only the records drawn are parsed. The text says how
+Parquet file's counts are in its footer, an MDS shard's in its head); only the records drawn are parsed. The text says how
 many of how many were read, and the 95% margin of a share at that sample size.
 """
 
@@ -30,7 +31,7 @@ import numpy as np
 
 from fleet.formats import tfrecord
 
-from ..output import PARQUET_SUFFIX, SUFFIXES
+from ..output import MDS_SUFFIXES, PARQUET_SUFFIX, SUFFIXES
 from ..tokenizers.tokenization import VocabError, load_vocab
 
 MAX_RECORDS = 100_000  # enough for the shares (a share's 95% interval is within ±0.31%); a bigger run is sampled
@@ -75,7 +76,15 @@ def record_files(folder: str) -> list[str]:
 
 def count_records(path: str) -> int:
     """How many records one output file holds: a TFRecord file's frames walked (lengths read and
-    checked, payloads skipped, nothing decoded), a Parquet file's footer."""
+    checked, payloads skipped, nothing decoded), a Parquet file's footer, an MDS shard's head."""
+    if path.endswith(MDS_SUFFIXES):
+        from fleet.formats import mds
+
+        try:
+            with open(path, "rb") as f:
+                return mds.shard_samples(f)
+        except (OSError, mds.MDSError) as e:
+            raise ReportError(f"{path}: cannot read as an MDS shard ({e})") from None
     if path.endswith(PARQUET_SUFFIX):
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -115,6 +124,9 @@ def _examples(path: str, wanted: np.ndarray | None = None) -> Iterator[dict]:
     those at the sorted record numbers (from 0) in ``wanted``, the others read but not decoded."""
     if path.endswith(PARQUET_SUFFIX):
         yield from _parquet_examples(path, wanted)
+        return
+    if path.endswith(MDS_SUFFIXES):
+        yield from _mds_examples(path, wanted)
         return
     take = None if wanted is None else iter(wanted.tolist())
     next_wanted = -1 if take is None else next(take, None)
@@ -165,6 +177,20 @@ def _parquet_examples(path: str, wanted: np.ndarray | None = None) -> Iterator[d
                 yield {name: np.asarray(rows[i]) for name, rows in columns.items()}
     except (OSError, pa.ArrowException) as e:
         raise ReportError(f"{path}: cannot read as Parquet ({e})") from None
+
+
+def _mds_examples(path: str, wanted: np.ndarray | None = None) -> Iterator[dict]:
+    from fleet.formats import mds
+
+    try:
+        with open(path, "rb") as f:
+            _, samples = mds.read_shard(f.read())
+        take = None if wanted is None else set(wanted.tolist())
+        for number, example in enumerate(samples):
+            if take is None or number in take:
+                yield example
+    except (OSError, mds.MDSError) as e:
+        raise ReportError(f"{path}: cannot read as an MDS shard ({e})") from None
 
 
 def sample(counts: list[int], max_records: int, seed: int = SAMPLE_SEED) -> list[np.ndarray] | None:
