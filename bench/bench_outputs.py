@@ -1,4 +1,4 @@
-"""Throughput per core of the text jobs by output format: TFRecord next to Parquet, for
+"""Throughput per core of the text jobs by output format: TFRecord next to Parquet and MDS, for
 electra_zh_en (format=electra, format=bert) and causal_lm (BERT vocab, byte-level BPE).
 
     .venv/bin/python bench/bench_outputs.py [--repeat N] [--rounds 3]
@@ -74,11 +74,11 @@ def main() -> None:
         f"one item); best of {args.rounds}; MB/s of text per CPU second; python {sys.version.split()[0]}\n"
     )
     width = max(map(len, rows)) + 2
-    print(f"{'':{width}}{'tfrecord':>24}{'parquet':>24}")
+    print(f"{'':{width}}{'tfrecord':>24}{'parquet':>24}{'mds':>24}")
     for label, (name, options) in rows.items():
         job = load_job(name)
         cells = []
-        for output in ("tfrecord", "parquet"):
+        for output in ("tfrecord", "parquet", "mds"):
             config = job.parse_config({**options, "output": output})
             converter = job.document_converter(config, lambda p: open(p, "rb").read())
             best = float("inf")

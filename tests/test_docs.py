@@ -95,7 +95,8 @@ def test_the_readme_is_an_entrance():
     blocks = code_blocks(readme)
     assert "&& .venv/bin/fleet local corpus/ out/ --workers 2 --set vocab_file=vocab.txt" in blocks[0]
     assert blocks[1].strip() == (
-        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/ruff check "
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' "
+        "&& .venv/bin/pip install --no-deps mosaicml-streaming==0.13.0 && .venv/bin/ruff check "
         "&& .venv/bin/ruff format --check && .venv/bin/mypy && .venv/bin/python -m pytest"
     )
     # CI runs the README's test command (pip made quiet).

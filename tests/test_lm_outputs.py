@@ -331,7 +331,9 @@ def test_options_that_make_no_sense_with_whole_sequences_are_one_line(bpe_path):
         with pytest.raises(ConfigError, match=message) as e:
             JOB.check(config, read_file)
         assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match=r"'npy' is not supported \(known: tfrecord, parquet, megatron, tokens\)"):
+    with pytest.raises(
+        ConfigError, match=r"'npy' is not supported \(known: tfrecord, parquet, mds, megatron, tokens\)"
+    ):
         JOB.check(JOB.parse_config({"tokenizer_file": bpe_path, "output": "npy"}), read_file)
     electra = load_job("electra_zh_en")
     with pytest.raises(ConfigError, match="output: megatron holds token sequences, which this job does not make"):

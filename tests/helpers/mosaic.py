@@ -1,0 +1,76 @@
+"""mosaicml-streaming's own writer and reader, run in a child process for tests/test_mds.py.
+
+    python tests/helpers/mosaic.py read REMOTE CACHE OUT.npz
+        every sample of ``StreamingDataset(remote=REMOTE, local=CACHE, shuffle=False)``, in order,
+        stacked per column into OUT.npz (str columns as an array of str)
+    python tests/helpers/mosaic.py write IN.npz COLUMNS_JSON COMPRESSION SIZE_LIMIT FOLDER
+        ``MDSWriter`` over the rows of IN.npz (row i of every array), its columns' encodings
+        given as JSON, COMPRESSION "none" or streaming's name
+
+The package is installed without its dependencies (the README's test command): it pins numpy below
+2.2 and pulls torchvision, which does not import beside the project's torch build. Its top-level
+``streaming`` imports its vision datasets, and through them torchvision, though nothing of that
+reads or writes MDS: a child process gets an empty ``torchvision`` (the names those modules
+import at load), so that the real MDSWriter and StreamingDataset run, and the stub stays out of the
+tests' own interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import sys
+import types
+
+import numpy as np
+
+
+def _stub(name: str, **attrs) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    return module
+
+
+class _Unused:
+    """What streaming's vision modules subclass or call at import; never used to read MDS."""
+
+
+def _without_torchvision() -> None:
+    functional = _stub("torchvision.transforms.functional", to_tensor=_Unused)
+    transforms = _stub("torchvision.transforms", functional=functional)
+    datasets = _stub("torchvision.datasets", VisionDataset=_Unused)
+    _stub("torchvision", datasets=datasets, transforms=transforms)
+
+
+def read(remote: str, cache: str, out: str) -> None:
+    from streaming import StreamingDataset
+
+    dataset = StreamingDataset(remote=remote, local=cache, shuffle=False, batch_size=1)
+    rows = [dataset[i] for i in range(len(dataset))]
+    names = sorted(rows[0]) if rows else []
+    np.savez(out, **{name: np.array([row[name] for row in rows]) for name in names}, __length__=np.array(len(rows)))
+
+
+def write(rows_path: str, columns: str, compression: str, size_limit: str, folder: str) -> None:
+    from streaming import MDSWriter
+
+    data = np.load(rows_path, allow_pickle=False)
+    encodings = json.loads(columns)
+    n = len(data[next(iter(encodings))])
+    with MDSWriter(
+        out=folder,
+        columns=encodings,
+        compression=None if compression == "none" else compression,
+        size_limit=int(size_limit),
+    ) as writer:
+        for i in range(n):
+            writer.write(
+                {name: (str(data[name][i]) if code == "str" else data[name][i]) for name, code in encodings.items()}
+            )
+
+
+if __name__ == "__main__":
+    _without_torchvision()
+    {"read": read, "write": write}[sys.argv[1]](*sys.argv[2:])
