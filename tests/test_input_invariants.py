@@ -294,7 +294,7 @@ def test_any_exception_of_the_json_decoder_costs_its_record_only(monkeypatch, er
     assert read_all(data, "p.jsonl", tally=tally) == [["one"], ["two"]]
     assert tally.bad == 1 and f"({error.__class__.__name__}" in tally.examples[0]
     records = places.line_records(io.BytesIO(data), "jsonl", "none", 0, ReadOptions())
-    assert [doc for _, doc in records] == [["one"], ["two"]]
+    assert [doc for _, doc, _ in records] == [["one"], ["two"]]
 
 
 def test_a_first_line_the_decoder_cannot_take_does_not_stop_the_format_sniffing():
@@ -415,7 +415,7 @@ def test_places_and_documents_agree_after_trailing_garbage():
 
     data = gzip.compress(b'{"text": "one"}\n{"text": "two"}', mtime=0) + b"junk"
     records = places.line_records(io.BytesIO(data), "jsonl", "gz", 0, ReadOptions())
-    assert [doc for _, doc in records] == read_all(data, "x.jsonl.gz") == [["one"], ["two"]]
+    assert [doc for _, doc, _ in records] == read_all(data, "x.jsonl.gz") == [["one"], ["two"]]
 
 
 # -- 8. text in UTF-16 or UTF-32 with a byte-order mark reads as the same documents as UTF-8 (issue 30) --
@@ -541,7 +541,7 @@ def test_any_text_in_any_unicode_encoding_with_its_mark_gives_the_same_documents
         tally = Tally()
         assert read_all(data, name, fmt=fmt, tally=tally) == expected and tally.bad == 0, tally.examples
         records = places.line_records(io.BytesIO(data), fmt, compression, 0, ReadOptions())
-        assert [doc for _, doc in records] == [doc for doc in expected]
+        assert [doc for _, doc, _ in records] == [doc for doc in expected]
     finally:
         formats._BLOCK = old
 

@@ -30,7 +30,7 @@ from fleet_jobs.causal_lm.blocks import BlockCutter, BlockOptions
 from fleet_jobs.causal_lm.provenance import BlockSources
 from fleet_jobs.text.inputs import ReadOptions, Tally, formats, iter_documents, plan_ranges, ranges
 from fleet_jobs.text.inputs.formats import _DOC_OPEN
-from fleet_jobs.text.inputs.places import line_records, placed
+from fleet_jobs.text.inputs.places import Places, field_text, line_records, placed
 from fleet_jobs.text.provenance import PROVENANCE_SUFFIX
 from fleet.formats.token_files import read_sequences
 from tests.helpers.records import examples
@@ -90,6 +90,21 @@ def record_at(stream: bytes, offset: int, fmt: str, options: ReadOptions) -> lis
     return [line for line in text.split("\n") if line.strip()]
 
 
+FIELDS = ("id", "meta", "tail", "absent")  # what render() puts in JSON records (a string, an object), and none
+
+
+def fields_at(stream: bytes, offset: int, fmt: str) -> dict:
+    """The fields a document of the record at ``offset`` carries (``fields=id,meta,tail,absent``):
+    its JSON object's values as text (``field_text``), all null where there is no object."""
+    record = None
+    if fmt in ("jsonl", "cirrus"):
+        try:
+            record = json.loads(stream[offset:].split(b"\n", 1)[0].decode("utf-8"))
+        except ValueError:
+            record = None
+    return {name: field_text(record.get(name)) if isinstance(record, dict) else None for name in FIELDS}
+
+
 def placed_items(data: bytes, fmt: str, compression: str, name: str, target: int, options: ReadOptions):
     """(document, place) of every item of the file, as workers read them with provenance=true."""
     if compression != "none":
@@ -101,9 +116,9 @@ def placed_items(data: bytes, fmt: str, compression: str, name: str, target: int
     out = []
     for start, end in spans:
         base = start if compression == "none" else 0
-        places = []
+        places = Places(FIELDS)
         docs = iter_documents(io.BytesIO(data[start:end]), fmt, compression, name, base, Tally(), options)
-        records = line_records(io.BytesIO(data[start:end]), fmt, compression, base, options)
+        records = line_records(io.BytesIO(data[start:end]), fmt, compression, base, options, FIELDS)
         for doc in placed(docs, records, name, False, places):
             out.append((doc, places[-1]))
         assert [p.document for p in places] == list(range(len(places)))
@@ -148,6 +163,7 @@ def check_places(draw, fmt: str) -> None:
                     # a plain-text item may start inside a document longer than an item: its lines
                     assert stream[place.offset - 1 : place.offset] == b"\n"
             assert record[used : used + len(doc)] == doc, (record, used, doc)
+            assert place.fields == fields_at(stream, place.offset, fmt), (place, doc)
             previous = (place.offset, used + len(doc))
     finally:
         for m, a, v in saved:

@@ -46,32 +46,63 @@ from fleet_jobs.text.inputs.formats import _DOC_OPEN, _SURROGATE, ReadOptions
 @dataclass(frozen=True)
 class Place:
     """One document's source: the file, where its record starts (``offset``, a byte of the file or
-    of its decompressed stream) or its Parquet ``row``, and its ordinal in the item (``document``)."""
+    of its decompressed stream) or its Parquet ``row``, and its ordinal in the item (``document``);
+    ``fields``: the input fields asked for (``Places.fields``), by name, as text (``field_text``),
+    None where none were asked."""
 
     file: str
     document: int
     offset: int | None = None
     row: int | None = None
+    fields: dict[str, str | None] | None = None
 
     def as_json(self) -> dict:
         key, value = ("row", self.row) if self.row is not None else ("offset", self.offset)
-        return {"file": self.file, key: value, "document": self.document}
+        out: dict = {"file": self.file, key: value, "document": self.document}
+        if self.fields is not None:
+            out["fields"] = self.fields
+        return out
+
+
+class Places(list):
+    """The places of an item's documents as they are handed on (a list of Place), and the input
+    fields (JSON keys, Parquet columns) each place carries: what a reader asks ``read_slice`` for."""
+
+    def __init__(self, fields: tuple[str, ...] = ()):
+        super().__init__()
+        self.fields = tuple(fields)
+
+
+Record = tuple[int, list[str], "tuple[str | None, ...] | None"]  # (offset or row, lines, fields' values)
+
+
+def field_text(value: object) -> str | None:
+    """A field's value as the outputs carry it: a string as it is, null as None, anything else (a
+    number, a list, a timestamp) as its JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
 
 
 def placed(
     documents: Iterable[list[str]],
-    records: Iterator[tuple[int, list[str]]],
+    records: Iterator[Record],
     file: str,
     parquet: bool,
     places: list[Place],
     first: int = 0,
 ) -> Iterator[list[str]]:
     """``documents`` unchanged, each one's Place appended to ``places`` before it is handed on;
-    ``first``: the ordinal of the first in its item (a later file of a grouped item starts past 0)."""
+    ``first``: the ordinal of the first in its item (a later file of a grouped item starts past 0).
+    With ``Places.fields``, each Place carries its record's values of them (None: no record)."""
     match = _Matcher(records)
+    names = getattr(places, "fields", ())
     for n, doc in enumerate(documents, first):
-        where = match.place(doc)
-        places.append(Place(file, n, row=where) if parquet else Place(file, n, offset=where))
+        where, values = match.place(doc)
+        fields = dict(zip(names, values or (None,) * len(names))) if names else None
+        places.append(
+            Place(file, n, row=where, fields=fields) if parquet else Place(file, n, offset=where, fields=fields)
+        )
         yield doc
 
 
@@ -80,26 +111,28 @@ class _Matcher:
     nothing is passed over; a document that no record of the next LOOKAHEAD holds (a case the
     two readings see differently) gets no place, and the records stay for the next one."""
 
-    def __init__(self, records: Iterator[tuple[int, list[str]]]):
+    def __init__(self, records: Iterator[Record]):
         self.records = records
-        self.ahead: deque[tuple[int, list[str]]] = deque()
+        self.ahead: deque[Record] = deque()
         self.where, self.used = 0, 0  # the record being matched, and its lines matched
         self.lines: list[str] = []
+        self.values: tuple[str | None, ...] | None = None
 
-    def place(self, doc: list[str]) -> int | None:
+    def place(self, doc: list[str]) -> tuple[int | None, tuple[str | None, ...] | None]:
+        """The document's record: where it starts and its fields' values ((None, None): none)."""
         if self.used and self.lines[self.used : self.used + len(doc)] == doc:  # the record's next part
             self.used += len(doc)
-            return self.where
+            return self.where, self.values
         n = len(doc)
-        for i, (where, lines) in enumerate(self._ahead()):
+        for i, (where, lines, values) in enumerate(self._ahead()):
             if lines[:n] == doc:
                 for _ in range(i + 1):
                     self.ahead.popleft()
-                self.where, self.lines, self.used = where, lines, n
-                return where
-        return None
+                self.where, self.lines, self.used, self.values = where, lines, n, values
+                return where, values
+        return None, None
 
-    def _ahead(self) -> Iterator[tuple[int, list[str]]]:
+    def _ahead(self) -> Iterator[Record]:
         yield from list(self.ahead)
         while len(self.ahead) < LOOKAHEAD:
             record = next(self.records, None)
@@ -173,14 +206,19 @@ def _decoded(line: bytes, limit: int, whole: bool) -> str | bytes | None:
 
 
 def line_records(
-    raw: BinaryIO, fmt: str, compression: str, base: int, options: ReadOptions
-) -> Iterator[tuple[int, list[str]]]:
-    """(offset, lines) of every record of a line format that may yield a document."""
+    raw: BinaryIO, fmt: str, compression: str, base: int, options: ReadOptions, fields: tuple[str, ...] = ()
+) -> Iterator[Record]:
+    """(offset, lines, values) of every record of a line format that may yield a document;
+    ``values``: the record's ``fields`` (a JSON record's keys; plain text and WikiExtractor have
+    none: every value None), or None when no field is asked for."""
     if fmt == "text":
-        return _text_records(_lines(raw, compression, base, False))
-    if fmt == "wikiextractor":
-        return _wikiextractor_records(_lines(raw, compression, base, False), options.keep_titles)
-    return _json_records(_lines(raw, compression, base, True), options.text_column, fmt == "cirrus")
+        records = _text_records(_lines(raw, compression, base, False))
+    elif fmt == "wikiextractor":
+        records = _wikiextractor_records(_lines(raw, compression, base, False), options.keep_titles)
+    else:
+        return _json_records(_lines(raw, compression, base, True), options.text_column, fmt == "cirrus", fields)
+    none = (None,) * len(fields) if fields else None
+    return ((where, lines, none) for where, lines in records)
 
 
 def _text_records(lines: Iterator[tuple[int, str | None]]) -> Iterator[tuple[int, list[str]]]:
@@ -233,13 +271,13 @@ def _wikiextractor_records(
 
 
 def _json_records(
-    lines: Iterator[tuple[int, str | bytes | None]], column: str, cirrus: bool
-) -> Iterator[tuple[int, list[str]]]:
+    lines: Iterator[tuple[int, str | bytes | None]], column: str, cirrus: bool, fields: tuple[str, ...] = ()
+) -> Iterator[Record]:
     for offset, line in lines:
         if line.__class__ is bytes:  # longer than a line: read as the reader streams it
             doc = _long_record(line, column)
             if doc:
-                yield offset, doc
+                yield offset, doc, _long_fields(line, fields) if fields else None
             continue
         if line is None or not line.strip():
             continue
@@ -254,7 +292,16 @@ def _json_records(
             continue
         doc = [part for part in text.split("\n") if part.strip()]
         if doc:
-            yield offset, doc
+            yield offset, doc, tuple(field_text(record.get(name)) for name in fields) if fields else None
+
+
+def _long_fields(line: bytes, fields: tuple[str, ...]) -> tuple[str | None, ...]:
+    """A long record's fields: the record decoded whole (its values, or None if it is damaged)."""
+    try:
+        record = json.loads(line)
+    except Exception:  # whatever the decoder raises: the parts handed on have no fields to give
+        record = None
+    return tuple(field_text(record.get(name)) if isinstance(record, dict) else None for name in fields)
 
 
 def _long_record(line: bytes, column: str) -> list[str]:
@@ -268,23 +315,39 @@ def _long_record(line: bytes, column: str) -> list[str]:
     return doc
 
 
-def parquet_records(pf, first: int, end: int, column: str) -> Iterator[tuple[int, list[str]]]:
-    """(row, lines) of every row of row groups [first, end) with text (rows counted from the file's first)."""
+def parquet_records(pf, first: int, end: int, column: str, fields: tuple[str, ...] = ()) -> Iterator[Record]:
+    """(row, lines, values) of every row of row groups [first, end) with text (rows counted from the
+    file's first); ``values``: the row's ``fields`` columns (a column the file lacks: None), or None
+    when no field is asked for."""
     meta = pf.metadata
     row = sum(meta.row_group(i).num_rows for i in range(first))
+    names = set(pf.schema_arrow.names)
+    present = [name for name in fields if name in names and name != column]
     for group in range(first, end):
-        for batch in pf.iter_batches(batch_size=256, row_groups=[group], columns=[column], use_threads=False):
+        batches = pf.iter_batches(batch_size=256, row_groups=[group], columns=[column, *present], use_threads=False)
+        for batch in batches:
             array = batch.column(0)
             try:
                 texts = array.to_pylist()
             except UnicodeDecodeError:  # some row is not UTF-8 (the reader drops it)
                 texts = [_text(array, i) for i in range(len(array))]
+            columns = {name: _values(batch.column(k + 1)) for k, name in enumerate(present)}
+            if column in fields:
+                columns[column] = texts
             for i, text in enumerate(texts):
                 if isinstance(text, str):
                     doc = [line for line in text.split("\n") if line.strip()]
                     if doc:
-                        yield row + i, doc
+                        values = tuple(field_text(columns[n][i]) if n in columns else None for n in fields)
+                        yield row + i, doc, values if fields else None
             row += len(array)
+
+
+def _values(array) -> list:
+    try:
+        return array.to_pylist()
+    except (UnicodeDecodeError, ValueError, OverflowError):  # a value Python cannot hold: none, as missing
+        return [None] * len(array)
 
 
 def _text(array, i: int) -> str | None:

@@ -111,7 +111,8 @@ def read_slice(
     data: bytes | None = None,
 ) -> Iterator[list[str]]:
     """Download a slice to a local file, then stream its documents; with a ``places`` list,
-    each document's Place is appended to it before the document is handed on (places.py),
+    each document's Place is appended to it before the document is handed on (places.py; a
+    ``Places`` list names the input fields each Place carries),
     ``first`` the ordinal of its first document in the item. ``data``: the slice's bytes,
     already read (ItemInput.read_all: a small file of a grouped item), instead of a download.
 
@@ -137,7 +138,12 @@ def read_slice(
         if places is not None:
             pf = parquet_file(item.store, piece.name, size, piece.version or None, source)
             docs = placed(
-                docs, parquet_records(pf, piece.start, piece.end, options.text_column), file, True, places, first
+                docs,
+                parquet_records(pf, piece.start, piece.end, options.text_column, getattr(places, "fields", ())),
+                file,
+                True,
+                places,
+                first,
             )
         yield from docs
         return
@@ -149,7 +155,9 @@ def read_slice(
         else:
             yield from placed(
                 docs,
-                line_records(io.BytesIO(data), piece.format, piece.compression, base, options),
+                line_records(
+                    io.BytesIO(data), piece.format, piece.compression, base, options, getattr(places, "fields", ())
+                ),
                 file,
                 False,
                 places,
@@ -170,7 +178,7 @@ def read_slice(
             with open(tmp, "rb") as again:  # read a second time, for the places
                 yield from placed(
                     docs,
-                    line_records(again, piece.format, piece.compression, base, options),
+                    line_records(again, piece.format, piece.compression, base, options, getattr(places, "fields", ())),
                     file,
                     False,
                     places,
