@@ -575,15 +575,21 @@ OLD_ELECTRA_CONFIG = {
 }
 # Options added since that run.json was written (--dedup near's): an old run.json reads them at their defaults.
 NEW_TEXT_OPTIONS = {"near_threshold": 0.8, "near_ngram": 5, "near_bands": "14x8", "near_clusters": False}
-ELECTRA_OPTIONS = set(NEW_TEXT_OPTIONS) | set(OLD_ELECTRA_CONFIG) - {
-    "format",
-    "masked_lm_prob",
-    "max_predictions_per_seq",
-    "short_seq_prob",
-    "dupe_factor",
-    "whole_word_masking",
-    "v2_feature_names",
-}
+NEW_ELECTRA_OPTIONS = {"fields": ""}  # beside provenance, which the bert job has not
+ELECTRA_OPTIONS = (
+    set(NEW_TEXT_OPTIONS)
+    | set(NEW_ELECTRA_OPTIONS)
+    | set(OLD_ELECTRA_CONFIG)
+    - {
+        "format",
+        "masked_lm_prob",
+        "max_predictions_per_seq",
+        "short_seq_prob",
+        "dupe_factor",
+        "whole_word_masking",
+        "v2_feature_names",
+    }
+)
 
 
 def test_the_electra_options_and_the_old_run_json_they_read():
@@ -596,14 +602,14 @@ def test_the_electra_options_and_the_old_run_json_they_read():
 
     config = dataclasses.asdict(ElectraConfig())
     assert set(config) == ELECTRA_OPTIONS
-    defaults = {**OLD_ELECTRA_CONFIG, **NEW_TEXT_OPTIONS}
+    defaults = {**OLD_ELECTRA_CONFIG, **NEW_TEXT_OPTIONS, **NEW_ELECTRA_OPTIONS}
     assert all(config[name] == defaults[name] for name in config)
     bert = dataclasses.asdict(BertConfig())
     # the bert job: the options of format=bert, and the new ones
     assert set(bert) == set(NEW_TEXT_OPTIONS) | set(OLD_ELECTRA_CONFIG) - {"format", "provenance"}
     assert all(bert[name] == defaults[name] for name in bert)
     assert resolve_job("electra_zh_en", OLD_ELECTRA_CONFIG).settings == {
-        k: v for k, v in config.items() if k not in NEW_TEXT_OPTIONS
+        k: v for k, v in config.items() if k not in NEW_TEXT_OPTIONS and k not in NEW_ELECTRA_OPTIONS
     }  # what that run.json held: the new options take their defaults when it is parsed
     old_bert = {**OLD_ELECTRA_CONFIG, "format": "bert", "dupe_factor": 3}
     before = {k: v for k, v in bert.items() if k not in NEW_TEXT_OPTIONS}  # what that run.json held

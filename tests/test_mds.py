@@ -41,10 +41,12 @@ def mosaic(*args: str) -> None:
 
 
 def streaming_rows(out, tmp_path) -> dict[str, np.ndarray]:
-    """Every sample of the run in ``out`` as ``StreamingDataset(remote=out)`` reads them, per column."""
+    """Every sample of the run in ``out`` as ``StreamingDataset(remote=out)`` reads them, per column
+    (an array per feature; a list per column of other values: the fields carried along)."""
     dump = str(tmp_path / "rows.npz")
     mosaic("read", str(out), str(tmp_path / "cache"), dump)
-    return dict(np.load(dump))
+    with open(dump + ".json") as f:
+        return {**dict(np.load(dump)), **json.load(f)}
 
 
 @pytest.fixture(scope="module")

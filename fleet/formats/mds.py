@@ -16,7 +16,9 @@ A shard, little-endian throughout::
 Columns are in name order (as ``MDSWriter`` sorts them). A feature is ``ndarray:int32:<length>``
 (``ndarray:float32:<length>`` for a float feature), of fixed size: its ``length`` values, the
 same values as the Parquet output's list column (int32: all far below 2**31; a value that is not
-raises). A text column is ``str`` (UTF-8, its size in the sample's head).
+raises). An input field carried along (``fields``: a Column of kind "text") is ``json``: the
+list of its values, as ``json.dumps`` writes it (MDSWriter's JSON encoding), its size in the
+sample's head; ``str`` (UTF-8) is read and written too.
 
 Shards are cut as ``MDSWriter`` cuts them: a new one starts before the sample that would take
 the shard past ``SIZE_LIMIT`` (64 MiB, counting 4 bytes of offset a sample and the head), so an
@@ -69,7 +71,10 @@ def check_compression(value: str) -> Optional[str]:
 
 
 def encoding(column: Column, length: int) -> str:
-    """A feature's MDS encoding: a fixed-shape array of ``length`` int32 (or float32) values."""
+    """A feature's MDS encoding: a fixed-shape array of ``length`` int32 (or float32) values; a
+    text column's (input fields): ``json``."""
+    if column.kind == "text":
+        return "json"
     return f"ndarray:{'float32' if column.kind == 'float' else 'int32'}:{length}"
 
 
@@ -116,11 +121,11 @@ class ShardConfig:
 
 def _size(encoding: str) -> Optional[int]:
     kind, _, rest = encoding.partition(":")
-    if kind == "str":
+    if kind in ("str", "json"):
         return None
     dtype, _, shape = rest.partition(":")
     if kind != "ndarray" or dtype not in ("int32", "float32") or not shape.isdigit():
-        raise ValueError(f"MDS encoding {encoding!r}: fleet writes ndarray:int32|float32:<length> and str")
+        raise ValueError(f"MDS encoding {encoding!r}: fleet writes ndarray:int32|float32:<length>, str and json")
     return 4 * int(shape)
 
 
@@ -142,7 +147,7 @@ def encode_rows(config: ShardConfig, values: Mapping[str, np.ndarray], n: int) -
     for name, code, size in zip(config.names, config.encodings, config.sizes):
         value = values[name]
         if size is None:
-            data = [str(v).encode() for v in value]
+            data = [json.dumps(v).encode() if code == "json" else str(v).encode() for v in value]
             heads.append(np.array([len(d) for d in data], "<u4").reshape(n, 1).view(np.uint8))
             parts.append(np.array(data, dtype=object))
             continue
@@ -182,7 +187,7 @@ class MDSExampleWriter(ExampleWriter):
         encodings: Optional[Mapping[str, str]] = None,
     ):
         super().__init__(columns)
-        codes = {c.name: encoding(c, lengths[c.name]) for c in columns}
+        codes = {c.name: encoding(c, lengths.get(c.name) or 0) for c in columns}
         codes.update(encodings or {})
         self.config = ShardConfig.of(codes, compression, size_limit)
         self.out = out
@@ -312,7 +317,12 @@ def _samples(data: bytes, offsets: np.ndarray, names, codes, sizes) -> Iterator[
         sample: dict[str, object] = {}
         for name, code, width in zip(names, codes, widths):
             chunk = data[at : at + width]
-            sample[name] = chunk.decode() if code == "str" else np.frombuffer(chunk, "<" + code.split(":")[1][0] + "4")
+            if code == "str":
+                sample[name] = chunk.decode()
+            elif code == "json":
+                sample[name] = json.loads(chunk)
+            else:
+                sample[name] = np.frombuffer(chunk, "<" + code.split(":")[1][0] + "4")
             at += width
         if at != end:
             raise MDSError(f"a sample holds {end - begin} bytes, its columns {at - begin}")

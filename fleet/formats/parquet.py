@@ -3,7 +3,8 @@ example; written here (``ParquetExampleWriter``) and read back (``read_columns``
 
 Every feature is a list column: ``list<int32>`` for integer features (token ids,
 masks, positions: all far below 2**31; a value that is not raises) and
-``list<float>`` for float ones (BERT's ``masked_lm_weights``), zstd-compressed, in
+``list<float>`` for float ones (BERT's ``masked_lm_weights``); an input field carried along
+(``fields``, a Column of kind "text") is ``list<string>``; zstd-compressed, in
 row groups of ``ROW_GROUP_ROWS`` rows. The file's bytes depend on the rows only
 (pyarrow writes no time stamp), so a retried item rewrites the same file.
 
@@ -29,7 +30,10 @@ _INT32 = np.iinfo(np.int32)
 
 
 def schema(columns: Sequence[Column]) -> pa.Schema:
-    return pa.schema([(c.name, pa.list_(pa.float32() if c.kind == "float" else pa.int32())) for c in columns])
+    return pa.schema([(c.name, pa.list_(_VALUE_TYPES[c.kind]())) for c in columns])
+
+
+_VALUE_TYPES = {"int": pa.int32, "float": pa.float32, "text": pa.string}
 
 
 class ParquetExampleWriter(ExampleWriter):
@@ -37,7 +41,8 @@ class ParquetExampleWriter(ExampleWriter):
         super().__init__(columns)
         self.schema = schema(columns)
         self.writer = pq.ParquetWriter(out, self.schema, compression=COMPRESSION)
-        self.rows: dict[str, list[np.ndarray]] = {c.name: [] for c in columns}
+        self.rows: dict[str, list] = {c.name: [] for c in columns}
+        self.text = {c.name for c in columns if c.kind == "text"}  # rows of Python lists of str
         self.pending = 0
 
     def write(self, records: bytes, count: Optional[int] = None) -> None:
@@ -60,7 +65,7 @@ class ParquetExampleWriter(ExampleWriter):
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
         n = row_count(self.columns, values)
         for name, rows in self.rows.items():
-            rows.extend(np.asarray(values[name]).reshape(n, -1))
+            rows.extend(values[name] if name in self.text else np.asarray(values[name]).reshape(n, -1))
         self.pending += n
         self.examples += n
         if self.pending >= ROW_GROUP_ROWS:
@@ -72,7 +77,9 @@ class ParquetExampleWriter(ExampleWriter):
         n = row_count(self.columns, values)
         if not n:
             return
-        arrays = {name: np.asarray(values[name]).reshape(n, -1) for name in self.rows}
+        arrays = {
+            name: values[name] if name in self.text else np.asarray(values[name]).reshape(n, -1) for name in self.rows
+        }
         self.examples += n
         done = 0
         while done < n:
@@ -90,6 +97,10 @@ class ParquetExampleWriter(ExampleWriter):
         arrays = []
         for column in self.columns:
             rows = self.rows[column.name]
+            if column.kind == "text":
+                arrays.append(pa.array(rows, type=pa.list_(pa.string())))
+                rows.clear()
+                continue
             lengths = np.fromiter(map(len, rows), np.int64, len(rows))
             offsets = np.zeros(len(rows) + 1, np.int32)
             np.cumsum(lengths, out=offsets[1:])

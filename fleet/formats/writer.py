@@ -31,10 +31,12 @@ class Writable(Protocol):
 @dataclass(frozen=True)
 class Column:
     """One feature of a job's examples: a list of ints (token ids, masks) or of floats, of
-    ``length`` values each (None: not said; a format of fixed-size columns, MDS, needs it)."""
+    ``length`` values each (None: not said; a format of fixed-size columns, MDS, needs it); or,
+    kind "text", a list of strings (or None) of any length: input fields carried along (Parquet
+    and MDS only; its values are Python lists, not arrays)."""
 
     name: str
-    kind: str = "int"  # int | float
+    kind: str = "int"  # int | float | text
     length: Optional[int] = None
 
 

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass
 from itertools import chain
-from typing import Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 
@@ -53,7 +53,15 @@ from fleet_jobs.text.output import (
     open_sequence_writer,
     open_writer,
 )
-from fleet_jobs.text.provenance import check_provenance
+from fleet_jobs.text.inputs.places import Place
+from fleet_jobs.text.provenance import (
+    FIELD_OUTPUTS,
+    check_fields,
+    check_provenance,
+    field_columns,
+    field_values,
+    parse_fields,
+)
 from fleet_jobs.text.stages import SHARD_BATCH, SHARDS, checkpointed, text_stages
 from fleet_jobs.text.tokenizers.tokenizer_cache import TOKENIZER_KINDS, bert_tokenizer, file_tokenizer
 
@@ -86,13 +94,15 @@ class CausalLMConfig:
     )
     compression: str = "none"  # none | GZIP (output=tfrecord; files end .tfrecord.gz) | zstd[:level] (output=mds)
     provenance: bool = False  # part-<item>.provenance.jsonl: each example's documents in the corpus (docs/outputs.md)
+    fields: str = ""  # input fields carried along (JSON keys, Parquet columns: url,id): a column each (output=parquet|mds) and in the provenance sidecar
     near_threshold: float = 0.8  # --dedup near: estimated Jaccard similarity that makes a near copy
     near_ngram: int = 5  # --dedup near: words a shingle (a document with fewer is one shingle of all)
     near_bands: str = "14x8"  # --dedup near: LSH bands x rows; the MinHash signature holds bands x rows values
     near_clusters: bool = False  # --dedup near: part-<item>.near.jsonl, each cluster's documents (docs/outputs.md)
 
 
-def _validate(config: CausalLMConfig) -> None:
+def _validate(config: CausalLMConfig) -> tuple[str, ...]:
+    """The config checked (ConfigError naming the option); the fields it carries."""
     if bool(config.tokenizer_file) == bool(config.vocab_file):
         raise ConfigError(
             "give one of the options tokenizer_file (a tokenizers tokenizer.json, a SentencePiece "
@@ -117,6 +127,7 @@ def _validate(config: CausalLMConfig) -> None:
                     f"option {name}: output={config.output} writes each document whole, as one "
                     "sequence (the trainer cuts its samples); leave it unset"
                 )
+    return check_fields(config.fields, config.output, config.provenance, features(config))
 
 
 EOD_MODES = ("auto", "always", "never")
@@ -167,6 +178,10 @@ class CausalLMConverter(DocumentConverter):
         self.padded = config.last_block == "pad"
         self.columns = feature_columns(features(config))
         self.provenance = config.provenance
+        self.fields = _validate(config)
+        self.field_output = bool(self.fields) and config.output in FIELD_OUTPUTS  # a column per field
+        if self.field_output:
+            self.columns += field_columns(self.fields)
 
     def convert(
         self, documents: Iterable[list[str]], ctx: ItemContext, sink: Union[Sink, ShuffledExamples]
@@ -176,9 +191,9 @@ class CausalLMConverter(DocumentConverter):
             return self._sequences(documents, sink)
         cutter = BlockCutter(self.options)
         trace = None
-        if self.provenance:
+        if self.provenance or self.fields:
             assert not isinstance(sink, ShuffledExamples)  # provenance is refused with --shards (check_provenance)
-            trace = Trace(documents, sink, self.options)
+            trace = Trace(documents, sink, self.options, file=self.provenance)
         # TFRecords (a file, or the shuffle's Examples) of blocks from cached heads; Parquet from columns
         records = BlockRecords(self.options.block_size, self.padded) if self.config.output == "tfrecord" else None
         counts: dict[str, float] = dict.fromkeys(
@@ -186,15 +201,17 @@ class CausalLMConverter(DocumentConverter):
         )
         with open_writer(sink, self.config.output, self.config.compression, self.columns) as out:
 
-            def write(blocks) -> None:
+            def write(blocks, sources: Sequence[Sequence[Place]]) -> None:
                 if not len(blocks):
                     return
                 if records is not None:
                     out.write(records.records(blocks.ids, blocks.lengths), len(blocks))
                 else:
-                    columns = {"input_ids": blocks.ids}
+                    columns: dict[str, Any] = {"input_ids": blocks.ids}
                     if self.padded:
                         columns["attention_mask"] = blocks.attention_mask
+                    if self.field_output:
+                        columns.update(field_values(sources, self.fields))
                     out.write_columns(columns)
                 counts["examples"] += len(blocks)
                 counts["real_tokens"] += int(blocks.lengths.sum())
@@ -203,10 +220,9 @@ class CausalLMConverter(DocumentConverter):
                 _count_text(counts, batch)
                 ids, per_document = self.tokenizer.encode_flat(batch)
                 counts["tokens"] += len(ids) + self.options.framing * int(np.count_nonzero(per_document))
-                write(cutter.add_flat(ids, per_document))
-                if trace:
-                    trace.batch(per_document)
-            write(cutter.finish())
+                blocks = cutter.add_flat(ids, per_document)
+                write(blocks, trace.batch(per_document) if trace else ())
+            write(cutter.finish(), trace.finish() if trace else ())
         if trace:
             trace.close(int(counts["examples"]))
         counts["dropped_tokens"] = cutter.dropped
@@ -217,7 +233,7 @@ class CausalLMConverter(DocumentConverter):
         """One sequence per document with ids (its ids, framed: ``eod``)."""
         counts: dict[str, float] = dict.fromkeys(("documents", "lines", "text_bytes", "tokens", "sequences"), 0)
         trace = None
-        if self.provenance:
+        if self.provenance:  # (fields without provenance are refused: these outputs have no columns)
             assert not isinstance(sink, ShuffledExamples)  # provenance is refused with --shards (check_provenance)
             trace = Trace(documents, sink, None)
         with self._sequence_output(sink) as write:
@@ -298,6 +314,7 @@ class CausalLMJob(TextJob):
         """As every text job's; with output=megatron|tokens the shards hold sequences, not examples."""
         if config.output in SEQUENCE_OUTPUTS:
             check_provenance(config.provenance, options)
+            check_provenance(bool(parse_fields(config.fields)), options, "fields")
             return text_stages(options, map_items, config)
         return super().stages(config, options, map_items)
 

@@ -71,22 +71,25 @@ class BlockSources(Generic[T]):
 class Trace(Sidecar):
     """An item's sidecar, fed batch by batch as the converter tokenizes and writes."""
 
-    def __init__(self, documents: Iterable[list[str]], sink: Sink, opts: BlockOptions | None):
-        """``documents``: a PlacedDocuments (Sidecar raises TypeError for any other)."""
-        super().__init__(documents, sink)
+    def __init__(self, documents: Iterable[list[str]], sink: Sink, opts: BlockOptions | None, file: bool = True):
+        """``documents``: a PlacedDocuments (Sidecar raises TypeError for any other); ``file``: write
+        the sidecar (without it, the places are only handed back, for the fields' columns)."""
+        super().__init__(documents, sink, file)
         self.sources: BlockSources[Place] | None = BlockSources(opts) if opts else None
 
-    def batch(self, lengths: Sequence[int] | np.ndarray) -> None:
+    def batch(self, lengths: Sequence[int] | np.ndarray) -> Sequence[Sequence[Place]]:
         """A batch of documents tokenized (``lengths``: each document's number of ids): the lines
-        of its blocks, or (no BlockOptions: one sequence per document) of its sequences."""
+        of its blocks, or (no BlockOptions: one sequence per document) of its sequences; the places
+        of each, handed back."""
         places = self.documents.take(len(lengths))
         if self.sources is None:
-            self.write([[place] for place, n in zip(places, lengths) if n])
-        else:
-            self.write(self.sources.add([int(n) for n in lengths], places))
+            return self.write([[place] for place, n in zip(places, lengths) if n])
+        return self.write(self.sources.add([int(n) for n in lengths], places))
+
+    def finish(self) -> Sequence[Sequence[Place]]:
+        """The lines of what ``BlockCutter.finish`` makes (the packed stream's padded tail)."""
+        return self.write(self.sources.finish()) if self.sources is not None else []
 
     def close(self, examples: int) -> None:
         """The sidecar complete; ``examples``: what the output holds, which it must match line for line."""
-        if self.sources is not None:
-            self.write(self.sources.finish())
         super().close(examples)

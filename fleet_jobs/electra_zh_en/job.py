@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import accumulate, chain
 
 import numpy as np
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from fleet.job import ConfigError, Feature, ItemContext, Opener, Sink
 
@@ -33,7 +33,8 @@ from fleet_jobs.text.groups import document_groups
 from fleet_jobs.text.job import DocumentConverter, TextJob
 from fleet_jobs.text.options import TextOptions, check_text_options, masking_tokenizer, with_sentences
 from fleet_jobs.text.output import ExampleSink, feature_columns, open_writer, writes_columns
-from fleet_jobs.text.provenance import Sidecar
+from fleet_jobs.text.inputs.places import Place
+from fleet_jobs.text.provenance import FIELD_OUTPUTS, Sidecar, check_fields, field_columns, field_values
 from fleet_jobs.text.token_records import TokenRecordEncoder
 from fleet_jobs.text.tokenizers.tokenization import BertTokenizer
 
@@ -47,12 +48,18 @@ REPORT_RECORDS = 2_000  # records the report at the end of fleet local reads: 60
 class ElectraConfig(TextOptions):
     seed: int = 12345  # the run's seed: each document is seeded from it and its text (pack_documents: each item)
     provenance: bool = False  # part-<item>.provenance.jsonl: each example's document in the corpus (docs/outputs.md)
+    fields: str = ""  # input fields carried along (JSON keys, Parquet columns: url,id): a column each (output=parquet|mds) and in the provenance sidecar
 
 
-def _validate(config: ElectraConfig) -> None:
+def _validate(config: ElectraConfig) -> tuple[str, ...]:
+    """The config checked (ConfigError naming the option); the fields it carries."""
     check_text_options(config)
-    if config.provenance and config.pack_documents:
-        raise ConfigError("option provenance: not with pack_documents (its examples mix an item's sentences)")
+    for option in ("provenance", "fields"):
+        if getattr(config, option) and config.pack_documents:
+            raise ConfigError(f"option {option}: not with pack_documents (its examples mix an item's sentences)")
+    from .features import ELECTRA_FEATURES
+
+    return check_fields(config.fields, config.output, config.provenance, ELECTRA_FEATURES)
 
 
 def _tokenizer(config: ElectraConfig, opener: Opener) -> BertTokenizer:
@@ -69,7 +76,11 @@ class ElectraConverter(DocumentConverter):
         self.provenance = config.provenance
         from .features import electra_features
 
+        self.fields = _validate(config)
         self.columns = feature_columns(electra_features(config))
+        self.field_output = bool(self.fields) and config.output in FIELD_OUTPUTS  # a column per field
+        if self.field_output:
+            self.columns += field_columns(self.fields)
 
     def _gather(self, flat: np.ndarray, runs: FlatExamples) -> np.ndarray:
         """The examples' ids end to end (int64), from ``tokenize_flat``'s array and their runs."""
@@ -91,9 +102,12 @@ class ElectraConverter(DocumentConverter):
         columns = writes_columns(self.config.output)
         encoder = self.encoder
         sidecar = None
-        if self.provenance:
-            assert isinstance(sink, Sink)  # provenance is refused with --shards (its examples go to the shuffle)
-            sidecar = Sidecar(documents, sink)
+        placed: Sequence[Sequence[Place]] = ()
+        if self.provenance or self.fields:
+            assert isinstance(
+                sink, Sink
+            )  # provenance and fields are refused with --shards (examples go to the shuffle)
+            sidecar = Sidecar(documents, sink, file=self.provenance)
         with open_writer(sink, self.config.output, self.config.compression, self.columns) as out:
             for group in _groups(documents):
                 lines = [line for document in group for line in document]
@@ -110,7 +124,9 @@ class ElectraConverter(DocumentConverter):
                     )
                     ids, lengths, firsts = self._gather(flat, runs), runs.lengths, runs.first_lengths
                     if sidecar:
-                        sidecar.write(example_documents(runs, line_lengths, group, sidecar.documents.take(len(group))))
+                        placed = sidecar.write(
+                            example_documents(runs, line_lengths, group, sidecar.documents.take(len(group)))
+                        )
                 else:
                     sentences = self.tokenizer.tokenize_lines(lines)  # one normalization for the group
                     n_bytes += len("\n".join(lines).encode()) - max(0, len(lines) - 1)
@@ -124,7 +140,10 @@ class ElectraConverter(DocumentConverter):
                 n_examples += len(lengths)
                 if columns:  # rows as they are, not records the writer would parse back
                     if lengths:
-                        out.write_examples(encoder.columns_of(ids, lengths, firsts))
+                        values: dict[str, Any] = dict(encoder.columns_of(ids, lengths, firsts))
+                        if self.field_output:
+                            values.update(field_values(placed, self.fields))
+                        out.write_examples(values)
                 else:
                     out.write(encoder.records_of(ids, lengths, firsts))
             out.note(documents=n_docs, tokens=n_tokens)  # exact, with the file (the run's manifest)

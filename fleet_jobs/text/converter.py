@@ -26,6 +26,9 @@ class DocumentConverter(abc.ABC):
     # True (``provenance=true``): ``convert`` gets a fleet_jobs.text.provenance.PlacedDocuments, whose
     # ``take`` gives each document's place in the corpus, in a map item (not from a stage).
     provenance: bool = False
+    # Input fields (``fields=url,id``) each place carries (``Place.fields``): non-empty, ``convert``
+    # gets a PlacedDocuments too, its sidecar written or not (``provenance``).
+    fields: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: ExampleSink) -> dict[str, float]:

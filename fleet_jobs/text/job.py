@@ -37,10 +37,10 @@ from fleet.job import (
 from fleet_jobs.text.converter import CHECK_EVERY, DocumentConverter
 from fleet_jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
 from fleet_jobs.text.inputs.names import skip_reason
-from fleet_jobs.text.inputs.places import Place
+from fleet_jobs.text.inputs.places import Place, Places
 from fleet_jobs.text.output import example_sink, mds_run_files
 from fleet_jobs.text.parts import GroupReading, item_slice
-from fleet_jobs.text.provenance import PlacedDocuments, check_provenance
+from fleet_jobs.text.provenance import PlacedDocuments, check_provenance, field_columns, parse_fields
 from fleet_jobs.text.stages import (
     DEDUP,
     MAP_FEEDS,
@@ -107,6 +107,7 @@ class TextJob(Job):
         """``--dedup exact`` and ``--shards N`` (fleet_jobs.text.stages). Shards hold examples: a job
         whose outputs are not examples of fixed features (Job.features) cannot shard them."""
         check_provenance(getattr(config, "provenance", False), options)
+        check_provenance(bool(parse_fields(getattr(config, "fields", ""))), options, "fields")
         if options.shards and not self.features(config):
             raise ConfigError(
                 f"--shards: job {self.name} writes no examples of fixed features (Job.features), "
@@ -116,8 +117,13 @@ class TextJob(Job):
 
     def run_files(self, config: Any, manifest: RunManifest) -> dict[str, bytes]:
         """output=mds: the root ``index.json`` over every MDS shard of the run (``StreamingDataset``'s)."""
+        fields = field_columns(parse_fields(getattr(config, "fields", "")))
         return mds_run_files(
-            getattr(config, "output", ""), getattr(config, "compression", "none"), self.features(config), manifest
+            getattr(config, "output", ""),
+            getattr(config, "compression", "none"),
+            self.features(config),
+            manifest,
+            fields,
         )
 
     def reducer(self, config: Any, opener: Opener, stage: str) -> Reducer:
@@ -174,9 +180,10 @@ class _Documents(Converter):
         """The item's documents converted; in a dedup run, emitted for the dedup stage instead
         (``sink`` is a KeyedSink when ``ctx.feeds`` names a stage)."""
         tally = Tally()
-        places: list[Place] | None = None
-        if getattr(self.inner, "provenance", False) and not ctx.feeds:  # a converter of any class may go without
-            places = []
+        places: Places | None = None
+        fields = tuple(getattr(self.inner, "fields", ()))  # a converter of any class may go without
+        if (getattr(self.inner, "provenance", False) or fields) and not ctx.feeds:
+            places = Places(fields)
         read, group = read_documents(
             item, ctx, tally, "documents_read" if ctx.feeds in MAP_FEEDS else "documents", places
         )

@@ -73,7 +73,7 @@ class SentenceSplitting(DocumentConverter):
 
     def __init__(self, inner: DocumentConverter):
         self.inner = inner
-        self.provenance = inner.provenance
+        self.provenance, self.fields = inner.provenance, inner.fields
 
     def convert(self, documents: Iterable[list[str]], ctx: ItemContext, sink: ExampleSink) -> dict[str, float]:
         from .sentences import split_lines  # its patterns cost every worker 10 ms to compile: only here

@@ -100,15 +100,20 @@ def feature_columns(features: Mapping[str, Feature]) -> list[Column]:
 
 
 def mds_run_files(
-    output: str, compression: str, features: Mapping[str, Feature], manifest: RunManifest
+    output: str,
+    compression: str,
+    features: Mapping[str, Feature],
+    manifest: RunManifest,
+    text: Sequence[Column] = (),
 ) -> dict[str, bytes]:
     """``Job.run_files`` of a text job: with output=mds, the root ``index.json`` over every shard
-    of the run (from the counts each shard's item recorded), which ``StreamingDataset`` reads."""
+    of the run (from the counts each shard's item recorded), which ``StreamingDataset`` reads;
+    ``text``: the columns of the input fields carried along (``fields``)."""
     if output != "mds":
         return {}
     from fleet.formats import mds
 
-    columns = feature_columns(features)
+    columns = [*feature_columns(features), *text]
     config = mds.ShardConfig.of(
         {c.name: mds.encoding(c, c.length or 0) for c in columns}, mds.check_compression(compression)
     )
@@ -205,7 +210,7 @@ def _mds_writer(sink: Sink, compression: str, columns: Sequence[Column]) -> Iter
             raw.write(data)
         sink.count(suffix, counts)  # samples and bytes: what index.json says of the shard (mds_run_files)
 
-    lengths = {c.name: c.length for c in columns}
+    lengths = {c.name: c.length for c in columns if c.kind != "text"}
     missing = sorted(name for name, length in lengths.items() if not length)
     if missing:
         raise ValueError(f"output=mds: columns {missing} have no length (build them with feature_columns)")

@@ -2,7 +2,8 @@
 
     python tests/helpers/mosaic.py read REMOTE CACHE OUT.npz
         every sample of ``StreamingDataset(remote=REMOTE, local=CACHE, shuffle=False)``, in order,
-        stacked per column into OUT.npz (str columns as an array of str)
+        stacked per column into OUT.npz (str columns as an array of str); the columns of other
+        values (``json``: lists of field values) into OUT.json, a list per column
     python tests/helpers/mosaic.py write IN.npz COLUMNS_JSON COMPRESSION SIZE_LIMIT FOLDER
         ``MDSWriter`` over the rows of IN.npz (row i of every array), its columns' encodings
         given as JSON, COMPRESSION "none" or streaming's name
@@ -50,7 +51,10 @@ def read(remote: str, cache: str, out: str) -> None:
     dataset = StreamingDataset(remote=remote, local=cache, shuffle=False, batch_size=1)
     rows = [dataset[i] for i in range(len(dataset))]
     names = sorted(rows[0]) if rows else []
-    np.savez(out, **{name: np.array([row[name] for row in rows]) for name in names}, __length__=np.array(len(rows)))
+    arrays = [n for n in names if isinstance(rows[0][n], (np.ndarray, str))]
+    np.savez(out, **{name: np.array([row[name] for row in rows]) for name in arrays}, __length__=np.array(len(rows)))
+    with open(out + ".json", "w") as f:
+        json.dump({name: [row[name] for row in rows] for name in names if name not in arrays}, f)
 
 
 def write(rows_path: str, columns: str, compression: str, size_limit: str, folder: str) -> None:
