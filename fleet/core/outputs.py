@@ -107,12 +107,7 @@ def parquet_columns(out: "Output", layout: Mapping[str, Feature]) -> Iterator[di
     (row i of every array is example i) in the layout's dtypes; the file's sha256 checked first."""
     from fleet.formats import parquet  # pyarrow loads only when asked for
 
-    store, name = locate(out.url)
-    try:
-        data = store.read(name)
-    except StoreError as e:
-        raise OutputError(f"{out.url}: cannot read ({e})") from None
-    _check_digest(out, hashlib.sha256(data).hexdigest())
+    data = _read_whole(out)
     try:
         yield from parquet.read_columns(data, layout)
     except parquet.ParquetError as e:
@@ -124,12 +119,7 @@ def mds_columns(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[s
     sha256 checked first and its columns against the layout (``ndarray:<dtype>:<length>``)."""
     from fleet.formats import mds
 
-    store, name = locate(out.url)
-    try:
-        data = store.read(name)
-    except StoreError as e:
-        raise OutputError(f"{out.url}: cannot read ({e})") from None
-    _check_digest(out, hashlib.sha256(data).hexdigest())
+    data = _read_whole(out)
     try:
         config, samples = mds.read_shard(data)
         codes = dict(zip(config["column_names"], config["column_encodings"]))
@@ -150,6 +140,17 @@ def mds_columns(out: "Output", layout: Mapping[str, Feature]) -> Iterator[dict[s
             yield _stacked(rows, layout)
     except mds.MDSError as e:
         raise OutputError(f"{out.url}: {e}") from None
+
+
+def _read_whole(out: "Output") -> bytes:
+    """An output's bytes, read whole, checked against the sha256 its lease recorded."""
+    store, name = locate(out.url)
+    try:
+        data = store.read(name)
+    except StoreError as e:
+        raise OutputError(f"{out.url}: cannot read ({e})") from None
+    _check_digest(out, hashlib.sha256(data).hexdigest())
+    return data
 
 
 def _stacked(rows: list[dict], layout: Mapping[str, Feature]) -> dict[str, np.ndarray]:
