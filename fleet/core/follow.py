@@ -38,6 +38,7 @@ from fleet.core.liveness import worker_alive
 from fleet.core.outputs import (
     Output,
     OutputError,
+    is_parquet,
     is_rows,
     row_examples,
     read_records,
@@ -316,7 +317,8 @@ class RunReader:
         for out in self.outputs():
             if is_rows(out):
                 raise FollowError(
-                    f"{out.url}: its examples are rows, not records; read them with examples() or dataset()"
+                    f"{out.url}: {'Parquet' if is_parquet(out) else 'MDS'}: its examples are rows, not records; "
+                    "read them with examples() or dataset()"
                 )
             chunk: list[bytes] = []
             for record in _checked(read_records(out)):
