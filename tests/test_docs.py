@@ -273,3 +273,15 @@ def test_the_option_tables_name_real_options():
                 for option in re.findall(r"`([a-z_0-9]+)`", first):
                     assert option in known, f"docs/{page.name}: the option table names {option}, which no job has"
     assert tables >= 2
+
+
+def test_every_option_of_every_job_says_what_it_does():
+    """Each option's help is the comment at the end of its field's line: a field the formatter
+    wrapped (``output: str = (`` over three lines) lost causal_lm's ``output`` help once."""
+    from fleet.job import describe_options, load_job
+
+    for name in _generator().in_tree_jobs():
+        for option in describe_options(load_job(name).config_type):
+            assert option.help.strip(), (
+                f"job {name}: option {option.name} has no help (a comment at the end of its line)"
+            )

@@ -89,9 +89,7 @@ class CausalLMConfig:
     eod: str = "auto"  # auto | always | never: the end-of-document id after each document (auto: unless the tokenizer ends texts itself)
     eod_token: str = ""  # ends each document (default: <|endoftext|>, </s>, <eos> or [SEP], the first known)
     pad_token: str = ""  # fills padded blocks (default: [PAD], <pad> or <|padding|>, else the eod token)
-    output: str = (
-        "tfrecord"  # tfrecord | parquet | mds | megatron (.bin + .idx) | tokens (.bin + .npy): docs/outputs.md
-    )
+    output: str = "tfrecord"  # tfrecord | parquet | mds | megatron (.bin + .idx) | tokens (.bin + .npy)
     compression: str = "none"  # none | GZIP (output=tfrecord; files end .tfrecord.gz) | zstd[:level] (output=mds)
     provenance: bool = False  # part-<item>.provenance.jsonl: each example's documents in the corpus (docs/outputs.md)
     fields: str = ""  # input fields carried along (JSON keys, Parquet columns: url,id): a column each (output=parquet|mds) and in the provenance sidecar
