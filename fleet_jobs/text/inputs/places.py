@@ -78,10 +78,12 @@ Record = tuple[int, list[str], "tuple[str | None, ...] | None"]  # (offset or ro
 
 def field_text(value: object) -> str | None:
     """A field's value as the outputs carry it: a string as it is, null as None, anything else (a
-    number, a list, a timestamp) as its JSON."""
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    number, a list, a timestamp) as its JSON; a lone surrogate (a JSON escape of half a pair),
+    which no UTF-8 output can hold, as U+FFFD."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return _SURROGATE.sub("\ufffd", text) if "\ud800" <= max(text, default="") else text
 
 
 def placed(
@@ -296,9 +298,10 @@ def _json_records(
 
 
 def _long_fields(line: bytes, fields: tuple[str, ...]) -> tuple[str | None, ...]:
-    """A long record's fields: the record decoded whole (its values, or None if it is damaged)."""
+    """A long record's fields: the record decoded whole (its values, or None if it is damaged: not
+    JSON, or not UTF-8, as the reader takes it; ``json.loads`` of bytes would let surrogates pass)."""
     try:
-        record = json.loads(line)
+        record = json.loads(line.decode("utf-8"))
     except Exception:  # whatever the decoder raises: the parts handed on have no fields to give
         record = None
     return tuple(field_text(record.get(name)) if isinstance(record, dict) else None for name in fields)
