@@ -157,12 +157,11 @@ def test_mds_and_its_compressions_are_checked_at_plan_time():
 # -- the shards, byte for byte as MDSWriter writes them ---------------------------------------
 
 
-def fleet_shards(columns, lengths, values, compression, size_limit, encodings=None) -> list[tuple[str, bytes, dict]]:
+def fleet_shards(columns, values, compression, size_limit, encodings=None) -> list[tuple[str, bytes, dict]]:
     files: list[tuple[str, bytes, dict]] = []
     writer = mds.MDSExampleWriter(
         lambda suffix, data, counts: files.append((suffix, data, dict(counts))),
         columns,
-        lengths,
         compression,
         size_limit,
         encodings,
@@ -184,7 +183,7 @@ def test_the_shards_are_mdswriters_bytes_for_the_same_samples(tmp_path, compress
     columns = [Column("input_ids", length=33), Column("weights", "float", 5)]
     codes = {"input_ids": "ndarray:int32:33", "weights": "ndarray:float32:5", "url": "str"}
     size_limit = 9_000  # several shards
-    ours = fleet_shards(columns, {"input_ids": 33, "weights": 5}, values, compression, size_limit, {"url": "str"})
+    ours = fleet_shards(columns, values, compression, size_limit, {"url": "str"})
     rows = str(tmp_path / "rows.npz")
     np.savez(rows, input_ids=values["input_ids"].astype(np.int32), weights=values["weights"], url=values["url"])
     mosaic("write", rows, json.dumps(codes), compression or "none", str(size_limit), str(tmp_path / "theirs"))
@@ -234,7 +233,7 @@ def test_shards_hold_every_sample_in_order_each_within_the_size_limit(n, width, 
         "t": np.array(texts[:n], dtype=object),
     }
     columns = [Column("a", length=width), Column("b", "float", 2)]
-    files = fleet_shards(columns, {"a": width, "b": 2}, values, compression, size_limit, {"t": "str"})
+    files = fleet_shards(columns, values, compression, size_limit, {"t": "str"})
     back: list[dict] = []
     for _, data, counts in files:
         _, samples = mds.read_shard(data)
@@ -258,11 +257,11 @@ def test_shards_hold_every_sample_in_order_each_within_the_size_limit(n, width, 
 
 def test_a_value_past_int32_is_refused_not_wrapped():
     with pytest.raises(ValueError, match="int32"):
-        fleet_shards([Column("a", length=1)], {"a": 1}, {"a": np.array([[2**31]])}, None, mds.SIZE_LIMIT)
+        fleet_shards([Column("a", length=1)], {"a": np.array([[2**31]])}, None, mds.SIZE_LIMIT)
 
 
 def test_a_damaged_shard_is_named_not_misread():
-    ((_, data, _),) = fleet_shards([Column("a", length=2)], {"a": 2}, {"a": np.ones((5, 2), int)}, None, mds.SIZE_LIMIT)
+    ((_, data, _),) = fleet_shards([Column("a", length=2)], {"a": np.ones((5, 2), int)}, None, mds.SIZE_LIMIT)
     with pytest.raises(mds.MDSError):
         list(mds.read_shard(data[:-3])[1])
     with pytest.raises(mds.MDSError):

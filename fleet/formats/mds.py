@@ -70,12 +70,14 @@ def check_compression(value: str) -> Optional[str]:
     raise ValueError(f"{value!r} is not an MDS compression (known: none, zstd, zstd:<1..22>)")
 
 
-def encoding(column: Column, length: int) -> str:
-    """A feature's MDS encoding: a fixed-shape array of ``length`` int32 (or float32) values; a
-    text column's (input fields): ``json``."""
+def encoding(column: Column) -> str:
+    """A feature's MDS encoding: a fixed-shape array of its ``length`` int32 (or float32) values; a
+    text column's (input fields): ``json``. ValueError for a feature of no length."""
     if column.kind == "text":
         return "json"
-    return f"ndarray:{'float32' if column.kind == 'float' else 'int32'}:{length}"
+    if not column.length:
+        raise ValueError(f"output=mds: column {column.name} has no length (build it with feature_columns)")
+    return f"ndarray:{'float32' if column.kind == 'float' else 'int32'}:{column.length}"
 
 
 @dataclass(frozen=True)
@@ -181,13 +183,12 @@ class MDSExampleWriter(ExampleWriter):
         self,
         out: ShardOut,
         columns: Sequence[Column],
-        lengths: Mapping[str, int],
         compression: Optional[str] = None,
         size_limit: int = SIZE_LIMIT,
         encodings: Optional[Mapping[str, str]] = None,
     ):
         super().__init__(columns)
-        codes = {c.name: encoding(c, lengths.get(c.name) or 0) for c in columns}
+        codes = {c.name: encoding(c) for c in columns}
         codes.update(encodings or {})
         self.config = ShardConfig.of(codes, compression, size_limit)
         self.out = out
@@ -199,11 +200,16 @@ class MDSExampleWriter(ExampleWriter):
     def write(self, records: bytes, count: Optional[int] = None) -> None:
         """Framed TFRecords decoded back into rows (for jobs that encode records themselves)."""
         names = {c.name for c in self.columns}
+        rows: dict[str, list] = {name: [] for name in names}
         for raw in tfrecord.iter_records(records):
             example = tfrecord.parse_example(raw)
             if set(example) != names:
                 raise ValueError(f"a record has the features {sorted(example)}, the writer {sorted(names)}")
-            self._add(encode_rows(self.config, {k: np.asarray(v).reshape(1, -1) for k, v in example.items()}, 1))
+            for name, value in example.items():
+                rows[name].append(value)
+        n = len(next(iter(rows.values()), []))
+        if n:  # encoded as one batch: a shard's records come here by the thousand (--shards)
+            self._add(encode_rows(self.config, {name: np.stack(values) for name, values in rows.items()}, n))
 
     def write_columns(self, values: Mapping[str, np.ndarray]) -> None:
         n = row_count(self.columns, {k: v for k, v in values.items() if k in {c.name for c in self.columns}})

@@ -114,9 +114,7 @@ def mds_run_files(
     from fleet.formats import mds
 
     columns = [*feature_columns(features), *text]
-    config = mds.ShardConfig.of(
-        {c.name: mds.encoding(c, c.length or 0) for c in columns}, mds.check_compression(compression)
-    )
+    config = mds.ShardConfig.of({c.name: mds.encoding(c) for c in columns}, mds.check_compression(compression))
     return {mds.INDEX: mds.root_index(config, manifest.outputs)}
 
 
@@ -210,11 +208,7 @@ def _mds_writer(sink: Sink, compression: str, columns: Sequence[Column]) -> Iter
             raw.write(data)
         sink.count(suffix, counts)  # samples and bytes: what index.json says of the shard (mds_run_files)
 
-    lengths = {c.name: c.length for c in columns if c.kind != "text"}
-    missing = sorted(name for name, length in lengths.items() if not length)
-    if missing:
-        raise ValueError(f"output=mds: columns {missing} have no length (build them with feature_columns)")
-    writer = mds.MDSExampleWriter(shard, columns, lengths, mds.check_compression(compression))  # type: ignore[arg-type]
+    writer = mds.MDSExampleWriter(shard, columns, mds.check_compression(compression))
     yield writer
     writer.close()
 
