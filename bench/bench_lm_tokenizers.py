@@ -1,27 +1,33 @@
-"""causal_lm's speed per tokenizer kind, whole process, against the tokenizer library alone.
+"""causal_lm's speed per tokenizer kind, whole process, against a plain script of the same library.
 
-    .venv/bin/python bench/bench_lm_tokenizers.py [--repeat 10] [--rounds 2] [--max-seq-length 128]
-        [--kinds json,sentencepiece,tiktoken] [--bytecode cached|compiled] [--profile] [--same-as REV] [--before REV]
+    .venv/bin/python bench/bench_lm_tokenizers.py [--repeat 27] [--rounds 2] [--max-seq-length N]
+        [--kinds json,sentencepiece,tiktoken,vocab] [--also KEY=VALUE ...] [--bytecode cached|compiled]
+        [--profile] [--same-as REV] [--before REV]
 
 Input: the short-document corpus (``bench/short_corpus.py``: the sample's lines in documents of
-1-3 lines, 7,122 documents) repeated ``--repeat`` times into one file. Tokenizers, trained here on
-the sample (a few seconds): a byte-level BPE ``tokenizer.json`` of 8,000 tokens (``tokenizers``),
-a SentencePiece unigram ``.model`` of 8,000 pieces, and a tiktoken ranks file made from the same
-byte-level BPE (its 256 bytes, then each merge's token in merge order) with cl100k_base's pattern.
+1-3 lines, 7,122 documents) repeated ``--repeat`` times into one file (27: 32 MB). Tokenizers,
+trained here on the sample (a few seconds): a byte-level BPE ``tokenizer.json`` of 8,000 tokens
+(``tokenizers``), a SentencePiece unigram ``.model`` of 8,000 pieces, a tiktoken ranks file made
+from the same byte-level BPE (its 256 bytes, then each merge's token in merge order) with
+cl100k_base's pattern, and a BERT WordPiece ``vocab.txt`` of 8,000 (``BertWordPieceTokenizer``).
 
 Rows, each a fresh process, CPU = user + system seconds of it and its children (``os.wait4``),
 least of ``--rounds``; MB = 10^6 bytes of UTF-8 text in the file's lines:
 
 - ``fleet local FILE OUT --job causal_lm --workers 1 --set tokenizer_file=...`` (plan, worker,
-  report: everything from start to exit), TFRecord output;
-- the library alone, one thread, in batch mode: a script that reads the same file, makes the same
-  documents (lines joined by ``\\n``) and encodes them 10,000 at a time, keeping the ids:
-  ``Tokenizer.encode_batch`` (RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM=false) and ``.ids``,
-  ``SentencePieceProcessor.encode(list, num_threads=1)``, ``Encoding.encode_ordinary_batch(list,
-  num_threads=1)``.
+  report: everything from start to exit) with causal_lm's defaults: 1024-token blocks, documents
+  packed (``pack_documents=true``), TFRecord output; ``--also KEY=VALUE`` adds a row with one
+  option changed (``pack_documents=false``: a padded block per document, the old default);
+- a plain script of the library doing the same work, one thread: it reads the same file, makes
+  the same documents (lines joined by ``\\n``), encodes them 10,000 at a time
+  (``Tokenizer.encode_batch`` with RAYON_NUM_THREADS=1, ``SentencePieceProcessor.encode(list,
+  num_threads=1)``, ``Encoding.encode_ordinary_batch(list, num_threads=1)``,
+  ``BertWordPieceTokenizer.encode_batch``), appends the end-of-document id causal_lm appends,
+  cuts the stream into blocks of the same size (the last padded) and writes them as int32.
 
-The ratio is library CPU / fleet CPU (goal >= 1.0x: the whole job costs no more than tokenizing
-alone). ``--profile`` adds, per kind, the top of a cProfile of the converter in this process on
+The ratio is library CPU / fleet CPU (goal of issue 33 >= 1.2x: the whole job costs less than a
+plain script of its tokenizer). Output / text is the bytes written over the bytes of text (goal
+<= 1.5x). ``--profile`` adds, per kind, the top of a cProfile of the converter in this process on
 the same documents (where the time of a worker goes). ``--same-as REV`` also runs each kind's
 ``fleet local`` from REV (a commit with these tokenizers, exported by ``git archive``, run with
 this venv) and says whether every output file is the same bytes; ``--before REV`` times REV's
@@ -33,9 +39,8 @@ each process finds its modules' bytecode (``PYTHONPYCACHEPREFIX`` in the tempora
 (``PYTHONDONTWRITEBYTECODE=1``): fleet compiles its own modules in every process, about 0.1 s
 the library's row does not pay (its bytecode came with its wheel).
 
-Start-up: ``fleet local`` of each kind on a one-line file (the fixed cost of a process: imports,
-plan, worker, report), and the ratio with it taken off both sides (the library's start-up is a
-Python start and one import).
+Start-up: both on a one-line file (the fixed cost of a process: imports, plan, worker, report),
+and the ratio with it taken off both sides.
 """
 
 from __future__ import annotations
@@ -64,19 +69,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_convert  # noqa: E402
 from short_corpus import short_sample  # noqa: E402
 
-KINDS = ("json", "sentencepiece", "tiktoken")
+KINDS = ("json", "sentencepiece", "tiktoken", "vocab")
 VOCAB = 8000
 
 LIBRARY = """
 import os, sys
 os.environ["RAYON_NUM_THREADS"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
-kind, corpus, tok = sys.argv[1:4]
+import numpy as np
+kind, corpus, tok, pattern, eod, block, out = sys.argv[1:8]
+eod, block = int(eod), int(block)
 with open(corpus, encoding="utf-8") as f:
     docs = [b.strip("\\n") for b in f.read().split("\\n\\n") if b.strip()]
 if kind == "json":
     from tokenizers import Tokenizer
     t = Tokenizer.from_file(tok)
+    encode = lambda batch: [e.ids for e in t.encode_batch(batch, add_special_tokens=False)]
+elif kind == "vocab":
+    from tokenizers import BertWordPieceTokenizer
+    t = BertWordPieceTokenizer(tok, lowercase=True)
     encode = lambda batch: [e.ids for e in t.encode_batch(batch, add_special_tokens=False)]
 elif kind == "sentencepiece":
     import sentencepiece
@@ -86,13 +97,20 @@ else:
     import base64, tiktoken
     with open(tok, "rb") as f:
         ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in f if line.strip())}
-    enc = tiktoken.Encoding("bench", pat_str=sys.argv[4], mergeable_ranks=ranks,
+    enc = tiktoken.Encoding("bench", pat_str=pattern, mergeable_ranks=ranks,
                             special_tokens={"<|endoftext|>": len(ranks)})
     encode = lambda batch: enc.encode_ordinary_batch(batch, num_threads=1)
-n = 0
-for i in range(0, len(docs), 10000):
-    n += sum(map(len, encode(docs[i:i + 10000])))
-print(n)
+stream = []
+with open(out, "wb") as f:
+    for i in range(0, len(docs), 10000):
+        for ids in encode(docs[i:i + 10000]):
+            stream += ids
+            stream.append(eod)
+        n = len(stream) // block * block
+        np.asarray(stream[:n], np.int32).tofile(f)
+        del stream[:n]
+    if stream:
+        np.asarray(stream + [eod] * (block - len(stream)), np.int32).tofile(f)
 """
 
 
@@ -106,14 +124,18 @@ def gpt2_byte_of_char() -> dict[str, int]:
 def make_tokenizers(texts: list[str], folder: str) -> dict[str, str]:
     """{kind: path} of the three tokenizers, trained on ``texts``."""
     import sentencepiece
-    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers import BertWordPieceTokenizer, ByteLevelBPETokenizer
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(texts, vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False)
     paths = {
-        kind: os.path.join(folder, name) for kind, name in zip(KINDS, ("tokenizer.json", "spm.model", "bpe.tiktoken"))
+        kind: os.path.join(folder, name)
+        for kind, name in zip(KINDS, ("tokenizer.json", "spm.model", "bpe.tiktoken", "vocab.txt"))
     }
     bpe.save(paths["json"])
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(texts, vocab_size=VOCAB, show_progress=False)
+    wordpiece.save_model(folder)  # vocab.txt, [PAD] [UNK] [CLS] [SEP] [MASK] first
     char_byte = gpt2_byte_of_char()
     ranks = {bytes([b]): b for b in range(256)}
     for merge in json.loads(bpe.to_str())["model"]["merges"]:
@@ -134,9 +156,38 @@ def make_tokenizers(texts: list[str], folder: str) -> dict[str, str]:
     return paths
 
 
-def options(kind: str, path: str, eod: int, max_seq_length: int) -> dict[str, str]:
-    extra = {"tiktoken_special_tokens": f"<|endoftext|>={eod}"} if kind == "tiktoken" else {}
-    return {"tokenizer_file": path, "max_seq_length": str(max_seq_length), **extra}
+def options(kind: str, path: str, eod: int, max_seq_length: int | None) -> dict[str, str]:
+    """causal_lm's options: the tokenizer and nothing else (its defaults) unless --max-seq-length."""
+    opts = {"vocab_file": path} if kind == "vocab" else {"tokenizer_file": path}
+    if kind == "tiktoken":
+        opts["tiktoken_special_tokens"] = f"<|endoftext|>={eod}"
+    if max_seq_length:
+        opts["max_seq_length"] = str(max_seq_length)
+    return opts
+
+
+def eod_id(kind: str, path: str) -> int:
+    """The id causal_lm ends each document with by default (docs/text-jobs.md), for the library's row."""
+    if kind == "sentencepiece":
+        import sentencepiece
+
+        return sentencepiece.SentencePieceProcessor(model_file=path).eos_id()
+    if kind == "tiktoken":
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    from tokenizers import Tokenizer
+
+    if kind == "vocab":
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f].index("[SEP]")
+    return Tokenizer.from_file(path).token_to_id("<|endoftext|>")
+
+
+def folder_bytes(path: str) -> int:
+    """Bytes of a run's outputs: every part-* file of a folder, or the file itself."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path) if n.startswith("part-"))
 
 
 PYCACHE: str | None = None  # --bytecode cached: where every process's bytecode is kept (main sets it)
@@ -177,7 +228,7 @@ def export(rev: str, folder: str) -> str:
 
 
 def same_as(
-    rev: str, kinds: list[str], corpus: str, paths: dict[str, str], eod: int, max_seq_length: int, folder: str
+    rev: str, kinds: list[str], corpus: str, paths: dict[str, str], eod: int, max_seq_length: int | None, folder: str
 ) -> list[str]:
     """Whether REV's fleet local writes the same bytes as this checkout's, per kind."""
     tree = export(rev, folder)
@@ -244,9 +295,11 @@ def profile(kind: str, opts: dict[str, str], corpus: str, top: int) -> list[str]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=10, help="the short corpus this many times (10: about 12 MB)")
+    ap.add_argument("--repeat", type=int, default=27, help="the short corpus this many times (27: about 32 MB)")
     ap.add_argument("--rounds", type=int, default=2, help="run each row this many times, keep the least CPU")
-    ap.add_argument("--max-seq-length", type=int, default=128)
+    ap.add_argument(
+        "--max-seq-length", type=int, help="tokens per block (default: causal_lm's own, 1024, on both sides)"
+    )
     ap.add_argument("--kinds", default=",".join(KINDS), help="which tokenizers, comma-separated")
     ap.add_argument(
         "--bytecode",
@@ -255,6 +308,14 @@ def main() -> None:
         help="cached: every process finds its modules' bytecode, as after pip install (each command "
         "runs once untimed first); compiled: as this machine runs a checkout (PYTHONDONTWRITEBYTECODE), "
         "fleet's own modules compiled in every process",
+    )
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also time fleet local with this causal_lm option set (a row per kind; repeatable), "
+        "e.g. pack_documents=false or output=megatron",
     )
     ap.add_argument("--profile", action="store_true", help="also profile the converter per kind")
     ap.add_argument("--top", type=int, default=14, help="profile rows per kind")
@@ -290,18 +351,24 @@ def main() -> None:
     with open(tiny, "w") as f:
         f.write("hello world\n\n")
     fleet = os.path.join(os.path.dirname(sys.executable), "fleet")
+    block = args.max_seq_length or 1024
+    lib_out = os.path.join(tmp.name, "library.bin")
     results: dict[tuple[str, str], dict] = {}
     for round_ in range(args.rounds + (args.bytecode == "cached")):  # (a first round untimed: it writes bytecode)
         for kind in kinds:
             out = os.path.join(tmp.name, f"out-{kind}")
             opts = options(kind, paths[kind], eod, args.max_seq_length)
             sets = [a for k, v in opts.items() for a in ("--set", f"{k}={v}")]
+            lib = [sys.executable, "-c", LIBRARY, kind]
+            lib_args = [paths[kind], CL100K_PATTERN, str(eod_id(kind, paths[kind])), str(block), lib_out]
             rows = {
                 "fleet": [fleet, "local", corpus, out, "--job", "causal_lm", "--workers", "1", *sets],
-                "library": [sys.executable, "-c", LIBRARY, kind, corpus, paths[kind], CL100K_PATTERN],
+                "library": [*lib, corpus, *lib_args],
                 "fleet start-up": [fleet, "local", tiny, out, "--job", "causal_lm", "--workers", "1", *sets],
-                "library start-up": [sys.executable, "-c", LIBRARY, kind, tiny, paths[kind], CL100K_PATTERN],
+                "library start-up": [*lib, tiny, *lib_args],
             }
+            for also in args.also:
+                rows[also] = [*rows["fleet"], "--set", also]
             if args.before:
                 rows["before"] = rows["fleet"]  # (the same script: PYTHONPATH picks the checkout)
             for row, cmd in rows.items():
@@ -309,32 +376,43 @@ def main() -> None:
                 r = run_process(cmd, export(args.before, tmp.name) if row == "before" else ROOT)
                 if args.bytecode == "cached" and round_ == 0:
                     continue
+                r["bytes"] = folder_bytes(lib_out if row.startswith("library") else out)
                 if (kind, row) not in results or r["cpu"] < results[kind, row]["cpu"]:
                     results[kind, row] = r
             shutil.rmtree(out, ignore_errors=True)
 
     print(
         f"short corpus x{args.repeat}: {mb:.2f} MB of text, {len(texts) * args.repeat:,} documents; "
-        f"max_seq_length {args.max_seq_length}; least CPU of {args.rounds}; bytecode {args.bytecode}; "
+        f"{block}-token blocks; least CPU of {args.rounds}; bytecode {args.bytecode}; "
         f"python {sys.version.split()[0]}; "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
     )
     print(
         f"{'tokenizer':16}{'fleet local (whole process)':>32}{'library alone, batch, 1 thread':>34}{'ratio':>8}"
-        f"{'start-up: fleet, library':>28}{'ratio less start-up':>22}"
+        f"{'start-up: fleet, library':>28}{'ratio less start-up':>22}{'output / text: fleet, library':>32}"
     )
     for kind in kinds:
         f, lib = results[kind, "fleet"], results[kind, "library"]
         f0, lib0 = results[kind, "fleet start-up"]["cpu"], results[kind, "library start-up"]["cpu"]
         cells = [f"{mb / r['cpu']:6.2f} MB/s ({r['cpu']:5.2f} s)" for r in (f, lib)]
+        sizes = ", ".join(f"{r['bytes'] / 1e6 / mb:.2f}x" for r in (f, lib))
         print(
             f"{kind:16}{cells[0]:>32}{cells[1]:>34}{lib['cpu'] / f['cpu']:7.2f}x"
             f"{f'{f0:.2f} s, {lib0:.2f} s':>28}{(lib['cpu'] - lib0) / (f['cpu'] - f0):21.2f}x"
+            f"{sizes:>32}"
         )
     print(
-        "(MB/s = text MB / CPU s of the process tree; ratio = library CPU / fleet CPU, goal >= 1.0x; start-up: "
-        "the same commands on a one-line file)"
+        "(MB/s = text MB / CPU s of the process tree; ratio = library CPU / fleet CPU, goal >= 1.2x; start-up: "
+        "the same commands on a one-line file; output / text = bytes written / bytes of text, goal <= 1.5x)"
     )
+    for also in args.also:
+        print(f"\nfleet local with {also}, same rounds:")
+        for kind in kinds:
+            a, lib = results[kind, also], results[kind, "library"]
+            print(
+                f"{kind:16}{mb / a['cpu']:6.2f} MB/s ({a['cpu']:5.2f} s), ratio {lib['cpu'] / a['cpu']:.2f}x, "
+                f"output / text {a['bytes'] / 1e6 / mb:.2f}x"
+            )
     if args.before:
         print(f"\nfleet local before ({args.before}) and now, same rounds:")
         for kind in kinds:

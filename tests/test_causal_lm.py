@@ -113,12 +113,13 @@ def test_discovered_by_the_fleet_with_its_options():
     assert JOB.files(config) == {"tokenizer_file": "t.json"}  # the run pins its digest
 
 
-def test_byte_level_bpe_blocks_hold_every_document_and_its_end_token(bpe_path, documents):
+@pytest.mark.parametrize("pack", [True, False])
+def test_byte_level_bpe_blocks_hold_every_document_and_its_end_token(bpe_path, documents, pack):
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(bpe_path)
     eod = tokenizer.token_to_id("<|endoftext|>")
-    config = CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=64)
+    config = CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=64, pack_documents=pack)
     stats, rows = convert(config, documents)
     assert all(len(r["input_ids"]) == len(r["attention_mask"]) == 64 for r in rows)
     got = [i for r in rows for i, m in zip(r["input_ids"], r["attention_mask"]) if m]
@@ -135,7 +136,7 @@ def test_byte_level_bpe_blocks_hold_every_document_and_its_end_token(bpe_path, d
 
 
 def test_parquet_rows_equal_the_tfrecords_of_the_same_documents(bpe_path, documents):
-    for extra in ({}, {"last_block": "drop", "pack_documents": True}):
+    for extra in ({"pack_documents": False}, {"last_block": "drop", "pack_documents": True}):
         _, tf_rows = convert(CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=48, **extra), documents)
         _, pq_rows = convert(
             CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=48, output="parquet", **extra), documents
@@ -150,9 +151,9 @@ def test_examples_depend_on_the_documents_only_unless_packed(bpe_path, documents
             rows += convert(config, documents[a:b])[1]
         return canonical(rows)
 
-    config = CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=32)
+    config = CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=32, pack_documents=False)
     assert items(config, []) == items(config, [7, 30, 31, 55])
-    packed = CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=32, pack_documents=True)
+    packed = CausalLMConfig(tokenizer_file=bpe_path, max_seq_length=32)  # the default packs
     assert items(packed, []) != items(packed, [7, 30, 31, 55])  # as docs/text-jobs.md says: packing mixes an item
 
 
@@ -205,6 +206,28 @@ def fleet_local(inputs, out, *args):
     return proc
 
 
+def test_the_default_packs_short_documents_so_only_each_items_last_block_is_padded(tmp_path, bpe_path, documents):
+    """Issue 33 item 7: the defaults spend no space on padding (one padded block per document was
+    8x the text on short documents)."""
+    lines = [line for d in documents for line in d if line.strip()]
+    text = tmp_path / "in" / "short.txt"
+    text.parent.mkdir()
+    text.write_text("\n\n".join(lines) + "\n", encoding="utf-8")
+    size = {}
+    for name, more in (("default", []), ("per-document", ["--set", "pack_documents=false"])):
+        fleet_local([str(text.parent)], tmp_path / name, "--set", f"tokenizer_file={bpe_path}", "--item-mb", "0.1", *more)
+        parts = sorted((tmp_path / name).glob("part-*.tfrecord"))
+        size[name] = sum(p.stat().st_size for p in parts)
+        if name == "default":
+            assert len(parts) > 3
+            for part in parts:
+                rows = examples(part.read_bytes(), ".tfrecord")
+                assert {len(r["input_ids"]) for r in rows} == {1024}
+                assert all(all(r["attention_mask"]) for r in rows[:-1]) and not all(rows[-1]["attention_mask"])
+    text_bytes = sum(len(line.encode()) for line in lines)
+    assert size["default"] < 1.5 * text_bytes < size["per-document"] / 4
+
+
 def test_fleet_local_examples_do_not_depend_on_item_size_or_input_format(tmp_path, bpe_path, documents):
     text = tmp_path / "in" / "docs.txt"
     text.parent.mkdir()
@@ -212,7 +235,7 @@ def test_fleet_local_examples_do_not_depend_on_item_size_or_input_format(tmp_pat
     jsonl = tmp_path / "in_jsonl" / "docs.jsonl.gz"
     jsonl.parent.mkdir()
     jsonl.write_bytes(gzip.compress("".join(json.dumps({"text": "\n".join(d)}) + "\n" for d in documents).encode()))
-    opts = ["--set", f"tokenizer_file={bpe_path}", "--set", "max_seq_length=64"]
+    opts = ["--set", f"tokenizer_file={bpe_path}", "--set", "max_seq_length=64", "--set", "pack_documents=false"]
     fleet_local([str(text.parent)], tmp_path / "one", *opts)
     # Items of 0.03 MB: more items, none cutting a document (docs/text-jobs.md says what a cut does).
     fleet_local([str(text.parent)], tmp_path / "many", *opts, "--item-mb", "0.03")

@@ -99,7 +99,7 @@ def truth_of(corpus, place: dict) -> dict:
 
 @pytest.mark.parametrize("job, pack", [("causal_lm", False), ("causal_lm", True), ("electra_zh_en", False)])
 def test_each_row_carries_the_fields_of_the_documents_it_holds(corpus, tmp_path, job, pack):
-    settings = {"pack_documents": pack} if pack else {}
+    settings = {"pack_documents": str(pack).lower()}
     run(corpus, tmp_path / "f", job, output="parquet", provenance="true", fields="url,id", **settings)
     run(corpus, tmp_path / "plain", job, output="parquet", **settings)
     carried, plain = rows(tmp_path / "f"), rows(tmp_path / "plain")

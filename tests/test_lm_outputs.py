@@ -320,7 +320,7 @@ def test_run_files_list_every_megatron_dataset_weighted_by_its_tokens():
 def test_options_that_make_no_sense_with_whole_sequences_are_one_line(bpe_path):
     cases = {
         "option max_seq_length: output=megatron writes each document whole": {"max_seq_length": "512"},
-        "option pack_documents: output=megatron": {"pack_documents": "true"},
+        "option pack_documents: output=megatron": {"pack_documents": "false"},
         "option last_block: output=megatron": {"last_block": "drop"},
         "option shifted_labels: output=megatron": {"shifted_labels": "true"},
         "option pad_token: output=megatron": {"pad_token": "<|endoftext|>"},
@@ -356,7 +356,7 @@ def test_fleet_local_refuses_a_conflict_in_one_line_with_exit_2(tmp_path, corpus
             "--set",
             "output=tokens",
             "--set",
-            "pack_documents=true",
+            "pack_documents=false",
         ],
         cwd=ROOT,
         capture_output=True,

@@ -4,12 +4,13 @@ Each document's ids are followed by the end-of-document id and cut into blocks o
 exactly ``block_size`` ids. Where a block boundary falls decides what the output
 depends on:
 
-- by default every document starts a new block, so a document's blocks depend on
-  that document only: a run's multiset of examples is the same whatever the item
+- without ``pack_documents`` every document starts a new block, so a document's blocks
+  depend on that document only: a run's multiset of examples is the same whatever the item
   size, the worker count or the input format. The last, partial block of each
   document is padded (``attention_mask`` 0 over the padding) or dropped;
-- with ``pack_documents`` the documents of an item form one stream, as GPT-2 style
-  ``group_texts`` does: no padding but at the item's end, but blocks then mix the
+- with ``pack_documents`` (the job's default since issue 33: on short documents a padded
+  block per document made the output 8x the text) the documents of an item form one
+  stream, as GPT-2 style ``group_texts`` does: no padding but at the item's end, but blocks then mix the
   neighbouring documents of an item, so they depend on how the corpus was cut into
   items (``--item-mb``; never on the worker count).
 
