@@ -20,11 +20,12 @@ unmodified, as subprocesses, with these flags (their defaults otherwise):
 - electra: ``build_pretraining_dataset.py --corpus-dir D --vocab-file V --output-dir O
   --max-seq-length 128 --num-processes 1 --blanks-separate-docs True --do-lower-case`` (it imports
   ``tensorflow.compat.v1`` itself and runs as is; it writes its usual 1000 output files).
-- fleet: ``bench_convert.rss_child`` in a fresh process (what bench/bench_convert.py's peak-RSS rows
-  run: the input file streamed as a worker reads it, records written to a file), with
-  ``format=bert`` (whole-word masking with rjieba, fleet's default), ``format=bert`` with
-  ``whole_word_masking=false`` (per-piece masking, as BERT's default) and ``format=electra``; the
-  same max_seq_length, masked_lm_prob, max_predictions_per_seq and dupe_factor as above.
+- fleet: the whole ``fleet local FILE OUT --workers 1`` process (plan, the worker process, the
+  summary and report, as a user runs it; CPU of the process tree), with ``--job bert``
+  (whole-word masking with rjieba, fleet's default), ``--job bert --set whole_word_masking=false``
+  (per-piece masking, as BERT's default) and ``--job electra_zh_en``; the same max_seq_length,
+  masked_lm_prob, max_predictions_per_seq and dupe_factor as above. Its examples and bytes are
+  read from the run's ``summary.json`` and ``part-*`` files.
 
 All read one file: corpus/sample_zh.txt repeated N times then corpus/sample_en.txt N times (BERT's
 input format: a line of text per line, blank lines between documents), and, as a second corpus
@@ -39,8 +40,8 @@ MB = 10^6 bytes of UTF-8 text in the input's lines (fleet's ``text_bytes``; newl
 as in bench_convert.py), the same figure for every row. CPU seconds are the user + system time
 of the child process (``os.wait4``: the child's own rusage, what ``getrusage(RUSAGE_CHILDREN)``
 grows by), start-up included: Python, the imports (TensorFlow alone is some 3 s of CPU), the
-vocab. "excl. start-up" subtracts the CPU seconds of the same command on an empty input file;
-for fleet, "(in-process)" beside it is the conversion's own CPU time as rss_child measures it.
+vocab. "excl. start-up" subtracts the CPU seconds of the same command on a one-line input file
+(``fleet local`` refuses an input with no text).
 Each row runs ``--rounds`` times (rounds interleaved), the run with the least CPU is kept.
 Peak RSS is the child's ``ru_maxrss``; this process imports nothing big before the runs, as Linux
 carries a parent's peak into its children's.
@@ -90,24 +91,16 @@ MASKED_LM_PROB = 0.15
 
 BERT_ROW = "bert create_pretraining_data.py"
 ELECTRA_ROW = "electra build_pretraining_dataset.py"
-FLEET_BERT = "fleet format=bert (whole-word, rjieba)"
-FLEET_BERT_PIECES = "fleet format=bert, whole_word_masking=false"
-FLEET_ELECTRA = "fleet format=electra"
-FLEET_OPTIONS = {
+FLEET_BERT = "fleet --job bert (whole-word, rjieba)"
+FLEET_BERT_PIECES = "fleet --job bert, whole_word_masking=false"
+FLEET_ELECTRA = "fleet --job electra_zh_en"
+FLEET_OPTIONS = {  # format: what the records check converts in-process (bench_convert.configured)
     FLEET_BERT: {"format": "bert"},
     FLEET_BERT_PIECES: {"format": "bert", "whole_word_masking": False},
     FLEET_ELECTRA: {"format": "electra"},
 }
 BERT_SPECIFIC = {"masked_lm_prob": MASKED_LM_PROB, "max_predictions_per_seq": MAX_PREDICTIONS, "dupe_factor": 1}
 SPEEDUPS = [(FLEET_BERT, BERT_ROW), (FLEET_BERT_PIECES, BERT_ROW), (FLEET_ELECTRA, ELECTRA_ROW)]
-
-
-def fleet_child(path: str, vocab: str, options_json: str) -> None:
-    """In a fresh process: bench_convert's big-item conversion (file to file), its JSON on stdout."""
-    sys.path.insert(0, BENCH)
-    import bench_convert
-
-    bench_convert.rss_child(path, vocab, json.loads(options_json))
 
 
 def run(cmd: list[str], log: str, cwd: str | None = None) -> dict:
@@ -164,14 +157,24 @@ def commands(args, vocab: str, text_file: str, corpus_dir: str, out: str) -> dic
             "--do-lower-case",
         ],
     }
+    fleet = os.path.join(os.path.dirname(py), "fleet")
     for label, options in FLEET_OPTIONS.items():
-        options = {
+        job = "bert" if options["format"] == "bert" else "electra_zh_en"
+        more = {k: v for k, v in options.items() if k != "format"}
+        sets = {
+            "vocab_file": vocab,
             "max_seq_length": MAX_SEQ_LENGTH,
-            **options,
-            **(BERT_SPECIFIC if options["format"] == "bert" else {}),
+            **more,
+            **(BERT_SPECIFIC if job == "bert" else {}),
         }
-        cmds[label] = [py, os.path.abspath(__file__), "--fleet-child", text_file, vocab, json.dumps(options)]
+        cmds[label] = [fleet, "local", text_file, fleet_out(out, label), "--job", job, "--workers", "1"]
+        cmds[label] += [a for k, v in sets.items() for a in ("--set", f"{k}={str(v).lower() if v is False else v}")]
     return cmds
+
+
+def fleet_out(out: str, label: str) -> str:
+    """The output folder of a fleet row."""
+    return os.path.join(out, "fleet-" + "".join(c if c.isalnum() else "-" for c in label))
 
 
 def check_child(outputs_json: str, text_file: str, vocab: str, n: str) -> None:
@@ -280,7 +283,7 @@ def count_records(files: list[str]) -> tuple[int, float]:
 def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, folder: str):
     """Every row on one corpus; prints its table. Returns the speed-ups and what the check reads."""
     os.makedirs(folder)
-    # The input: one file in a folder of its own (ELECTRA reads folders), and an empty one for start-up.
+    # The input: one file in a folder of its own (ELECTRA reads folders), and a one-line one for start-up.
     corpus_dir, empty_dir = os.path.join(folder, "corpus"), os.path.join(folder, "empty")
     for d in (corpus_dir, empty_dir):
         os.makedirs(d)
@@ -290,7 +293,8 @@ def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, 
             with open(path, "rb") as f:
                 one = f.read().rstrip(b"\n") + b"\n\n"
             out.write((short_documents(one) if corpus == "short" else one) * args.repeat)
-    open(empty_file, "wb").close()
+    with open(empty_file, "wb") as f:
+        f.write(b"hello world\n")
     out_dir, empty_out = os.path.join(folder, "out"), os.path.join(folder, "out-empty")
     os.makedirs(out_dir)
     os.makedirs(empty_out)
@@ -325,6 +329,8 @@ def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, 
     t0 = time.perf_counter()
     for rnd in range(args.rounds):
         for i, (label, cmd) in enumerate(cmds.items()):
+            for o in (out_dir, empty_out):  # a fleet output folder that exists would be a resume
+                shutil.rmtree(fleet_out(o, label), ignore_errors=True)
             r = run(cmd, os.path.join(folder, f"log-{i}-{rnd}"))
             if label not in best or r["cpu"] < best[label]["cpu"]:
                 best[label] = r
@@ -339,12 +345,14 @@ def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, 
         ELECTRA_ROW: sorted(os.path.join(out_dir, "electra", f) for f in os.listdir(os.path.join(out_dir, "electra"))),
     }
     examples = {label: count_records(files) for label, files in outputs.items()}
-    text_mbs, inproc = set(), {}
+    text_mbs = set()
     for label in FLEET_OPTIONS:
-        r = json.loads(best[label]["stdout"])
-        examples[label] = (r["examples"], r["out_mb"])
-        text_mbs.add(r["text_mb"])
-        inproc[label] = r["text_mb"] / r["cpu"]
+        folder = fleet_out(out_dir, label)
+        with open(os.path.join(folder, "summary.json")) as f:
+            summary = json.load(f)
+        parts = [os.path.join(folder, n) for n in os.listdir(folder) if n.startswith("part-")]
+        examples[label] = (summary["examples"], sum(map(os.path.getsize, parts)) / 1e6)
+        text_mbs.add(summary["text_bytes"] / 1e6)
     assert len(text_mbs) == 1, text_mbs
     text_mb = text_mbs.pop()  # fleet's text_bytes, the same figure for every row
 
@@ -355,7 +363,7 @@ def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, 
     width = max(map(len, cmds))
     head = (
         f"{'':{width}}  {'MB/s/core':>9} {'wall MB/s':>9} {'CPU s':>7} {'wall s':>7}  {'start-up CPU s':>14} "
-        f"{'MB/s/core excl. start-up':>24} {'(in-process)':>12}  {'peak RSS':>9}  {'examples':>8} {'MB out':>7}"
+        f"{'MB/s/core excl. start-up':>24}  {'peak RSS':>9}  {'examples':>8} {'MB out':>7}"
     )
     print(head)
     speed, speed_net, speed_wall = {}, {}, {}
@@ -367,7 +375,7 @@ def measure(args, corpus: str, samples: list[str], vocab: str, vocab_size: int, 
         n, mb = examples[label]
         print(
             f"{label:{width}}  {speed[label]:9.3f} {speed_wall[label]:9.3f} {r['cpu']:7.2f} {r['wall']:7.2f}  "
-            f"{s['cpu']:14.2f} {speed_net[label]:24.3f} {f'({inproc[label]:.3f})' if label in inproc else '':>12}  "
+            f"{s['cpu']:14.2f} {speed_net[label]:24.3f}  "
             f"{r['rss_mib']:5.0f} MiB  {n:8,} {mb:7.2f}"
         )
     print(f"\n(all rows ran in {elapsed:.0f} s wall; load average {load1[0]:.2f} at the end)")
@@ -395,12 +403,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="run every row this many times, keep the least CPU")
     ap.add_argument("--vocab", help="vocab.txt (default: train one of 21128 on the sample)")
     ap.add_argument("--check-records", type=int, default=200, help="records of each output to parse and compare")
-    ap.add_argument("--fleet-child", nargs=3, metavar=("PATH", "VOCAB", "OPTIONS_JSON"), help=argparse.SUPPRESS)
     ap.add_argument("--check-child", nargs=4, metavar=("OUTPUTS_JSON", "PATH", "VOCAB", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.fleet_child:
-        fleet_child(*args.fleet_child)
-        return
     if args.check_child:
         check_child(*args.check_child)
         return
