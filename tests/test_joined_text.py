@@ -221,6 +221,21 @@ def test_a_bad_text_column_is_one_line_at_plan_time(tmp_path):
     one_line_error(proc, "c.jsonl", "any of the fields 'title', 'text'", "give --text-column body")
 
 
+def test_the_check_tool_reads_joined_fields_and_refuses_a_bad_option(tmp_path):
+    from typer.testing import CliRunner
+
+    from fleet_jobs.text.tools.cli import app
+    from tests.helpers.cli import one_line_job_error
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "title", "body"]) + "\n")
+    (tmp_path / "a.jsonl").write_text('{"title": "title", "text": "body"}\n{"text": "body"}\n')
+    common = ["check", str(tmp_path / "a.jsonl"), "--vocab", str(vocab), "--text-column"]
+    one_line_job_error(CliRunner().invoke(app, [*common, "title,title"]), "--text-column 'title,title'", "twice")
+    done = CliRunner().invoke(app, [*common, "title,text"])
+    assert done.exit_code == 0 and "bad records" not in done.output, done.output
+
+
 # -- real runs: the documents the output holds are the joined texts ------------------------------
 
 

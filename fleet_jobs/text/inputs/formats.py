@@ -3,7 +3,8 @@
 - ``text``: one sentence or paragraph per line, a blank line between documents
   (BERT's format);
 - ``jsonl``: JSON Lines, a document per record in its text field (WikiExtractor's
-  ``--json`` output among them);
+  ``--json`` output among them), or its text fields' texts joined (``--text-column
+  title,text``: text_fields, joined_text);
 - ``cirrus``: Wikipedia CirrusSearch dumps, Elasticsearch bulk files whose index
   lines alternate with content lines; documents are the content lines' text;
 - ``wikiextractor``: WikiExtractor's ``<doc id=… url=… title=…>`` … ``</doc>``
