@@ -442,8 +442,9 @@ def _text_events(lines: Iterator) -> Iterator:
 
 def _json_events(lines: Iterator, column: str, cirrus: bool) -> Iterator:
     """JSON Lines: a record's text field is a document (blank lines in it separate paragraphs);
-    several text fields (``title,text``): their texts joined (joined_text). A bad record (not JSON, no text, invalid UTF-8 or a lone surrogate escape in its text) is
-    one Bad with its offset. Not JSON is whatever the decoder raises on the record, not only
+    several text fields (``title,text``): their texts joined (joined_text). A bad record (not
+    JSON, no text, a named field holding a number or a list, invalid UTF-8 or a lone surrogate
+    escape in its text) is one Bad with its offset. Not JSON is whatever the decoder raises on the record, not only
     ValueError: a record nested past the recursion limit (RecursionError) is the record's
     damage, not the item's. A record longer than MAX_LINE_BYTES is read as a stream
     (longjson): its text is handed on in parts as it is decoded, and damage found further on
