@@ -86,8 +86,28 @@ def record_at(stream: bytes, offset: int, fmt: str, options: ReadOptions) -> lis
     if len(rest[0]) > formats.MAX_LINE_BYTES:  # the reader streams it: what it hands on before a fault
         record = formats._LongRecord(0, 0, options.text_column)
         return [x for ev in (*record.feed(rest[0]), *record.close()) if ev.__class__ is list for x in ev]
-    text = json.loads(rest[0].decode("utf-8"))[options.text_column]
+    record = json.loads(rest[0].decode("utf-8"))
+    text = "\n\n".join(record[name] for name in options.text_column.split(",") if record.get(name))
     return [line for line in text.split("\n") if line.strip()]
+
+
+def records_with_text(stream: bytes, column: str) -> int:
+    """The JSON records of an undamaged stream whose joined text fields have a line the reader
+    keeps: no lone surrogate (the record is bad), and in a record read as a stream, a line no
+    longer than MAX_LINE_BYTES characters (a longer one is dropped)."""
+    n = 0
+    for raw in stream.split(b"\n"):
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except Exception:  # not a record (POISONED): the reader's bad record
+            continue
+        if not isinstance(record, dict) or set(record) == {"index"}:
+            continue
+        text = "\n\n".join(record[k] for k in column.split(",") if isinstance(record.get(k), str) and record[k])
+        streamed = len(raw) > formats.MAX_LINE_BYTES
+        keep = [x for x in text.split("\n") if x.strip() and not (streamed and len(x) > formats.MAX_LINE_BYTES)]
+        n += bool(keep) and not formats._SURROGATE.search(text)
+    return n
 
 
 FIELDS = ("id", "meta", "tail", "absent")  # what render() puts in JSON records (a string, an object), and none
@@ -140,6 +160,7 @@ def check_places(draw, fmt: str) -> None:
         titles = fmt == "wikiextractor" and draw(st.booleans())
         r = render(fmt, draw(st.lists(lines, max_size=6)), draw, formats.MAX_LINE_BYTES, titles)
         data, _ = damage(r, draw) if draw(st.booleans()) else (r.data, set())
+        whole = data == r.data
         compression = draw(st.sampled_from(["none", "none", "gz", "zst"]))
         name = FORMATS_NAMES[fmt]
         if compression != "none":
@@ -147,7 +168,10 @@ def check_places(draw, fmt: str) -> None:
             data = COMPRESS[compression](data)
             if data and draw(st.booleans()):
                 data = data[: draw(st.integers(0, len(data) - 1))]  # a stream that breaks off
-        options = ReadOptions(keep_titles=titles, max_bad_share=1.0)
+        # JSON: the text field, or (--text-column tail,text) the text joined after the string "tail"
+        # that half the records hold after it: a long one's text is held until its record ends.
+        column = draw(st.sampled_from(["text", "tail,text"])) if fmt in ("jsonl", "cirrus") else "text"
+        options = ReadOptions(text_column=column, keep_titles=titles, max_bad_share=1.0)
         got = placed_items(data, fmt, compression, name, draw(st.integers(1, max(1, len(data)))), options)
         stream = stream_of(data, compression)
         previous = None
@@ -165,6 +189,8 @@ def check_places(draw, fmt: str) -> None:
             assert record[used : used + len(doc)] == doc, (record, used, doc)
             assert place.fields == fields_at(stream, place.offset, fmt), (place, doc)
             previous = (place.offset, used + len(doc))
+        if "," in column and whole and compression == "none":  # every record with joined text is placed
+            assert len({place.offset for _, place in got}) == records_with_text(stream, column)
     finally:
         for m, a, v in saved:
             setattr(m, a, v)

@@ -115,7 +115,7 @@ DEDUP_HELP = (
 )
 SHUFFLE_MB_HELP = "Memory (MB) a worker's sort between stages holds before it spills to local disk"
 # The options `fleet plan` and `fleet local` share, declared once.
-TEXT_COLUMN = typer.Option("text", help="The text field of JSON records / column of Parquet files")
+TEXT_COLUMN = typer.Option("text", help="The text field of JSON records / column of Parquet files; several: title,text")
 KEEP_TITLES = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line")
 MAX_BAD_SHARE = typer.Option(
     0.5, help="An item fails when more of its records than this share are bad (fewer are skipped and counted)"

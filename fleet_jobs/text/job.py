@@ -36,6 +36,7 @@ from fleet.job import (
 
 from fleet_jobs.text.converter import CHECK_EVERY, DocumentConverter
 from fleet_jobs.text.inputs import ReadOptions, Slice, Tally, corpus_file, cut_source, read_slice
+from fleet_jobs.text.inputs.formats import text_fields
 from fleet_jobs.text.inputs.names import skip_reason
 from fleet_jobs.text.inputs.places import Place, Places
 from fleet_jobs.text.output import example_sink, mds_run_files
@@ -74,6 +75,7 @@ def check_read_options(read: Mapping[str, Any]) -> ReadOptions:
         raise ConfigError(f"--max-bad-share {share:g}: give 0 to 1 (a share of the records)")
     if not isinstance(options.text_column, str) or not options.text_column:
         raise ConfigError(f"--text-column {options.text_column!r}: give the name of a JSON field or Parquet column")
+    text_fields(options.text_column)  # several, comma-separated: none empty, none twice
     if not isinstance(options.keep_titles, bool):
         raise ConfigError(f"--keep-titles {options.keep_titles!r}: a flag, true or false")
     return options

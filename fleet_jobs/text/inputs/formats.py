@@ -3,7 +3,8 @@
 - ``text``: one sentence or paragraph per line, a blank line between documents
   (BERT's format);
 - ``jsonl``: JSON Lines, a document per record in its text field (WikiExtractor's
-  ``--json`` output among them);
+  ``--json`` output among them), or its text fields' texts joined (``--text-column
+  title,text``: text_fields, joined_text);
 - ``cirrus``: Wikipedia CirrusSearch dumps, Elasticsearch bulk files whose index
   lines alternate with content lines; documents are the content lines' text;
 - ``wikiextractor``: WikiExtractor's ``<doc id=… url=… title=…>`` … ``</doc>``
@@ -31,12 +32,14 @@ only what is not handed on yet. A JSON record longer than MAX_LINE_BYTES is read
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 import re
+import tempfile
 from itertools import chain
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator
+from typing import IO, BinaryIO, Iterator
 
 from fleet.job import ConfigError, InputError
 
@@ -60,9 +63,66 @@ _EXAMPLES = 5
 class ReadOptions:
     """How documents are read from every input of a run (part of its plan)."""
 
-    text_column: str = "text"  # the field of a JSON record or the column of a Parquet file
+    text_column: str = "text"  # the field of a JSON record or the column of a Parquet file; "title,text": joined
     keep_titles: bool = False  # WikiExtractor: keep the title line that opens each document
     max_bad_share: float = 0.5  # an item fails when more of its records than this are bad
+
+
+TEXT_SEPARATOR = "\n\n"  # between the texts of several text fields: a blank line, which ends no document
+
+
+def text_fields(column: str) -> tuple[str, ...]:
+    """The text fields ``--text-column`` names: one name as it is, or several, comma-separated
+    (``title,text``: each record's document is their texts joined, in that order, by a blank
+    line). ConfigError, naming the option, for an empty or repeated name."""
+    if "," not in column:
+        if not column:
+            raise ConfigError(f"--text-column {column!r}: give the name of a JSON field or Parquet column")
+        return (column,)
+    names = tuple(name.strip() for name in column.split(","))
+    if not all(names):
+        raise ConfigError(
+            f"--text-column {column!r}: an empty name; give a field, or several comma-separated (title,text)"
+        )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--text-column {column!r}: names a field twice")
+    return names
+
+
+def no_text(names: tuple[str, ...]) -> str:
+    """What a record without text lacks, for its Bad: the text field, or each of several."""
+    if len(names) == 1:
+        return f"has no string field {names[0]!r}"
+    return f"has no string in any of the fields {', '.join(map(repr, names))}"
+
+
+class _NotText(str):
+    """Why a record's text fields give no text (a named field holds a number, a list...)."""
+
+
+def joined_text(record: dict, names: tuple[str, ...]) -> str | None | _NotText:
+    """The text of several text fields of a JSON record: their strings joined in the order named,
+    a blank line between them; a field missing or null gives nothing. None when none holds a
+    string; a _NotText when one holds anything else (a number, a list, an object: a bad record,
+    as a single text field holding one is)."""
+    texts, found = [], False
+    for name in names:
+        value = record.get(name)
+        if isinstance(value, str):
+            found = True
+            if value:
+                texts.append(value)
+        elif value is not None:
+            return _NotText(f"field {name!r} holds {_kind(value)}, not text")
+    return TEXT_SEPARATOR.join(texts) if found else None
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "a list" if isinstance(value, list) else "an object"
 
 
 @dataclass
@@ -381,9 +441,10 @@ def _text_events(lines: Iterator) -> Iterator:
 
 
 def _json_events(lines: Iterator, column: str, cirrus: bool) -> Iterator:
-    """JSON Lines: a record's text field is a document (blank lines in it separate paragraphs).
-    A bad record (not JSON, no text, invalid UTF-8 or a lone surrogate escape in its text) is
-    one Bad with its offset. Not JSON is whatever the decoder raises on the record, not only
+    """JSON Lines: a record's text field is a document (blank lines in it separate paragraphs);
+    several text fields (``title,text``): their texts joined (joined_text). A bad record (not
+    JSON, no text, a named field holding a number or a list, invalid UTF-8 or a lone surrogate
+    escape in its text) is one Bad with its offset. Not JSON is whatever the decoder raises on the record, not only
     ValueError: a record nested past the recursion limit (RecursionError) is the record's
     damage, not the item's. A record longer than MAX_LINE_BYTES is read as a stream
     (longjson): its text is handed on in parts as it is decoded, and damage found further on
@@ -392,6 +453,8 @@ def _json_events(lines: Iterator, column: str, cirrus: bool) -> Iterator:
     long: _LongRecord | None = None
     loads = json.loads
     limit = MAX_DOCUMENT_CHARS
+    names = text_fields(column)
+    joined = names if len(names) > 1 else None  # several text fields (else as ever: one, read as it is)
     for item in lines:
         cls = item.__class__
         if cls is tuple:
@@ -409,9 +472,14 @@ def _json_events(lines: Iterator, column: str, cirrus: bool) -> Iterator:
                 else:
                     if cirrus and isinstance(record, dict) and set(record) == {"index"}:
                         continue  # an Elasticsearch bulk action line: the content line follows
-                    text = record.get(column) if isinstance(record, dict) else None
+                    if joined is None:
+                        text = record.get(column) if isinstance(record, dict) else None
+                    else:
+                        text = joined_text(record, joined) if isinstance(record, dict) else None
                     if not isinstance(text, str):
-                        why = f"record {number} has no string field {column!r}"
+                        why = f"record {number} {no_text(names)}"
+                    elif text.__class__ is _NotText:
+                        why = f"record {number}: {text}"
                     elif "\\u" in line and _SURROGATE.search(text):
                         why = f"record {number}: {_LONE_SURROGATE}"
                     else:
@@ -461,15 +529,26 @@ _LONE_SURROGATE = "a lone surrogate escape in its text (half of a \\uD83D\\uDE00
 
 
 class _LongRecord:
-    """One over-long JSON record read as a stream: its text's lines, in runs."""
+    """One over-long JSON record read as a stream: its text's lines, in runs.
 
-    def __init__(self, offset: int, number: int, column: str):
+    Several text fields: a field's text is handed on as it is decoded when every field named
+    before it has been (title, then text, as records hold them); one that comes before a field
+    named ahead of it, or after one that may still come, is held (a spooled temporary file:
+    memory stays bounded) until the record's end settles the order; then the held ones follow,
+    in the order named, each ending its last line as the blank line joining them would."""
+
+    def __init__(self, offset: int, number: int, column: str | tuple[str, ...]):
         self.offset, self.number = offset, number
-        self.field = TextField(column)
+        self.names = text_fields(column) if isinstance(column, str) else tuple(column)
+        self.field = TextField(self.names)
         self.partial: list[str] = []  # the line being read, in pieces
         self.size = 0
         self.skipping = False  # inside a line of its text longer than MAX_LINE_BYTES characters
         self.failed = False
+        # Several text fields: the one being read (-1: none), handed on as read or held; the
+        # fields handed on in full are the first ``next`` named; the held ones, by index.
+        self.current, self.direct, self.next = -1, False, 0
+        self.held: dict[int, tuple[IO[bytes], bool]] = {}  # index: (its text as UTF-8, read to its end)
 
     def feed(self, data: bytes) -> Iterator:
         if self.failed:
@@ -478,10 +557,10 @@ class _LongRecord:
             try:
                 pieces = self.field.feed(data[at : at + _FEED])
             except NotJSON as e:
-                yield from self._split(e.pieces)
+                yield from self._pieces(e.pieces)
                 yield from self._fail(str(e))
                 return
-            yield from self._split(pieces)
+            yield from self._pieces(pieces)
 
     def close(self) -> Iterator:
         if self.failed:
@@ -489,18 +568,68 @@ class _LongRecord:
         try:
             pieces = self.field.close()
         except NotJSON as e:
-            yield from self._split(e.pieces)
+            yield from self._pieces(e.pieces)
             yield from self._fail(str(e))
             return
-        yield from self._split(pieces)
-        if not self.field.found:
-            yield from self._fail(f"has no string field {self.field.column!r}")
+        yield from self._pieces(pieces)
+        if self.field.wrong is not None:
+            yield from self._fail(self.field.wrong)
             return
+        if not self.field.found:
+            yield from self._fail(no_text(self.names))
+            return
+        for k in sorted(self.held):  # the held fields whose predecessors never came, in order
+            yield from self._release(k)
         yield from self._split(["\n"])
         yield _END
 
+    def _pieces(self, pieces: list) -> Iterator:
+        """Pieces of the text (one field), or of several fields' texts with their marks."""
+        if len(self.names) == 1:
+            yield from self._split(pieces)
+            return
+        run: list[str] = []
+        for piece in pieces:
+            if piece.__class__ is str:
+                if self.direct:
+                    run.append(piece)
+                else:
+                    self.held[self.current][0].write(piece.encode("utf-8", "surrogatepass"))
+                continue
+            if run:
+                yield from self._split(run)
+                run = []
+            if piece >= 0:  # a field's string starts
+                self.current, self.direct = piece, piece == self.next
+                if not self.direct:
+                    self.held[piece] = (tempfile.SpooledTemporaryFile(_HELD), False)
+                continue
+            if not self.direct:  # its string ended
+                self.held[self.current] = (self.held[self.current][0], True)
+                continue
+            yield from self._split(["\n"])
+            self.next = self.current + 1
+            while self.next in self.held and self.held[self.next][1]:
+                yield from self._release(self.next)
+                self.next += 1
+        if run:
+            yield from self._split(run)
+
+    def _release(self, k: int) -> Iterator:
+        """A held field's text, a window at a time, and the end of its last line."""
+        spool, _ = self.held.pop(k)
+        spool.seek(0)
+        decoder = codecs.getincrementaldecoder("utf-8")("surrogatepass")
+        while chunk := spool.read(_FEED):
+            yield from self._split([decoder.decode(chunk)])
+        spool.close()
+        yield from self._split([decoder.decode(b"", True), "\n"])
+
     def _fail(self, why: str) -> Iterator:
         self.failed = True
+        for spool, _ in self.held.values():
+            spool.close()
+        self.held.clear()
         yield _DROP
         yield Bad(self.offset, f"record {self.number} (longer than a line, read as a stream): {why}")
 
@@ -534,6 +663,7 @@ class _LongRecord:
 
 
 _FEED = 1 << 20  # characters of an over-long record decoded at a time
+_HELD = 4 << 20  # bytes of a held text field (several text fields) kept in memory before it spills to disk
 
 
 _OUTSIDE, _TITLE, _TEXT = 0, 1, 2  # where a WikiExtractor reader is: between documents, before a title, in text
@@ -668,12 +798,13 @@ FIELD_SAMPLE = 100  # the records of a JSON file's head that the plan looks at f
 
 def check_text_field(head: bytes, fmt: str, column: str, source: str) -> None:
     """Refuse, at plan time, a JSON Lines file none of whose first FIELD_SAMPLE records has the
-    text field: at run time each of its records would be bad and every item fail, which no retry
+    text field (any of them, for several): at run time each of its records would be bad and every item fail, which no retry
     mends. ``head`` is what the plan read already (the first bytes of the stream, no further
     request); a file where only some records lack the field is read, those counted bad. Records
     that are not JSON objects are the reader's to count: with none in the head, no verdict."""
     if fmt not in ("jsonl", "cirrus"):
         return
+    names = text_fields(column)
     records: list[dict] = []
     for line in head.split(b"\n"):
         if len(records) >= FIELD_SAMPLE:
@@ -684,7 +815,7 @@ def check_text_field(head: bytes, fmt: str, column: str, source: str) -> None:
             continue
         if not isinstance(record, dict) or (fmt == "cirrus" and set(record) == {"index"}):
             continue
-        if isinstance(record.get(column), str):
+        if any(isinstance(record.get(name), str) for name in names):
             return
         records.append(record)
     if not records:
@@ -698,9 +829,8 @@ def check_text_field(head: bytes, fmt: str, column: str, source: str) -> None:
     shown = ", ".join(repr(k) for k in seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "")
     best = max(strings, key=strings.get) if strings else None  # type: ignore[arg-type]
     advice = f"give --text-column {best}" if best is not None else "give --text-column the field that holds the text"
-    raise ConfigError(
-        f"{source}: no record of the first {len(records)} has the field {column!r} (fields seen: {shown}); {advice}"
-    )
+    lacks = f"the field {column!r}" if len(names) == 1 else f"any of the fields {', '.join(map(repr, names))}"
+    raise ConfigError(f"{source}: no record of the first {len(records)} has {lacks} (fields seen: {shown}); {advice}")
 
 
 def decide(name_format: str, name: str, head: bytes) -> str:

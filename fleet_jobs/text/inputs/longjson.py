@@ -6,6 +6,11 @@ and the text field's string is decoded as it arrives (escapes, \\uXXXX, surrogat
 between chunks), with json's own scanstring on runs of whole escapes: memory is bounded by the
 chunk, whatever the record. Syntax outside the text is checked as far as skipping needs it.
 A duplicated text key: the first is read (json.loads would keep the last).
+
+Several text fields (``--text-column title,text``) are read in one pass as they come in the
+record, each string's pieces tagged with its field (an int before them, -1 after), and a
+named field that holds neither a string nor null is noted (``wrong``): ordering them is the
+reader's (formats._LongRecord).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ class NotJSON(ValueError):
     ``pieces``: the text decoded before the fault, so that what a record gives before it does
     not depend on how its bytes were chunked."""
 
-    def __init__(self, why: str, pieces: list[str] | None = None):
+    def __init__(self, why: str, pieces: list | None = None):
         super().__init__(why)
         self.pieces = pieces or []
 
@@ -40,11 +45,19 @@ class TextField:
     """Feed a record's bytes in chunks; get back pieces of its ``column`` string, decoded.
 
     ``found`` once that string was read to its end; ``close()`` at the end of the record
-    raises NotJSON when the object is incomplete."""
+    raises NotJSON when the object is incomplete. Several columns (a tuple of more than one):
+    the pieces of each string come after its index in ``columns`` and before a -1, in the
+    order the record holds them; ``wrong`` says why when one holds a number, a list...."""
 
-    def __init__(self, column: str):
-        self.column = column
-        self.found = False
+    def __init__(self, column: str | tuple[str, ...]):
+        self.columns = (column,) if isinstance(column, str) else tuple(column)
+        self.column = self.columns[0]
+        self._index = {name: k for k, name in enumerate(self.columns)}
+        self._done = [False] * len(self.columns)  # each string read to its end
+        self._marks = len(self.columns) > 1
+        self._field = 0  # the one being read
+        self._named = ""  # a scalar being read is this text field's value (several: a number is not text)
+        self.wrong: str | None = None
         self._utf8 = codecs.getincrementaldecoder("utf-8")()
         self._buf = ""  # the unread tail: a few characters at most
         self._state = "start"
@@ -54,10 +67,14 @@ class TextField:
         self._depth = 0
         self._reading = False  # inside the text string
 
-    def feed(self, data: bytes) -> list[str]:
+    @property
+    def found(self) -> bool:
+        return any(self._done)
+
+    def feed(self, data: bytes) -> list:
         return self._decoded(data, False)
 
-    def close(self) -> list[str]:
+    def close(self) -> list:
         out = self._decoded(b"", True)
         if self._state == "scalar":
             self._end_scalar()
@@ -65,7 +82,7 @@ class TextField:
             raise NotJSON("the record ends early (a truncated line?)")
         return out
 
-    def _decoded(self, data: bytes, final: bool) -> list[str]:
+    def _decoded(self, data: bytes, final: bool) -> list:
         try:
             chunk = self._utf8.decode(data, final)
         except UnicodeDecodeError as e:  # the text before the bad byte first
@@ -73,8 +90,8 @@ class TextField:
             raise NotJSON(f"invalid UTF-8 ({e.reason})", out) from None
         return self._scan(chunk)
 
-    def _scan(self, chunk: str) -> list[str]:
-        out: list[str] = []
+    def _scan(self, chunk: str) -> list:
+        out: list = []
         try:
             self._scan_into(chunk, out)
         except NotJSON as e:
@@ -82,7 +99,7 @@ class TextField:
             raise
         return out
 
-    def _scan_into(self, chunk: str, out: list[str]) -> None:
+    def _scan_into(self, chunk: str, out: list) -> None:
         buf, i = self._buf + chunk, 0
         n = len(buf)
         while i < n:
@@ -152,21 +169,28 @@ class TextField:
             elif state == "after" and c == ",":
                 self._state = "key"
             elif state == "value":
-                if c == '"' and self._key == self.column and not self.found:
-                    self._state = "text"
+                k = self._index.get(self._key, -1)
+                named = k >= 0 and not self._done[k]
+                if c == '"' and named:
+                    self._state, self._field = "text", k
+                    if self._marks:
+                        out.append(k)  # a mark among the pieces
                 elif c == '"':
                     self._state = "skip"
                 elif c in "{[":
                     self._state, self._depth = "nested", 1
+                    if named and self._marks and self.wrong is None:
+                        self.wrong = f"field {self._key!r} holds {'a list' if c == '[' else 'an object'}, not text"
                 else:
                     self._state, self._token, self._size = "scalar", [], 0
+                    self._named = self._key if named and self._marks else ""
                     i -= 1
             else:
                 where = "after the object" if state == "done" else "where " + _EXPECTED[state]
                 raise NotJSON(f"not JSON: {c!r} {where}")
         self._buf = buf[i:]
 
-    def _text(self, buf: str, i: int, out: list[str]) -> int:
+    def _text(self, buf: str, i: int, out: list) -> int:
         """Decode the text string from i as far as whole escapes go; the new position."""
         m = _TEXT.match(buf, i)
         assert m is not None  # it matches the empty string
@@ -184,7 +208,9 @@ class TextField:
         if bad:
             raise NotJSON(f"not JSON: a bad escape in its text ({buf[e : e + 6]!r})")
         if closed:
-            self.found, self._state = True, "after"
+            self._done[self._field], self._state = True, "after"
+            if self._marks:
+                out.append(-1)  # a mark among the pieces
             return e + 1
         return e
 
@@ -198,6 +224,10 @@ class TextField:
         token = "".join(self._token)
         if not _SCALAR_OK.match(token):
             raise NotJSON(f"not JSON: {token[:20]!r} is not a value")
+        if self._named and token != "null" and self.wrong is None:
+            kind = "a boolean" if token in ("true", "false") else "a number"
+            self.wrong = f"field {self._named!r} holds {kind}, not text"
+        self._named = ""
         self._state = "after"
 
 

@@ -16,18 +16,33 @@ value, two to four times the row's size (measured: 100 MB, plain and zstd: 250 M
 pyarrow's defaults, dictionary and snappy: 365 MB). A big batch that ends its row group
 lets the reader and those pages go before its rows are handed on. So the floor for a huge
 row is its size times that factor; nothing of ours grows with it.
+
+Several text columns (``--text-column title,text``): each must be a string column of the file
+(checked at plan time, as one is); a row's document is their lines in the order named (their
+texts joined by a blank line), a null column giving none; a row null in all of them, or bad
+(invalid UTF-8, an over-long line) in any, is a bad record. Each column is read as one is,
+a long value streamed.
 """
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, cast
 
 from fleet.job import InputError
 from fleet.job import Changed, NotFound, Store, StoreFile
 
-from fleet_jobs.text.inputs.formats import _END, MAX_DOCUMENT_CHARS, MAX_LINE_BYTES, Bad, ReadOptions, Tally, _assemble
+from fleet_jobs.text.inputs.formats import (
+    _END,
+    MAX_DOCUMENT_CHARS,
+    MAX_LINE_BYTES,
+    Bad,
+    ReadOptions,
+    Tally,
+    _assemble,
+    text_fields,
+)
 
 _BATCH = 1024  # rows decoded at a time, at most
 _BATCH_BYTES = 8 << 20  # ... and about this much text (from the row group's mean row size)
@@ -57,20 +72,26 @@ def _open(store: Store, name: str, size: int, version: str | None, source: str):
         raise InputError(f"{source}: not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
 
 
-def _column(pf, column: str, source: str) -> int:
+def _column(pf, columns: str, source: str) -> None:
+    """Each text column (``title,text``: each of them) is a string column of the file."""
     import pyarrow as pa
 
     schema = pf.schema_arrow
-    index = schema.get_field_index(column)
-    if index < 0:
-        raise InputError(
-            f"{source}: no column {column!r} (columns: {', '.join(schema.names)}); "
-            "name the text column with --text-column"
-        )
-    kind = schema.field(index).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise InputError(f"{source}: column {column!r} holds {kind}, not text")
-    return index
+    for column in text_fields(columns):
+        index = schema.get_field_index(column)
+        if index < 0:
+            raise InputError(
+                f"{source}: no column {column!r} (columns: {', '.join(schema.names)}); "
+                "name the text column with --text-column"
+            )
+        kind = schema.field(index).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise InputError(f"{source}: column {column!r} holds {kind}, not text")
+
+
+def _leaves(meta, columns: tuple[str, ...]) -> list[int]:
+    """The leaf column index of each text column (their sizes weigh items and batches)."""
+    return [next(i for i in range(meta.num_columns) if meta.schema.column(i).path == c) for c in columns]
 
 
 def row_groups(store: Store, name: str, size: int, version: str | None, column: str, source: str) -> list[RowGroup]:
@@ -78,11 +99,11 @@ def row_groups(store: Store, name: str, size: int, version: str | None, column: 
     pf = _open(store, name, size, version, source)
     _column(pf, column, source)
     meta = pf.metadata
-    leaf = next(i for i in range(meta.num_columns) if meta.schema.column(i).path == column)
+    leaves = _leaves(meta, text_fields(column))
     out = []
     for i in range(meta.num_row_groups):
         rg = meta.row_group(i)
-        out.append(RowGroup(i, rg.num_rows, rg.column(leaf).total_uncompressed_size))
+        out.append(RowGroup(i, rg.num_rows, sum(rg.column(leaf).total_uncompressed_size for leaf in leaves)))
     return out
 
 
@@ -144,30 +165,69 @@ def _rows(pf, first: int, end: int, column: str) -> Iterator[list[str] | Bad | _
     """Each row of the row groups: its lines, or a Bad, or (a long one) a _Long."""
     import pyarrow as pa
 
+    names = text_fields(column)
     meta = pf.metadata
-    leaf = next(i for i in range(meta.num_columns) if meta.schema.column(i).path == column)
+    leaves = _leaves(meta, names)
     row = sum(meta.row_group(i).num_rows for i in range(first))
     for group in range(first, end):
         rg = meta.row_group(group)
-        mean = rg.column(leaf).total_uncompressed_size // max(1, rg.num_rows)
+        mean = sum(rg.column(leaf).total_uncompressed_size for leaf in leaves) // max(1, rg.num_rows)
         batch_size = max(1, min(_BATCH, _BATCH_BYTES // max(1, mean)))
-        batches = pf.iter_batches(batch_size=batch_size, row_groups=[group], columns=[column], use_threads=False)
+        batches = pf.iter_batches(batch_size=batch_size, row_groups=[group], columns=list(names), use_threads=False)
         done = 0
         for batch in batches:
-            array = batch.column(0)
+            arrays = batch.columns
             del batch
-            done += len(array)
-            if done >= rg.num_rows and array.nbytes > _WINDOW:  # the group's last batch, a big one:
+            n = len(arrays[0])
+            done += n
+            if done >= rg.num_rows and sum(a.nbytes for a in arrays) > _WINDOW:  # the group's last batch, a big one:
                 batches.close()  # let the reader go, and its pages (the dictionary page, the decoded page)
                 pa.default_memory_pool().release_unused()
-            yield from _batch_rows(array, row, column, pa.types.is_large_string(array.type))
-            row += len(array)
-            del array
+            if len(names) == 1:
+                rows = _batch_rows(arrays[0], row, column, pa.types.is_large_string(arrays[0].type))
+                yield from cast("Iterator[list[str] | Bad | _Long]", rows)  # (no None: not ``every``)
+            else:
+                yield from _joined_rows(arrays, row, names)
+            row += n
+            del arrays
 
 
-def _batch_rows(array, row: int, column: str, large: bool) -> Iterator[list[str] | Bad | _Long]:
+def _joined_rows(arrays: list, row: int, names: tuple[str, ...]) -> Iterator[list[str] | Bad | _Long]:
+    """The rows of one batch of several text columns: each row's lines of each column, in order
+    (a long value's a window at a time); a Bad for a row bad in any column or null in all."""
+    import pyarrow as pa
+
+    cells = [
+        list(_batch_rows(a, row, name, pa.types.is_large_string(a.type), every=True)) for a, name in zip(arrays, names)
+    ]
+    for i, values in enumerate(zip(*cells)):
+        bad = next((v for v in values if v.__class__ is Bad), None)
+        if bad is not None:
+            yield bad
+        elif all(v is None for v in values):
+            yield Bad(-1, f"row {row + i + 1} has no text in any of the columns {', '.join(map(repr, names))}")
+        elif any(v.__class__ is _Long for v in values):
+            yield _Long(_joined_parts(values))
+        else:
+            lines = [line for v in values if v for line in v]  # lists or None here
+            if lines:
+                yield lines
+
+
+def _joined_parts(values) -> Iterator[list[str]]:
+    for v in values:
+        if v.__class__ is _Long:
+            yield from v.parts
+        elif v:
+            yield v
+
+
+def _batch_rows(
+    array, row: int, column: str, large: bool, every: bool = False
+) -> Iterator[list[str] | Bad | _Long | None]:
     """The rows of one batch (``row`` rows came before it): short ones through ``to_pylist``,
-    a run at a time; long ones streamed from the Arrow buffer."""
+    a run at a time; long ones streamed from the Arrow buffer. ``every``: one value per row
+    (one of several text columns), a null one None and a blank one [], not left out."""
     import numpy as np
 
     n = len(array)
@@ -183,17 +243,17 @@ def _batch_rows(array, row: int, column: str, large: bool) -> Iterator[list[str]
     at = 0
     for i in [*np.flatnonzero(special).tolist(), n]:
         if i > at:
-            yield from _short_rows(array.slice(at, i - at), row + at, column)
+            yield from _short_rows(array.slice(at, i - at), row + at, column, every)
         if i == n:
             break
         at = i + 1
         if nulls[i]:
-            yield Bad(-1, f"row {row + i + 1} has no text in column {column!r}")
+            yield None if every else Bad(-1, f"row {row + i + 1} has no text in column {column!r}")
         else:
             yield _long_row(array, i, int(offsets[i]), int(offsets[i + 1]), row + i + 1, column)
 
 
-def _short_rows(array, row: int, column: str) -> Iterator[list[str] | Bad]:
+def _short_rows(array, row: int, column: str, every: bool = False) -> Iterator[list[str] | Bad]:
     try:
         texts = array.to_pylist()
     except UnicodeDecodeError:  # some row is not UTF-8: find it, keep the others
@@ -208,7 +268,7 @@ def _short_rows(array, row: int, column: str) -> Iterator[list[str] | Bad]:
             yield text
             continue
         lines = [line for line in text.split("\n") if line.strip()]
-        if lines:
+        if lines or every:
             yield lines
 
 

@@ -275,6 +275,7 @@ def _wikiextractor_records(
 def _json_records(
     lines: Iterator[tuple[int, str | bytes | None]], column: str, cirrus: bool, fields: tuple[str, ...] = ()
 ) -> Iterator[Record]:
+    names = formats.text_fields(column)
     for offset, line in lines:
         if line.__class__ is bytes:  # longer than a line: read as the reader streams it
             doc = _long_record(line, column)
@@ -289,8 +290,10 @@ def _json_records(
             continue
         if not isinstance(record, dict) or cirrus and set(record) == {"index"}:
             continue
-        text = record.get(column)
-        if not isinstance(text, str) or "\\u" in line and _SURROGATE.search(text):
+        text = record.get(column) if len(names) == 1 else formats.joined_text(record, names)
+        if not isinstance(text, str) or text.__class__ is formats._NotText:
+            continue
+        if "\\u" in line and _SURROGATE.search(text):
             continue
         doc = [part for part in text.split("\n") if part.strip()]
         if doc:
@@ -309,13 +312,18 @@ def _long_fields(line: bytes, fields: tuple[str, ...]) -> tuple[str | None, ...]
 
 def _long_record(line: bytes, column: str) -> list[str]:
     """The lines a JSON record longer than MAX_LINE_BYTES gives the reader (formats._LongRecord),
-    up to where it fails, if it does (what was handed on before stays)."""
+    up to where it fails, if it does: what the reader's assembler handed on before stays, what it
+    held is dropped (a record that fails at its end, as one whose named field holds a number
+    does once its other fields are read, gives nothing unless its parts filled before)."""
     record = formats._LongRecord(0, 0, column)
+    events = chain(record.feed(line), record.close())
     doc: list[str] = []
-    for event in chain(record.feed(line), record.close()):
-        if event.__class__ is list:
-            doc += event
+    for part in formats._assemble(events, "", formats.Tally(), _ANY_SHARE, "", by_line=False):
+        doc += part
     return doc
+
+
+_ANY_SHARE = ReadOptions(max_bad_share=1.0)  # one record's bad lines never fail the reading
 
 
 def parquet_records(pf, first: int, end: int, column: str, fields: tuple[str, ...] = ()) -> Iterator[Record]:
@@ -325,25 +333,24 @@ def parquet_records(pf, first: int, end: int, column: str, fields: tuple[str, ..
     meta = pf.metadata
     row = sum(meta.row_group(i).num_rows for i in range(first))
     names = set(pf.schema_arrow.names)
-    present = [name for name in fields if name in names and name != column]
+    text = formats.text_fields(column)
+    present = [name for name in fields if name in names and name not in text]
     for group in range(first, end):
-        batches = pf.iter_batches(batch_size=256, row_groups=[group], columns=[column, *present], use_threads=False)
+        batches = pf.iter_batches(batch_size=256, row_groups=[group], columns=[*text, *present], use_threads=False)
         for batch in batches:
-            array = batch.column(0)
-            try:
-                texts = array.to_pylist()
-            except UnicodeDecodeError:  # some row is not UTF-8 (the reader drops it)
-                texts = [_text(array, i) for i in range(len(array))]
-            columns = {name: _values(batch.column(k + 1)) for k, name in enumerate(present)}
-            if column in fields:
-                columns[column] = texts
-            for i, text in enumerate(texts):
-                if isinstance(text, str):
-                    doc = [line for line in text.split("\n") if line.strip()]
-                    if doc:
-                        values = tuple(field_text(columns[n][i]) if n in columns else None for n in fields)
-                        yield row + i, doc, values if fields else None
-            row += len(array)
+            texts = [_texts(batch.column(k)) for k in range(len(text))]
+            columns = {name: _values(batch.column(len(text) + k)) for k, name in enumerate(present)}
+            for k, name in enumerate(text):
+                if name in fields:
+                    columns[name] = [None if t is _INVALID else t for t in texts[k]]
+            for i, cells in enumerate(zip(*texts)):
+                if _INVALID in cells:  # the reader drops a row any of whose text is not UTF-8
+                    continue
+                doc = [line for cell in cells if cell is not None for line in cell.split("\n") if line.strip()]
+                if doc:
+                    values = tuple(field_text(columns[n][i]) if n in columns else None for n in fields)
+                    yield row + i, doc, values if fields else None
+            row += batch.num_rows
 
 
 def _values(array) -> list:
@@ -353,8 +360,19 @@ def _values(array) -> list:
         return [None] * len(array)
 
 
-def _text(array, i: int) -> str | None:
+_INVALID = object()  # a text value that is not UTF-8
+
+
+def _texts(array) -> list:
+    """A text column's values: strings, None where null, _INVALID where not UTF-8."""
+    try:
+        return array.to_pylist()
+    except UnicodeDecodeError:  # some row is not UTF-8 (the reader drops it)
+        return [_text(array, i) for i in range(len(array))]
+
+
+def _text(array, i: int) -> object:
     try:
         return array[i].as_py()
     except UnicodeDecodeError:
-        return None
+        return _INVALID

@@ -28,7 +28,7 @@ try:  # typer 0.2x parses with its own copy of click
 except ImportError:  # pragma: no cover (older typer: click itself)
     from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
-from fleet.job import InputError
+from fleet.job import ConfigError, InputError
 
 from fleet_jobs.text.tokenizers.tokenization import BertTokenizer, VocabError
 
@@ -247,7 +247,7 @@ def check(
     lowercase: bool = typer.Option(True, help="do_lower_case (must match how the vocab was made)."),
     mb: float = typer.Option(16.0, "--mb", help="Read at most this many MB of text, shared among the files."),
     seconds: float = typer.Option(20.0, help="Stop reading after this many seconds."),
-    text_column: str = typer.Option("text", help="The text field of JSON records / column of Parquet files."),
+    text_column: str = typer.Option("text", help="The JSON field / Parquet column of the text; several: title,text."),
     keep_titles: bool = typer.Option(False, "--keep-titles", help="WikiExtractor: keep each document's title line."),
 ) -> None:
     """A look before the spend: read a bounded sample of the inputs and print documents and lines
@@ -255,6 +255,7 @@ def check(
     max_seq_length, and what split_sentences would change."""
     from fleet.job import StoreError
     from fleet_jobs.text.inputs import ReadOptions
+    from fleet_jobs.text.inputs.formats import text_fields
 
     from fleet_jobs.text.tools.sample import Sampled, sample_documents
     from fleet_jobs.text.tools.survey import Survey
@@ -268,6 +269,10 @@ def check(
     for option, value in (("--mb", mb), ("--seconds", seconds)):
         if not 0 < value < 1e9:  # (not NaN, not inf: --mb is made a byte count)
             _fail(f"{option} {value:g}: give a positive number")
+    try:
+        text_fields(text_column)
+    except ConfigError as e:
+        _fail(str(e))
     tokenizer = _tokenizer(vocab, lowercase)
     cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
     survey = Survey(tokenizer, lambda: ExampleBuilder(max_seq_length, cls_id, sep_id, random.Random(0)), max_seq_length)
