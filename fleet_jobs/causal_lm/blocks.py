@@ -9,7 +9,7 @@ depends on:
   size, the worker count or the input format. The last, partial block of each
   document is padded (``attention_mask`` 0 over the padding) or dropped;
 - with ``pack_documents`` (the job's default since issue 33: on short documents a padded
-  block per document made the output 8x the text) the documents of an item form one
+  block per document made the output 13-19x the text) the documents of an item form one
   stream, as GPT-2 style ``group_texts`` does: no padding but at the item's end, but blocks then mix the
   neighbouring documents of an item, so they depend on how the corpus was cut into
   items (``--item-mb``; never on the worker count).
