@@ -279,7 +279,6 @@ class BertTokenizer:
         self.unk_id = self.vocab[unk_token]
         self.max_input_chars_per_word = max_input_chars_per_word
         self.inv_vocab = {i: t for t, i in self.vocab.items()}
-        self._bmp = _patterns(0x10000)
         # Longest pieces worth trying, so WordPiece does not test hopeless substrings.
         self._max_head = max((len(t) for t in self.vocab if not t.startswith("##")), default=1)
         self._max_tail = max((len(t) - 2 for t in self.vocab if t.startswith("##")), default=1)
@@ -338,6 +337,13 @@ class BertTokenizer:
     def from_file(cls, path: str, **kwargs) -> "BertTokenizer":
         with open(path, "rb") as f:
             return cls.from_bytes(f.read(), path, **kwargs)
+
+    @functools.cached_property
+    def _bmp(self) -> _Patterns:
+        """Patterns for the BMP, nearly all text: compiled when text first comes (~40 ms of CPU),
+        not by a tokenizer made only to check a vocab (`fleet local`'s plan makes one in a
+        process that never tokenizes); then an attribute like any other."""
+        return _patterns(0x10000)
 
     @property
     def _all(self) -> _Patterns:
