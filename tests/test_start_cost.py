@@ -98,6 +98,23 @@ def test_a_first_fleet_local_run_loads_only_what_it_needs_and_a_resumed_one_its_
     assert again[-2].split() == ["fleet.core.repair", "fleet.core.verify"]
 
 
+def test_a_byte_level_bpe_is_checked_in_the_parent_without_its_word_cache(tmp_path):
+    """The parent's plan loads a tokenizer.json to check it and never tokenizes: the word cache
+    (``regex`` and the model's JSON read again) is made by the worker's first batch only."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["one line", "another line"] * 20, vocab_size=300, special_tokens=["<|endoftext|>"])
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text(bpe.to_str(), encoding="utf-8")
+    corpus = tmp_path / "in.txt"
+    corpus.write_text("one line\n\nanother\n")
+    cmd = [sys.executable, "-c", PARENT, "local", str(corpus), str(tmp_path / "out"), "--workers", "1"]
+    cmd += ["--job", "causal_lm", "--set", f"tokenizer_file={tokenizer}"]
+    watch = ("regex", *NOT_FOR_A_FIRST_RUN)
+    assert run(cmd, env={"PARENT_WATCH": ",".join(watch)}).stdout.splitlines()[-1] == "-"
+
+
 def test_fleet_local_help_loads_no_job_and_no_record_library():
     watch = ("numpy", "fleet_jobs", "fleet.job", "fleet.formats", *NOT_FOR_A_FIRST_RUN)
     proc = run([sys.executable, "-c", PARENT, "local", "--help"], env={"PARENT_WATCH": ",".join(watch)})
