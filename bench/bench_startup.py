@@ -67,7 +67,7 @@ def with_native(tree: str) -> str:
     """The built C tokenizer beside the tree's own wordpiece.c (fleet_jobs.text.tokenizers.native loads it only
     if that source is the one it was built from; otherwise both sides tokenize in Python)."""
     for lib in glob.glob(os.path.join(ROOT, "fleet_jobs", "text", "tokenizers", "_ccore*")):
-        shutil.copy2(lib, os.path.join(tree, "fleet_jobs", "text"))
+        shutil.copy2(lib, os.path.join(tree, "fleet_jobs", "text", "tokenizers"))
     return tree
 
 

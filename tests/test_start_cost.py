@@ -1,7 +1,9 @@
 """What `fleet local` no longer pays for at start-up stays unpaid (bench/bench_startup.py has the
 figures): multiprocessing's spawn machinery and its resource tracker process in the parent and
-the workers, and importlib.metadata's read of every installed distribution in a worker. And the
-cheap look that spares importlib.metadata still finds a ``fleet.jobs`` entry point."""
+the workers, importlib.metadata's read of every installed distribution in a worker, and in the
+parent what only some runs or other commands need (the live bar, a resumed run's repair, the
+tokenizer's regexes). And the cheap look that spares importlib.metadata still finds a
+``fleet.jobs`` entry point. Counted (which modules are loaded), never timed."""
 
 from __future__ import annotations
 
@@ -61,6 +63,62 @@ def test_fleet_local_and_its_worker_load_no_multiprocessing_and_the_worker_no_di
     assert proc.stdout.split()[-1] == "-"  # no multiprocessing (its spawn starts a resource tracker process)
     (part,) = glob.glob(str(out / "part-*.txt"))
     assert open(part).read() == "-"
+
+
+# What a first `fleet local` run (its output a file, not a terminal) leaves unloaded in the process that
+# plans and watches: the live bar (a terminal's only), the repair of a resumed run, other commands'
+# libraries (Compute Engine, the bucket's client, Arrow for Parquet output) and the outage retries of a worker.
+NOT_FOR_A_FIRST_RUN = (
+    "rich.progress",
+    "fleet.core.repair",
+    "fleet.core.verify",
+    "fleet.gce.compute",
+    "fleet.gce.compute_requests",
+    "google.cloud",
+    "pyarrow",
+    "tenacity",
+)
+# ... and after it, how many of the tokenizer's regex sets (tokenization._patterns) it compiled: its
+# plan makes a tokenizer to check the vocab and never tokenizes.
+PATTERNS = "\nfrom fleet_jobs.text.tokenizers.tokenization import _patterns\nprint(_patterns.cache_info().currsize)\n"
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "one", "line", "another"]
+
+
+def test_a_first_fleet_local_run_loads_only_what_it_needs_and_a_resumed_one_its_repair(tmp_path):
+    corpus = tmp_path / "in.txt"
+    corpus.write_text("one line\n\nanother\n")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    cmd = [sys.executable, "-c", PARENT + PATTERNS, "local", str(corpus), str(tmp_path / "out")]
+    cmd += ["--workers", "1", "--set", f"vocab_file={vocab}"]
+    env = {"PARENT_WATCH": ",".join(NOT_FOR_A_FIRST_RUN)}
+    first = run(cmd, env=env).stdout.splitlines()
+    assert first[-2:] == ["-", "0"]
+    again = run(cmd, env=env).stdout.splitlines()  # resumed: the repair is loaded, so the watch sees it
+    assert again[-2].split() == ["fleet.core.repair", "fleet.core.verify"]
+
+
+def test_a_byte_level_bpe_is_checked_in_the_parent_without_its_word_cache(tmp_path):
+    """The parent's plan loads a tokenizer.json to check it and never tokenizes: the word cache
+    (``regex`` and the model's JSON read again) is made by the worker's first batch only."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["one line", "another line"] * 20, vocab_size=300, special_tokens=["<|endoftext|>"])
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text(bpe.to_str(), encoding="utf-8")
+    corpus = tmp_path / "in.txt"
+    corpus.write_text("one line\n\nanother\n")
+    cmd = [sys.executable, "-c", PARENT, "local", str(corpus), str(tmp_path / "out"), "--workers", "1"]
+    cmd += ["--job", "causal_lm", "--set", f"tokenizer_file={tokenizer}"]
+    watch = ("regex", *NOT_FOR_A_FIRST_RUN)
+    assert run(cmd, env={"PARENT_WATCH": ",".join(watch)}).stdout.splitlines()[-1] == "-"
+
+
+def test_fleet_local_help_loads_no_job_and_no_record_library():
+    watch = ("numpy", "fleet_jobs", "fleet.job", "fleet.formats", *NOT_FOR_A_FIRST_RUN)
+    proc = run([sys.executable, "-c", PARENT, "local", "--help"], env={"PARENT_WATCH": ",".join(watch)})
+    assert "OUT_DIR" in proc.stdout and proc.stdout.splitlines()[-1] == "-"
 
 
 def test_loading_a_job_reads_no_distribution_metadata_when_none_declares_a_job():

@@ -3,6 +3,11 @@
 It is the same plan, lease protocol and worker code a VM runs; only the
 bucket is a folder (OUT_DIR/.fleet) and the workers are local processes.
 Running it again on the same OUT_DIR resumes: done items stay done.
+
+What only some runs need is imported where they need it, not with the module: the live bar
+(``rich.progress``, on a terminal only) and the repair of a resumed run (``fleet.core.repair``
+and ``fleet.core.verify``). A first run into a file or a pipe does not load them, and every
+`fleet` command, which imports this module, starts without them (tests/test_start_cost.py).
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -45,8 +49,6 @@ from fleet.core.status import RunStatus, StatusReader
 from fleet.core.manifest import finish_run, finishing_name
 from fleet.core.window_counts import run_counts
 from fleet.core.store import StoreError, open_store
-from fleet.core.repair import repair_run
-from fleet.core.verify import describe_stale
 
 RUN = LOCAL_RUN
 
@@ -293,6 +295,9 @@ def run_local(
     reader = StatusReader(store, RUN)
     st = reader.collect()
     if not created:
+        from fleet.core.repair import repair_run
+        from fleet.core.verify import describe_stale
+
         fix = repair_run(store, reader, release=True, retry_failed=retry_failed)
         if fix.damaged:
             say(
@@ -411,6 +416,8 @@ def _progress(console: Console, total: int, done: int) -> Iterator[Callable[[Run
 
         yield log
         return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -83,22 +83,39 @@ class _Patterns:
     A character class holding characters beyond U+FFFF is matched by a linear
     scan of its ranges (about 50x slower), so text without such characters,
     nearly all text, uses patterns limited to the BMP.
+
+    The token patterns are compiled on first use (~35 ms of CPU for the four): with the C
+    tokenizer (``native.py``) a worker normalizes with ``drop`` and ``marks`` and never needs them.
     """
 
     def __init__(self, limit: int, drop: Ranges, marks: Ranges, punct: Ranges):
-        cjk = _char_class(CJK_RANGES, limit)
-        p = _char_class(punct, limit)
+        self._cjk = _char_class(CJK_RANGES, limit)
+        self._punct = _char_class(punct, limit)
         self.drop = re.compile(_char_class(drop, limit).join("[]"))
         self.marks = re.compile(_char_class(marks, limit).join("[]"))
-        # Word runs first: most tokens are words, and the three branches never start alike.
-        self.tokens = re.compile(f"[^\\s{cjk}{p}]+|[{cjk}]|[{p}]")
         self.limit = limit  # (cjk_table: runs of CJK characters to segment, for whole-word masking)
+
+    @functools.cached_property
+    def tokens(self) -> re.Pattern:
+        # Word runs first: most tokens are words, and the three branches never start alike.
+        cjk, p = self._cjk, self._punct
+        return re.compile(f"[^\\s{cjk}{p}]+|[{cjk}]|[{p}]")
+
+    @functools.cached_property
+    def marked_tokens(self) -> re.Pattern:
         # For whole-word masking: the same tokens as above from text where a marker precedes
         # each CJK character that continues a word.
-        self.marked_tokens = re.compile(f"[^\\s{_MARK}{cjk}{p}]+|[{cjk}]|{_MARK}[{cjk}]|[{p}]")
-        # The same two with each newline a token of its own: many lines in one findall (tokenize_flat).
-        self.tokens_nl = re.compile(f"{self.tokens.pattern}|\n")
-        self.marked_tokens_nl = re.compile(f"{self.marked_tokens.pattern}|\n")
+        cjk, p = self._cjk, self._punct
+        return re.compile(f"[^\\s{_MARK}{cjk}{p}]+|[{cjk}]|{_MARK}[{cjk}]|[{p}]")
+
+    # The same two with each newline a token of its own: many lines in one findall (tokenize_flat).
+    @functools.cached_property
+    def tokens_nl(self) -> re.Pattern:
+        return re.compile(f"{self.tokens.pattern}|\n")
+
+    @functools.cached_property
+    def marked_tokens_nl(self) -> re.Pattern:
+        return re.compile(f"{self.marked_tokens.pattern}|\n")
 
     @functools.cached_property
     def cjk_table(self) -> np.ndarray:
@@ -279,7 +296,6 @@ class BertTokenizer:
         self.unk_id = self.vocab[unk_token]
         self.max_input_chars_per_word = max_input_chars_per_word
         self.inv_vocab = {i: t for t, i in self.vocab.items()}
-        self._bmp = _patterns(0x10000)
         # Longest pieces worth trying, so WordPiece does not test hopeless substrings.
         self._max_head = max((len(t) for t in self.vocab if not t.startswith("##")), default=1)
         self._max_tail = max((len(t) - 2 for t in self.vocab if t.startswith("##")), default=1)
@@ -339,6 +355,13 @@ class BertTokenizer:
         with open(path, "rb") as f:
             return cls.from_bytes(f.read(), path, **kwargs)
 
+    @functools.cached_property
+    def _bmp(self) -> _Patterns:
+        """Patterns for the BMP, nearly all text: compiled when text first comes (~40 ms of CPU),
+        not by a tokenizer made only to check a vocab (`fleet local`'s plan makes one in a
+        process that never tokenizes); then an attribute like any other."""
+        return _patterns(0x10000)
+
     @property
     def _all(self) -> _Patterns:
         """Patterns for text beyond the BMP: compiled when such text first comes."""
@@ -362,7 +385,7 @@ class BertTokenizer:
             text = text.lower()
             if not unicodedata.is_normalized("NFD", text):
                 text = unicodedata.normalize("NFD", text)
-                if pats is self._bmp and _ASTRAL.search(text):  # U+FA6C and a few others
+                if pats.limit == 0x10000 and _ASTRAL.search(text):  # U+FA6C and a few others
                     pats = self._all
             text = pats.marks.sub("", text)
         return text, pats
