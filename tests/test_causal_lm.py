@@ -215,7 +215,9 @@ def test_the_default_packs_short_documents_so_only_each_items_last_block_is_padd
     text.write_text("\n\n".join(lines) + "\n", encoding="utf-8")
     size = {}
     for name, more in (("default", []), ("per-document", ["--set", "pack_documents=false"])):
-        fleet_local([str(text.parent)], tmp_path / name, "--set", f"tokenizer_file={bpe_path}", "--item-mb", "0.1", *more)
+        fleet_local(
+            [str(text.parent)], tmp_path / name, "--set", f"tokenizer_file={bpe_path}", "--item-mb", "0.1", *more
+        )
         parts = sorted((tmp_path / name).glob("part-*.tfrecord"))
         size[name] = sum(p.stat().st_size for p in parts)
         if name == "default":

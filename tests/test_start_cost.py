@@ -65,6 +65,38 @@ def test_fleet_local_and_its_worker_load_no_multiprocessing_and_the_worker_no_di
     assert open(part).read() == "-"
 
 
+def test_fleet_local_and_its_workers_start_no_blas_thread_pool_unless_the_user_asks(tmp_path):
+    """numpy's OpenBLAS starts a spinning thread per core on import, 0.1-0.15 s of CPU a process,
+    for BLAS calls fleet never makes: the fleet command and its workers run with one."""
+    corpus = tmp_path / "in.txt"
+    corpus.write_text("one line\n")
+    blas_of_parent = "\nprint(os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+    workers = {}
+    for user, blas in ((None, "1"), ("2", "2")):
+        out = tmp_path / f"out-{user}"
+        env = {"PARENT_WATCH": "-", "LOADED_THREADS": "1"}
+        env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} | env
+        if user:
+            env["OPENBLAS_NUM_THREADS"] = user
+        cmd = [sys.executable, "-c", PARENT + blas_of_parent, "local", str(corpus), str(out), "--workers", "1"]
+        proc = subprocess.run(
+            [*cmd, "--job", "tests.helpers.loadedjob:JOB"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "PYTHONPATH": ROOT},
+        )
+        assert proc.returncode == 0, proc.stderr
+        parent_blas = proc.stdout.split()[-1]
+        (part,) = glob.glob(str(out / "part-*.txt"))
+        worker = dict(cell.split("=") for cell in open(part).read().split()[1:])
+        assert parent_blas == worker["blas"] == blas
+        workers[user] = int(worker["threads"])
+    # The worker's own threads are the same in both runs: numpy's pool is the difference, none of its own.
+    assert workers[None] == workers["2"] - 1, workers
+
+
 # What a first `fleet local` run (its output a file, not a terminal) leaves unloaded in the process that
 # plans and watches: the live bar (a terminal's only), the repair of a resumed run, other commands'
 # libraries (Compute Engine, the bucket's client, Arrow for Parquet output) and the outage retries of a worker.

@@ -6,7 +6,12 @@ point and ``fleet``'s own names (``fleet.local``), each on first use."""
 def main() -> None:
     """The `fleet` command (imported here on use: importing the package stays cheap)."""
     import gc
+    import os
 
+    from fleet.core.processes import ONE_BLAS_THREAD
+
+    for name, value in ONE_BLAS_THREAD.items():  # before numpy is imported (fleet.core.processes says why)
+        os.environ.setdefault(name, value)
     from fleet.cli.commands import main as run
 
     try:

@@ -1,5 +1,5 @@
-"""`python -m fleet.cli ...` (what the VMs' startup script runs)."""
+"""`python -m fleet.cli ...` (what the VMs' startup script runs): the `fleet` command."""
 
-from fleet.cli.commands import main
+from fleet.cli import main
 
 main()

@@ -85,7 +85,7 @@ class CausalLMConfig:
     max_seq_length: int = 1024  # tokens per example
     shifted_labels: bool = False  # blocks of max_seq_length + 1 tokens: inputs block[:-1], labels block[1:]
     last_block: str = "pad"  # pad | drop: a document's last partial block (with pack_documents: the item's)
-    pack_documents: bool = True  # one token stream per item (no padding but at its end); false: each document its own blocks
+    pack_documents: bool = True  # one token stream per item, padded only at its end; false: blocks per document
     eod: str = "auto"  # auto | always | never: the end-of-document id after each document (auto: unless the tokenizer ends texts itself)
     eod_token: str = ""  # ends each document (default: <|endoftext|>, </s>, <eos> or [SEP], the first known)
     pad_token: str = ""  # fills padded blocks (default: [PAD], <pad> or <|padding|>, else the eod token)
