@@ -16,6 +16,7 @@ always one the job put there; a ``tokenizer.json`` matches its added tokens in t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -123,14 +124,13 @@ def from_json(tokenizer, source: str, eod_token: str, pad_token: str) -> Documen
     # The word cache, made by the first batch (a plan-time check never tokenizes): ``regex`` and the
     # model's JSON read again take ~60 ms of CPU. A byte-level BPE it reproduces exactly: most words
     # looked up; any other: the library's encode, as encode_flat has it without a flat.
-    cache: list = []
+    cache = functools.cache(lambda: word_cache(tokenizer))
 
     def flat(documents: Sequence[list[str]]) -> tuple[np.ndarray, np.ndarray]:
-        if not cache:
-            cache.append(word_cache(tokenizer))
-        if cache[0] is None:
+        words = cache()
+        if words is None:
             return flatten(encode(documents))
-        return cache[0].encode(["\n".join(lines) for lines in documents])
+        return words.encode(["\n".join(lines) for lines in documents])
 
     head, tail = post_processor_frame(tokenizer, source)
     return DocumentTokenizer(
@@ -188,15 +188,16 @@ def from_sentencepiece(sp, source: str, eod_token: str, pad_token: str) -> Docum
     def encode(documents: Sequence[list[str]]) -> list[list[int]]:
         return sp.encode(["\n".join(lines) for lines in documents], out_type=int, num_threads=1)
 
-    fast: list = []  # made by the first batch (a plan-time check never tokenizes): its C tables take ~25 ms
+    # Made by the first batch (a plan-time check never tokenizes): its C tables take ~25 ms. A unigram
+    # model it reproduces exactly: normalized and encoded in C; else the library.
+    fast = functools.cache(lambda: unigram_encoder(sp))
 
     def flat(documents: Sequence[list[str]]) -> tuple[np.ndarray, np.ndarray]:
-        if not fast:  # a unigram model it reproduces exactly: normalized and encoded in C; else the library
-            fast.append(unigram_encoder(sp))
         texts = ["\n".join(lines) for lines in documents]
-        if fast[0] is None:
+        encoder = fast()
+        if encoder is None:
             return flatten(sp.encode(texts, out_type=int, num_threads=1))
-        return fast[0](texts)
+        return encoder(texts)
 
     return DocumentTokenizer(encode, eod, eod if pad is None else pad, sp.get_piece_size(), flat)
 

@@ -73,9 +73,9 @@ def check_read_options(read: Mapping[str, Any]) -> ReadOptions:
         raise ConfigError(f"--max-bad-share {share!r}: give a number from 0 to 1 (a share of the records)")
     if not 0 <= share <= 1:  # NaN and inf too
         raise ConfigError(f"--max-bad-share {share:g}: give 0 to 1 (a share of the records)")
-    if not isinstance(options.text_column, str) or not options.text_column:
+    if not isinstance(options.text_column, str):
         raise ConfigError(f"--text-column {options.text_column!r}: give the name of a JSON field or Parquet column")
-    text_fields(options.text_column)  # several, comma-separated: none empty, none twice
+    text_fields(options.text_column)  # one name, or several comma-separated: none empty, none twice
     if not isinstance(options.keep_titles, bool):
         raise ConfigError(f"--keep-titles {options.keep_titles!r}: a flag, true or false")
     return options
