@@ -129,14 +129,20 @@ def test_unknown_job_is_one_clear_line(tmp_path):
 @pytest.mark.parametrize("command", ["module", "script"])
 def test_a_worker_started_by_the_fleet_command_does_not_import_the_cli(tmp_path, command):
     """Spawn re-runs the parent's main script in each worker; for `fleet` that was the whole CLI
-    (typer, rich, pydantic), a tenth of a second of every worker's start for nothing."""
+    (typer, rich, pydantic), a tenth of a second of every worker's start for nothing. (A worker
+    started as a fresh interpreter: the command's process has a second thread, so it does not fork
+    them, tests/test_start_cost.py; a forked worker has the CLI loaded already, and imports nothing.)"""
     script = os.path.join(os.path.dirname(sys.executable), "fleet")
     if command == "script" and not os.path.exists(script):
         pytest.skip("no fleet console script beside this python")
     corpus = tmp_path / "in.txt"
     corpus.write_text("one line\n\nanother\n")
     out = tmp_path / "out"
-    cmd = FLEET if command == "module" else [sys.executable, script]
+    thread = "import runpy, threading, time; threading.Thread(target=time.sleep, args=(600,), daemon=True).start(); "
+    if command == "module":
+        cmd = [sys.executable, "-c", thread + "runpy.run_module('fleet.cli', run_name='__main__')"]
+    else:
+        cmd = [sys.executable, "-c", thread + f"runpy.run_path({script!r}, run_name='__main__')"]
     proc = run(
         cmd + ["local", str(corpus), str(out), "--workers", "1", "--job", "tests.helpers.modulesjob:JOB"],
         env=dict(os.environ, PYTHONPATH=ROOT),

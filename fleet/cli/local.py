@@ -339,7 +339,9 @@ def run_local(
     previous = signal.signal(signal.SIGTERM, _interrupt), signal.signal(signal.SIGINT, _interrupt)  # SIGTERM: as Ctrl-C
     try:
         if not st.finished:
-            children = start_workers(bucket, RUN, workers, log_dir=os.path.join(bucket, "logs"), prefix="local")
+            # Forked where this process may: its bucket is a folder, no client state to share.
+            logs = os.path.join(bucket, "logs")
+            children = start_workers(bucket, RUN, workers, log_dir=logs, prefix="local", fork=True)
         with _progress(console, spec.input_bytes, st.bytes_done) as show:
             while True:
                 st = reader.collect()

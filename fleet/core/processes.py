@@ -1,5 +1,7 @@
-"""Worker processes: one per core, each a fresh interpreter (so no client state is shared
-across a fork) running fleet.core.spawner's Worker until the run is drained; SIGTERM and Ctrl-C
+"""Worker processes: one per core, each running fleet.core.spawner's Worker until the run is
+drained; a fresh interpreter, so that no client state is shared across a fork (`fleet work`, whose
+bucket's client has its pools and threads), or for `fleet local`, whose bucket is a folder, a fork
+of the command's process (below); SIGTERM and Ctrl-C
 give the item in hand back; the exit code says whether a process crashed (1) or said why in one
 line (2), or found the run drained (3, a success).
 
@@ -22,6 +24,11 @@ runs the parent's main script again in it. Each is a Python start or an import o
 every `fleet local`, and a worker needs only its arguments and the parent's sys.path.
 This module imports the worker's code (spawner, attempt) only where a worker runs, so the
 process that starts workers does not load it.
+
+`fleet local` forks its workers instead: the command has already loaded what a worker needs (the
+job's modules, numpy, a tokenizer library, fleet's own), which a fresh interpreter imports again,
+0.3-0.5 s of CPU a worker. Only from a process with no other thread (``can_fork``): `fleet.local`
+in a notebook, whose kernel has threads, starts fresh interpreters as before.
 """
 
 from __future__ import annotations
@@ -338,21 +345,97 @@ def one_blas_thread(environ: Mapping[str, str]) -> dict[str, str]:
     return {**ONE_BLAS_THREAD, **environ}
 
 
+def can_fork() -> bool:
+    """Whether this process may start its workers by fork: a POSIX system, and no thread but this
+    one (a fork copies only the calling thread, so a lock another one held would stay held in
+    the child: a notebook's kernel, a storage client's pool)."""
+    return hasattr(os, "fork") and threading.active_count() == 1
+
+
+class _Forked:
+    """The calls WorkerProcess makes of a ``subprocess.Popen``, for a child made by ``os.fork``:
+    ``pid``, ``poll``, ``wait`` (the exit code, -N when signal N ended it) and ``kill``."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def _reaped(self, flags: int) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped already (a SIGCHLD handler of the caller's): its code is lost
+                self.returncode = 1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reaped(os.WNOHANG)
+
+    def wait(self) -> int:
+        code = self._reaped(0)
+        assert code is not None
+        return code
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def _fork_child(args: tuple) -> _Forked:
+    """``_child(*args)`` in a forked copy of this process, which leaves by ``os._exit`` (never by
+    this process's own exit: its atexit calls, finalizers and buffered output are the parent's).
+    The child starts as a fresh interpreter would: default SIGTERM and Ctrl-C until the worker
+    sets its own, stdin at /dev/null, the BLAS pools at one thread (for a numpy imported later)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return _Forked(pid)
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.environ.update(one_blas_thread(os.environ))
+        _child(*args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # (a Ctrl-C before the worker set its handlers)
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
 class WorkerProcess:
     """A started worker process, as `fleet local` and `fleet work` watch and stop it: ``pid``,
     ``exitcode`` (None while it runs; -N when signal N ended it), ``is_alive``, ``join``,
     ``kill``, and ``sentinel``, a file descriptor that turns readable when the process ends (the
-    read end of a pipe whose write end only the child holds)."""
+    read end of a pipe whose write end only the child holds).
 
-    def __init__(self, name: str, args: tuple):
+    ``fork``: a copy of this process (``os.fork``), which has the modules this one loaded (the
+    job's, numpy, fleet's) and imports none of them again; otherwise a fresh interpreter."""
+
+    def __init__(self, name: str, args: tuple, fork: bool = False):
         read, write = os.pipe()
         try:
-            flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]  # (no stub; multiprocessing uses it)
-            cmd = [sys.executable, *flags, "-c", _CHILD_CODE, json.dumps({"path": sys.path, "args": args})]
-            # stdin as a spawned child has it: nothing to read (a worker never asks the terminal).
-            self.popen = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, pass_fds=(write,), env=one_blas_thread(os.environ)
-            )
+            if fork:
+                self.popen: subprocess.Popen | _Forked = _fork_child(args)
+            else:
+                flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]  # (no stub; multiprocessing uses it)
+                cmd = [sys.executable, *flags, "-c", _CHILD_CODE, json.dumps({"path": sys.path, "args": args})]
+                # stdin as a spawned child has it: nothing to read (a worker never asks the terminal).
+                self.popen = subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, pass_fds=(write,), env=one_blas_thread(os.environ)
+                )
         except BaseException:
             os.close(read)
             raise
@@ -387,17 +470,29 @@ class WorkerProcess:
 
 
 def start_workers(
-    bucket: str, run: str, procs: int, log_dir: str | None = None, prefix: str | None = None, standby: int | None = None
+    bucket: str,
+    run: str,
+    procs: int,
+    log_dir: str | None = None,
+    prefix: str | None = None,
+    standby: int | None = None,
+    fork: bool = False,
 ) -> list[WorkerProcess]:
-    """Start worker processes (fresh interpreters, so no client state is shared across a fork)."""
+    """Start worker processes: fresh interpreters, so that no client state is shared across a
+    fork; or, with ``fork`` where this process may (``can_fork``), copies of it, which start
+    with its modules loaded, the worker's own code included."""
     base = prefix or f"{socket.gethostname()}-{uuid.uuid4().hex[:4]}"
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
+    fork = fork and can_fork()
+    if fork:  # loaded once here, not once in each child
+        import fleet.core.attempt
+        import fleet.core.spawner  # noqa: F401
     children = []
     for i in range(procs):
         name = f"{base}-w{i}"
         log_file = os.path.join(log_dir, f"{name}.log") if log_dir else None
-        children.append(WorkerProcess(name, (bucket, run, name, log_file, standby)))
+        children.append(WorkerProcess(name, (bucket, run, name, log_file, standby), fork=fork))
     return children
 
 
