@@ -346,10 +346,14 @@ def one_blas_thread(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def can_fork() -> bool:
-    """Whether this process may start its workers by fork: a POSIX system, and no thread but this
-    one (a fork copies only the calling thread, so a lock another one held would stay held in
-    the child: a notebook's kernel, a storage client's pool)."""
-    return hasattr(os, "fork") and threading.active_count() == 1
+    """Whether this process may start its workers by fork: Linux, and no thread but this one,
+    Python's or a native library's (a fork copies only the calling thread, so a lock another
+    held would stay held in the child: a notebook's kernel, a storage client's pool, a BLAS pool
+    the user asked for with OPENBLAS_NUM_THREADS)."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:  # no /proc: not Linux (macOS forks badly once its frameworks are loaded)
+        return False
 
 
 class _Forked:
