@@ -112,12 +112,14 @@ def test_fleet_local_forks_its_workers_with_what_it_loaded_unless_another_thread
     corpus.write_text("one line\n\nanother\n" * 200)  # 3.6 kB: four items of 1 kB, for two workers
     watch = "fleet.cli.commands,fleet.core.spawner"
     loaded = {}
-    for threads, code in (("one", PARENT), ("two", THREADED + PARENT)):
+    # "blas": a native thread, not Python's: numpy's pool, of two threads as the user asks
+    cases = (("one", PARENT, "1"), ("two", THREADED + PARENT, "1"), ("blas", "import numpy\n" + PARENT, "2"))
+    for threads, code, blas in cases:
         out = tmp_path / f"out-{threads}"
         cmd = [sys.executable, "-c", code, "local", str(corpus), str(out), "--workers", "2"]
         proc = run(
             [*cmd, "--item-mb", "0.001", "--job", "tests.helpers.loadedjob:JOB"],
-            env={"PARENT_WATCH": watch, "LOADED_WATCH": watch},
+            env={"PARENT_WATCH": watch, "LOADED_WATCH": watch, "OPENBLAS_NUM_THREADS": blas},
         )
         parts = sorted(glob.glob(str(out / "part-*.txt")))
         assert len(parts) == 4
@@ -125,7 +127,7 @@ def test_fleet_local_forks_its_workers_with_what_it_loaded_unless_another_thread
     # forked: the command's modules are the worker's, and its code was loaded in the command
     assert loaded["one"] == ("fleet.cli.commands fleet.core.spawner", {"fleet.cli.commands fleet.core.spawner"})
     # fresh: the worker imported its own code only, and the command none of it
-    assert loaded["two"] == ("fleet.cli.commands", {"fleet.core.spawner"})
+    assert loaded["two"] == loaded["blas"] == ("fleet.cli.commands", {"fleet.core.spawner"})
 
 
 # What a first `fleet local` run (its output a file, not a terminal) leaves unloaded in the process that
