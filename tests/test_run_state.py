@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 from pathlib import Path
+import pytest
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -287,6 +288,34 @@ def test_a_sigterm_while_a_drained_worker_sweeps_its_scratch_is_no_traceback(tmp
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
     leases, _ = _state(bucket)
     assert leases and all(lease.state == DONE for lease in leases.values())
+
+
+@pytest.mark.parametrize("step", ["progress", "freeze"])
+def test_a_sigterm_while_a_worker_sets_up_after_its_start_is_no_traceback(tmp_path, monkeypatch, step):
+    """A loaded suite run: a forked worker, started as its sibling finished the run, was SIGTERMed by
+    `fleet local` while it started its progress thread, and the Shutdown escaped as a traceback.
+    Invariant: from the worker's start to its end, a signal is a stop, never a traceback."""
+    import gc
+    import signal
+
+    from fleet.core import processes
+
+    bucket, _ = _plan(tmp_path)
+    if step == "progress":
+        monkeypatch.setattr(processes._ProgressLog, "start", lambda self: os.kill(os.getpid(), signal.SIGTERM))
+    else:
+        monkeypatch.setattr(gc, "freeze", lambda: os.kill(os.getpid(), signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        assert processes.work_one(bucket, RUN, "w", log_file=str(tmp_path / "w.log")) == 0
+    finally:
+        root.handlers[:], root.level = handlers, level
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    assert "stopped by a signal" in (tmp_path / "w.log").read_text()
+    leases, _ = _state(bucket)
+    assert not leases  # it held nothing yet
 
 
 def test_a_run_planned_before_an_option_existed_resumes_with_its_default(tmp_path):

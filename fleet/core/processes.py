@@ -228,15 +228,18 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
         _setup_logging(name or "worker", log_file)
         log.error("cannot start: %s", environmental(e) or e)
         return 2, False
-    _setup_logging(worker.name, log_file)
-    signal.signal(signal.SIGUSR1, lambda signum, frame: _stop_if_sleeping(worker))
-    progress = _ProgressLog(worker)
-    progress.start()
-    # What the worker loaded lives as long as it does (modules, the job's vocab and tokenizer): kept
-    # out of the collector's reach, so its full collections no longer walk them while items convert.
-    gc.freeze()
+    progress: _ProgressLog | None = None
     try:
         try:
+            # In the try: a SIGTERM as the worker sets up (`fleet local` stops a worker whose sibling
+            # finished the run as it started) is a stop like any other, not a traceback.
+            _setup_logging(worker.name, log_file)
+            signal.signal(signal.SIGUSR1, lambda signum, frame: _stop_if_sleeping(worker))
+            progress = _ProgressLog(worker)
+            progress.start()
+            # What the worker loaded lives as long as it does (modules, the job's vocab and tokenizer): kept
+            # out of the collector's reach, so its full collections no longer walk them while items convert.
+            gc.freeze()
             while True:
                 try:
                     counters = worker.run_until_drained()
@@ -281,7 +284,8 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
         # Leaving: nothing is held any more, so a SIGTERM now (`fleet local` stops its workers once the
         # run is finished) must not interrupt the scratch sweep with a Shutdown and a traceback.
         _quiet_signals()
-        progress.stop.set()
+        if progress is not None:
+            progress.stop.set()
         worker.close()
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
