@@ -11,6 +11,7 @@ import http.client
 import os
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,6 +35,13 @@ for _var in ("NO_PROXY", "no_proxy"):
     os.environ[_var] = "127.0.0.1,localhost"
 # Never pick up real credentials from the environment.
 os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+# The suite's hundreds of fleet processes (commands, workers, the stand-in VMs' boots) reuse their
+# bytecode, as on a developer's machine or after a pip install: with PYTHONDONTWRITEBYTECODE, which
+# this project's machines set, each of them compiled fleet's modules again (8% of the CPU of
+# tests/test_cli_errors.py, test_local_e2e.py and test_shards_e2e.py). The caches are beside the
+# sources, which git ignores and fleet's code upload skips (fleet.core.codesync).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 STORE_KINDS = ["local", "gcs"]
 
