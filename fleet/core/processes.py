@@ -412,8 +412,8 @@ def _fork_child(args: tuple) -> _Forked:
         os.close(null)
         os.environ.update(one_blas_thread(os.environ))
         _child(*args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except SystemExit as e:  # how _child always leaves, with an int
+        code = e.code if isinstance(e.code, int) else 1
     except BaseException:  # (a Ctrl-C before the worker set its handlers)
         code = 1
     finally:
