@@ -400,3 +400,57 @@ def test_the_repair_reopens_exactly_what_is_wrong_and_a_drain_then_gives_the_cle
     _drain(bucket)
     _assert_as_clean(bucket, items, out, clean)
     assert out.read(MANIFEST) == manifest
+
+
+def _sigterm_at_line(n: int, tmp: Path) -> tuple[int, int, str, dict[str, Lease]]:
+    """work_one traced, line by line in fleet/core/processes.py, with a SIGTERM sent to itself at
+    its n-th line while one of the worker's own handlers is in place (pytest's would end the test
+    run): (its exit code, the lines it ran, its log, the run's leases)."""
+    import signal
+    import sys
+
+    from fleet.core import processes
+
+    bucket, _ = _plan(tmp)
+    seen = [0]
+    ours = (processes._on_sigterm, processes._ignore)
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename != processes.__file__:
+            return None
+        if event == "line":
+            seen[0] += 1
+            if seen[0] == n and signal.getsignal(signal.SIGTERM) in ours:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return tracer
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    sys.settrace(tracer)
+    try:
+        code = processes.work_one(bucket, RUN, "w", log_file=str(tmp / "w.log"))
+    finally:
+        sys.settrace(None)
+        root.handlers[:], root.level = handlers, level
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+    leases, _ = _state(bucket)
+    log_file = tmp / "w.log"  # (none when stopped before the worker set up its logging)
+    return code, seen[0], log_file.read_text() if log_file.exists() else "", leases
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(at=st.integers(min_value=1, max_value=100))  # (a clean run is 90 or so lines of the module)
+def test_a_sigterm_at_any_line_of_a_workers_life_is_a_stop_not_a_traceback(tmp_path_factory, at):
+    """A SIGTERM after the drain loop's last turn, before the worker's handlers were quieted, raised
+    its Shutdown outside every handler that expects one: a traceback and exit 1 for a worker that
+    held nothing. Invariant: whichever line of the worker's own code a SIGTERM lands on, it exits 0,
+    says no traceback, and leaves no live lease (its item given back, or done)."""
+    import time
+
+    code, lines, log_text, leases = _sigterm_at_line(at, tmp_path_factory.mktemp("w"))
+    assert code == 0
+    assert "Traceback" not in log_text
+    assert not [lease for lease in leases.values() if lease.live(time.time())]
+    assert lines > 0

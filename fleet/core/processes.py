@@ -162,16 +162,16 @@ def _ignore(signum, frame):
 
 
 def _quiet_signals() -> None:
-    """SIGTERM and Ctrl-C ignored from here on, for a worker that holds nothing any more. A signal
-    that arrives while the handlers are being replaced still runs the old one, which ignores them
-    too and raises Shutdown: that Shutdown says nothing here, and once escaped it was a traceback
-    (`fleet local` stops its workers the moment the run finishes; seen in a loaded suite run)."""
+    """SIGTERM, Ctrl-C and SIGUSR1 ignored from here on, for a worker that holds nothing any more.
+    The first of them to land while the handlers are replaced raises its Shutdown here (the
+    worker's handlers raise once, then ignore): it says nothing now and is swallowed."""
     from fleet.core.attempt import Shutdown
 
-    for _ in range(3):
+    for _ in range(2):
         try:
             signal.signal(signal.SIGTERM, _ignore)
             signal.signal(signal.SIGINT, _ignore)
+            signal.signal(signal.SIGUSR1, _ignore)
             return
         except Shutdown:
             continue
@@ -197,8 +197,60 @@ def _stop_if_sleeping(worker) -> None:
         raise Shutdown()
 
 
+class _Life:
+    """What a worker process has made so far, for _work_one to undo whichever line it stops on."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+        self.progress: _ProgressLog | None = None
+        self.result: tuple[int, bool] | None = None
+
+    def end(self) -> None:
+        if self.progress is not None:
+            self.progress.stop.set()
+        if self.worker is not None:
+            self.worker.close()
+
+
 def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, standby: int | None) -> tuple[int, bool]:
-    """work_one's exit code, and whether the worker left because it found the run drained."""
+    """work_one's exit code, and whether the worker left because it found the run drained.
+
+    The worker's handlers turn the first SIGTERM or Ctrl-C into a Shutdown, and ignore the rest.
+    Where it lands decides what it means: the places that hold a lease (a claim, an item, the drain
+    loop) catch it and give the item back; on any other line the worker holds nothing, and the
+    catch here, whose try begins before the handlers exist, makes it a plain stop. It once came
+    between the drain loop's end and the quieting of the handlers: a traceback and exit 1 for a
+    worker that held nothing (tests/test_run_state.py sends one at every line of this module)."""
+    from fleet.core.attempt import Shutdown
+
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    life = _Life()
+    try:
+        try:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches every process of the group: same as SIGTERM
+            # SIGUSR1's default would kill a worker still starting (see _stop_if_sleeping)
+            signal.signal(signal.SIGUSR1, _ignore)
+            life.result = _live(bucket, run, name, log_file, standby, life)
+        finally:
+            # Leaving: nothing is held any more, so a SIGTERM now (`fleet local` stops its workers once the
+            # run is finished) must not interrupt the scratch sweep with a Shutdown and a traceback.
+            _quiet_signals()
+    except Shutdown:  # (the handlers are quiet now: _on_sigterm quieted them before it raised)
+        log.info("stopped by a signal; it held nothing")
+        if life.result is None:
+            life.result = 0, life.worker is not None and life.worker.found_drained
+    finally:
+        life.end()
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    return life.result
+
+
+def _live(
+    bucket: str, run: str, name: str | None, log_file: str | None, standby: int | None, life: _Life
+) -> tuple[int, bool]:
+    """The worker's life from its making to the run's drain, under the signal handlers _work_one set."""
     import gc
 
     from fleet.core.attempt import Environment, Shutdown, environmental
@@ -207,13 +259,10 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
     from fleet.core.spawner import Worker
     from fleet.core.store import StoreError, Unavailable
 
-    previous = signal.signal(signal.SIGTERM, _on_sigterm), signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, _on_sigterm)  # Ctrl-C reaches every process of the group: same as SIGTERM
-    signal.signal(signal.SIGUSR1, _ignore)  # (its default would kill a worker still starting: see _stop_if_sleeping)
     try:
         limit = outage_limit()
         _setup_logging(name or "worker", log_file)  # (what riding out says before the worker is made)
-        worker = riding_out(limit)(Worker, bucket, run, name, standby=standby)
+        worker = life.worker = riding_out(limit)(Worker, bucket, run, name, standby=standby)
     except ValueError as e:
         _setup_logging(name or "worker", log_file)
         log.error("cannot start: %s", e)
@@ -228,67 +277,56 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
         _setup_logging(name or "worker", log_file)
         log.error("cannot start: %s", environmental(e) or e)
         return 2, False
-    progress: _ProgressLog | None = None
     try:
-        try:
-            # In the try: a SIGTERM as the worker sets up (`fleet local` stops a worker whose sibling
-            # finished the run as it started) is a stop like any other, not a traceback.
-            _setup_logging(worker.name, log_file)
-            signal.signal(signal.SIGUSR1, lambda signum, frame: _stop_if_sleeping(worker))
-            progress = _ProgressLog(worker)
-            progress.start()
-            # What the worker loaded lives as long as it does (modules, the job's vocab and tokenizer): kept
-            # out of the collector's reach, so its full collections no longer walk them while items convert.
-            gc.freeze()
-            while True:
-                try:
-                    counters = worker.run_until_drained()
-                    break
-                except Unavailable as e:
-                    log.warning("the bucket is unreachable (%s): waiting for it, up to %.0f min", e, limit / 60)
-                    riding_out(limit)(_back_from_outage, worker)
-        except Shutdown:
-            if worker.stopped_after_the_end():  # (the fleet deleted once the run ended: a done boot)
-                worker.mark_idle(False)
-                worker.beat("exited")
-                return 0, True
-            held = worker.holding
-            if held is not None and held.lease.live(time.time()):
-                try:  # the signal came after the claim, before process() could give it back
-                    worker.runner.release(held)
-                except StoreError as e:  # (in an outage: then its lease expires)
-                    log.warning("item %s not given back: %s", held.item, e)
+        # In the try: a SIGTERM as the worker sets up (`fleet local` stops a worker whose sibling
+        # finished the run as it started) is a stop like any other, not a traceback.
+        _setup_logging(worker.name, log_file)
+        signal.signal(signal.SIGUSR1, lambda signum, frame: _stop_if_sleeping(worker))
+        life.progress = _ProgressLog(worker)
+        life.progress.start()
+        # What the worker loaded lives as long as it does (modules, the job's vocab and tokenizer): kept
+        # out of the collector's reach, so its full collections no longer walk them while items convert.
+        gc.freeze()
+        while True:
+            try:
+                counters = worker.run_until_drained()
+                break
+            except Unavailable as e:
+                log.warning("the bucket is unreachable (%s): waiting for it, up to %.0f min", e, limit / 60)
+                riding_out(limit)(_back_from_outage, worker)
+    except Shutdown:
+        if worker.stopped_after_the_end():  # (the fleet deleted once the run ended: a done boot)
             worker.mark_idle(False)
-            worker.beat("stopped")
-            log.info("stopped by a signal; items given back")
-            return 0, False
-        except Environment as e:
-            log.error("stopped: %s", e)
-            worker.mark_idle(False)
-            worker.beat("stopped")
-            return 2, False
-        except Unavailable as e:  # unreachable for longer than the limit
-            log.error("stopped: the bucket was unreachable for over %.0f min (%s): %s", limit / 60, OUTAGE_ENV, e)
-            return 2, False
-        except StoreError as e:  # retries (fleet.core.store.gcs) are spent: the store is gone or refuses us
-            log.error("stopped: %s", e)
-            worker.beat("stopped")
-            return 2, False
-        except OSError as e:
-            reason = environmental(e)
-            if reason is None:
-                raise
-            log.error("stopped: %s", reason)
-            return 2, False
-    finally:
-        # Leaving: nothing is held any more, so a SIGTERM now (`fleet local` stops its workers once the
-        # run is finished) must not interrupt the scratch sweep with a Shutdown and a traceback.
-        _quiet_signals()
-        if progress is not None:
-            progress.stop.set()
-        worker.close()
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
+            worker.beat("exited")
+            return 0, True
+        held = worker.holding
+        if held is not None and held.lease.live(time.time()):
+            try:  # the signal came after the claim, before process() could give it back
+                worker.runner.release(held)
+            except StoreError as e:  # (in an outage: then its lease expires)
+                log.warning("item %s not given back: %s", held.item, e)
+        worker.mark_idle(False)
+        worker.beat("stopped")
+        log.info("stopped by a signal; items given back")
+        return 0, False
+    except Environment as e:
+        log.error("stopped: %s", e)
+        worker.mark_idle(False)
+        worker.beat("stopped")
+        return 2, False
+    except Unavailable as e:  # unreachable for longer than the limit
+        log.error("stopped: the bucket was unreachable for over %.0f min (%s): %s", limit / 60, OUTAGE_ENV, e)
+        return 2, False
+    except StoreError as e:  # retries (fleet.core.store.gcs) are spent: the store is gone or refuses us
+        log.error("stopped: %s", e)
+        worker.beat("stopped")
+        return 2, False
+    except OSError as e:
+        reason = environmental(e)
+        if reason is None:
+            raise
+        log.error("stopped: %s", reason)
+        return 2, False
     log.info("drained: %d done, %d failed here", counters.items_done, counters.items_failed)
     return 0, worker.found_drained
 
