@@ -454,3 +454,48 @@ def test_a_sigterm_at_any_line_of_a_workers_life_is_a_stop_not_a_traceback(tmp_p
     assert "Traceback" not in log_text
     assert not [lease for lease in leases.values() if lease.live(time.time())]
     assert lines > 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the swallowing, on purpose)
+def test_a_sigterm_that_python_swallows_in_a_finalizer_still_stops_the_worker(tmp_path, monkeypatch):
+    """Seen while interrupting `fleet local` at every line: a worker's SIGTERM landed while the
+    collector ran a finalizer, whose Shutdown Python printed ("Exception ignored") and dropped; the
+    handlers, quiet since, let the worker drain the whole run, and the stop came only by SIGKILL.
+    Invariant: a signal the worker got is a stop, wherever its Shutdown was raised."""
+    import signal
+    import time
+
+    from fleet.core import processes
+    from fleet.core.attempt import ItemRunner
+
+    bucket, items = _plan(tmp_path)
+    assert len(items) > 2
+    real, fired = ItemRunner.process, []
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, inside the finalizer
+            for _ in range(10000):
+                pass
+
+    def process(self, item, held):
+        real(self, item, held)
+        if not fired:
+            fired.append(1)
+            Finalized()  # (dropped at once: its __del__ runs now)
+
+    monkeypatch.setattr(ItemRunner, "process", process)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        assert processes.work_one(bucket, RUN, "w", log_file=str(tmp_path / "w.log")) == 0
+    finally:
+        root.handlers[:], root.level = handlers, level
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+    assert fired
+    assert "stopped by a signal" in (tmp_path / "w.log").read_text()
+    leases, _ = _state(bucket)
+    assert sum(lease.state == DONE for lease in leases.values()) < len(items)  # it left the rest
+    assert not [lease for lease in leases.values() if lease.live(time.time())]

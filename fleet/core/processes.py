@@ -151,8 +151,11 @@ def _on_sigterm(signum, frame):
     signal.signal(signal.SIGINT, _ignore)
     from fleet.core.attempt import SHIELD, Shutdown  # loaded by work_one, which set this handler
 
-    if SHIELD.depth:  # a claim in flight: raised when it has returned (the lease then known, and given back)
-        SHIELD.pending = True
+    # Noted before anything is raised: a claim in flight raises it when it has returned (the lease then
+    # known, and given back); and a Shutdown raised inside a finalizer, which Python prints and drops
+    # ("Exception ignored"), is raised again by the next claim instead of being lost.
+    SHIELD.pending = True
+    if SHIELD.depth:
         return
     raise Shutdown()
 
@@ -221,10 +224,11 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
     catch here, whose try begins before the handlers exist, makes it a plain stop. It once came
     between the drain loop's end and the quieting of the handlers: a traceback and exit 1 for a
     worker that held nothing (tests/test_run_state.py sends one at every line of this module)."""
-    from fleet.core.attempt import Shutdown
+    from fleet.core.attempt import SHIELD, Shutdown
 
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     life = _Life()
+    SHIELD.pending = False  # (a stop noted for an earlier worker of this process is not this one's)
     try:
         try:
             signal.signal(signal.SIGTERM, _on_sigterm)
@@ -242,6 +246,7 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
             life.result = 0, life.worker is not None and life.worker.found_drained
     finally:
         life.end()
+        SHIELD.pending = False  # (the worker is gone: nothing of this process claims for it any more)
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
     return life.result
