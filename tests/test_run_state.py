@@ -456,13 +456,14 @@ def test_a_sigterm_at_any_line_of_a_workers_life_is_a_stop_not_a_traceback(tmp_p
     assert lines > 0
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the swallowing, on purpose)
 def test_a_sigterm_that_python_swallows_in_a_finalizer_still_stops_the_worker(tmp_path, monkeypatch):
     """Seen while interrupting `fleet local` at every line: a worker's SIGTERM landed while the
     collector ran a finalizer, whose Shutdown Python printed ("Exception ignored") and dropped; the
     handlers, quiet since, let the worker drain the whole run, and the stop came only by SIGKILL.
-    Invariant: a signal the worker got is a stop, wherever its Shutdown was raised."""
+    Invariant: a signal the worker got is a stop, wherever its Shutdown was raised, and says no
+    traceback."""
     import signal
+    import sys
     import time
 
     from fleet.core import processes
@@ -485,6 +486,9 @@ def test_a_sigterm_that_python_swallows_in_a_finalizer_still_stops_the_worker(tm
             Finalized()  # (dropped at once: its __del__ runs now)
 
     monkeypatch.setattr(ItemRunner, "process", process)
+    printed: list[BaseException] = []  # what Python would print as "Exception ignored in ..."
+    ours = lambda u: printed.append(u.exc_value)  # noqa: E731
+    monkeypatch.setattr(sys, "unraisablehook", ours)
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
@@ -494,7 +498,8 @@ def test_a_sigterm_that_python_swallows_in_a_finalizer_still_stops_the_worker(tm
         root.handlers[:], root.level = handlers, level
         signal.signal(signal.SIGTERM, before[0])
         signal.signal(signal.SIGINT, before[1])
-    assert fired
+    assert fired and not printed
+    assert sys.unraisablehook is ours  # put back as the worker left
     assert "stopped by a signal" in (tmp_path / "w.log").read_text()
     leases, _ = _state(bucket)
     assert sum(lease.state == DONE for lease in leases.values()) < len(items)  # it left the rest

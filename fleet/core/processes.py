@@ -164,6 +164,20 @@ def _ignore(signum, frame):
     pass
 
 
+def _unraisable(previous):
+    """sys.unraisablehook for a worker: a Shutdown raised inside a finalizer is no error to print
+    ("Exception ignored ... Shutdown" at the user), since _on_sigterm noted the stop before raising
+    it; anything else goes to the hook that was there."""
+
+    def hook(unraisable) -> None:
+        from fleet.core.attempt import Shutdown
+
+        if not isinstance(unraisable.exc_value, Shutdown):
+            previous(unraisable)
+
+    return hook
+
+
 def _quiet_signals() -> None:
     """SIGTERM, Ctrl-C and SIGUSR1 ignored from here on, for a worker that holds nothing any more.
     The first of them to land while the handlers are replaced raises its Shutdown here (the
@@ -229,6 +243,8 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     life = _Life()
     SHIELD.pending = False  # (a stop noted for an earlier worker of this process is not this one's)
+    hook = sys.unraisablehook
+    sys.unraisablehook = _unraisable(hook)
     try:
         try:
             signal.signal(signal.SIGTERM, _on_sigterm)
@@ -247,6 +263,7 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
     finally:
         life.end()
         SHIELD.pending = False  # (the worker is gone: nothing of this process claims for it any more)
+        sys.unraisablehook = hook
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
     return life.result
