@@ -520,6 +520,73 @@ def test_a_ctrl_c_that_python_swallows_in_a_finalizer_still_ends_the_run_as_inte
     assert fired
 
 
+def _interrupted_at_line(n: int, tmp: Path) -> tuple[int, str, dict[str, str]]:
+    """run_local (two forked workers) traced line by line in fleet/cli/local.py, with a Ctrl-C at its
+    n-th line, then the same run again: (the lines it ran, how the first ended, the outputs' hashes)."""
+    import io
+
+    from rich.console import Console
+
+    import fleet.cli.local as local
+    from fleet.cli.local import Interrupted, run_local
+
+    (tmp / "in").mkdir()
+    write_corpus(str(tmp / "in" / "a.txt"), 60)
+    write_corpus(str(tmp / "in" / "b.txt"), 40, seed=1)
+    seen = [0]
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename != local.__file__:
+            return None
+        if event == "line":
+            seen[0] += 1
+            if seen[0] == n:
+                os.kill(os.getpid(), signal.SIGINT)
+        return tracer
+
+    def run() -> int:
+        console = Console(file=io.StringIO())
+        return run_local(
+            [str(tmp / "in")], str(tmp / "out"), LINEJOB, 2, {}, console=console, item_bytes=1500
+        ).exit_code
+
+    before = signal.getsignal(signal.SIGINT)
+    ended = "finished"
+    sys.settrace(tracer)
+    try:
+        run()
+    except Interrupted:
+        ended = "interrupted"
+    except KeyboardInterrupt:  # before the workers started or after they left: the CLI says "interrupted", 130
+        ended = "interrupted before or after the workers"
+    finally:
+        sys.settrace(None)
+        signal.signal(signal.SIGINT, before)
+    assert run() == 0  # resumed
+    out = tmp / "out"
+    return seen[0], ended, {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("part-*"))}
+
+
+def test_a_ctrl_c_at_any_line_of_fleet_local_stops_it_and_the_rerun_gives_a_clean_runs_bytes(tmp_path_factory):
+    """Interrupt `fleet local` (in this process, its workers forked) at a generated line of its
+    run: it ends as interrupted or finished, never with another error, and the same command again
+    finishes with the outputs of a run never interrupted. It found a worker's SIGTERM swallowed by a
+    finalizer (tests/test_run_state.py)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    lines, ended, clean = _interrupted_at_line(10**9, tmp_path_factory.mktemp("clean"))
+    assert ended == "finished" and lines > 100 and clean
+
+    @settings(max_examples=8, deadline=None, database=None)
+    @given(at=st.integers(min_value=1, max_value=lines))
+    def interrupted(at):
+        _, _, outputs = _interrupted_at_line(at, tmp_path_factory.mktemp("at"))
+        assert outputs == clean
+
+    interrupted()
+
+
 def test_a_killed_run_shows_no_live_worker_and_its_scratch_is_swept(tmp_path, corpus):
     out = tmp_path / "out"
     scratch = tmp_path / "scratch"
