@@ -290,6 +290,23 @@ def test_a_sigterm_while_a_drained_worker_sweeps_its_scratch_is_no_traceback(tmp
     assert leases and all(lease.state == DONE for lease in leases.values())
 
 
+def _work_one_here(bucket: str, log_file: Path) -> int:
+    """processes.work_one in this process, the test process's signal handlers and logging put back."""
+    import signal
+
+    from fleet.core import processes
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        return processes.work_one(bucket, RUN, "w", log_file=str(log_file))
+    finally:
+        root.handlers[:], root.level = handlers, level
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+
+
 @pytest.mark.parametrize("step", ["progress", "freeze"])
 def test_a_sigterm_while_a_worker_sets_up_after_its_start_is_no_traceback(tmp_path, monkeypatch, step):
     """A loaded suite run: a forked worker, started as its sibling finished the run, was SIGTERMed by
@@ -312,7 +329,7 @@ def test_a_sigterm_while_a_worker_sets_up_after_its_start_is_no_traceback(tmp_pa
         assert processes.work_one(bucket, RUN, "w", log_file=str(tmp_path / "w.log")) == 0
     finally:
         root.handlers[:], root.level = handlers, level
-    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # work_one put them back
     assert "stopped by a signal" in (tmp_path / "w.log").read_text()
     leases, _ = _state(bucket)
     assert not leases  # it held nothing yet
@@ -424,17 +441,11 @@ def _sigterm_at_line(n: int, tmp: Path) -> tuple[int, int, str, dict[str, Lease]
                 os.kill(os.getpid(), signal.SIGTERM)
         return tracer
 
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
     sys.settrace(tracer)
     try:
-        code = processes.work_one(bucket, RUN, "w", log_file=str(tmp / "w.log"))
+        code = _work_one_here(bucket, tmp / "w.log")
     finally:
         sys.settrace(None)
-        root.handlers[:], root.level = handlers, level
-        signal.signal(signal.SIGTERM, before[0])
-        signal.signal(signal.SIGINT, before[1])
     leases, _ = _state(bucket)
     log_file = tmp / "w.log"  # (none when stopped before the worker set up its logging)
     return code, seen[0], log_file.read_text() if log_file.exists() else "", leases
@@ -466,7 +477,6 @@ def test_a_sigterm_that_python_swallows_in_a_finalizer_still_stops_the_worker(tm
     import sys
     import time
 
-    from fleet.core import processes
     from fleet.core.attempt import ItemRunner
 
     bucket, items = _plan(tmp_path)
@@ -489,15 +499,7 @@ def test_a_sigterm_that_python_swallows_in_a_finalizer_still_stops_the_worker(tm
     printed: list[BaseException] = []  # what Python would print as "Exception ignored in ..."
     ours = lambda u: printed.append(u.exc_value)  # noqa: E731
     monkeypatch.setattr(sys, "unraisablehook", ours)
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        assert processes.work_one(bucket, RUN, "w", log_file=str(tmp_path / "w.log")) == 0
-    finally:
-        root.handlers[:], root.level = handlers, level
-        signal.signal(signal.SIGTERM, before[0])
-        signal.signal(signal.SIGINT, before[1])
+    assert _work_one_here(bucket, tmp_path / "w.log") == 0
     assert fired and not printed
     assert sys.unraisablehook is ours  # put back as the worker left
     assert "stopped by a signal" in (tmp_path / "w.log").read_text()
