@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 from pathlib import Path
 import pytest
 
@@ -511,3 +512,39 @@ def test_a_sigterm_that_python_swallows_in_a_finalizer_still_stops_the_worker(tm
     leases, _ = _state(bucket)
     assert sum(lease.state == DONE for lease in leases.values()) < len(items)  # it left the rest
     assert not [lease for lease in leases.values() if lease.live(time.time())]
+
+
+def test_a_swallowed_sigterm_stops_an_idle_worker_at_its_next_pass(tmp_path, monkeypatch):
+    """The same swallowed Shutdown, in a worker idle while another holds the last item: noted, it is
+    raised at the worker's next pass, not when that lease expires and the worker claims the item."""
+    import signal
+    import time
+
+    from fleet.core import spawner
+    from fleet.core.layout import lease_prefix
+    from fleet.core.lease import Leases
+
+    bucket, items = _plan(tmp_path)
+    other = Leases(open_store(bucket), lease_prefix(RUN), "other", ttl=30, max_attempts=3)
+    assert other.claim(items[-1].id, None) is not None  # held by a live worker elsewhere
+    real, fired = time.sleep, []
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, inside the finalizer
+            for _ in range(10000):
+                pass
+
+    def sleep(seconds):  # the idle worker's sleep between sweeps; no waiting
+        if not fired:
+            fired.append(1)
+            Finalized()
+        real(0.001)
+
+    monkeypatch.setattr(spawner.time, "sleep", sleep)
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: None)
+    assert _work_one_here(bucket, tmp_path / "w.log") == 0
+    assert fired
+    assert "stopped by a signal" in (tmp_path / "w.log").read_text()
+    leases, _ = _state(bucket)
+    assert leases[items[-1].id].worker == "other" and leases[items[-1].id].live(time.time())
