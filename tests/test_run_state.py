@@ -473,13 +473,24 @@ def test_a_sigterm_at_any_line_of_a_workers_life_is_a_stop_not_a_traceback(tmp_p
     stopped()
 
 
+class _SigtermWhenCollected:
+    """An object whose finalizer sends this process a SIGTERM: the worker's handler then runs inside
+    the finalizer, where Python prints and drops whatever it raises."""
+
+    def __del__(self):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10000):  # (the handler runs between these bytecodes, still inside __del__)
+            pass
+
+
 def test_a_sigterm_that_python_swallows_in_a_finalizer_still_stops_the_worker(tmp_path, monkeypatch):
     """Seen while interrupting `fleet local` at every line: a worker's SIGTERM landed while the
     collector ran a finalizer, whose Shutdown Python printed ("Exception ignored") and dropped; the
     handlers, quiet since, let the worker drain the whole run, and the stop came only by SIGKILL.
     Invariant: a signal the worker got is a stop, wherever its Shutdown was raised, and says no
     traceback."""
-    import signal
     import sys
     import time
 
@@ -489,17 +500,11 @@ def test_a_sigterm_that_python_swallows_in_a_finalizer_still_stops_the_worker(tm
     assert len(items) > 2
     real, fired = ItemRunner.process, []
 
-    class Finalized:
-        def __del__(self):
-            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, inside the finalizer
-            for _ in range(10000):
-                pass
-
     def process(self, item, held):
         real(self, item, held)
         if not fired:
             fired.append(1)
-            Finalized()  # (dropped at once: its __del__ runs now)
+            _SigtermWhenCollected()  # (dropped at once: its __del__ runs now)
 
     monkeypatch.setattr(ItemRunner, "process", process)
     printed: list[BaseException] = []  # what Python would print as "Exception ignored in ..."
@@ -517,7 +522,6 @@ def test_a_sigterm_that_python_swallows_in_a_finalizer_still_stops_the_worker(tm
 def test_a_swallowed_sigterm_stops_an_idle_worker_at_its_next_pass(tmp_path, monkeypatch):
     """The same swallowed Shutdown, in a worker idle while another holds the last item: noted, it is
     raised at the worker's next pass, not when that lease expires and the worker claims the item."""
-    import signal
     import time
 
     from fleet.core import spawner
@@ -529,16 +533,10 @@ def test_a_swallowed_sigterm_stops_an_idle_worker_at_its_next_pass(tmp_path, mon
     assert other.claim(items[-1].id, None) is not None  # held by a live worker elsewhere
     real, fired = time.sleep, []
 
-    class Finalized:
-        def __del__(self):
-            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, inside the finalizer
-            for _ in range(10000):
-                pass
-
     def sleep(seconds):  # the idle worker's sleep between sweeps; no waiting
         if not fired:
             fired.append(1)
-            Finalized()
+            _SigtermWhenCollected()  # (dropped at once: its __del__ runs now)
         real(0.001)
 
     monkeypatch.setattr(spawner.time, "sleep", sleep)
