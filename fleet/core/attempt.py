@@ -81,6 +81,11 @@ class ShutdownShield:
 
     def __exit__(self, *exc) -> None:
         self.depth -= 1
+        self.check()
+
+    def check(self) -> None:
+        """Outside every shield, raise the Shutdown noted meanwhile: one a claim held back, or one
+        Python dropped because it was raised inside a finalizer (fleet.core.processes)."""
         if self.depth == 0 and self.pending:
             self.pending = False
             raise Shutdown()

@@ -242,7 +242,6 @@ def _work_one(bucket: str, run: str, name: str | None, log_file: str | None, sta
 
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     life = _Life()
-    SHIELD.pending = False  # (a stop noted for an earlier worker of this process is not this one's)
     hook = sys.unraisablehook
     sys.unraisablehook = _unraisable(hook)
     try:

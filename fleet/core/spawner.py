@@ -24,7 +24,7 @@ import uuid
 import weakref
 from typing import Sequence
 
-from fleet.core.attempt import SHIELD, Counters, ItemRunner, Shutdown, _test_pause
+from fleet.core.attempt import SHIELD, Counters, ItemRunner, _test_pause
 from fleet.core.claims import STEAL, SWEEP, VISIT, ClaimPolicy
 from fleet.core.codesync import check_pinned
 from fleet.core.discovery import load_job
@@ -177,8 +177,7 @@ class Worker:
         self.beat("starting")
         kind, window, confirm = STEAL, None, False
         while True:
-            if SHIELD.pending:  # a stop whose Shutdown a finalizer swallowed (fleet.core.processes): now
-                raise Shutdown()
+            SHIELD.check()  # (a stop whose Shutdown a finalizer swallowed: now, not at the next claim)
             targets: list[int] | None = None
             if kind in (STEAL, SWEEP) and not confirm:  # where is work left? the done/ markers first
                 policy.observe_marks(b.name[len(done) :] for b in self.store.list(done))
