@@ -12,8 +12,6 @@ import glob
 import io
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,15 +27,15 @@ from fleet.job import ConfigError, StageOptions
 from fleet_jobs.text.output import check_output
 from fleet_jobs.text.tokenizers.vocab import train_vocab, write_vocab
 from fleet_jobs.text.tools.report import read_report
+from tests.helpers.mosaic import Child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MOSAIC = [sys.executable, os.path.join(ROOT, "tests", "helpers", "mosaic.py")]
+MOSAIC = Child()
 SAMPLES = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("en", "zh")]
 
 
 def mosaic(*args: str) -> None:
-    done = subprocess.run([*MOSAIC, *args], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    MOSAIC.call(*args)
 
 
 def streaming_rows(out, tmp_path) -> dict[str, np.ndarray]:

@@ -7,6 +7,11 @@
     python tests/helpers/mosaic.py write IN.npz COLUMNS_JSON COMPRESSION SIZE_LIMIT FOLDER
         ``MDSWriter`` over the rows of IN.npz (row i of every array), its columns' encodings
         given as JSON, COMPRESSION "none" or streaming's name
+    python tests/helpers/mosaic.py serve
+        either of those per line of stdin (a JSON list: the command and its arguments), answered
+        with a line on stdout (``{"error": null}``, or the traceback): ``Child`` keeps one such
+        process per test process, which imports streaming (and torch: 5-6 s of CPU) once, not
+        once per read or write
 
 The package is installed without its dependencies (the README's test command): it pins numpy below
 2.2 and pulls torchvision, which does not import beside the project's torch build. Its top-level
@@ -18,10 +23,17 @@ tests' own interpreter.
 
 from __future__ import annotations
 
+import atexit
 import importlib.machinery
 import json
+import os
+import selectors
+import subprocess
 import sys
+import tempfile
+import traceback
 import types
+from typing import IO
 
 import numpy as np
 
@@ -75,6 +87,63 @@ def write(rows_path: str, columns: str, compression: str, size_limit: str, folde
             )
 
 
+COMMANDS = {"read": read, "write": write}
+
+
+def serve() -> None:
+    for line in sys.stdin:
+        command, *args = json.loads(line)
+        try:
+            COMMANDS[command](*args)
+            error = None
+        except Exception:
+            error = traceback.format_exc()
+        print(json.dumps({"error": error}), flush=True)
+
+
+class Child:
+    """``python mosaic.py serve``, started at the first call and ended at this process's exit.
+    ``call("read", ...)`` fails the test with the child's traceback, or its stderr if it died."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.stderr: IO[str] | None = None
+
+    def call(self, *args: str, timeout: float = 300) -> None:
+        if self.process is None or self.process.poll() is not None:
+            self.stderr = tempfile.TemporaryFile("w+")  # (a pipe nobody reads until the end could fill)
+            self.process = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.stderr,
+                text=True,
+            )
+            atexit.register(self.close)
+        process = self.process
+        assert process.stdin and process.stdout
+        process.stdin.write(json.dumps(args) + "\n")
+        process.stdin.flush()
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            ready = selector.select(timeout)
+        answer = process.stdout.readline() if ready else ""
+        if not answer:
+            process.kill()
+            process.wait()
+            self.stderr.seek(0)
+            raise AssertionError(f"mosaic.py {args[0]}: no answer (timed out or died)\n{self.stderr.read()[-3000:]}")
+        error = json.loads(answer)["error"]
+        assert error is None, error[-3000:]
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.communicate(timeout=30)  # (stdin closed: its loop ends)
+
+
 if __name__ == "__main__":
     _without_torchvision()
-    {"read": read, "write": write}[sys.argv[1]](*sys.argv[2:])
+    if sys.argv[1] == "serve":
+        serve()
+    else:
+        COMMANDS[sys.argv[1]](*sys.argv[2:])
