@@ -30,12 +30,8 @@ from fleet_jobs.text.tools.report import read_report
 from tests.helpers.mosaic import Child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MOSAIC = Child()
 SAMPLES = [os.path.join(ROOT, "corpus", f"sample_{lang}.txt") for lang in ("en", "zh")]
-
-
-def mosaic(*args: str) -> None:
-    MOSAIC.call(*args)
+mosaic = Child().call  # mosaicml-streaming's reader and writer, one child process for the tests here
 
 
 def streaming_rows(out, tmp_path) -> dict[str, np.ndarray]:

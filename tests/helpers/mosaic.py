@@ -91,6 +91,7 @@ COMMANDS = {"read": read, "write": write}
 
 
 def serve() -> None:
+    answers, sys.stdout = sys.stdout, sys.stderr  # (what the library prints cannot be taken for an answer)
     for line in sys.stdin:
         command, *args = json.loads(line)
         try:
@@ -98,7 +99,7 @@ def serve() -> None:
             error = None
         except Exception:
             error = traceback.format_exc()
-        print(json.dumps({"error": error}), flush=True)
+        print(json.dumps({"error": error}), file=answers, flush=True)
 
 
 class Child:
@@ -107,11 +108,13 @@ class Child:
 
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None
-        self.stderr: IO[str] | None = None
+        self.stderr: IO[str] = tempfile.TemporaryFile("w+")  # (a pipe nobody reads until the end could fill)
+        atexit.register(self.close)
 
     def call(self, *args: str, timeout: float = 300) -> None:
         if self.process is None or self.process.poll() is not None:
-            self.stderr = tempfile.TemporaryFile("w+")  # (a pipe nobody reads until the end could fill)
+            self.stderr.seek(0)
+            self.stderr.truncate()
             self.process = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "serve"],
                 stdin=subprocess.PIPE,
@@ -119,7 +122,6 @@ class Child:
                 stderr=self.stderr,
                 text=True,
             )
-            atexit.register(self.close)
         process = self.process
         assert process.stdin and process.stdout
         process.stdin.write(json.dumps(args) + "\n")
