@@ -11,7 +11,9 @@ children (``bench_convert.run_process``), least of ``--rounds``:
 - ``causal_lm`` with a SentencePiece ``.model`` and a byte-level BPE ``tokenizer.json``
   (``bench_lm_tokenizers.make_tokenizers``, trained on the short corpus);
 - ``python -c pass`` and ``python -c "import sentencepiece"`` (the floor: an interpreter's start,
-  and the library alone's start-up as ``bench_lm_tokenizers`` counts it).
+  and the library alone's start-up as ``bench_lm_tokenizers`` counts it);
+- ``import numpy``, and the electra_zh_en and causal_lm jobs' modules (numpy with them): what any
+  run of the job loads, the floor under its row whatever fleet does around it.
 
 The code runs from copies in a temporary folder (this checkout's files as they are now and,
 with ``--before REV``, REV's from ``git archive``; each with this checkout's built
@@ -128,9 +130,15 @@ def main() -> None:
         + ["--job", "causal_lm", "--set", f"tokenizer_file={tokenizers['sentencepiece']}"],
         "causal_lm (tokenizer.json)": local + ["--job", "causal_lm", "--set", f"tokenizer_file={tokenizers['json']}"],
     }
+    # What any run of the job imports, whatever fleet does around it (one BLAS thread, as the
+    # `fleet` command sets before numpy loads): the floor under the rows above.
+    blas = "import os; os.environ.setdefault('OPENBLAS_NUM_THREADS', '1'); "
     floor = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "python -c 'import sentencepiece'": [sys.executable, "-c", "import sentencepiece"],
+        "import numpy": [sys.executable, "-c", blas + "import numpy"],
+        "import numpy + the electra_zh_en job": [sys.executable, "-c", blas + "import fleet_jobs.electra_zh_en.job"],
+        "import numpy + the causal_lm job": [sys.executable, "-c", blas + "import fleet_jobs.causal_lm.job"],
     }
 
     def run(cmd: list[str], tree: str, mode: str) -> dict:
