@@ -103,3 +103,24 @@ def test_the_docs_example_runs_as_written(tmp_path, monkeypatch):
     run = names["run"]
     assert run.ok and run.summary["examples"] > 0 and run.outputs[0].endswith("out/part-00000.tfrecord")
     assert run.status.failures == []
+
+
+def test_the_speed_in_the_summary_is_of_what_this_call_converted(tmp_path):
+    """``mb_per_s`` is the MB this call converted over its ``wall_seconds``. A resumed run's done
+    items were converted by an earlier call: counting their MB over this call's seconds made a run
+    resumed with one item left, or none, seem many times faster than it is."""
+    inputs = tmp_path / "corpus"
+    inputs.mkdir()
+    for i in range(3):  # 3 items of 0.2 MB
+        (inputs / f"f{i}.txt").write_text("".join(f"doc {i} line {n:06d} {'x' * 180}\n" for n in range(1000)))
+    out = tmp_path / "out"
+    first = fleet.local(inputs, out, job=JOB, workers=1, item_mb=0.2)
+    assert first.status.done == 3 and first.summary["mb_per_s"] > 0
+    again = fleet.local(inputs, out, job=JOB, workers=1)  # finished: nothing left to convert
+    assert again.ok and again.summary["mb_per_s"] == 0.0, again.summary
+    (out / "part-00001.txt").unlink()  # that item's output is gone: the next call converts it again
+    resumed = fleet.local(inputs, out, job=JOB, workers=1)
+    one_item = (inputs / "f1.txt").stat().st_size / 1e6
+    converted = resumed.summary["mb_per_s"] * resumed.summary["wall_seconds"]
+    assert resumed.status.done == 3 and resumed.summary["input_mb"] > 2.5 * one_item
+    assert 0 < converted <= one_item * 1.1 + 0.001, (converted, one_item, resumed.summary)

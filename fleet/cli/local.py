@@ -72,10 +72,14 @@ class Interrupted(Exception):
     """Ctrl-C: the workers gave their items back; the message says how to resume."""
 
 
-def summarize(st: RunStatus, job: Job, wall: float, workers: int) -> dict:
+def summarize(st: RunStatus, job: Job, wall: float, workers: int, bytes_before: int = 0) -> dict:
+    """The run's figures (docs/outputs.md, "Every figure of the summary"). ``bytes_before``: the
+    input bytes already done when this call started its workers (a resumed run), which its
+    ``wall`` did not convert: ``mb_per_s`` is over what this call converted."""
     totals = st.totals
     busy = totals.get("seconds", 0.0)
     mb = st.bytes_done / 1e6
+    converted = max(0, st.bytes_done - bytes_before) / 1e6
     summary = {
         "run": st.run,
         "job": st.job,
@@ -86,7 +90,7 @@ def summarize(st: RunStatus, job: Job, wall: float, workers: int) -> dict:
         "input_mb": round(mb, 3),
         "wall_seconds": round(wall, 2),
         "workers": workers,
-        "mb_per_s": round(mb / wall, 3) if wall > 0 else 0.0,
+        "mb_per_s": round(converted / wall, 3) if wall > 0 else 0.0,
         "mb_per_s_per_worker": round(mb / busy, 3) if busy > 0 else 0.0,
         **{k: v for k, v in sorted(totals.items()) if k not in ("seconds", "input_bytes")},
         **job.summarize(totals),
@@ -332,7 +336,7 @@ def run_local(
             f"instead of {workers}",
         )
         workers = left
-    t0 = time.time()
+    t0, bytes_before = time.time(), st.bytes_done
     children = []
     interrupted = False
     _SIGNALLED.clear()
@@ -375,7 +379,7 @@ def run_local(
                 os.rmdir(out_dir)  # only if this left it empty
         raise PlanError(refused[0])
     wall = time.time() - t0
-    summary = summarize(st, chosen, wall, workers)
+    summary = summarize(st, chosen, wall, workers, bytes_before)
     path = os.path.join(out_dir, SUMMARY)
     try:
         with open(path, "w") as f:
