@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleet.core.progress import DEFAULT_EVERY, ProgressLines, every_from_env, worker_line
+from fleet.core.status import covered_seconds
 
 
 def test_a_line_comes_once_the_interval_has_passed_then_once_per_interval():
@@ -112,3 +113,51 @@ def test_fleet_local_into_a_file_prints_progress_lines_and_the_workers_logs_say_
         started = re.findall(rf"item (\d+) started \(attempt 1, map\): .*f{n}\.txt", logs)
         assert len(started) == 1, logs
         assert re.search(rf"item {started[0]} done in [\d.]+s, [\d.]+ MB at [\d.]+ MB/s \(.*f{n}\.txt", logs), logs
+
+
+# -- `fleet status`: the rate over the time items were being converted ---------------------------------
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 60)), max_size=30), st.randoms())
+def test_covered_seconds_is_the_length_of_the_union_of_the_spans(pairs, rng):
+    """Measured against the unit steps the spans cover, in any order; a span that ends before it
+    starts (a clock stepped back) covers nothing."""
+    spans = [(float(s), float(s + n)) for s, n in pairs] + [(50.0, 40.0)]
+    rng.shuffle(spans)
+    cells = {t for s, e in spans for t in range(int(s), int(e))}
+    assert covered_seconds(spans) == len(cells)
+
+
+def test_status_rates_a_run_resumed_after_a_pause_by_the_time_it_worked(tmp_path):
+    """A run stopped and resumed a day later (or a fleet brought down and launched again): its MB/s
+    is over the seconds items were being converted. Over first start to last finish, it counted
+    the day as work and said 0.00 MB/s."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    import fleet
+    from fleet.cli.render import print_status
+    from fleet.core.status import StatusReader
+    from fleet.core.store import open_store
+
+    inputs = tmp_path / "corpus"
+    inputs.mkdir()
+    for i in range(2):  # 2 items of 0.2 MB
+        (inputs / f"f{i}.txt").write_text("".join(f"doc {i} line {n:06d} {'x' * 180}\n" for n in range(1000)))
+    out = tmp_path / "out"
+    run = fleet.local(inputs, out, job="tests.helpers.linejob:JOB", workers=1, item_mb=0.2)
+    assert run.status.done == 2
+    lease = next((out / ".fleet" / "runs" / "local" / "leases").iterdir())
+    body = json.loads(lease.read_text())
+    worked = body["finished"] - body["started"]
+    body.update(started=body["started"] - 86_400, finished=body["finished"] - 86_400)  # a day earlier
+    lease.write_text(json.dumps(body))
+    st = StatusReader(open_store(str(out / ".fleet")), "local").collect()
+    assert st.last_finish - st.first_start > 86_000
+    assert 0 < st.busy_seconds < 60 and st.busy_seconds >= worked
+    console = Console(file=io.StringIO(), width=200)
+    print_status(console, st)
+    rate = re.search(r"MB/s\s+│?\s*([\d.,]+)", console.file.getvalue())
+    assert rate and float(rate.group(1)) == round(st.bytes_done / st.busy_seconds / 1e6, 2) > 0.0, (
+        console.file.getvalue()
+    )

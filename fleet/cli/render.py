@@ -178,8 +178,8 @@ def print_status(out: Console, st) -> None:
     ):
         if key in st.totals:
             table.add_row(key.replace("_", " "), f"{int(st.totals[key]):,}")
-    if st.first_start and st.bytes_done:
-        span = (st.last_finish if st.finished else time.time()) - st.first_start
+    if st.bytes_done:
+        span = st.busy_seconds  # the time items were being converted: a pause between runs is no work
         if span > 0:
             rate = st.bytes_done / span
             table.add_row("MB/s", f"{rate / 1e6:,.2f}")

@@ -61,6 +61,16 @@ def tally_requests(beats: list[dict[str, Any]], lease_ttl: float, now: float) ->
 log = logging.getLogger("fleet.status")
 
 
+def covered_seconds(spans: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of ``(start, end)`` spans: time in which at least one ran."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > max(start, reach):  # (a span that ends before it starts, a clock's step back, adds nothing)
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 @dataclass
 class RunStatus:
     run: str
@@ -83,6 +93,10 @@ class RunStatus:
     outputs: list[str] = field(default_factory=list)
     first_start: float = 0.0
     last_finish: float = 0.0
+    # Seconds in which an item was being converted (the union of the done, failed and live leases'
+    # spans): a run stopped and resumed later, or a fleet brought down and launched again, is not
+    # counted as working through the gap, which first_start..last_finish would.
+    busy_seconds: float = 0.0
     blocked: int = 0  # items of stages that cannot run: a stage before them failed
     # A run with stages: per stage (its barrier counted with it), {name, items, done, failed, leased, blocked}.
     stages: list[dict[str, Any]] = field(default_factory=list)
@@ -211,7 +225,7 @@ class StatusReader:
         )
         leases = self.leases()
         by_id = {i.id: i for i in self.items}
-        starts, finishes = [], []
+        starts, finishes, spans = [], [], []
         steps = StepPlan(self.spec)
         stages: dict[str, dict[str, Any]] = {}
         blocked_after = min(
@@ -244,6 +258,10 @@ class StatusReader:
             elif lease.live(now):
                 row["leased"] = row.get("leased", 0) + 1
             starts.append(lease.started)
+            if lease.state in (DONE, FAILED) and lease.started and lease.finished:
+                spans.append((lease.started, lease.finished))
+            elif lease.state not in (DONE, FAILED) and lease.started and lease.live(now):
+                spans.append((lease.started, now))
             if lease.state == DONE:
                 st.done += 1
                 st.bytes_done += item.size
@@ -278,6 +296,7 @@ class StatusReader:
         st.sources, st.output_counts = manifest.sources, manifest.outputs
         st.first_start = min((s for s in starts if s), default=0.0)
         st.last_finish = max(finishes, default=0.0)
+        st.busy_seconds = covered_seconds(spans)
         if with_workers:
             st.workers = self.workers()
             st.live_workers = sum(worker_alive(w, self.spec.lease_ttl, now) for w in st.workers)
