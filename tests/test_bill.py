@@ -184,3 +184,57 @@ def test_a_combine_step_makes_the_shuffles_reads_grow_with_the_bytes_not_with_ma
     )
     steps = [0] * 15_625 + [1] * 245 * 5 + [2] + [3] * 1024
     assert estimate.boundaries(StepPlan(spec), steps) == [estimate.Boundary(15_625, 1024, Combine(64, 5))]
+
+
+# -- a name that lives again: a VM the MIG recreated, a `fleet local` resumed ------------------------------
+def test_a_worker_that_takes_an_earlier_workers_name_keeps_that_lifes_requests_in_the_tally(tmp_path):
+    """A Spot VM the MIG recreates keeps its name, and so its workers' names (<vm>-w0): the new
+    life's heartbeat overwrites the old one's. The requests the old life made were dropped from
+    `fleet status`'s count and cost; the new life carries them, and a life that died before its
+    final heartbeat is named as cut."""
+    from fleet.core.spawner import Worker
+    from fleet.core.status import StatusReader
+    from tests.test_run_state import RUN, _plan
+
+    bucket, items = _plan(tmp_path, docs=30)
+    assert len(items) > 3
+    lives = []
+    for _ in range(2):
+        worker = Worker(bucket, RUN, name="vm-a-w0", poll=0.01)
+        try:
+            worker.run_until_drained()  # the second finds the run drained, and leaves
+        finally:
+            worker.close()
+        lives.append(worker.store.meter.snapshot())
+    store = open_store(bucket)
+    beat = json.loads(store.read(worker_prefix(RUN) + "vm-a-w0"))
+    beat.update(state="working")  # as a life the VM's preemption cut short
+    store.write(worker_prefix(RUN) + "vm-a-w0", json.dumps(beat).encode())
+    worker = Worker(bucket, RUN, name="vm-a-w0", poll=0.01)
+    try:
+        worker.run_until_drained()
+    finally:
+        worker.close()
+    lives.append(worker.store.meter.snapshot())
+    tally = StatusReader(open_store(bucket), RUN).collect(with_workers=True).requests
+    assert tally is not None and tally.counts == lives[0] + lives[1] + lives[2]
+    assert tally.counts.writes >= 4 * len(items)  # the first life's claims and commits among them
+    assert tally.cut == ["vm-a-w0 (an earlier life)"] and tally.complete == 1
+
+
+def test_vm_hours_count_every_life_of_a_vm_name_and_not_the_gap_between_them():
+    """Per VM name: the union of its workers' spans (start to last beat) over its lives. A VM
+    recreated an hour after its preemption ran 2 hours, not 3 (first start to last beat) and not 1
+    (the last life alone, all a heartbeat held before it carried the earlier ones)."""
+    from fleet.gce.gcp import vm_usage
+
+    t = 1.8e9
+    earlier = {"spans": [[t, t + 3600]], "requests": {}, "cut": 1}
+    workers = [
+        {"worker": "vm-a-w0", "started": t + 7200, "updated": t + 10800, "earlier": earlier},
+        {"worker": "vm-a-w1", "started": t + 7210, "updated": t + 9000, "earlier": earlier},
+        {"worker": "vm-b-w0", "started": t, "updated": t + 1800},
+        {"worker": "vm-c-w0", "started": t, "updated": 0},  # no beat with a time: no span
+    ]
+    vms, hours = vm_usage(workers)
+    assert vms == 2 and hours == pytest.approx(2.0 + 0.5)

@@ -41,8 +41,8 @@ from fleet.core.layout import (
     worker_prefix,
 )
 from fleet.core.manifest import Renewal, run_ended
-from fleet.core.status import StatusReader
-from fleet.core.store import PreconditionFailed, open_store
+from fleet.core.status import StatusReader, earlier_lives
+from fleet.core.store import NotFound, PreconditionFailed, open_store
 from fleet.core.store.metered import MeteredStore
 
 log = logging.getLogger("fleet.worker")
@@ -90,6 +90,7 @@ class Worker:
         self.leases = Leases(self.store, lease_prefix(run), self.name, self.spec.lease_ttl, self.spec.max_attempts)
         self.poll = poll if poll is not None else min(10.0, max(0.2, self.spec.lease_ttl / 6))
         self.counters = Counters()
+        self.earlier = earlier_lives(self._last_beat()) if name else {}
         self.job = load_job(self.spec.job)
         self.config = self.job.parse_config(self.spec.config)
         # The files the run pinned (a vocab) must still be what was planned, or records would mix.
@@ -123,6 +124,16 @@ class Worker:
         self.awaiting_end = False  # the run found drained, another worker confirming it and writing its files
 
     # -- heartbeat -------------------------------------------------------------
+    def _last_beat(self) -> dict | None:
+        """The heartbeat an earlier life of this name left (or None): this one's overwrites it."""
+        try:
+            return json.loads(self.store.read(worker_prefix(self.run) + self.name))
+        except NotFound:
+            return None
+        except Exception as e:  # advisory, as a heartbeat is: its figures are then short of that life's
+            log.warning("the heartbeat of an earlier %s not read: %s", self.name, e)
+            return None
+
     def beat(self, state: str) -> None:
         body = {
             "worker": self.name,
@@ -134,6 +145,7 @@ class Worker:
             "updated": time.time(),
             **self.counters.__dict__,
             "requests": self.store.meter.for_beat(),
+            **({"earlier": self.earlier} if self.earlier else {}),
         }
         try:
             self.store.write(

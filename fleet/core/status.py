@@ -40,10 +40,32 @@ class RequestTally:
         return self.complete + len(self.running) + len(self.cut)
 
 
+def earlier_lives(beat: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a worker carries in its heartbeat of the earlier lives of its name, whose heartbeat
+    its own overwrites (a VM the MIG recreated under the same name, a `fleet local` resumed):
+    their spans (``started``..``updated``), the requests they counted, and how many of them
+    ended without a final heartbeat (their requests after their last one were not counted).
+    ``beat``: the heartbeat found under the name as the worker starts, or None."""
+    if not beat:
+        return {}
+    before = beat.get("earlier") or {}
+    spans = [[float(s), float(e)] for s, e in before.get("spans") or []]
+    if beat.get("started") and beat.get("updated"):
+        spans.append([float(beat["started"]), float(beat["updated"])])
+    requests = RequestCounts()
+    for counts in (beat.get("requests"), before.get("requests")):
+        requests += RequestCounts.from_dict(counts) or RequestCounts()
+    cut = int(before.get("cut", 0)) + int(beat.get("state") not in FINAL_BEATS)
+    return {"spans": spans, "requests": requests.to_dict(), "cut": cut}
+
+
 def tally_requests(beats: list[dict[str, Any]], lease_ttl: float, now: float) -> RequestTally:
     tally = RequestTally()
     for beat in beats:
         name = str(beat.get("worker", "?"))
+        earlier = beat.get("earlier") or {}
+        tally.counts += RequestCounts.from_dict(earlier.get("requests")) or RequestCounts()
+        tally.cut += [f"{name} (an earlier life)"] * int(earlier.get("cut", 0))
         counts = RequestCounts.from_dict(beat.get("requests"))
         if counts is None:
             tally.missing.append(name)

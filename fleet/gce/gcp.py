@@ -22,6 +22,7 @@ from fleet.gce import boots, compute, compute_requests, estimate, iam, prelaunch
 from fleet.core.codesync import has_version, locate
 from fleet.gce.config import PROCS_PER_CORE, FleetConfig
 from fleet.core.records import JsonRecord
+from fleet.core.status import covered_seconds
 from fleet.core.layout import launch_name
 from fleet.core.run import PlanError, StepPlan, load_items, load_spec
 from fleet.core.store import NotFound, Store, open_store
@@ -372,13 +373,16 @@ def vm_of(worker: str) -> str:
 
 
 def vm_usage(workers: list[dict]) -> tuple[int, float]:
-    """(VMs seen, VM-hours) from heartbeats: per VM, first start to last beat. Boot time is not counted."""
-    spans: dict[str, tuple[float, float]] = {}
+    """(VMs seen, VM-hours) from heartbeats: per VM name, the time its worker processes ran, from
+    start to last beat, over every life of the name (a VM the MIG recreated under it: the lives a
+    heartbeat carries, fleet.core.status.earlier_lives), the gaps between lives left out. Boot time
+    is not counted."""
+    spans: dict[str, list[tuple[float, float]]] = {}
     for w in workers:
-        vm = vm_of(str(w.get("worker", "")))
+        lives = [(float(s), float(e)) for s, e in (w.get("earlier") or {}).get("spans") or []]
         start, end = float(w.get("started", 0) or 0), float(w.get("updated", 0) or 0)
-        if not start or not end:
-            continue
-        lo, hi = spans.get(vm, (start, end))
-        spans[vm] = (min(lo, start), max(hi, end))
-    return len(spans), sum(hi - lo for lo, hi in spans.values()) / 3600
+        if start and end:
+            lives.append((start, end))
+        if lives:
+            spans.setdefault(vm_of(str(w.get("worker", ""))), []).extend(lives)
+    return len(spans), sum(map(covered_seconds, spans.values())) / 3600
