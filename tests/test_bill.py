@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fleet.core.layout import STATE_DIR, worker_prefix
 from fleet.core.store import open_store
@@ -238,3 +240,45 @@ def test_vm_hours_count_every_life_of_a_vm_name_and_not_the_gap_between_them():
     ]
     vms, hours = vm_usage(workers)
     assert vms == 2 and hours == pytest.approx(2.0 + 0.5)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=12,
+)
+_LIVES = st.fixed_dictionaries(
+    {},
+    optional={
+        "spans": st.lists(st.tuples(st.floats(1e9, 2e9), st.floats(1e9, 2e9)).map(list), max_size=3) | _JSON,
+        "requests": st.fixed_dictionaries({"writes": st.integers(0, 9), "reads": st.integers(0, 9)}) | _JSON,
+        "cut": st.integers(0, 3) | _JSON,
+    },
+)
+
+
+@given(
+    st.fixed_dictionaries(
+        {"worker": st.just("vm-a-w0")},
+        optional={
+            "earlier": _LIVES | _JSON,
+            "started": st.floats(1e9, 2e9) | _JSON,
+            "updated": st.floats(1e9, 2e9) | _JSON,
+            "requests": st.fixed_dictionaries({"writes": st.integers(0, 9)}) | _JSON,
+            "state": st.sampled_from(["exited", "working", "idle"]) | _JSON,
+        },
+    )
+)
+def test_whatever_a_heartbeat_holds_the_lives_it_carries_are_read_without_an_error(beat):
+    """A heartbeat is advisory: a malformed one (a bucket object anyone can write) never stops a
+    worker that takes its name, nor `fleet status`; what it carries that is well formed is kept."""
+    import time
+
+    from fleet.core.status import EarlierLives, earlier_lives, tally_requests
+    from fleet.gce.gcp import vm_usage
+
+    lives = earlier_lives(beat)
+    again = EarlierLives.of({"earlier": lives.to_dict()})
+    assert again == lives and lives.cut >= 0 and all(s <= 2e9 for span in lives.spans for s in span)
+    tally_requests([beat, {"worker": "vm-b-w0", "earlier": lives.to_dict()}], 60, time.time())
+    vm_usage([beat, {"worker": "vm-b-w0", "earlier": lives.to_dict()}])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import Any, Mapping
 
 
 def pid_alive(pid: int) -> bool:
@@ -28,10 +28,20 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def beat_time(beat: Mapping[str, Any], key: str) -> float:
+    """A heartbeat's time field (``started``, ``updated``), 0 where it is missing or no number: a
+    heartbeat is advisory, and a malformed one stops no reader."""
+    value = beat.get(key)
+    try:
+        return float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else 0.0
+    except ValueError:
+        return 0.0
+
+
 def worker_alive(beat: dict[str, Any], lease_ttl: float, now: float) -> bool:
     if beat.get("state") in ("exited", "stopped"):
         return False
-    if now - float(beat.get("updated", 0) or 0) > lease_ttl + 5:
+    if now - beat_time(beat, "updated") > lease_ttl + 5:
         return False
     pid = beat.get("pid")
     if beat.get("host") == socket.gethostname() and isinstance(pid, int) and pid > 0:

@@ -41,7 +41,7 @@ from fleet.core.layout import (
     worker_prefix,
 )
 from fleet.core.manifest import Renewal, run_ended
-from fleet.core.status import StatusReader, earlier_lives
+from fleet.core.status import EarlierLives, StatusReader, earlier_lives
 from fleet.core.store import NotFound, PreconditionFailed, open_store
 from fleet.core.store.metered import MeteredStore
 
@@ -90,7 +90,7 @@ class Worker:
         self.leases = Leases(self.store, lease_prefix(run), self.name, self.spec.lease_ttl, self.spec.max_attempts)
         self.poll = poll if poll is not None else min(10.0, max(0.2, self.spec.lease_ttl / 6))
         self.counters = Counters()
-        self.earlier = earlier_lives(self._last_beat()) if name else {}
+        self.earlier = earlier_lives(self._last_beat()) if name else EarlierLives()
         self.job = load_job(self.spec.job)
         self.config = self.job.parse_config(self.spec.config)
         # The files the run pinned (a vocab) must still be what was planned, or records would mix.
@@ -127,7 +127,8 @@ class Worker:
     def _last_beat(self) -> dict | None:
         """The heartbeat an earlier life of this name left (or None): this one's overwrites it."""
         try:
-            return json.loads(self.store.read(worker_prefix(self.run) + self.name))
+            beat = json.loads(self.store.read(worker_prefix(self.run) + self.name))
+            return beat if isinstance(beat, dict) else None
         except NotFound:
             return None
         except Exception as e:  # advisory, as a heartbeat is: its figures are then short of that life's
@@ -145,7 +146,7 @@ class Worker:
             "updated": time.time(),
             **self.counters.__dict__,
             "requests": self.store.meter.for_beat(),
-            **({"earlier": self.earlier} if self.earlier else {}),
+            **({"earlier": self.earlier.to_dict()} if self.earlier.spans or self.earlier.cut else {}),
         }
         try:
             self.store.write(

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from fleet.core.layout import counts_name, lease_prefix, worker_prefix
 from fleet.core.lease import DONE, FAILED, Lease
-from fleet.core.liveness import worker_alive
+from fleet.core.liveness import beat_time, worker_alive
 from fleet.core.manifest import add_counts, manifest_of
 from fleet.core.run import Item, RunSpec, StepPlan, load_items, load_spec
 from fleet.core.sink import RunManifest
@@ -40,32 +40,55 @@ class RequestTally:
         return self.complete + len(self.running) + len(self.cut)
 
 
-def earlier_lives(beat: Mapping[str, Any] | None) -> dict[str, Any]:
+@dataclass
+class EarlierLives:
+    """The earlier lives of a worker's name, as its heartbeat carries them (``earlier``)."""
+
+    spans: list[tuple[float, float]] = field(default_factory=list)  # each life's started..updated
+    requests: RequestCounts = field(default_factory=RequestCounts)
+    cut: int = 0  # lives that ended without a final heartbeat: their requests after their last one uncounted
+
+    @classmethod
+    def of(cls, beat: Mapping[str, Any]) -> "EarlierLives":
+        """What ``beat`` carries; nothing of a malformed record (a heartbeat is advisory: it never
+        stops a worker, nor `fleet status`)."""
+        data = beat.get("earlier")
+        try:
+            spans = [(float(s), float(e)) for s, e in data.get("spans") or []] if data else []
+            cut = int(data.get("cut", 0)) if data else 0
+        except (AttributeError, TypeError, ValueError):
+            return cls()
+        requests = RequestCounts.from_dict(data.get("requests")) if data else None
+        return cls(spans, requests or RequestCounts(), max(0, cut))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spans": [list(s) for s in self.spans], "requests": self.requests.to_dict(), "cut": self.cut}
+
+
+def earlier_lives(beat: Mapping[str, Any] | None) -> EarlierLives:
     """What a worker carries in its heartbeat of the earlier lives of its name, whose heartbeat
     its own overwrites (a VM the MIG recreated under the same name, a `fleet local` resumed):
     their spans (``started``..``updated``), the requests they counted, and how many of them
-    ended without a final heartbeat (their requests after their last one were not counted).
-    ``beat``: the heartbeat found under the name as the worker starts, or None."""
+    ended without a final heartbeat. ``beat``: the heartbeat found under the name as the worker
+    starts, or None."""
     if not beat:
-        return {}
-    before = beat.get("earlier") or {}
-    spans = [[float(s), float(e)] for s, e in before.get("spans") or []]
-    if beat.get("started") and beat.get("updated"):
-        spans.append([float(beat["started"]), float(beat["updated"])])
-    requests = RequestCounts()
-    for counts in (beat.get("requests"), before.get("requests")):
-        requests += RequestCounts.from_dict(counts) or RequestCounts()
-    cut = int(before.get("cut", 0)) + int(beat.get("state") not in FINAL_BEATS)
-    return {"spans": spans, "requests": requests.to_dict(), "cut": cut}
+        return EarlierLives()
+    lives = EarlierLives.of(beat)
+    started, updated = beat_time(beat, "started"), beat_time(beat, "updated")
+    if started and updated:
+        lives.spans.append((started, updated))
+    lives.requests += RequestCounts.from_dict(beat.get("requests")) or RequestCounts()
+    lives.cut += int(beat.get("state") not in FINAL_BEATS)
+    return lives
 
 
 def tally_requests(beats: list[dict[str, Any]], lease_ttl: float, now: float) -> RequestTally:
     tally = RequestTally()
     for beat in beats:
         name = str(beat.get("worker", "?"))
-        earlier = beat.get("earlier") or {}
-        tally.counts += RequestCounts.from_dict(earlier.get("requests")) or RequestCounts()
-        tally.cut += [f"{name} (an earlier life)"] * int(earlier.get("cut", 0))
+        earlier = EarlierLives.of(beat)
+        tally.counts += earlier.requests
+        tally.cut += [f"{name} (an earlier life)"] * earlier.cut
         counts = RequestCounts.from_dict(beat.get("requests"))
         if counts is None:
             tally.missing.append(name)

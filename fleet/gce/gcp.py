@@ -22,7 +22,8 @@ from fleet.gce import boots, compute, compute_requests, estimate, iam, prelaunch
 from fleet.core.codesync import has_version, locate
 from fleet.gce.config import PROCS_PER_CORE, FleetConfig
 from fleet.core.records import JsonRecord
-from fleet.core.status import covered_seconds
+from fleet.core.liveness import beat_time
+from fleet.core.status import EarlierLives, covered_seconds
 from fleet.core.layout import launch_name
 from fleet.core.run import PlanError, StepPlan, load_items, load_spec
 from fleet.core.store import NotFound, Store, open_store
@@ -379,8 +380,8 @@ def vm_usage(workers: list[dict]) -> tuple[int, float]:
     is not counted."""
     spans: dict[str, list[tuple[float, float]]] = {}
     for w in workers:
-        lives = [(float(s), float(e)) for s, e in (w.get("earlier") or {}).get("spans") or []]
-        start, end = float(w.get("started", 0) or 0), float(w.get("updated", 0) or 0)
+        lives = EarlierLives.of(w).spans
+        start, end = beat_time(w, "started"), beat_time(w, "updated")
         if start and end:
             lives.append((start, end))
         if lives:
