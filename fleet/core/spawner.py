@@ -146,7 +146,7 @@ class Worker:
             "updated": time.time(),
             **self.counters.__dict__,
             "requests": self.store.meter.for_beat(),
-            **({"earlier": self.earlier.to_dict()} if self.earlier.spans or self.earlier.cut else {}),
+            **({"earlier": self.earlier.to_dict()} if self.earlier.lives else {}),
         }
         try:
             self.store.write(

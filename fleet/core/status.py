@@ -44,41 +44,46 @@ class RequestTally:
 class EarlierLives:
     """The earlier lives of a worker's name, as its heartbeat carries them (``earlier``)."""
 
-    spans: list[tuple[float, float]] = field(default_factory=list)  # each life's started..updated
-    requests: RequestCounts = field(default_factory=RequestCounts)
-    cut: int = 0  # lives that ended without a final heartbeat: their requests after their last one uncounted
+    # Each life: its first and last heartbeat's times (0 where unknown), and whether its last one
+    # was final (if not, the requests it made after that one were not counted).
+    lives: list[tuple[float, float, bool]] = field(default_factory=list)
+    requests: RequestCounts = field(default_factory=RequestCounts)  # all of them, summed
+
+    @property
+    def spans(self) -> list[tuple[float, float]]:
+        return [(start, end) for start, end, _ in self.lives if start and end]
+
+    @property
+    def cut(self) -> int:
+        return sum(not final for _, _, final in self.lives)
 
     @classmethod
     def of(cls, beat: Mapping[str, Any]) -> "EarlierLives":
         """What ``beat`` carries; nothing of a malformed record (a heartbeat is advisory: it never
         stops a worker, nor `fleet status`)."""
         data = beat.get("earlier")
-        try:
-            spans = [(float(s), float(e)) for s, e in data.get("spans") or []] if data else []
-            cut = int(data.get("cut", 0)) if data else 0
-        except (AttributeError, TypeError, ValueError):
+        if not isinstance(data, dict):
             return cls()
-        requests = RequestCounts.from_dict(data.get("requests")) if data else None
-        return cls(spans, requests or RequestCounts(), max(0, cut))
+        try:
+            lives = [(float(s), float(e), bool(final)) for s, e, final in data.get("lives") or []]
+        except (TypeError, ValueError, OverflowError):
+            lives = []
+        return cls(lives, RequestCounts.from_dict(data.get("requests")) or RequestCounts())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"spans": [list(s) for s in self.spans], "requests": self.requests.to_dict(), "cut": self.cut}
+        return {"lives": [list(life) for life in self.lives], "requests": self.requests.to_dict()}
 
 
 def earlier_lives(beat: Mapping[str, Any] | None) -> EarlierLives:
     """What a worker carries in its heartbeat of the earlier lives of its name, whose heartbeat
     its own overwrites (a VM the MIG recreated under the same name, a `fleet local` resumed):
-    their spans (``started``..``updated``), the requests they counted, and how many of them
-    ended without a final heartbeat. ``beat``: the heartbeat found under the name as the worker
-    starts, or None."""
+    what that heartbeat carried, and the life it tells of. ``beat``: the heartbeat found under
+    the name as the worker starts, or None."""
     if not beat:
         return EarlierLives()
     lives = EarlierLives.of(beat)
-    started, updated = beat_time(beat, "started"), beat_time(beat, "updated")
-    if started and updated:
-        lives.spans.append((started, updated))
+    lives.lives.append((beat_time(beat, "started"), beat_time(beat, "updated"), beat.get("state") in FINAL_BEATS))
     lives.requests += RequestCounts.from_dict(beat.get("requests")) or RequestCounts()
-    lives.cut += int(beat.get("state") not in FINAL_BEATS)
     return lives
 
 
