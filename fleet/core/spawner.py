@@ -125,9 +125,14 @@ class Worker:
 
     # -- heartbeat -------------------------------------------------------------
     def _last_beat(self) -> dict | None:
-        """The heartbeat an earlier life of this name left (or None): this one's overwrites it."""
+        """The heartbeat an earlier life of this name left (or None): this one's overwrites it.
+        Asked by a stat first: a read of a missing object makes the GCS store look the bucket up
+        (storage.buckets.get), which the workers' role does not hold."""
+        name = worker_prefix(self.run) + self.name
         try:
-            beat = json.loads(self.store.read(worker_prefix(self.run) + self.name))
+            if self.store.stat(name) is None:
+                return None
+            beat = json.loads(self.store.read(name))
             return beat if isinstance(beat, dict) else None
         except NotFound:
             return None
