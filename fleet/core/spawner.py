@@ -90,7 +90,8 @@ class Worker:
         self.leases = Leases(self.store, lease_prefix(run), self.name, self.spec.lease_ttl, self.spec.max_attempts)
         self.poll = poll if poll is not None else min(10.0, max(0.2, self.spec.lease_ttl / 6))
         self.counters = Counters()
-        self.earlier = earlier_lives(self._last_beat()) if name else EarlierLives()
+        earlier = earlier_lives(self._last_beat()) if name else EarlierLives()
+        self._earlier = {"earlier": earlier.to_dict()} if earlier.lives else {}  # the same in every beat
         self.job = load_job(self.spec.job)
         self.config = self.job.parse_config(self.spec.config)
         # The files the run pinned (a vocab) must still be what was planned, or records would mix.
@@ -151,7 +152,7 @@ class Worker:
             "updated": time.time(),
             **self.counters.__dict__,
             "requests": self.store.meter.for_beat(),
-            **({"earlier": self.earlier.to_dict()} if self.earlier.lives else {}),
+            **self._earlier,
         }
         try:
             self.store.write(
