@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fleet
 from fleet import PlanError
@@ -124,3 +126,21 @@ def test_the_speed_in_the_summary_is_of_what_this_call_converted(tmp_path):
     converted = resumed.summary["mb_per_s"] * resumed.summary["wall_seconds"]
     assert resumed.status.done == 3 and resumed.summary["input_mb"] > 2.5 * one_item
     assert 0 < converted <= one_item * 1.1 + 0.001, (converted, one_item, resumed.summary)
+
+
+@given(
+    before=st.integers(0, 10**12), gained=st.integers(0, 10**12), wall=st.floats(1e-3, 1e6), seconds=st.floats(0, 1e6)
+)
+def test_the_summarys_speed_counts_only_the_bytes_its_wall_converted(before, gained, wall, seconds):
+    """The invariant the resumed run broke: ``mb_per_s`` over ``wall_seconds`` is the MB this call
+    converted (within the 3 decimals it is rounded to), whatever was done before it."""
+    from fleet.cli.local import summarize
+    from fleet.core.status import RunStatus
+    from tests.helpers.linejob import JOB as LINE
+
+    status = RunStatus(
+        "local", "line", 3, before + gained, done=3, bytes_done=before + gained, totals={"seconds": seconds}
+    )
+    summary = summarize(status, LINE, wall, 1, bytes_before=before)
+    assert abs(summary["mb_per_s"] - gained / 1e6 / wall) <= 0.0005 + 1e-9 * gained / 1e6 / wall
+    assert summary["input_mb"] == round((before + gained) / 1e6, 3)
